@@ -1,0 +1,43 @@
+# Everything a newcomer needs: `make demo` and `make test` install what is missing first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+TORCH_PIN := torch==2.13.0
+
+.PHONY: install demo test test-fast lint bench regen clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# Keep a torch that is already there; otherwise take the pinned CPU build.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/mystique-gen examples/traces/mlp_sgd.et.json.gz -o generated/mlp_sgd.py
+	$(BIN)/python generated/mlp_sgd.py --device cpu --warmup 5 --iters 50
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: install
+	$(BIN)/ruff check mystique_gen tests scripts examples
+	$(BIN)/black --check -q generated
+
+bench: install
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python scripts/bench.py
+
+regen: install
+	$(BIN)/python scripts/regen.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from mystique_gen.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,365 @@
+"""Build the template context: every line of code the templates print, from the IR.
+
+Templates only iterate and format. This module walks the program once, names every
+value through one :class:`Namespace` in order of first appearance, and produces
+laid-out statements using the emitter functions in :mod:`exprs`.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from mystique_gen import __version__
+from mystique_gen.emit import exprs
+from mystique_gen.emit.layout import Atom, Group, Node, flat, lay_out
+from mystique_gen.emit.names import Namespace
+from mystique_gen.ir import (
+    Binding,
+    DerivedView,
+    DeviceValue,
+    InputView,
+    ListValue,
+    Literal,
+    Op,
+    OpOutput,
+    Program,
+    Storage,
+    TensorMeta,
+    TensorValue,
+    TorchConstant,
+    Value,
+    iter_tensors,
+)
+from mystique_gen.passes.tensors import binding_root, output_paths
+
+BODY_DEPTH = 1  # statements live inside a function body
+
+
+@dataclass
+class OpHandle:
+    name: str  # identifier in the generated file
+    target: str  # "torch.ops.aten.mm.default"
+    qualified: str  # "aten::mm.default"
+
+    def lines(self) -> list[str]:
+        resolve = [Atom(f"lambda: {self.target}"), Atom(exprs.str_literal(self.qualified))]
+        return lay_out(f"{self.name} = ", exprs.call("_op", resolve), 0)
+
+
+@dataclass
+class BenchmarkContext:
+    docstring: list[str]
+    generator: str
+    trace_fields: list[str]  # lines of the TRACE dict, laid out
+    op_lines: list[str]  # one resolved operator handle each, laid out
+    fallbacks: list[str]  # lines of the _FALLBACKS list
+    input_lines: list[str]  # body of make_inputs()
+    replay_lines: list[str]  # body of replay()
+    op_count: int
+    required_bytes: int
+    primary_device: str
+    op_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class GenerateOptions:
+    command_line: str = "mystique-gen"
+    filters: list[str] = field(default_factory=list)
+
+
+def build_context(program: Program, options: GenerateOptions | None = None) -> BenchmarkContext:
+    return _ContextBuilder(program, options or GenerateOptions()).build()
+
+
+class _ContextBuilder:
+    def __init__(self, program: Program, options: GenerateOptions):
+        self.program = program
+        self.options = options
+        self.ns = Namespace()
+        self.handles: dict[str, OpHandle] = {}
+        self.input_lines: list[str] = []
+        self.input_names: list[str] = []
+        self.replay_lines: list[str] = []
+        self.fallback_rows: list[Node] = []
+        self.read_roots = self._read_roots()
+
+    # -- naming -------------------------------------------------------------------
+    def _read_roots(self) -> set[object]:
+        """Keys of op results that some later statement reads (others are not named)."""
+        roots: set[object] = set()
+        for op in self.program.ops:
+            for view in op.derive_before:
+                roots.add(_key(binding_root(view.base)))
+            for arg in op.args:
+                for tv in iter_tensors(arg.value):
+                    if tv.binding is not None:
+                        roots.add(_key(binding_root(tv.binding)))
+        return roots
+
+    def handle(self, op: Op) -> str:
+        sig = op.signature
+        if sig.full_name not in self.handles:
+            hint = f"{sig.namespace}_{sig.name}"
+            if sig.overload != "default":
+                hint += f"_{sig.overload}"
+            name = self.ns.readable(("op", sig.full_name), hint)
+            target = f"torch.ops.{sig.namespace}.{sig.name}.{sig.overload}"
+            self.handles[sig.full_name] = OpHandle(name, target, sig.full_name)
+        return self.handles[sig.full_name].name
+
+    def storage_name(self, storage: Storage) -> str:
+        key = ("storage", storage.index)
+        if key not in self.ns:
+            name = self.ns.numbered(key, "s")
+            self.input_lines.extend(lay_out(f"{name} = ", self._fill(storage), BODY_DEPTH))
+        return self.ns.get(key)
+
+    def binding_expr(self, binding: Binding) -> str:
+        if isinstance(binding, InputView):
+            key = ("input", id(binding))
+            if key not in self.ns:
+                base = self.storage_name(binding.storage)
+                name = self.ns.numbered(key, "x")
+                self.input_lines.extend(
+                    lay_out(f"{name} = ", _as_strided(base, binding.meta), BODY_DEPTH))
+                self.input_names.append(name)
+            return self.ns.get(key)
+        if isinstance(binding, OpOutput):
+            root = self.ns.get(_key(binding_root(binding)))
+            return root if len(binding.path) == 1 else f"{root}[{binding.path[1]}]"
+        return self.ns.get(_key(binding))
+
+    # -- values -------------------------------------------------------------------
+    def device_expr(self, kind: str) -> str:
+        if kind == "cpu" and self.program.primary_device != "cpu":
+            return "host"
+        return "device"
+
+    def value(self, value: Value) -> Node:
+        if isinstance(value, Literal):
+            return Atom(exprs.scalar_literal(value.value))
+        if isinstance(value, TorchConstant):
+            return Atom(exprs.torch_attr(value.name))
+        if isinstance(value, DeviceValue):
+            return Atom(self.device_expr(value.kind))
+        if isinstance(value, ListValue):
+            return exprs.list_display([self.value(v) for v in value.items])
+        if isinstance(value, TensorValue):
+            assert value.binding is not None
+            return Atom(self.binding_expr(value.binding))
+        raise TypeError(type(value).__name__)
+
+    def _fill(self, storage: Storage) -> Node:
+        init = storage.init
+        kind, low, high = (init.kind, init.low, init.high) if init else ("zeros", 0, 0)
+        return exprs.call("_fill", [
+            Atom(str(storage.extent)),
+            Atom(exprs.torch_attr(storage.dtype)),
+            Atom(self.device_expr(storage.device)),
+            Atom(exprs.str_literal(kind)),
+            Atom(exprs.scalar_literal(low)),
+            Atom(exprs.scalar_literal(high)),
+            Atom("gens"),
+        ])
+
+    # -- statements -----------------------------------------------------------------
+    def op_statement(self, op: Op) -> list[str]:
+        lines: list[str] = []
+        for view in op.derive_before:
+            name = self.ns.numbered(_key(view), "v")
+            base = self.binding_expr(view.base)
+            lines.extend(lay_out(f"{name} = ", _as_strided(base, view.meta), BODY_DEPTH))
+        args: list[Node] = []
+        for arg in op.args:
+            node = self.value(arg.value)
+            if not arg.spec.kwarg_only:
+                args.append(node)
+            elif arg.spec.name.isidentifier() and not _is_keyword(arg.spec.name):
+                args.append(exprs.keyword(arg.spec.name, node))
+            else:
+                args.append(Atom(f"**{{{exprs.str_literal(arg.spec.name)}: {flat(node)}}}"))
+        handle = self.handle(op)
+        if op.guard:
+            site = len(self.fallback_rows)
+            self.fallback_rows.append(self._fallback_row(op))
+            call = exprs.call("_guarded", [Atom(str(site)), Atom(handle), *args])
+        else:
+            call = exprs.call(handle, args)
+        targets = self._targets(op)
+        prefix = f"{', '.join(targets)} = " if any(t != "_" for t in targets) else ""
+        lines.extend(lay_out(prefix, call, BODY_DEPTH))
+        lines.extend(self._frees(op))
+        return lines
+
+    def _targets(self, op: Op) -> list[str]:
+        targets = []
+        for i in range(len(op.signature.returns)):
+            key = _key(OpOutput(op.index, (i,)))
+            if key in self.read_roots:
+                targets.append(self.ns.numbered(key, "t"))
+            else:
+                targets.append("_")
+        return targets
+
+    def _frees(self, op: Op) -> list[str]:
+        names = []
+        for root in op.free_after:
+            key = _key(root)
+            if key in self.ns and key in self.read_roots | self._derived_keys(root):
+                names.append(self.ns.get(key))
+        lines, chunk = [], []
+        for name in names:
+            candidate = chunk + [name]
+            if len("    del " + ", ".join(candidate)) > 88 and chunk:
+                lines.append("    del " + ", ".join(chunk))
+                candidate = [name]
+            chunk = candidate
+        if chunk:
+            lines.append("    del " + ", ".join(chunk))
+        return lines
+
+    @staticmethod
+    def _derived_keys(root: Binding) -> set[object]:
+        return {_key(root)} if isinstance(root, DerivedView) else set()
+
+    def _fallback_row(self, op: Op) -> Node:
+        """Recorded outputs of a guarded op, to stand in for them if it cannot run."""
+        items: list[Node] = []
+        for value in op.outputs:
+            if isinstance(value, TensorValue):
+                items.append(_meta_row(value.meta, self.device_expr(value.meta.device)))
+            elif isinstance(value, ListValue):
+                items.append(exprs.list_display([
+                    _meta_row(t.meta, self.device_expr(t.meta.device))
+                    for t in iter_tensors(value)
+                ]))
+            else:
+                items.append(Atom("None"))
+        return exprs.list_display(items)
+
+    def build(self) -> BenchmarkContext:
+        previous_scope: tuple[str, ...] | None = None
+        for op in self.program.ops:
+            if op.scope != previous_scope and op.scope:
+                self.replay_lines.append("    " + exprs.comment(op.scope[-1]))
+            previous_scope = op.scope
+            self.replay_lines.extend(self.op_statement(op))
+        self.input_lines.extend(
+            lay_out("return ", exprs.list_display([Atom(n) for n in self.input_names]),
+                    BODY_DEPTH))
+        unpack = [f"    {name} = inputs[{i}]" for i, name in enumerate(self.input_names)]
+        program = self.program
+        required = program.peak_bytes
+        return BenchmarkContext(
+            docstring=self._docstring(),
+            generator=f"mystique-gen {__version__}",
+            trace_fields=self._trace_fields(),
+            op_lines=[line for h in self.handles.values() for line in h.lines()],
+            fallbacks=lay_out("_FALLBACKS = ", exprs.list_display(self.fallback_rows), 0),
+            input_lines=self.input_lines,
+            replay_lines=unpack + self.replay_lines,
+            op_count=len(program.ops),
+            required_bytes=required,
+            primary_device=program.primary_device,
+            op_counts=dict(Counter(op.name for op in program.ops)),
+        )
+
+    def _trace_fields(self) -> list[str]:
+        t = self.program.trace
+        items = [
+            Atom(f"{exprs.str_literal(k)}: {v}")
+            for k, v in (
+                ("name", exprs.str_literal(exprs.docstring_line(t.name, 200))),
+                ("sha256", exprs.str_literal(t.sha256)),
+                ("schema", exprs.str_literal(exprs.docstring_line(t.schema, 60))),
+                ("nodes", str(t.node_count)),
+            )
+        ]
+        return lay_out("TRACE = ", Group("{", tuple(items), "}", literal=True), 0)
+
+    def _docstring(self) -> list[str]:
+        p = self.program
+        t = p.trace
+        d = exprs.docstring_line
+        lines = [
+            f"Benchmark generated by mystique-gen {__version__} from an execution trace.",
+            "",
+            f"Source trace: {d(t.name)}",
+            f"  sha256: {t.sha256}",
+            f"  schema: {d(t.schema)}",
+            f"  nodes: {t.node_count}",
+            f"Command: {d(self.options.command_line, 200)}",
+            f"Replayed ops: {len(p.ops)} on {len(p.threads)} host thread(s) in node order",
+            f"Recorded devices: {', '.join(p.devices) or 'none'} "
+            f"(--device replaces {p.primary_device})",
+            f"Estimated peak memory: {_human_bytes(p.peak_bytes)}",
+            "",
+            "Filters applied:",
+        ]
+        lines += [f"  - {d(f)}" for f in self.options.filters + p.filters] or ["  - none"]
+        lines += ["", "Ops not replayed:"]
+        if not p.not_replayed:
+            lines.append("  - none")
+        grouped: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for s in p.not_replayed:
+            grouped[(s.name, s.reason)].append(s.node_id)
+        for (name, reason), ids in grouped.items():
+            shown = ", ".join(str(i) for i in ids[:6]) + (", ..." if len(ids) > 6 else "")
+            lines.append(f"  - {d(name, 60)} x{len(ids)}: {d(reason, 200)}")
+            lines.append(f"    nodes {shown}")
+        guarded = Counter(op.name for op in p.ops if op.guard)
+        if guarded:
+            lines += ["", "Ops skipped at run time where unavailable (outputs stand in):"]
+            reasons = {op.name: op.guard for op in p.ops if op.guard}
+            lines += [f"  - {n} x{c}: {d(reasons[n] or '', 120)}" for n, c in guarded.items()]
+        if p.notes:
+            lines += ["", "Notes:"] + [f"  - {d(n, 200)}" for n in p.notes]
+        return _wrap(lines)
+
+
+def _wrap(lines: list[str], width: int = 84) -> list[str]:
+    out = []
+    for line in lines:
+        while len(line) > width:
+            cut = line.rfind(" ", 0, width)
+            cut = cut if cut > 8 else width
+            out.append(line[:cut].rstrip())
+            line = "      " + line[cut:].lstrip()
+        out.append(line.rstrip())
+    return out
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n} B"
+
+
+def _is_keyword(name: str) -> bool:
+    return keyword.iskeyword(name)
+
+
+def _key(binding: Binding) -> object:
+    if isinstance(binding, OpOutput):
+        return ("out", binding.op_index, binding.path)
+    return ("view", id(binding))
+
+
+def _as_strided(base: str, meta: TensorMeta) -> Node:
+    return exprs.call(f"{base}.as_strided", [
+        exprs.int_list(meta.shape), exprs.int_list(meta.strides), Atom(str(meta.offset))
+    ])
+
+
+def _meta_row(meta: TensorMeta, device: str) -> Node:
+    return exprs.list_display([
+        Atom(exprs.torch_attr(meta.dtype)),
+        exprs.int_list(meta.shape),
+        exprs.int_list(meta.strides),
+        Atom(exprs.str_literal(device)),
+    ])
+

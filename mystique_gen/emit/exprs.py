@@ -1,0 +1,83 @@
+"""Emitter functions: every expression string in a generated file comes from here.
+
+Each function is small and unit-tested; values from a trace are data and are only
+ever written as literals (``repr``-safe strings, checked numbers), never as code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from mystique_gen.emit.layout import Atom, Group, Keyword, Node
+
+_SAFE_COMMENT = re.compile(r"[^A-Za-z0-9 _.,:;#@<>()\[\]{}|/+*=!?&%$~^'\"-]")
+
+
+def str_literal(text: str) -> str:
+    """A string literal in black's preferred quoting (double quotes unless that needs
+    more escapes)."""
+    r = repr(text)
+    if r.startswith("'") and '"' not in text:
+        return '"' + r[1:-1].replace("\\'", "'") + '"'
+    return r
+
+
+def float_literal(value: float) -> str:
+    if math.isnan(value):
+        return 'float("nan")'
+    if math.isinf(value):
+        return 'float("inf")' if value > 0 else '-float("inf")'
+    return repr(value).replace("e+", "e")
+
+
+def scalar_literal(value: object) -> str:
+    """A Python literal for a recorded scalar: None, bool, int, float or str."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, float):
+        return float_literal(value)
+    if isinstance(value, str):
+        return str_literal(value)
+    raise TypeError(f"not a scalar literal: {type(value).__name__}")
+
+
+def int_list(values: tuple[int, ...] | list[int]) -> Node:
+    return Group("[", tuple(Atom(repr(int(v))) for v in values), "]", literal=True)
+
+
+def list_display(items: list[Node] | tuple[Node, ...]) -> Node:
+    return Group("[", tuple(items), "]", literal=True)
+
+
+def call(callee: str, args: list[Node] | tuple[Node, ...]) -> Group:
+    return Group(callee + "(", tuple(args), ")")
+
+
+def keyword(name: str, value: Node) -> Node:
+    return Keyword(name, value)
+
+
+def torch_attr(name: str) -> str:
+    if not name.isidentifier():
+        raise ValueError(f"not a torch attribute: {name!r}")
+    return f"torch.{name}"
+
+
+def comment(text: str, limit: int = 76) -> str:
+    """A one-line comment: trace text reduced to a safe character set, never a newline."""
+    clean = _SAFE_COMMENT.sub("?", text.replace("\n", " "))
+    if len(clean) > limit:
+        clean = clean[: limit - 3] + "..."
+    return "# " + clean
+
+
+def docstring_line(text: str, limit: int = 84) -> str:
+    """Text for the module docstring: printable ASCII, no quotes that could end it."""
+    clean = _SAFE_COMMENT.sub("?", text.replace("\n", " ")).replace('"""', "'''")
+    clean = clean.replace("\\", "/")
+    if len(clean) > limit:
+        clean = clean[: limit - 3] + "..."
+    return clean.rstrip()

@@ -1,0 +1,1 @@
+"""Stage 1: read trace files into plain, validated records."""

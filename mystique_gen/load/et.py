@@ -1,0 +1,232 @@
+"""Load a PyTorch execution trace (ET) into validated, normalised node records.
+
+Two layouts exist in the wild and both are read here, keyed on the fields that are
+present rather than on the declared version string:
+
+* flat (schema 1.0.1): ``parent``, ``op_schema``, ``inputs``, ``input_shapes``,
+  ``input_types`` and the ids as top-level keys of each node;
+* nested (1.0.2 and later, "chakra"): ``ctrl_deps``, ``inputs``/``outputs`` objects with
+  ``values``/``shapes``/``types``/``strides`` and an ``attrs`` list.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mystique_gen.errors import TraceError
+
+KNOWN_SCHEMA_PREFIXES = ("1.0.1", "1.0.2", "1.0.3", "1.0.4", "1.1.0", "1.1.1")
+
+
+@dataclass(frozen=True)
+class RawArg:
+    """One recorded input or output: its value and the metadata recorded beside it."""
+
+    value: Any
+    shape: Any
+    type: str
+    strides: Any | None  # None where the trace predates strides
+
+
+@dataclass
+class RawNode:
+    id: int
+    name: str
+    parent: int
+    tid: int
+    rf_id: int | None
+    op_schema: str
+    inputs: list[RawArg]
+    outputs: list[RawArg]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RawTrace:
+    name: str
+    sha256: str
+    schema: str
+    nodes: list[RawNode]  # sorted by id
+    metadata: dict[str, Any]
+
+    @property
+    def node_count(self) -> int:
+        return len(self.nodes)
+
+
+def read_json(path: Path) -> Any:
+    """Parse ``.json`` or ``.json.gz``; every failure becomes one clean TraceError."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read {path.name}: {exc.strerror or exc}") from None
+    return parse_json_bytes(data, path.name)
+
+
+def parse_json_bytes(data: bytes, name: str) -> Any:
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{name}: corrupt gzip data ({exc})") from None
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        raise TraceError(f"{name}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(data.rstrip()) - 1:
+            raise TraceError(f"{name}: truncated JSON (ends at byte {exc.pos})") from None
+        raise TraceError(f"{name}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise TraceError(f"{name}: JSON nested too deeply") from None
+
+
+def load_trace(path: str | Path) -> RawTrace:
+    path = Path(path)
+    raw = path.read_bytes() if path.is_file() else None
+    if raw is None:
+        raise TraceError(f"no such trace file: {path.name}")
+    doc = parse_json_bytes(raw, path.name)
+    return trace_from_document(doc, name=path.name, sha256=hashlib.sha256(raw).hexdigest())
+
+
+def trace_from_document(doc: Any, *, name: str, sha256: str) -> RawTrace:
+    if not isinstance(doc, dict):
+        raise TraceError(f"{name}: top level is {type(doc).__name__}, expected an object")
+    if "nodes" not in doc:
+        raise TraceError(f"{name}: no 'nodes' field; is this an execution trace?")
+    nodes = doc["nodes"]
+    if not isinstance(nodes, list):
+        raise TraceError(f"{name}: 'nodes' is {type(nodes).__name__}, expected a list")
+    schema = doc.get("schema", "")
+    if not isinstance(schema, str):
+        raise TraceError(f"{name}: 'schema' is not a string")
+    if not schema.startswith(KNOWN_SCHEMA_PREFIXES):
+        warnings.warn(
+            f"{name}: unknown schema version {schema!r}; reading the fields that are present",
+            stacklevel=2,
+        )
+    parsed = [_node(n, i) for i, n in enumerate(nodes)]
+    parsed.sort(key=lambda n: n.id)
+    for a, b in zip(parsed, parsed[1:]):
+        if a.id == b.id:
+            raise TraceError("duplicate node id", node_id=a.id, field="id")
+    metadata = {k: v for k, v in doc.items() if k != "nodes" and isinstance(v, (str, int, float))}
+    return RawTrace(name=name, sha256=sha256, schema=schema, nodes=parsed, metadata=metadata)
+
+
+def _int(value: Any, node_id: int | None, field_name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"expected an integer, got {_describe(value)}", node_id=node_id,
+                         field=field_name)
+    return value
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value)[:40] if _jsonable(value) else type(value).__name__
+    return f"{type(value).__name__} {text}"
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def _node(obj: Any, index: int) -> RawNode:
+    if not isinstance(obj, dict):
+        raise TraceError(f"nodes[{index}] is {type(obj).__name__}, expected an object")
+    if "id" not in obj:
+        raise TraceError(f"nodes[{index}] has no 'id'")
+    node_id = _int(obj["id"], None, f"nodes[{index}].id")
+    name = obj.get("name")
+    if not isinstance(name, str):
+        raise TraceError("missing or non-string name", node_id=node_id, field="name")
+
+    attrs: dict[str, Any] = {}
+    if "attrs" in obj:
+        if not isinstance(obj["attrs"], list):
+            raise TraceError("expected a list", node_id=node_id, field="attrs")
+        for attr in obj["attrs"]:
+            if not isinstance(attr, dict) or not isinstance(attr.get("name"), str):
+                raise TraceError("attribute without a name", node_id=node_id, field="attrs")
+            attrs[attr["name"]] = attr.get("value")
+    # Flat layout: the same facts are top-level keys.
+    for key in ("rf_id", "tid", "fw_tid", "fw_parent", "seq_id", "scope", "op_schema",
+                "kernel_backend", "kernel_file", "tensor_range"):
+        if key in obj and key not in attrs:
+            attrs[key] = obj[key]
+
+    if "ctrl_deps" in obj:
+        parent = _int(obj["ctrl_deps"], node_id, "ctrl_deps")
+    elif "parent" in obj:
+        parent = _int(obj["parent"], node_id, "parent")
+    else:
+        parent = 0
+
+    if isinstance(obj.get("inputs"), dict) or isinstance(obj.get("outputs"), dict):
+        inputs = _nested_args(obj.get("inputs", {}), node_id, "inputs")
+        outputs = _nested_args(obj.get("outputs", {}), node_id, "outputs")
+    else:
+        inputs = _flat_args(obj, node_id, "input")
+        outputs = _flat_args(obj, node_id, "output")
+
+    op_schema = attrs.get("op_schema", "")
+    if op_schema is None:
+        op_schema = ""
+    if not isinstance(op_schema, str):
+        raise TraceError("expected a string", node_id=node_id, field="op_schema")
+    tid = attrs.get("tid", 0)
+    tid = _int(tid, node_id, "tid") if tid is not None else 0
+    rf_id = attrs.get("rf_id")
+    rf_id = _int(rf_id, node_id, "rf_id") if rf_id is not None else None
+    return RawNode(id=node_id, name=name, parent=parent, tid=tid, rf_id=rf_id,
+                   op_schema=op_schema, inputs=inputs, outputs=outputs, attrs=attrs)
+
+
+def _nested_args(obj: Any, node_id: int, field_name: str) -> list[RawArg]:
+    if not isinstance(obj, dict):
+        raise TraceError("expected an object", node_id=node_id, field=field_name)
+    values = obj.get("values", [])
+    shapes = obj.get("shapes", [])
+    types = obj.get("types", [])
+    strides = obj.get("strides")
+    return _zip_args(values, shapes, types, strides, node_id, field_name)
+
+
+def _flat_args(obj: dict[str, Any], node_id: int, prefix: str) -> list[RawArg]:
+    values = obj.get(f"{prefix}s", [])
+    shapes = obj.get(f"{prefix}_shapes", [])
+    types = obj.get(f"{prefix}_types", [])
+    strides = obj.get(f"{prefix}_strides")
+    return _zip_args(values, shapes, types, strides, node_id, f"{prefix}s")
+
+
+def _zip_args(values: Any, shapes: Any, types: Any, strides: Any, node_id: int,
+              field_name: str) -> list[RawArg]:
+    for part, what in ((values, "values"), (shapes, "shapes"), (types, "types")):
+        if not isinstance(part, list):
+            raise TraceError("expected a list", node_id=node_id, field=f"{field_name}.{what}")
+    if strides is not None and not isinstance(strides, list):
+        raise TraceError("expected a list", node_id=node_id, field=f"{field_name}.strides")
+    if len(types) != len(values):
+        raise TraceError(f"{len(values)} values but {len(types)} types", node_id=node_id,
+                         field=f"{field_name}.types")
+    args = []
+    for i, (value, type_str) in enumerate(zip(values, types)):
+        if not isinstance(type_str, str):
+            raise TraceError("type is not a string", node_id=node_id,
+                             field=f"{field_name}.types[{i}]")
+        shape = shapes[i] if i < len(shapes) else []
+        stride = strides[i] if strides is not None and i < len(strides) else None
+        args.append(RawArg(value=value, shape=shape, type=type_str, strides=stride))
+    return args

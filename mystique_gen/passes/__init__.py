@@ -1,0 +1,1 @@
+"""Stage 3: passes over the IR (select, lower, tensors, values, filters, ...)."""

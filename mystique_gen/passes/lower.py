@@ -1,0 +1,270 @@
+"""Lowering: decode each selected node's recorded arguments into IR values.
+
+Arguments are decoded by the schema's argument type, not by guessing from the
+recorded value: an ``int`` recorded for a ``ScalarType?`` argument becomes
+``torch.float32``, a device string becomes the benchmark's device, a tensor record
+becomes a :class:`TensorValue` with its full view metadata. Problems with one node
+become :class:`NotReplayed` values; malformed records raise :class:`TraceError`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from mystique_gen import oprules
+from mystique_gen.dtypes import (
+    LAYOUT_CODES,
+    MEMORY_FORMAT_CODES,
+    SCALAR_TYPE_CODES,
+    dtype_from_type_string,
+)
+from mystique_gen.errors import TraceError
+from mystique_gen.ir import (
+    Arg,
+    DeviceValue,
+    ListValue,
+    Literal,
+    NotReplayed,
+    Op,
+    TensorMeta,
+    TensorValue,
+    TorchConstant,
+    Value,
+    contiguous_strides,
+)
+from mystique_gen.load.et import RawArg
+from mystique_gen.passes.select import Selected
+from mystique_gen.schema import SchemaError, Signature, parse_signature
+
+
+class Unsupported(Exception):
+    """This node cannot be replayed; the message is the reason."""
+
+
+def lower_ops(selected: list[Selected]) -> tuple[list[Op], list[NotReplayed]]:
+    ops: list[Op] = []
+    skipped: list[NotReplayed] = []
+    for sel in selected:
+        node = sel.node
+        try:
+            sig = parse_signature(node.op_schema)
+        except SchemaError as exc:
+            skipped.append(NotReplayed(node.id, _short(node.name), str(exc)))
+            continue
+        reason = _not_replayed_reason(sig)
+        if reason:
+            skipped.append(NotReplayed(node.id, sig.qualified_name, reason))
+            continue
+        try:
+            args = _decode_args(sig, node.inputs, node.id)
+            outputs = _decode_outputs(sig, node.outputs, node.id)
+        except Unsupported as exc:
+            skipped.append(NotReplayed(node.id, sig.qualified_name, str(exc)))
+            continue
+        ops.append(Op(
+            index=len(ops), node_id=node.id, signature=sig, args=args, outputs=outputs,
+            thread=node.tid, scope=sel.scope, guard=_guard(sig),
+        ))
+    return ops, skipped
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 80 else name[:77] + "..."
+
+
+def _not_replayed_reason(sig: Signature) -> str | None:
+    if sig.qualified_name in oprules.NOT_REPLAYED:
+        return oprules.NOT_REPLAYED[sig.qualified_name]
+    if sig.namespace in oprules.COMMUNICATION_NAMESPACES:
+        return "communication op: run the benchmark under torch.distributed (not yet supported)"
+    for spec in sig.args:
+        if any(bad in spec.type for bad in oprules.UNSUPPORTED_ARG_TYPES):
+            return f"argument {spec.name!r} of type {spec.type} cannot be rebuilt from a trace"
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _guard(sig: Signature) -> str | None:
+    reason = oprules.guard_reason(sig.namespace, sig.name)
+    if reason:
+        return reason
+    import torch
+
+    try:
+        packet = getattr(getattr(torch.ops, sig.namespace), sig.name)
+        getattr(packet, sig.overload)
+    except (AttributeError, RuntimeError):
+        return "not an operator of the PyTorch that generated this file"
+    return None
+
+
+def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int) -> list[Arg]:
+    if len(recorded) > len(sig.args):
+        raise Unsupported(
+            f"{len(recorded)} inputs recorded but the schema takes {len(sig.args)}")
+    args = []
+    for i, (spec, raw) in enumerate(zip(sig.args, recorded)):
+        value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]")
+        args.append(Arg(spec, value))
+    missing = [s.name for s in sig.args[len(recorded):] if not s.has_default]
+    if missing:
+        raise Unsupported(f"required arguments not recorded: {', '.join(missing)}")
+    return args
+
+
+def _decode_outputs(sig: Signature, recorded: list[RawArg], node_id: int) -> list[Value]:
+    outputs: list[Value] = []
+    for i, type_str in enumerate(sig.returns):
+        if i < len(recorded):
+            raw = recorded[i]
+            outputs.append(decode_value(raw.value, type_str, raw, node_id, f"outputs[{i}]"))
+        else:
+            outputs.append(Literal(None))
+    return outputs
+
+
+def _is_none(value: Any) -> bool:
+    return value is None or value == "<None>"
+
+
+def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: str) -> Value:
+    """Decode one recorded value by its schema type."""
+    optional = type_str.startswith("Optional[")
+    base = type_str[len("Optional["):-1] if optional else type_str
+    if _is_none(value):
+        return Literal(None)
+    if base == "Tensor":
+        return _tensor(value, raw.shape, raw.strides, raw.type, node_id, where)
+    if base in ("List[Tensor]", "List[Optional[Tensor]]"):
+        if not isinstance(value, list):
+            raise TraceError("expected a list of tensors", node_id=node_id, field=where)
+        element_types = _list_element_types(raw.type, len(value))
+        shapes = raw.shape if isinstance(raw.shape, list) else []
+        strides = raw.strides if isinstance(raw.strides, list) else None
+        items: list[Value] = []
+        for j, item in enumerate(value):
+            if _is_none(item):
+                items.append(Literal(None))
+                continue
+            shape = shapes[j] if j < len(shapes) else None
+            stride = strides[j] if strides is not None and j < len(strides) else None
+            items.append(_tensor(item, shape, stride, element_types[j], node_id, f"{where}[{j}]"))
+        return ListValue(tuple(items))
+    if base == "ScalarType":
+        return _code(value, SCALAR_TYPE_CODES, "dtype", node_id, where)
+    if base == "Layout":
+        return _code(value, LAYOUT_CODES, "layout", node_id, where)
+    if base == "MemoryFormat":
+        return _code(value, MEMORY_FORMAT_CODES, "memory format", node_id, where)
+    if base == "Device":
+        if not isinstance(value, str):
+            raise TraceError("expected a device string", node_id=node_id, field=where)
+        return DeviceValue(_device_kind(value, node_id, where))
+    if base in ("Generator",):
+        return Literal(None)  # the benchmark seeds the default generator instead
+    if base in ("int", "SymInt"):
+        return Literal(_number(value, (int,), node_id, where))
+    if base in ("float", "Scalar", "number"):
+        return Literal(_number(value, (int, float), node_id, where))
+    if base == "bool":
+        if not isinstance(value, bool):
+            raise TraceError("expected a boolean", node_id=node_id, field=where)
+        return Literal(value)
+    if base == "str":
+        if not isinstance(value, str):
+            raise TraceError("expected a string", node_id=node_id, field=where)
+        return Literal(value)
+    if base.startswith("List[") and base.endswith("]"):
+        inner = base[len("List["):-1]
+        if inner in ("int", "SymInt", "float", "bool", "Scalar", "number", "Optional[int]",
+                     "Optional[SymInt]", "Optional[float]"):
+            if not isinstance(value, list):
+                raise TraceError("expected a list", node_id=node_id, field=where)
+            return ListValue(tuple(
+                decode_value(v, inner, raw, node_id, f"{where}[{j}]") for j, v in enumerate(value)
+            ))
+    raise Unsupported(f"argument type {type_str} is not supported")
+
+
+def _list_element_types(type_str: str, count: int) -> list[str]:
+    """``GenericList[Tensor(float),Tensor(long int)]`` -> per-element type strings."""
+    inner = type_str[type_str.find("[") + 1 : -1] if type_str.endswith("]") else ""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(inner):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(inner[start:i])
+            start = i + 1
+    if inner:
+        parts.append(inner[start:])
+    if not parts:
+        parts = ["Tensor(float)"]
+    return [parts[min(j, len(parts) - 1)] for j in range(count)]
+
+
+def _code(value: Any, table: dict[int, str], what: str, node_id: int, where: str) -> Value:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"expected an integer {what} code", node_id=node_id, field=where)
+    if value not in table:
+        raise Unsupported(f"unknown {what} code {value}")
+    return TorchConstant(table[value])
+
+
+def _number(value: Any, kinds: tuple[type, ...], node_id: int, where: str) -> int | float:
+    # bool is an int subclass; a recorded bool in a Scalar slot is a valid value.
+    if not isinstance(value, kinds):
+        raise TraceError(f"expected a number, got {type(value).__name__}", node_id=node_id,
+                         field=where)
+    return value
+
+
+def _device_kind(text: str, node_id: int, where: str) -> str:
+    kind = text.split(":", 1)[0]
+    if not kind.isidentifier() or len(kind) > 16:
+        raise TraceError(f"not a device: {text[:30]!r}", node_id=node_id, field=where)
+    return kind
+
+
+def _int_list(value: Any, node_id: int, where: str, *, signed: bool) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise TraceError("expected a list of integers", node_id=node_id, field=where)
+    if not signed and any(v < 0 for v in value):
+        raise TraceError("negative size", node_id=node_id, field=where)
+    return tuple(value)
+
+
+def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
+            where: str) -> Value:
+    """A recorded tensor: ``[tensor_id, storage_id, offset, numel, itemsize, device]``."""
+    if not (isinstance(value, list) and len(value) >= 6):
+        raise TraceError("expected a tensor record [id, storage, offset, numel, itemsize, "
+                         "device]", node_id=node_id, field=where)
+    tid, sid, offset, _numel, _itemsize, device = value[:6]
+    for v, name in ((tid, "id"), (sid, "storage"), (offset, "offset")):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise TraceError(f"tensor {name} is not a non-negative integer", node_id=node_id,
+                             field=where)
+    if not isinstance(device, str):
+        raise TraceError("tensor device is not a string", node_id=node_id, field=where)
+    if device == "" or type_str.startswith("Tensor(nullptr"):
+        return Literal(None)  # an undefined tensor
+    dtype = dtype_from_type_string(type_str)
+    if dtype is None:
+        raise Unsupported(f"tensor element type {type_str[:40]!r} is not supported")
+    dims = _int_list(shape if shape is not None else [], node_id, f"{where}.shape", signed=False)
+    if strides is None or strides == [] and dims:
+        stride_t = contiguous_strides(dims)
+    else:
+        stride_t = _int_list(strides, node_id, f"{where}.strides", signed=True)
+        if len(stride_t) != len(dims):
+            raise TraceError(f"{len(dims)} sizes but {len(stride_t)} strides",
+                             node_id=node_id, field=f"{where}.strides")
+    meta = TensorMeta(shape=dims, strides=stride_t, offset=offset, dtype=dtype,
+                      device=_device_kind(device, node_id, where))
+    return TensorValue(trace_id=tid, storage_id=sid, meta=meta)

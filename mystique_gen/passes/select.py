@@ -1,0 +1,94 @@
+"""Operator selection: on every root-to-leaf path, the first node with an op schema.
+
+Wrappers without a schema (``ProfilerStep#N``, ``## forward ##``,
+``autograd::engine::evaluate_function: ...``, ``Optimizer.step#...``, user
+annotations) are descended into; a node with a schema is replayed whole, so its
+children (its implementation) are not. All host threads are kept, in node-id order,
+which is the order in which the operators started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mystique_gen.errors import TraceError
+from mystique_gen.ir import NotReplayed
+from mystique_gen.load.et import RawNode, RawTrace
+from mystique_gen.schema import is_op_name
+
+ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
+
+
+@dataclass(frozen=True)
+class Selected:
+    node: RawNode
+    scope: tuple[str, ...]  # enclosing annotation names, outermost first
+
+
+@dataclass
+class Selection:
+    ops: list[Selected]
+    not_replayed: list[NotReplayed]
+    threads: list[int]
+
+
+def is_root(node: RawNode) -> bool:
+    return node.name.startswith(ROOT_PREFIXES)
+
+
+def select_ops(trace: RawTrace) -> Selection:
+    by_id = {n.id: n for n in trace.nodes}
+    # scope_of[id] is None when an ancestor (or the node) is selected, else the annotation path.
+    scope_of: dict[int, tuple[str, ...] | None] = {}
+
+    def resolve(node: RawNode) -> tuple[str, ...] | None:
+        """Scope a node's children inherit; None if the node or an ancestor is an op."""
+        chain: list[RawNode] = []
+        on_chain: set[int] = set()
+        cur: RawNode | None = node
+        while cur is not None and cur.id not in scope_of:
+            if cur.id in on_chain:
+                raise TraceError("parent links form a cycle", node_id=cur.id, field="ctrl_deps")
+            on_chain.add(cur.id)
+            chain.append(cur)
+            parent = by_id.get(cur.parent) if cur.parent != cur.id else None
+            cur = parent
+        inherited = scope_of[cur.id] if cur is not None else ()
+        for n in reversed(chain):
+            if inherited is None or n.op_schema:
+                scope_of[n.id] = None
+            elif is_root(n):
+                scope_of[n.id] = inherited
+            else:
+                scope_of[n.id] = (*inherited, n.name)
+            inherited = scope_of[n.id]
+        return scope_of[node.id]
+
+    has_children = {n.parent for n in trace.nodes if n.parent != n.id}
+    selected: list[Selected] = []
+    not_replayed: list[NotReplayed] = []
+    threads: set[int] = set()
+    for node in trace.nodes:
+        parent = by_id.get(node.parent) if node.parent != node.id else None
+        outer = resolve(parent) if parent is not None else ()
+        if outer is None:
+            continue  # inside a selected op
+        resolve(node)
+        if node.op_schema:
+            selected.append(Selected(node, outer))
+            threads.add(node.tid)
+        elif node.attrs.get("kernel_backend"):
+            backend = str(node.attrs.get("kernel_backend"))[:40]
+            not_replayed.append(NotReplayed(
+                node.id, _display(node.name),
+                f"{backend} kernel compiled for the recording machine; not portable"))
+        elif node.name == "record_param_comms":
+            pass  # metadata of the enclosing communication op
+        elif is_op_name(node.name) and node.id not in has_children:
+            not_replayed.append(NotReplayed(node.id, node.name, "no operator schema recorded"))
+    return Selection(selected, not_replayed, sorted(threads))
+
+
+def _display(name: str) -> str:
+    return name if len(name) <= 80 else name[:77] + "..."
+

@@ -1,0 +1,229 @@
+"""Tensor management: storage lifetimes, aliasing, dataflow and last use.
+
+Trace ids are reused once memory is freed, so a storage id names a *lifetime*, not a
+buffer: an op that outputs a storage id that none of its inputs carries starts a new
+lifetime of that id. Within a lifetime:
+
+* a storage first seen as an input is *materialised*: one buffer, sized to cover
+  every view of it in the lifetime, built before timing (weights, inputs, optimizer
+  state); its views are ``as_strided`` views, so aliasing and in-place updates
+  behave as in the original;
+* a storage first seen as an output is *produced*: its value flows from the op that
+  made it to its consumers (real dataflow); a view of it that no replayed op
+  returned is derived with ``as_strided`` from the producer's result.
+
+Afterwards every binding knows the last op that reads it, so the emitter can free
+it there and peak memory follows the original.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mystique_gen.ir import (
+    Binding,
+    DerivedView,
+    InputView,
+    Op,
+    OpOutput,
+    Storage,
+    TensorMeta,
+    TensorValue,
+    Value,
+    iter_tensors,
+)
+
+ViewKey = tuple[int, tuple[int, ...], tuple[int, ...], str]
+
+
+def view_key(meta: TensorMeta) -> ViewKey:
+    return (meta.offset, meta.shape, meta.strides, meta.dtype)
+
+
+@dataclass
+class _Lifetime:
+    storage: Storage
+    views: dict[ViewKey, Binding] = field(default_factory=dict)
+    handle: Binding | None = None  # a produced tensor whose storage this is
+    known_extent: int = 0  # elements a produced buffer is known to hold
+
+
+@dataclass
+class TensorPlan:
+    storages: list[Storage]
+    notes: list[str]
+    peak_bytes: int  # estimated peak of materialised + live produced storage
+
+
+def output_paths(outputs: list[Value]) -> list[tuple[tuple[int, ...], TensorValue]]:
+    """(path, tensor) for every tensor an op returns; path indexes the op's result."""
+    found = []
+    for i, value in enumerate(outputs):
+        if isinstance(value, TensorValue):
+            found.append(((i,), value))
+        else:
+            for j, t in enumerate(iter_tensors(value)):
+                found.append(((i, j), t))
+    return found
+
+
+def plan_tensors(ops: list[Op]) -> TensorPlan:
+    current: dict[int, _Lifetime] = {}
+    shadows: dict[tuple[int, str, str], _Lifetime] = {}
+    storages: list[Storage] = []
+    notes: list[str] = []
+    dtype_mismatches = 0
+    overruns = 0
+
+    def new_lifetime(meta: TensorMeta, materialised: bool) -> _Lifetime:
+        storage = Storage(index=len(storages), dtype=meta.dtype, device=meta.device,
+                          extent=0, materialised=materialised)
+        storages.append(storage)
+        return _Lifetime(storage)
+
+    def materialised_view(life: _Lifetime, tv: TensorValue) -> Binding:
+        life.storage.extent = max(life.storage.extent, tv.meta.extent)
+        key = view_key(tv.meta)
+        binding = life.views.get(key)
+        if binding is None:
+            binding = life.views[key] = InputView(life.storage, tv.meta)
+        return binding
+
+    for op in ops:
+        input_sids: set[int] = set()
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                input_sids.add(tv.storage_id)
+                life = current.get(tv.storage_id)
+                if life is None:
+                    life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
+                if (life.storage.dtype, life.storage.device) != (tv.meta.dtype, tv.meta.device):
+                    # A reinterpreting view (another dtype): give it a buffer of its own.
+                    dtype_mismatches += 1
+                    skey = (tv.storage_id, tv.meta.dtype, tv.meta.device)
+                    life = shadows.get(skey) or shadows.setdefault(
+                        skey, new_lifetime(tv.meta, materialised=True))
+                tv.storage = life.storage
+                if life.storage.materialised:
+                    tv.binding = materialised_view(life, tv)
+                    continue
+                key = view_key(tv.meta)
+                binding = life.views.get(key)
+                if binding is None:
+                    if tv.meta.extent <= life.known_extent and life.handle is not None:
+                        binding = DerivedView(life.handle, tv.meta)
+                        op.derive_before.append(binding)
+                    else:
+                        # The view reaches past what the producer returned: the replayed
+                        # buffer may be smaller, so this view gets a buffer of its own.
+                        overruns += 1
+                        skey = (tv.storage_id, tv.meta.dtype, f"overrun{id(life)}")
+                        shadow = shadows.get(skey) or shadows.setdefault(
+                            skey, new_lifetime(tv.meta, materialised=True))
+                        tv.storage = shadow.storage
+                        tv.binding = materialised_view(shadow, tv)
+                        continue
+                    life.views[key] = binding
+                tv.binding = binding
+
+        for path, tv in output_paths(op.outputs):
+            life = current.get(tv.storage_id)
+            aliasing = (
+                tv.storage_id in input_sids
+                and life is not None
+                and (life.storage.dtype, life.storage.device) == (tv.meta.dtype, tv.meta.device)
+            )
+            if not aliasing:
+                life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=False)
+            assert life is not None
+            key = view_key(tv.meta)
+            tv.storage = life.storage
+            existing = life.views.get(key)
+            if existing is not None and aliasing:
+                tv.binding = existing  # e.g. an in-place op returning its input
+                continue
+            binding = OpOutput(op.index, path)
+            life.views[key] = binding
+            tv.binding = binding
+            if life.storage.materialised:
+                life.storage.extent = max(life.storage.extent, tv.meta.extent)
+            else:
+                life.storage.extent = max(life.storage.extent, tv.meta.extent)
+                if life.handle is None or tv.meta.extent > life.known_extent:
+                    life.handle = binding
+                life.known_extent = max(life.known_extent, tv.meta.extent)
+
+    if dtype_mismatches:
+        notes.append(f"{dtype_mismatches} tensor uses reinterpret a storage as another dtype; "
+                     "they read a buffer of their own (no aliasing)")
+    if overruns:
+        notes.append(f"{overruns} views reach past the tensor their producer returned; they "
+                     "read a buffer of their own (no aliasing)")
+    _plan_frees(ops)
+    return TensorPlan(storages=storages, notes=notes, peak_bytes=_peak_bytes(ops, storages))
+
+
+def binding_root(binding: Binding) -> Binding:
+    """The variable that holds a binding's value: an op result's first index, or itself."""
+    if isinstance(binding, OpOutput):
+        return OpOutput(binding.op_index, binding.path[:1])
+    return binding
+
+
+def _plan_frees(ops: list[Op]) -> None:
+    """Record on each op the variables it reads for the last time."""
+    last_use: dict[object, tuple[int, Binding]] = {}
+
+    def use(binding: Binding, index: int) -> None:
+        if isinstance(binding, InputView):
+            return  # inputs live across iterations
+        root = binding_root(binding)
+        key = _root_key(root)
+        last_use[key] = (index, root)
+
+    for op in ops:
+        for view in op.derive_before:
+            use(view.base, op.index)
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                if tv.binding is not None:
+                    use(tv.binding, op.index)
+        # An output nobody reads is still a variable until its op returns.
+        for _path, tv in output_paths(op.outputs):
+            if isinstance(tv.binding, OpOutput) and tv.binding.op_index == op.index:
+                key = _root_key(binding_root(tv.binding))
+                last_use.setdefault(key, (op.index, binding_root(tv.binding)))
+    for index, root in last_use.values():
+        ops[index].free_after.append(root)
+
+
+def _root_key(root: Binding) -> object:
+    if isinstance(root, OpOutput):
+        return ("out", root.op_index, root.path)
+    return ("view", id(root))
+
+
+def _peak_bytes(ops: list[Op], storages: list[Storage]) -> int:
+    """Materialised bytes plus the most produced bytes alive at once (estimate)."""
+    fixed = sum(s.nbytes for s in storages if s.materialised)
+    birth: dict[int, int] = {}
+    death: dict[int, int] = {}
+    for op in ops:
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                if tv.storage is not None and not tv.storage.materialised:
+                    death[tv.storage.index] = op.index
+        for _p, tv in output_paths(op.outputs):
+            if tv.storage is not None and not tv.storage.materialised:
+                birth.setdefault(tv.storage.index, op.index)
+                death.setdefault(tv.storage.index, op.index)
+    delta = [0] * (len(ops) + 2)
+    for index, born in birth.items():
+        size = storages[index].nbytes
+        delta[born] += size
+        delta[death[index] + 1] -= size
+    live = peak = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return fixed + peak

@@ -1,0 +1,72 @@
+"""``mystique-gen inspect``: what a trace holds and what a benchmark of it would replay."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from mystique_gen import oprules
+from mystique_gen.ir import Program, iter_tensors
+from mystique_gen.load.et import RawTrace
+from mystique_gen.schema import is_op_name
+
+
+def summarize(trace: RawTrace, program: Program) -> dict[str, Any]:
+    names = Counter(n.name for n in trace.nodes)
+    dtypes: Counter[str] = Counter()
+    for op in program.ops:
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                dtypes[tv.meta.dtype] += 1
+    comm = Counter(
+        n.name for n in trace.nodes
+        if is_op_name(n.name) and n.name.split("::")[0] in oprules.COMMUNICATION_NAMESPACES
+    )
+    return {
+        "trace": trace.name,
+        "sha256": trace.sha256,
+        "schema": trace.schema,
+        "nodes": trace.node_count,
+        "distinct_node_names": len(names),
+        "selected_ops": len(program.ops),
+        "ops_by_name": dict(sorted(Counter(op.name for op in program.ops).items())),
+        "threads": program.threads,
+        "devices": program.devices,
+        "dtypes": dict(sorted(dtypes.items())),
+        "communication_ops": dict(sorted(comm.items())),
+        "materialised_inputs": sum(1 for s in program.storages if s.materialised),
+        "estimated_peak_bytes": program.peak_bytes,
+        "not_replayed": [
+            {"node_id": s.node_id, "name": s.name, "reason": s.reason}
+            for s in program.not_replayed
+        ],
+        "guarded_ops": dict(sorted(Counter(op.name for op in program.ops if op.guard).items())),
+        "notes": program.notes,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lines = [
+        f"trace      {summary['trace']} (schema {summary['schema']}, {summary['nodes']} nodes)",
+        f"selected   {summary['selected_ops']} ops on threads {summary['threads']}",
+        f"devices    {', '.join(summary['devices']) or '-'}",
+        f"dtypes     {', '.join(f'{k} x{v}' for k, v in summary['dtypes'].items()) or '-'}",
+        f"inputs     {summary['materialised_inputs']} materialised storages, "
+        f"peak ~{summary['estimated_peak_bytes'] / 2**20:.1f} MiB",
+        "",
+        "ops by name:",
+    ]
+    width = max((len(k) for k in summary["ops_by_name"]), default=0)
+    lines += [f"  {k:<{width}}  {v}" for k, v in summary["ops_by_name"].items()]
+    if summary["communication_ops"]:
+        lines += ["", "communication ops:"]
+        lines += [f"  {k}  {v}" for k, v in summary["communication_ops"].items()]
+    lines += ["", "not replayed:"]
+    reasons = Counter((s["name"], s["reason"]) for s in summary["not_replayed"])
+    lines += [f"  {n} x{c}: {r}" for (n, r), c in reasons.items()] or ["  none"]
+    if summary["guarded_ops"]:
+        lines += ["", "guarded (skipped at run time where unavailable):"]
+        lines += [f"  {k}  {v}" for k, v in summary["guarded_ops"].items()]
+    if summary["notes"]:
+        lines += ["", "notes:"] + [f"  {n}" for n in summary["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""Operator schemas: validate operator names and parse recorded schema strings.
+
+The parser is PyTorch's own (``torch._C.parse_schema``), the same one the dispatcher
+uses, so every schema the recording PyTorch could write is read exactly. Operator
+names are checked against the operator-name grammar *before* anything else, because
+they end up in generated code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+OP_NAME_RE = re.compile(rf"^({IDENT})::({IDENT})(?:\.({IDENT}))?$")
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    name: str
+    type: str  # the real type, e.g. "Optional[ScalarType]", "List[Tensor]"
+    kwarg_only: bool
+    writes: bool  # annotated Tensor(a!)
+    has_default: bool
+
+
+@dataclass(frozen=True)
+class Signature:
+    namespace: str
+    name: str
+    overload: str  # "default" where the schema names none
+    args: tuple[ArgSpec, ...]
+    returns: tuple[str, ...]
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.namespace}::{self.name}"
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.namespace}::{self.name}.{self.overload}"
+
+
+class SchemaError(ValueError):
+    pass
+
+
+def split_op_name(name: str) -> tuple[str, str, str | None]:
+    """``'aten::add_.Tensor'`` -> ``('aten', 'add_', 'Tensor')``; SchemaError if not an op name."""
+    m = OP_NAME_RE.match(name)
+    if not m:
+        raise SchemaError(f"{name[:80]!r} is not a valid operator name")
+    return m.group(1), m.group(2), m.group(3)
+
+
+def is_op_name(name: str) -> bool:
+    return OP_NAME_RE.match(name) is not None
+
+
+@lru_cache(maxsize=4096)
+def parse_signature(schema: str) -> Signature:
+    """Parse a recorded ``op_schema`` string; SchemaError for anything unusable."""
+    head = schema.split("(", 1)[0].strip()
+    namespace, name, overload = split_op_name(head)
+    import torch  # deferred: loading torch costs a second; errors above need none of it
+
+    try:
+        parsed = torch._C.parse_schema(schema)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "parse error"
+        raise SchemaError(f"unparsable schema: {first[:120]}") from None
+    args = tuple(
+        ArgSpec(
+            name=a.name,
+            type=str(a.real_type),
+            kwarg_only=a.kwarg_only,
+            writes=bool(a.alias_info is not None and a.alias_info.is_write),
+            has_default=a.default_value is not None or str(a.real_type).startswith("Optional["),
+        )
+        for a in parsed.arguments
+    )
+    for a in args:
+        if not re.fullmatch(IDENT, a.name):
+            raise SchemaError(f"argument name {a.name[:40]!r} is not an identifier")
+    returns = tuple(str(r.real_type) for r in parsed.returns)
+    return Signature(namespace, name, overload or "default", args, returns)

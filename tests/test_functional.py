@@ -1,0 +1,49 @@
+"""Capture real models at test time, generate, replay standalone, compare op multisets."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+import torch
+
+from mystique_gen.capture import capture
+from mystique_gen.compare import op_multiset
+from mystique_gen.emit.context import GenerateOptions
+from mystique_gen.generate import generate
+from tests.conftest import last_json, run_benchmark
+from tests.models import MODELS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_replay_matches_original_op_multiset(model, tmp_path):
+    torch.set_num_threads(1)
+    result = capture(MODELS[model](), tmp_path, name=model, kineto=False, timing_iters=1)
+    bench = tmp_path / f"{model}_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+
+    imports = {
+        alias.name.split(".")[0]
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert imports <= {"torch", "argparse", "json", "os", "statistics", "sys", "time"}
+
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json(proc.stdout)
+    assert out["iters"] == 2 and out["device"] == "cpu"
+    assert out["iter_ms_min"] > 0
+    assert out["skipped_at_runtime"] == []
+
+    original, replayed = op_multiset(result.et_path), op_multiset(replay_et)
+    assert original == replayed, (original - replayed, replayed - original)
