@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from mystique_gen.emit.exprs import HARNESS_SCOPE
 from mystique_gen.load.et import RawTrace, load_trace
 from mystique_gen.passes.select import select_ops
 
@@ -12,7 +13,7 @@ from mystique_gen.passes.select import select_ops
 def op_multiset(trace: RawTrace | str | Path) -> Counter[str]:
     """Names of the top-level operators (the ones a benchmark replays), with counts."""
     raw = trace if isinstance(trace, RawTrace) else load_trace(trace)
-    return Counter(s.node.name for s in select_ops(raw).ops)
+    return Counter(s.node.name for s in select_ops(raw).ops if HARNESS_SCOPE not in s.scope)
 
 
 def multiset_match(original: Counter[str], replay: Counter[str]) -> float:

@@ -27,7 +27,7 @@ def test_replay_matches_original_op_multiset(model, tmp_path):
     imports = {
         alias.name.split(".")[0]
         for node in ast.walk(ast.parse(text))
-        if isinstance(node, (ast.Import, ast.ImportFrom))
+        if isinstance(node, ast.Import)
         for alias in node.names
     } | {
         node.module.split(".")[0]

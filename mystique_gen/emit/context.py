@@ -167,10 +167,12 @@ class _ContextBuilder:
     # -- statements -----------------------------------------------------------------
     def op_statement(self, op: Op) -> list[str]:
         lines: list[str] = []
+        if op.derive_before:
+            lines.append("    with _harness():")
         for view in op.derive_before:
             name = self.ns.numbered(_key(view), "v")
             base = self.binding_expr(view.base)
-            lines.extend(lay_out(f"{name} = ", _as_strided(base, view.meta), BODY_DEPTH))
+            lines.extend(lay_out(f"{name} = ", _as_strided(base, view.meta), BODY_DEPTH + 1))
         args: list[Node] = []
         for arg in op.args:
             node = self.value(arg.value)

@@ -14,7 +14,7 @@ from importlib import resources
 import jinja2
 
 from mystique_gen.emit.context import BenchmarkContext
-from mystique_gen.emit.exprs import str_literal
+from mystique_gen.emit.exprs import HARNESS_SCOPE, str_literal
 from mystique_gen.errors import MystiqueError
 
 TEMPLATE = "benchmark.py.j2"
@@ -39,7 +39,8 @@ def environment() -> jinja2.Environment:
 
 
 def render(context: BenchmarkContext) -> str:
-    text = environment().get_template(TEMPLATE).render(**vars(context))
+    text = environment().get_template(TEMPLATE).render(harness_scope=HARNESS_SCOPE,
+                                                       **vars(context))
     check_syntax(text)
     return text
 
