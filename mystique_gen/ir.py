@@ -81,7 +81,7 @@ class InputView:
     meta: TensorMeta
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class OpOutput:
     """Returned by a replayed op: ``path`` indexes into the op's result."""
 

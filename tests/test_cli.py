@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import json
+
+from mystique_gen.cli import command_line, main
+from tests.tracebuilder import MM, RELU, TraceBuilder
+
+
+def _trace(tmp_path):
+    b = TraceBuilder()
+    x, w = b.tensor((4, 4)), b.tensor((4, 4))
+    y = b.tensor((4, 4))
+    b.op(MM, [x, w], [y])
+    b.op(RELU, [y], [b.tensor((4, 4))])
+    b.op("c10d::barrier(Tensor tensor) -> ()", [x], [])
+    return b.write(tmp_path / "tiny.json")
+
+
+def test_generate_writes_a_benchmark(tmp_path, capsys):
+    out = tmp_path / "sub" / "bench.py"
+    assert main([str(_trace(tmp_path)), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "aten_mm(x0, x1)" in text and "Command: mystique-gen tiny.json -o bench.py" in text
+    assert str(tmp_path) not in text  # no absolute paths
+
+
+def test_inspect_json_reports_selection_and_skips(tmp_path, capsys):
+    assert main(["inspect", str(_trace(tmp_path)), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["selected_ops"] == 2
+    assert summary["ops_by_name"] == {"aten::mm": 1, "aten::relu": 1}
+    assert summary["communication_ops"] == {"c10d::barrier": 1}
+    assert summary["not_replayed"][0]["name"] == "c10d::barrier"
+
+
+def test_inspect_text(tmp_path, capsys):
+    assert main(["inspect", str(_trace(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "aten::mm" in out and "not replayed:" in out
+
+
+def test_missing_trace_is_one_line_exit_2_and_no_output(tmp_path, capsys):
+    out = tmp_path / "bench.py"
+    assert main([str(tmp_path / "nope.json"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mystique-gen: error:")
+    assert not out.exists()
+
+
+def test_command_line_strips_absolute_paths():
+    assert command_line(["/home/me/t.json", "-o", "out/b.py"]) == "mystique-gen t.json -o out/b.py"

@@ -1,0 +1,79 @@
+"""Emitter functions and the black-stable layout engine."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from mystique_gen.emit import exprs
+from mystique_gen.emit.layout import Atom, lay_out
+from mystique_gen.emit.render import format_with_black
+
+
+def _black_stable(lines: list[str]) -> None:
+    text = "def f():\n" + "\n".join(lines) + "\n"
+    assert format_with_black(text) == text
+
+
+@pytest.mark.parametrize("n_args", [1, 3, 12, 40])
+@pytest.mark.parametrize("prefix", ["", "t1 = ", "t1, _, t3 = "])
+def test_call_layouts_match_black(n_args, prefix):
+    args = [Atom(f"x{i}") for i in range(n_args)]
+    _black_stable(lay_out(prefix, exprs.call("aten_some_long_operator_name", args), 1))
+
+
+def test_list_argument_is_exploded_like_black():
+    tensors = exprs.list_display([Atom(f"t{i}") for i in range(30)])
+    call = exprs.call("aten__foreach_add__List", [tensors, tensors, exprs.keyword("alpha", Atom("0.5"))])
+    lines = lay_out("", call, 1)
+    assert len(lines) > 30
+    _black_stable(lines)
+
+
+def test_single_long_argument_splits_recursively():
+    inner = exprs.call("torch.ops.aten.some_operator.default", [Atom(f"value_{i}") for i in range(12)])
+    _black_stable(lay_out("result = ", exprs.call("_guarded", [inner]), 1))
+
+
+def test_short_statement_stays_on_one_line():
+    assert lay_out("t0 = ", exprs.call("aten_mm", [Atom("x0"), Atom("x1")]), 1) == [
+        "    t0 = aten_mm(x0, x1)"
+    ]
+
+
+@pytest.mark.parametrize("text", ["plain", "it's", 'say "hi"', "both ' and \"", "tab\tnew\nline",
+                                  "unicode é ✓", "back\\slash"])
+def test_str_literal_round_trips_and_is_black_normalised(text):
+    literal = exprs.str_literal(text)
+    assert ast.literal_eval(literal) == text
+    stmt = f"x = {literal}\n"
+    if "'" not in text or '"' not in text:
+        assert format_with_black(stmt) == stmt
+
+
+@pytest.mark.parametrize("value,expected", [
+    (1e-05, "1e-05"), (1e20, "1e20"), (0.1, "0.1"), (float("inf"), 'float("inf")'),
+    (float("-inf"), '-float("inf")'), (float("nan"), 'float("nan")'), (-2.5, "-2.5"),
+])
+def test_float_literal(value, expected):
+    assert exprs.float_literal(value) == expected
+
+
+def test_scalar_literal_rejects_non_scalars():
+    with pytest.raises(TypeError):
+        exprs.scalar_literal([1])
+
+
+@pytest.mark.parametrize("text", ["ok\nimport os", "a\r\nb", 'x"""y', "x\\"])
+def test_comment_and_docstring_text_cannot_escape(text):
+    comment = exprs.comment(text)
+    assert "\n" not in comment and "\r" not in comment and comment.startswith("# ")
+    doc = exprs.docstring_line(text)
+    assert '"""' not in doc and "\n" not in doc and "\\" not in doc
+
+
+def test_torch_attr_rejects_non_identifiers():
+    assert exprs.torch_attr("float32") == "torch.float32"
+    with pytest.raises(ValueError):
+        exprs.torch_attr("float32; import os")

@@ -1,0 +1,236 @@
+"""Unit tests of the passes on small synthetic traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from mystique_gen.errors import TraceError
+from mystique_gen.ir import DerivedView, InputView, OpOutput, TensorValue
+from mystique_gen.load.et import load_trace, trace_from_document
+from mystique_gen.passes.lower import lower_ops
+from mystique_gen.passes.select import select_ops
+from mystique_gen.pipeline import build_program
+from tests.tracebuilder import ADD_, EMBEDDING, MM, RELU, T_OP, Device, TraceBuilder
+
+
+def _program(builder: TraceBuilder):
+    return build_program(trace_from_document(builder.doc(), name="t.json", sha256="0"))
+
+
+def _tensor_args(op):
+    return [a.value for a in op.args if isinstance(a.value, TensorValue)]
+
+
+# -- load -------------------------------------------------------------------------
+
+
+def test_loader_sorts_children_first_nodes_by_id(tmp_path):
+    b = TraceBuilder()
+    x = b.tensor((2, 2))
+    b.op(RELU, [x], [b.tensor((2, 2))])
+    trace = load_trace(b.write(tmp_path / "t.json.gz"))
+    assert [n.id for n in trace.nodes] == sorted(n.id for n in trace.nodes)
+    assert trace.schema.startswith("1.1.1")
+
+
+def test_loader_reads_flat_1_0_1_layout():
+    doc = {"schema": "1.0.1", "nodes": [
+        {"name": "[pytorch|profiler|execution_graph|thread]", "id": 2, "parent": 1, "tid": 1,
+         "op_schema": "", "inputs": [], "input_shapes": [], "input_types": [], "outputs": [],
+         "output_shapes": [], "output_types": []},
+        {"name": "aten::relu", "id": 3, "parent": 2, "tid": 1, "rf_id": 5,
+         "op_schema": "aten::relu(Tensor self) -> Tensor",
+         "inputs": [[10, 11, 0, 4, 4, "cuda:0"]], "input_shapes": [[2, 2]],
+         "input_types": ["Tensor(float)"], "outputs": [[12, 13, 0, 4, 4, "cuda:0"]],
+         "output_shapes": [[2, 2]], "output_types": ["Tensor(float)"]},
+    ]}
+    program = build_program(trace_from_document(doc, name="flat.json", sha256="0"))
+    (op,) = program.ops
+    (x,) = _tensor_args(op)
+    assert x.meta.strides == (2, 1)  # no strides recorded: contiguous
+    assert x.meta.device == "cuda" and program.primary_device == "cuda"
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"nodes": {}}, None),
+    ({"nodes": [{"name": "x"}]}, None),
+    ({"nodes": [{"id": 3, "name": 5}]}, "name"),
+    ({"nodes": [{"id": 3, "name": "a", "ctrl_deps": "2"}]}, "ctrl_deps"),
+    ({"nodes": [{"id": 3, "name": "a", "inputs": {"values": [1], "types": []}}]},
+     "inputs.types"),
+])
+def test_loader_errors_name_the_node_and_field(doc, field):
+    with pytest.raises(TraceError) as info:
+        trace_from_document(doc, name="bad.json", sha256="0")
+    assert info.value.field == field
+
+
+def test_corrupt_gzip_is_a_clean_error(tmp_path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(b'{"nodes": []}')[:-8] + b"garbage!")
+    with pytest.raises(TraceError):
+        load_trace(path)
+
+
+# -- select -----------------------------------------------------------------------
+
+
+def test_selection_descends_wrappers_and_keeps_first_schema_node():
+    b = TraceBuilder()
+    step = b.annotation("ProfilerStep#3")
+    x, w = b.tensor((4, 4)), b.tensor((4, 4))
+    out = b.tensor((4, 4))
+    mm = b.op(MM, [x, w], [out], parent=step)
+    b.op(MM, [x, w], [out], parent=mm)  # the op's own implementation: not selected
+    grad_fn = b.annotation("autograd::engine::evaluate_function: MmBackward0", parent=step)
+    b.op(RELU, [out], [b.tensor((4, 4))], parent=grad_fn, tid=2)
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.name for s in sel.ops] == ["aten::mm", "aten::relu"]
+    assert sel.ops[1].scope == ("ProfilerStep#3", "autograd::engine::evaluate_function: MmBackward0")
+    assert sel.threads == [1, 2]
+
+
+def test_parent_cycle_is_an_error_with_node_and_field():
+    b = TraceBuilder()
+    a = b.annotation("a")
+    doc = b.doc()
+    for node in doc["nodes"]:
+        if node["id"] == a:
+            node["ctrl_deps"] = a + 1
+    doc["nodes"].append({"id": a + 1, "name": "b", "ctrl_deps": a, "attrs": []})
+    with pytest.raises(TraceError) as info:
+        select_ops(trace_from_document(doc, name="t", sha256="0"))
+    assert info.value.field == "ctrl_deps"
+
+
+# -- lower --------------------------------------------------------------------------
+
+
+def test_lowering_decodes_by_schema_type():
+    b = TraceBuilder()
+    empty = ("aten::empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, "
+             "Layout? layout=None, Device? device=None, bool? pin_memory=None, "
+             "MemoryFormat? memory_format=None) -> Tensor")
+    b.op(empty, [[2, 3], 6, 0, Device("cuda:0"), False, None], [b.tensor((2, 3), device="cuda")])
+    program = _program(b)
+    (op,) = program.ops
+    values = {a.spec.name: a.value for a in op.args}
+    assert values["dtype"].name == "float32"
+    assert values["layout"].name == "strided"
+    assert values["device"].kind == "cuda"
+    assert op.args[0].spec.kwarg_only is False and values["dtype"] is not None
+
+
+def test_unsupported_ops_become_values_not_crashes():
+    b = TraceBuilder()
+    stream_op = "aten::record_stream(Tensor(a!) self, Stream s) -> ()"
+    b.op(stream_op, [b.tensor((2,)), 7], [])
+    b.op("not an op(", [], [])
+    program = _program(b)
+    assert program.ops == []
+    reasons = {s.name: s.reason for s in program.not_replayed}
+    assert "aten::record_stream" in reasons
+    assert any("not a valid operator name" in r for r in reasons.values())
+
+
+def test_too_many_recorded_inputs_is_not_replayed():
+    b = TraceBuilder()
+    x = b.tensor((2,))
+    b.op(RELU, [x, x], [b.tensor((2,))])
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    ops, skipped = lower_ops(sel.ops)
+    assert not ops and "schema takes 1" in skipped[0].reason
+
+
+# -- tensors ----------------------------------------------------------------------
+
+
+def test_dataflow_aliasing_and_id_reuse():
+    b = TraceBuilder()
+    x, w = b.tensor((4, 4)), b.tensor((4, 4))
+    y = b.tensor((4, 4))
+    b.op(MM, [x, w], [y])                                 # 0: y produced
+    yt = b.view(y, (4, 4), strides=(1, 4))
+    b.op(T_OP, [y], [yt])                                 # 1: view of y
+    b.op(ADD_, [yt, x, 1], [yt])                          # 2: in-place on the view
+    reused = b.tensor((8,), storage=y.storage_id)         # 3: y's storage id reused
+    b.op(RELU, [x], [reused])
+    b.op(RELU, [reused], [b.tensor((8,))])                # 4: reads the new lifetime
+    program = _program(b)
+    ops = program.ops
+    mm_out = ops[0].outputs[0]
+    assert isinstance(mm_out.binding, OpOutput)
+    assert _tensor_args(ops[1])[0].binding is mm_out.binding
+    assert _tensor_args(ops[2])[0].binding == OpOutput(1, (0,))
+    assert ops[2].outputs[0].binding == OpOutput(1, (0,))  # returns its input: no new name
+    assert _tensor_args(ops[4])[0].binding == OpOutput(3, (0,))
+    assert _tensor_args(ops[4])[0].storage is not mm_out.storage
+    materialised = [s for s in program.storages if s.materialised]
+    assert len(materialised) == 2  # x and w only
+
+
+def test_materialised_storage_covers_every_view():
+    b = TraceBuilder()
+    base = b.tensor((10,))
+    head = b.view(base, (4,), offset=0)
+    tail = b.view(base, (3,), offset=7)
+    b.op(RELU, [head], [b.tensor((4,))])
+    b.op(RELU, [tail], [b.tensor((3,))])
+    program = _program(b)
+    (storage,) = [s for s in program.storages if s.materialised]
+    assert storage.extent == 10
+    bindings = [_tensor_args(op)[0].binding for op in program.ops]
+    assert all(isinstance(v, InputView) and v.storage is storage for v in bindings)
+
+
+def test_view_of_a_produced_tensor_is_derived_and_freed():
+    b = TraceBuilder()
+    x = b.tensor((4, 4))
+    y = b.tensor((4, 4))
+    b.op(RELU, [x], [y])
+    row = b.view(y, (4,), offset=4)
+    b.op(RELU, [row], [b.tensor((4,))])
+    program = _program(b)
+    (derived,) = program.ops[1].derive_before
+    assert isinstance(derived, DerivedView) and derived.meta.offset == 4
+    assert derived in program.ops[1].free_after
+
+
+# -- values -----------------------------------------------------------------------
+
+
+def test_embedding_indices_are_bounded_by_table_rows():
+    b = TraceBuilder()
+    table = b.tensor((1000, 8))
+    ids = b.tensor((32,), dtype="int64")
+    b.op(EMBEDDING, [table, ids, -1, False, False], [b.tensor((32, 8))])
+    program = _program(b)
+    init = _tensor_args(program.ops[0])[1].storage.init
+    assert (init.kind, init.low, init.high) == ("randint", 0, 1000)
+    assert _tensor_args(program.ops[0])[0].storage.init.kind == "uniform"
+
+
+def test_bag_offsets_are_sorted_offsets_over_the_indices():
+    b = TraceBuilder()
+    bag = ("aten::embedding_bag(Tensor weight, Tensor indices, Tensor offsets, "
+           "bool scale_grad_by_freq=False, int mode=0, bool sparse=False, "
+           "Tensor? per_sample_weights=None, bool include_last_offset=False) -> "
+           "(Tensor, Tensor, Tensor, Tensor)")
+    weight, indices, offsets = b.tensor((50, 4)), b.tensor((20,), dtype="int64"), b.tensor(
+        (5,), dtype="int64")
+    outs = [b.tensor((5, 4)), b.tensor((0,), dtype="int64"), b.tensor((5,), dtype="int64"),
+            b.tensor((5,), dtype="int64")]
+    b.op(bag, [weight, indices, offsets, False, 0, False, None, False], outs)
+    program = _program(b)
+    args = _tensor_args(program.ops[0])
+    assert args[1].storage.init.high == 50
+    assert (args[2].storage.init.kind, args[2].storage.init.high) == ("offsets", 20)
+
+
+def test_json_round_trip_of_builder():
+    b = TraceBuilder()
+    b.op(RELU, [b.tensor((2,))], [b.tensor((2,))])
+    assert json.loads(json.dumps(b.doc()))["nodes"]
