@@ -8,11 +8,13 @@ from typing import Any
 from mystique_gen import oprules
 from mystique_gen.ir import Program, iter_tensors
 from mystique_gen.load.et import RawTrace
+from mystique_gen.passes.deps import critical_path_length, dependency_graph
 from mystique_gen.schema import is_op_name
 
 
 def summarize(trace: RawTrace, program: Program) -> dict[str, Any]:
     names = Counter(n.name for n in trace.nodes)
+    graph = dependency_graph(program.ops)
     dtypes: Counter[str] = Counter()
     for op in program.ops:
         for arg in op.args:
@@ -35,6 +37,8 @@ def summarize(trace: RawTrace, program: Program) -> dict[str, Any]:
         "dtypes": dict(sorted(dtypes.items())),
         "communication_ops": dict(sorted(comm.items())),
         "materialised_inputs": sum(1 for s in program.storages if s.materialised),
+        "dependency_edges": graph.number_of_edges(),
+        "critical_path_ops": critical_path_length(graph),
         "estimated_peak_bytes": program.peak_bytes,
         "not_replayed": [
             {"node_id": s.node_id, "name": s.name, "reason": s.reason}
@@ -53,6 +57,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"dtypes     {', '.join(f'{k} x{v}' for k, v in summary['dtypes'].items()) or '-'}",
         f"inputs     {summary['materialised_inputs']} materialised storages, "
         f"peak ~{summary['estimated_peak_bytes'] / 2**20:.1f} MiB",
+        f"deps       {summary['dependency_edges']} edges, critical path "
+        f"{summary['critical_path_ops']} of {summary['selected_ops']} ops",
         "",
         "ops by name:",
     ]

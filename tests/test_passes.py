@@ -234,3 +234,24 @@ def test_json_round_trip_of_builder():
     b = TraceBuilder()
     b.op(RELU, [b.tensor((2,))], [b.tensor((2,))])
     assert json.loads(json.dumps(b.doc()))["nodes"]
+
+
+# -- dependency graph -----------------------------------------------------------------
+
+
+def test_dependency_graph_orders_reads_and_writes():
+    from mystique_gen.passes.deps import critical_path_length, dependency_graph
+
+    b = TraceBuilder()
+    x, w = b.tensor((4, 4)), b.tensor((4, 4))
+    y = b.tensor((4, 4))
+    b.op(MM, [x, w], [y])                       # 0 writes y
+    b.op(RELU, [x], [b.tensor((4, 4))])          # 1 independent of 0
+    b.op(RELU, [y], [b.tensor((4, 4))])          # 2 reads y (after 0)
+    b.op(ADD_, [x, w, 1], [x])                   # 3 writes x (after 0 and 1 read it)
+    graph = dependency_graph(_program(b).ops)
+    assert graph.has_edge(0, 2) and graph.edges[0, 2]["kind"] == "raw"
+    assert graph.has_edge(0, 3) and graph.has_edge(1, 3)
+    assert graph.edges[1, 3]["kind"] == "war"
+    assert not graph.has_edge(0, 1) and not graph.has_edge(2, 3)
+    assert critical_path_length(graph) == 2

@@ -19,12 +19,16 @@ _SAFE_COMMENT = re.compile(r"[^A-Za-z0-9 _.,:;#@<>()\[\]{}|/+*=!?&%$~^'\"-]")
 
 
 def str_literal(text: str) -> str:
-    """A string literal in black's preferred quoting (double quotes unless that needs
-    more escapes)."""
+    """A string literal quoted as black would: double quotes unless that needs more
+    escapes than the single-quoted form."""
     r = repr(text)
-    if r.startswith("'") and '"' not in text:
-        return '"' + r[1:-1].replace("\\'", "'") + '"'
-    return r
+    if r.startswith('"'):
+        return r  # repr chose double quotes: the text has ' but no "
+    body = r[1:-1]
+    swapped = body.replace("\\'", "'").replace('"', '\\"')
+    if swapped.count('\\"') > body.count("\\'"):
+        return r
+    return '"' + swapped + '"'
 
 
 def float_literal(value: float) -> str:
