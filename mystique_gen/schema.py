@@ -9,6 +9,7 @@ they end up in generated code.
 from __future__ import annotations
 
 import re
+import types
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -48,14 +49,36 @@ class SchemaError(ValueError):
 
 def split_op_name(name: str) -> tuple[str, str, str | None]:
     """``'aten::add_.Tensor'`` -> ``('aten', 'add_', 'Tensor')``; SchemaError if not an op name."""
-    m = OP_NAME_RE.match(name)
-    if not m:
+    m = OP_NAME_RE.fullmatch(name)  # not match: "$" also matches before a final newline
+    if not m or not op_attribute_ok(m.group(1), m.group(2), m.group(3)):
         raise SchemaError(f"{name[:80]!r} is not a valid operator name")
     return m.group(1), m.group(2), m.group(3)
 
 
+# Attributes Python itself finds on a ``torch.ops`` namespace (a module subclass) before
+# the dispatcher is asked: ``torch.ops.aten.__class__`` is a class, not an operator.
+_PYTHON_ATTRIBUTES = frozenset(dir(types.ModuleType)) | frozenset(dir(object)) | {
+    "__dict__", "__name__", "__doc__", "__package__", "__loader__", "__spec__", "__file__",
+    "__path__", "__builtins__", "__globals__", "__all__", "__wrapped__", "__self__",
+    "__func__", "__code__", "__closure__", "__origin__",
+}
+
+
+def op_attribute_ok(namespace: str, name: str, overload: str | None) -> bool:
+    """Whether ``torch.ops.<namespace>.<name>[.<overload>]`` names an operator and not a
+    Python attribute. Dunder names are real operators (``aten::__and__``) but never
+    namespaces or overloads."""
+    if namespace.startswith("__") or (overload or "").startswith("__"):
+        return False
+    return name not in _PYTHON_ATTRIBUTES
+
+
 def is_op_name(name: str) -> bool:
-    return OP_NAME_RE.match(name) is not None
+    try:
+        split_op_name(name)
+    except SchemaError:
+        return False
+    return True
 
 
 @lru_cache(maxsize=4096)

@@ -11,21 +11,26 @@ present rather than on the declared version string:
 
 from __future__ import annotations
 
+import copy
 import gzip
-import hashlib
 import json
+import os
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from sys import intern
 from typing import Any
 
+from mystique_gen import progress as _progress
 from mystique_gen.errors import TraceError
+from mystique_gen.load.stream import HashingReader, JsonStream
 
 KNOWN_SCHEMA_PREFIXES = ("1.0.1", "1.0.2", "1.0.3", "1.0.4", "1.1.0", "1.1.1")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million-node trace holds millions
 class RawArg:
     """One recorded input or output: its value and the metadata recorded beside it."""
 
@@ -35,7 +40,7 @@ class RawArg:
     strides: Any | None  # None where the trace predates strides
 
 
-@dataclass
+@dataclass(slots=True)
 class RawNode:
     id: int
     name: str
@@ -88,13 +93,29 @@ def parse_json_bytes(data: bytes, name: str) -> Any:
         raise TraceError(f"{name}: JSON nested too deeply") from None
 
 
-def load_trace(path: str | Path) -> RawTrace:
+def load_trace(path: str | Path,
+               progress: Callable[[int], None] | None = None) -> RawTrace:
+    """Read a trace incrementally (see :mod:`stream`): each node becomes a compact
+    :class:`RawNode` as soon as it is decoded, so the whole document never exists as
+    Python objects. ``progress`` is called with the bytes read so far."""
     path = Path(path)
-    raw = path.read_bytes() if path.is_file() else None
-    if raw is None:
+    if not path.is_file():
         raise TraceError(f"no such trace file: {path.name}")
-    doc = parse_json_bytes(raw, path.name)
-    return trace_from_document(doc, name=path.name, sha256=hashlib.sha256(raw).hexdigest())
+    nodes: list[RawNode] = []
+    try:
+        with open(path, "rb") as f:
+            reader = HashingReader(f)
+            _progress.phase(f"reading {path.name[:24]}", os.fstat(f.fileno()).st_size)
+            doc, streamed = JsonStream(reader, path.name, progress or _progress.advance
+                                       ).document(lambda obj, i: nodes.append(_node(obj, i)))
+            reader.drain()
+    except OSError as exc:
+        raise TraceError(f"cannot read {path.name}: {exc.strerror or exc}") from None
+    _progress.phase("compiling")
+    sha256 = reader.sha256.hexdigest()
+    if not streamed:
+        return trace_from_document(doc, name=path.name, sha256=sha256)
+    return _assemble(doc, nodes, path.name, sha256)
 
 
 def trace_from_document(doc: Any, *, name: str, sha256: str) -> RawTrace:
@@ -105,6 +126,11 @@ def trace_from_document(doc: Any, *, name: str, sha256: str) -> RawTrace:
     nodes = doc["nodes"]
     if not isinstance(nodes, list):
         raise TraceError(f"{name}: 'nodes' is {type(nodes).__name__}, expected a list")
+    return _assemble(doc, [_node(n, i) for i, n in enumerate(nodes)], name, sha256)
+
+
+def _assemble(doc: dict[str, Any], parsed: list[RawNode], name: str, sha256: str) -> RawTrace:
+    """Check the document's header fields and order the nodes by id."""
     schema = doc.get("schema", "")
     if not isinstance(schema, str):
         raise TraceError(f"{name}: 'schema' is not a string")
@@ -113,9 +139,8 @@ def trace_from_document(doc: Any, *, name: str, sha256: str) -> RawTrace:
             f"{name}: unknown schema version {schema!r}; reading the fields that are present",
             stacklevel=2,
         )
-    parsed = [_node(n, i) for i, n in enumerate(nodes)]
     parsed.sort(key=lambda n: n.id)
-    for a, b in zip(parsed, parsed[1:]):
+    for a, b in zip(parsed, parsed[1:], strict=False):
         if a.id == b.id:
             raise TraceError("duplicate node id", node_id=a.id, field="id")
     metadata = {k: v for k, v in doc.items() if k != "nodes" and isinstance(v, (str, int, float))}
@@ -151,6 +176,7 @@ def _node(obj: Any, index: int) -> RawNode:
     name = obj.get("name")
     if not isinstance(name, str):
         raise TraceError("missing or non-string name", node_id=node_id, field="name")
+    name = intern(name)
 
     attrs: dict[str, Any] = {}
     if "attrs" in obj:
@@ -159,7 +185,9 @@ def _node(obj: Any, index: int) -> RawNode:
         for attr in obj["attrs"]:
             if not isinstance(attr, dict) or not isinstance(attr.get("name"), str):
                 raise TraceError("attribute without a name", node_id=node_id, field="attrs")
-            attrs[attr["name"]] = attr.get("value")
+            value = attr.get("value")
+            # Interned: every node repeats the same names and many of the same strings.
+            attrs[intern(attr["name"])] = intern(value) if type(value) is str else value
     # Flat layout: the same facts are top-level keys.
     for key in ("rf_id", "tid", "fw_tid", "fw_parent", "seq_id", "scope", "op_schema",
                 "kernel_backend", "kernel_file", "tensor_range"):
@@ -222,11 +250,56 @@ def _zip_args(values: Any, shapes: Any, types: Any, strides: Any, node_id: int,
         raise TraceError(f"{len(values)} values but {len(types)} types", node_id=node_id,
                          field=f"{field_name}.types")
     args = []
-    for i, (value, type_str) in enumerate(zip(values, types)):
+    for i, (value, type_str) in enumerate(zip(values, types, strict=True)):
         if not isinstance(type_str, str):
             raise TraceError("type is not a string", node_id=node_id,
                              field=f"{field_name}.types[{i}]")
-        shape = shapes[i] if i < len(shapes) else []
-        stride = strides[i] if strides is not None and i < len(strides) else None
-        args.append(RawArg(value=value, shape=shape, type=type_str, strides=stride))
+        shape = _shared(shapes[i]) if i < len(shapes) else EMPTY
+        stride = _shared(strides[i]) if strides is not None and i < len(strides) else None
+        if type(value) is list and len(value) == 6 and type(value[5]) is str:
+            value[5] = intern(value[5])  # a tensor record's device: "cuda:0"
+        args.append(RawArg(value=value, shape=shape, type=intern(type_str), strides=stride))
     return args
+
+
+class SharedList(list):
+    """An immutable list, shared by every record that holds an equal one.
+
+    Most recorded shapes and strides are ``[]`` (scalars) or ``[[], []]`` (int lists):
+    one object for each instead of one per argument saves a fifth of a loaded trace.
+    Copies are plain lists."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a shared trace record is read-only; copy it to change it")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+    def __copy__(self) -> list[Any]:
+        return list(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
+        return [copy.deepcopy(item, memo) for item in self]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
+
+
+EMPTY = SharedList()
+_EMPTY_ROWS: dict[int, SharedList] = {}
+
+
+def _shared(value: Any) -> Any:
+    """``[]`` and ``[[], ..., []]`` as shared read-only lists; anything else as is."""
+    if type(value) is not list:
+        return value
+    if not value:
+        return EMPTY
+    if type(value[0]) is list and not any(value) and all(type(v) is list for v in value):
+        rows = _EMPTY_ROWS.get(len(value))
+        if rows is None:
+            rows = _EMPTY_ROWS[len(value)] = SharedList([EMPTY] * len(value))
+        return rows
+    return value

@@ -1,0 +1,235 @@
+"""Incremental JSON reading of an execution trace: one ``nodes`` element at a time.
+
+``json.load`` of a trace builds the whole document (about 6.5 bytes of Python objects
+per byte of JSON) before the loader can turn it into compact records. This reader
+walks the top-level object by hand and decodes each value, and each element of the
+``nodes`` array, with :meth:`json.JSONDecoder.raw_decode` (the same C scanner
+``json.load`` uses), so only one node's dicts exist at a time. No dependency is
+needed: ijson's C backend yields events, not whole nodes, and rebuilding each
+node's dicts from events in Python is slower than decoding it in C here.
+
+Every failure (corrupt gzip, invalid UTF-8, truncated or invalid JSON, nesting too
+deep for the decoder) becomes one :class:`TraceError`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import hashlib
+import json
+import re
+import zlib
+from collections.abc import Callable
+from typing import IO, Any
+
+from mystique_gen.errors import TraceError
+
+CHUNK = 1 << 20  # bytes read at a time
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+class HashingReader:
+    """A binary file wrapper that hashes every byte read through it (the trace's sha256)."""
+
+    def __init__(self, raw: IO[bytes]):
+        self.raw = raw
+        self.sha256 = hashlib.sha256()
+        self.bytes_read = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.sha256.update(data)
+        self.bytes_read += len(data)
+        return data
+
+    def drain(self) -> None:
+        """Hash whatever the consumer left unread (gzip trailers, trailing bytes)."""
+        while self.read(CHUNK):
+            pass
+
+
+class JsonStream:
+    """A text buffer over a byte source, refilled as values are decoded from it."""
+
+    def __init__(self, source: HashingReader, name: str,
+                 progress: Callable[[int], None] | None = None):
+        self.name = name
+        self.source = source
+        head = source.read(2)
+        self._gzip: gzip.GzipFile | None = None
+        self._pending = head
+        if head == b"\x1f\x8b":
+            self._gzip = gzip.GzipFile(fileobj=_Prefixed(head, source), mode="rb")
+            self._pending = b""
+        self._text = codecs.getincrementaldecoder("utf-8-sig")()
+        self.buf = ""
+        self.pos = 0
+        self.eof = False
+        self.line_base = 1  # line number of buf[0]
+        self.progress = progress
+        self.where = ""  # " in nodes[i]" while reading the node list
+
+    # -- buffer ---------------------------------------------------------------------
+    def _read_bytes(self, size: int) -> bytes:
+        if self._gzip is None:
+            data, self._pending = self._pending + self.source.read(size), b""
+            return data
+        try:
+            return self._gzip.read(size)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{self.name}: corrupt or truncated gzip data ({exc})") from None
+
+    def fill(self, size: int | None = None) -> bool:
+        """Append up to ``size`` (default CHUNK) more bytes' text; False at the end."""
+        if self.eof:
+            return False
+        data = self._read_bytes(size or CHUNK)
+        try:
+            text = self._text.decode(data, final=not data)
+        except UnicodeDecodeError:
+            self._gzip_error_first()
+            raise TraceError(f"{self.name}: not UTF-8 text") from None
+        if not data:
+            self.eof = True
+        if self.pos:
+            self.line_base += self.buf.count("\n", 0, self.pos)
+            self.buf = self.buf[self.pos:]
+            self.pos = 0
+        self.buf += text
+        if self.progress is not None:
+            self.progress(self.source.bytes_read)
+        return bool(data) or bool(text)
+
+    def skip_ws(self) -> str:
+        """The next non-blank character ('' at the end), without consuming it."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.fill():
+                return ""
+
+    def expect(self, chars: str, what: str) -> str:
+        ch = self.skip_ws()
+        if ch == "" or ch not in chars:
+            self._fail(what, truncated=ch == "")
+        self.pos += 1
+        return ch
+
+    def value(self) -> Any:
+        """Decode one JSON value at the current position, reading more as needed."""
+        self.skip_ws()
+        grow = CHUNK
+        while True:
+            try:
+                obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                # The value may simply continue past the buffer: read more and retry
+                # (doubling, so a huge value costs O(its size) rescans in total).
+                if self.fill(grow):
+                    grow *= 2
+                    continue
+                truncated = (exc.pos >= len(self.buf.rstrip()) - 1
+                             or exc.msg.startswith("Unterminated"))
+                self._fail(f"{exc.msg}", truncated=truncated, at=exc.pos)
+            except RecursionError:
+                raise TraceError(f"{self.name}: JSON nested too deeply{self.where}") from None
+            except ValueError as exc:  # e.g. an integer of more than 4300 digits
+                raise TraceError(f"{self.name}: unreadable value{self.where}: "
+                                 f"{str(exc)[:80]}") from None
+            if end == len(self.buf) and self.fill(grow):
+                continue  # a number or literal cut by the buffer's end: decode it whole
+            self.pos = end
+            return obj
+
+    def _gzip_error_first(self) -> None:
+        """Corrupt compressed data decodes to garbage before its checksum is read: name
+        the gzip fault, not the JSON it garbled."""
+        if self._gzip is not None:
+            while self._read_bytes(CHUNK):
+                pass
+
+    def _fail(self, what: str, *, truncated: bool, at: int | None = None):
+        self._gzip_error_first()
+        at = self.pos if at is None else at
+        line = self.line_base + self.buf.count("\n", 0, min(at, len(self.buf)))
+        if truncated:
+            raise TraceError(f"{self.name}: truncated JSON (ends at line {line})")
+        raise TraceError(f"{self.name}: not valid JSON: {what} at line {line}")
+
+    # -- document ---------------------------------------------------------------------
+    def document(self, on_node: Callable[[Any, int], None]) -> tuple[Any, bool]:
+        """Read the whole document, handing each ``nodes`` element to ``on_node``.
+
+        Returns (the document without its node list, whether ``nodes`` was a list
+        that was streamed). A top level that is not an object is returned whole.
+        """
+        if self.skip_ws() != "{":
+            doc = self.value()
+            self._end()
+            return doc, False
+        self.pos += 1
+        doc: dict[str, Any] = {}
+        streamed = False
+        if self.skip_ws() == "}":
+            self.pos += 1
+            self._end()
+            return doc, False
+        while True:
+            if self.skip_ws() != '"':
+                self._fail("expecting a property name", truncated=self.skip_ws() == "")
+            key = self.value()
+            self.expect(":", "expecting ':'")
+            if key == "nodes" and "nodes" in doc:
+                raise TraceError(f"{self.name}: 'nodes' is given twice")
+            if key == "nodes" and self.skip_ws() == "[":
+                self._array(on_node)
+                doc["nodes"] = None
+                streamed = True
+            else:
+                doc[key] = self.value()
+                if key == "nodes":
+                    streamed = False
+            if self.expect(",}", "expecting ',' or '}'") == "}":
+                break
+        self._end()
+        return doc, streamed
+
+    def _array(self, on_node: Callable[[Any, int], None]) -> None:
+        self.pos += 1  # "["
+        if self.skip_ws() == "]":
+            self.pos += 1
+            return
+        index = 0
+        while True:
+            self.where = f" in nodes[{index}]"
+            on_node(self.value(), index)
+            index += 1
+            if self.expect(",]", "expecting ',' or ']'") == "]":
+                self.where = ""
+                return
+
+    def _end(self) -> None:
+        if self.skip_ws() != "":
+            self._fail("extra data after the document", truncated=False)
+
+
+class _Prefixed:
+    """A reader that first returns bytes already read (the gzip magic) then the rest."""
+
+    def __init__(self, head: bytes, source: HashingReader):
+        self.head = head
+        self.source = source
+
+    def read(self, size: int = -1) -> bytes:
+        if self.head:
+            if size is None or size < 0:
+                data, self.head = self.head + self.source.read(-1), b""
+                return data
+            data, self.head = self.head[:size], self.head[size:]
+            if len(data) < size:
+                data += self.source.read(size - len(data))
+            return data
+        return self.source.read(size)

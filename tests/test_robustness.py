@@ -1,0 +1,344 @@
+"""Hostile and broken traces: a one-line error naming the node and field, exit 2, no
+traceback (unless --debug), no output file; or a safe file where the input is usable."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mystique_gen.cli import main as cli_main
+from mystique_gen.emit.check import check_source
+from tests.conftest import ROOT, run_benchmark
+from tests.tracebuilder import MM, RELU, TraceBuilder
+
+
+def base_doc() -> dict[str, Any]:
+    b = TraceBuilder()
+    x, w = b.tensor((4, 8)), b.tensor((8, 2))
+    y = b.tensor((4, 2))
+    b.op(MM, [x, w], [y])
+    z = b.tensor((4, 2))
+    b.op(RELU, [y], [z])
+    return b.doc()
+
+
+def op_nodes(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The nodes with an op schema, in id order."""
+    nodes = [n for n in doc["nodes"] if any(
+        a["name"] == "op_schema" and a["value"] for a in n["attrs"])]
+    return sorted(nodes, key=lambda n: n["id"])
+
+
+def write(tmp_path: Path, data: bytes | dict[str, Any], name: str = "t.json") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode())
+    return path
+
+
+def generate(tmp_path: Path, trace: Path, capsys, *extra: str) -> tuple[int, list[str], Path]:
+    out = tmp_path / "out" / "bench.py"
+    rc = cli_main([str(trace), "-o", str(out), *extra])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    return rc, err, out
+
+
+def assert_refused(tmp_path: Path, trace: Path, capsys, *needles: str) -> str:
+    rc, err, out = generate(tmp_path, trace, capsys)
+    assert rc == 2, err
+    assert len(err) == 1, err
+    assert err[0].startswith("mystique-gen: error: "), err
+    assert "Traceback" not in err[0]
+    for needle in needles:
+        assert needle in err[0], err[0]
+    assert not out.exists()
+    leftovers = list(out.parent.iterdir()) if out.parent.exists() else []
+    assert leftovers == [], leftovers  # no temporary file either
+    return err[0]
+
+
+def mutated(mutate) -> dict[str, Any]:
+    doc = copy.deepcopy(base_doc())
+    mutate(doc)
+    return doc
+
+
+# -- the bytes are not a trace ----------------------------------------------------------
+
+def test_not_json(tmp_path, capsys):
+    assert_refused(tmp_path, write(tmp_path, b"hello, world"), capsys, "not valid JSON")
+
+
+def test_empty_file(tmp_path, capsys):
+    assert_refused(tmp_path, write(tmp_path, b""), capsys, "truncated JSON")
+
+
+def test_truncated_json(tmp_path, capsys):
+    data = json.dumps(base_doc()).encode()
+    for cut in (len(data) // 3, len(data) // 2, len(data) - 1):
+        assert_refused(tmp_path, write(tmp_path, data[:cut]), capsys, "truncated JSON")
+
+
+def test_truncated_gzip(tmp_path, capsys):
+    data = gzip.compress(json.dumps(base_doc()).encode())
+    trace = write(tmp_path, data[: len(data) // 2], "t.json.gz")
+    assert_refused(tmp_path, trace, capsys, "gzip")
+
+
+def test_corrupt_gzip(tmp_path, capsys):
+    data = bytearray(gzip.compress(json.dumps(base_doc()).encode()))
+    for i in range(40, len(data) - 8, 7):
+        data[i] ^= 0x5A
+    assert_refused(tmp_path, write(tmp_path, bytes(data), "t.json.gz"), capsys, "gzip")
+
+
+def test_not_utf8(tmp_path, capsys):
+    assert_refused(tmp_path, write(tmp_path, b'{"nodes": ["\xff\xfe"]}'), capsys, "UTF-8")
+
+
+def test_missing_file(tmp_path, capsys):
+    assert_refused(tmp_path, tmp_path / "nope.json", capsys, "no such trace file")
+
+
+def test_top_level_not_an_object(tmp_path, capsys):
+    assert_refused(tmp_path, write(tmp_path, b"[1, 2]"), capsys, "expected an object")
+
+
+def test_extra_data_after_document(tmp_path, capsys):
+    data = json.dumps(base_doc()).encode() + b" {}"
+    assert_refused(tmp_path, write(tmp_path, data), capsys, "not valid JSON")
+
+
+def test_empty_object(tmp_path, capsys):
+    assert_refused(tmp_path, write(tmp_path, {}), capsys, "no 'nodes' field")
+
+
+@pytest.mark.parametrize("nodes", [{}, "nodes", 3, None])
+def test_nodes_not_a_list(tmp_path, capsys, nodes):
+    assert_refused(tmp_path, write(tmp_path, {"schema": "1.1.1", "nodes": nodes}), capsys,
+                   "'nodes' is", "expected a list")
+
+
+def test_integer_too_long_to_read(tmp_path, capsys):
+    data = b'{"nodes": [{"id": ' + b"9" * 5000 + b"}]}"
+    assert_refused(tmp_path, write(tmp_path, data), capsys, "nodes[0]")
+
+
+# -- nodes with missing or mistyped fields -------------------------------------------------
+
+def _drop(key: str):
+    def mutate(doc):
+        del op_nodes(doc)[0][key]
+    return mutate
+
+
+def _set(key: str, value: Any, which: int = 0):
+    def mutate(doc):
+        node = op_nodes(doc)[which]
+        target = node
+        *path, last = key.split(".")
+        for part in path:
+            target = target[part]
+        target[last] = value
+    return mutate
+
+
+def _first_op_id() -> int:
+    return op_nodes(base_doc())[0]["id"]
+
+
+def test_missing_id(tmp_path, capsys):
+    assert_refused(tmp_path, write(tmp_path, mutated(_drop("id"))), capsys, "has no 'id'")
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (_drop("name"), "name"),
+    (_set("name", 7), "name"),
+    (_set("ctrl_deps", "3"), "ctrl_deps"),
+    (_set("inputs", [1, 2]), "inputs"),
+    (_set("inputs.values", 3), "inputs.values"),
+    (_set("inputs.types", "Tensor(float)"), "inputs.types"),
+    (_set("inputs.types", [1, 2]), "inputs.types[0]"),
+    (_set("inputs.types", ["Tensor(float)"]), "inputs.types"),
+    (_set("attrs", {"op_schema": MM}), "attrs"),
+    (_set("attrs", [{"value": 1}]), "attrs"),
+    (_set("inputs.values", [["a", 2, 0, 32, 4, "cpu"], [1, 2, 0, 16, 4, "cpu"]]), "inputs[0]"),
+    (_set("inputs.values", [[1, 2, 0, 32, 4, 7], [3, 4, 0, 16, 4, "cpu"]]), "inputs[0]"),
+    (_set("inputs.values", [[1, 2, -5, 32, 4, "cpu"], [3, 4, 0, 16, 4, "cpu"]]), "inputs[0]"),
+    (_set("inputs.values", [[1, 2], [3, 4, 0, 16, 4, "cpu"]]), "inputs[0]"),
+    (_set("inputs.shapes", [["4", 8], [8, 2]]), "inputs[0].shape"),
+    (_set("inputs.shapes", [[-4, 8], [8, 2]]), "inputs[0].shape"),
+    (_set("inputs.strides", [[8], [2, 1]]), "inputs[0].strides"),
+    (_set("inputs.values", [[1, 2, 0, 32, 4, "cu da:0"], [3, 4, 0, 16, 4, "cpu"]]),
+     "inputs[0]"),
+])
+def test_bad_field_names_node_and_field(tmp_path, capsys, mutate, field):
+    line = assert_refused(tmp_path, write(tmp_path, mutated(mutate)), capsys)
+    assert f"node {_first_op_id()}" in line, line
+    assert f"field '{field}'" in line, line
+
+
+def test_mistyped_id_names_the_index(tmp_path, capsys):
+    doc = mutated(_set("id", "7"))
+    index = next(i for i, n in enumerate(doc["nodes"]) if n["id"] == "7")
+    assert_refused(tmp_path, write(tmp_path, doc), capsys, f"nodes[{index}].id",
+                   "expected an integer")
+
+
+def test_duplicate_ids(tmp_path, capsys):
+    doc = base_doc()
+    first, second = op_nodes(doc)
+    second["id"] = first["id"]
+    assert_refused(tmp_path, write(tmp_path, doc), capsys, f"node {first['id']}", "duplicate")
+
+
+def test_ctrl_deps_cycle(tmp_path, capsys):
+    doc = base_doc()
+    thread = next(n for n in doc["nodes"] if n["name"].endswith("|thread]"))
+    process = next(n for n in doc["nodes"] if n["name"].endswith("|process]"))
+    process["ctrl_deps"] = thread["id"]  # thread -> process -> thread
+    assert_refused(tmp_path, write(tmp_path, doc), capsys, "cycle", "field 'ctrl_deps'")
+
+
+@pytest.mark.parametrize("depth", [5000, 100_000])
+def test_lists_nested_thousands_deep(tmp_path, capsys, depth):
+    data = json.dumps(base_doc()).encode()
+    deep = b"[" * depth + b"1" + b"]" * depth
+    data = data.replace(b'"values": [', b'"values": [' + deep + b", ", 1)
+    assert_refused(tmp_path, write(tmp_path, data), capsys, "nested too deeply", "nodes[")
+
+
+def test_lists_nested_hundreds_deep_are_data(tmp_path, capsys):
+    """Deep but decodable nesting in an argument: refused by type, never by a crash."""
+    deep: Any = 1
+    for _ in range(400):
+        deep = [deep]
+    doc = mutated(_set("inputs.values", [deep, [3, 4, 0, 16, 4, "cpu"]]))
+    line = assert_refused(tmp_path, write(tmp_path, doc), capsys, "field 'inputs[0]'")
+    assert f"node {_first_op_id()}" in line
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    trace = write(tmp_path, b"not json")
+    rc = cli_main([str(trace), "-o", str(tmp_path / "b.py"), "--debug"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("mystique-gen: error:")
+
+
+def test_cli_process_exit_status_and_one_line(tmp_path):
+    """Through the real entry point: exit status 2, one stderr line, no file."""
+    trace = write(tmp_path, json.dumps(base_doc()).encode()[:200])
+    out = tmp_path / "b.py"
+    proc = subprocess.run([sys.executable, "-m", "mystique_gen", str(trace), "-o", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "truncated JSON" in proc.stderr
+    assert not out.exists()
+
+
+# -- usable input with surprises: warn or skip, and the file stays safe --------------------
+
+def test_unknown_schema_version_warns_and_continues(tmp_path, capsys):
+    doc = base_doc()
+    doc["schema"] = "9.9.9-future"
+    with pytest.warns(UserWarning, match="unknown schema version '9.9.9-future'"):
+        rc, err, out = generate(tmp_path, write(tmp_path, doc), capsys)
+    assert rc == 0, err
+    check_source(out.read_text())
+
+
+HOSTILE = [
+    'aten::mm"); import os; os.system("echo pwned',
+    "aten::mm\nimport os",
+    "aten::mm.default\n",
+    "__builtins__::eval.default",
+    "aten::mm.__class__",
+    "aten::__class__.default",
+    "aten::__dict__",
+    "aten::m\u00e9",
+    "aten::mm.default\"\"\"",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_operator_names_are_not_replayed(tmp_path, capsys, name):
+    doc = base_doc()
+    node = op_nodes(doc)[0]
+    node["name"] = name
+    for attr in node["attrs"]:
+        if attr["name"] == "op_schema":
+            attr["value"] = name + "(Tensor self, Tensor mat2) -> Tensor"
+    rc, err, out = generate(tmp_path, write(tmp_path, doc), capsys)
+    assert rc == 0, err
+    text = out.read_text()
+    check_source(text)
+    body = text.split('"""', 2)[2]  # trace text may only appear in the docstring
+    assert "pwned" not in body
+    assert body.count("import os") == 1  # the harness's own import
+    assert "aten_mm(" not in body.split("def replay", 1)[1]
+
+
+def test_hostile_strings_become_literals(tmp_path, capsys):
+    """Quotes, newlines, backslashes and unicode in string arguments, scopes and names
+    stay data: the file parses, and the values round-trip through its literals."""
+    evil = "a\"b'c\\nd\n\"\"\"e\u2028\ud800"
+    b = TraceBuilder()
+    scope = b.annotation("## " + evil + " ##")
+    x = b.tensor((3,))
+    y = b.tensor((3,))
+    b.op("aten::div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor",
+         [x, x, evil], [y], parent=scope)
+    rc, err, out = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    text = out.read_text()
+    check_source(text)
+    import ast
+
+    strings = {n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant)}
+    assert evil in strings
+
+
+@pytest.mark.parametrize("value,literal", [
+    (float("nan"), 'float("nan")'),
+    (float("inf"), 'float("inf")'),
+    (float("-inf"), '-float("inf")'),
+    (2**70, None),
+])
+def test_non_finite_and_huge_numbers(tmp_path, capsys, value, literal):
+    b = TraceBuilder()
+    x = b.tensor((3,))
+    y = b.tensor((3,))
+    b.op("aten::add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
+         [x, value], [y])
+    rc, err, out = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    text = out.read_text()
+    check_source(text)
+    if literal is None:  # beyond 64 bits: not replayed, with the reason
+        assert "outside 64 bits" in text and "aten_add_Scalar(" not in text
+    else:
+        assert literal in text
+
+
+def test_huge_tensor_generates_and_refuses_to_run(tmp_path, capsys):
+    """A 10**13-element tensor: the file is written; the benchmark says what it needs
+    and what is free before allocating anything, and exits."""
+    b = TraceBuilder()
+    x = b.tensor((10**13,))
+    y = b.tensor((10**13,))
+    b.op(RELU, [x], [y])
+    rc, err, out = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    text = out.read_text()
+    assert f"REQUIRED_BYTES = {2 * 4 * 10**13}" in text
+    proc = run_benchmark(out, "--device", "cpu", "--iters", "1", "--warmup", "0", timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "needs 74505.81 GiB on cpu but" in proc.stderr and "GiB are free" in proc.stderr
