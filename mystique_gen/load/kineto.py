@@ -1,0 +1,140 @@
+"""Load a Kineto (PyTorch profiler, Chrome trace format) trace: CPU ops, runtime calls
+and GPU activity as plain records.
+
+Only the facts the linker needs are kept. Field names follow what
+``torch.profiler``'s ``export_chrome_trace`` writes:
+
+* CPU ops (``cat`` ``cpu_op``/``user_annotation``, ``ph`` ``X``) carry
+  ``args["Record function id"]`` (PyTorch >= 2.4, equals the ET ``rf_id``) and
+  ``args["External id"]`` (older traces: often equals the ET ``rf_id``);
+* runtime calls (``cuda_runtime``, ``cuda_driver``, ...) and GPU activity
+  (``kernel``, ``gpu_memcpy``, ``gpu_memset``, ...) share ``args["correlation"]``;
+  GPU activity names its ``args["stream"]``.
+
+Timestamps and durations are microseconds, as in the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mystique_gen.errors import TraceError
+from mystique_gen.load.et import parse_json_bytes
+
+CPU_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation"})
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "hip_runtime",
+                                "privateuse1_runtime", "xpu_runtime"})
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset",
+                            "gpu_user_annotation"})
+
+
+@dataclass(frozen=True)
+class CpuEvent:
+    index: int  # position in the file, for stable ordering
+    name: str
+    pid: int | str
+    tid: int | str
+    ts: float
+    dur: float
+    rf_id: int | None  # "Record function id"
+    external_id: int | None  # "External id"
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+
+@dataclass(frozen=True)
+class RuntimeEvent:
+    name: str
+    pid: int | str
+    tid: int | str
+    ts: float
+    correlation: int
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    name: str
+    category: str
+    stream: int
+    ts: float
+    dur: float
+    correlation: int
+
+
+@dataclass
+class KinetoTrace:
+    name: str
+    sha256: str
+    cpu_ops: list[CpuEvent]  # sorted by (ts, -dur, index): parents before children
+    runtime: list[RuntimeEvent]
+    gpu: list[GpuEvent]
+
+
+def load_kineto(path: str | Path) -> KinetoTrace:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"no such Kineto trace file: {path.name}")
+    raw = path.read_bytes()
+    doc = parse_json_bytes(raw, path.name)
+    return kineto_from_document(doc, name=path.name, sha256=hashlib.sha256(raw).hexdigest())
+
+
+def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrace:
+    if isinstance(doc, list):  # the bare-array form of the Chrome trace format
+        events = doc
+    elif isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        events = doc["traceEvents"]
+    else:
+        raise TraceError(f"{name}: no 'traceEvents' list; is this a Kineto trace?")
+    cpu: list[CpuEvent] = []
+    runtime: list[RuntimeEvent] = []
+    gpu: list[GpuEvent] = []
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue  # metadata, flow arrows, counters
+        cat = str(ev.get("cat", "")).lower()
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        where = f"traceEvents[{i}]"
+        if cat in CPU_CATEGORIES:
+            cpu.append(CpuEvent(
+                index=i, name=str(ev.get("name", "")), pid=ev.get("pid", 0),
+                tid=ev.get("tid", 0), ts=_number(ev, "ts", where), dur=_number(ev, "dur", where),
+                rf_id=_optional_int(args.get("Record function id")),
+                external_id=_optional_int(args.get("External id")),
+            ))
+        elif cat in RUNTIME_CATEGORIES:
+            corr = _optional_int(args.get("correlation"))
+            if corr is not None:
+                runtime.append(RuntimeEvent(str(ev.get("name", "")), ev.get("pid", 0),
+                                            ev.get("tid", 0), _number(ev, "ts", where), corr))
+        elif cat in GPU_CATEGORIES:
+            corr = _optional_int(args.get("correlation"))
+            stream = _optional_int(args.get("stream"))
+            if corr is not None and stream is not None:
+                gpu.append(GpuEvent(str(ev.get("name", "")), cat, stream,
+                                    _number(ev, "ts", where), _number(ev, "dur", where), corr))
+    cpu.sort(key=lambda e: (e.ts, -e.dur, e.index))
+    runtime.sort(key=lambda e: e.ts)
+    return KinetoTrace(name=name, sha256=sha256, cpu_ops=cpu, runtime=runtime, gpu=gpu)
+
+
+def _number(ev: dict[str, Any], key: str, where: str) -> float:
+    value = ev.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceError(f"{where}: '{key}' is {type(value).__name__}, expected a number")
+    return float(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None

@@ -1,0 +1,196 @@
+"""Link execution-trace nodes with the Kineto trace of the same run.
+
+An ET node and its Kineto CPU event are matched, in this order of preference:
+
+1. ``Record function id`` == ``rf_id`` (PyTorch >= 2.4 writes both);
+2. ``External id`` == ``rf_id`` (older traces, e.g. HTA's test pair);
+3. ``External id`` == ``rf_id`` + a constant offset, the offset being the most common
+   difference between equally named nodes taken in order (traces whose counters
+   started apart);
+4. order: the k-th unmatched node of a name with the k-th unmatched event of that
+   name, by time.
+
+Names must agree for every method. Each linked, selected op then gets its inclusive
+and exclusive CPU time, the GPU activity it launched (runtime calls inside its time
+span on its thread, joined to GPU events by correlation id) and the host gap before
+it on its thread. The facts go into the IR (:class:`OpTiming`,
+:class:`ProgramTiming`), so emitters and templates only format them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from mystique_gen.ir import KernelRecord, OpTiming, Program, ProgramTiming
+from mystique_gen.load.et import RawNode, RawTrace
+from mystique_gen.load.kineto import CpuEvent, GpuEvent, KinetoTrace
+from mystique_gen.passes.select import is_root, select_ops
+
+METHODS = ("record_function_id", "external_id", "external_id_offset", "order")
+
+
+@dataclass
+class Links:
+    events: dict[int, CpuEvent]  # ET node id -> Kineto CPU event
+    methods: dict[int, str]  # ET node id -> how it was linked
+    offset: int | None  # the constant id offset used by method 3, if any
+
+
+def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
+    nodes = [n for n in trace.nodes if not is_root(n)]
+    events: dict[int, CpuEvent] = {}
+    methods: dict[int, str] = {}
+    used: set[int] = set()
+
+    def take(node: RawNode, ev: CpuEvent | None, method: str) -> None:
+        if ev is not None and ev.index not in used and ev.name == node.name:
+            events[node.id] = ev
+            methods[node.id] = method
+            used.add(ev.index)
+
+    by_rf = _unique_index(kineto.cpu_ops, lambda e: e.rf_id)
+    by_ext = _unique_index(kineto.cpu_ops, lambda e: e.external_id)
+    for node in nodes:
+        if node.rf_id is not None:
+            take(node, by_rf.get(node.rf_id), METHODS[0])
+    for node in nodes:
+        if node.id not in events and node.rf_id is not None:
+            take(node, by_ext.get(node.rf_id), METHODS[1])
+
+    offset = _common_offset(
+        [n for n in nodes if n.id not in events and n.rf_id is not None],
+        [e for e in kineto.cpu_ops if e.index not in used and e.external_id is not None])
+    if offset is not None:
+        for node in nodes:
+            if node.id not in events and node.rf_id is not None:
+                take(node, by_ext.get(node.rf_id + offset), METHODS[2])
+
+    pending_nodes = _by_name(n for n in nodes if n.id not in events)
+    pending_events = _by_name(e for e in kineto.cpu_ops if e.index not in used)
+    for name, group in pending_nodes.items():
+        for node, ev in zip(group, pending_events.get(name, []), strict=False):
+            take(node, ev, METHODS[3])
+    return Links(events, methods, offset)
+
+
+def _unique_index(events: list[CpuEvent], key) -> dict[int, CpuEvent]:
+    """id -> event for ids that occur once (an id seen twice identifies nothing)."""
+    counts = Counter(key(e) for e in events)
+    return {key(e): e for e in events if key(e) is not None and counts[key(e)] == 1}
+
+
+def _by_name(items) -> dict[str, list]:
+    groups: dict[str, list] = defaultdict(list)
+    for item in items:
+        groups[item.name].append(item)
+    return groups
+
+
+def _common_offset(nodes: list[RawNode], events: list[CpuEvent]) -> int | None:
+    """The most common External id - rf_id over equally named pairs taken in order."""
+    node_groups, event_groups = _by_name(nodes), _by_name(events)
+    diffs: Counter[int] = Counter()
+    for name, group in node_groups.items():
+        for node, ev in zip(group, event_groups.get(name, []), strict=False):
+            assert node.rf_id is not None and ev.external_id is not None
+            diffs[ev.external_id - node.rf_id] += 1
+    if not diffs:
+        return None
+    offset, count = max(diffs.items(), key=lambda kv: (kv[1], -abs(kv[0])))
+    # One agreeing pair proves nothing: require a clear majority of at least two.
+    return offset if count >= 2 and count * 2 > sum(diffs.values()) else None
+
+
+def _exclusive(cpu_ops: list[CpuEvent]) -> dict[int, float]:
+    """Event index -> duration minus its direct child CPU events (same pid and tid)."""
+    children: dict[int, float] = defaultdict(float)
+    stacks: dict[tuple[object, object], list[CpuEvent]] = defaultdict(list)
+    for ev in cpu_ops:  # sorted by start, longer first: parents precede children
+        stack = stacks[(ev.pid, ev.tid)]
+        while stack and ev.ts >= stack[-1].end:
+            stack.pop()
+        if stack:
+            children[stack[-1].index] += ev.dur
+        stack.append(ev)
+    return {ev.index: max(0.0, ev.dur - children[ev.index]) for ev in cpu_ops}
+
+
+def _kernels_by_event(kineto: KinetoTrace, launchers: list[CpuEvent]
+                      ) -> dict[int, list[GpuEvent]]:
+    """Launcher event index -> GPU activity whose runtime call lies in its span."""
+    gpu_by_corr: dict[int, list[GpuEvent]] = defaultdict(list)
+    for g in kineto.gpu:
+        gpu_by_corr[g.correlation].append(g)
+    spans: dict[tuple[object, object], list[CpuEvent]] = defaultdict(list)
+    for ev in sorted(launchers, key=lambda e: e.ts):
+        spans[(ev.pid, ev.tid)].append(ev)
+    starts = {k: [e.ts for e in v] for k, v in spans.items()}
+    found: dict[int, list[GpuEvent]] = defaultdict(list)
+    for call in kineto.runtime:
+        key = (call.pid, call.tid)
+        if key not in spans or call.correlation not in gpu_by_corr:
+            continue
+        i = bisect.bisect_right(starts[key], call.ts) - 1
+        if i >= 0 and call.ts <= spans[key][i].end:
+            found[spans[key][i].index].extend(gpu_by_corr[call.correlation])
+    return found
+
+
+def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Links:
+    """Link ``program``'s ops to ``kineto`` and record the timing facts in the IR."""
+    links = link_nodes(trace, kineto)
+    selected = [s.node for s in select_ops(trace).ops]
+    launchers = [links.events[n.id] for n in selected if n.id in links.events]
+    exclusive = _exclusive(kineto.cpu_ops)
+    kernels = _kernels_by_event(kineto, launchers)
+
+    gaps: dict[int, float | None] = {}
+    previous: dict[int, CpuEvent | None] = {}
+    for node in selected:  # node-id order is start order on each thread
+        ev = links.events.get(node.id)
+        prev = previous.get(node.tid)
+        gaps[node.id] = max(0.0, ev.ts - prev.end) if ev is not None and prev is not None \
+            else None
+        previous[node.tid] = ev
+
+    linked = 0
+    for op in program.ops:
+        ev = links.events.get(op.node_id)
+        if ev is None:
+            continue
+        linked += 1
+        op.timing = OpTiming(
+            cpu_us=ev.dur, cpu_self_us=exclusive.get(ev.index, ev.dur),
+            gap_us=gaps.get(op.node_id),
+            kernels=tuple(KernelRecord(g.name, g.stream, g.dur)
+                          for g in sorted(kernels.get(ev.index, []), key=lambda g: g.ts)),
+        )
+    spans = [(ev.ts, ev.end) for ev in launchers]
+    spans += [(g.ts, g.ts + g.dur) for ev in launchers for g in kernels.get(ev.index, [])]
+    original_ms = (max(e for _, e in spans) - min(s for s, _ in spans)) / 1000.0 if spans \
+        else 0.0
+    used_methods = Counter(links.methods[op.node_id] for op in program.ops
+                           if op.node_id in links.methods)
+    program.timing = ProgramTiming(
+        kineto=kineto.name, sha256=kineto.sha256, original_ms=original_ms, linked_ops=linked,
+        link_methods={m: used_methods[m] for m in METHODS if used_methods[m]},
+    )
+    return links
+
+
+def timing_summary(program: Program) -> dict[str, object]:
+    """``inspect --kineto`` fields: how many ops linked, and how, and the streams."""
+    timing = program.timing
+    kernels = sum(len(op.timing.kernels) for op in program.ops if op.timing is not None)
+    return {
+        "kineto": timing.kineto if timing else None,
+        "linked_ops": timing.linked_ops if timing else 0,
+        "link_methods": timing.link_methods if timing else {},
+        "original_ms": timing.original_ms if timing else None,
+        "kernels": kernels,
+        "streams": [{"stream": s.stream, "ops": s.ops, "kernels": s.kernels, "main": s.main}
+                    for s in program.streams],
+        "stream_waits": sum(len(op.stream_waits) for op in program.ops),
+    }

@@ -1,0 +1,332 @@
+"""Issue 4: link ET with Kineto (timing, kernels, streams), stream/thread schedule, host
+gaps, original timing in the benchmark."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from mystique_gen.capture import capture
+from mystique_gen.cli import main as cli_main
+from mystique_gen.emit.render import format_with_black
+from mystique_gen.emit.schedule import declaration_lines, gap_literal, helper_call
+from mystique_gen.errors import TraceError
+from mystique_gen.generate import generate
+from mystique_gen.load.et import load_trace
+from mystique_gen.load.kineto import kineto_from_document, load_kineto
+from mystique_gen.passes.link import link_nodes
+from mystique_gen.passes.streams import schedule_program
+from mystique_gen.pipeline import compile_trace
+from tests.conftest import last_json, run_benchmark
+from tests.models import MODELS
+from tests.tracebuilder import ADD_, MM, RELU, TraceBuilder
+
+# -- a captured ET + Kineto pair (newer ids), and older-id variants of it ----------------
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("pair")
+    result = capture(MODELS["mlp_sgd"](), out, name="mlp", timing_iters=1)
+    return result.et_path, result.kineto_path
+
+
+def _rewrite(src, dst, edit):
+    doc = json.loads(src.read_text())
+    for ev in doc["traceEvents"]:
+        if isinstance(ev.get("args"), dict):
+            edit(ev["args"])
+    dst.write_text(json.dumps(doc))
+    return dst
+
+
+def _linked_fraction(et, kineto, **kwargs):
+    program = compile_trace(et, kineto=kineto, **kwargs)
+    assert program.timing is not None
+    return program.timing.linked_ops / len(program.ops), program.timing.link_methods
+
+
+def test_captured_pair_links_by_record_function_id(pair):
+    fraction, methods = _linked_fraction(*pair)
+    assert fraction >= 0.95
+    assert set(methods) == {"record_function_id"}
+
+
+def test_external_id_fallback(pair, tmp_path):
+    et, kineto = pair
+    def older_profiler(args):  # before PyTorch 2.4, External id carried the rf_id
+        if "Record function id" in args:
+            args["External id"] = args.pop("Record function id")
+
+    old = _rewrite(kineto, tmp_path / "k.json", older_profiler)
+    fraction, methods = _linked_fraction(et, old)
+    assert fraction >= 0.95 and set(methods) == {"external_id"}
+
+
+def test_constant_offset_fallback(pair, tmp_path):
+    def shift(args):
+        args.pop("Record function id", None)
+        if "External id" in args:
+            args["External id"] += 1000
+
+    fraction, methods = _linked_fraction(pair[0], _rewrite(pair[1], tmp_path / "k.json", shift))
+    assert fraction >= 0.95 and set(methods) == {"external_id_offset"}
+
+
+def test_order_fallback_without_ids(pair, tmp_path):
+    def strip(args):
+        args.pop("Record function id", None)
+        args.pop("External id", None)
+
+    fraction, methods = _linked_fraction(pair[0], _rewrite(pair[1], tmp_path / "k.json", strip))
+    assert fraction >= 0.95 and set(methods) == {"order"}
+
+
+def test_links_point_at_equally_named_events(pair):
+    et, kineto = pair
+    trace, k = load_trace(et), load_kineto(kineto)
+    links = link_nodes(trace, k)
+    by_id = {n.id: n for n in trace.nodes}
+    assert links.events
+    assert all(by_id[nid].name == ev.name for nid, ev in links.events.items())
+
+
+def test_op_timing_is_consistent(pair):
+    program = compile_trace(pair[0], kineto=pair[1])
+    timed = [op for op in program.ops if op.timing is not None]
+    assert all(0 <= op.timing.cpu_self_us <= op.timing.cpu_us for op in timed)
+    assert all(op.timing.gap_us is None or op.timing.gap_us >= 0 for op in timed)
+    assert timed[0].timing.gap_us is None  # nothing before the first op on its thread
+    assert sum(op.timing.gap_us is not None for op in timed) == len(timed) - 1
+    total_cpu = sum(op.timing.cpu_us for op in timed) / 1000
+    assert program.timing is not None and total_cpu <= program.timing.original_ms
+    assert program.streams == []  # a CPU run launches no kernels
+
+
+def test_linked_cpu_replay_runs_and_reports_original(pair, tmp_path):
+    bench = tmp_path / "bench.py"
+    text = generate(pair[0], bench, kineto=pair[1])
+    assert format_with_black(text) == text
+    assert "_host_gap(" in text and "ORIGINAL_OPS = [" in text
+    for mode in ("off", "recorded"):
+        proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                             "--json", "--host-gaps", mode)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = last_json(proc.stdout)
+        assert out["host_gaps"] == mode
+        assert out["original_ms"] > 0
+        assert out["original_ratio"] == pytest.approx(out["iter_ms_median"] / out["original_ms"])
+
+
+def test_hta_pair_links(shared_traces):
+    et = shared_traces / "hta" / "simple_add_et.json.gz"
+    kineto = shared_traces / "hta" / "simple_add_kineto.json.gz"
+    program = compile_trace(et, kineto=kineto)
+    assert program.timing is not None
+    assert program.timing.linked_ops / len(program.ops) >= 0.95
+    assert program.timing.link_methods == {"external_id": len(program.ops)}
+    kernels = [k for op in program.ops if op.timing for k in op.timing.kernels]
+    assert kernels and {k.stream for k in kernels} == {7}
+    assert [(s.stream, s.main) for s in program.streams] == [(7, True)]
+    assert all(op.stream is None for op in program.ops)
+
+
+def test_inspect_kineto_json(shared_traces, capsys):
+    rc = cli_main(["inspect", str(shared_traces / "hta" / "simple_add_et.json.gz"),
+                   "--kineto", str(shared_traces / "hta" / "simple_add_kineto.json.gz"),
+                   "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["linked_ops"] == out["selected_ops"] == 10
+    assert out["streams"] == [{"stream": 7, "ops": 4, "kernels": 4, "main": True}]
+
+
+def test_kineto_loader_errors_are_clean():
+    with pytest.raises(TraceError, match="traceEvents"):
+        kineto_from_document({"nodes": []}, name="et.json")
+    with pytest.raises(TraceError, match=r"traceEvents\[0\].*'ts'"):
+        kineto_from_document({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": "x"}]},
+                             name="k.json")
+
+
+# -- synthetic traces: a two-stream schedule, two host threads ---------------------------
+
+
+def _kineto_doc(tb: TraceBuilder, spans: dict[int, tuple[float, float, list[int]]]) -> dict:
+    """A Kineto document for ``tb``: node id -> (ts, dur, streams of its kernels)."""
+    events: list[dict] = []
+    corr = 500
+    for node in tb.nodes:
+        if node["id"] not in spans:
+            continue
+        attrs = {a["name"]: a["value"] for a in node["attrs"]}
+        ts, dur, streams = spans[node["id"]]
+        tid = 100 + attrs["tid"]
+        events.append({"ph": "X", "cat": "cpu_op", "name": node["name"], "pid": 1, "tid": tid,
+                       "ts": ts, "dur": dur, "args": {"Record function id": attrs["rf_id"],
+                                                      "External id": attrs["rf_id"]}})
+        for i, stream in enumerate(streams):
+            corr += 1
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                           "pid": 1, "tid": tid, "ts": ts + 1 + i, "dur": 1,
+                           "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": f"k{corr}", "pid": 0,
+                           "tid": stream, "ts": ts + 10, "dur": 4.0,
+                           "args": {"stream": stream, "correlation": corr}})
+    return {"traceEvents": events}
+
+
+def _two_stream(tmp_path):
+    tb = TraceBuilder()
+    x, w = tb.tensor((4, 4)), tb.tensor((4, 4))
+    a, b, c = tb.tensor((4, 4)), tb.tensor((4, 4)), tb.tensor((4, 4))
+    e = tb.tensor((4, 4))
+    n1 = tb.op(MM, [x, w], [a])
+    n2 = tb.op(RELU, [a], [b])
+    n3 = tb.op(MM, [b, w], [c])
+    n4 = tb.op(ADD_, [a, c, 1], [a])
+    n5 = tb.op(RELU, [a], [e])
+    spans = {n1: (0, 10, [7]), n2: (20, 10, [20]), n3: (40, 10, [20]), n4: (60, 10, [7]),
+             n5: (80, 10, [7, 7])}
+    et = tb.write(tmp_path / "two_stream.et.json")
+    kineto = tmp_path / "two_stream.kineto.json"
+    kineto.write_text(json.dumps(_kineto_doc(tb, spans)))
+    return et, kineto
+
+
+TWO_STREAM_REPLAY = """\
+    st0 = _stream(0)
+    t0 = aten_mm(x0, x1)
+    ev0 = _record()
+    with _on(st0):
+        _host_gap(10.0)
+        _wait(ev0)
+        t1 = aten_relu(t0)
+        _host_gap(10.0)
+        t2 = aten_mm(t1, x1)
+        del t1
+        ev1 = _record()
+    _host_gap(10.0)
+    _wait(ev1)
+    aten_add__Tensor(t0, t2, alpha=1)
+    del t2
+    _host_gap(10.0)
+    aten_relu(t0)
+    del t0
+    _join(st0)
+"""
+
+
+def test_two_stream_trace_emits_streams_and_events(tmp_path):
+    et, kineto = _two_stream(tmp_path)
+    program = compile_trace(et, kineto=kineto)
+    assert [(s.stream, s.ops, s.kernels, s.main) for s in program.streams] == [
+        (7, 3, 4, True), (20, 2, 2, False)]
+    assert [op.stream for op in program.ops] == [None, 20, 20, None, None]
+    assert [op.stream_waits for op in program.ops] == [[], [0], [], [2], []]
+    bench = tmp_path / "bench.py"
+    text = generate(et, bench, kineto=kineto)
+    assert format_with_black(text) == text
+    assert TWO_STREAM_REPLAY in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["original_ms"] == pytest.approx(0.094)
+
+
+def test_stream_waits_follow_in_place_writes(tmp_path):
+    """A side-stream op that reads a weight the main stream updated in place waits."""
+    tb = TraceBuilder()
+    w, g, a = tb.tensor((4, 4)), tb.tensor((4, 4)), tb.tensor((4, 4))
+    n1 = tb.op(ADD_, [w, g, 1], [w])  # main: w += g
+    n2 = tb.op(RELU, [w], [a])  # side: reads w
+    et = tb.write(tmp_path / "t.et.json")
+    kineto = tmp_path / "t.kineto.json"
+    kineto.write_text(json.dumps(_kineto_doc(tb, {n1: (0, 5, [7, 7]), n2: (10, 5, [9])})))
+    program = compile_trace(et, kineto=kineto)
+    assert [op.stream for op in program.ops] == [None, 9]
+    assert program.ops[1].stream_waits == [0]
+
+
+def _two_threads(tmp_path):
+    tb = TraceBuilder()
+    x, w = tb.tensor((4, 4)), tb.tensor((4, 4))
+    a, b, c, d = (tb.tensor((4, 4)) for _ in range(4))
+    tb.op(MM, [x, w], [a], tid=1)
+    tb.op(RELU, [a], [b], tid=2)  # reads thread 1's value
+    tb.op(MM, [x, x], [c], tid=1)
+    tb.op(MM, [b, c], [d], tid=1)  # reads thread 2's value
+    tb.op(RELU, [b], [tb.tensor((4, 4))], tid=2)
+    return tb.write(tmp_path / "threads.et.json")
+
+
+def test_threads_default_is_one_replay_thread(tmp_path):
+    text = generate(_two_threads(tmp_path), tmp_path / "b.py")
+    assert "def thread_" not in text and "_run_threads(" not in text.split("def replay")[1]
+
+
+def test_threads_replay_each_host_thread(tmp_path):
+    et = _two_threads(tmp_path)
+    program = compile_trace(et, threads=True)
+    assert program.threaded
+    assert [op.thread_waits for op in program.ops] == [[], [0], [], [1], []]
+    bench = tmp_path / "bench.py"
+    text = generate(et, bench, threads=True)
+    assert format_with_black(text) == text
+    body = text.split("def replay")[1]
+    assert "    def thread_0():\n        nonlocal t0\n" in body
+    assert "    def thread_1():\n        nonlocal t1\n        _await(0)\n" in body
+    assert "_signal(1)" in body and "_await(1)" in body
+    assert "    _run_threads(2, thread_0, thread_1)\n" in body
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3", "--json",
+                         timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["iters"] == 3
+
+
+def test_schedule_is_general_over_assigned_streams(tmp_path):
+    """Another pass (``--compose``) may set Op.stream/Op.thread itself and plan waits."""
+    et = _two_threads(tmp_path)
+    trace = load_trace(et)
+    program = compile_trace(et)
+    for op in program.ops:
+        op.stream = None if op.thread == 1 else 5
+    program = schedule_program(program, trace)
+    assert [s.stream for s in program.streams] == [5]
+    assert [op.stream_waits for op in program.ops] == [[], [0], [], [1], []]
+
+
+# -- emitter functions ------------------------------------------------------------------
+
+
+def test_helper_call():
+    assert helper_call("_wait", ["ev0"], 1) == ["    _wait(ev0)"]
+    assert helper_call("_record", [], 2, "ev3") == ["        ev3 = _record()"]
+    long = [f"thread_{i}" for i in range(12)]
+    lines = helper_call("_run_threads", ["12", *long], 1)
+    assert all(len(line) <= 88 for line in lines) and lines[0] == "    _run_threads("
+
+
+def test_declaration_lines_split_at_line_length():
+    names = [f"t{i}" for i in range(40)]
+    lines = declaration_lines("nonlocal", names, 2)
+    assert all(len(line) <= 88 and line.startswith("        nonlocal ") for line in lines)
+    assert [n for line in lines for n in line.split(" ", 9)[-1].split(", ")] == names
+    assert declaration_lines("nonlocal", [], 2) == []
+
+
+def test_gap_literal():
+    assert gap_literal(None) is None
+    assert gap_literal(0.04) is None
+    assert gap_literal(12.345) == "12.3"
+    assert gap_literal(3.0) == "3.0"
+
+
+def test_generation_is_deterministic(tmp_path):
+    et, kineto = _two_stream(tmp_path)
+    first = generate(et, tmp_path / "a.py", kineto=kineto)
+    second = generate(copy.copy(et), tmp_path / "b.py", kineto=kineto)
+    assert first == second
