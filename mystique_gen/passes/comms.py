@@ -1,0 +1,379 @@
+"""Communication: lower ``c10d::*`` ops to torch.distributed calls, place their waits.
+
+``record_param_comms`` nodes carry what the c10d op's own arguments do not: the
+process group (by name, or by backend id in 1.0.2 traces), the collective's
+sequence number, the rank and the world size. A ``record_param_comms`` named
+"wait" outside any c10d op is where the program waited on a collective: it names
+the collective by sequence number (1.0.1, 1.0.2), or not at all (then it takes the
+oldest unwaited async collective of its thread). A collective recorded as async
+with no recorded wait is waited on before the first later op that touches its
+tensors or the next collective, or at the end of the iteration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from mystique_gen import oprules
+from mystique_gen.distributed import CommInfo, ParamComms, ProcessGroupSpec
+from mystique_gen.errors import TraceError
+from mystique_gen.ir import Arg, ListValue, Literal, NotReplayed, Op, Value, iter_tensors
+from mystique_gen.load.et import RawArg, RawNode, RawTrace
+from mystique_gen.passes.select import Selected
+from mystique_gen.schema import Signature
+
+PARAM_COMMS = "record_param_comms"
+TENSOR_TYPES = ("Tensor", "Optional[Tensor]", "List[Tensor]", "List[List[Tensor]]")
+
+
+@dataclass
+class CommScan:
+    """The trace's record_param_comms facts: per c10d op, and the waits in node order."""
+
+    ops: dict[int, ParamComms] = field(default_factory=dict)  # c10d node id -> facts
+    waits: list[ParamComms] = field(default_factory=list)
+    groups: list[ProcessGroupSpec] | None = None
+
+
+def scan_trace(trace: RawTrace) -> CommScan:
+    from mystique_gen.passes.ranks import read_groups
+
+    by_id = {n.id: n for n in trace.nodes}
+    scan = CommScan(groups=read_groups(trace))
+    for node in trace.nodes:
+        if node.name != PARAM_COMMS:
+            continue
+        facts = read_param_comms(node)
+        if facts is None:
+            continue
+        parent = by_id.get(node.parent)
+        if parent is not None and parent.name.startswith("c10d::"):
+            scan.ops.setdefault(parent.id, facts)
+        elif facts.collective == "wait":
+            scan.waits.append(facts)
+    return scan
+
+
+def read_param_comms(node: RawNode) -> ParamComms | None:
+    """Parse one record_param_comms node; None where it names no collective.
+
+    Positional layout around the collective name (the first ``String`` input), the
+    same in every schema: ``[tensors], seq, pg, rank, NAME, in_splits, out_splits,
+    ..., world_size``. Attributes (1.0.3 and later) take precedence where present.
+    """
+    values = [a.value for a in node.inputs]
+    types = [a.type for a in node.inputs]
+    i = next((k for k, t in enumerate(types) if t == "String" and isinstance(values[k], str)),
+             None)
+    attrs = node.attrs
+    name = attrs.get("collective_name") or (values[i] if i is not None else None)
+    if not isinstance(name, str) or not name:
+        return None
+
+    def at(k: int) -> Any:
+        return values[k] if i is not None and 0 <= k < len(values) else None
+
+    seq = at(i - 3) if i is not None else None
+    group = attrs.get("pg_name") if attrs.get("pg_name") not in (None, "") else at(i - 2)
+    if isinstance(group, list):  # (pg_name, pg_desc)
+        group = group[0] if group and isinstance(group[0], str) else None
+    if group == "" or isinstance(group, bool) or not isinstance(group, (str, int)):
+        group = None
+    rank = at(i - 1) if i is not None else None
+    world = attrs.get("pg_size")
+    if world is None and i is not None:
+        tail = [v for v in values[i + 3:] if isinstance(v, int) and not isinstance(v, bool)]
+        world = tail[-1] if tail else None
+    return ParamComms(
+        node_id=node.id,
+        thread=node.tid,
+        collective=name,
+        seq=seq if _is_int(seq) and seq >= 0 else None,
+        group=group,
+        rank=rank if _is_int(rank) and rank >= 0 else None,
+        in_splits=_splits(attrs.get("in_split_size"), at(i + 1) if i is not None else None,
+                          node.id, "in_split_size"),
+        out_splits=_splits(attrs.get("out_split_size"), at(i + 2) if i is not None else None,
+                           node.id, "out_split_size"),
+        world_size=world if _is_int(world) and world > 0 else None,
+    )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _splits(attr: Any, positional: Any, node_id: int, field_name: str) -> tuple[int, ...]:
+    value = positional
+    if isinstance(attr, str) and attr:
+        try:
+            value = json.loads(attr)
+        except json.JSONDecodeError:
+            raise TraceError("split sizes are not a JSON list", node_id=node_id,
+                             field=field_name) from None
+    if not isinstance(value, list) or not all(_is_int(v) and v >= 0 for v in value):
+        return ()
+    return tuple(value)
+
+
+def group_index(facts: ParamComms | None, groups: list[ProcessGroupSpec]) -> int | None:
+    """The benchmark's group index for a collective; None where the trace does not say."""
+    if facts is None or facts.group is None:
+        return None
+    for g in groups:
+        if isinstance(facts.group, str) and g.name == facts.group:
+            return g.index
+        if isinstance(facts.group, int) and g.backend_id == facts.group:
+            return g.index
+    return None
+
+
+def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
+               groups: list[ProcessGroupSpec], default_group: int) -> Op | NotReplayed:
+    """One c10d op as an :class:`Op` carrying a :class:`CommInfo`; tensors stay IR values
+    so the tensor pass gives them real dataflow bindings."""
+    from mystique_gen.passes.lower import Unsupported, decode_value
+
+    node = sel.node
+    name = sig.qualified_name
+    if name in oprules.COMM_NOT_REPLAYED:
+        return NotReplayed(node.id, name, oprules.COMM_NOT_REPLAYED[name])
+    rule = oprules.COMM_OPS.get(name)
+    if rule is None:
+        return NotReplayed(node.id, name, "no torch.distributed equivalent is known")
+    raw = {spec.name: (i, spec, node.inputs[i]) for i, spec in enumerate(sig.args)
+           if i < len(node.inputs)}
+    args: list[Arg] = []
+    try:
+        for arg_name, form in rule.tensors:
+            if arg_name not in raw:
+                raise Unsupported(f"tensor argument {arg_name!r} not recorded")
+            i, spec, rec = raw[arg_name]
+            value = _decode_tensors(rec, spec.type, node.id, f"inputs[{i}]", decode_value)
+            _check_form(value, form)
+            args.append(Arg(spec, value))
+        if "sparse_indices" in raw and not _none(raw["sparse_indices"][2].value):
+            raise Unsupported("sparse all_reduce is not replayed")
+    except Unsupported as exc:
+        return NotReplayed(node.id, name, str(exc))
+
+    facts = scan.ops.get(node.id)
+    group = group_index(facts, groups)
+    root = _int_arg(raw, rule.root, node.id) if rule.root else None
+    tag = _int_arg(raw, "tag", node.id) if rule.tag else None
+    recorded_async = "async_op" in raw and raw["async_op"][2].value is True
+    if "asyncOp" in raw:  # 1.1.x broadcast_ spelled it so
+        recorded_async = raw["asyncOp"][2].value is True
+    info = CommInfo(
+        call=rule.call,
+        group=default_group if group is None else group,
+        root=root,
+        root_keyword=rule.root_keyword,
+        tag=tag,
+        in_splits=_int_list_arg(raw, "input_split_sizes", node.id) if rule.splits else None,
+        out_splits=_int_list_arg(raw, "output_split_sizes", node.id) if rule.splits else None,
+        seq=facts.seq if facts else None,
+        recorded_async=recorded_async,
+    )
+    return Op(index=index, node_id=node.id, signature=sig, args=args, outputs=[],
+              thread=node.tid, scope=sel.scope, comm=info)
+
+
+def _none(value: Any) -> bool:
+    return value is None or value == "<None>"
+
+
+def _decode_tensors(rec: RawArg, type_str: str, node_id: int, where: str, decode) -> Value:
+    if type_str == "List[List[Tensor]]":
+        if not isinstance(rec.value, list):
+            raise TraceError("expected a list of tensor lists", node_id=node_id, field=where)
+        from mystique_gen.passes.lower import _list_element_types
+
+        inner_types = _list_element_types(rec.type, len(rec.value))
+        shapes = rec.shape if isinstance(rec.shape, list) else []
+        strides = rec.strides if isinstance(rec.strides, list) else None
+        items = []
+        for j, item in enumerate(rec.value):
+            sub = RawArg(value=item, shape=shapes[j] if j < len(shapes) else [],
+                         type=inner_types[j],
+                         strides=strides[j] if strides is not None and j < len(strides) else None)
+            items.append(decode(item, "List[Tensor]", sub, node_id, f"{where}[{j}]"))
+        return ListValue(tuple(items))
+    return decode(rec.value, type_str, rec, node_id, where)
+
+
+def _check_form(value: Value, form: str) -> None:
+    from mystique_gen.passes.lower import Unsupported
+
+    if form == "tensor":
+        if isinstance(value, (ListValue, Literal)):
+            raise Unsupported("expected one tensor")
+        return
+    if not isinstance(value, ListValue):
+        raise Unsupported("expected a tensor list")
+    if form == "one" and len(value.items) != 1:
+        raise Unsupported(f"{len(value.items)} tensors in one call; torch.distributed takes one")
+    if form in ("inner", "inner_or_none") and len(value.items) != 1:
+        raise Unsupported(f"{len(value.items)} tensor lists in one call; "
+                          "torch.distributed takes one")
+    if any(isinstance(t, Literal) for t in _leaves(value)):
+        raise Unsupported("an undefined tensor in a collective")
+
+
+def _leaves(value: Value) -> list[Value]:
+    if isinstance(value, ListValue):
+        return [leaf for item in value.items for leaf in _leaves(item)]
+    return [value]
+
+
+def _int_arg(raw: dict[str, tuple[int, Any, RawArg]], name: str, node_id: int) -> int:
+    from mystique_gen.passes.lower import Unsupported
+
+    if name not in raw:
+        raise Unsupported(f"argument {name!r} not recorded")
+    i, _spec, rec = raw[name]
+    if not _is_int(rec.value):
+        raise TraceError("expected an integer", node_id=node_id, field=f"inputs[{i}]")
+    return rec.value
+
+
+def _int_list_arg(raw: dict[str, tuple[int, Any, RawArg]], name: str,
+                  node_id: int) -> tuple[int, ...]:
+    if name not in raw:
+        return ()
+    i, _spec, rec = raw[name]
+    if not isinstance(rec.value, list) or not all(_is_int(v) and v >= 0 for v in rec.value):
+        raise TraceError("expected a list of split sizes", node_id=node_id, field=f"inputs[{i}]")
+    return tuple(rec.value)
+
+
+def place_waits(ops: list[Op], scan: CommScan) -> int:
+    """Mark async collectives and the op index each one's wait precedes; returns the
+    number of waits placed from the trace (the rest follow data dependencies)."""
+    comm_ops = [op for op in ops if op.comm is not None]
+    by_seq = {op.comm.seq: op for op in comm_ops if op.comm and op.comm.seq is not None}
+    from_trace = 0
+    waited: set[int] = set()
+    for wait in scan.waits:
+        target = by_seq.get(wait.seq) if wait.seq is not None else None
+        if target is not None and target.node_id > wait.node_id:
+            target = None  # a wait on the previous iteration's collective
+        if target is None and wait.seq is None:
+            target = next((op for op in comm_ops if op.index not in waited
+                           and op.thread == wait.thread and op.node_id < wait.node_id
+                           and op.comm is not None and op.comm.recorded_async), None)
+        if target is None or target.index in waited or target.comm is None:
+            continue
+        waited.add(target.index)
+        target.comm.asynchronous = True
+        target.comm.wait_recorded = True
+        target.comm.wait_before = next((op.index for op in ops if op.node_id > wait.node_id),
+                                       None)
+        from_trace += 1
+    for op in comm_ops:
+        assert op.comm is not None
+        if op.index in waited or not op.comm.recorded_async:
+            continue
+        if oprules.COMM_OPS[op.name].has_async_arg is False:
+            continue
+        op.comm.asynchronous = True
+        op.comm.wait_before = _first_use(ops, op)
+    return from_trace
+
+
+def _first_use(ops: list[Op], comm: Op) -> int | None:
+    """Index of the first later op that reads or writes one of the collective's storages,
+    or of the next collective: a trace without wait records (gloo) nests every later op
+    under a collective still in flight, and programs wait before their next one."""
+    storages = {tv.storage_id for arg in comm.args for tv in iter_tensors(arg.value)}
+    for op in ops[comm.index + 1:]:
+        if op.comm is not None:
+            return op.index
+        if any(tv.storage_id in storages for arg in op.args for tv in iter_tensors(arg.value)):
+            return op.index
+    return None
+
+
+class CommLowering:
+    """The pipeline's communication hook for one trace: lowers c10d ops (given to
+    :func:`~mystique_gen.passes.lower.lower_ops` as ``comm=``), then places waits and
+    describes ranks and groups."""
+
+    def __init__(self, trace: RawTrace):
+        from mystique_gen.passes.ranks import default_group_index, world_size
+
+        self.trace = trace
+        self.scan = scan_trace(trace)
+        self.groups = list(self.scan.groups or [])
+        self.default_group = default_group_index(self.groups) if self.groups else 0
+        self.world_size = world_size(self.scan.groups, list(self.scan.ops.values())) or 1
+
+    def lower(self, sel: Selected, sig: Signature, index: int) -> Op | NotReplayed:
+        groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
+        op = lower_comm(sel, sig, index, self.scan, groups, self.default_group)
+        if (isinstance(op, Op) and op.comm is not None and op.comm.group < len(self.groups)
+                and not replayable(self.groups[op.comm.group], self.world_size)):
+            op.comm.group = self.default_group
+        return op
+
+    def finish(self, ops: list[Op], program_notes: list[str]):
+        """Place waits; return the trace's DistInfo (None without any communication)."""
+        from mystique_gen.passes.ranks import dist_info
+
+        comm_ops = [op for op in ops if op.comm is not None]
+        placed = place_waits(ops, self.scan)
+        info = dist_info(self.trace, list(self.scan.ops.values()), bool(comm_ops))
+        if info is None:
+            return None
+        if comm_ops:
+            unknown = sum(1 for op in comm_ops if group_index(self.scan.ops.get(op.node_id),
+                                                               info.groups) is None)
+            if unknown and info.groups_recorded and len(info.groups) > 1:
+                info.notes.append(f"{unknown} collectives do not record their process group "
+                                  "(no record_param_comms): they run on the default group")
+            if any(op.comm.call in _REDUCING for op in comm_ops if op.comm):
+                info.notes.append("reduce ops are not recorded: reductions use SUM")
+            asynchronous = [op for op in comm_ops if op.comm and op.comm.asynchronous]
+            if asynchronous:
+                info.notes.append(
+                    f"{len(asynchronous)} collectives run async; {placed} waits placed where "
+                    "the trace waits, the rest before the first op that uses their tensors "
+                    "or the next collective")
+        for g in info.groups:
+            if not replayable(g, info.world_size):
+                info.notes.append(f"process group {g.name!r} ({g.desc}) has {g.size} ranks "
+                                  "but no member list: its collectives run on the default group")
+        program_notes.extend(info.notes)
+        return info
+
+
+_REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
+                       "reduce_scatter_tensor"})
+
+
+def replayable(group: ProcessGroupSpec, world: int) -> bool:
+    """new_group can rebuild it: its members are listed, or it spans the world."""
+    return group.ranks is not None or group.size == world
+
+
+def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...]]]:
+    """(c10d op, recorded tensor shapes) of every top-level collective, in order: what
+    a replay must reproduce rank by rank (compare a replay's trace with its original)."""
+    from mystique_gen.emit.exprs import HARNESS_SCOPE
+    from mystique_gen.passes.select import select_ops
+
+    out = []
+    for sel in select_ops(trace).ops:
+        node = sel.node
+        if not node.name.startswith("c10d::") or HARNESS_SCOPE in sel.scope:
+            continue
+        shapes = tuple(_freeze(a.shape) for a in node.inputs if a.type.startswith(
+            ("Tensor", "GenericList[Tensor", "GenericList[GenericList[Tensor")))
+        out.append((node.name, shapes))
+    return out
+
+
+def _freeze(value: Any) -> object:
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
