@@ -1,0 +1,197 @@
+"""Filters on the selected top-level ops: which part of a trace a benchmark replays.
+
+They run on the selection, before lowering and before the tensor pass, so a tensor
+that a dropped op would have produced is first seen as an input of a kept op and is
+materialised with its recorded shape, dtype and strides, like any other input.
+
+Order: ``--iteration``, ``--subgraph``, ``--mode``, ``--include``, ``--exclude``,
+``--max-ops``. Each filter in use adds one line to ``Program.filters`` with the
+counts of top-level ops before and after (``--max-ops`` only where it cuts).
+
+Annotations (``ProfilerStep#N``, ``## forward ##``) are nodes on one host thread.
+Ops on *other* host threads (the autograd engine's) that start inside an
+annotation's span -- from its node id to the largest id among its descendants, ids
+being in start order -- belong to it too, so a step keeps its backward pass.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from mystique_gen import oprules
+from mystique_gen.errors import TraceError
+from mystique_gen.load.et import RawNode, RawTrace
+from mystique_gen.options import BuildOptions, OptionError
+from mystique_gen.passes.select import Selected, Selection, is_root
+
+STEP_RE = re.compile(r"ProfilerStep#(\d+)")
+
+
+def is_communication(name: str) -> bool:
+    return name.split("::", 1)[0] in oprules.COMMUNICATION_NAMESPACES
+
+
+class _Tree:
+    """Parent links of a trace: ancestors of a node and the id span of an annotation."""
+
+    def __init__(self, trace: RawTrace):
+        self.nodes = trace.nodes
+        self.by_id = {n.id: n for n in trace.nodes}
+        self._ancestors: dict[int, tuple[int, ...]] = {}
+        self._span_end: dict[int, int] | None = None
+
+    def ancestors(self, node_id: int) -> tuple[int, ...]:
+        """Ids of a node's ancestors, nearest first."""
+        chain: list[int] = []
+        seen: set[int] = set()
+        cur = self.by_id.get(node_id)
+        while cur is not None and cur.id not in self._ancestors:
+            if cur.id in seen:
+                raise TraceError("parent links form a cycle", node_id=cur.id, field="ctrl_deps")
+            seen.add(cur.id)
+            chain.append(cur.id)
+            cur = self.by_id.get(cur.parent) if cur.parent != cur.id else None
+        tail: tuple[int, ...] = () if cur is None else (cur.id, *self._ancestors[cur.id])
+        for nid in reversed(chain):
+            self._ancestors[nid] = tail
+            tail = (nid, *tail)
+        return self._ancestors.get(node_id, ())
+
+    def span_end(self, node_id: int) -> int:
+        """The largest node id in the subtree of ``node_id``."""
+        if self._span_end is None:
+            ends: dict[int, int] = {}
+            for n in self.nodes:
+                for a in self.ancestors(n.id):
+                    if ends.get(a, -1) < n.id:
+                        ends[a] = n.id
+            self._span_end = ends
+        return self._span_end.get(node_id, node_id)
+
+    def within(self, anchor: RawNode, node: RawNode,
+               other_thread_ok: Callable[[RawNode], bool]) -> bool:
+        """Whether ``node`` is under ``anchor``, or starts in its span on another thread."""
+        if anchor.id in self.ancestors(node.id):
+            return True
+        return (node.tid != anchor.tid and anchor.id < node.id <= self.span_end(anchor.id)
+                and other_thread_ok(node))
+
+
+def filter_selection(trace: RawTrace, selection: Selection,
+                     options: BuildOptions) -> tuple[Selection, list[str]]:
+    """The selection ``options`` keep, and one line per filter applied (counts of
+    top-level ops before and after)."""
+    tree = _Tree(trace)
+    ops = list(selection.ops)
+    skipped = list(selection.not_replayed)
+    lines: list[str] = []
+
+    def apply(label: str, keep: Callable[[RawNode], bool]) -> None:
+        nonlocal ops, skipped
+        before = len(ops)
+        ops = [s for s in ops if keep(s.node)]
+        skipped = [s for s in skipped if s.node_id not in tree.by_id
+                   or keep(tree.by_id[s.node_id])]
+        lines.append(f"{label}: {before} -> {len(ops)} ops")
+
+    step = _step(trace, tree, ops, options.iteration)
+    if step is not None:
+        anchor, label = step
+
+        def no_step_around(node: RawNode) -> bool:
+            return not any(STEP_RE.fullmatch(tree.by_id[a].name)
+                           for a in tree.ancestors(node.id))
+
+        apply(label, lambda n: tree.within(anchor, n, no_step_around))
+    if options.subgraph is not None:
+        around = _annotation(tree, ops, options.subgraph)
+        apply(f"subgraph {options.subgraph!r}: {around.name!r} (node {around.id})",
+              lambda n: tree.within(around, n, lambda _n: True))
+    if options.mode == "compute":
+        apply("mode compute (communication ops dropped)", lambda n: not is_communication(n.name))
+    elif options.mode == "comm":
+        apply("mode comm (only communication ops)", lambda n: is_communication(n.name))
+    if options.include:
+        includes = [re.compile(p) for p in options.include]
+        apply(f"include {_patterns(options.include)}",
+              lambda n: any(p.search(n.name) for p in includes))
+    if options.exclude:
+        excludes = [re.compile(p) for p in options.exclude]
+        apply(f"exclude {_patterns(options.exclude)}",
+              lambda n: not any(p.search(n.name) for p in excludes))
+    if options.max_ops is not None and len(ops) > options.max_ops:
+        # Nodes after the first dropped op are dropped too, not-replayed ones included.
+        limit = ops[options.max_ops].node.id
+        apply(f"max-ops {options.max_ops}", lambda n: n.id < limit)
+    threads = sorted({s.node.tid for s in ops})
+    return Selection(ops, skipped, threads), lines
+
+
+def _patterns(patterns: tuple[str, ...]) -> str:
+    return ", ".join(repr(p) for p in patterns)
+
+
+def steps(trace: RawTrace) -> list[tuple[int, RawNode]]:
+    """(N, node) of every ``ProfilerStep#N`` annotation, in start order.
+
+    Every one recorded is complete: the observer writes a node when it ends, so a step
+    cut off by the start or the end of recording has no annotation at all.
+    """
+    found = []
+    for n in trace.nodes:
+        m = STEP_RE.fullmatch(n.name)
+        if m and not n.op_schema:
+            found.append((int(m.group(1)), n))
+    return found
+
+
+def _step(trace: RawTrace, tree: _Tree, ops: list[Selected],
+          iteration: str) -> tuple[RawNode, str] | None:
+    """The step annotation to keep and its description, or None to keep every step."""
+    if iteration == "all":
+        return None
+    found = steps(trace)
+    listing = ", ".join(f"#{number}" for number, _ in found[:8]) + (
+        ", ..." if len(found) > 8 else "")
+    if iteration == "auto":
+        # Steps around some op (an empty last step, as the profiler's stop leaves, is
+        # not one); the default applies when there are several.
+        around = {a for s in ops for a in tree.ancestors(s.node.id)}
+        busy = [(number, node) for number, node in found if node.id in around]
+        if len(busy) < 2:
+            return None
+        number, node = busy[0]
+        return node, (f"iteration ProfilerStep#{number} (default: the first complete of "
+                      f"{len(busy)} steps {listing}; --iteration all keeps every step)")
+    wanted = int(iteration)
+    for number, node in found:
+        if number == wanted:
+            return node, f"iteration ProfilerStep#{number} (of {len(found)} steps {listing})"
+    if not found:
+        raise OptionError(f"--iteration {wanted}: {trace.name} has no ProfilerStep#N "
+                          "annotations (use --subgraph for other annotations)")
+    raise OptionError(f"--iteration {wanted}: {trace.name} has no ProfilerStep#{wanted}; "
+                      f"it has {listing}")
+
+
+def _annotation(tree: _Tree, ops: list[Selected], text: str) -> RawNode:
+    """The first annotation (by start) around a kept op whose name contains ``text``."""
+    around: set[int] = set()
+    for s in ops:
+        around.update(tree.ancestors(s.node.id))
+    candidates = sorted(
+        (tree.by_id[a] for a in around),
+        key=lambda n: n.id,
+    )
+    names: list[str] = []
+    for node in candidates:
+        if node.op_schema or is_root(node):
+            continue
+        if text in node.name:
+            return node
+        if node.name not in names:
+            names.append(node.name)
+    shown = ", ".join(repr(n[:40]) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+    raise OptionError(f"--subgraph {text!r}: no annotation around the kept ops contains it; "
+                      f"annotations: {shown or 'none'}")

@@ -1,0 +1,388 @@
+"""Select, filter, combine and retarget (issue 6): each flag's replay against the original.
+
+Every replay test generates with the CLI, runs the file standalone for one iteration
+with ``--et`` and compares the replay's top-level op multiset with the original's,
+filtered here independently of the implementation (from ``select_ops`` scopes and
+plain name matching).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from mystique_gen.capture import capture
+from mystique_gen.cli import main
+from mystique_gen.compare import op_multiset
+from mystique_gen.emit.context import GenerateOptions
+from mystique_gen.generate import generate, generate_source
+from mystique_gen.ir import InputView, OpOutput, TensorMeta, TensorValue
+from mystique_gen.load.et import load_trace, trace_from_document
+from mystique_gen.options import BuildOptions, OptionError
+from mystique_gen.passes.select import select_ops
+from mystique_gen.pipeline import build_program
+from tests.conftest import last_json, run_benchmark
+from tests.models import MODELS
+from tests.tracebuilder import MM, RELU, TraceBuilder
+
+NEG = "aten::neg(Tensor self) -> Tensor"
+FIRST_STEP = 4
+
+
+# -- fixtures: traces captured once per module ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> dict[str, Path]:
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("captures")
+    found = {}
+    for name in ("mlp_sgd", "embedding_bag"):
+        result = capture(MODELS[name](), out, name=name, kineto=False, timing_iters=1)
+        found[name] = result.et_path
+    found["steps"] = _capture_steps(out / "steps.et.json")
+    found["dist"] = _capture_distributed(out)
+    return found
+
+
+def _annotated_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+
+    def step() -> None:
+        opt.zero_grad()
+        with torch.profiler.record_function("## forward ##"):
+            loss = model(x).pow(2).mean()
+        with torch.profiler.record_function("## backward ##"):
+            loss.backward()
+        opt.step()
+
+    return step
+
+
+def _capture_steps(path: Path) -> Path:
+    """One step cut off (no annotation, as when recording starts mid-step), then
+    ProfilerStep#4..#6 as torch.profiler names them."""
+    from torch.profiler import ExecutionTraceObserver, record_function
+
+    step = _annotated_step()
+    step()
+    step()
+    observer = ExecutionTraceObserver()
+    observer.register_callback(str(path))
+    observer.start()
+    step()
+    for n in range(FIRST_STEP, FIRST_STEP + 3):
+        with record_function(f"ProfilerStep#{n}"):
+            step()
+    observer.stop()
+    observer.unregister_callback()
+    return path
+
+
+def _capture_distributed(out: Path) -> Path | None:
+    """A one-rank gloo job with an all_reduce between compute ops (None without gloo)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        return None
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        w, x = torch.randn(16, 16), torch.randn(4, 16)
+
+        def step() -> None:
+            y = torch.relu(x @ w)
+            dist.all_reduce(y)
+            y.sum()
+
+        return capture(step, out, name="dist", kineto=False, timing_iters=1).et_path
+    finally:
+        dist.destroy_process_group()
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def _generate(tmp_path: Path, *args: str, name: str = "bench.py") -> Path:
+    out = tmp_path / name
+    assert main([*args, "-o", str(out)]) == 0
+    return out
+
+
+def _replay(bench: Path, *extra: str) -> tuple[Counter[str], dict]:
+    """Run one iteration standalone; the replay's op multiset and the JSON result."""
+    et = bench.with_suffix(".replay.json")
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1", "--json",
+                         "--et", str(et), *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    return op_multiset(bench.parent / Path(result["et"]).name), result
+
+
+def _scoped(path: Path, *annotations: str) -> Counter[str]:
+    """Top-level ops whose scope holds every one of ``annotations``."""
+    return Counter(s.node.name for s in select_ops(load_trace(path)).ops
+                   if all(a in s.scope for a in annotations))
+
+
+def _docstring(bench: Path) -> str:
+    text = bench.read_text()
+    return text[: text.index('"""', 3)]
+
+
+# -- filters ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_iteration_default_is_first_complete_step(traces, tmp_path):
+    expected = _scoped(traces["steps"], f"ProfilerStep#{FIRST_STEP}")
+    assert expected and expected != op_multiset(traces["steps"])
+    bench = _generate(tmp_path, str(traces["steps"]))
+    assert f"iteration ProfilerStep#{FIRST_STEP} (default: the first complete" in \
+        _docstring(bench)
+    replayed, _ = _replay(bench)
+    assert replayed == expected
+
+
+@pytest.mark.slow
+def test_iteration_n_keeps_that_step(traces, tmp_path):
+    expected = _scoped(traces["steps"], f"ProfilerStep#{FIRST_STEP + 2}")
+    bench = _generate(tmp_path, str(traces["steps"]), "--iteration", str(FIRST_STEP + 2))
+    replayed, _ = _replay(bench)
+    assert replayed == expected
+
+
+@pytest.mark.slow
+def test_subgraph_within_the_default_step(traces, tmp_path):
+    # The cut-off step's "## forward ##" comes first, but --iteration keeps step 4 only.
+    expected = _scoped(traces["steps"], f"ProfilerStep#{FIRST_STEP}", "## forward ##")
+    bench = _generate(tmp_path, str(traces["steps"]), "--subgraph", "forward")
+    assert "subgraph 'forward': '## forward ##'" in _docstring(bench)
+    replayed, _ = _replay(bench)
+    assert replayed == expected
+
+
+@pytest.mark.slow
+def test_include_then_exclude(traces, tmp_path):
+    original = op_multiset(traces["mlp_sgd"])
+    include = [re.compile("aten::(addmm|mm|t)$"), re.compile("relu")]
+    exclude = re.compile("aten::t$")
+    expected = Counter({n: c for n, c in original.items()
+                        if any(p.search(n) for p in include) and not exclude.search(n)})
+    assert expected and expected != original
+    bench = _generate(tmp_path, str(traces["mlp_sgd"]), "--include", "aten::(addmm|mm|t)$",
+                      "--include", "relu", "--exclude", "aten::t$")
+    replayed, _ = _replay(bench)
+    assert replayed == expected
+
+
+@pytest.mark.slow
+def test_max_ops_keeps_the_first_n(traces, tmp_path):
+    expected = Counter(s.node.name for s in select_ops(load_trace(traces["mlp_sgd"])).ops[:7])
+    bench = _generate(tmp_path, str(traces["mlp_sgd"]), "--max-ops", "7")
+    replayed, result = _replay(bench)
+    assert replayed == expected and result["ops"] == 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["compute", "comm"])
+def test_mode(traces, tmp_path, mode):
+    if traces["dist"] is None:
+        pytest.skip("torch.distributed with gloo is not available")
+    original = op_multiset(traces["dist"])
+    comm = Counter({n: c for n, c in original.items() if n.startswith("c10d::")})
+    assert comm and comm != original
+    expected = original - comm if mode == "compute" else comm
+    bench = _generate(tmp_path, str(traces["dist"]), "--mode", mode)
+    replayed, _ = _replay(bench)
+    assert replayed == expected
+
+
+# -- composition --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sequence", "parallel"])
+def test_compose_is_the_sum_of_both(traces, tmp_path, how):
+    a, b = traces["mlp_sgd"], traces["embedding_bag"]
+    bench = _generate(tmp_path, str(a), str(b), "--compose", how)
+    doc = _docstring(bench)
+    assert f"compose {how}: 2 traces" in doc
+    for path in (a, b):
+        assert load_trace(path).sha256 in doc
+    replayed, _ = _replay(bench)
+    assert replayed == op_multiset(a) + op_multiset(b)
+    if how == "parallel":
+        assert "on 2 host thread(s)" in doc
+
+
+@pytest.mark.slow
+def test_repeat_replays_the_list_k_times(traces, tmp_path):
+    original = op_multiset(traces["embedding_bag"])
+    bench = _generate(tmp_path, str(traces["embedding_bag"]), "--repeat", "3")
+    assert "repeat 3: the op list 3 times per iteration" in _docstring(bench)
+    replayed, _ = _replay(bench)
+    assert replayed == original + original + original
+
+
+# -- retargeting --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_dtype_recasts_floating_tensors(traces, tmp_path):
+    original = op_multiset(traces["mlp_sgd"])
+    bench = _generate(tmp_path, str(traces["mlp_sgd"]), "--dtype", "bfloat16")
+    replayed, result = _replay(bench)
+    assert replayed == original
+    types = Counter()
+    for s in select_ops(load_trace(bench.parent / Path(result["et"]).name)).ops:
+        types.update(arg.type for arg in s.node.inputs if arg.type.startswith("Tensor("))
+    assert types["Tensor(c10::BFloat16)"] > 0
+    assert not [t for t in types if t in ("Tensor(float)", "Tensor(double)")]
+
+
+@pytest.mark.slow
+def test_device_default_and_cuda_graph_on_cpu(traces, tmp_path):
+    bench = _generate(tmp_path, str(traces["mlp_sgd"]), "--device", "cpu")
+    assert 'DEFAULT_DEVICE = "cpu"' in bench.read_text()
+    assert "device: the benchmark's --device defaults to cpu" in _docstring(bench)
+    proc = run_benchmark(bench, "--warmup", "0", "--iters", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["device"] == "cpu"
+    if not torch.cuda.is_available():
+        proc = run_benchmark(bench, "--cuda-graph", "--warmup", "0", "--iters", "1")
+        assert proc.returncode != 0
+        assert "--cuda-graph is unavailable on cpu" in proc.stderr
+
+
+def test_device_must_be_a_device(traces, tmp_path, capsys):
+    assert main([str(traces["mlp_sgd"]), "--device", "cuda; import os", "-o",
+                 str(tmp_path / "x.py")]) == 2
+    assert "is not a device" in capsys.readouterr().err
+
+
+# -- generation-level checks ---------------------------------------------------------
+
+
+def test_no_options_change_nothing(traces, tmp_path):
+    """The CLI (always with build options) writes what the library writes by default."""
+    path = traces["embedding_bag"]
+    bench = _generate(tmp_path, str(path))
+    options = GenerateOptions(command_line="x")
+    text = bench.read_text()
+    library = generate(path, tmp_path / "lib.py", options)
+    assert text.split('"""', 2)[2] == library.split('"""', 2)[2]
+    assert "Filters applied:\n  - none" in text
+
+
+def test_inspect_takes_the_same_flags(traces, capsys):
+    original = op_multiset(traces["mlp_sgd"])
+    assert main(["inspect", str(traces["mlp_sgd"]), "--json", "--include", "aten::mm",
+                 "--repeat", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["ops_by_name"] == {"aten::mm": 2 * original["aten::mm"]}
+    assert summary["filters"][0].startswith("include 'aten::mm':")
+    assert main(["inspect", str(traces["mlp_sgd"]), "--exclude", "aten::t$"]) == 0
+    text = capsys.readouterr().out
+    by_name = text.split("ops by name:\n")[1].split("\n\n")[0]
+    names = {line.split()[0] for line in by_name.splitlines()}
+    assert "filters applied:" in text
+    assert names == set(original) - {"aten::t"}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["{mlp}", "{emb}"], "2 traces given: combine them with --compose"),
+    (["{mlp}", "--compose", "sequence"], "combines several traces; 1 given"),
+    (["{steps}", "--iteration", "99"], "has no ProfilerStep#99; it has #4, #5, #6"),
+    (["{mlp}", "--iteration", "1"], "has no ProfilerStep#N annotations"),
+    (["{steps}", "--subgraph", "nowhere"], "no annotation around the kept ops contains it"),
+    (["{mlp}", "--include", "aten::("], "is not a regular expression"),
+])
+def test_bad_options_exit_2(traces, tmp_path, capsys, args, message):
+    paths = {"mlp": traces["mlp_sgd"], "emb": traces["embedding_bag"], "steps": traces["steps"]}
+    argv = [a.format(**paths) for a in args]
+    assert main([*argv, "-o", str(tmp_path / "x.py")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_resnet_iteration_keeps_one_step(shared_traces, tmp_path):
+    path = shared_traces / "param/resnet50_1gpu_et.json.gz"
+    trace = load_trace(path)
+    ops = select_ops(trace).ops
+    steps = {n.name: n.id for n in trace.nodes if n.name.startswith("ProfilerStep#")}
+    assert sorted(steps) == ["ProfilerStep#6", "ProfilerStep#7", "ProfilerStep#8"]
+    # Step 7: its forward/optimizer ops, and the autograd thread's ops between #7 and #8.
+    lo, hi = steps["ProfilerStep#7"], steps["ProfilerStep#8"]
+    expected = sum(1 for s in ops if "ProfilerStep#7" in s.scope
+                   or (not any(a.startswith("ProfilerStep#") for a in s.scope)
+                       and lo < s.node.id < hi))
+    assert 0 < expected < len(ops) / 2
+    bench = _generate(tmp_path, str(path), "--iteration", "7")
+    doc = _docstring(bench)
+    assert f"iteration ProfilerStep#7 (of 3 steps #6, #7, #8): {len(ops)} -> {expected} ops" \
+        in doc.replace("\n      ", " ")
+    assert "ProfilerStep#6" not in bench.read_text().split('"""', 2)[2]
+
+
+# -- tensors a dropped op would have produced -----------------------------------------
+
+
+def _program(builder: TraceBuilder, options: BuildOptions | None):
+    return build_program(trace_from_document(builder.doc(), name="t.json", sha256="0"),
+                         options=options)
+
+
+def test_dropped_producer_output_is_materialised_as_recorded():
+    b = TraceBuilder()
+    x = b.tensor((3, 2), dtype="float16")
+    # A strided view at an offset: shape (2, 3), strides (1, 2), offset 2, float16.
+    y = b.tensor((2, 3), strides=(1, 2), offset=2, dtype="float16")
+    b.op(RELU, [x], [y])
+    b.op(MM, [y, x], [b.tensor((2, 2), dtype="float16")])
+    kept = _program(b, None)
+    assert isinstance(kept.ops[1].args[0].value.binding, OpOutput)
+
+    program = _program(b, BuildOptions(exclude=("relu",)))
+    (op,) = program.ops
+    y_in = op.args[0].value
+    assert isinstance(y_in, TensorValue) and isinstance(y_in.binding, InputView)
+    assert y_in.meta == TensorMeta((2, 3), (1, 2), 2, "float16", "cpu")
+    assert y_in.storage.materialised and y_in.storage.extent >= 2 + 1 * 1 + 2 * 2 + 1
+    assert program.filters == ["exclude 'relu': 2 -> 1 ops"]
+    text = generate_source(program, GenerateOptions(command_line="x"))
+    assert "as_strided([2, 3], [1, 2], 2)" in text and "torch.float16" in text
+
+
+def test_dropped_op_that_reused_a_storage_id_does_not_alias():
+    b = TraceBuilder()
+    x = b.tensor((4, 4))
+    a = b.tensor((4, 4), storage=900)
+    b.op(RELU, [x], [a])  # kept: produces storage 900
+    b.op(MM, [a, x], [b.tensor((4, 4))])
+    c = b.tensor((4, 4), storage=900)
+    b.op(NEG, [x], [c])  # dropped: a new lifetime of storage 900
+    b.op(MM, [c, x], [b.tensor((4, 4))])
+    program = _program(b, BuildOptions(exclude=("neg",)))
+    assert [op.name for op in program.ops] == ["aten::relu", "aten::mm", "aten::mm"]
+    last = program.ops[2].args[0].value
+    # Not the relu's result: the tensor the dropped op made is an input of its own.
+    assert isinstance(last.binding, InputView) and last.storage.materialised
+    first = program.ops[1].args[0].value.binding
+    assert isinstance(first, OpOutput) and first.op_index == 0
+
+
+def test_options_validate():
+    with pytest.raises(OptionError):
+        BuildOptions(mode="gpu")
+    with pytest.raises(OptionError):
+        BuildOptions(iteration="first")
+    with pytest.raises(OptionError):
+        BuildOptions(repeat=0)
