@@ -2,15 +2,28 @@
 
 The answer to "how do I capture a trace that replays?": warm up first (so lazy
 initialisation and allocator growth are not recorded), record integral tensor
-ranges, record the ET and the Kineto trace of the same step (so they link by
-``rf_id``), and measure the eager step time beside them.
+ranges (and, optionally, the values of index tensors), record the ET and the Kineto
+trace of the same step (so they link by ``rf_id``), and measure the eager step time
+beside them.
+
+Two entry points:
+
+* :func:`capture` takes a ``step_fn`` (Python API);
+* :func:`capture_script` runs a foreign training script (``mystique-gen capture -- python
+  train.py``) and takes its optimizer steps as the step boundary, through
+  ``torch.optim``'s global step hooks: step *k* is everything between the end of
+  optimizer step *k-1* and the end of step *k* (data loading, forward, backward, the
+  update). The script stops once the recorded step is written.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import runpy
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -18,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
+DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
 
 
 @dataclass
@@ -30,18 +44,22 @@ class CaptureResult:
 
 
 @contextmanager
-def _env(name: str, value: str | None):
-    old = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
+def _env(values: dict[str, str | None]):
+    """Set environment variables (None: leave alone) for the duration of a block."""
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is not None:
+            os.environ[k] = v
     try:
         yield
     finally:
-        if value is not None:
-            if old is None:
-                os.environ.pop(name, None)
+        for k, v in values.items():
+            if v is None:
+                continue
+            if old[k] is None:
+                os.environ.pop(k, None)
             else:
-                os.environ[name] = old
+                os.environ[k] = old[k]  # type: ignore[assignment]
 
 
 def _sync() -> None:
@@ -65,6 +83,102 @@ def time_step(step_fn: Callable[[], object], *, warmup: int = 2, iters: int = 5)
     return times
 
 
+def index_ops() -> str:
+    """Ops whose integral inputs torch should save (the ops with value rules)."""
+    from mystique_gen import oprules
+
+    return ",".join(sorted(set(oprules.INDEX_RULES) | set(oprules.SHAPE_RULES)))
+
+
+class _Recorder:
+    """Records the ET (and Kineto trace) between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, out: Path, name: str, *, kineto: bool, integral_ranges: bool,
+                 integral_data: bool):
+        self.et_path = out / f"{name}.et.json"
+        self.kineto_path = out / f"{name}.kineto.json" if kineto else None
+        # The ET observer slows every op down, so the Kineto trace recorded beside it
+        # (linked to the ET by rf_id) does not time the step faithfully; a second step
+        # is profiled without it, for `mystique-gen compare --kineto-original`.
+        self.profile_path = out / f"{name}.profile.json" if kineto else None
+        self.integral_data = integral_data
+        self.env = _env({RANGE_ENV: "1" if integral_ranges else None,
+                         DATA_ENV: index_ops() if integral_data else None})
+        self.prof = None
+        self.observer = None
+
+    def start(self) -> None:
+        import torch
+        from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
+
+        self.env.__enter__()
+        self.observer = ExecutionTraceObserver()
+        self.observer.register_callback(str(self.et_path))
+        if self.integral_data:
+            self.observer.set_extra_resource_collection(True)
+        if self.kineto_path is not None:
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self.prof = profile(activities=activities, execution_trace_observer=self.observer)
+            self.prof.start()
+        else:
+            self.observer.start()
+
+    def start_profile(self) -> None:
+        """Profile (Kineto only, no ET) the next step."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self.prof = profile(activities=activities)
+        self.prof.start()
+
+    def stop_profile(self) -> None:
+        assert self.prof is not None and self.profile_path is not None
+        _sync()
+        self.prof.stop()
+        self.prof.export_chrome_trace(str(self.profile_path))
+
+    def stop(self) -> None:
+        assert self.observer is not None
+        _sync()
+        try:
+            if self.prof is not None:
+                self.prof.stop()
+                assert self.kineto_path is not None
+                self.prof.export_chrome_trace(str(self.kineto_path))
+            else:
+                self.observer.stop()
+            self.observer.unregister_callback()
+        finally:
+            self.env.__exit__(None, None, None)
+
+
+def _write_sidecar(out: Path, name: str, times: list[float], warmup: int,
+                   recorder: _Recorder, extra: dict[str, object]) -> CaptureResult:
+    import torch
+
+    sidecar = out / f"{name}.step.json"
+    summary = {
+        "step_ms_median": statistics.median(times),
+        "step_ms_min": min(times),
+        "step_ms": times,
+        "warmup": warmup,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "et": recorder.et_path.name,
+        "kineto": recorder.kineto_path.name if recorder.kineto_path else None,
+        "profile": recorder.profile_path.name if recorder.profile_path else None,
+        **extra,
+    }
+    sidecar.write_text(json.dumps(summary, indent=2) + "\n")
+    return CaptureResult(recorder.et_path, recorder.kineto_path, sidecar,
+                         summary["step_ms_median"], summary["step_ms_min"])
+
+
 def capture(
     step_fn: Callable[[], object],
     out_dir: str | Path,
@@ -74,52 +188,185 @@ def capture(
     timing_iters: int = 5,
     kineto: bool = True,
     integral_ranges: bool = True,
+    integral_data: bool = False,
 ) -> CaptureResult:
-    """Run ``step_fn`` ``warmup`` times, then record one call of it.
+    """Run ``step_fn`` ``warmup`` times, time ``timing_iters`` calls, record one more.
 
     Writes ``<name>.et.json`` (execution trace), ``<name>.kineto.json`` (profiler trace
-    of the same step, when ``kineto``) and ``<name>.step.json`` (eager step times).
+    of the same step, when ``kineto``), ``<name>.profile.json`` (profiler trace of one
+    more step without the ET observer, for timing), ``<name>.step.json`` (eager step
+    times) and,
+    with ``integral_data``, ``<name>.et_resources/`` (values of index tensors).
     """
-    import torch
-    from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     times = time_step(step_fn, warmup=warmup, iters=timing_iters)
-    et_path = out / f"{name}.et.json"
-    kineto_path = out / f"{name}.kineto.json" if kineto else None
-    with _env(RANGE_ENV, "1" if integral_ranges else None):
-        observer = ExecutionTraceObserver()
-        observer.register_callback(str(et_path))
-        if kineto:
-            activities = [ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(ProfilerActivity.CUDA)
-            with profile(activities=activities, execution_trace_observer=observer) as prof:
-                step_fn()
-                _sync()
-            assert kineto_path is not None
-            prof.export_chrome_trace(str(kineto_path))
-        else:
-            observer.start()
+    recorder = _Recorder(out, name, kineto=kineto, integral_ranges=integral_ranges,
+                         integral_data=integral_data)
+    recorder.start()
+    try:
+        step_fn()
+    finally:
+        recorder.stop()
+    if recorder.profile_path is not None:
+        recorder.start_profile()
+        try:
             step_fn()
-            _sync()
-            observer.stop()
-        observer.unregister_callback()
-    sidecar = out / f"{name}.step.json"
-    summary = {
-        "step_ms_median": statistics.median(times),
-        "step_ms_min": min(times),
-        "step_ms": times,
-        "warmup": warmup,
-        "torch": torch.__version__,
-        "et": et_path.name,
-        "kineto": kineto_path.name if kineto_path else None,
-    }
-    sidecar.write_text(json.dumps(summary, indent=2) + "\n")
-    result = CaptureResult(et_path, kineto_path, sidecar, summary["step_ms_median"],
-                           summary["step_ms_min"])
-    return result
+        finally:
+            recorder.stop_profile()
+    return _write_sidecar(out, name, times, warmup, recorder, {"boundary": "step_fn call"})
+
+
+class CaptureDone(BaseException):
+    """Raised from the optimizer hook once the step is recorded: ends the script early.
+
+    A BaseException, so the script's own ``except Exception`` handlers let it through.
+    """
+
+
+class ScriptError(Exception):
+    """The script could not be run, or ended before the step could be recorded."""
+
+
+@dataclass
+class _StepClock:
+    """Optimizer-step boundaries: warm-up, timed steps, then one recorded step."""
+
+    warmup: int
+    timing_iters: int
+    recorder: _Recorder
+    steps: int = 0
+    last: float | None = None
+    recording: bool = False
+    profiling: bool = False
+
+    def __post_init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_step(self) -> None:
+        _sync()
+        now = time.perf_counter()
+        self.steps += 1
+        if self.profiling:
+            self.recorder.stop_profile()
+            self.profiling = False
+            raise CaptureDone
+        if self.recording:
+            self.recorder.stop()
+            self.recording = False
+            if self.recorder.profile_path is None:
+                raise CaptureDone
+            self.recorder.start_profile()
+            self.profiling = True
+            return
+        if self.steps > self.warmup and self.last is not None:
+            self.times.append((now - self.last) * 1000.0)
+        if len(self.times) >= self.timing_iters:
+            self.recorder.start()
+            self.recording = True
+        self.last = time.perf_counter()
+
+
+# The step callback of the capture in progress; the wrappers below call it.
+_ACTIVE: list[Callable[[], None]] = []
+
+
+def _step_wrapper(on_step: Callable[[], None]) -> Callable[[], None]:
+    """Call ``on_step`` after each ``optimizer.step()`` returns, outside its profiler
+    scope: starting or stopping the profiler inside an open ``record_function`` scope
+    (where torch.optim's own post hooks run) corrupts the profiler's state. Optimizer
+    classes set up before the first capture fall back to the global post hook.
+    Returns the function that ends this capture's claim on the steps."""
+    from torch.optim import Optimizer
+
+    _ACTIVE[:] = [on_step]
+    original = Optimizer.profile_hook_step
+    if getattr(original, "_mystique", False):
+        return _ACTIVE.clear
+
+    def profile_hook_step(func: Callable[..., object]) -> Callable[..., object]:
+        inner = original(func)
+
+        @functools.wraps(inner)
+        def step(*args: object, **kwargs: object) -> object:
+            out = inner(*args, **kwargs)
+            if _ACTIVE:
+                _ACTIVE[0]()
+            return out
+
+        step._mystique = True  # type: ignore[attr-defined]
+        return step
+
+    profile_hook_step._mystique = True  # type: ignore[attr-defined]
+    Optimizer.profile_hook_step = staticmethod(profile_hook_step)  # type: ignore[method-assign]
+    return _ACTIVE.clear
+
+
+def capture_script(
+    argv: list[str],
+    out_dir: str | Path,
+    *,
+    name: str = "trace",
+    warmup: int = 3,
+    timing_iters: int = 5,
+    kineto: bool = True,
+    integral_ranges: bool = True,
+    integral_data: bool = False,
+) -> CaptureResult:
+    """Run ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) in this process and
+    record one optimizer step after ``warmup`` + ``timing_iters`` steps."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    if argv and Path(argv[0]).name.startswith("python"):
+        argv = argv[1:]
+    if not argv:
+        raise ScriptError("no script given: mystique-gen capture -o DIR -- python train.py")
+    module = None
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise ScriptError("-m needs a module name")
+        module, argv = argv[1], argv[1:]
+    elif not Path(argv[0]).is_file():
+        raise ScriptError(f"no such script: {argv[0]}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    recorder = _Recorder(out, name, kineto=kineto, integral_ranges=integral_ranges,
+                         integral_data=integral_data)
+    clock = _StepClock(warmup, timing_iters, recorder)
+    handle = register_optimizer_step_post_hook(
+        lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
+        else clock.on_step())
+    restore = _step_wrapper(clock.on_step)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = list(argv)
+    if module is None:
+        sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+    try:
+        if module is None:
+            runpy.run_path(argv[0], run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except CaptureDone:
+        pass
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise ScriptError(f"the script exited with status {exc.code}") from None
+    finally:
+        handle.remove()
+        restore()
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if clock.recording:
+            recorder.stop()
+        if clock.profiling:
+            recorder.stop_profile()
+    recorded = 2 if kineto else 1
+    needed = warmup + timing_iters + recorded
+    if clock.steps < needed or clock.recording or clock.profiling:
+        raise ScriptError(
+            f"the script made {clock.steps} optimizer steps; capture needs {needed} "
+            f"(--warmup {warmup} + --timing-iters {timing_iters} + {recorded} recorded)")
+    return _write_sidecar(out, name, clock.times, warmup, recorder,
+                          {"boundary": "optimizer step", "command": argv})
 
 
 def result_dict(result: CaptureResult) -> dict[str, object]:

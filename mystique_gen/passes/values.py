@@ -1,17 +1,129 @@
 """Input values: how each materialised storage is filled.
 
-Index tensors get values the consuming op accepts (rows of the embedding table, the
-size of the indexed dimension, the class count of a loss), bag offsets are sorted
-and start at 0, denominators and variances are positive. Rules live in
-:mod:`mystique_gen.oprules`; this pass applies them and intersects the bounds when
-one storage feeds several ops.
+Sources, strongest first:
+
+1. integral data the trace saved in ``<trace>_resources/nid_<node>_tid_<k>.dat``
+   (``ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA``), embedded when small;
+2. data-dependent output sizes (:data:`oprules.SHAPE_RULES`): a mask with the recorded
+   number of true values, as many distinct values as ``unique`` returned, repeats that
+   add up to the recorded output, jagged lengths that add up to the values;
+3. the recorded ``tensor_range`` attribute (min and max of every integral input,
+   ``ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE=1``), clipped to
+4. consumer bounds (:data:`oprules.INDEX_RULES`): rows of the embedding table, the
+   size of the indexed dimension, the class count of a loss; bag offsets sorted from 0;
+5. floating ranges: positive variances and denominators, probabilities in [0, 1].
+
+When one storage feeds several ops the bounds are intersected, so no consumer reads an
+out-of-range index.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from mystique_gen import oprules
-from mystique_gen.dtypes import FLOATING, INTEGRAL
-from mystique_gen.ir import Init, ListValue, Literal, Op, Storage, TensorValue, iter_tensors
+from mystique_gen.dtypes import FLOATING, INTEGRAL, ITEM_SIZES
+from mystique_gen.errors import TraceError
+from mystique_gen.ir import (
+    Init,
+    ListValue,
+    Literal,
+    Op,
+    Storage,
+    TensorMeta,
+    TensorValue,
+    contiguous_strides,
+    iter_tensors,
+)
+from mystique_gen.load.et import RawArg, RawTrace
+from mystique_gen.passes.lower import _list_element_types
+
+# Values a fill may take per integral dtype (int64 leaves room for ``high + 1``).
+_INT_LIMITS = {
+    "uint8": (0, 255), "int8": (-128, 127), "int16": (-(2**15), 2**15 - 1),
+    "int32": (-(2**31), 2**31 - 1), "int64": (-(2**62), 2**62), "uint16": (0, 2**16 - 1),
+    "uint32": (0, 2**32 - 1), "uint64": (0, 2**62),
+}
+
+
+@dataclass
+class RecordedValues:
+    """Facts about input values the trace recorded, keyed by (node id, tensor ordinal).
+
+    The ordinal counts every tensor among a node's inputs, list elements included, in
+    order: the key of both ``tensor_range`` and the saved ``.dat`` files.
+    """
+
+    ranges: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    data: dict[tuple[int, int], Path] = field(default_factory=dict)
+    ordinals: dict[int, list[list[int | None]]] = field(default_factory=dict)
+
+
+def resources_dir(trace_path: str | Path) -> Path | None:
+    """``x.et.json`` (or ``x.et.json.gz``) -> ``x.et_resources/`` where it exists."""
+    path = Path(trace_path)
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    stem = name[: name.rfind(".json")] if ".json" in name else name
+    folder = path.with_name(stem + "_resources")
+    return folder if folder.is_dir() else None
+
+
+def _ordinals(inputs: list[RawArg]) -> list[list[int | None]]:
+    """Per input: the tensor ordinal of each of its tensors (None where not a tensor)."""
+    result: list[list[int | None]] = []
+    k = 0
+    for raw in inputs:
+        if raw.type.startswith("Tensor"):
+            result.append([k])
+            k += 1
+        elif "List[" in raw.type and isinstance(raw.value, list):
+            row: list[int | None] = []
+            for t in _list_element_types(raw.type, len(raw.value)):
+                if t.startswith("Tensor"):
+                    row.append(k)
+                    k += 1
+                else:
+                    row.append(None)
+            result.append(row)
+        else:
+            result.append([])
+    return result
+
+
+def _parse_range(text: object, node_id: int) -> dict[int, tuple[int, int]]:
+    if text in (None, ""):
+        return {}
+    try:
+        doc = json.loads(text) if isinstance(text, str) else text
+        return {int(k): (int(v[0]), int(v[1])) for k, v in doc.items()}
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+        raise TraceError(f"malformed tensor range {str(text)[:40]!r}", node_id=node_id,
+                         field="tensor_range") from None
+
+
+def recorded_values(trace: RawTrace, resources: Path | None = None) -> RecordedValues:
+    """Ranges and saved data of every node that has them."""
+    found = RecordedValues()
+    saved: dict[tuple[int, int], Path] = {}
+    if resources is not None:
+        for f in resources.glob("nid_*_tid_*.dat"):
+            parts = f.stem.split("_")
+            if len(parts) == 4 and parts[1].isdigit() and parts[3].isdigit():
+                saved[(int(parts[1]), int(parts[3]))] = f
+    for node in trace.nodes:
+        ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
+        has_data = any(key[0] == node.id for key in saved) if saved else False
+        if not ranges and not has_data:
+            continue
+        found.ordinals[node.id] = _ordinals(node.inputs)
+        for k, r in ranges.items():
+            found.ranges[(node.id, k)] = r
+    for key, f in saved.items():
+        if key[0] in found.ordinals:
+            found.data[key] = f
+    return found
 
 
 def _arg_facts(op: Op) -> dict[str, object]:
@@ -26,73 +138,246 @@ def _arg_facts(op: Op) -> dict[str, object]:
     return facts
 
 
-def assign_values(ops: list[Op], storages: list[Storage]) -> None:
-    upper: dict[int, tuple[int, str]] = {}  # storage index -> (exclusive bound, why)
-    offsets: dict[int, tuple[int, str]] = {}  # storage index -> (indices count, why)
-    positive: dict[int, str] = {}
+def _output_shapes(op: Op) -> list[object]:
+    shapes: list[object] = []
+    for v in op.outputs:
+        if isinstance(v, TensorValue):
+            shapes.append(v.meta.shape)
+        elif isinstance(v, ListValue):
+            shapes.append([t.meta.shape if isinstance(t, TensorValue) else None
+                           for t in v.items])
+        else:
+            shapes.append(None)
+    return shapes
 
-    def bound(tv: TensorValue, high: int, why: str) -> None:
+
+def _covers(meta: TensorMeta, storage: Storage) -> bool:
+    """The view is the whole storage, element for element (so counts carry over)."""
+    return (meta.offset == 0 and meta.numel == storage.extent
+            and meta.strides == contiguous_strides(meta.shape))
+
+
+def _narrow(values: list[int]) -> tuple[int, bytes] | None:
+    """Smallest little-endian signed width that holds every value."""
+    lo, hi = (min(values), max(values)) if values else (0, 0)
+    for size in (1, 2, 4, 8):
+        bound = 2 ** (8 * size - 1)
+        if -bound <= lo and hi < bound:
+            return size, b"".join(v.to_bytes(size, "little", signed=True) for v in values)
+    return None
+
+
+def _read_data(path: Path, meta: TensorMeta) -> list[int] | None:
+    size = ITEM_SIZES.get(meta.dtype, 0)
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if not size or len(raw) != meta.numel * size:
+        return None
+    signed = not meta.dtype.startswith("uint")
+    return [int.from_bytes(raw[i:i + size], "little", signed=signed)
+            for i in range(0, len(raw), size)]
+
+
+class _Facts:
+    """What is known about each materialised storage, collected op by op."""
+
+    def __init__(self) -> None:
+        self.upper: dict[int, tuple[int, str]] = {}  # exclusive bound, why
+        self.offsets: dict[int, tuple[int, bool, str]] = {}  # indices count, last fixed
+        self.shape: dict[int, tuple[tuple[str, int, int], str]] = {}  # data-dependent fill
+        self.ranges: dict[int, tuple[int, int]] = {}  # recorded [min, max], union of views
+        self.data: dict[int, list[int]] = {}
+        self.positive: dict[int, str] = {}
+        self.float_range: dict[int, tuple[float, float, str]] = {}
+
+    @staticmethod
+    def integral(tv: TensorValue) -> Storage | None:
         s = tv.storage
         if s is None or not s.materialised or s.dtype not in INTEGRAL:
+            return None
+        return s
+
+    def bound(self, tv: TensorValue, high: int, why: str) -> None:
+        s = tv.storage  # produced storages too: bounds flow back to their sources
+        if s is None or s.dtype not in INTEGRAL:
             return
         high = max(int(high), 1)
-        if s.index not in upper or high < upper[s.index][0]:
-            upper[s.index] = (high, why)
+        if s.index not in self.upper or high < self.upper[s.index][0]:
+            self.upper[s.index] = (high, why)
 
+    def shape_fill(self, tv: TensorValue, init: tuple[str, int, int] | None, why: str) -> None:
+        s = tv.storage
+        if init is None or s is None or not s.materialised:
+            return
+        if s.dtype.startswith("complex") or not _covers(tv.meta, s):
+            return
+        self.shape.setdefault(s.index, (init, why))
+
+    def recorded(self, tv: TensorValue, span: tuple[int, int] | None,
+                 data: Path | None) -> None:
+        s = self.integral(tv)
+        if s is None:
+            return
+        if span is not None:
+            lo, hi = self.ranges.get(s.index, span)
+            self.ranges[s.index] = (min(lo, span[0]), max(hi, span[1]))
+        if (data is not None and s.index not in self.data and _covers(tv.meta, s)
+                and tv.meta.numel <= oprules.MAX_EMBEDDED_ELEMENTS):
+            values = _read_data(data, tv.meta)
+            if values is not None:
+                self.data[s.index] = values
+
+
+def assign_values(ops: list[Op], storages: list[Storage],
+                  recorded: RecordedValues | None = None) -> None:
+    facts = _Facts()
+    recorded = recorded or RecordedValues()
     for op in ops:
-        rules = oprules.INDEX_RULES.get(op.name)
-        names = oprules.POSITIVE_ARGS.get(op.name, ())
-        if not rules and not names:
-            continue
-        facts = _arg_facts(op)
-        by_name = {a.spec.name: a.value for a in op.args}
-        for arg_name, rule in (rules or {}).items():
-            value = by_name.get(arg_name)
-            if value is None:
-                continue
-            if rule == "offsets":
-                indices = by_name.get("indices")
-                if isinstance(indices, TensorValue) and isinstance(value, TensorValue):
-                    s = value.storage
-                    if s is not None and s.materialised and s.dtype in INTEGRAL:
-                        offsets[s.index] = (indices.meta.numel, f"{op.name} offsets")
-                continue
-            if isinstance(rule, oprules.PerDim):
-                shape = facts.get(rule.tensor)
-                if isinstance(value, ListValue) and isinstance(shape, tuple):
-                    for dim, item in enumerate(value.items):
-                        if isinstance(item, TensorValue) and dim < len(shape):
-                            bound(item, shape[dim], f"{op.name} {arg_name}[{dim}]")
-                continue
-            assert isinstance(rule, oprules.Bound)
-            high = rule.upper(facts)
-            if high is not None:
-                for tv in iter_tensors(value):
-                    bound(tv, high, f"{op.name} {arg_name}")
-        for arg_name in names:
-            value = by_name.get(arg_name)
-            if value is not None:
-                for tv in iter_tensors(value):
-                    if tv.storage is not None:
-                        positive.setdefault(tv.storage.index, f"{op.name} {arg_name}")
-
+        _collect(op, facts, recorded)
+    _propagate_bounds(ops, facts)
     for s in storages:
-        if not s.materialised:
+        if s.materialised:
+            s.init = _choose(s, facts)
+
+
+def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
+    ordinals = recorded.ordinals.get(op.node_id)
+    if ordinals is not None:
+        for i, arg in enumerate(op.args):
+            row = ordinals[i] if i < len(ordinals) else []
+            items = arg.value.items if isinstance(arg.value, ListValue) else (arg.value,)
+            for j, item in enumerate(items):
+                k = row[j] if j < len(row) else None
+                if isinstance(item, TensorValue) and k is not None:
+                    facts.recorded(item, recorded.ranges.get((op.node_id, k)),
+                                   recorded.data.get((op.node_id, k)))
+
+    index_rules = oprules.INDEX_RULES.get(op.name)
+    shape_rules = oprules.SHAPE_RULES.get(op.name)
+    positive = oprules.POSITIVE_ARGS.get(op.name, ())
+    float_ranges = oprules.FLOAT_RANGES.get(op.name)
+    take = oprules.TAKE_RULES.get(op.name)
+    if not (index_rules or shape_rules or positive or float_ranges or take):
+        return
+    args = _arg_facts(op)
+    by_name = {a.spec.name: a.value for a in op.args}
+    for arg_name, rule in (index_rules or {}).items():
+        value = by_name.get(arg_name)
+        if value is None:
             continue
-        if s.index in offsets:
-            total, why = offsets[s.index]
-            s.init = Init("offsets", 0, total, why)
-        elif s.index in upper:
-            high, why = upper[s.index]
-            s.init = Init("randint", 0, high, why + f" < {high}")
-        elif s.dtype == "bool":
-            s.init = Init("bool", 0, 1)
-        elif s.dtype in INTEGRAL:
-            kind, low, high = oprules.DEFAULT_INTEGRAL
-            s.init = Init(kind, low, high)
-        elif s.dtype in FLOATING or s.dtype.startswith("complex"):
-            kind, low, high = (oprules.POSITIVE_FLOATING if s.index in positive
-                               else oprules.DEFAULT_FLOATING)
-            s.init = Init(kind, low, high, positive.get(s.index, ""))
-        else:
-            s.init = Init("zeros")
+        if rule == "offsets":
+            indices = by_name.get("indices")
+            if isinstance(indices, TensorValue) and isinstance(value, TensorValue):
+                s = facts.integral(value)
+                if s is not None:
+                    last = args.get("include_last_offset") is True
+                    facts.offsets[s.index] = (indices.meta.numel, last, f"{op.name} offsets")
+            continue
+        if isinstance(rule, oprules.PerDim):
+            _per_dim(op, rule, value, args, facts, arg_name)
+            continue
+        assert isinstance(rule, oprules.Bound)
+        high = rule.upper(args)
+        if high is not None:
+            for tv in iter_tensors(value):
+                facts.bound(tv, high, f"{op.name} {arg_name}")
+    if take:
+        index, source = by_name.get(take[0]), by_name.get(take[1])
+        if isinstance(index, TensorValue) and isinstance(source, TensorValue):
+            facts.bound(index, source.meta.numel, f"{op.name} {take[0]}")
+    if shape_rules:
+        outputs = _output_shapes(op)
+        for arg_name, fill in shape_rules.items():
+            value = by_name.get(arg_name)
+            if isinstance(value, TensorValue):
+                facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}")
+    for arg_name in positive:
+        for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
+            if tv.storage is not None:
+                facts.positive.setdefault(tv.storage.index, f"{op.name} {arg_name}")
+    for arg_name, (low, high) in (float_ranges or {}).items():
+        for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
+            if tv.storage is not None:
+                facts.float_range.setdefault(tv.storage.index, (low, high, f"{op.name} {arg_name}"))
+
+
+def _propagate_bounds(ops: list[Op], facts: _Facts) -> None:
+    """Carry each output's bound back to the inputs its values were copied from."""
+    for op in reversed(ops):
+        sources = oprules.VALUE_PRESERVING.get(op.name)
+        if not sources:
+            continue
+        bounds = [facts.upper[tv.storage.index] for value in op.outputs
+                  for tv in iter_tensors(value)
+                  if tv.storage is not None and tv.storage.index in facts.upper]
+        if not bounds:
+            continue
+        high, why = min(bounds)
+        for arg in op.args:
+            if arg.spec.name in sources:
+                for tv in iter_tensors(arg.value):
+                    facts.bound(tv, high, f"{why} (via {op.name})")
+
+
+def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],
+             facts: _Facts, arg_name: str) -> None:
+    """``aten::index``: ``indices[k]`` indexes dim k; a bool mask selects recorded rows."""
+    shape = args.get(rule.tensor)
+    if not isinstance(value, ListValue) or not isinstance(shape, tuple):
+        return
+    out = _output_shapes(op)[0] if op.outputs else None
+    for dim, item in enumerate(value.items):
+        if not isinstance(item, TensorValue) or dim >= len(shape):
+            continue
+        if item.meta.dtype == "bool":
+            # x[mask]: the masked dims collapse into one of (true count) rows at `dim`.
+            if isinstance(out, tuple) and dim < len(out):
+                facts.shape_fill(item, ("mask", out[dim], 0), f"{op.name} {arg_name}[{dim}]")
+            continue
+        facts.bound(item, shape[dim], f"{op.name} {arg_name}[{dim}]")
+
+
+def _choose(s: Storage, facts: _Facts) -> Init:
+    i = s.index
+    if i in facts.data:
+        values = facts.data[i]
+        high = facts.upper.get(i, (None, ""))[0]
+        packed = _narrow(values)
+        if packed and (high is None or all(0 <= v < high for v in values)):
+            return Init("data", packed[0], len(values), "recorded data", packed[1])
+    if i in facts.shape:
+        (kind, low, high), why = facts.shape[i]
+        return Init(kind, low, high, why)
+    if i in facts.offsets:
+        total, last, why = facts.offsets[i]
+        return Init("cuts", 0, total, why) if last else Init("offsets", 0, total, why)
+    if i in facts.ranges and s.dtype in INTEGRAL:
+        lo, hi = facts.ranges[i]
+        limit_lo, limit_hi = _INT_LIMITS.get(s.dtype, (-(2**62), 2**62))
+        why = "recorded range"
+        if i in facts.upper:  # never outside what every consumer accepts
+            high, why = facts.upper[i]
+            limit_lo, limit_hi = 0, high - 1
+        lo, hi = max(lo, limit_lo), min(hi, limit_hi)
+        if lo <= hi:
+            return Init("span", lo, hi, why)
+    if i in facts.upper:
+        high, why = facts.upper[i]
+        return Init("randint", 0, high, why + f" < {high}")
+    if s.dtype == "bool":
+        return Init("bool", 0, 1)
+    if s.dtype in INTEGRAL:
+        kind, low, high = oprules.DEFAULT_INTEGRAL
+        return Init(kind, low, high)
+    if s.dtype in FLOATING or s.dtype.startswith("complex"):
+        if i in facts.float_range:
+            low, high, why = facts.float_range[i]
+            return Init("uniform", low, high, why)
+        if i in facts.positive:
+            kind, low, high = oprules.POSITIVE_FLOATING
+            return Init(kind, low, high, facts.positive[i])
+        kind, low, high = oprules.DEFAULT_FLOATING
+        return Init(kind, low, high)
+    return Init("zeros")

@@ -1,0 +1,49 @@
+"""Emitters for input values and data-dependent outputs.
+
+``_data(...)`` embeds integral values the trace saved; ``t = _fit(t, shape, strides)``
+follows an op whose output size depends on input values (nonzero, unique, masked
+selection, routing in a mixture of experts), so later statements see the recorded
+size whatever the replayed values are.
+"""
+
+from __future__ import annotations
+
+from mystique_gen import oprules
+from mystique_gen.emit import exprs
+from mystique_gen.emit.layout import Atom, Node, lay_out
+from mystique_gen.ir import Init, ListValue, Op, TensorValue
+
+
+def data_call(init: Init, dtype: str, device: str) -> Node:
+    """``_data("<hex>", width, torch.<dtype>, device)`` for a kind "data" fill."""
+    if init.kind != "data" or init.low not in (1, 2, 4, 8):
+        raise ValueError(f"not a data fill: {init.kind} of width {init.low}")
+    return exprs.call("_data", [
+        Atom(exprs.str_literal(init.data.hex())),
+        Atom(str(int(init.low))),
+        Atom(exprs.torch_attr(dtype)),
+        Atom(device),
+    ])
+
+
+def _shape_rows(value: object) -> tuple[Node, Node] | None:
+    if isinstance(value, TensorValue):
+        return exprs.int_list(value.meta.shape), exprs.int_list(value.meta.strides)
+    if isinstance(value, ListValue) and all(isinstance(v, TensorValue) for v in value.items):
+        items = [v for v in value.items if isinstance(v, TensorValue)]
+        return (exprs.list_display([exprs.int_list(v.meta.shape) for v in items]),
+                exprs.list_display([exprs.int_list(v.meta.strides) for v in items]))
+    return None
+
+
+def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
+    """``t = _fit(t, shape, strides)`` for each named output of a data-dependent op."""
+    if op.name not in oprules.DATA_DEPENDENT_OUTPUTS or op.guard:
+        return []
+    lines: list[str] = []
+    for target, value in zip(targets, op.outputs, strict=False):
+        rows = _shape_rows(value)
+        if target == "_" or rows is None:
+            continue
+        lines.extend(lay_out(f"{target} = ", exprs.call("_fit", [Atom(target), *rows]), depth))
+    return lines

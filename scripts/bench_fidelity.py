@@ -1,0 +1,269 @@
+"""`make bench` section: does a benchmark cost what the model it came from costs?
+
+Models no one here wrote (HuggingFace transformers built from small configs, no
+downloads; torch's nn.LSTM and nn.TransformerEncoder; an EmbeddingBag recommender),
+each as a training step (forward, backward, optimizer) and an inference step, on CPU
+with one intra-op thread. For each: capture, generate, load the benchmark in this
+process and time the eager step and the benchmark iteration alternately, side by side;
+then compare the op multisets of the original and the replay's execution traces.
+
+Targets: median |error| <= 3 %, worst <= 10 %, op-multiset match >= 99.5 % everywhere,
+no crashes. Run alone: `python scripts/bench.py fidelity` (FIDELITY_ROUNDS=N to time
+more rounds, FIDELITY_ONLY=gpt2,bert to pick models, FIDELITY_GAPS=linked|profile to
+generate with the captured Kineto trace and replay recorded host gaps, experimental).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mystique_gen.capture import capture  # noqa: E402
+from mystique_gen.compare import multiset_match, op_multiset  # noqa: E402
+from mystique_gen.emit.context import GenerateOptions  # noqa: E402
+from mystique_gen.generate import generate  # noqa: E402
+
+Step = Callable[[], object]
+ROUNDS = int(os.environ.get("FIDELITY_ROUNDS", "15"))
+GAPS = os.environ.get("FIDELITY_GAPS", "off")
+
+
+def _train(model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], lr: float = 1e-3,
+           optimizer: str = "adamw") -> Step:
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = (torch.optim.AdamW(params, lr=lr, foreach=False) if optimizer == "adamw"
+           else torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=False))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_of().backward()
+        opt.step()
+
+    return step
+
+
+def _infer(model: torch.nn.Module, forward: Callable[[], object]) -> Step:
+    model.eval()
+
+    def step() -> None:
+        with torch.no_grad():
+            forward()
+
+    return step
+
+
+def gpt2(train: bool) -> Step:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=2000, n_positions=128)
+    model = GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 64))
+    if train:
+        return _train(model, lambda: model(input_ids=ids, labels=ids).loss)
+    return _infer(model, lambda: model(input_ids=ids))
+
+
+def bert(train: bool) -> Step:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=256, vocab_size=2000, num_labels=4)
+    model = BertForSequenceClassification(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (4, 64))
+    mask = torch.ones_like(ids)
+    labels = torch.randint(0, 4, (4,))
+    if train:
+        return _train(model, lambda: model(input_ids=ids, attention_mask=mask,
+                                           labels=labels).loss)
+    return _infer(model, lambda: model(input_ids=ids, attention_mask=mask))
+
+
+def vit(train: bool) -> Step:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=64, patch_size=8, hidden_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=256, num_labels=10)
+    model = ViTForImageClassification(cfg)
+    x = torch.randn(4, 3, 64, 64)
+    labels = torch.randint(0, 10, (4,))
+    if train:
+        return _train(model, lambda: model(pixel_values=x, labels=labels).loss)
+    return _infer(model, lambda: model(pixel_values=x))
+
+
+def resnet(train: bool) -> Step:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                       num_labels=10)
+    model = ResNetForImageClassification(cfg)
+    x = torch.randn(4, 3, 64, 64)
+    labels = torch.randint(0, 10, (4,))
+    if train:
+        return _train(model, lambda: model(pixel_values=x, labels=labels).loss,
+                      lr=0.01, optimizer="sgd")
+    return _infer(model, lambda: model(pixel_values=x))
+
+
+def lstm(train: bool) -> Step:
+    rnn = torch.nn.LSTM(64, 128, num_layers=2, batch_first=True)
+    head = torch.nn.Linear(128, 10)
+    model = torch.nn.ModuleList([rnn, head])
+    x = torch.randn(8, 32, 64)
+    y = torch.randint(0, 10, (8,))
+
+    def forward() -> torch.Tensor:
+        out, _ = rnn(x)
+        return head(out[:, -1])
+
+    if train:
+        return _train(model, lambda: torch.nn.functional.cross_entropy(forward(), y))
+    return _infer(model, forward)
+
+
+def transformer_encoder(train: bool) -> Step:
+    layer = torch.nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=256,
+                                             batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    x = torch.randn(4, 64, 128)
+    if train:
+        return _train(model, lambda: model(x).pow(2).mean())
+    return _infer(model, lambda: model(x))
+
+
+def recommender(train: bool) -> Step:
+    tables = torch.nn.ModuleList(torch.nn.EmbeddingBag(5000, 32, mode="sum")
+                                 for _ in range(4))
+    mlp = torch.nn.Sequential(torch.nn.Linear(4 * 32 + 16, 128), torch.nn.ReLU(),
+                              torch.nn.Linear(128, 1))
+    model = torch.nn.ModuleList([tables, mlp])
+    batch, per_bag = 64, 8
+    indices = [torch.randint(0, 5000, (batch * per_bag,)) for _ in tables]
+    offsets = torch.arange(0, batch * per_bag, per_bag)
+    dense = torch.randn(batch, 16)
+    y = torch.rand(batch, 1)
+
+    def forward() -> torch.Tensor:
+        pooled = [t(i, offsets) for t, i in zip(tables, indices, strict=False)]
+        return mlp(torch.cat(pooled + [dense], dim=1))
+
+    if train:
+        return _train(model, lambda: torch.nn.functional.binary_cross_entropy_with_logits(
+            forward(), y), lr=0.01, optimizer="sgd")
+    return _infer(model, forward)
+
+
+MODELS: dict[str, Callable[[bool], Step]] = {
+    "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet, "lstm": lstm,
+    "transformer_enc": transformer_encoder, "recommender": recommender,
+}
+
+
+def _load_benchmark(path: Path) -> tuple[Step, dict]:
+    """The generated file as a module: one replay iteration as a callable."""
+    g = runpy.run_path(str(path), run_name="mystique_benchmark")
+    device = host = torch.device("cpu")
+    g["_RUNTIME"]["device"], g["_RUNTIME"]["host"] = device, host
+    g["_RUNTIME"]["host_gaps"] = GAPS != "off"
+    gens = {"cpu": torch.Generator("cpu").manual_seed(0)}
+    inputs = g["make_inputs"](device, host, gens)
+    replay = g["replay"]
+    return (lambda: replay(inputs, device, host)), {"g": g, "inputs": inputs}
+
+
+def _side_by_side(eager: Step, bench: Step, rounds: int) -> tuple[float, float]:
+    """Median ms of each, timed alternately (order flipped every round) after warm-up."""
+    for _ in range(3):
+        eager()
+        bench()
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for r in range(rounds):
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        for which in order:
+            fn = eager if which == 0 else bench
+            start = time.perf_counter()
+            fn()
+            times[which].append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def run_one(name: str, train: bool, work: Path) -> dict[str, object]:
+    torch.manual_seed(0)
+    label = f"{name}/{'train' if train else 'infer'}"
+    stem = label.replace("/", "_")
+    step = MODELS[name](train)
+    result = capture(step, work, name=stem, warmup=3, timing_iters=3, kineto=GAPS != "off")
+    bench_path = work / f"{stem}_bench.py"
+    kineto = {"off": None, "linked": result.kineto_path,
+              "profile": work / f"{stem}.profile.json"}[GAPS]
+    generate(result.et_path, bench_path, GenerateOptions(command_line="bench_fidelity"),
+             kineto=kineto)
+    bench, state = _load_benchmark(bench_path)
+    eager_ms, bench_ms = _side_by_side(step, bench, ROUNDS)
+    replay_et = work / f"{stem}_replay.et.json"
+    g = state["g"]
+    g["_record_et"](str(replay_et), state["inputs"], torch.device("cpu"), torch.device("cpu"))
+    original = op_multiset(result.et_path)
+    match = multiset_match(original, op_multiset(replay_et))
+    return {"model": label, "ops": sum(original.values()), "eager_ms": eager_ms,
+            "bench_ms": bench_ms, "error": (bench_ms - eager_ms) / eager_ms, "match": match}
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed: pip install -e '.[bench]' (make bench does)")
+        return 1
+    only = [m for m in os.environ.get("FIDELITY_ONLY", "").split(",") if m]
+    names = [m for m in MODELS if not only or m in only]
+    rows, crashes = [], []
+    header = (f"{'model':<24} {'ops':>5} {'eager ms':>9} {'bench ms':>9} {'error':>8} "
+              f"{'match':>8}")
+    print(header, flush=True)
+    with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
+        for name in names:
+            for train in (True, False):
+                try:
+                    row = run_one(name, train, Path(tmp))
+                except Exception as exc:  # a crash is a result: report it and go on
+                    label = f"{name}/{'train' if train else 'infer'}"
+                    crashes.append(label)
+                    print(f"{label:<24} CRASH {type(exc).__name__}: {str(exc)[:120]}")
+                    if os.environ.get("FIDELITY_DEBUG"):
+                        traceback.print_exc()
+                    continue
+                rows.append(row)
+                print(f"{row['model']:<24} {row['ops']:>5} {row['eager_ms']:>9.3f} "
+                      f"{row['bench_ms']:>9.3f} {row['error'] * 100:>+7.1f}% "
+                      f"{row['match'] * 100:>7.2f}%", flush=True)
+    if rows:
+        errors = [abs(r["error"]) for r in rows]
+        worst = max(rows, key=lambda r: abs(r["error"]))
+        print(f"median |error| {statistics.median(errors) * 100:.1f}% (target <= 3%), "
+              f"worst {abs(worst['error']) * 100:.1f}% ({worst['model']}, target <= 10%)")
+        low = [r["model"] for r in rows if r["match"] < 0.995]
+        print(f"op-multiset match >= 99.5% on {len(rows) - len(low)}/{len(rows)} models"
+              + (f" (below: {', '.join(low)})" if low else ""))
+    print(f"crashes: {len(crashes)}" + (f" ({', '.join(crashes)})" if crashes else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

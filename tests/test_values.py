@@ -1,0 +1,438 @@
+"""Input values: range inference per op family, recorded ranges and data, data-dependent
+sizes, and the capture/compare tools on a replay of a captured model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mystique_gen.capture import capture, capture_script
+from mystique_gen.compare import compare_traces, format_comparison, op_multiset
+from mystique_gen.emit.context import GenerateOptions
+from mystique_gen.emit.render import format_with_black
+from mystique_gen.generate import generate, generate_source
+from mystique_gen.ir import Init
+from mystique_gen.load.et import trace_from_document
+from mystique_gen.oprules import op_category
+from mystique_gen.passes.values import recorded_values
+from mystique_gen.pipeline import build_program
+from mystique_gen.tools_cli import main as tools_main
+from tests.conftest import last_json, run_benchmark
+from tests.tracebuilder import EMBEDDING, TraceBuilder
+
+INDEX_SELECT = "aten::index_select(Tensor self, int dim, Tensor index) -> Tensor"
+GATHER = ("aten::gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) "
+          "-> Tensor")
+NLL = ("aten::nll_loss(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, "
+       "SymInt ignore_index=-100) -> Tensor")
+BAG = ("aten::embedding_bag(Tensor weight, Tensor indices, Tensor offsets, "
+       "bool scale_grad_by_freq=False, int mode=0, bool sparse=False, "
+       "Tensor? per_sample_weights=None, bool include_last_offset=False) "
+       "-> (Tensor, Tensor, Tensor, Tensor)")
+NONZERO = "aten::nonzero(Tensor self) -> Tensor"
+WHERE = "aten::where(Tensor condition) -> Tensor[]"
+UNIQUE = ("aten::_unique2(Tensor self, bool sorted=True, bool return_inverse=False, "
+          "bool return_counts=False) -> (Tensor, Tensor, Tensor)")
+REPEAT = ("aten::repeat_interleave.self_Tensor(Tensor self, Tensor repeats, int? dim=None, "
+          "*, SymInt? output_size=None) -> Tensor")
+BINCOUNT = "aten::bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor"
+MASKED_SELECT = "aten::masked_select(Tensor self, Tensor mask) -> Tensor"
+INDEX = "aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"
+SEGMENT = ("aten::segment_reduce(Tensor data, str reduce, *, Tensor? lengths=None, "
+           "Tensor? indices=None, Tensor? offsets=None, int axis=0, bool unsafe=False, "
+           "Scalar? initial=None) -> Tensor")
+LOG = "aten::log(Tensor self) -> Tensor"
+BERNOULLI = "aten::bernoulli(Tensor self, *, Generator? generator=None) -> Tensor"
+
+
+def _program(b: TraceBuilder, resources=None):
+    return build_program(trace_from_document(b.doc(), name="t.json", sha256="0"), resources)
+
+
+def _init_of(program, dtype_first: str = "int64") -> Init:
+    inits = [s.init for s in program.storages if s.materialised and s.dtype == dtype_first]
+    assert len(inits) == 1, inits
+    return inits[0]
+
+
+# -- consumer bounds per op family ----------------------------------------------------
+
+
+@pytest.mark.parametrize("schema,shape,dim,bound", [
+    (INDEX_SELECT, (7, 3), 0, 7),
+    (INDEX_SELECT, (7, 3), 1, 3),
+    (GATHER, (5, 9), -1, 9),
+])
+def test_index_bounded_by_indexed_dim(schema, shape, dim, bound):
+    b = TraceBuilder()
+    idx = b.tensor((4,) if schema == INDEX_SELECT else (5, 2), dtype="int64")
+    out = b.tensor((2, 2))
+    b.op(schema, [b.tensor(shape), dim, idx], [out])
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == ("randint", 0, bound)
+
+
+def test_embedding_indices_and_loss_targets_intersect_when_shared():
+    b = TraceBuilder()
+    ids = b.tensor((6,), dtype="int64")
+    b.op(EMBEDDING, [b.tensor((50, 4)), ids], [b.tensor((6, 4))])
+    b.op(NLL, [b.tensor((6, 10)), ids], [b.tensor(())])
+    init = _init_of(_program(b))
+    assert (init.kind, init.high) == ("randint", 10)
+
+
+def test_bag_offsets_sorted_and_last_offset_fixed_when_included():
+    for include_last, kind in ((False, "offsets"), (True, "cuts")):
+        b = TraceBuilder()
+        indices, offsets = b.tensor((40,), dtype="int64"), b.tensor((9,), dtype="int32")
+        b.op(BAG, [b.tensor((100, 8)), indices, offsets, False, 0, False, None, include_last],
+             [b.tensor((8, 8)), b.tensor((0,), dtype="int64"), b.tensor((8,), dtype="int64"),
+              b.tensor((8,), dtype="int64")])
+        program = _program(b)
+        inits = {s.dtype: s.init for s in program.storages if s.materialised}
+        assert (inits["int64"].kind, inits["int64"].high) == ("randint", 100)
+        assert (inits["int32"].kind, inits["int32"].high) == (kind, 40)
+
+
+def test_bound_flows_back_through_a_selection():
+    """y[mask] feeds a loss: y itself must hold valid class indices."""
+    b = TraceBuilder()
+    y, mask = b.tensor((12,), dtype="int64"), b.tensor((12,), dtype="bool")
+    picked = b.tensor((5,), dtype="int64")
+    b.op(INDEX, [y, [mask]], [picked])
+    b.op(NLL, [b.tensor((5, 7)), picked], [b.tensor(())])
+    program = _program(b)
+    inits = {s.dtype: s.init for s in program.storages if s.materialised}
+    assert (inits["int64"].kind, inits["int64"].high) == ("randint", 7)
+    assert (inits["bool"].kind, inits["bool"].low) == ("mask", 5)
+
+
+# -- data-dependent output sizes -------------------------------------------------------
+
+
+@pytest.mark.parametrize("schema,in_dtype,outputs,expect", [
+    (NONZERO, "bool", [((9, 2), "int64")], ("mask", 9)),
+    (UNIQUE, "int64", [((4,), "int64"), ((0,), "int64"), ((0,), "int64")], ("distinct", 4)),
+    (BINCOUNT, "int64", [((13,), "int64")], ("span", 0)),
+])
+def test_input_filled_for_recorded_output_size(schema, in_dtype, outputs, expect):
+    b = TraceBuilder()
+    x = b.tensor((5, 6) if schema == NONZERO else (30,), dtype=in_dtype)
+    extra = [None, 0] if schema == BINCOUNT else ([True, False, False] if schema == UNIQUE
+                                                   else [])
+    b.op(schema, [x, *extra], [b.tensor(s, dtype=d) for s, d in outputs])
+    init = _init_of(_program(b), in_dtype)
+    assert (init.kind, init.low) == expect
+    if schema == BINCOUNT:
+        assert init.high == 12
+
+
+def test_where_mask_masked_select_and_repeats():
+    b = TraceBuilder()
+    cond, mask, reps = (b.tensor((4, 5), dtype="bool"), b.tensor((4, 5), dtype="uint8"),
+                        b.tensor((6,), dtype="int32"))
+    b.op(WHERE, [cond], [[b.tensor((7,), dtype="int64"), b.tensor((7,), dtype="int64")]])
+    b.op(MASKED_SELECT, [b.tensor((3, 4, 5)), mask], [b.tensor((24,))])
+    b.op(REPEAT, [b.tensor((6, 2)), reps, 0], [b.tensor((17, 2))])
+    inits = {s.dtype: s.init for s in _program(b).storages if s.materialised}
+    assert (inits["bool"].kind, inits["bool"].low) == ("mask", 7)
+    assert (inits["uint8"].kind, inits["uint8"].low) == ("mask", 8)  # 24 over 3 broadcasts
+    assert (inits["int32"].kind, inits["int32"].low) == ("sum", 17)
+
+
+def test_jagged_lengths_add_up_to_the_values():
+    b = TraceBuilder()
+    lengths = b.tensor((4,), dtype="int64")
+    b.op(SEGMENT, [b.tensor((10, 3)), "sum", lengths, None, None, 0], [b.tensor((4, 3))])
+    init = _init_of(_program(b))
+    assert (init.kind, init.low) == ("sum", 10)
+
+
+def test_float_rules_keep_values_finite():
+    b = TraceBuilder()
+    p, x = b.tensor((8,)), b.tensor((8,), dtype="float64")
+    b.op(BERNOULLI, [p, None], [b.tensor((8,))])
+    b.op(LOG, [x], [b.tensor((8,), dtype="float64")])
+    inits = {s.dtype: s.init for s in _program(b).storages if s.materialised}
+    assert (inits["float32"].low, inits["float32"].high) == (0.0, 1.0)
+    assert inits["float64"].low > 0
+
+
+# -- recorded ranges and data ----------------------------------------------------------
+
+
+def test_recorded_range_is_used_and_clipped_to_bounds():
+    b = TraceBuilder()
+    ids = b.tensor((6,), dtype="int64")
+    b.op(EMBEDDING, [b.tensor((50, 4)), ids], [b.tensor((6, 4))],
+         attrs={"tensor_range": '{"1":[3,90]}'})
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == ("span", 3, 49)
+
+
+def test_recorded_range_keys_count_tensors_in_lists():
+    b = TraceBuilder()
+    rows = b.tensor((3,), dtype="int64")
+    b.op(INDEX, [b.tensor((10, 4)), [rows]], [b.tensor((3, 4))],
+         attrs={"tensor_range": '{"1":[2,5]}'})
+    trace = trace_from_document(b.doc(), name="t.json", sha256="0")
+    assert recorded_values(trace).ordinals  # the node with a range was indexed
+    init = _init_of(build_program(trace))
+    assert (init.kind, init.low, init.high) == ("span", 2, 5)
+
+
+def test_malformed_range_names_node_and_field():
+    from mystique_gen.errors import TraceError
+
+    b = TraceBuilder()
+    node = b.op(EMBEDDING, [b.tensor((50, 4)), b.tensor((6,), dtype="int64")],
+                [b.tensor((6, 4))], attrs={"tensor_range": "{oops"})
+    with pytest.raises(TraceError) as err:
+        _program(b)
+    assert err.value.node_id == node and err.value.field == "tensor_range"
+
+
+def test_saved_data_is_embedded_and_black_stable(tmp_path):
+    b = TraceBuilder()
+    ids = b.tensor((5,), dtype="int64")
+    node = b.op(EMBEDDING, [b.tensor((100, 4)), ids], [b.tensor((5, 4))])
+    resources = tmp_path / "t.et_resources"
+    resources.mkdir()
+    values = [25, 37, 78, 68, 55]
+    (resources / f"nid_{node}_tid_1.dat").write_bytes(
+        b"".join(v.to_bytes(8, "little", signed=True) for v in values))
+    program = _program(b, resources)
+    init = _init_of(program)
+    assert (init.kind, init.low) == ("data", 1)
+    text = generate_source(program)
+    assert format_with_black(text) == text
+    namespace: dict = {}
+    exec(compile(text, "bench", "exec"), namespace)  # noqa: S102 - our own output
+    got = namespace["_data"](init.data.hex(), 1, torch.int64, "cpu")
+    assert got.tolist() == values
+
+
+# -- fill kinds at run time -----------------------------------------------------------
+
+
+def test_fill_kinds_produce_the_sizes_they_promise():
+    b = TraceBuilder()
+    b.op(NONZERO, [b.tensor((4,), dtype="bool")], [b.tensor((2, 1), dtype="int64")])
+    namespace: dict = {}
+    exec(compile(generate_source(build_program(  # noqa: S102 - our own output
+        trace_from_document(b.doc(), name="t", sha256="0"))), "bench", "exec"), namespace)
+    fill = namespace["_fill"]
+    gens = {"cpu": torch.Generator().manual_seed(0)}
+    assert int(fill(50, torch.bool, "cpu", "mask", 13, 0, gens).sum()) == 13
+    assert len(fill(50, torch.int64, "cpu", "distinct", 9, 0, gens).unique()) == 9
+    assert len(fill(50, torch.int64, "cpu", "runs", 6, 0, gens).unique_consecutive()) == 6
+    parts = fill(7, torch.int64, "cpu", "sum", 40, 0, gens)
+    assert int(parts.sum()) == 40 and int(parts.min()) >= 0
+    cuts = fill(6, torch.int64, "cpu", "cuts", 0, 30, gens)
+    assert cuts[0] == 0 and cuts[-1] == 30 and bool((cuts.diff() >= 0).all())
+    span = fill(20, torch.int64, "cpu", "span", 3, 11, gens)
+    assert int(span.min()) == 3 and int(span.max()) == 11
+    fit = namespace["_fit"]
+    rows = torch.tensor([[0, 1], [2, 0], [1, 1]])
+    fitted = fit(rows, [5, 2], [1, 5])
+    assert list(fitted.shape) == [5, 2] and fitted.stride() == (1, 5)
+    assert set(map(tuple, fitted.tolist())) <= set(map(tuple, rows.tolist()))
+    assert fit(rows, [3, 2], [2, 1]) is rows
+    assert [list(t.shape) for t in fit([rows[:, 0]], [[1]], [[1]])] == [[1]]
+
+
+# -- functional: captured models replay at the recorded shapes without ranges ----------
+
+
+class _MoE(torch.nn.Module):
+    """Top-k routing, then per-expert where + index + index_add_ (data-dependent rows)."""
+
+    def __init__(self, d: int = 16, experts: int = 4, k: int = 2):
+        super().__init__()
+        self.router = torch.nn.Linear(d, experts)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(experts))
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = torch.topk(torch.softmax(self.router(x), -1), self.k, dim=-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            out.index_add_(0, rows, expert(x[rows]) * weights[rows, slot, None])
+        return out
+
+
+def _embedding_moe_step():
+    torch.manual_seed(0)
+    emb, moe, head = torch.nn.Embedding(50, 16), _MoE(), torch.nn.Linear(16, 7)
+    params = [*emb.parameters(), *moe.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1)
+    ids, y = torch.randint(0, 50, (12,)), torch.randint(0, 7, (12,))
+    keep = torch.rand(12) > 0.3
+
+    def step() -> None:
+        opt.zero_grad()
+        h = moe(emb(ids))[keep]
+        used = emb.weight.index_select(0, torch.unique(ids)).sum()
+        (torch.nn.functional.cross_entropy(head(h), y[keep]) + used * 0).backward()
+        opt.step()
+
+    return step
+
+
+@pytest.mark.slow
+def test_embedding_and_moe_replay_at_recorded_shapes_without_ranges(tmp_path):
+    torch.set_num_threads(1)
+    result = capture(_embedding_moe_step(), tmp_path, name="moe", kineto=False,
+                     timing_iters=1, integral_ranges=False)
+    assert "tensor_range" not in result.et_path.read_text().replace('"tensor_range", "type":'
+                                                                    ' "string", "value": ""', "")
+    bench = tmp_path / "moe_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "_fit(" in text and '"mask"' in text and '"distinct"' in text
+    replay_et = tmp_path / "replay.et.json"
+    for seed in ("0", "1", "2"):  # other routings: rows are fitted, nothing crashes
+        proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                             "--json", "--seed", seed, "--et", str(replay_et))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert last_json(proc.stdout)["skipped_at_runtime"] == []
+    recorded = _op_shapes(result.et_path)
+    replayed = _op_shapes(replay_et)
+    # where's own result follows the replayed routing; _fit brings it to the recorded
+    # rows before anything reads it, so every consumer runs at the recorded shapes.
+    for name in ("aten::index", "aten::linear", "aten::index_add_", "aten::_unique2",
+                 "aten::cross_entropy_loss"):
+        assert recorded.get(name) and recorded.get(name) == replayed.get(name), name
+    assert op_multiset(result.et_path) == op_multiset(replay_et)
+
+
+def _op_shapes(path) -> dict[str, list]:
+    """Output shapes of every top-level op, by name, in order."""
+    from mystique_gen.emit.exprs import HARNESS_SCOPE
+    from mystique_gen.load.et import load_trace
+    from mystique_gen.passes.select import select_ops
+
+    shapes: dict[str, list] = {}
+    for sel in select_ops(load_trace(path)).ops:
+        if HARNESS_SCOPE not in sel.scope:
+            shapes.setdefault(sel.node.name, []).append([o.shape for o in sel.node.outputs])
+    return shapes
+
+
+# -- capture and compare ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_capture_script_then_compare_replay(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Flatten(),\n"
+        "                            torch.nn.Linear(32, 5))\n"
+        "opt = torch.optim.Adam(model.parameters())\n"
+        "for _ in range(50):\n"
+        "    x, y = torch.randint(0, 100, (8, 4)), torch.randint(0, 5, (8,))\n"
+        "    opt.zero_grad()\n"
+        "    torch.nn.functional.cross_entropy(model(x), y).backward()\n"
+        "    opt.step()\n"
+        "raise SystemExit('the capture should have ended the script before this')\n")
+    out = tmp_path / "cap"
+    assert tools_main(["capture", "-o", str(out), "--name", "tr", "--warmup", "2",
+                       "--timing-iters", "2", "--", "python", str(script)]) == 0
+    sidecar = json.loads((out / "tr.step.json").read_text())
+    assert sidecar["boundary"] == "optimizer step" and len(sidecar["step_ms"]) == 2
+    assert sidecar["step_ms_median"] > 0
+    assert "tensor_range" in (out / "tr.et.json").read_text()
+    bench = out / "bench.py"
+    generate(out / "tr.et.json", bench, GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3",
+                         "--et", str(out / "replay.et.json"), "--profile", str(out / "prof"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    capsys.readouterr()
+    assert tools_main(["compare", str(out / "tr.et.json"), str(out / "replay.et.json"),
+                       "--kineto-original", str(out / "tr.profile.json"),
+                       "--kineto-replay", str(out / "prof" / "kineto_trace.json"),
+                       "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["op_multiset_match"] == 1.0 and report["differences"] == []
+    assert report["replay_iterations"] == 3
+    assert report["category_ms"]["matmul"]["original"] > 0
+    assert report["category_ms"]["matmul"]["replay"] > 0
+    assert report["e2e_error"] is not None
+
+    c = compare_traces(out / "tr.et.json", out / "replay.et.json")
+    assert "100.00%" in format_comparison(c)
+
+
+def test_capture_script_too_short_is_a_clean_error(tmp_path, capsys):
+    script = tmp_path / "short.py"
+    script.write_text("import torch\nm = torch.nn.Linear(2, 2)\n"
+                      "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(2):\n    m(torch.ones(1, 2)).sum().backward()\n"
+                      "    o.step()\n")
+    from mystique_gen.capture import ScriptError
+
+    with pytest.raises(ScriptError, match="made 2 optimizer steps"):
+        capture_script(["python", str(script)], tmp_path / "o", warmup=1, timing_iters=1)
+    assert tools_main(["capture", "-o", str(tmp_path / "o"), "--", "python",
+                       str(tmp_path / "missing.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _two_traces(tmp_path):
+    a, b = TraceBuilder(), TraceBuilder()
+    for builder, n in ((a, 3), (b, 2)):
+        for _ in range(n):
+            builder.op(LOG, [builder.tensor((4,))], [builder.tensor((4,))])
+    return a.write(tmp_path / "a.json"), b.write(tmp_path / "b.json")
+
+
+def test_compare_counts_differences(tmp_path):
+    pa, pb = _two_traces(tmp_path)
+    c = compare_traces(pa, pb)
+    assert c.differences == [("aten::log", 3, 2)] and abs(c.match - 2 / 3) < 1e-9
+
+
+@pytest.mark.skipif(_has_matplotlib(), reason="matplotlib installed: no error to give")
+def test_plot_without_matplotlib_is_a_clean_error(tmp_path, capsys):
+    pa, pb = _two_traces(tmp_path)
+    assert tools_main(["compare", str(pa), str(pb), "--kineto-original", str(pa),
+                       "--kineto-replay", str(pb), "--plot", str(tmp_path / "x.png")]) == 2
+    assert "matplotlib" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not _has_matplotlib(), reason="matplotlib (the plot extra) not installed")
+def test_plot_draws_categories(tmp_path):
+    from mystique_gen.compare import Comparison, KinetoTimes, plot_comparison
+
+    times = KinetoTimes({"matmul": 2.0, "memory": 0.5}, 3.0, 10, 1, False)
+    c = Comparison(1.0, 10, 10, [], times, KinetoTimes({"matmul": 1.8}, 2.7, 10, 5, False))
+    plot_comparison(c, tmp_path / "x.png")
+    assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_op_categories():
+    assert [op_category(n) for n in ("aten::addmm", "aten::convolution_backward",
+                                     "aten::add_", "aten::sum", "aten::cat",
+                                     "c10d::allreduce_", "aten::_foreach_mul_",
+                                     "aten::t", "aten::tanh")] == [
+        "matmul", "conv", "elementwise", "reduction", "memory", "communication",
+        "optimizer", "memory", "elementwise"]
+
+
+def test_data_fill_needs_a_width():
+    from mystique_gen.emit.valuefill import data_call
+
+    with pytest.raises(ValueError):
+        data_call(Init("data", 3, 1, "", b"\x00"), "int64", "device")
