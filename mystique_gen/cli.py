@@ -9,12 +9,13 @@ import shlex
 import sys
 import traceback
 import warnings
-from pathlib import Path
 
 from mystique_gen import __version__
 from mystique_gen.errors import MystiqueError
+from mystique_gen.options import add_build_arguments
 
-SUBCOMMANDS = ("generate", "inspect")
+SUBCOMMANDS = ("generate", "inspect", "capture", "compare")
+TOOL_COMMANDS = ("capture", "compare")  # in mystique_gen/tools_cli.py
 
 
 def _generate_parser() -> argparse.ArgumentParser:
@@ -24,8 +25,13 @@ def _generate_parser() -> argparse.ArgumentParser:
         f"Other commands: {', '.join(SUBCOMMANDS[1:])} (see 'mystique-gen COMMAND --help').",
         epilog="example: mystique-gen trace.json.gz -o bench.py && python bench.py --json",
     )
-    p.add_argument("trace", help="execution trace (.json or .json.gz)")
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="execution trace (.json or .json.gz), or a directory of per-rank "
+                   "traces; several: the ranks of one job (one benchmark for all ranks, "
+                   "run it under torchrun), otherwise they need --compose")
     p.add_argument("-o", "--output", required=True, help="benchmark file to write")
+    add_build_arguments(p)
+    _add_kineto_arguments(p, threads=True)
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     p.add_argument("--version", action="version", version=f"mystique-gen {__version__}")
     return p
@@ -37,10 +43,24 @@ def _inspect_parser() -> argparse.ArgumentParser:
         description="Summarise a trace and what a benchmark of it would replay.",
         epilog="example: mystique-gen inspect trace.json.gz --json",
     )
-    p.add_argument("trace", help="execution trace (.json or .json.gz)")
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="execution trace (.json or .json.gz); several need --compose")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_build_arguments(p)
+    _add_kineto_arguments(p, threads=False)
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
+
+
+def _add_kineto_arguments(p: argparse.ArgumentParser, *, threads: bool) -> None:
+    g = p.add_argument_group("timing, streams and threads")
+    g.add_argument("--kineto", metavar="KINETO",
+                   help="Kineto (profiler) trace of the same run: per-op timing, streams, "
+                        "host gaps and the original step time (passes/link.py)")
+    if threads:
+        g.add_argument("--threads", action="store_true",
+                       help="replay each recorded host thread on its own Python thread, "
+                            "waiting for the recorded cross-thread dependencies")
 
 
 def command_line(argv: list[str]) -> str:
@@ -52,26 +72,42 @@ def command_line(argv: list[str]) -> str:
 def run_generate(args: argparse.Namespace, argv: list[str]) -> int:
     from mystique_gen.emit.context import GenerateOptions
     from mystique_gen.generate import generate
+    from mystique_gen.options import build_options, default_device, device_lines
 
-    options = GenerateOptions(command_line=command_line(argv))
-    generate(args.trace, args.output, options)
+    device = default_device(args)
+    options = GenerateOptions(command_line=command_line(argv), default_device=device,
+                              filters=device_lines(device))
+    generate(args.traces, args.output, options, build=build_options(args),
+             kineto=args.kineto, threads=args.threads)
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from mystique_gen.load.et import load_trace
-    from mystique_gen.pipeline import build_program
+    from mystique_gen.options import build_options, default_device
+    from mystique_gen.passes.compose import inspect_traces
     from mystique_gen.report import format_summary, summarize
 
-    trace = load_trace(args.trace)
-    summary = summarize(trace, build_program(trace))
+    default_device(args)  # validated as generate would
+    trace, program = inspect_traces(args.traces, build_options(args))
+    summary = summarize(trace, program)
+    if args.kineto:
+        from mystique_gen.passes.link import timing_summary
+        from mystique_gen.passes.streams import schedule_program
+
+        if len(args.traces) != 1:
+            raise MystiqueError("--kineto links one trace; it cannot go with --compose")
+        summary.update(timing_summary(schedule_program(program, trace, args.kineto)))
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TOOL_COMMANDS:
+        from mystique_gen.tools_cli import main as tools_main
+
+        return tools_main(argv)
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "generate"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     if command == "inspect":
@@ -82,9 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("default")
         warnings.formatwarning = lambda msg, *a, **k: f"mystique-gen: warning: {msg}\n"
         try:
-            if command == "inspect":
-                return run_inspect(args)
-            return run_generate(args, rest)
+            from mystique_gen.progress import session
+
+            with session():  # collector relaxed; a progress bar when stderr is a tty
+                if command == "inspect":
+                    return run_inspect(args)
+                return run_generate(args, rest)
         except MystiqueError as exc:
             if args.debug:
                 traceback.print_exc()

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
-from typing import Union
+from typing import TYPE_CHECKING
 
 from mystique_gen.schema import ArgSpec, Signature
 
+if TYPE_CHECKING:
+    from mystique_gen.distributed import CommInfo, DistInfo
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)  # slots: a million-op program holds millions
 class TensorMeta:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
@@ -33,7 +36,8 @@ class TensorMeta:
         """Elements of storage this view needs: offset + largest index + 1."""
         if self.numel == 0:
             return self.offset
-        return self.offset + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.strides)) + 1
+        spans = zip(self.shape, self.strides, strict=True)
+        return self.offset + sum((n - 1) * abs(s) for n, s in spans) + 1
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -52,6 +56,7 @@ class Init:
     low: float | int = 0
     high: float | int = 1
     why: str = ""  # provenance, e.g. "aten::embedding_bag indices < 1000 rows"
+    data: bytes = b""  # kind "data": recorded values, little-endian ints of ``low`` bytes
 
 
 @dataclass(eq=False)
@@ -73,7 +78,7 @@ class Storage:
 
 
 # Where a tensor's value comes from at run time.
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class InputView:
     """A view of a materialised storage, built once before timing."""
 
@@ -81,7 +86,7 @@ class InputView:
     meta: TensorMeta
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpOutput:
     """Returned by a replayed op: ``path`` indexes into the op's result."""
 
@@ -89,7 +94,7 @@ class OpOutput:
     path: tuple[int, ...]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class DerivedView:
     """A view of a produced storage that no replayed op returned: ``as_strided`` of ``base``."""
 
@@ -97,10 +102,10 @@ class DerivedView:
     meta: TensorMeta
 
 
-Binding = Union[InputView, OpOutput, DerivedView]
+Binding = InputView | OpOutput | DerivedView
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class TensorValue:
     trace_id: int
     storage_id: int
@@ -109,19 +114,19 @@ class TensorValue:
     storage: Storage | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Literal:
     value: int | float | bool | str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TorchConstant:
     """``torch.<name>``: a dtype, layout or memory format."""
 
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceValue:
     """A device argument, by kind ("cpu", "cuda"); the trace's main kind becomes the
     benchmark's ``--device`` and "cpu" stays on the host."""
@@ -129,21 +134,21 @@ class DeviceValue:
     kind: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ListValue:
     items: tuple[Value, ...]
 
 
-Value = Union[Literal, TorchConstant, DeviceValue, ListValue, TensorValue]
+Value = Literal | TorchConstant | DeviceValue | ListValue | TensorValue
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Arg:
     spec: ArgSpec
     value: Value
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Op:
     index: int  # position in replay order
     node_id: int
@@ -155,10 +160,63 @@ class Op:
     guard: str | None = None  # why this op may be unavailable at run time
     derive_before: list[DerivedView] = field(default_factory=list)  # views made just before
     free_after: list[Binding] = field(default_factory=list)  # variables last read here
+    # Schedule (passes/streams.py; issue 6's --compose sets ``thread``/``stream`` too):
+    # ``thread`` above is the host thread that issues the op (one replay unit per thread
+    # when Program.threaded); ``stream`` the recorded stream its device work ran on, None
+    # for the replay's current stream. Waits name ops by ``index``.
+    stream: int | None = None
+    stream_waits: list[int] = field(default_factory=list)  # ops on other streams to wait for
+    thread_waits: list[int] = field(default_factory=list)  # ops on other threads to wait for
+    timing: OpTiming | None = None  # facts from the Kineto trace (passes/link.py)
+    comm: CommInfo | None = None  # a torch.distributed call (passes/comms.py)
 
     @property
     def name(self) -> str:
         return self.signature.qualified_name
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One GPU activity (kernel, memcpy, memset) an op launched, from Kineto."""
+
+    name: str
+    stream: int
+    dur_us: float
+
+
+@dataclass
+class OpTiming:
+    """Recorded durations of one replayed op, in microseconds."""
+
+    cpu_us: float  # inclusive CPU time of the op
+    cpu_self_us: float  # exclusive: minus the CPU ops it called
+    gap_us: float | None = None  # host time on its thread since the previous top-level op
+    kernels: tuple[KernelRecord, ...] = ()
+
+    @property
+    def gpu_us(self) -> float:
+        return sum(k.dur_us for k in self.kernels)
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A recorded stream: how many replayed ops run on it and how many kernels it ran."""
+
+    stream: int
+    ops: int
+    kernels: int
+    main: bool  # the replay's current stream (ops on it carry ``stream=None``)
+
+
+@dataclass
+class ProgramTiming:
+    """The Kineto trace linked to the program and its end-to-end duration."""
+
+    kineto: str  # file name
+    sha256: str
+    original_ms: float  # first linked op start to last op/kernel end
+    linked_ops: int
+    link_methods: dict[str, int] = field(default_factory=dict)  # method -> ops linked
 
 
 @dataclass(frozen=True)
@@ -188,6 +246,10 @@ class Program:
     peak_bytes: int = 0  # estimated peak memory of one iteration, inputs included
     filters: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    timing: ProgramTiming | None = None  # set when a Kineto trace is linked
+    streams: list[StreamInfo] = field(default_factory=list)  # recorded streams, main first
+    threaded: bool = False  # replay each distinct Op.thread on its own Python thread
+    distributed: DistInfo | None = None  # ranks and process groups (passes/ranks.py)
 
 
 def iter_tensors(value: Value):

@@ -45,6 +45,7 @@ def summarize(trace: RawTrace, program: Program) -> dict[str, Any]:
             for s in program.not_replayed
         ],
         "guarded_ops": dict(sorted(Counter(op.name for op in program.ops if op.guard).items())),
+        "filters": program.filters,  # what --mode/--include/--compose/... kept and changed
         "notes": program.notes,
     }
 
@@ -60,6 +61,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"deps       {summary['dependency_edges']} edges, critical path "
         f"{summary['critical_path_ops']} of {summary['selected_ops']} ops",
         "",
+    ]
+    if summary.get("filters"):
+        lines += ["filters applied:"] + [f"  {f}" for f in summary["filters"]] + [""]
+    lines += [
         "ops by name:",
     ]
     width = max((len(k) for k in summary["ops_by_name"]), default=0)

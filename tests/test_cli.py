@@ -27,10 +27,11 @@ def test_generate_writes_a_benchmark(tmp_path, capsys):
 def test_inspect_json_reports_selection_and_skips(tmp_path, capsys):
     assert main(["inspect", str(_trace(tmp_path)), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["selected_ops"] == 2
-    assert summary["ops_by_name"] == {"aten::mm": 1, "aten::relu": 1}
+    # The barrier is replayed with torch.distributed (issue 5), not skipped.
+    assert summary["selected_ops"] == 3
+    assert summary["ops_by_name"] == {"aten::mm": 1, "aten::relu": 1, "c10d::barrier": 1}
     assert summary["communication_ops"] == {"c10d::barrier": 1}
-    assert summary["not_replayed"][0]["name"] == "c10d::barrier"
+    assert summary["not_replayed"] == []
 
 
 def test_inspect_text(tmp_path, capsys):

@@ -34,7 +34,9 @@ def test_replay_matches_original_op_multiset(model, tmp_path):
         for node in ast.walk(ast.parse(text))
         if isinstance(node, ast.ImportFrom) and node.module
     }
-    assert imports <= {"torch", "argparse", "json", "os", "statistics", "sys", "time"}
+    # threading: imported inside the harness's _run_threads (replay --threads).
+    assert imports <= {"torch", "argparse", "json", "os", "statistics", "sys", "threading",
+                       "time"}
 
     replay_et = tmp_path / "replay.et.json"
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",

@@ -8,9 +8,9 @@ import pytest
 
 from mystique_gen.cli import command_line
 from mystique_gen.emit.context import GenerateOptions
+from mystique_gen.emit.render import format_with_black
 from mystique_gen.generate import generate_source
 from mystique_gen.pipeline import compile_trace
-from mystique_gen.emit.render import format_with_black
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -25,14 +25,16 @@ def test_call_layouts_match_black(n_args, prefix):
 
 def test_list_argument_is_exploded_like_black():
     tensors = exprs.list_display([Atom(f"t{i}") for i in range(30)])
-    call = exprs.call("aten__foreach_add__List", [tensors, tensors, exprs.keyword("alpha", Atom("0.5"))])
+    alpha = exprs.keyword("alpha", Atom("0.5"))
+    call = exprs.call("aten__foreach_add__List", [tensors, tensors, alpha])
     lines = lay_out("", call, 1)
     assert len(lines) > 30
     _black_stable(lines)
 
 
 def test_single_long_argument_splits_recursively():
-    inner = exprs.call("torch.ops.aten.some_operator.default", [Atom(f"value_{i}") for i in range(12)])
+    values = [Atom(f"value_{i}") for i in range(12)]
+    inner = exprs.call("torch.ops.aten.some_operator.default", values)
     _black_stable(lay_out("result = ", exprs.call("_guarded", [inner]), 1))
 
 

@@ -89,7 +89,8 @@ def test_selection_descends_wrappers_and_keeps_first_schema_node():
     b.op(RELU, [out], [b.tensor((4, 4))], parent=grad_fn, tid=2)
     sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
     assert [s.node.name for s in sel.ops] == ["aten::mm", "aten::relu"]
-    assert sel.ops[1].scope == ("ProfilerStep#3", "autograd::engine::evaluate_function: MmBackward0")
+    backward = "autograd::engine::evaluate_function: MmBackward0"
+    assert sel.ops[1].scope == ("ProfilerStep#3", backward)
     assert sel.threads == [1, 2]
 
 

@@ -12,8 +12,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from mystique_gen import __version__
-from mystique_gen.emit import exprs
-from mystique_gen.emit.layout import Atom, Group, Node, flat, lay_out
+from mystique_gen.emit import comms, exprs, schedule, valuefill
+from mystique_gen.emit.layout import INDENT, Atom, Group, Node, flat, lay_out
 from mystique_gen.emit.names import Namespace
 from mystique_gen.ir import (
     Binding,
@@ -32,7 +32,7 @@ from mystique_gen.ir import (
     Value,
     iter_tensors,
 )
-from mystique_gen.passes.tensors import binding_root, output_paths
+from mystique_gen.passes.tensors import binding_root
 
 BODY_DEPTH = 1  # statements live inside a function body
 
@@ -61,15 +61,23 @@ class BenchmarkContext:
     required_bytes: int
     primary_device: str
     op_counts: dict[str, int] = field(default_factory=dict)
+    original_lines: list[str] = field(default_factory=lambda: ["ORIGINAL = None"])
+    dist: comms.DistContext | None = None  # set for a distributed benchmark
+    default_device: str = "None"  # literal: the benchmark's default --device, None to detect
 
 
 @dataclass
 class GenerateOptions:
     command_line: str = "mystique-gen"
     filters: list[str] = field(default_factory=list)
+    default_device: str | None = None  # written into the file as --device's default
 
 
 def build_context(program: Program, options: GenerateOptions | None = None) -> BenchmarkContext:
+    if program.distributed is not None:  # torch.distributed replay, one rank (multirank.py)
+        from mystique_gen.multirank import build_distributed_context
+
+        return build_distributed_context([program], [program.distributed.rank or 0], options)
     return _ContextBuilder(program, options or GenerateOptions()).build()
 
 
@@ -83,6 +91,14 @@ class _ContextBuilder:
         self.input_names: list[str] = []
         self.replay_lines: list[str] = []
         self.fallback_rows: list[Node] = []
+        self.read_roots = self._read_roots()
+
+    def start_program(self, program: Program) -> None:
+        """Build another program (a rank) into the same file: operator handles,
+        fallbacks and names stay shared, the function bodies start afresh."""
+        self.program = program
+        self.ns = self.ns.fork(lambda key: isinstance(key, tuple) and key[0] == "op")
+        self.input_lines, self.input_names, self.replay_lines = [], [], []
         self.read_roots = self._read_roots()
 
     # -- naming -------------------------------------------------------------------
@@ -153,6 +169,8 @@ class _ContextBuilder:
 
     def _fill(self, storage: Storage) -> Node:
         init = storage.init
+        if init is not None and init.kind == "data":
+            return valuefill.data_call(init, storage.dtype, self.device_expr(storage.device))
         kind, low, high = (init.kind, init.low, init.high) if init else ("zeros", 0, 0)
         return exprs.call("_fill", [
             Atom(str(storage.extent)),
@@ -165,14 +183,20 @@ class _ContextBuilder:
         ])
 
     # -- statements -----------------------------------------------------------------
-    def op_statement(self, op: Op) -> list[str]:
-        lines: list[str] = []
+    def op_statement(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
+        """The op's statements at indentation ``depth`` (deeper inside a stream block
+        or a host-thread function, see emit/schedule.py)."""
+        lines: list[str] = comms.waits_before(self, op, depth)  # async collectives' waits
         if op.derive_before:
-            lines.append("    with _harness():")
+            lines.append(INDENT * depth + "with _harness():")
         for view in op.derive_before:
             name = self.ns.numbered(_key(view), "v")
             base = self.binding_expr(view.base)
-            lines.extend(lay_out(f"{name} = ", _as_strided(base, view.meta), BODY_DEPTH + 1))
+            lines.extend(lay_out(f"{name} = ", _as_strided(base, view.meta), depth + 1))
+        if op.comm is not None:  # a torch.distributed call (emit/comms.py)
+            lines.extend(comms.call_lines(self, op, depth))
+            lines.extend(self._frees(op, depth))
+            return lines + comms.waits_at_end(self, op, depth)
         args: list[Node] = []
         for arg in op.args:
             node = self.value(arg.value)
@@ -191,9 +215,10 @@ class _ContextBuilder:
             call = exprs.call(handle, args)
         targets = self._targets(op)
         prefix = f"{', '.join(targets)} = " if any(t != "_" for t in targets) else ""
-        lines.extend(lay_out(prefix, call, BODY_DEPTH))
-        lines.extend(self._frees(op))
-        return lines
+        lines.extend(lay_out(prefix, call, depth))
+        lines.extend(valuefill.fit_lines(op, targets, depth))
+        lines.extend(self._frees(op, depth))
+        return lines + comms.waits_at_end(self, op, depth)
 
     def _targets(self, op: Op) -> list[str]:
         targets = []
@@ -205,21 +230,22 @@ class _ContextBuilder:
                 targets.append("_")
         return targets
 
-    def _frees(self, op: Op) -> list[str]:
+    def _frees(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
         names = []
         for root in op.free_after:
             key = _key(root)
-            if key in self.ns and key in self.read_roots | self._derived_keys(root):
+            if key in self.ns and (key in self.read_roots or key in self._derived_keys(root)):
                 names.append(self.ns.get(key))
+        indent = INDENT * depth
         lines, chunk = [], []
         for name in names:
             candidate = chunk + [name]
-            if len("    del " + ", ".join(candidate)) > 88 and chunk:
-                lines.append("    del " + ", ".join(chunk))
+            if len(indent + "del " + ", ".join(candidate)) > 88 and chunk:
+                lines.append(indent + "del " + ", ".join(chunk))
                 candidate = [name]
             chunk = candidate
         if chunk:
-            lines.append("    del " + ", ".join(chunk))
+            lines.append(indent + "del " + ", ".join(chunk))
         return lines
 
     @staticmethod
@@ -243,11 +269,14 @@ class _ContextBuilder:
 
     def build(self) -> BenchmarkContext:
         previous_scope: tuple[str, ...] | None = None
-        for op in self.program.ops:
-            if op.scope != previous_scope and op.scope:
-                self.replay_lines.append("    " + exprs.comment(op.scope[-1]))
-            previous_scope = op.scope
-            self.replay_lines.extend(self.op_statement(op))
+        if schedule.uses_schedule(self.program):  # streams, host threads or host gaps
+            self.replay_lines.extend(schedule.replay_lines(self))
+        else:
+            for op in self.program.ops:
+                if op.scope != previous_scope and op.scope:
+                    self.replay_lines.append("    " + exprs.comment(op.scope[-1]))
+                previous_scope = op.scope
+                self.replay_lines.extend(self.op_statement(op))
         self.input_lines.extend(
             lay_out("return ", exprs.list_display([Atom(n) for n in self.input_names]),
                     BODY_DEPTH))
@@ -266,6 +295,8 @@ class _ContextBuilder:
             required_bytes=required,
             primary_device=program.primary_device,
             op_counts=dict(Counter(op.name for op in program.ops)),
+            original_lines=schedule.original_lines(program),
+            default_device=exprs.scalar_literal(self.options.default_device),
         )
 
     def _trace_fields(self) -> list[str]:
@@ -293,14 +324,15 @@ class _ContextBuilder:
             f"  schema: {d(t.schema)}",
             f"  nodes: {t.node_count}",
             f"Command: {d(self.options.command_line, 200)}",
-            f"Replayed ops: {len(p.ops)} on {len(p.threads)} host thread(s) in node order",
+            f"Replayed ops: {len(p.ops)} on {len(p.threads)} host thread(s) "
+            + ("each on its own thread (--threads)" if p.threaded else "in node order"),
             f"Recorded devices: {', '.join(p.devices) or 'none'} "
             f"(--device replaces {p.primary_device})",
             f"Estimated peak memory: {_human_bytes(p.peak_bytes)}",
             "",
             "Filters applied:",
         ]
-        lines += [f"  - {d(f)}" for f in self.options.filters + p.filters] or ["  - none"]
+        lines += [f"  - {d(f, 300)}" for f in self.options.filters + p.filters] or ["  - none"]
         lines += ["", "Ops not replayed:"]
         if not p.not_replayed:
             lines.append("  - none")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 import keyword
 import re
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 # Names the harness template defines or uses; generated names must not shadow them.
 RESERVED = frozenset(
@@ -51,6 +51,15 @@ class Namespace:
             n += 1
             name = f"{base}_{n}"
         return self._claim(key, name)
+
+    def fork(self, keep: Callable[[Hashable], bool]) -> Namespace:
+        """A namespace for another function body of the same file: the names of the
+        keys ``keep`` accepts (module-level ones) stay taken, local ones start afresh."""
+        ns = Namespace()
+        for key, name in self._by_key.items():
+            if keep(key):
+                ns._claim(key, name)
+        return ns
 
     def get(self, key: Hashable) -> str:
         return self._by_key[key]

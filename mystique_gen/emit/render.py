@@ -18,6 +18,7 @@ from mystique_gen.emit.exprs import HARNESS_SCOPE, str_literal
 from mystique_gen.errors import MystiqueError
 
 TEMPLATE = "benchmark.py.j2"
+DIST_TEMPLATE = "distributed.py.j2"  # extends TEMPLATE (torch.distributed replay)
 BLACK_LINE_LENGTH = 88
 
 
@@ -39,10 +40,33 @@ def environment() -> jinja2.Environment:
 
 
 def render(context: BenchmarkContext) -> str:
-    text = environment().get_template(TEMPLATE).render(harness_scope=HARNESS_SCOPE,
-                                                       **vars(context))
-    check_syntax(text)
+    """The benchmark file, checked: it parses and calls only torch and the harness."""
+    from mystique_gen import progress
+    from mystique_gen.emit.check import check_source
+
+    progress.phase("rendering")
+    text = render_text(context)
+    progress.phase("checking the output")
+    check_source(text, dist_harness_facts() if context.dist is not None else None)
     return text
+
+
+@lru_cache(maxsize=1)
+def dist_harness_facts():
+    """The safety check's reference for distributed files: their own template's harness."""
+    from mystique_gen.emit.check import gather
+    from mystique_gen.multirank import reference_context
+
+    facts = gather(render_text(reference_context()))
+    facts.handles.clear()
+    return facts
+
+
+def render_text(context: BenchmarkContext) -> str:
+    """The template rendered, unchecked (the checker renders its reference with this)."""
+    name = TEMPLATE if context.dist is None else DIST_TEMPLATE
+    return environment().get_template(name).render(harness_scope=HARNESS_SCOPE,
+                                                   **vars(context))
 
 
 def check_syntax(text: str) -> ast.Module:

@@ -9,6 +9,7 @@ become :class:`NotReplayed` values; malformed records raise :class:`TraceError`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -37,12 +38,20 @@ from mystique_gen.load.et import RawArg
 from mystique_gen.passes.select import Selected
 from mystique_gen.schema import SchemaError, Signature, parse_signature
 
+# Lowers one c10d op (passes/comms.py): (selected node, signature, op index).
+CommHook = Callable[[Selected, Signature, int], "Op | NotReplayed"]
+
+
+INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+
 
 class Unsupported(Exception):
     """This node cannot be replayed; the message is the reason."""
 
 
-def lower_ops(selected: list[Selected]) -> tuple[list[Op], list[NotReplayed]]:
+def lower_ops(selected: list[Selected], comm: CommHook | None = None,
+              ) -> tuple[list[Op], list[NotReplayed]]:
+    """``comm`` lowers ``c10d::`` ops (passes/comms.py); without it they are not replayed."""
     ops: list[Op] = []
     skipped: list[NotReplayed] = []
     for sel in selected:
@@ -51,6 +60,13 @@ def lower_ops(selected: list[Selected]) -> tuple[list[Op], list[NotReplayed]]:
             sig = parse_signature(node.op_schema)
         except SchemaError as exc:
             skipped.append(NotReplayed(node.id, _short(node.name), str(exc)))
+            continue
+        if comm is not None and sig.namespace == "c10d":
+            lowered = comm(sel, sig, len(ops))
+            if isinstance(lowered, Op):
+                ops.append(lowered)
+            else:
+                skipped.append(lowered)
             continue
         reason = _not_replayed_reason(sig)
         if reason:
@@ -104,7 +120,7 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int) -> list[A
         raise Unsupported(
             f"{len(recorded)} inputs recorded but the schema takes {len(sig.args)}")
     args = []
-    for i, (spec, raw) in enumerate(zip(sig.args, recorded)):
+    for i, (spec, raw) in enumerate(zip(sig.args, recorded, strict=False)):
         value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]")
         args.append(Arg(spec, value))
     missing = [s.name for s in sig.args[len(recorded):] if not s.has_default]
@@ -219,23 +235,26 @@ def _number(value: Any, kinds: tuple[type, ...], node_id: int, where: str) -> in
     if not isinstance(value, kinds):
         raise TraceError(f"expected a number, got {type(value).__name__}", node_id=node_id,
                          field=where)
-    return value
+    if type(value) is int and not INT64_MIN <= value <= UINT64_MAX:
+        raise Unsupported(f"{where}: integer {str(value)[:24]} is outside 64 bits")
+    return value  # NaN and infinities are emitted as float("nan") etc.
 
 
 def _device_kind(text: str, node_id: int, where: str) -> str:
     kind = text.split(":", 1)[0]
-    if not kind.isidentifier() or len(kind) > 16:
+    if not (kind.isascii() and kind.isidentifier()) or len(kind) > 16:
         raise TraceError(f"not a device: {text[:30]!r}", node_id=node_id, field=where)
     return kind
 
 
 def _int_list(value: Any, node_id: int, where: str, *, signed: bool) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
+    # type() is int: a bool is not a size; this runs for every recorded tensor.
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
         raise TraceError("expected a list of integers", node_id=node_id, field=where)
-    if not signed and any(v < 0 for v in value):
+    if value and not signed and min(value) < 0:
         raise TraceError("negative size", node_id=node_id, field=where)
+    if value and (min(value) < INT64_MIN or max(value) > INT64_MAX):
+        raise Unsupported(f"{where}: a size or stride is outside 64 bits")
     return tuple(value)
 
 
@@ -250,6 +269,8 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise TraceError(f"tensor {name} is not a non-negative integer", node_id=node_id,
                              field=where)
+    if offset > INT64_MAX:
+        raise Unsupported(f"{where}: storage offset is outside 64 bits")
     if not isinstance(device, str):
         raise TraceError("tensor device is not a string", node_id=node_id, field=where)
     if device == "" or type_str.startswith("Tensor(nullptr"):
