@@ -9,13 +9,13 @@ import shlex
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 
 from mystique_gen import __version__
 from mystique_gen.errors import MystiqueError
 from mystique_gen.options import add_build_arguments
 
 SUBCOMMANDS = ("generate", "inspect", "capture", "compare")
-TOOL_COMMANDS = ("capture", "compare")  # in mystique_gen/tools_cli.py
 
 
 def _generate_parser() -> argparse.ArgumentParser:
@@ -85,7 +85,7 @@ def run_generate(args: argparse.Namespace, argv: list[str]) -> int:
 
 def run_inspect(args: argparse.Namespace) -> int:
     from mystique_gen.options import build_options, default_device
-    from mystique_gen.passes.compose import inspect_traces
+    from mystique_gen.pipeline import inspect_traces
     from mystique_gen.report import format_summary, summarize
 
     default_device(args)  # validated as generate would
@@ -102,28 +102,41 @@ def run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"mystique-gen: warning: {message}", file=sys.stderr)
+
+
+Runner = Callable[[argparse.Namespace], int]
+
+
+def _command(name: str, rest: list[str]) -> tuple[argparse.ArgumentParser, Runner]:
+    """(parser, runner) of a subcommand; capture and compare live in tools_cli.py."""
+    if name in ("capture", "compare"):
+        from mystique_gen import tools_cli
+
+        if name == "capture":
+            return tools_cli.capture_parser(), tools_cli.run_capture
+        return tools_cli.compare_parser(), tools_cli.run_compare
+    if name == "inspect":
+        return _inspect_parser(), run_inspect
+    return _generate_parser(), lambda args: run_generate(args, rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in TOOL_COMMANDS:
-        from mystique_gen.tools_cli import main as tools_main
-
-        return tools_main(argv)
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "generate"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
-    if command == "inspect":
-        args = _inspect_parser().parse_args(rest)
-    else:
-        args = _generate_parser().parse_args(rest)
+    parser, runner = _command(command, rest)
+    args = parser.parse_args(rest)
     with warnings.catch_warnings():
         warnings.simplefilter("default")
-        warnings.formatwarning = lambda msg, *a, **k: f"mystique-gen: warning: {msg}\n"
+        # catch_warnings restores showwarning afterwards (not formatwarning).
+        warnings.showwarning = _show_warning
         try:
             from mystique_gen.progress import session
 
             with session():  # collector relaxed; a progress bar when stderr is a tty
-                if command == "inspect":
-                    return run_inspect(args)
-                return run_generate(args, rest)
+                return runner(args)
         except MystiqueError as exc:
             if args.debug:
                 traceback.print_exc()

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
 
 from mystique_gen.errors import MystiqueError
 
 
-def _capture_parser() -> argparse.ArgumentParser:
+def capture_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mystique-gen capture",
         description="Record an execution trace and a Kineto trace of one optimizer step "
@@ -43,7 +42,7 @@ def _capture_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _compare_parser() -> argparse.ArgumentParser:
+def compare_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mystique-gen compare",
         description="Compare an original execution trace with the trace of its replay "
@@ -101,18 +100,3 @@ def run_compare(args: argparse.Namespace) -> int:
         plot_comparison(result, args.plot)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_comparison(result))
     return 0
-
-
-def main(argv: list[str]) -> int:
-    command, rest = argv[0], argv[1:]
-    parser = _capture_parser() if command == "capture" else _compare_parser()
-    args = parser.parse_args(rest)
-    try:
-        return run_capture(args) if command == "capture" else run_compare(args)
-    except MystiqueError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"mystique-gen: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mystique_gen.capture import capture, capture_script
+from mystique_gen.cli import main as tools_main
 from mystique_gen.compare import compare_traces, format_comparison, op_multiset
 from mystique_gen.emit.context import GenerateOptions
 from mystique_gen.emit.render import format_with_black
@@ -18,7 +19,6 @@ from mystique_gen.load.et import trace_from_document
 from mystique_gen.oprules import op_category
 from mystique_gen.passes.values import recorded_values
 from mystique_gen.pipeline import build_program
-from mystique_gen.tools_cli import main as tools_main
 from tests.conftest import last_json, run_benchmark
 from tests.tracebuilder import EMBEDDING, TraceBuilder
 
