@@ -28,7 +28,7 @@ from mystique_gen.passes.compose import (
 from mystique_gen.passes.filters import filter_selection
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.retarget import retarget_dtype
-from mystique_gen.passes.select import select_ops
+from mystique_gen.passes.select import release_covered_arguments, select_ops
 from mystique_gen.passes.tensors import TensorPlan, plan_tensors
 from mystique_gen.passes.values import (
     RecordedValues,
@@ -142,6 +142,7 @@ def _distributed(blocks: list[tuple[_Part, list[Op]]], notes: list[str]):
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
                 names: dict[tuple[int, int, int], int]) -> _Part:
     selection = select_ops(trace)
+    release_covered_arguments(selection)
     kept, lines = filter_selection(trace, selection, options)
     comm = CommLowering(trace)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm.lower)

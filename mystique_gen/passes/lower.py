@@ -286,6 +286,12 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
         if len(stride_t) != len(dims):
             raise TraceError(f"{len(dims)} sizes but {len(stride_t)} strides",
                              node_id=node_id, field=f"{where}.strides")
-    meta = TensorMeta(shape=dims, strides=stride_t, offset=offset, dtype=dtype,
-                      device=_device_kind(device, node_id, where))
+    meta = _shared_meta(dims, stride_t, offset, dtype, _device_kind(device, node_id, where))
     return TensorValue(trace_id=tid, storage_id=sid, meta=meta)
+
+
+@lru_cache(maxsize=1 << 16)
+def _shared_meta(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, dtype: str,
+                 device: str) -> TensorMeta:
+    """One frozen TensorMeta per distinct view: traces repeat the same few shapes."""
+    return TensorMeta(shape=shape, strides=strides, offset=offset, dtype=dtype, device=device)

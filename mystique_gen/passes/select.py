@@ -9,7 +9,7 @@ which is the order in which the operators started.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import NotReplayed
@@ -30,6 +30,7 @@ class Selection:
     ops: list[Selected]
     not_replayed: list[NotReplayed]
     threads: list[int]
+    covered: list[RawNode] = field(default_factory=list)  # nodes inside selected ops
 
 
 def is_root(node: RawNode) -> bool:
@@ -66,13 +67,15 @@ def select_ops(trace: RawTrace) -> Selection:
 
     has_children = {n.parent for n in trace.nodes if n.parent != n.id}
     selected: list[Selected] = []
+    covered: list[RawNode] = []
     not_replayed: list[NotReplayed] = []
     threads: set[int] = set()
     for node in trace.nodes:
         parent = by_id.get(node.parent) if node.parent != node.id else None
         outer = resolve(parent) if parent is not None else ()
         if outer is None:
-            continue  # inside a selected op
+            covered.append(node)  # inside a selected op: its implementation
+            continue
         resolve(node)
         if node.op_schema:
             selected.append(Selected(node, outer))
@@ -86,7 +89,22 @@ def select_ops(trace: RawTrace) -> Selection:
             pass  # metadata of the enclosing communication op
         elif is_op_name(node.name) and node.id not in has_children:
             not_replayed.append(NotReplayed(node.id, node.name, "no operator schema recorded"))
-    return Selection(selected, not_replayed, sorted(threads))
+    return Selection(selected, not_replayed, sorted(threads), covered)
+
+
+# Covered nodes whose arguments later passes read: collectives' metadata (passes/comms.py).
+KEEP_ARGUMENTS = frozenset({"record_param_comms"})
+
+
+def release_covered_arguments(selection: Selection) -> None:
+    """Drop the recorded arguments of nodes inside selected ops.
+
+    They are never lowered, yet they are most of a loaded trace's memory; releasing
+    them before lowering keeps peak memory near the IR's own size.
+    """
+    for node in selection.covered:
+        if node.name not in KEEP_ARGUMENTS:
+            node.inputs = node.outputs = []
 
 
 def _display(name: str) -> str:
