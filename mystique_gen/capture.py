@@ -189,13 +189,15 @@ def capture(
     kineto: bool = True,
     integral_ranges: bool = True,
     integral_data: bool = False,
+    profile_steps: int = 3,
 ) -> CaptureResult:
     """Run ``step_fn`` ``warmup`` times, time ``timing_iters`` calls, record one more.
 
     Writes ``<name>.et.json`` (execution trace), ``<name>.kineto.json`` (profiler trace
-    of the same step, when ``kineto``), ``<name>.profile.json`` (profiler trace of one
-    more step without the ET observer, for timing), ``<name>.step.json`` (eager step
-    times) and,
+    of the same step, when ``kineto``), ``<name>.profile.json`` (profiler trace of
+    ``profile_steps`` more steps without the ET observer, each in a ``MystiqueProfiledStep``
+    annotation: the host gaps of the benchmark come from it, see passes/hostgaps.py),
+    ``<name>.step.json`` (eager step times) and,
     with ``integral_data``, ``<name>.et_resources/`` (values of index tensors).
     """
     out = Path(out_dir)
@@ -209,12 +211,19 @@ def capture(
     finally:
         recorder.stop()
     if recorder.profile_path is not None:
+        from torch.profiler import record_function
+
+        from mystique_gen.passes.hostgaps import STEP_SCOPE
+
         recorder.start_profile()
         try:
-            step_fn()
+            for _ in range(max(1, profile_steps)):
+                with record_function(STEP_SCOPE):
+                    step_fn()
         finally:
             recorder.stop_profile()
-    return _write_sidecar(out, name, times, warmup, recorder, {"boundary": "step_fn call"})
+    return _write_sidecar(out, name, times, warmup, recorder,
+                          {"boundary": "step_fn call", "profile_steps": max(1, profile_steps)})
 
 
 class CaptureDone(BaseException):

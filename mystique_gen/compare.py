@@ -68,11 +68,15 @@ def _top_level(events: list) -> list:
     return top
 
 
-def kineto_times(path: str | Path, iterations: int = 1) -> KinetoTimes:
-    """Category times of a Kineto trace, divided by ``iterations``."""
+def kineto_times(path: str | Path, iterations: int | None = 1) -> KinetoTimes:
+    """Category times of a Kineto trace, divided by ``iterations`` (None: the number of
+    steps :func:`mystique_gen.capture` profiled in it, one without step annotations)."""
     from mystique_gen.load.kineto import load_kineto
+    from mystique_gen.passes.hostgaps import STEP_SCOPE
 
     trace = load_kineto(path)
+    if iterations is None:
+        iterations = sum(e.name == STEP_SCOPE for e in trace.cpu_ops) or 1
     top = _top_level(trace.cpu_ops)
     categories = dict.fromkeys(oprules.CATEGORY_ORDER, 0.0)
     if trace.gpu:
@@ -157,7 +161,7 @@ def compare_traces(original: str | Path, replay: str | Path, *,
     if (kineto_original is None) != (kineto_replay is None):
         raise MystiqueError("give both --kineto-original and --kineto-replay, or neither")
     if kineto_original is not None and kineto_replay is not None:
-        result.original_times = kineto_times(kineto_original)
+        result.original_times = kineto_times(kineto_original, None)
         iters = replay_iterations
         if iters is None:
             once = kineto_times(kineto_replay)

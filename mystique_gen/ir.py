@@ -217,6 +217,7 @@ class ProgramTiming:
     original_ms: float  # first linked op start to last op/kernel end
     linked_ops: int
     link_methods: dict[str, int] = field(default_factory=dict)  # method -> ops linked
+    host_gaps: str = "linked"  # where the gaps come from (passes/hostgaps.py)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,15 @@ with one intra-op thread. For each: capture, generate, load the benchmark in thi
 process and time the eager step and the benchmark iteration alternately, side by side;
 then compare the op multisets of the original and the replay's execution traces.
 
+Each benchmark is generated with ``--kineto`` and timed twice per round: host gaps off
+(the operators alone) and ``recorded`` (the original's host time between operators,
+taken from the capture's profile-only steps, less the replay's own per-op host time,
+which the benchmark measures once, as ``--host-gaps recorded`` does; see
+passes/hostgaps.py). Error = benchmark / eager - 1, medians over alternating rounds.
+
 Targets: median |error| <= 3 %, worst <= 10 %, op-multiset match >= 99.5 % everywhere,
 no crashes. Run alone: `python scripts/bench.py fidelity` (FIDELITY_ROUNDS=N to time
-more rounds, FIDELITY_ONLY=gpt2,bert to pick models, FIDELITY_GAPS=linked|profile to
-generate with the captured Kineto trace and replay recorded host gaps, experimental).
+more rounds, FIDELITY_ONLY=gpt2,bert to pick models).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from mystique_gen.generate import generate  # noqa: E402
 
 Step = Callable[[], object]
 ROUNDS = int(os.environ.get("FIDELITY_ROUNDS", "15"))
-GAPS = os.environ.get("FIDELITY_GAPS", "off")
+MODES = ("off", "recorded")
 
 
 def _train(model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], lr: float = 1e-3,
@@ -173,32 +178,45 @@ MODELS: dict[str, Callable[[bool], Step]] = {
 }
 
 
-def _load_benchmark(path: Path) -> tuple[Step, dict]:
-    """The generated file as a module: one replay iteration as a callable."""
+def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
+    """The generated file as a module: one replay iteration per host-gap mode, as
+    callables, with the replay's own per-op host time calibrated as its main() does."""
     g = runpy.run_path(str(path), run_name="mystique_benchmark")
     device = host = torch.device("cpu")
-    g["_RUNTIME"]["device"], g["_RUNTIME"]["host"] = device, host
-    g["_RUNTIME"]["host_gaps"] = GAPS != "off"
+    runtime = g["_RUNTIME"]
+    runtime["device"], runtime["host"] = device, host
     gens = {"cpu": torch.Generator("cpu").manual_seed(0)}
     inputs = g["make_inputs"](device, host, gens)
     replay = g["replay"]
-    return (lambda: replay(inputs, device, host)), {"g": g, "inputs": inputs}
+
+    def mode(gaps: bool) -> Step:
+        def run() -> None:
+            runtime["host_gaps"] = gaps
+            replay(inputs, device, host)
+        return run
+
+    steps = {"off": mode(False), "recorded": mode(True)}
+    for _ in range(2):  # warm, as main() does before calibrating
+        steps["off"]()
+    runtime["host_gaps"] = True
+    runtime["gap_own_us"] = g["_calibrate_gaps"](inputs, device, host)
+    runtime["host_gaps"] = False
+    return steps, {"g": g, "inputs": inputs, "own_us": runtime["gap_own_us"]}
 
 
-def _side_by_side(eager: Step, bench: Step, rounds: int) -> tuple[float, float]:
-    """Median ms of each, timed alternately (order flipped every round) after warm-up."""
+def _side_by_side(fns: dict[str, Step], rounds: int) -> dict[str, float]:
+    """Median ms of each, timed alternately (order rotated every round) after warm-up."""
+    names = list(fns)
     for _ in range(3):
-        eager()
-        bench()
-    times: dict[int, list[float]] = {0: [], 1: []}
-    for r in range(rounds):
-        order = (0, 1) if r % 2 == 0 else (1, 0)
-        for which in order:
-            fn = eager if which == 0 else bench
-            start = time.perf_counter()
+        for fn in fns.values():
             fn()
-            times[which].append((time.perf_counter() - start) * 1000.0)
-    return statistics.median(times[0]), statistics.median(times[1])
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append((time.perf_counter() - start) * 1000.0)
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def run_one(name: str, train: bool, work: Path) -> dict[str, object]:
@@ -206,21 +224,24 @@ def run_one(name: str, train: bool, work: Path) -> dict[str, object]:
     label = f"{name}/{'train' if train else 'infer'}"
     stem = label.replace("/", "_")
     step = MODELS[name](train)
-    result = capture(step, work, name=stem, warmup=3, timing_iters=3, kineto=GAPS != "off")
+    result = capture(step, work, name=stem, warmup=3, timing_iters=3, kineto=True)
     bench_path = work / f"{stem}_bench.py"
-    kineto = {"off": None, "linked": result.kineto_path,
-              "profile": work / f"{stem}.profile.json"}[GAPS]
     generate(result.et_path, bench_path, GenerateOptions(command_line="bench_fidelity"),
-             kineto=kineto)
-    bench, state = _load_benchmark(bench_path)
-    eager_ms, bench_ms = _side_by_side(step, bench, ROUNDS)
+             kineto=result.kineto_path)
+    benches, state = _load_benchmark(bench_path)
+    ms = _side_by_side({"eager": step, **benches}, ROUNDS)
     replay_et = work / f"{stem}_replay.et.json"
     g = state["g"]
     g["_record_et"](str(replay_et), state["inputs"], torch.device("cpu"), torch.device("cpu"))
     original = op_multiset(result.et_path)
     match = multiset_match(original, op_multiset(replay_et))
-    return {"model": label, "ops": sum(original.values()), "eager_ms": eager_ms,
-            "bench_ms": bench_ms, "error": (bench_ms - eager_ms) / eager_ms, "match": match}
+    row: dict[str, object] = {"model": label, "ops": sum(original.values()),
+                              "eager_ms": ms["eager"], "own_us": state["own_us"],
+                              "match": match}
+    for mode in MODES:
+        row[f"{mode}_ms"] = ms[mode]
+        row[f"{mode}_error"] = (ms[mode] - ms["eager"]) / ms["eager"]
+    return row
 
 
 def main() -> int:
@@ -234,8 +255,8 @@ def main() -> int:
     only = [m for m in os.environ.get("FIDELITY_ONLY", "").split(",") if m]
     names = [m for m in MODELS if not only or m in only]
     rows, crashes = [], []
-    header = (f"{'model':<24} {'ops':>5} {'eager ms':>9} {'bench ms':>9} {'error':>8} "
-              f"{'match':>8}")
+    header = (f"{'model':<22} {'ops':>5} {'eager ms':>9} {'off ms':>8} {'err off':>8} "
+              f"{'gaps ms':>8} {'err gaps':>8} {'own us':>6} {'match':>8}")
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         for name in names:
@@ -250,14 +271,19 @@ def main() -> int:
                         traceback.print_exc()
                     continue
                 rows.append(row)
-                print(f"{row['model']:<24} {row['ops']:>5} {row['eager_ms']:>9.3f} "
-                      f"{row['bench_ms']:>9.3f} {row['error'] * 100:>+7.1f}% "
-                      f"{row['match'] * 100:>7.2f}%", flush=True)
+                print(f"{row['model']:<22} {row['ops']:>5} {row['eager_ms']:>9.3f} "
+                      f"{row['off_ms']:>8.3f} {row['off_error'] * 100:>+7.1f}% "
+                      f"{row['recorded_ms']:>8.3f} {row['recorded_error'] * 100:>+7.1f}% "
+                      f"{row['own_us']:>6.2f} {row['match'] * 100:>7.2f}%", flush=True)
+    print("off: operators only; gaps: --host-gaps recorded (profile-only gaps less the "
+          "replay's own host time per op, 'own us'); error = benchmark / eager - 1")
+    for mode in MODES if rows else ():
+        errors = [abs(r[f"{mode}_error"]) for r in rows]
+        worst = max(rows, key=lambda r: abs(r[f"{mode}_error"]))
+        print(f"host gaps {mode:<8}: median |error| {statistics.median(errors) * 100:.1f}% "
+              f"(target <= 3%), worst {abs(worst[f'{mode}_error']) * 100:.1f}% "
+              f"({worst['model']}, target <= 10%)")
     if rows:
-        errors = [abs(r["error"]) for r in rows]
-        worst = max(rows, key=lambda r: abs(r["error"]))
-        print(f"median |error| {statistics.median(errors) * 100:.1f}% (target <= 3%), "
-              f"worst {abs(worst['error']) * 100:.1f}% ({worst['model']}, target <= 10%)")
         low = [r["model"] for r in rows if r["match"] < 0.995]
         print(f"op-multiset match >= 99.5% on {len(rows) - len(low)}/{len(rows)} models"
               + (f" (below: {', '.join(low)})" if low else ""))

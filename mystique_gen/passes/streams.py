@@ -175,9 +175,13 @@ def schedule_program(program: Program, trace: RawTrace, kineto: str | Path | Non
     plan the waits. Without a Kineto trace every op stays on the current stream."""
     if kineto is not None:
         from mystique_gen.load.kineto import load_kineto
+        from mystique_gen.passes.hostgaps import apply_profile_gaps
         from mystique_gen.passes.link import attach_timing
 
         attach_timing(program, trace, load_kineto(kineto))
+        source = apply_profile_gaps(program, trace, kineto)
+        if source is not None and program.timing is not None:
+            program.timing.host_gaps = source
         assign_streams(program)
     plan_schedule(program, threaded=threaded)
     return program

@@ -1,0 +1,121 @@
+"""Host gaps from the profile-only steps of a capture, not from the ET-linked trace.
+
+The Kineto trace recorded beside the execution trace times every op with the ET
+observer attached, and the observer's per-op work lands in the gaps between ops too
+(measured: gpt2 training step, 556 top-level ops, 4.6 ms of gaps with the observer
+against 3.2 ms in a profile-only step). :func:`mystique_gen.capture` therefore also
+profiles a few more steps without the observer (``<name>.profile.json``, named in the
+``<name>.step.json`` sidecar). Where that file is found beside the ``--kineto`` trace,
+the gap before each selected op is taken from it instead: the ops of each step are
+matched to the ET's selected ops by name, in order, per host thread, and the median
+over the steps is kept (a single step on a busy machine is noisy).
+
+What remains in the recorded gaps is the original's host time plus Kineto's own
+per-op cost; the benchmark subtracts its own per-op host time, measured the same way
+at run time (``_calibrate_gaps`` in the template), so the profiler's share cancels.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+from mystique_gen.ir import Program
+from mystique_gen.load.et import RawTrace
+from mystique_gen.load.kineto import CpuEvent, load_kineto
+from mystique_gen.passes.select import select_ops
+
+STEP_SCOPE = "MystiqueProfiledStep"  # capture wraps each profiled step in this annotation
+# (no "::": compare.py counts "ns::name" events as ops)
+KINETO_SUFFIX = ".kineto.json"
+SIDECAR_SUFFIX = ".step.json"
+
+
+def profile_beside(kineto: str | Path) -> Path | None:
+    """The profile-only trace named by the capture sidecar next to ``kineto``, if any."""
+    kineto = Path(kineto)
+    if not kineto.name.endswith(KINETO_SUFFIX):
+        return None
+    sidecar = kineto.with_name(kineto.name[: -len(KINETO_SUFFIX)] + SIDECAR_SUFFIX)
+    try:
+        name = json.loads(sidecar.read_text()).get("profile")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str):
+        return None
+    path = kineto.with_name(name)
+    return path if path.is_file() else None
+
+
+def _steps(events: list[CpuEvent], scopes: list[CpuEvent]) -> list[list[CpuEvent]]:
+    """Events split by the step annotations (one step when there are none)."""
+    if not scopes:
+        return [events]
+    return [[e for e in events if s.ts <= e.ts and e.end <= s.end] for s in scopes]
+
+
+def _match(names: list[str], events: list[CpuEvent]) -> list[CpuEvent] | None:
+    """The events of ``names`` in order, each the next event of that name that starts
+    after the previous match ended (so children of a matched op are skipped)."""
+    found: list[CpuEvent] = []
+    i, end = 0, float("-inf")
+    for name in names:
+        while i < len(events) and (events[i].name != name or events[i].ts < end):
+            i += 1
+        if i == len(events):
+            return None
+        found.append(events[i])
+        end = events[i].end
+        i += 1
+    return found
+
+
+def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]
+                 ) -> tuple[dict[int, float], int] | None:
+    """ET node id -> median gap (us) before it over the profiled steps, and the number
+    of steps; None unless every thread's selected ops are found in every step."""
+    per_tid: dict[int, list] = defaultdict(list)
+    for s in select_ops(trace).ops:
+        per_tid[s.node.tid].append(s.node)
+    scopes = [e for e in profile_events if e.name == STEP_SCOPE]
+    by_thread: dict[object, list[CpuEvent]] = defaultdict(list)
+    for e in profile_events:
+        if e.name != STEP_SCOPE:
+            by_thread[e.tid].append(e)
+    samples: dict[int, list[float]] = defaultdict(list)
+    steps = 0
+    for nodes in per_tid.values():
+        names = [n.name for n in nodes]
+        matched = None
+        for events in by_thread.values():  # thread ids may differ between the traces
+            runs = [_match(names, step) for step in _steps(events, scopes)]
+            if runs and all(r is not None for r in runs):
+                matched = runs
+                break
+        if matched is None:
+            return None
+        steps = len(matched)
+        for run in matched:
+            for node, prev, ev in zip(nodes[1:], run[:-1], run[1:], strict=True):
+                samples[node.id].append(max(0.0, ev.ts - prev.end))
+    return {nid: statistics.median(v) for nid, v in samples.items()}, steps
+
+
+def apply_profile_gaps(program: Program, trace: RawTrace, kineto: str | Path) -> str | None:
+    """Replace the linked host gaps by the profile-only ones where the capture left a
+    profile beside ``kineto``; returns a description of the source, None if unused."""
+    path = profile_beside(kineto)
+    if path is None or program.timing is None:
+        return None
+    found = profile_gaps(trace, load_kineto(path).cpu_ops)
+    if found is None:
+        return None
+    gaps, steps = found
+    for op in program.ops:
+        if op.timing is not None:  # unlinked ops have no recorded facts to amend
+            op.timing = replace(op.timing, gap_us=gaps.get(op.node_id))
+    return f"{path.name} (median of {steps} profiled step{'s' if steps != 1 else ''})"
+

@@ -1,0 +1,101 @@
+"""Host gaps from the capture's profile-only steps (passes/hostgaps.py) and the
+benchmark's subtraction of its own per-op host time (``_calibrate_gaps``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mystique_gen.capture import capture
+from mystique_gen.generate import generate
+from mystique_gen.load.et import load_trace
+from mystique_gen.load.kineto import CpuEvent
+from mystique_gen.passes.hostgaps import STEP_SCOPE, _match, profile_beside, profile_gaps
+from mystique_gen.passes.select import select_ops
+from mystique_gen.pipeline import compile_trace
+from tests.conftest import last_json, run_benchmark
+from tests.models import MODELS
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("gaps")
+    result = capture(MODELS["mlp_sgd"](), out, name="mlp", timing_iters=1, profile_steps=3)
+    return result
+
+
+def _ev(index: int, name: str, ts: float, dur: float, tid: int = 1) -> CpuEvent:
+    return CpuEvent(index, name, 0, tid, ts, dur, None, None)
+
+
+def test_match_skips_children_and_needs_every_name():
+    events = [_ev(0, "a", 0, 10), _ev(1, "b", 2, 3), _ev(2, "b", 12, 2), _ev(3, "c", 20, 1)]
+    assert [e.index for e in _match(["a", "b", "c"], events)] == [0, 2, 3]
+    assert _match(["a", "d"], events) is None
+
+
+def test_profile_gaps_median_over_steps(captured):
+    trace = load_trace(captured.et_path)
+    nodes = [s.node for s in select_ops(trace).ops]
+    assert len({n.tid for n in nodes}) == 1
+    events, t = [], 0.0
+    for gap in (2.0, 6.0, 4.0):  # the median step gap is 4 us
+        start = t
+        for node in nodes:
+            events.append(_ev(len(events), node.name, t, 1.0))
+            t += 1.0 + gap
+        events.append(_ev(len(events), STEP_SCOPE, start - 0.5, t - start))
+        t += 100.0
+    found = profile_gaps(trace, sorted(events, key=lambda e: (e.ts, -e.dur)))
+    assert found is not None
+    gaps, steps = found
+    assert steps == 3
+    assert gaps == {n.id: pytest.approx(4.0) for n in nodes[1:]}
+    assert profile_gaps(trace, events[1:]) is None  # an op missing from the first step
+
+
+def test_capture_profile_is_found_and_used(captured):
+    profile = profile_beside(captured.kineto_path)
+    assert profile is not None and profile.name == "mlp.profile.json"
+    doc = json.loads(profile.read_text())
+    scopes = [e for e in doc["traceEvents"] if e.get("name") == STEP_SCOPE]
+    assert len(scopes) == 3
+    program = compile_trace(captured.et_path, kineto=captured.kineto_path)
+    assert program.timing is not None
+    assert program.timing.host_gaps == "mlp.profile.json (median of 3 profiled steps)"
+    timed = [op for op in program.ops if op.timing is not None]
+    assert sum(op.timing.gap_us is not None for op in timed) == len(timed) - 1
+
+
+def test_without_sidecar_gaps_stay_linked(captured, tmp_path):
+    kineto = tmp_path / "other.kineto.json"
+    kineto.write_bytes(captured.kineto_path.read_bytes())
+    assert profile_beside(kineto) is None
+    program = compile_trace(captured.et_path, kineto=kineto)
+    assert program.timing is not None and program.timing.host_gaps == "linked"
+
+
+def test_recorded_gaps_subtract_the_replays_own_host_time(captured, tmp_path):
+    bench = tmp_path / "bench.py"
+    text = generate(captured.et_path, bench, kineto=captured.kineto_path)
+    assert '"host_gaps": "mlp.profile.json (median of 3 profiled steps)"' in text
+    own = {}
+    for mode in ("off", "recorded"):
+        proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                             "--json", "--host-gaps", mode)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        own[mode] = last_json(proc.stdout)["host_gap_own_us"]
+    assert own["off"] == 0.0  # no calibration without recorded gaps
+    assert 0.0 < own["recorded"] < 1000.0
+
+
+def test_compare_reads_the_profile_per_step(captured):
+    from mystique_gen.compare import kineto_times
+
+    profile = profile_beside(captured.kineto_path)
+    assert profile is not None
+    per_step, whole = kineto_times(profile, None), kineto_times(profile, 1)
+    assert per_step.iterations == 3 and whole.ops == 3 * per_step.ops
