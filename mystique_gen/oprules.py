@@ -189,6 +189,11 @@ POSITIVE_ARGS: dict[str, tuple[str, ...]] = {
 DEFAULT_INTEGRAL = ("randint", 0, 8)
 DEFAULT_FLOATING = ("uniform", -1.0, 1.0)
 POSITIVE_FLOATING = ("uniform", 0.5, 1.5)
+# 0-d floating tensors are mostly Python scalars wrapped by the argument parser
+# (optimizer betas, learning rates, bias corrections): their values are not recorded,
+# and one storage id often serves several of them in turn. Near 1, any of those roles
+# keeps optimizer state finite and positive where it must be.
+SCALAR_FLOATING = ("uniform", 0.95, 1.0)
 
 
 # ---------------------------------------------------------------------------

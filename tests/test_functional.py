@@ -49,3 +49,31 @@ def test_replay_matches_original_op_multiset(model, tmp_path):
 
     original, replayed = op_multiset(result.et_path), op_multiset(replay_et)
     assert original == replayed, (original - replayed, replayed - original)
+
+
+def test_reset_inputs_starts_every_iteration_from_the_same_values(tmp_path):
+    """A training replay updates weights in place; --reset-inputs restores them untimed."""
+    import importlib.util
+
+    torch.set_num_threads(1)
+    result = capture(MODELS["cnn_batchnorm"](), tmp_path, name="cnn", kineto=False,
+                     timing_iters=1)
+    bench = tmp_path / "cnn_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    spec = importlib.util.spec_from_file_location("cnn_bench", bench)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cpu = torch.device("cpu")
+    module._RUNTIME.update(device=cpu, host=cpu)
+    inputs = module.make_inputs(cpu, cpu, {"cpu": torch.Generator().manual_seed(0)})
+    before = [t.clone() for t in inputs]
+    snapshot = module._snapshot(inputs, cpu, "on")
+    module.replay(inputs, cpu, cpu)
+    assert any(not torch.equal(a, b) for a, b in zip(before, inputs, strict=True))
+    module._reset(snapshot)
+    assert all(torch.equal(a, b) for a, b in zip(before, inputs, strict=True))
+    assert module._snapshot(inputs, cpu, "off") == []
+
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert last_json(proc.stdout)["reset_inputs"] is True

@@ -185,9 +185,9 @@ def _allowed(desc: tuple[str, str], node: ast.Call | None, names: set[str],
              template_calls: set[tuple[str, str]], imports: set[str]) -> bool:
     kind, text = desc
     if kind == "name":
-        if text in names or desc in template_calls:
-            return True
-        return text == "float" and node is not None and _float_special(node)
+        if text == "float":  # only float("inf"), float("-inf"), float("nan"), wherever used
+            return node is not None and _float_special(node)
+        return text in names or desc in template_calls
     if kind == "attr":
         if desc in template_calls:
             return True

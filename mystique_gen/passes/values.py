@@ -20,7 +20,9 @@ out-of-range index.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
+from math import prod
 from pathlib import Path
 
 from mystique_gen import oprules
@@ -191,6 +193,20 @@ class _Facts:
         self.data: dict[int, list[int]] = {}
         self.positive: dict[int, str] = {}
         self.float_range: dict[int, tuple[float, float, str]] = {}
+        self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
+        self.scalar: set[int] = set()  # storages viewed as 0-d tensors
+
+    def view(self, tv: TensorValue) -> None:
+        s = tv.storage
+        if s is None or not s.materialised:
+            return
+        if not tv.meta.shape:
+            self.scalar.add(s.index)
+        if len(tv.meta.shape) < 2:
+            return
+        fan_in = prod(tv.meta.shape[1:])
+        if fan_in > self.fan_in.get(s.index, 0):
+            self.fan_in[s.index] = fan_in
 
     @staticmethod
     def integral(tv: TensorValue) -> Storage | None:
@@ -243,6 +259,9 @@ def assign_values(ops: list[Op], storages: list[Storage],
 
 
 def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
+    for arg in op.args:
+        for tv in iter_tensors(arg.value):
+            facts.view(tv)
     ordinals = recorded.ordinals.get(op.node_id)
     if ordinals is not None:
         for i, arg in enumerate(op.args):
@@ -378,6 +397,15 @@ def _choose(s: Storage, facts: _Facts) -> Init:
         if i in facts.positive:
             kind, low, high = oprules.POSITIVE_FLOATING
             return Init(kind, low, high, facts.positive[i])
+        if s.extent == 1 and i in facts.scalar:
+            kind, low, high = oprules.SCALAR_FLOATING
+            return Init(kind, low, high, "0-d tensor (a wrapped Python scalar)")
+        if i in facts.fan_in:
+            # Like nn.Linear / nn.Conv's default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+            # so that activations and gradients stay finite over many training
+            # iterations (with U(-1, 1) weights they overflow to inf/NaN within a few).
+            bound = 1.0 / math.sqrt(facts.fan_in[i])
+            return Init("uniform", -bound, bound, f"fan-in {facts.fan_in[i]}")
         kind, low, high = oprules.DEFAULT_FLOATING
         return Init(kind, low, high)
     return Init("zeros")
