@@ -218,6 +218,7 @@ class ProgramTiming:
     linked_ops: int
     link_methods: dict[str, int] = field(default_factory=dict)  # method -> ops linked
     host_gaps: str = "linked"  # where the gaps come from (passes/hostgaps.py)
+    tail_gap_us: float | None = None  # host time after the last op, to the step's end
 
 
 @dataclass(frozen=True)

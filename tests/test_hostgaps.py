@@ -51,9 +51,13 @@ def test_profile_gaps_median_over_steps(captured):
         t += 100.0
     found = profile_gaps(trace, sorted(events, key=lambda e: (e.ts, -e.dur)))
     assert found is not None
-    gaps, steps = found
+    gaps, steps, tail = found
     assert steps == 3
-    assert gaps == {n.id: pytest.approx(4.0) for n in nodes[1:]}
+    # The first op's gap is the step's own host time before it (0.5 us after the
+    # step began); the tail is the time from the last op's end to the step's end.
+    assert gaps == {nodes[0].id: pytest.approx(0.5),
+                    **{n.id: pytest.approx(4.0) for n in nodes[1:]}}
+    assert tail == pytest.approx(3.5)  # per step: gap - 0.5 us, median of 1.5, 5.5, 3.5
     assert profile_gaps(trace, events[1:]) is None  # an op missing from the first step
 
 
@@ -67,7 +71,9 @@ def test_capture_profile_is_found_and_used(captured):
     assert program.timing is not None
     assert program.timing.host_gaps == "mlp.profile.json (median of 3 profiled steps)"
     timed = [op for op in program.ops if op.timing is not None]
-    assert sum(op.timing.gap_us is not None for op in timed) == len(timed) - 1
+    # Every op has a gap, the first one from the step's start; and a tail after the last.
+    assert all(op.timing.gap_us is not None for op in timed)
+    assert program.timing.tail_gap_us is not None and program.timing.tail_gap_us >= 0
 
 
 def test_without_sidecar_gaps_stay_linked(captured, tmp_path):

@@ -72,7 +72,13 @@ def gap_literal(us: float | None) -> str | None:
 
 
 def _has_gaps(program: Program) -> bool:
-    return any(op.timing is not None and gap_literal(op.timing.gap_us) for op in program.ops)
+    return _tail_gap(program) is not None or any(
+        op.timing is not None and gap_literal(op.timing.gap_us) for op in program.ops
+    )
+
+
+def _tail_gap(program: Program) -> str | None:
+    return gap_literal(program.timing.tail_gap_us) if program.timing is not None else None
 
 
 def replay_lines(b: Builder) -> list[str]:
@@ -89,6 +95,9 @@ def replay_lines(b: Builder) -> list[str]:
         lines += _threads(b, streams, events, flags)
     for name in streams.values():
         lines += helper_call("_join", [name], 1)
+    tail = _tail_gap(program)
+    if tail is not None:  # the step's host time after its last op
+        lines += helper_call("_host_gap", [tail], 1)
     return lines
 
 

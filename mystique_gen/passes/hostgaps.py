@@ -74,9 +74,14 @@ def _match(names: list[str], events: list[CpuEvent]) -> list[CpuEvent] | None:
 
 
 def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]
-                 ) -> tuple[dict[int, float], int] | None:
-    """ET node id -> median gap (us) before it over the profiled steps, and the number
-    of steps; None unless every thread's selected ops are found in every step."""
+                 ) -> tuple[dict[int, float], int, float | None] | None:
+    """ET node id -> median gap (us) before it over the profiled steps, the number of
+    steps, and the median host time after the last op to the step's end; None unless
+    every thread's selected ops are found in every step.
+
+    On the thread that ran the step itself, the first op's gap is the host time from
+    the step's start (the step function's own Python before its first op) and the
+    tail is the host time after its last op: both are part of the original step."""
     per_tid: dict[int, list] = defaultdict(list)
     for s in select_ops(trace).ops:
         per_tid[s.node.tid].append(s.node)
@@ -86,14 +91,15 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]
         if e.name != STEP_SCOPE:
             by_thread[e.tid].append(e)
     samples: dict[int, list[float]] = defaultdict(list)
+    tails: list[float] = []
     steps = 0
     for nodes in per_tid.values():
         names = [n.name for n in nodes]
         matched = None
-        for events in by_thread.values():  # thread ids may differ between the traces
+        for tid, events in by_thread.items():  # thread ids may differ between the traces
             runs = [_match(names, step) for step in _steps(events, scopes)]
             if runs and all(r is not None for r in runs):
-                matched = runs
+                matched, matched_tid = runs, tid
                 break
         if matched is None:
             return None
@@ -101,7 +107,12 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]
         for run in matched:
             for node, prev, ev in zip(nodes[1:], run[:-1], run[1:], strict=True):
                 samples[node.id].append(max(0.0, ev.ts - prev.end))
-    return {nid: statistics.median(v) for nid, v in samples.items()}, steps
+        if scopes and all(scope.tid == matched_tid for scope in scopes):
+            for scope, run in zip(scopes, matched, strict=True):
+                samples[nodes[0].id].append(max(0.0, run[0].ts - scope.ts))
+                tails.append(max(0.0, scope.end - run[-1].end))
+    tail = statistics.median(tails) if tails else None
+    return {nid: statistics.median(v) for nid, v in samples.items()}, steps, tail
 
 
 def apply_profile_gaps(program: Program, trace: RawTrace, kineto: str | Path) -> str | None:
@@ -113,9 +124,10 @@ def apply_profile_gaps(program: Program, trace: RawTrace, kineto: str | Path) ->
     found = profile_gaps(trace, load_kineto(path).cpu_ops)
     if found is None:
         return None
-    gaps, steps = found
+    gaps, steps, tail = found
     for op in program.ops:
         if op.timing is not None:  # unlinked ops have no recorded facts to amend
             op.timing = replace(op.timing, gap_us=gaps.get(op.node_id))
+    program.timing = replace(program.timing, tail_gap_us=tail)
     return f"{path.name} (median of {steps} profiled step{'s' if steps != 1 else ''})"
 
