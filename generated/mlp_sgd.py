@@ -387,18 +387,25 @@ def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
     s0 = _fill(16384, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     x0 = s0.as_strided([64, 256], [256, 1], 0)
+    x0.requires_grad_()
     s1 = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     x1 = s1.as_strided([256, 256], [256, 1], 0)
+    x1.requires_grad_()
     s2 = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
     x2 = s2.as_strided([256], [1], 0)
+    x2.requires_grad_()
     s3 = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     x3 = s3.as_strided([256, 256], [256, 1], 0)
+    x3.requires_grad_()
     s4 = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
     x4 = s4.as_strided([256], [1], 0)
+    x4.requires_grad_()
     s5 = _fill(2560, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     x5 = s5.as_strided([10, 256], [256, 1], 0)
+    x5.requires_grad_()
     s6 = _fill(10, torch.float32, device, "uniform", -1.0, 1.0, gens)
     x6 = s6.as_strided([10], [1], 0)
+    x6.requires_grad_()
     s7 = _fill(64, torch.int64, device, "span", 0, 9, gens)
     x7 = s7.as_strided([64], [1], 0)
     s8 = _fill(
@@ -414,7 +421,9 @@ def make_inputs(device, host, gens):
     s9 = _fill(1, torch.float32, device, "uniform", 0.95, 1.0, gens)
     x9 = s9.as_strided([], [], 0)
     x10 = s5.as_strided([256, 10], [1, 256], 0)
+    x10.requires_grad_()
     x11 = s3.as_strided([256, 256], [1, 256], 0)
+    x11.requires_grad_()
     s10 = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     x12 = s10.as_strided([256, 256], [256, 1], 0)
     s11 = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
@@ -493,6 +502,7 @@ def replay(inputs, device, host):
     x21 = inputs[21]
     x22 = inputs[22]
     x23 = inputs[23]
+    torch.set_grad_enabled(True)
     t0 = aten_linear(x0, x1, x2)
     t1 = aten_relu(t0)
     del t0
@@ -502,6 +512,7 @@ def replay(inputs, device, host):
     t4 = aten_linear(t3, x5, x6)
     t5 = aten_cross_entropy_loss(t4, x7, None, 1, -100, 0.0)
     del t4
+    torch.set_grad_enabled(False)
     t6 = aten_ones_like(
         t5,
         dtype=None,
@@ -603,6 +614,7 @@ def replay(inputs, device, host):
     aten_add__Tensor(x22, t14, alpha=1)
     del t14
     aten_add__Tensor(x6, x22, alpha=-0.01)
+    torch.set_grad_enabled(True)
     return None
 
 

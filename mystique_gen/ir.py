@@ -69,6 +69,7 @@ class Storage:
     extent: int  # elements
     materialised: bool  # True: built before timing; False: produced by a replayed op
     init: Init | None = None
+    requires_grad: bool = False  # a parameter: its views are leaves that require grad
 
     @property
     def nbytes(self) -> int:
@@ -169,6 +170,11 @@ class Op:
     thread_waits: list[int] = field(default_factory=list)  # ops on other threads to wait for
     timing: OpTiming | None = None  # facts from the Kineto trace (passes/link.py)
     comm: CommInfo | None = None  # a torch.distributed call (passes/comms.py)
+    # Autograd (passes/autograd.py): the original created an autograd node for this op
+    # (its seq_id >= 0; None where no seq_id was recorded); the grad mode to replay it in
+    # (None: whichever is current).
+    records_grad: bool | None = None
+    grad_mode: bool | None = None
 
     @property
     def name(self) -> str:

@@ -528,3 +528,29 @@ VALUE_PRESERVING: dict[str, tuple[str, ...]] = {
     "aten::stack": ("tensors",),
     "aten::tile": ("self",),
 }
+
+
+# ---------------------------------------------------------------------------
+# Autograd (passes/autograd.py): floating inputs that must not require grad even though
+# an op recorded with autograd reads them (PyTorch refuses them: "not differentiable
+# with respect to argument ...").
+# ---------------------------------------------------------------------------
+
+NOT_DIFFERENTIABLE_ARGS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+_CLASS_WEIGHTS = ("weight",)
+NOT_DIFFERENTIABLE_BY_OP: dict[str, tuple[str, ...]] = {
+    "aten::nll_loss": _CLASS_WEIGHTS,
+    "aten::nll_loss_nd": _CLASS_WEIGHTS,
+    "aten::nll_loss2d": _CLASS_WEIGHTS,
+    "aten::cross_entropy_loss": _CLASS_WEIGHTS,
+    "aten::binary_cross_entropy": _CLASS_WEIGHTS,
+    "aten::binary_cross_entropy_with_logits": ("weight", "pos_weight"),
+    "aten::multi_margin_loss": _CLASS_WEIGHTS,
+    "aten::multilabel_margin_loss": _CLASS_WEIGHTS,
+}
+
+
+def differentiable(op_name: str, arg_name: str) -> bool:
+    return (arg_name not in NOT_DIFFERENTIABLE_ARGS
+            and arg_name not in NOT_DIFFERENTIABLE_BY_OP.get(op_name, ()))
+

@@ -17,6 +17,7 @@ from pathlib import Path
 from mystique_gen.ir import NotReplayed, Op, Program, TraceInfo, iter_tensors
 from mystique_gen.load.et import RawTrace, load_trace
 from mystique_gen.options import BuildOptions, OptionError
+from mystique_gen.passes.autograd import plan_autograd
 from mystique_gen.passes.comms import CommLowering
 from mystique_gen.passes.compose import (
     combined_info,
@@ -110,6 +111,7 @@ def build_programs(traces: list[TraceInput], options: BuildOptions) -> Program:
     for part, block in blocks:
         storages = plan.storages if len(blocks) == 1 else storages_of(block)
         assign_values(block, storages, part.recorded)
+    plan_autograd(ops)
     info = parts[0].info if len(parts) == 1 else combined_info([p.info for p in parts])
     not_replayed = [s for p in parts for s in p.not_replayed]
     if options.compose == "parallel":

@@ -256,3 +256,44 @@ def test_dependency_graph_orders_reads_and_writes():
     assert graph.edges[1, 3]["kind"] == "war"
     assert not graph.has_edge(0, 1) and not graph.has_edge(2, 3)
     assert critical_path_length(graph) == 2
+
+
+# -- autograd -------------------------------------------------------------------------
+
+
+def test_autograd_modes_follow_the_recorded_seq_ids():
+    bn = ("aten::batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, "
+          "Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled)"
+          " -> Tensor")
+    b = TraceBuilder()
+    x, w = b.tensor((4, 4)), b.tensor((4, 4))
+    gamma, beta, mean, var = (b.tensor((4,)) for _ in range(4))
+    y, z = b.tensor((4, 4)), b.tensor((4, 4))
+    b.op(MM, [x, w], [y], attrs={"seq_id": 0})                                       # 0
+    b.op(bn, [y, gamma, beta, mean, var, True, 0.1, 1e-5, False], [z],
+         attrs={"seq_id": 1})                                                          # 1
+    b.op(RELU, [z], [b.tensor((4, 4))], attrs={"seq_id": -1})                          # 2
+    other = b.tensor((4, 4))
+    b.op(RELU, [other], [b.tensor((4, 4))], attrs={"seq_id": -1})                      # 3
+    program = _program(b)
+    modes = [op.grad_mode for op in program.ops]
+    assert modes == [True, True, False, None]
+    args = {a.spec.name: a.value for a in program.ops[1].args}
+    assert args["weight"].storage.requires_grad and args["bias"].storage.requires_grad
+    assert not args["running_mean"].storage.requires_grad  # PyTorch refuses it
+    assert _tensor_args(program.ops[0])[1].storage.requires_grad  # the mm's weight
+
+
+def test_trace_without_autograd_replays_with_grad_off():
+    b = TraceBuilder()
+    x = b.tensor((2, 2))
+    b.op(RELU, [x], [b.tensor((2, 2))], attrs={"seq_id": -1})
+    program = _program(b)
+    assert [op.grad_mode for op in program.ops] == [False]
+    assert not any(s.requires_grad for s in program.storages)
+
+
+def test_trace_without_seq_ids_leaves_grad_mode_alone():
+    b = TraceBuilder()
+    b.op(RELU, [b.tensor((2, 2))], [b.tensor((2, 2))])
+    assert [op.grad_mode for op in _program(b).ops] == [None]

@@ -91,6 +91,7 @@ class _ContextBuilder:
         self.input_names: list[str] = []
         self.replay_lines: list[str] = []
         self.fallback_rows: list[Node] = []
+        self.grad_state: bool | None = None  # autograd mode at this point of the unit
         self.read_roots = self._read_roots()
 
     def start_program(self, program: Program) -> None:
@@ -140,6 +141,8 @@ class _ContextBuilder:
                 name = self.ns.numbered(key, "x")
                 self.input_lines.extend(
                     lay_out(f"{name} = ", _as_strided(base, binding.meta), BODY_DEPTH))
+                if binding.storage.requires_grad:  # a parameter (passes/autograd.py)
+                    self.input_lines.append(f"{INDENT * BODY_DEPTH}{name}.requires_grad_()")
                 self.input_names.append(name)
             return self.ns.get(key)
         if isinstance(binding, OpOutput):
@@ -183,10 +186,25 @@ class _ContextBuilder:
         ])
 
     # -- statements -----------------------------------------------------------------
+    def grad_mode_lines(self, mode: bool | None, depth: int) -> list[str]:
+        """Switch autograd on or off where the next op needs the other mode; the state is
+        tracked per replay unit (reset with ``grad_state = None``)."""
+        if mode is None or mode == self.grad_state:
+            return []
+        self.grad_state = mode
+        return [f"{INDENT * depth}torch.set_grad_enabled({mode})"]
+
+    def end_grad_mode(self, depth: int) -> list[str]:
+        """Leave a replay unit with autograd on, as the harness expects."""
+        lines = self.grad_mode_lines(True, depth) if self.grad_state is False else []
+        self.grad_state = None
+        return lines
+
     def op_statement(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
         """The op's statements at indentation ``depth`` (deeper inside a stream block
         or a host-thread function, see emit/schedule.py)."""
-        lines: list[str] = comms.waits_before(self, op, depth)  # async collectives' waits
+        lines = self.grad_mode_lines(op.grad_mode, depth)
+        lines += comms.waits_before(self, op, depth)  # async collectives' waits
         if op.derive_before:
             lines.append(INDENT * depth + "with _harness():")
         for view in op.derive_before:
@@ -277,6 +295,7 @@ class _ContextBuilder:
                     self.replay_lines.append("    " + exprs.comment(op.scope[-1]))
                 previous_scope = op.scope
                 self.replay_lines.extend(self.op_statement(op))
+            self.replay_lines.extend(self.end_grad_mode(BODY_DEPTH))
         self.input_lines.extend(
             lay_out("return ", exprs.list_display([Atom(n) for n in self.input_names]),
                     BODY_DEPTH))

@@ -33,8 +33,11 @@ class Builder(Protocol):
 
     program: Program
     ns: Namespace
+    grad_state: bool | None
 
     def op_statement(self, op: Op, depth: int = 1) -> list[str]: ...
+
+    def end_grad_mode(self, depth: int) -> list[str]: ...
 
 
 def uses_schedule(program: Program) -> bool:
@@ -157,6 +160,7 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
     lines: list[str] = []
     current: int | None = None
     previous_scope: tuple[str, ...] | None = None
+    b.grad_state = None  # grad mode is per host thread
     for op in ops:
         if op.stream != current:
             current = op.stream
@@ -178,6 +182,7 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
             lines += helper_call("_record", [], inner, b.ns.numbered(("event", op.index), "ev"))
         if op.index in flags:
             lines += helper_call("_signal", [str(flags[op.index])], inner)
+    lines += b.end_grad_mode(depth)
     return lines
 
 

@@ -78,9 +78,12 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None,
         except Unsupported as exc:
             skipped.append(NotReplayed(node.id, sig.qualified_name, str(exc)))
             continue
+        seq_id = node.attrs.get("seq_id")
         ops.append(Op(
             index=len(ops), node_id=node.id, signature=sig, args=args, outputs=outputs,
             thread=node.tid, scope=sel.scope, guard=_guard(sig),
+            records_grad=(seq_id >= 0 if isinstance(seq_id, int)
+                          and not isinstance(seq_id, bool) else None),
         ))
     return ops, skipped
 

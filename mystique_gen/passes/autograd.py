@@ -1,0 +1,77 @@
+"""Autograd: replay each op in the grad mode, and with the inputs, the original had.
+
+In a training step the forward ops record an autograd graph (the trace marks them
+with a ``seq_id``), while backward and optimizer ops run without. Recording costs
+host time per op and changes some kernels (``max_pool2d`` also computes indices,
+``embedding_bag`` leaves its forward-only path), so a replay that ran everything
+without autograd would be faster than the original. This pass:
+
+* marks as parameters the materialised floating storages that ops with a ``seq_id``
+  read and never write (their views become leaves that require grad);
+* follows, statically, which values require grad (parameters, and the floating results
+  of ops recorded with grad that read such values);
+* gives each op a grad mode: on where the original recorded a node; off where it did
+  not but reads a value that requires grad (backward, optimizer); otherwise
+  unconstrained. A trace whose seq_ids show no autograd ran without it (inference
+  under ``no_grad``): every op replays with grad off. Without seq_ids nothing changes.
+"""
+
+from __future__ import annotations
+
+from mystique_gen import oprules
+from mystique_gen.dtypes import FLOATING
+from mystique_gen.ir import Binding, DerivedView, InputView, Op, OpOutput, iter_tensors
+from mystique_gen.passes.tensors import output_paths
+
+
+def plan_autograd(ops: list[Op]) -> None:
+    if all(op.records_grad is None for op in ops):
+        return  # the trace recorded no seq_ids: nothing is known about autograd
+    if not any(op.records_grad for op in ops):
+        for op in ops:
+            op.grad_mode = False
+        return
+    _mark_parameters(ops)
+    requiring: set[int] = set()  # id() of bindings whose value requires grad
+
+    def requires(binding: Binding | None) -> bool:
+        if isinstance(binding, InputView):
+            return binding.storage.requires_grad
+        return binding is not None and id(binding) in requiring
+
+    for op in ops:
+        for view in op.derive_before:
+            if requires(view.base):
+                requiring.add(id(view))
+        reads = any(requires(tv.binding) for arg in op.args for tv in iter_tensors(arg.value))
+        if op.records_grad:
+            op.grad_mode = True
+        elif reads:
+            op.grad_mode = False
+        if not (op.grad_mode and reads):
+            continue
+        for _path, tv in output_paths(op.outputs):
+            if tv.meta.dtype in FLOATING and isinstance(tv.binding, (OpOutput, DerivedView)):
+                requiring.add(id(tv.binding))
+
+
+def _mark_parameters(ops: list[Op]) -> None:
+    read, written = set(), set()
+    for op in ops:
+        if not op.records_grad:
+            continue
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                s = tv.storage
+                if s is None or not s.materialised or s.dtype not in FLOATING:
+                    continue
+                if arg.spec.writes or not oprules.differentiable(op.name, arg.spec.name):
+                    written.add(s.index)  # never a parameter
+                else:
+                    read.add(s.index)
+    for op in ops:
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                s = tv.storage
+                if s is not None and s.index in read and s.index not in written:
+                    s.requires_grad = True
