@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mystique_gen.ir import contiguous_strides
+
 C10_NAMES = {
     "float32": "float",
     "float64": "double",
@@ -54,14 +56,6 @@ class Device:
     name: str
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
-
-
 class TraceBuilder:
     def __init__(self, schema: str = "1.1.1-chakra.0.0.4"):
         self.schema = schema
@@ -78,16 +72,19 @@ class TraceBuilder:
     def tensor(self, shape: tuple[int, ...], *, dtype: str = "float32", device: str = "cpu",
                storage: int | None = None, offset: int = 0,
                strides: tuple[int, ...] | None = None) -> T:
-        return T(self.new_id(), storage if storage is not None else self.new_id(), tuple(shape),
-                 tuple(strides) if strides is not None else _contiguous(tuple(shape)), offset,
-                 dtype, device)
+        shape = tuple(shape)
+        strides = tuple(strides) if strides is not None else contiguous_strides(shape)
+        tensor_id = self.new_id()
+        storage_id = storage if storage is not None else self.new_id()
+        return T(tensor_id, storage_id, shape, strides, offset, dtype, device)
 
     def view(self, base: T, shape: tuple[int, ...], strides: tuple[int, ...] | None = None,
              offset: int = 0) -> T:
         """Another tensor on ``base``'s storage."""
-        return T(self.new_id(), base.storage_id, tuple(shape),
-                 tuple(strides) if strides is not None else _contiguous(tuple(shape)), offset,
-                 base.dtype, base.device)
+        shape = tuple(shape)
+        strides = tuple(strides) if strides is not None else contiguous_strides(shape)
+        return T(self.new_id(), base.storage_id, shape, strides, offset, base.dtype,
+                 base.device)
 
     def annotation(self, name: str, parent: int | None = None) -> int:
         return self._node(name, parent if parent is not None else self.thread)
