@@ -42,10 +42,10 @@ TraceInput = tuple[RawTrace, Path | None]  # a trace and its resources folder, i
 
 
 def build_program(trace: RawTrace, resources: Path | None = None,
-                  options: BuildOptions | None = None) -> Program:
+                  options: BuildOptions | None = None, *, consume: bool = False) -> Program:
     """One trace; ``resources``: its ``<name>_resources/`` folder of saved integral data;
     ``options``: filters and rewrites (default: the first complete step, as recorded)."""
-    return build_programs([(trace, resources)], options or BuildOptions())
+    return build_programs([(trace, resources)], options or BuildOptions(), consume=consume)
 
 
 @dataclass
@@ -72,12 +72,13 @@ def check_trace_count(count: int, options: BuildOptions) -> None:
                           f"{count} given")
 
 
-def build_programs(traces: list[TraceInput], options: BuildOptions) -> Program:
+def build_programs(traces: list[TraceInput], options: BuildOptions, *,
+                   consume: bool = False) -> Program:
     """The pipeline: every trace selected, filtered, lowered and renamed on its own, then
     one op list (composed, repeated) through the tensor and value passes."""
     check_trace_count(len(traces), options)
     names: dict[tuple[int, int, int], int] = {}
-    parts = [_lower_part(k, trace, resources, options, names)
+    parts = [_lower_part(k, trace, resources, options, names, consume)
              for k, (trace, resources) in enumerate(traces)]
     lines: list[str] = []
     if len(parts) > 1:
@@ -142,13 +143,18 @@ def _distributed(blocks: list[tuple[_Part, list[Op]]], notes: list[str]):
 
 
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
-                names: dict[tuple[int, int, int], int]) -> _Part:
+                names: dict[tuple[int, int, int], int], consume: bool) -> _Part:
+    """``consume``: the caller no longer needs the trace's recorded arguments (it loaded
+    the trace for this build), so lowering may release them as it goes."""
     selection = select_ops(trace)
     release_covered_arguments(selection)
     kept, lines = filter_selection(trace, selection, options)
+    # Everything that reads recorded arguments runs before lowering releases them.
+    lifetimes = storage_lifetimes(selection.ops)
+    recorded = recorded_values(trace, resources)
     comm = CommLowering(trace)
-    ops, lowering_skips = lower_ops(kept.ops, comm=comm.lower)
-    rename_storages(ops, storage_lifetimes(selection.ops), k, names)
+    ops, lowering_skips = lower_ops(kept.ops, comm=comm.lower, release=consume)
+    rename_storages(ops, lifetimes, k, names)
     if options.dtype is not None:
         lines.append(retarget_dtype(ops, options.dtype))
     not_replayed = sorted(kept.not_replayed + lowering_skips, key=lambda s: s.node_id)
@@ -157,8 +163,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
         not_replayed = [NotReplayed(s.node_id, f"trace {k + 1}: {s.name}", s.reason)
                         for s in not_replayed]
     info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count)
-    return _Part(info, ops, not_replayed, kept.threads, lines,
-                 recorded_values(trace, resources), comm)
+    return _Part(info, ops, not_replayed, kept.threads, lines, recorded, comm)
 
 
 def load_traces(paths: list[str | Path], options: BuildOptions) -> list[TraceInput]:
@@ -213,7 +218,7 @@ def compile_trace(path: str | Path, *, kineto: str | Path | None = None,
     from mystique_gen.passes.streams import schedule_program
 
     trace = load_trace(path)
-    program = build_program(trace, resources_dir(path), options)
+    program = build_program(trace, resources_dir(path), options, consume=True)
     return schedule_program(program, trace, kineto, threaded=threads)
 
 
@@ -225,6 +230,6 @@ def compile_traces(paths: list[str | Path], options: BuildOptions, *,
     if len(paths) == 1:
         return compile_trace(paths[0], threads=threads, options=options)
     loaded = load_traces(paths, options)
-    program = build_programs(loaded, options)
+    program = build_programs(loaded, options, consume=True)
     threaded = threads or options.compose == "parallel"  # one host thread per trace
     return schedule_program(program, loaded[0][0], None, threaded=threaded)

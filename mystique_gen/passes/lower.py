@@ -9,7 +9,7 @@ become :class:`NotReplayed` values; malformed records raise :class:`TraceError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -49,12 +49,14 @@ class Unsupported(Exception):
     """This node cannot be replayed; the message is the reason."""
 
 
-def lower_ops(selected: list[Selected], comm: CommHook | None = None,
-              ) -> tuple[list[Op], list[NotReplayed]]:
-    """``comm`` lowers ``c10d::`` ops (passes/comms.py); without it they are not replayed."""
+def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
+              release: bool = False) -> tuple[list[Op], list[NotReplayed]]:
+    """``comm`` lowers ``c10d::`` ops (passes/comms.py); without it they are not replayed.
+    ``release``: drop each node's recorded arguments once lowered, so that the trace
+    shrinks while the IR grows (peak memory: about one of them, not both)."""
     ops: list[Op] = []
     skipped: list[NotReplayed] = []
-    for sel in selected:
+    for sel in _consumed(selected, release):
         node = sel.node
         try:
             sig = parse_signature(node.op_schema)
@@ -86,6 +88,13 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None,
                           and not isinstance(seq_id, bool) else None),
         ))
     return ops, skipped
+
+
+def _consumed(selected: list[Selected], release: bool) -> Iterator[Selected]:
+    for sel in selected:
+        yield sel
+        if release:  # runs after the loop body, whichever way it ended
+            sel.node.inputs = sel.node.outputs = []
 
 
 def _short(name: str) -> str:
