@@ -228,11 +228,12 @@ def _host_gap(us):
                 pass
 
 
-def _calibrate_gaps(inputs, device, host, iters=3):
-    """This replay's own host time between two top-level ops (us, mean), measured as
-    the recorded gaps were: in a Kineto trace of whole iterations, with the harness's
-    work counted as host time. Subtracting it cancels the profiler's share of the
-    recorded gaps and the time this file itself spends between ops."""
+def _calibrate_gaps(inputs, device, host, iters=5):
+    """This replay's own host time between two top-level ops (us), measured as the
+    recorded gaps were: in a Kineto trace of whole iterations, with the harness's work
+    counted as host time. Subtracting it cancels the profiler's share of the recorded
+    gaps and the time this file itself spends between ops. The median over iterations
+    of each iteration's mean: the first profiled iterations run cold."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
@@ -257,9 +258,9 @@ def _calibrate_gaps(inputs, device, host, iters=3):
         if name not in scopes
         and not any(a <= start < b for a, b in scopes[HARNESS_SCOPE])
     )
-    total, count = 0.0, 0
+    means = []
     for start, stop in scopes["mystique::calibrate"]:
-        last = {}
+        last, total, count = {}, 0.0, 0
         for ts, neg_end, tid in ops:
             prev = last.get(tid)
             if not start <= ts < stop or (prev is not None and ts < prev):
@@ -268,7 +269,9 @@ def _calibrate_gaps(inputs, device, host, iters=3):
                 total += ts - prev
                 count += 1
             last[tid] = -neg_end
-    return total / count if count else 0.0
+        if count:
+            means.append(total / count)
+    return statistics.median(means) if means else 0.0
 
 
 def _run_threads(flags, *bodies):
