@@ -34,7 +34,7 @@ from functools import lru_cache
 from mystique_gen.errors import MystiqueError
 from mystique_gen.schema import op_attribute_ok
 
-PIECE_BYTES = 64 * 1024
+PIECE_BYTES = 16 * 1024
 # Lines that may start a statement at the top level, and inside a function body; never
 # before a clause that continues the previous statement (a piece cannot start with it).
 _CONTINUATION = r"(?!(?:elif|else|except|finally)\b)"
