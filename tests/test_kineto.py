@@ -11,8 +11,9 @@ import torch
 
 from mystique_gen.capture import capture
 from mystique_gen.cli import main as cli_main
+from mystique_gen.emit.layout import names_statement
 from mystique_gen.emit.render import format_with_black
-from mystique_gen.emit.schedule import declaration_lines, gap_literal, helper_call
+from mystique_gen.emit.schedule import gap_literal, helper_call
 from mystique_gen.errors import TraceError
 from mystique_gen.generate import generate
 from mystique_gen.load.et import load_trace
@@ -312,12 +313,12 @@ def test_helper_call():
     assert all(len(line) <= 88 for line in lines) and lines[0] == "    _run_threads("
 
 
-def test_declaration_lines_split_at_line_length():
+def test_names_statement_splits_at_line_length():
     names = [f"t{i}" for i in range(40)]
-    lines = declaration_lines("nonlocal", names, 2)
+    lines = names_statement("nonlocal", names, 2)
     assert all(len(line) <= 88 and line.startswith("        nonlocal ") for line in lines)
     assert [n for line in lines for n in line.split(" ", 9)[-1].split(", ")] == names
-    assert declaration_lines("nonlocal", [], 2) == []
+    assert names_statement("nonlocal", [], 2) == []
 
 
 def test_gap_literal():

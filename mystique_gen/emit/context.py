@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from mystique_gen import __version__
 from mystique_gen.emit import comms, exprs, schedule, valuefill
-from mystique_gen.emit.layout import INDENT, Atom, Group, Node, flat, lay_out
+from mystique_gen.emit.layout import INDENT, Atom, Group, Node, flat, lay_out, names_statement
 from mystique_gen.emit.names import Namespace
 from mystique_gen.ir import (
     Binding,
@@ -220,7 +220,7 @@ class _ContextBuilder:
             node = self.value(arg.value)
             if not arg.spec.kwarg_only:
                 args.append(node)
-            elif arg.spec.name.isidentifier() and not _is_keyword(arg.spec.name):
+            elif arg.spec.name.isidentifier() and not keyword.iskeyword(arg.spec.name):
                 args.append(exprs.keyword(arg.spec.name, node))
             else:
                 args.append(Atom(f"**{{{exprs.str_literal(arg.spec.name)}: {flat(node)}}}"))
@@ -252,23 +252,9 @@ class _ContextBuilder:
         names = []
         for root in op.free_after:
             key = _key(root)
-            if key in self.ns and (key in self.read_roots or key in self._derived_keys(root)):
+            if key in self.ns and (key in self.read_roots or isinstance(root, DerivedView)):
                 names.append(self.ns.get(key))
-        indent = INDENT * depth
-        lines, chunk = [], []
-        for name in names:
-            candidate = chunk + [name]
-            if len(indent + "del " + ", ".join(candidate)) > 88 and chunk:
-                lines.append(indent + "del " + ", ".join(chunk))
-                candidate = [name]
-            chunk = candidate
-        if chunk:
-            lines.append(indent + "del " + ", ".join(chunk))
-        return lines
-
-    @staticmethod
-    def _derived_keys(root: Binding) -> set[object]:
-        return {_key(root)} if isinstance(root, DerivedView) else set()
+        return names_statement("del", names, depth)
 
     def _fallback_row(self, op: Op) -> Node:
         """Recorded outputs of a guarded op, to stand in for them if it cannot run."""
@@ -390,10 +376,6 @@ def _human_bytes(n: int) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
     return f"{n} B"
-
-
-def _is_keyword(name: str) -> bool:
-    return keyword.iskeyword(name)
 
 
 def _key(binding: Binding) -> object:

@@ -83,3 +83,20 @@ def lay_out(prefix: str, node: Node, depth: int, suffix: str = "") -> list[str]:
         lines.extend(lay_out(item_prefix, value, depth + 1, ","))
     lines.append(closer)
     return lines
+
+
+def names_statement(keyword: str, names: list[str], depth: int) -> list[str]:
+    """``del a, b`` / ``nonlocal a, b`` statements, as many as needed so that each fits
+    the line length (black would wrap a long one in parentheses instead)."""
+    indent = INDENT * depth
+    lines: list[str] = []
+    chunk: list[str] = []
+    for name in names:
+        if chunk and len(f"{indent}{keyword} {', '.join([*chunk, name])}") > LINE_LENGTH:
+            lines.append(f"{indent}{keyword} {', '.join(chunk)}")
+            chunk = []
+        chunk.append(name)
+    if chunk:
+        lines.append(f"{indent}{keyword} {', '.join(chunk)}")
+    return lines
+

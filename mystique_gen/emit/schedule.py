@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from mystique_gen.emit import exprs
-from mystique_gen.emit.layout import INDENT, LINE_LENGTH, Atom, Group, Node, lay_out
+from mystique_gen.emit.layout import INDENT, Atom, Group, Node, lay_out, names_statement
 from mystique_gen.emit.names import Namespace
 from mystique_gen.ir import Binding, Op, OpOutput, Program
 from mystique_gen.passes.streams import shared_roots, side_streams
@@ -49,21 +49,6 @@ def helper_call(callee: str, args: list[str], depth: int, target: str = "") -> l
     """``[target = ]callee(args)`` laid out at ``depth``."""
     return lay_out(f"{target} = " if target else "", exprs.call(callee, [Atom(a) for a in args]),
                    depth)
-
-
-def declaration_lines(keyword: str, names: list[str], depth: int) -> list[str]:
-    """``nonlocal a, b`` statements, split so each fits the line length."""
-    indent = INDENT * depth
-    lines: list[str] = []
-    chunk: list[str] = []
-    for name in names:
-        if chunk and len(f"{indent}{keyword} {', '.join([*chunk, name])}") > LINE_LENGTH:
-            lines.append(f"{indent}{keyword} {', '.join(chunk)}")
-            chunk = []
-        chunk.append(name)
-    if chunk:
-        lines.append(f"{indent}{keyword} {', '.join(chunk)}")
-    return lines
 
 
 def gap_literal(us: float | None) -> str | None:
@@ -137,7 +122,7 @@ def _threads(b: Builder, streams: dict[int, str], events: set[int],
     for tid in order:
         name, body = bodies[tid]
         lines += ["", f"    def {name}():"]
-        lines += declaration_lines("nonlocal", [n for n, t in shared if t == tid], 2)
+        lines += names_statement("nonlocal", [n for n, t in shared if t == tid], 2)
         lines += body
     lines.append("")
     lines += helper_call("_run_threads", [str(len(flags))] + [bodies[t][0] for t in order], 1)

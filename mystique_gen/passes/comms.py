@@ -189,9 +189,9 @@ def _decode_tensors(rec: RawArg, type_str: str, node_id: int, where: str, decode
     if type_str == "List[List[Tensor]]":
         if not isinstance(rec.value, list):
             raise TraceError("expected a list of tensor lists", node_id=node_id, field=where)
-        from mystique_gen.passes.lower import _list_element_types
+        from mystique_gen.passes.lower import list_element_types
 
-        inner_types = _list_element_types(rec.type, len(rec.value))
+        inner_types = list_element_types(rec.type, len(rec.value))
         shapes = rec.shape if isinstance(rec.shape, list) else []
         strides = rec.strides if isinstance(rec.strides, list) else None
         items = []

@@ -167,7 +167,7 @@ def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: st
     if base in ("List[Tensor]", "List[Optional[Tensor]]"):
         if not isinstance(value, list):
             raise TraceError("expected a list of tensors", node_id=node_id, field=where)
-        element_types = _list_element_types(raw.type, len(value))
+        element_types = list_element_types(raw.type, len(value))
         shapes = raw.shape if isinstance(raw.shape, list) else []
         strides = raw.strides if isinstance(raw.strides, list) else None
         items: list[Value] = []
@@ -215,7 +215,7 @@ def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: st
     raise Unsupported(f"argument type {type_str} is not supported")
 
 
-def _list_element_types(type_str: str, count: int) -> list[str]:
+def list_element_types(type_str: str, count: int) -> list[str]:
     """``GenericList[Tensor(float),Tensor(long int)]`` -> per-element type strings."""
     inner = type_str[type_str.find("[") + 1 : -1] if type_str.endswith("]") else ""
     parts, depth, start = [], 0, 0

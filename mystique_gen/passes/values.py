@@ -40,7 +40,7 @@ from mystique_gen.ir import (
     iter_tensors,
 )
 from mystique_gen.load.et import RawArg, RawTrace
-from mystique_gen.passes.lower import _list_element_types
+from mystique_gen.passes.lower import list_element_types
 
 # Values a fill may take per integral dtype (int64 leaves room for ``high + 1``).
 _INT_LIMITS = {
@@ -82,7 +82,7 @@ def _ordinals(inputs: list[RawArg]) -> list[list[int | None]]:
             k += 1
         elif "List[" in raw.type and isinstance(raw.value, list):
             row: list[int | None] = []
-            for t in _list_element_types(raw.type, len(raw.value)):
+            for t in list_element_types(raw.type, len(raw.value)):
                 if t.startswith("Tensor"):
                     row.append(k)
                     k += 1
