@@ -102,35 +102,30 @@ def _op(resolve, name):
 
 
 # Operators, resolved once; every call below goes straight to the dispatcher.
-aten_linear = _op(lambda: torch.ops.aten.linear.default, "aten::linear.default")
-aten_relu = _op(lambda: torch.ops.aten.relu.default, "aten::relu.default")
+aten_linear = _op(lambda: torch.nn.functional.linear, "aten::linear.default")
+aten_relu = _op(lambda: torch.relu, "aten::relu.default")
 aten_cross_entropy_loss = _op(
     lambda: torch.ops.aten.cross_entropy_loss.default,
     "aten::cross_entropy_loss.default",
 )
-aten_ones_like = _op(
-    lambda: torch.ops.aten.ones_like.default, "aten::ones_like.default"
-)
+aten_ones_like = _op(lambda: torch.ones_like, "aten::ones_like.default")
 aten_nll_loss_backward = _op(
     lambda: torch.ops.aten.nll_loss_backward.default, "aten::nll_loss_backward.default"
 )
 aten__log_softmax_backward_data = _op(
-    lambda: torch.ops.aten._log_softmax_backward_data.default,
-    "aten::_log_softmax_backward_data.default",
+    lambda: torch._log_softmax_backward_data, "aten::_log_softmax_backward_data.default"
 )
-aten_t = _op(lambda: torch.ops.aten.t.default, "aten::t.default")
-aten_mm = _op(lambda: torch.ops.aten.mm.default, "aten::mm.default")
-aten_sum_dim_IntList = _op(
-    lambda: torch.ops.aten.sum.dim_IntList, "aten::sum.dim_IntList"
-)
-aten_view = _op(lambda: torch.ops.aten.view.default, "aten::view.default")
-aten_detach = _op(lambda: torch.ops.aten.detach.default, "aten::detach.default")
+aten_t = _op(lambda: torch.t, "aten::t.default")
+aten_mm = _op(lambda: torch.mm, "aten::mm.default")
+aten_sum_dim_IntList = _op(lambda: torch.sum, "aten::sum.dim_IntList")
+aten_view = _op(lambda: torch.Tensor.view, "aten::view.default")
+aten_detach = _op(lambda: torch.detach, "aten::detach.default")
 aten_threshold_backward = _op(
     lambda: torch.ops.aten.threshold_backward.default,
     "aten::threshold_backward.default",
 )
-aten_mul__Tensor = _op(lambda: torch.ops.aten.mul_.Tensor, "aten::mul_.Tensor")
-aten_add__Tensor = _op(lambda: torch.ops.aten.add_.Tensor, "aten::add_.Tensor")
+aten_mul__Tensor = _op(lambda: torch.Tensor.mul_, "aten::mul_.Tensor")
+aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
 
 # Recorded outputs of guarded ops: [dtype, shape, strides, device] per tensor.
 _FALLBACKS = []

@@ -1,7 +1,7 @@
 """Compare an original trace with the trace of its replay.
 
-* op multisets of the two execution traces (the ops a benchmark replays; the
-  harness's own work, labelled with its profiler scope, is left out);
+* op multisets of the two execution traces, by overload (the ops a benchmark
+  replays; the harness's own work, labelled with its profiler scope, is left out);
 * with Kineto traces of both: time per op category (:func:`oprules.op_category`) per
   iteration, original vs replay, and the end-to-end error.
 """
@@ -19,10 +19,24 @@ from mystique_gen.load.et import RawTrace, load_trace
 from mystique_gen.passes.select import select_ops
 
 
-def op_multiset(trace: RawTrace | str | Path) -> Counter[str]:
-    """Names of the top-level operators (the ones a benchmark replays), with counts."""
+def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False) -> Counter[str]:
+    """The top-level operators (the ones a benchmark replays), with counts: by qualified
+    name (``aten::mul``, what filters match), or ``by_overload`` (``aten::mul.Scalar``
+    and ``aten::mul.Tensor`` differ)."""
     raw = trace if isinstance(trace, RawTrace) else load_trace(trace)
-    return Counter(s.node.name for s in select_ops(raw).ops if HARNESS_SCOPE not in s.scope)
+    ops = [s.node for s in select_ops(raw).ops if HARNESS_SCOPE not in s.scope]
+    if by_overload:
+        return Counter(overload_name(n.name, n.op_schema) for n in ops)
+    return Counter(n.name for n in ops)
+
+
+def overload_name(name: str, schema: str) -> str:
+    """``aten::mul.Scalar`` from a node's schema; ``.default`` where it names none; the
+    node's name where no schema was recorded."""
+    head = schema.split("(", 1)[0].strip()
+    if not head:
+        return name
+    return head if "." in head.split("::", 1)[-1] else head + ".default"
 
 
 def multiset_match(original: Counter[str], replay: Counter[str]) -> float:
@@ -153,7 +167,7 @@ def compare_traces(original: str | Path, replay: str | Path, *,
     ``--profile``); unless ``replay_iterations`` says how many, it is the ratio of the
     two traces' top-level op counts.
     """
-    a, b = op_multiset(original), op_multiset(replay)
+    a, b = op_multiset(original, by_overload=True), op_multiset(replay, by_overload=True)
     names = sorted(set(a) | set(b))
     diffs = [(n, a[n], b[n]) for n in names if a[n] != b[n]]
     diffs.sort(key=lambda d: (-abs(d[1] - d[2]), d[0]))

@@ -175,6 +175,9 @@ class Op:
     # (None: whichever is current).
     records_grad: bool | None = None
     grad_mode: bool | None = None
+    # The public callable that dispatches exactly this overload ("torch.add"), where
+    # probing proved one (passes/bindings.py); None: call it through torch.ops.
+    binding: str | None = None
 
     @property
     def name(self) -> str:

@@ -35,6 +35,7 @@ class BuildOptions:
     compose: str | None = None  # how several traces combine: "sequence" or "parallel"
     repeat: int = 1  # the op list this many times per iteration
     dtype: str | None = None  # recast floating tensors and dtype arguments to this
+    public_calls: bool = True  # call ops as torch.add(...) where proven the same overload
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -93,6 +94,9 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
                    help="replay the op list K times per iteration")
     g.add_argument("--dtype", choices=DTYPES,
                    help="recast floating tensors and dtype arguments")
+    g.add_argument("--dispatcher-calls", action="store_true",
+                   help="call every op through torch.ops.<ns>.<op>.<overload>, not the "
+                        "public function (torch.add) that dispatches the same overload")
     g.add_argument("--device", metavar="DEVICE",
                    help="the benchmark's default --device (default: cuda if available, "
                         "else cpu, decided where it runs)")
@@ -109,6 +113,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
         compose=args.compose,
         repeat=args.repeat,
         dtype=args.dtype,
+        public_calls=not args.dispatcher_calls,
     )
 
 

@@ -1,7 +1,8 @@
 """The compiler pipeline, one direction.
 
 load -> select -> filter -> lower -> rename storages -> retarget -> [compose, repeat]
--> tensors -> values -> communication waits -> (schedule: streams, threads, timing)
+-> tensors -> values -> autograd -> public bindings -> communication waits
+-> (schedule: streams, threads, timing)
 
 Every trace goes through the same steps whether it is compiled alone, filtered, or
 combined with others (``--compose``): :func:`build_programs` is the one path.
@@ -18,6 +19,7 @@ from mystique_gen.ir import NotReplayed, Op, Program, TraceInfo, iter_tensors
 from mystique_gen.load.et import RawTrace, load_trace
 from mystique_gen.options import BuildOptions, OptionError
 from mystique_gen.passes.autograd import plan_autograd
+from mystique_gen.passes.bindings import choose_bindings
 from mystique_gen.passes.comms import CommLowering
 from mystique_gen.passes.compose import (
     combined_info,
@@ -113,6 +115,8 @@ def build_programs(traces: list[TraceInput], options: BuildOptions, *,
         storages = plan.storages if len(blocks) == 1 else storages_of(block)
         assign_values(block, storages, part.recorded)
     plan_autograd(ops)
+    if options.public_calls:
+        choose_bindings(ops)
     info = parts[0].info if len(parts) == 1 else combined_info([p.info for p in parts])
     not_replayed = [s for p in parts for s in p.not_replayed]
     if options.compose == "parallel":

@@ -233,8 +233,8 @@ def run_one(name: str, train: bool, work: Path) -> dict[str, object]:
     replay_et = work / f"{stem}_replay.et.json"
     g = state["g"]
     g["_record_et"](str(replay_et), state["inputs"], torch.device("cpu"), torch.device("cpu"))
-    original = op_multiset(result.et_path)
-    match = multiset_match(original, op_multiset(replay_et))
+    original = op_multiset(result.et_path, by_overload=True)
+    match = multiset_match(original, op_multiset(replay_et, by_overload=True))
     row: dict[str, object] = {"model": label, "ops": sum(original.values()),
                               "eager_ms": ms["eager"], "own_us": state["own_us"],
                               "match": match}

@@ -47,7 +47,8 @@ def test_replay_matches_original_op_multiset(model, tmp_path):
     assert out["iter_ms_min"] > 0
     assert out["skipped_at_runtime"] == []
 
-    original, replayed = op_multiset(result.et_path), op_multiset(replay_et)
+    original = op_multiset(result.et_path, by_overload=True)
+    replayed = op_multiset(replay_et, by_overload=True)
     assert original == replayed, (original - replayed, replayed - original)
 
 

@@ -10,9 +10,10 @@ check is the second line of defence, run on every file :func:`render` produces:
   top-level definition of the template (the harness: derived from the template
   itself, so harness functions added later are allowed automatically), an operator
   handle (a module-level name bound by calling a harness function on a lambda that
-  returns a ``torch.ops`` attribute chain), a ``torch.Tensor`` method, a call the
-  template itself makes (``print``, ``parser.add_argument``, ...), or ``float`` of
-  ``"inf"``/``"-inf"``/``"nan"``.
+  returns a ``torch.ops`` attribute chain or a public name of an operator's C++
+  binding, see :func:`~mystique_gen.passes.bindings.public_chain_ok`), a
+  ``torch.Tensor`` method, a call the template itself makes (``print``,
+  ``parser.add_argument``, ...), or ``float`` of ``"inf"``/``"-inf"``/``"nan"``.
 
 Parsing a whole 35,000-line file builds an AST of about a hundred times the text's
 size, so the file is parsed in pieces of at most :data:`PIECE_BYTES`: top-level
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from mystique_gen.errors import MystiqueError
+from mystique_gen.passes.bindings import public_chain_ok
 from mystique_gen.schema import op_attribute_ok
 
 PIECE_BYTES = 16 * 1024
@@ -238,7 +240,8 @@ def _top_level(tree: ast.Module, facts: Facts) -> None:
 
 
 def _is_handle(value: ast.expr) -> bool:
-    """``_op(lambda: torch.ops.ns.name.overload, "ns::name.overload")``-like bindings."""
+    """``_op(lambda: torch.ops.ns.name.overload, "ns::name.overload")``-like bindings, or
+    ``_op(lambda: torch.add, ...)`` where ``torch.add`` is an operator's C++ binding."""
     if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
         return False
     lambdas = [a for a in value.args if isinstance(a, ast.Lambda)]
@@ -247,8 +250,11 @@ def _is_handle(value: ast.expr) -> bool:
     body = lambdas[0].body
     chain = _chain(body) if isinstance(body, ast.Attribute) else None
     others_constant = all(isinstance(a, (ast.Lambda, ast.Constant)) for a in value.args)
-    return (chain is not None and chain.startswith("torch.ops.") and torch_chain_ok(chain)
-            and others_constant)
+    if chain is None or not others_constant:
+        return False
+    if chain.startswith("torch.ops."):
+        return torch_chain_ok(chain)
+    return public_chain_ok(chain)
 
 
 def _pieces(text: str) -> Iterator[tuple[int, ast.Module, bool]]:

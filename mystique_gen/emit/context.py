@@ -40,7 +40,7 @@ BODY_DEPTH = 1  # statements live inside a function body
 @dataclass
 class OpHandle:
     name: str  # identifier in the generated file
-    target: str  # "torch.ops.aten.mm.default"
+    target: str  # "torch.ops.aten.mm.default" or a public binding, "torch.mm"
     qualified: str  # "aten::mm.default"
 
     def lines(self) -> list[str]:
@@ -116,15 +116,21 @@ class _ContextBuilder:
         return roots
 
     def handle(self, op: Op) -> str:
+        """The module-level name bound to the op's callable: its public binding where
+        one was proven (passes/bindings.py; guarded ops keep torch.ops, whose name the
+        skip notice prints), else its torch.ops overload."""
         sig = op.signature
-        if sig.full_name not in self.handles:
+        target = f"torch.ops.{sig.namespace}.{sig.name}.{sig.overload}"
+        if op.binding is not None and not op.guard:
+            target = op.binding
+        key = f"{sig.full_name} {target}"
+        if key not in self.handles:
             hint = f"{sig.namespace}_{sig.name}"
             if sig.overload != "default":
                 hint += f"_{sig.overload}"
-            name = self.ns.readable(("op", sig.full_name), hint)
-            target = f"torch.ops.{sig.namespace}.{sig.name}.{sig.overload}"
-            self.handles[sig.full_name] = OpHandle(name, target, sig.full_name)
-        return self.handles[sig.full_name].name
+            name = self.ns.readable(("op", key), hint)
+            self.handles[key] = OpHandle(name, target, sig.full_name)
+        return self.handles[key].name
 
     def storage_name(self, storage: Storage) -> str:
         key = ("storage", storage.index)

@@ -1,0 +1,259 @@
+"""Public bindings: call each op the way a model does, where that is provably the same op.
+
+A call through ``torch.ops.aten.add.Tensor`` boxes its arguments against the schema and
+costs about twice the host time of ``torch.add``, whose generated C++ binding calls the
+operator unboxed. A benchmark that replays thousands of small ops through ``torch.ops``
+would spend more host time per op than the model it came from. So where a public
+callable (``torch.add``, ``torch.Tensor.add_``, ``torch.nn.functional.gelu``,
+``torch.linalg.vector_norm``) exists, this pass *probes* it: it calls the candidate once
+with arguments of the same Python types the generated file passes but nothing to
+compute (empty tensors, zero numbers), under the profiler, and keeps it only if the
+call dispatched exactly the recorded overload and nothing else at the top level.
+(Python's argument parser picks the overload from the argument types, and some
+overloads are never bound: ``torch.add(x, 2)`` dispatches ``aten::add.Tensor``, not
+``aten::add.Scalar``.) Everything else keeps its ``torch.ops`` call. Probes are
+deduplicated by (operator, argument kinds), so a trace costs one probe per distinct
+call form, each on empty tensors (see :func:`_probe_value`).
+
+Only callables that are C++ bindings of operators are candidates (never a Python
+function of the same name), checked by identity against torch's binding modules; the
+safety check of generated files uses the same test (:func:`public_chain_ok`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from functools import lru_cache
+from typing import Any
+
+from mystique_gen.ir import (
+    DeviceValue,
+    ListValue,
+    Literal,
+    Op,
+    TensorValue,
+    TorchConstant,
+    Value,
+)
+
+# Public modules whose attributes may be operator bindings: (public path, binding
+# module's path under torch._C, prefix of the aten name). ``torch.Tensor`` methods are
+# handled apart (their binding "module" is torch._C.TensorBase).
+_MODULES = (
+    ("torch", "_VariableFunctions", ""),
+    ("torch.nn.functional", "_nn", ""),
+    ("torch.linalg", "_linalg", "linalg_"),
+    ("torch.special", "_special", "special_"),
+    ("torch.fft", "_fft", "fft_"),
+)
+_PROBE_MARK = "mystique_probe_"
+
+
+def choose_bindings(ops: list[Op]) -> None:
+    """Set ``op.binding`` to a public callable's dotted path where probing proves it
+    dispatches exactly the op's recorded overload."""
+    forms: dict[tuple[object, ...], list[Op]] = {}
+    for op in ops:
+        if _probe_worthy(op):
+            forms.setdefault(_form_key(op), []).append(op)
+    if not forms:
+        return
+    probes = [(key, chain, group[0]) for key, group in forms.items()
+              for chain in candidates(group[0].signature.name)]
+    dispatched = _run_probes([(chain, op) for _key, chain, op in probes])
+    chosen: dict[tuple[object, ...], str] = {}
+    for (key, chain, op), names in zip(probes, dispatched, strict=True):
+        if key not in chosen and names == [op.signature.full_name]:
+            chosen[key] = chain
+    for key, group in forms.items():
+        for op in group:
+            op.binding = chosen.get(key)
+
+
+def candidates(name: str) -> list[str]:
+    """Public callables that may bind aten operator ``name``, in order of preference."""
+    found = []
+    for public, _binding, prefix in _MODULES:
+        if name.startswith(prefix):
+            chain = f"{public}.{name[len(prefix):]}"
+            if public_chain_ok(chain):
+                found.append(chain)
+    if public_chain_ok(f"torch.Tensor.{name}"):
+        found.append(f"torch.Tensor.{name}")
+    return found
+
+
+@lru_cache(maxsize=8192)
+def public_chain_ok(chain: str) -> bool:
+    """Whether ``chain`` (``torch.add``, ``torch.Tensor.add_``) is a public name of a C++
+    operator binding of the installed torch: identical to the attribute of the same
+    name in the binding module, so never a Python function (``torch.norm``) nor
+    anything that is not an operator (``torch.load``)."""
+    import torch
+
+    module_path, _, attr = chain.rpartition(".")
+    if not attr.isidentifier() or attr.startswith("__"):
+        return False
+    if module_path == "torch.Tensor":
+        bound = getattr(torch._C.TensorBase, attr, None)
+        return bound is not None and type(bound).__name__ == "method_descriptor" and (
+            getattr(torch.Tensor, attr, None) is bound)
+    for public, binding, prefix in _MODULES:
+        if module_path == public:
+            bound = getattr(getattr(torch._C, binding), prefix + attr, None)
+            return (bound is not None and type(bound).__name__ == "builtin_function_or_method"
+                    and getattr(_module(public), attr, None) is bound)
+    return False
+
+
+def _module(path: str) -> Any:
+    import importlib
+
+    return importlib.import_module(path)
+
+
+def _probe_worthy(op: Op) -> bool:
+    """aten ops the harness calls directly that take or make a tensor: ops without
+    either (``aten::_print``) may act on the process rather than on tensors, and are
+    never called at generation time."""
+    if op.guard or op.comm is not None or op.signature.namespace != "aten":
+        return False
+    if any("Tensor" in r for r in op.signature.returns):
+        return True
+    return any(isinstance(v, (TensorValue, DeviceValue)) for arg in op.args
+               for v in _leaves(arg.value))
+
+
+def _leaves(value: Value) -> Iterator[Value]:
+    if isinstance(value, ListValue):
+        for item in value.items:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def _form_key(op: Op) -> tuple[object, ...]:
+    """What Python's argument parser sees of a call: the operator and each argument's
+    Python type (tensors by whether they are 0-d, which a Scalar parameter accepts)."""
+    return (op.signature.full_name, *(_kind(arg.value) for arg in op.args))
+
+
+def _kind(value: Value) -> object:
+    if isinstance(value, TensorValue):
+        return "tensor0" if not value.meta.shape else "tensor"
+    if isinstance(value, Literal):
+        return type(value.value).__name__
+    if isinstance(value, TorchConstant):
+        return ("constant", value.name)
+    if isinstance(value, DeviceValue):
+        return "device"
+    return ("list", tuple(sorted({repr(_kind(v)) for v in value.items})))
+
+
+def _probe_value(value: Value) -> Any:
+    """The argument with the same Python type as in the generated call but nothing to
+    compute: tensors empty (their rank and dtype kept), numbers zero, devices the CPU.
+    The parser chooses an overload from types alone, and a probe then allocates
+    nothing whatever sizes the trace declares."""
+    import torch
+
+    if isinstance(value, TensorValue):
+        shape = (0,) * len(value.meta.shape)  # a 0-d tensor keeps its one element
+        return torch.empty(shape, dtype=getattr(torch, value.meta.dtype))
+    if isinstance(value, Literal):
+        v = value.value
+        return type(v)(0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    if isinstance(value, TorchConstant):
+        return getattr(torch, value.name)
+    if isinstance(value, DeviceValue):
+        return torch.device("cpu")
+    items = value.items
+    if any(isinstance(v, TensorValue) for v in items):
+        items = items[:2]  # the parser reads the items' types; an optimizer's 150 are slow
+    return [_probe_value(v) for v in items]
+
+
+def _call(chain: str, op: Op) -> Callable[[], object]:
+    import torch
+
+    module_path, _, attr = chain.rpartition(".")
+    target = getattr(torch.Tensor if module_path == "torch.Tensor" else _module(module_path),
+                     attr)
+    args, kwargs = [], {}
+    for arg in op.args:
+        value = _probe_value(arg.value)
+        if arg.spec.kwarg_only:
+            kwargs[arg.spec.name] = value
+        else:
+            args.append(value)
+    return lambda: target(*args, **kwargs)
+
+
+def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
+    """For each (callable, op), the overloads the call dispatched at the top level
+    (``aten::add.Tensor``; ``.default`` spelled out), or None where it could not be made.
+
+    The profiler records an op when it is entered, so a kernel that then refuses the
+    empty arguments (a view to a size they do not have) still shows which overload the
+    parser chose. A profiler already running (generation inside a profiled program)
+    leaves every op on torch.ops.
+    """
+    import torch
+    from torch._C._profiler import _ExperimentalConfig, _RecordFunctionFast
+    from torch.autograd.profiler import profile
+
+    calls: list[Callable[[], object] | None] = []
+    for chain, op in probes:
+        try:
+            calls.append(_call(chain, op))
+        except Exception:  # noqa: BLE001 - a dtype this build cannot hold: no probe
+            calls.append(None)
+    config = _ExperimentalConfig(capture_overload_names=True)
+    profiler = profile(use_cpu=True, experimental_config=config)
+    with _quiet_stderr():
+        try:
+            profiler.__enter__()
+        except RuntimeError:
+            return [None] * len(calls)
+        try:
+            with torch.no_grad():
+                for i, call in enumerate(calls):
+                    if call is None:
+                        continue
+                    # A kernel refusing the empty arguments is expected: see above.
+                    with _RecordFunctionFast(f"{_PROBE_MARK}{i}"), suppress(Exception):
+                        call()
+        finally:
+            profiler.__exit__(None, None, None)
+    result: list[list[str] | None] = [None if c is None else [] for c in calls]
+    for event in profiler.function_events:
+        parent = event.cpu_parent
+        if parent is None or not parent.name.startswith(_PROBE_MARK):
+            continue
+        entries = result[int(parent.name[len(_PROBE_MARK):])]
+        if entries is not None:
+            overload = event.overload_name or "default"
+            entries.append(f"{event.name}.{overload}")
+    return result
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The observer logs its start and stop on the process's stderr; a generator's
+    stderr is for its own messages."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

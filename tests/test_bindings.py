@@ -1,0 +1,129 @@
+"""Public bindings (passes/bindings.py): ops are called the way a model calls them
+(``torch.add``), only where that provably dispatches the recorded overload."""
+
+from __future__ import annotations
+
+import pytest
+
+from mystique_gen.compare import op_multiset
+from mystique_gen.emit.check import UnsafeCodeError, check_source
+from mystique_gen.emit.context import GenerateOptions
+from mystique_gen.generate import generate
+from mystique_gen.ir import DeviceValue, ListValue, Literal, TensorMeta, TensorValue
+from mystique_gen.load.et import trace_from_document
+from mystique_gen.options import BuildOptions
+from mystique_gen.passes.bindings import _probe_value, candidates, public_chain_ok
+from mystique_gen.pipeline import build_program
+from tests.conftest import last_json, run_benchmark
+from tests.test_check import GOLDEN, inject_call
+from tests.tracebuilder import ADD_, MM, RELU, TraceBuilder
+
+MUL_SCALAR = "aten::mul.Scalar(Tensor self, Scalar other) -> Tensor"
+MUL_TENSOR = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+SPLIT = "aten::split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]"
+ZEROS = ("aten::zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, "
+         "Device? device=None, bool? pin_memory=None) -> Tensor")
+
+
+def _trace(tmp_path=None):
+    b = TraceBuilder()
+    x, w = b.tensor((4, 4)), b.tensor((4, 4))
+    y = b.tensor((4, 4))
+    b.op(MM, [x, w], [y])
+    b.op(ADD_, [y, w, 1], [y])
+    r = b.tensor((4, 4))
+    b.op(RELU, [y], [r])
+    s = b.tensor((4, 4))
+    b.op(MUL_SCALAR, [r, 3.0], [s])
+    m = b.tensor((4, 4))
+    b.op(MUL_TENSOR, [s, x], [m])
+    parts = [b.view(m, (2, 4)), b.view(m, (2, 4), offset=8)]
+    b.op(SPLIT, [m, 2, 0], [parts])
+    return b if tmp_path is None else b.write(tmp_path / "t.json")
+
+
+def _bindings(options: BuildOptions | None = None) -> dict[str, str | None]:
+    program = build_program(trace_from_document(_trace().doc(), name="t.json", sha256="0"),
+                            options=options)
+    return {op.signature.full_name: op.binding for op in program.ops}
+
+
+def test_each_op_gets_the_public_call_that_dispatches_its_overload():
+    assert _bindings() == {
+        "aten::mm.default": "torch.mm",
+        "aten::add_.Tensor": "torch.Tensor.add_",  # in place: a method
+        "aten::relu.default": "torch.relu",
+        # torch.mul(x, 3.0) dispatches mul.Tensor (aten::mul.Scalar has no binding)
+        "aten::mul.Scalar": None,
+        "aten::mul.Tensor": "torch.mul",
+        "aten::split.Tensor": None,  # torch.split and Tensor.split are Python functions
+    }
+
+
+def test_dispatcher_calls_keeps_torch_ops_everywhere():
+    assert set(_bindings(BuildOptions(public_calls=False)).values()) == {None}
+
+
+@pytest.mark.parametrize("chain", [
+    "torch.add", "torch.mm", "torch._foreach_add_", "torch.Tensor.add_", "torch.Tensor.view",
+    "torch.nn.functional.linear", "torch.linalg.vector_norm", "torch.special.erf",
+])
+def test_operator_bindings_are_public_calls(chain):
+    assert public_chain_ok(chain)
+
+
+@pytest.mark.parametrize("chain", [
+    "torch.load", "torch.save", "torch.norm", "torch.split", "torch.Tensor.split",
+    "torch.nn.functional.layer_norm", "torch.Tensor.__class__", "torch.os.system",
+    "torch.ops.aten.add", "os.system", "torch.Tensor.__init__",
+])
+def test_python_functions_and_non_operators_are_not(chain):
+    assert not public_chain_ok(chain)
+
+
+def test_candidates_strip_the_aten_prefix_of_submodules():
+    assert candidates("linalg_vector_norm") == ["torch.linalg.vector_norm"]
+    assert candidates("add_") == ["torch.Tensor.add_"]
+    assert candidates("load") == []
+
+
+def test_probe_arguments_keep_types_but_hold_nothing():
+    """A probe runs at generation time: whatever sizes a trace declares, it allocates
+    nothing (a zeros of 10^12 elements is probed as a zeros of none)."""
+    big = TensorValue(1, 1, TensorMeta((10**6, 10**6), (10**6, 1), 0, "float32", "cpu"))
+    tensor = _probe_value(big)
+    assert tuple(tensor.shape) == (0, 0) and str(tensor.dtype) == "torch.float32"
+    assert _probe_value(ListValue((Literal(10**12), Literal(7)))) == [0, 0]
+    assert _probe_value(Literal(2.5)) == 0.0 and isinstance(_probe_value(Literal(2.5)), float)
+    assert _probe_value(Literal(True)) is True
+    assert str(_probe_value(DeviceValue("cuda"))) == "cpu"
+    b = TraceBuilder()
+    b.op(ZEROS, [[10**6, 10**6], 6, None, None, None], [b.tensor((10**6, 10**6))])
+    program = build_program(trace_from_document(b.doc(), name="z.json", sha256="0"))
+    assert [op.binding for op in program.ops] == ["torch.zeros"]
+
+
+def test_safety_check_accepts_public_bindings_only():
+    ok = GOLDEN.replace("\n\n# Operators,", '\nh = _op(lambda: torch.Tensor.add_, "x")\n'
+                        "\n# Operators,", 1)
+    check_source(inject_call(ok, "h(1, 2)"))
+    for target in ("torch.load", "torch.norm", "torch.Tensor.split"):
+        bad = GOLDEN.replace("\n\n# Operators,", f'\nh = _op(lambda: {target}, "x")\n'
+                             "\n# Operators,", 1)
+        with pytest.raises(UnsafeCodeError, match="'h'"):
+            check_source(inject_call(bad, "h(1)"))
+
+
+@pytest.mark.slow
+def test_replay_dispatches_the_recorded_overloads(tmp_path):
+    trace = _trace(tmp_path)
+    bench = tmp_path / "bench.py"
+    text = generate(trace, bench, GenerateOptions(command_line="test"))
+    assert 'lambda: torch.mm, "aten::mm.default"' in text
+    assert "lambda: torch.ops.aten.mul.Scalar" in text
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1", "--json",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["ops"] == 6
+    assert op_multiset(replay_et, by_overload=True) == op_multiset(trace, by_overload=True)
