@@ -223,17 +223,19 @@ def _host_gap(us):
                 pass
 
 
-def _calibrate_gaps(inputs, device, host, iters=5):
+def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
     """This replay's own host time between two top-level ops (us), measured as the
     recorded gaps were: in a Kineto trace of whole iterations, with the harness's work
     counted as host time. Subtracting it cancels the profiler's share of the recorded
     gaps and the time this file itself spends between ops. The median over iterations
-    of each iteration's mean: the first profiled iterations run cold."""
+    of each iteration's mean: the first profiled iterations run cold, and a shared
+    machine slows a few."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(iters):
+            _reset(snapshot)  # outside the scope: not the replay's own time
             with record_function("mystique::calibrate"):
                 replay(inputs, device, host)
         _sync(device)
@@ -739,7 +741,7 @@ def main(argv=None):
         step(inputs, device, host)
     _sync(device)
     if _RUNTIME["host_gaps"] and ORIGINAL is not None and not args.cuda_graph:
-        _RUNTIME["gap_own_us"] = _calibrate_gaps(inputs, device, host)
+        _RUNTIME["gap_own_us"] = _calibrate_gaps(inputs, device, host, snapshot)
     times = []
     for _ in range(args.iters):
         _reset(snapshot)

@@ -185,6 +185,16 @@ POSITIVE_ARGS: dict[str, tuple[str, ...]] = {
     "aten::_fused_adamw_": ("exp_avg_sqs",),
 }
 
+# Saved state a backward op reads back from its forward as raw bytes (an RNN's gates in a
+# workspace): random bytes reinterpreted as floats hold NaN and inf, which poison every
+# gradient and slow every kernel after them. Filled with zeros, which read as 0.0 in any
+# dtype.
+SAVED_WORKSPACES: dict[str, tuple[str, ...]] = {
+    "aten::mkldnn_rnn_layer_backward": ("workspace",),
+    "aten::_cudnn_rnn_backward": ("reserve",),
+    "aten::miopen_rnn_backward": ("reserve",),
+}
+
 # Default fills by element kind: (kind, low, high).
 DEFAULT_INTEGRAL = ("randint", 0, 8)
 DEFAULT_FLOATING = ("uniform", -1.0, 1.0)

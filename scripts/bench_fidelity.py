@@ -4,14 +4,15 @@ Models no one here wrote (HuggingFace transformers built from small configs, no
 downloads; torch's nn.LSTM and nn.TransformerEncoder; an EmbeddingBag recommender),
 each as a training step (forward, backward, optimizer) and an inference step, on CPU
 with one intra-op thread. For each: capture, generate, load the benchmark in this
-process and time the eager step and the benchmark iteration alternately, side by side;
-then compare the op multisets of the original and the replay's execution traces.
+process and time the eager step and the benchmark iteration side by side, in rotating
+blocks of consecutive steps; then compare the op multisets of the original and the
+replay's execution traces.
 
 Each benchmark is generated with ``--kineto`` and timed twice per round: host gaps off
 (the operators alone) and ``recorded`` (the original's host time between operators,
 taken from the capture's profile-only steps, less the replay's own per-op host time,
 which the benchmark measures once, as ``--host-gaps recorded`` does; see
-passes/hostgaps.py). Error = benchmark / eager - 1, medians over alternating rounds.
+passes/hostgaps.py). Error = benchmark / eager - 1, medians over all timed steps.
 
 Targets: median |error| <= 3 %, worst <= 10 %, op-multiset match >= 99.5 % everywhere,
 no crashes. Run alone: `python scripts/bench.py fidelity` (FIDELITY_ROUNDS=N to time
@@ -42,7 +43,8 @@ from mystique_gen.emit.context import GenerateOptions  # noqa: E402
 from mystique_gen.generate import generate  # noqa: E402
 
 Step = Callable[[], object]
-ROUNDS = int(os.environ.get("FIDELITY_ROUNDS", "15"))
+ROUNDS = int(os.environ.get("FIDELITY_ROUNDS", "8"))
+BLOCK = 5  # timed steps per function per round
 MODES = ("off", "recorded")
 
 
@@ -180,42 +182,68 @@ MODELS: dict[str, Callable[[bool], Step]] = {
 
 def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
     """The generated file as a module: one replay iteration per host-gap mode, as
-    callables, with the replay's own per-op host time calibrated as its main() does."""
+    callables, run as its main() runs them: inputs restored before every iteration
+    (``--reset-inputs auto``, untimed: see ``Timed``), the replay's own per-op host
+    time calibrated after warm-up."""
     g = runpy.run_path(str(path), run_name="mystique_benchmark")
     device = host = torch.device("cpu")
     runtime = g["_RUNTIME"]
     runtime["device"], runtime["host"] = device, host
     gens = {"cpu": torch.Generator("cpu").manual_seed(0)}
     inputs = g["make_inputs"](device, host, gens)
+    snapshot = g["_snapshot"](inputs, device, "auto")
     replay = g["replay"]
 
-    def mode(gaps: bool) -> Step:
+    def mode(gaps: bool) -> Timed:
         def run() -> None:
             runtime["host_gaps"] = gaps
             replay(inputs, device, host)
-        return run
+        return Timed(run, lambda: g["_reset"](snapshot))
 
     steps = {"off": mode(False), "recorded": mode(True)}
     for _ in range(2):  # warm, as main() does before calibrating
-        steps["off"]()
+        steps["off"].prepare()
+        steps["off"].run()
     runtime["host_gaps"] = True
-    runtime["gap_own_us"] = g["_calibrate_gaps"](inputs, device, host)
+    runtime["gap_own_us"] = g["_calibrate_gaps"](inputs, device, host, snapshot)
     runtime["host_gaps"] = False
-    return steps, {"g": g, "inputs": inputs, "own_us": runtime["gap_own_us"]}
+    return steps, {"g": g, "inputs": inputs, "own_us": runtime["gap_own_us"],
+                   "snapshot": snapshot}
 
 
-def _side_by_side(fns: dict[str, Step], rounds: int) -> dict[str, float]:
-    """Median ms of each, timed alternately (order rotated every round) after warm-up."""
+class Timed:
+    """A step to time, and the untimed work before each run (the benchmark's input
+    reset; nothing for the eager step, which trains on as a training loop does)."""
+
+    def __init__(self, run: Step, prepare: Step | None = None):
+        self.run = run
+        self.prepare = prepare or (lambda: None)
+
+
+def _side_by_side(fns: dict[str, Timed], rounds: int, block: int = BLOCK) -> dict[str, float]:
+    """Median ms of each, timed side by side: every round runs each function (order
+    rotated) for one untimed step and then ``block`` timed steps back to back.
+
+    Blocks, not strict alternation: a training loop runs its steps back to back, and a
+    step timed right after the other function ran finds the caches full of the other's
+    tensors, which costs the eager step (more memory touched) more than the replay;
+    rotating whole blocks still spreads machine drift over both."""
     names = list(fns)
     for _ in range(3):
         for fn in fns.values():
-            fn()
+            fn.prepare()
+            fn.run()
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append((time.perf_counter() - start) * 1000.0)
+            fn = fns[name]
+            fn.prepare()
+            fn.run()
+            for _ in range(block):
+                fn.prepare()
+                start = time.perf_counter()
+                fn.run()
+                times[name].append((time.perf_counter() - start) * 1000.0)
     return {n: statistics.median(t) for n, t in times.items()}
 
 
@@ -229,9 +257,10 @@ def run_one(name: str, train: bool, work: Path) -> dict[str, object]:
     generate(result.et_path, bench_path, GenerateOptions(command_line="bench_fidelity"),
              kineto=result.kineto_path)
     benches, state = _load_benchmark(bench_path)
-    ms = _side_by_side({"eager": step, **benches}, ROUNDS)
+    ms = _side_by_side({"eager": Timed(step), **benches}, ROUNDS)
     replay_et = work / f"{stem}_replay.et.json"
     g = state["g"]
+    g["_reset"](state["snapshot"])
     g["_record_et"](str(replay_et), state["inputs"], torch.device("cpu"), torch.device("cpu"))
     original = op_multiset(result.et_path, by_overload=True)
     match = multiset_match(original, op_multiset(replay_et, by_overload=True))

@@ -45,6 +45,13 @@ SEGMENT = ("aten::segment_reduce(Tensor data, str reduce, *, Tensor? lengths=Non
            "Scalar? initial=None) -> Tensor")
 LOG = "aten::log(Tensor self) -> Tensor"
 BERNOULLI = "aten::bernoulli(Tensor self, *, Generator? generator=None) -> Tensor"
+RNN_BACKWARD = ("aten::mkldnn_rnn_layer_backward(Tensor input, Tensor weight1, Tensor weight2, "
+                "Tensor weight3, Tensor weight4, Tensor hx_, Tensor cx_tmp, Tensor output, "
+                "Tensor hy_, Tensor cy_, Tensor? grad_output, Tensor? grad_hy, "
+                "Tensor? grad_cy, bool reverse, int mode, int hidden_size, int num_layers, "
+                "bool has_biases, bool train, bool bidirectional, int[] batch_sizes, "
+                "bool batch_first, Tensor workspace) -> (Tensor, Tensor, Tensor, Tensor, "
+                "Tensor, Tensor, Tensor)")
 
 
 def _program(b: TraceBuilder, resources=None):
@@ -158,6 +165,21 @@ def test_float_rules_keep_values_finite():
     inits = {s.dtype: s.init for s in _program(b).storages if s.materialised}
     assert (inits["float32"].low, inits["float32"].high) == (0.0, 1.0)
     assert inits["float64"].low > 0
+
+
+def test_saved_workspaces_are_zeros_not_random_bytes():
+    """An RNN backward reads its forward's gates from a byte workspace: random bytes read
+    as floats hold NaN and inf, which made every gradient NaN (and the LSTM training
+    replay 15% slow); zeros read as 0.0, even where the trace recorded a byte range."""
+    b = TraceBuilder()
+    f = [b.tensor((4, 8)) for _ in range(10)]
+    workspace = b.tensor((1024,), dtype="uint8")
+    outs = [b.tensor((4, 8)) for _ in range(7)]
+    b.op(RNN_BACKWARD, [*f, None, None, None, False, 2, 8, 1, True, True, False, [], True,
+                        workspace], outs,
+         attrs={"tensor_range": json.dumps({"22": [0, 255]})})
+    init = _init_of(_program(b), "uint8")
+    assert init.kind == "zeros" and "workspace" in init.why
 
 
 # -- recorded ranges and data ----------------------------------------------------------

@@ -195,6 +195,7 @@ class _Facts:
         self.float_range: dict[int, tuple[float, float, str]] = {}
         self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
         self.scalar: set[int] = set()  # storages viewed as 0-d tensors
+        self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
 
     def view(self, tv: TensorValue) -> None:
         s = tv.storage
@@ -278,6 +279,11 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
     positive = oprules.POSITIVE_ARGS.get(op.name, ())
     float_ranges = oprules.FLOAT_RANGES.get(op.name)
     take = oprules.TAKE_RULES.get(op.name)
+    for arg in op.args:
+        if arg.spec.name in oprules.SAVED_WORKSPACES.get(op.name, ()):
+            for tv in iter_tensors(arg.value):
+                if tv.storage is not None:
+                    facts.workspace[tv.storage.index] = f"{op.name} {arg.spec.name}"
     if not (index_rules or shape_rules or positive or float_ranges or take):
         return
     args = _arg_facts(op)
@@ -360,6 +366,8 @@ def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object
 
 def _choose(s: Storage, facts: _Facts) -> Init:
     i = s.index
+    if i in facts.workspace:
+        return Init("zeros", 0, 0, facts.workspace[i])
     if i in facts.data:
         values = facts.data[i]
         high = facts.upper.get(i, (None, ""))[0]
