@@ -136,6 +136,7 @@ _RUNTIME = {
     "streams": {},
     "host_gaps": False,
     "gap_own_us": 0.0,
+    "gap_event_us": 0.0,
     "gap_carry": {},
     "threads": None,
 }
@@ -208,14 +209,16 @@ def _join(stream):
         torch.cuda.current_stream(torch.device(_RUNTIME["device"])).wait_stream(stream)
 
 
-def _host_gap(us):
+def _host_gap(us, events=0):
     """With --host-gaps recorded: busy-wait the host time recorded before an op, less
-    this replay's own host time per op (`_calibrate_gaps`). Where the replay's own time
+    this replay's own host time per op and the recording cost of the `events` scopes
+    only the profiler made in that gap (`_calibrate_gaps`). Where the replay's own time
     exceeds a recorded gap, the excess is taken from the next gaps on this thread."""
     if _RUNTIME["host_gaps"]:
         carry = _RUNTIME["gap_carry"]
         thread = threading.get_ident()
-        wait = carry.get(thread, 0.0) + us - _RUNTIME["gap_own_us"]
+        own = _RUNTIME["gap_own_us"] + events * _RUNTIME["gap_event_us"]
+        wait = carry.get(thread, 0.0) + us - own
         carry[thread] = min(wait, 0.0)
         if wait > 0:
             end = time.perf_counter() + wait * 1e-6
@@ -224,21 +227,33 @@ def _host_gap(us):
 
 
 def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
-    """This replay's own host time between two top-level ops (us), measured as the
+    """Measure, into _RUNTIME, what `_host_gap` subtracts from the recorded gaps.
+
+    gap_own_us: this replay's own host time between two top-level ops, measured as the
     recorded gaps were: in a Kineto trace of whole iterations, with the harness's work
     counted as host time. Subtracting it cancels the profiler's share of the recorded
     gaps and the time this file itself spends between ops. The median over iterations
     of each iteration's mean: the first profiled iterations run cold, and a shared
-    machine slows a few."""
+    machine slows a few.
+
+    gap_event_us: what the profiler costs per event it records, from the same
+    iterations timed without it (host time, medians)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
+    plain = []
+    for _ in range(iters):
+        _reset(snapshot)
+        start = time.perf_counter()
+        replay(inputs, device, host)
+        plain.append((time.perf_counter() - start) * 1e6)
+        _sync(device)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(iters):
             _reset(snapshot)  # outside the scope: not the replay's own time
             with record_function("mystique::calibrate"):
                 replay(inputs, device, host)
-        _sync(device)
+            _sync(device)
     _RUNTIME["gap_carry"].clear()
     events = [
         (e.name, e.time_range.start, e.time_range.end, e.thread)
@@ -255,7 +270,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
         if name not in scopes
         and not any(a <= start < b for a, b in scopes[HARNESS_SCOPE])
     )
-    means = []
+    means, recorded = [], []
     for start, stop in scopes["mystique::calibrate"]:
         last, total, count = {}, 0.0, 0
         for ts, neg_end, tid in ops:
@@ -268,7 +283,12 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
             last[tid] = -neg_end
         if count:
             means.append(total / count)
-    return statistics.median(means) if means else 0.0
+        recorded.append(sum(1 for _, ts, _, _ in events if start < ts < stop))
+    _RUNTIME["gap_own_us"] = statistics.median(means) if means else 0.0
+    profiled = [stop - start for start, stop in scopes["mystique::calibrate"]]
+    if profiled and plain and max(recorded, default=0):
+        extra = statistics.median(profiled) - statistics.median(plain)
+        _RUNTIME["gap_event_us"] = max(0.0, extra / statistics.median(recorded))
 
 
 def _run_threads(flags, *bodies):
@@ -741,7 +761,7 @@ def main(argv=None):
         step(inputs, device, host)
     _sync(device)
     if _RUNTIME["host_gaps"] and ORIGINAL is not None and not args.cuda_graph:
-        _RUNTIME["gap_own_us"] = _calibrate_gaps(inputs, device, host, snapshot)
+        _calibrate_gaps(inputs, device, host, snapshot)
     times = []
     for _ in range(args.iters):
         _reset(snapshot)
@@ -765,6 +785,7 @@ def main(argv=None):
         "generator": GENERATOR,
         "host_gaps": args.host_gaps,
         "host_gap_own_us": _RUNTIME["gap_own_us"],
+        "host_gap_event_us": _RUNTIME["gap_event_us"],
         "cuda_graph": args.cuda_graph,
         "reset_inputs": bool(snapshot),
     }

@@ -200,6 +200,7 @@ class OpTiming:
     cpu_us: float  # inclusive CPU time of the op
     cpu_self_us: float  # exclusive: minus the CPU ops it called
     gap_us: float | None = None  # host time on its thread since the previous top-level op
+    gap_events: int = 0  # profiler-only scopes recorded in that gap (passes/hostgaps.py)
     kernels: tuple[KernelRecord, ...] = ()
 
     @property
@@ -228,6 +229,7 @@ class ProgramTiming:
     link_methods: dict[str, int] = field(default_factory=dict)  # method -> ops linked
     host_gaps: str = "linked"  # where the gaps come from (passes/hostgaps.py)
     tail_gap_us: float | None = None  # host time after the last op, to the step's end
+    tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
 
 
 @dataclass(frozen=True)

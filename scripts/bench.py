@@ -25,6 +25,7 @@ def main(argv: list[str]) -> int:
             continue
         print(f"\n=== {name} ({path.name}) ===", flush=True)
         start = time.perf_counter()
+        saved, sys.argv = sys.argv, [str(path)]  # a section parses its own (empty) argv
         try:
             runpy.run_path(str(path), run_name="__main__")
         except SystemExit as exc:
@@ -33,6 +34,8 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # report and go on: one broken section must not hide the rest
             print(f"section {name} failed: {type(exc).__name__}: {exc}", flush=True)
             failed.append(name)
+        finally:
+            sys.argv = saved
         print(f"--- {name}: {time.perf_counter() - start:.1f} s", flush=True)
     if failed:
         print(f"\nfailed sections: {', '.join(failed)}")

@@ -205,9 +205,10 @@ def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
         steps["off"].prepare()
         steps["off"].run()
     runtime["host_gaps"] = True
-    runtime["gap_own_us"] = g["_calibrate_gaps"](inputs, device, host, snapshot)
+    g["_calibrate_gaps"](inputs, device, host, snapshot)
     runtime["host_gaps"] = False
     return steps, {"g": g, "inputs": inputs, "own_us": runtime["gap_own_us"],
+                   "event_us": runtime["gap_event_us"],
                    "snapshot": snapshot}
 
 
@@ -266,6 +267,7 @@ def run_one(name: str, train: bool, work: Path) -> dict[str, object]:
     match = multiset_match(original, op_multiset(replay_et, by_overload=True))
     row: dict[str, object] = {"model": label, "ops": sum(original.values()),
                               "eager_ms": ms["eager"], "own_us": state["own_us"],
+                              "event_us": state["event_us"],
                               "match": match}
     for mode in MODES:
         row[f"{mode}_ms"] = ms[mode]
@@ -285,7 +287,7 @@ def main() -> int:
     names = [m for m in MODELS if not only or m in only]
     rows, crashes = [], []
     header = (f"{'model':<22} {'ops':>5} {'eager ms':>9} {'off ms':>8} {'err off':>8} "
-              f"{'gaps ms':>8} {'err gaps':>8} {'own us':>6} {'match':>8}")
+              f"{'gaps ms':>8} {'err gaps':>8} {'own us':>6} {'ev us':>5} {'match':>8}")
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         for name in names:
@@ -303,9 +305,11 @@ def main() -> int:
                 print(f"{row['model']:<22} {row['ops']:>5} {row['eager_ms']:>9.3f} "
                       f"{row['off_ms']:>8.3f} {row['off_error'] * 100:>+7.1f}% "
                       f"{row['recorded_ms']:>8.3f} {row['recorded_error'] * 100:>+7.1f}% "
-                      f"{row['own_us']:>6.2f} {row['match'] * 100:>7.2f}%", flush=True)
+                      f"{row['own_us']:>6.2f} {row['event_us']:>5.2f} "
+                      f"{row['match'] * 100:>7.2f}%", flush=True)
     print("off: operators only; gaps: --host-gaps recorded (profile-only gaps less the "
-          "replay's own host time per op, 'own us'); error = benchmark / eager - 1")
+          "replay's own host time per op, 'own us', and the profiler's cost per scope it "
+          "recorded in them, 'ev us'); error = benchmark / eager - 1")
     for mode in MODES if rows else ():
         errors = [abs(r[f"{mode}_error"]) for r in rows]
         worst = max(rows, key=lambda r: abs(r[f"{mode}_error"]))

@@ -51,14 +51,38 @@ def test_profile_gaps_median_over_steps(captured):
         t += 100.0
     found = profile_gaps(trace, sorted(events, key=lambda e: (e.ts, -e.dur)))
     assert found is not None
-    gaps, steps, tail = found
-    assert steps == 3
+    gaps, steps, tail = found.gaps, found.steps, found.tail
+    assert steps == 3 and set(found.events.values()) == {0} and found.tail_events == 0
     # The first op's gap is the step's own host time before it (0.5 us after the
     # step began); the tail is the time from the last op's end to the step's end.
     assert gaps == {nodes[0].id: pytest.approx(0.5),
                     **{n.id: pytest.approx(4.0) for n in nodes[1:]}}
     assert tail == pytest.approx(3.5)  # per step: gap - 0.5 us, median of 1.5, 5.5, 3.5
     assert profile_gaps(trace, events[1:]) is None  # an op missing from the first step
+
+
+def test_profile_gaps_count_the_profilers_own_scopes(captured):
+    """A backward op's gap holds the autograd engine's scopes, recorded only while
+    profiling: each gap says how many began in it (children of ops do not count)."""
+    trace = load_trace(captured.et_path)
+    nodes = [s.node for s in select_ops(trace).ops]
+    events, t = [], 0.0
+    for scopes_in_second_gap in (1, 2, 2):  # median 2
+        start = t
+        for k, node in enumerate(nodes):
+            if k == 1:
+                for j in range(scopes_in_second_gap):
+                    events.append(_ev(len(events), "autograd::engine::evaluate_function: "
+                                      "MmBackward0", t - 2.0 + j * 0.5, 0.2))
+            events.append(_ev(len(events), node.name, t, 1.0))
+            events.append(_ev(len(events), "aten::empty", t + 0.2, 0.1))  # a child
+            t += 5.0
+        events.append(_ev(len(events), STEP_SCOPE, start - 0.5, t - start))
+        t += 100.0
+    found = profile_gaps(trace, sorted(events, key=lambda e: (e.ts, -e.dur)))
+    assert found is not None
+    assert found.events[nodes[1].id] == 2
+    assert all(found.events[n.id] == 0 for n in nodes if n is not nodes[1])
 
 
 def test_capture_profile_is_found_and_used(captured):
@@ -93,9 +117,11 @@ def test_recorded_gaps_subtract_the_replays_own_host_time(captured, tmp_path):
         proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
                              "--json", "--host-gaps", mode)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        own[mode] = last_json(proc.stdout)["host_gap_own_us"]
-    assert own["off"] == 0.0  # no calibration without recorded gaps
-    assert 0.0 < own["recorded"] < 1000.0
+        out = last_json(proc.stdout)
+        own[mode] = (out["host_gap_own_us"], out["host_gap_event_us"])
+    assert own["off"] == (0.0, 0.0)  # no calibration without recorded gaps
+    assert 0.0 < own["recorded"][0] < 1000.0
+    assert 0.0 <= own["recorded"][1] < 100.0  # the profiler's cost per recorded event
 
 
 def test_compare_reads_the_profile_per_step(captured):

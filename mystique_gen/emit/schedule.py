@@ -12,7 +12,8 @@ into statements that call the template's schedule helpers:
 * threaded: one nested function per host thread, ``_signal(i)`` after an op another
   thread waits for and ``_await(i)`` before the waiting op, all run by
   ``_run_threads``; values that cross threads are bound in ``replay`` (``nonlocal``);
-* ``_host_gap(12.5)`` before an op with a recorded host gap (microseconds).
+* ``_host_gap(12.5)`` before an op with a recorded host gap (microseconds);
+  ``_host_gap(12.5, 2)`` where the profiler recorded two scopes of its own in it.
 
 On CPU every helper is a no-op except the threads and the (opt-in) host gaps.
 """
@@ -85,8 +86,15 @@ def replay_lines(b: Builder) -> list[str]:
         lines += helper_call("_join", [name], 1)
     tail = _tail_gap(program)
     if tail is not None:  # the step's host time after its last op
-        lines += helper_call("_host_gap", [tail], 1)
+        assert program.timing is not None
+        lines += helper_call("_host_gap", gap_args(tail, program.timing.tail_gap_events), 1)
     return lines
+
+
+def gap_args(gap: str, events: int) -> list[str]:
+    """``_host_gap``'s arguments: the gap, and the profiler-only scopes recorded in it
+    where there were any (the benchmark subtracts their recording cost)."""
+    return [gap, str(int(events))] if events > 0 else [gap]
 
 
 def _threads(b: Builder, streams: dict[int, str], events: set[int],
@@ -159,7 +167,8 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
             lines += helper_call("_await", [str(flags[p])], inner)
         gap = gap_literal(op.timing.gap_us) if op.timing is not None else None
         if gap is not None:
-            lines += helper_call("_host_gap", [gap], inner)
+            assert op.timing is not None
+            lines += helper_call("_host_gap", gap_args(gap, op.timing.gap_events), inner)
         for p in op.stream_waits:
             lines += helper_call("_wait", [b.ns.get(("event", p))], inner)
         lines += b.op_statement(op, inner)

@@ -13,14 +13,18 @@ over the steps is kept (a single step on a busy machine is noisy).
 What remains in the recorded gaps is the original's host time plus Kineto's own
 per-op cost; the benchmark subtracts its own per-op host time, measured the same way
 at run time (``_calibrate_gaps`` in the template), so the profiler's share cancels.
+Scopes that only the profiler records (the autograd engine's, around every backward
+op) also cost recording time inside the gaps; each gap carries their count, and the
+benchmark subtracts them at its measured cost per recorded event.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from bisect import bisect_left
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mystique_gen.ir import Program
@@ -73,15 +77,30 @@ def _match(names: list[str], events: list[CpuEvent]) -> list[CpuEvent] | None:
     return found
 
 
-def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]
-                 ) -> tuple[dict[int, float], int, float | None] | None:
-    """ET node id -> median gap (us) before it over the profiled steps, the number of
-    steps, and the median host time after the last op to the step's end; None unless
-    every thread's selected ops are found in every step.
+@dataclass
+class ProfileGaps:
+    """Host gaps of the profile-only steps: medians over the steps, in microseconds."""
+
+    gaps: dict[int, float]  # ET node id -> gap before it
+    events: dict[int, int]  # ET node id -> profiler-only scopes recorded in that gap
+    steps: int
+    tail: float | None  # host time after the last op to the step's end
+    tail_events: int = 0
+
+
+def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]) -> ProfileGaps | None:
+    """Gaps before each selected op over the profiled steps; None unless every
+    thread's selected ops are found in every step.
 
     On the thread that ran the step itself, the first op's gap is the host time from
     the step's start (the step function's own Python before its first op) and the
-    tail is the host time after its last op: both are part of the original step."""
+    tail is the host time after its last op: both are part of the original step.
+
+    Each gap also counts the events that begin in it: scopes that exist only while the
+    profiler records (the autograd engine's ``evaluate_function`` and node scopes
+    around every backward op, an optimizer's step annotation). Their recording cost is
+    part of the gap but not of an unprofiled step; the benchmark subtracts it at its
+    own measured cost per event (``_calibrate_gaps``)."""
     per_tid: dict[int, list] = defaultdict(list)
     for s in select_ops(trace).ops:
         per_tid[s.node.tid].append(s.node)
@@ -91,28 +110,45 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]
         if e.name != STEP_SCOPE:
             by_thread[e.tid].append(e)
     samples: dict[int, list[float]] = defaultdict(list)
-    tails: list[float] = []
+    counts: dict[int, list[int]] = defaultdict(list)
+    tails: list[tuple[float, int]] = []
     steps = 0
     for nodes in per_tid.values():
         names = [n.name for n in nodes]
         matched = None
         for tid, events in by_thread.items():  # thread ids may differ between the traces
-            runs = [_match(names, step) for step in _steps(events, scopes)]
+            split = _steps(events, scopes)
+            runs = [_match(names, step) for step in split]
             if runs and all(r is not None for r in runs):
-                matched, matched_tid = runs, tid
+                matched, matched_tid, matched_steps = runs, tid, split
                 break
         if matched is None:
             return None
         steps = len(matched)
-        for run in matched:
+        for run, step_events in zip(matched, matched_steps, strict=True):
+            starts = sorted(e.ts for e in step_events)
             for node, prev, ev in zip(nodes[1:], run[:-1], run[1:], strict=True):
                 samples[node.id].append(max(0.0, ev.ts - prev.end))
+                counts[node.id].append(_begun(starts, prev.end, ev.ts))
         if scopes and all(scope.tid == matched_tid for scope in scopes):
-            for scope, run in zip(scopes, matched, strict=True):
+            for scope, run, step_events in zip(scopes, matched, matched_steps, strict=True):
+                starts = sorted(e.ts for e in step_events)
                 samples[nodes[0].id].append(max(0.0, run[0].ts - scope.ts))
-                tails.append(max(0.0, scope.end - run[-1].end))
-    tail = statistics.median(tails) if tails else None
-    return {nid: statistics.median(v) for nid, v in samples.items()}, steps, tail
+                counts[nodes[0].id].append(_begun(starts, scope.ts, run[0].ts))
+                tails.append((max(0.0, scope.end - run[-1].end),
+                              _begun(starts, run[-1].end, scope.end + 1e-3)))
+    return ProfileGaps(
+        gaps={nid: statistics.median(v) for nid, v in samples.items()},
+        events={nid: round(statistics.median(v)) for nid, v in counts.items()},
+        steps=steps,
+        tail=statistics.median(t for t, _ in tails) if tails else None,
+        tail_events=round(statistics.median(k for _, k in tails)) if tails else 0,
+    )
+
+
+def _begun(starts: list[float], begin: float, end: float) -> int:
+    """How many of the sorted start times lie in [begin, end)."""
+    return bisect_left(starts, end) - bisect_left(starts, begin)
 
 
 def apply_profile_gaps(program: Program, trace: RawTrace, kineto: str | Path) -> str | None:
@@ -124,10 +160,12 @@ def apply_profile_gaps(program: Program, trace: RawTrace, kineto: str | Path) ->
     found = profile_gaps(trace, load_kineto(path).cpu_ops)
     if found is None:
         return None
-    gaps, steps, tail = found
     for op in program.ops:
         if op.timing is not None:  # unlinked ops have no recorded facts to amend
-            op.timing = replace(op.timing, gap_us=gaps.get(op.node_id))
-    program.timing = replace(program.timing, tail_gap_us=tail)
+            op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
+                                gap_events=found.events.get(op.node_id, 0))
+    program.timing = replace(program.timing, tail_gap_us=found.tail,
+                             tail_gap_events=found.tail_events)
+    steps = found.steps
     return f"{path.name} (median of {steps} profiled step{'s' if steps != 1 else ''})"
 
