@@ -189,7 +189,7 @@ def capture(
     kineto: bool = True,
     integral_ranges: bool = True,
     integral_data: bool = False,
-    profile_steps: int = 3,
+    profile_steps: int = 9,
 ) -> CaptureResult:
     """Run ``step_fn`` ``warmup`` times, time ``timing_iters`` calls, record one more.
 
