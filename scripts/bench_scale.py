@@ -29,9 +29,19 @@ from tests.synthetic import write_synthetic  # noqa: E402
 GPT2 = ROOT.parent / "shared" / "traces" / "param" / "hf_gpt2_et.json.gz"
 SIZES = (10_000, 100_000, 1_000_000)
 
+# Peak RSS of this process: VmHWM (Linux), which starts afresh at exec; ru_maxrss
+# carries the parent's peak over fork and exec, so a big `make bench` parent would
+# hide every measurement below its own size.
 _RSS = """
 import resource, sys, time, json
 def rss_mb():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 """
 

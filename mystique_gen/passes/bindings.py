@@ -13,7 +13,8 @@ call dispatched exactly the recorded overload and nothing else at the top level.
 overloads are never bound: ``torch.add(x, 2)`` dispatches ``aten::add.Tensor``, not
 ``aten::add.Scalar``.) Everything else keeps its ``torch.ops`` call. Probes are
 deduplicated by (operator, argument kinds), so a trace costs one probe per distinct
-call form, each on empty tensors (see :func:`_probe_value`).
+call form, each on empty tensors (see :func:`_probe_value`), all in a forked child
+process where the platform allows (see :func:`_run_probes`).
 
 Only callables that are C++ bindings of operators are candidates (never a Python
 function of the same name), checked by identity against torch's binding modules; the
@@ -22,8 +23,12 @@ safety check of generated files uses the same test (:func:`public_chain_ok`).
 
 from __future__ import annotations
 
+import json
 import os
+import select
+import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import lru_cache
@@ -50,6 +55,7 @@ _MODULES = (
     ("torch.fft", "_fft", "fft_"),
 )
 _PROBE_MARK = "mystique_probe_"
+PROBE_TIMEOUT_S = 60.0  # a child probing longer than this is stopped (its ops keep torch.ops)
 
 
 def choose_bindings(ops: list[Op]) -> None:
@@ -196,6 +202,67 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
     """For each (callable, op), the overloads the call dispatched at the top level
     (``aten::add.Tensor``; ``.default`` spelled out), or None where it could not be made.
 
+    Where the platform forks, the probes run in a child process: a kernel that crashes
+    on arguments no model passes takes only the child down (every op then keeps its
+    torch.ops call), and the torch code the kernels page in (about 20 MiB for GPT-2's
+    ops) stays out of the generator's memory."""
+    if sys.platform != "linux" or not hasattr(os, "fork"):
+        return _probe_here(probes)
+    sys.stdout.flush()
+    sys.stderr.flush()  # the child must not flush (or lock) the parent's buffers
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: probe, report, leave without the parent's exit handlers
+        status = 1
+        try:
+            os.close(read_fd)
+            quiet = os.open(os.devnull, os.O_WRONLY)  # its logs, or a crash dump, are noise
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            payload = json.dumps(_probe_here(probes, flush=False)).encode()
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(payload)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    payload = _read_child(read_fd, pid)
+    failed: list[list[str] | None] = [None] * len(probes)
+    try:
+        result = json.loads(payload) if payload is not None else None
+    except ValueError:
+        return failed
+    if not (isinstance(result, list) and len(result) == len(probes) and all(
+            r is None or (isinstance(r, list) and all(isinstance(x, str) for x in r))
+            for r in result)):
+        return failed
+    return result
+
+
+def _read_child(fd: int, pid: int) -> bytes | None:
+    """The child's report, or None if it crashed, failed or ran past PROBE_TIMEOUT_S."""
+    chunks = []
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while True:
+            ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                chunks = []
+                break
+            chunk = pipe.read(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if not chunks or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return None
+    return b"".join(chunks)
+
+
+def _probe_here(probes: list[tuple[str, Op]], flush: bool = True) -> list[list[str] | None]:
+    """The probes, in this process.
+
     The profiler records an op when it is entered, so a kernel that then refuses the
     empty arguments (a view to a size they do not have) still shows which overload the
     parser chose. A profiler already running (generation inside a profiled program)
@@ -213,7 +280,7 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
             calls.append(None)
     config = _ExperimentalConfig(capture_overload_names=True)
     profiler = profile(use_cpu=True, experimental_config=config)
-    with _quiet_stderr():
+    with _quiet_stderr(flush):
         try:
             profiler.__enter__()
         except RuntimeError:
@@ -241,10 +308,11 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
 
 
 @contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """The observer logs its start and stop on the process's stderr; a generator's
+def _quiet_stderr(flush: bool = True) -> Iterator[None]:
+    """The profiler logs its start and stop on the process's stderr; a generator's
     stderr is for its own messages."""
-    sys.stderr.flush()
+    if flush:
+        sys.stderr.flush()
     try:
         saved = os.dup(2)
     except OSError:
