@@ -138,3 +138,9 @@ def test_a_crashing_probe_leaves_every_op_on_torch_ops(monkeypatch):
 
     monkeypatch.setattr(bindings, "_probe_here", lambda probes, flush=True: os.abort())
     assert set(_bindings().values()) == {None}
+
+
+def test_probes_in_process_where_the_platform_cannot_fork(monkeypatch):
+    forked = _bindings()
+    monkeypatch.setattr("sys.platform", "win32")
+    assert _bindings() == forked
