@@ -1,13 +1,13 @@
 """`make bench`: run every benchmark section (scripts/bench_*.py) and print its table.
 
 Each section measures side by side in one run (ratios, not absolute numbers, are the
-targets), because this machine is shared and noisy. Sections:
-pass one or more names to run only those, e.g. `python scripts/bench.py fidelity`.
+targets), because this machine is shared and noisy, and runs in a process of its own.
+Pass one or more names to run only those, e.g. `python scripts/bench.py fidelity`.
 """
 
 from __future__ import annotations
 
-import runpy
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,17 +25,12 @@ def main(argv: list[str]) -> int:
             continue
         print(f"\n=== {name} ({path.name}) ===", flush=True)
         start = time.perf_counter()
-        saved, sys.argv = sys.argv, [str(path)]  # a section parses its own (empty) argv
-        try:
-            runpy.run_path(str(path), run_name="__main__")
-        except SystemExit as exc:
-            if exc.code not in (0, None):
-                failed.append(name)
-        except Exception as exc:  # report and go on: one broken section must not hide the rest
-            print(f"section {name} failed: {type(exc).__name__}: {exc}", flush=True)
+        # A fresh process per section: one section's threads, allocator state and
+        # imports (gloo, transformers) must not bias another's timings.
+        proc = subprocess.run([sys.executable, str(path)], check=False)
+        if proc.returncode != 0:
+            print(f"section {name} failed (exit {proc.returncode})", flush=True)
             failed.append(name)
-        finally:
-            sys.argv = saved
         print(f"--- {name}: {time.perf_counter() - start:.1f} s", flush=True)
     if failed:
         print(f"\nfailed sections: {', '.join(failed)}")
