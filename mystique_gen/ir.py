@@ -272,3 +272,12 @@ def iter_tensors(value: Value):
     elif isinstance(value, ListValue):
         for item in value.items:
             yield from iter_tensors(item)
+
+
+def iter_leaves(value: Value):
+    """Every value inside a value tree that is not a list, in order."""
+    if isinstance(value, ListValue):
+        for item in value.items:
+            yield from iter_leaves(item)
+    else:
+        yield value

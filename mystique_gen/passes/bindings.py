@@ -36,12 +36,12 @@ from typing import Any
 
 from mystique_gen.ir import (
     DeviceValue,
-    ListValue,
     Literal,
     Op,
     TensorValue,
     TorchConstant,
     Value,
+    iter_leaves,
 )
 
 # Public modules whose attributes may be operator bindings: (public path, binding
@@ -130,15 +130,7 @@ def _probe_worthy(op: Op) -> bool:
     if any("Tensor" in r for r in op.signature.returns):
         return True
     return any(isinstance(v, (TensorValue, DeviceValue)) for arg in op.args
-               for v in _leaves(arg.value))
-
-
-def _leaves(value: Value) -> Iterator[Value]:
-    if isinstance(value, ListValue):
-        for item in value.items:
-            yield from _leaves(item)
-    else:
-        yield value
+               for v in iter_leaves(arg.value))
 
 
 def _form_key(op: Op) -> tuple[object, ...]:

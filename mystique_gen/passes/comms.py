@@ -19,7 +19,16 @@ from typing import Any
 from mystique_gen import oprules
 from mystique_gen.distributed import CommInfo, ParamComms, ProcessGroupSpec
 from mystique_gen.errors import TraceError
-from mystique_gen.ir import Arg, ListValue, Literal, NotReplayed, Op, Value, iter_tensors
+from mystique_gen.ir import (
+    Arg,
+    ListValue,
+    Literal,
+    NotReplayed,
+    Op,
+    Value,
+    iter_leaves,
+    iter_tensors,
+)
 from mystique_gen.load.et import RawArg, RawNode, RawTrace
 from mystique_gen.passes.select import Selected
 from mystique_gen.schema import Signature
@@ -218,14 +227,8 @@ def _check_form(value: Value, form: str) -> None:
     if form in ("inner", "inner_or_none") and len(value.items) != 1:
         raise Unsupported(f"{len(value.items)} tensor lists in one call; "
                           "torch.distributed takes one")
-    if any(isinstance(t, Literal) for t in _leaves(value)):
+    if any(isinstance(t, Literal) for t in iter_leaves(value)):
         raise Unsupported("an undefined tensor in a collective")
-
-
-def _leaves(value: Value) -> list[Value]:
-    if isinstance(value, ListValue):
-        return [leaf for item in value.items for leaf in _leaves(item)]
-    return [value]
 
 
 def _int_arg(raw: dict[str, tuple[int, Any, RawArg]], name: str, node_id: int) -> int:
