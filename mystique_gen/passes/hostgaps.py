@@ -125,14 +125,13 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]) -> ProfileGaps
         if matched is None:
             return None
         steps = len(matched)
-        for run, step_events in zip(matched, matched_steps, strict=True):
-            starts = sorted(e.ts for e in step_events)
+        step_starts = [sorted(e.ts for e in step) for step in matched_steps]
+        for run, starts in zip(matched, step_starts, strict=True):
             for node, prev, ev in zip(nodes[1:], run[:-1], run[1:], strict=True):
                 samples[node.id].append(max(0.0, ev.ts - prev.end))
                 counts[node.id].append(_begun(starts, prev.end, ev.ts))
         if scopes and all(scope.tid == matched_tid for scope in scopes):
-            for scope, run, step_events in zip(scopes, matched, matched_steps, strict=True):
-                starts = sorted(e.ts for e in step_events)
+            for scope, run, starts in zip(scopes, matched, step_starts, strict=True):
                 samples[nodes[0].id].append(max(0.0, run[0].ts - scope.ts))
                 counts[nodes[0].id].append(_begun(starts, scope.ts, run[0].ts))
                 tails.append((max(0.0, scope.end - run[-1].end),
