@@ -199,7 +199,8 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
     torch.ops call), and the torch code the kernels page in (about 20 MiB for GPT-2's
     ops) stays out of the generator's memory."""
     if sys.platform != "linux" or not hasattr(os, "fork"):
-        return _probe_here(probes)
+        with _quiet_stderr():
+            return _probe_here(probes)
     sys.stdout.flush()
     sys.stderr.flush()  # the child must not flush (or lock) the parent's buffers
     read_fd, write_fd = os.pipe()
@@ -211,7 +212,7 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
             quiet = os.open(os.devnull, os.O_WRONLY)  # its logs, or a crash dump, are noise
             os.dup2(quiet, 1)
             os.dup2(quiet, 2)
-            payload = json.dumps(_probe_here(probes, flush=False)).encode()
+            payload = json.dumps(_probe_here(probes)).encode()
             with os.fdopen(write_fd, "wb") as out:
                 out.write(payload)
             status = 0
@@ -252,7 +253,7 @@ def _read_child(fd: int, pid: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _probe_here(probes: list[tuple[str, Op]], flush: bool = True) -> list[list[str] | None]:
+def _probe_here(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
     """The probes, in this process.
 
     The profiler records an op when it is entered, so a kernel that then refuses the
@@ -272,21 +273,20 @@ def _probe_here(probes: list[tuple[str, Op]], flush: bool = True) -> list[list[s
             calls.append(None)
     config = _ExperimentalConfig(capture_overload_names=True)
     profiler = profile(use_cpu=True, experimental_config=config)
-    with _quiet_stderr(flush):
-        try:
-            profiler.__enter__()
-        except RuntimeError:
-            return [None] * len(calls)
-        try:
-            with torch.no_grad():
-                for i, call in enumerate(calls):
-                    if call is None:
-                        continue
-                    # A kernel refusing the empty arguments is expected: see above.
-                    with _RecordFunctionFast(f"{_PROBE_MARK}{i}"), suppress(Exception):
-                        call()
-        finally:
-            profiler.__exit__(None, None, None)
+    try:
+        profiler.__enter__()
+    except RuntimeError:
+        return [None] * len(calls)
+    try:
+        with torch.no_grad():
+            for i, call in enumerate(calls):
+                if call is None:
+                    continue
+                # A kernel refusing the empty arguments is expected: see above.
+                with _RecordFunctionFast(f"{_PROBE_MARK}{i}"), suppress(Exception):
+                    call()
+    finally:
+        profiler.__exit__(None, None, None)
     result: list[list[str] | None] = [None if c is None else [] for c in calls]
     for event in profiler.function_events:
         parent = event.cpu_parent
@@ -300,11 +300,10 @@ def _probe_here(probes: list[tuple[str, Op]], flush: bool = True) -> list[list[s
 
 
 @contextmanager
-def _quiet_stderr(flush: bool = True) -> Iterator[None]:
+def _quiet_stderr() -> Iterator[None]:
     """The profiler logs its start and stop on the process's stderr; a generator's
-    stderr is for its own messages."""
-    if flush:
-        sys.stderr.flush()
+    stderr is for its own messages (a forked child has its stderr on /dev/null)."""
+    sys.stderr.flush()
     try:
         saved = os.dup(2)
     except OSError:
