@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mystique_gen.ir import NotReplayed, Op, Program, TraceInfo, iter_tensors
@@ -183,7 +183,8 @@ def inspect_traces(paths: list[str | Path], options: BuildOptions) -> tuple[RawT
     """The program ``options`` build, and one RawTrace holding every trace's nodes (for
     ``mystique-gen inspect``'s counts by name; a composition's nodes are not id-sorted)."""
     loaded = load_traces(paths, options)
-    program = build_programs(loaded, options)
+    # inspect writes no code: no need to probe which public function calls each op.
+    program = build_programs(loaded, replace(options, public_calls=False))
     if len(loaded) == 1:
         return loaded[0][0], program
     info = program.trace
