@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from mystique_gen.capture import capture
+from mystique_gen.tools.capture import capture
 
 
 def make_step(batch: int = 64, width: int = 256, classes: int = 10):

@@ -70,7 +70,7 @@ def command_line(argv: list[str]) -> str:
 
 
 def run_generate(args: argparse.Namespace, argv: list[str]) -> int:
-    from mystique_gen.emit.context import GenerateOptions
+    from mystique_gen.backends.context import GenerateOptions
     from mystique_gen.generate import generate
     from mystique_gen.options import build_options, default_device, device_lines
 
@@ -86,7 +86,7 @@ def run_generate(args: argparse.Namespace, argv: list[str]) -> int:
 def run_inspect(args: argparse.Namespace) -> int:
     from mystique_gen.options import build_options, default_device
     from mystique_gen.pipeline import inspect_traces
-    from mystique_gen.report import format_summary, summarize
+    from mystique_gen.tools.inspect import format_summary, summarize
 
     default_device(args)  # validated as generate would
     trace, program = inspect_traces(args.traces, build_options(args))

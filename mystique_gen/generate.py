@@ -6,8 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from mystique_gen.emit.context import GenerateOptions, build_context
-from mystique_gen.emit.render import render
+from mystique_gen.backends.context import GenerateOptions, build_context
+from mystique_gen.backends.render import render
 from mystique_gen.ir import Program
 from mystique_gen.multirank import expand_inputs, generate_ranks, load_rank_set
 from mystique_gen.options import BuildOptions, OptionError

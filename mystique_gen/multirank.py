@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from mystique_gen.emit import comms as emit_comms
-from mystique_gen.emit import exprs
-from mystique_gen.emit.context import BenchmarkContext, GenerateOptions
+from mystique_gen.backends import comms as emit_comms
+from mystique_gen.backends import exprs
+from mystique_gen.backends.context import BenchmarkContext, GenerateOptions
 from mystique_gen.errors import MystiqueError
 from mystique_gen.ir import Program
-from mystique_gen.load.et import RawTrace, load_trace
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.ranks import is_multi_rank_set, natural_key, order_ranks
+from mystique_gen.sources.et import RawTrace, load_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -69,7 +69,7 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
                               options: GenerateOptions | None = None,
                               rank_source: str = "") -> BenchmarkContext:
     """Every rank's functions in one context; header, TRACE and harness from rank 0."""
-    from mystique_gen.emit.context import _ContextBuilder
+    from mystique_gen.backends.context import _ContextBuilder
 
     options = options or GenerateOptions()
     infos = [p.distributed for p in programs if p.distributed is not None]
@@ -105,7 +105,7 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
 
 def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
                     rank_source: str) -> list[str]:
-    from mystique_gen.emit.context import _wrap
+    from mystique_gen.backends.context import _wrap
 
     d = exprs.docstring_line
     held = ", ".join(str(r) for r in ranks)
@@ -142,7 +142,7 @@ def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
 def generate_ranks(traces: list[RawTrace], paths: list[Path], out: str | Path,
                    options: GenerateOptions | None, build: BuildOptions | None,
                    threads: bool = False) -> str:
-    from mystique_gen.emit.render import render
+    from mystique_gen.backends.render import render
     from mystique_gen.generate import write_atomic
 
     programs, ranks, how = compile_ranks(traces, paths, build, threads)
@@ -155,9 +155,9 @@ def generate_ranks(traces: list[RawTrace], paths: list[Path], out: str | Path,
 
 def reference_context() -> BenchmarkContext:
     """The distributed template for a trace with no nodes (the safety check's harness)."""
-    from mystique_gen.distributed import DistInfo, ProcessGroupSpec
-    from mystique_gen.load.et import RawTrace as Trace
+    from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
     from mystique_gen.pipeline import build_program
+    from mystique_gen.sources.et import RawTrace as Trace
 
     program = build_program(Trace(name="reference", sha256="0" * 64, schema="", nodes=[],
                                   metadata={}))

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mystique_gen.ir import NotReplayed, Op, Program, TraceInfo, iter_tensors
-from mystique_gen.load.et import RawTrace, load_trace
 from mystique_gen.options import BuildOptions, OptionError
 from mystique_gen.passes.autograd import plan_autograd
 from mystique_gen.passes.bindings import choose_bindings
@@ -39,6 +38,7 @@ from mystique_gen.passes.values import (
     recorded_values,
     resources_dir,
 )
+from mystique_gen.sources.et import RawTrace, load_trace
 
 TraceInput = tuple[RawTrace, Path | None]  # a trace and its resources folder, if any
 
@@ -172,8 +172,8 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
 
 def load_traces(paths: list[str | Path], options: BuildOptions) -> list[TraceInput]:
     """Load every trace (and its resources folder) once the count is known to be valid."""
-    from mystique_gen.load.et import load_trace
     from mystique_gen.passes.values import resources_dir
+    from mystique_gen.sources.et import load_trace
 
     check_trace_count(len(paths), options)
     return [(load_trace(p), resources_dir(p)) for p in paths]

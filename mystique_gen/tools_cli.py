@@ -63,7 +63,7 @@ def compare_parser() -> argparse.ArgumentParser:
 
 
 def run_capture(args: argparse.Namespace) -> int:
-    from mystique_gen.capture import ScriptError, capture_script, result_dict
+    from mystique_gen.tools.capture import ScriptError, capture_script, result_dict
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.warmup < 1 or args.timing_iters < 1:
@@ -82,7 +82,7 @@ def run_capture(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from mystique_gen.compare import compare_traces, format_comparison, plot_comparison
+    from mystique_gen.tools.compare import compare_traces, format_comparison, plot_comparison
 
     if args.plot and not (args.kineto_original and args.kineto_replay):
         raise MystiqueError("--plot needs --kineto-original and --kineto-replay")

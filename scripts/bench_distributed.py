@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mystique_gen.cli import main as cli_main  # noqa: E402
-from mystique_gen.load.et import load_trace  # noqa: E402
 from mystique_gen.passes.comms import collective_sequence  # noqa: E402
+from mystique_gen.sources.et import load_trace  # noqa: E402
 
 RANKS = int(os.environ.get("DIST_RANKS", "4"))
 TIMED = 10

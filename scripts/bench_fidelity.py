@@ -38,10 +38,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mystique_gen.capture import capture  # noqa: E402
-from mystique_gen.compare import multiset_match, op_multiset  # noqa: E402
-from mystique_gen.emit.context import GenerateOptions  # noqa: E402
+from mystique_gen.backends.context import GenerateOptions  # noqa: E402
 from mystique_gen.generate import generate  # noqa: E402
+from mystique_gen.tools.capture import capture  # noqa: E402
+from mystique_gen.tools.compare import multiset_match, op_multiset  # noqa: E402
 
 Step = Callable[[], object]
 ROUNDS = int(os.environ.get("FIDELITY_ROUNDS", "8"))

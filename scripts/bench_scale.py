@@ -60,7 +60,7 @@ GENERATE = _RSS + """
 import os
 import torch  # noqa: F401  imports are not the trace's cost
 from mystique_gen.cli import main
-from mystique_gen.emit.check import template_facts
+from mystique_gen.backends.check import template_facts
 template_facts()
 base = rss_mb()
 start = time.perf_counter()

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from mystique_gen.capture import capture
+from mystique_gen.tools.capture import capture
 
 work = sys.argv[1]
 torch.manual_seed(0)

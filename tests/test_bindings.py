@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from mystique_gen.compare import op_multiset
-from mystique_gen.emit.check import UnsafeCodeError, check_source
-from mystique_gen.emit.context import GenerateOptions
+from mystique_gen.backends.check import UnsafeCodeError, check_source
+from mystique_gen.backends.context import GenerateOptions
 from mystique_gen.generate import generate
 from mystique_gen.ir import DeviceValue, ListValue, Literal, TensorMeta, TensorValue
-from mystique_gen.load.et import trace_from_document
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.bindings import _probe_value, candidates, public_chain_ok
 from mystique_gen.pipeline import build_program
+from mystique_gen.sources.et import trace_from_document
+from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, run_benchmark
 from tests.test_check import GOLDEN, inject_call
 from tests.tracebuilder import ADD_, MM, RELU, TraceBuilder

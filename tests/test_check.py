@@ -1,11 +1,11 @@
-"""The safety check of generated files (mystique_gen/emit/check.py)."""
+"""The safety check of generated files (mystique_gen/backends/check.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mystique_gen.emit import check
-from mystique_gen.emit.check import UnsafeCodeError, check_source, template_facts
+from mystique_gen.backends import check
+from mystique_gen.backends.check import UnsafeCodeError, check_source, template_facts
 from tests.conftest import ROOT
 
 GOLDEN = (ROOT / "generated" / "mlp_sgd.py").read_text()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from mystique_gen.distributed import DistInfo, ProcessGroupSpec
-from mystique_gen.emit.comms import RankBody, _splits, _tensor_arg, group_lines, rank_lines
-from mystique_gen.emit.layout import Atom, flat
+from mystique_gen.backends.comms import RankBody, _splits, _tensor_arg, group_lines, rank_lines
+from mystique_gen.backends.layout import Atom, flat
 from mystique_gen.ir import ListValue, Literal
+from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
 from mystique_gen.passes.comms import replayable
 from mystique_gen.passes.ranks import natural_key
 

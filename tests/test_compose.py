@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from mystique_gen.capture import capture
+from mystique_gen.backends.context import GenerateOptions
 from mystique_gen.cli import main
-from mystique_gen.compare import op_multiset
-from mystique_gen.emit.context import GenerateOptions
 from mystique_gen.generate import generate, generate_source
 from mystique_gen.ir import InputView, OpOutput, TensorMeta, TensorValue
-from mystique_gen.load.et import load_trace, trace_from_document
 from mystique_gen.options import BuildOptions, OptionError
 from mystique_gen.passes.select import select_ops
 from mystique_gen.pipeline import build_program
+from mystique_gen.sources.et import load_trace, trace_from_document
+from mystique_gen.tools.capture import capture
+from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, run_benchmark
 from tests.models import MODELS
 from tests.tracebuilder import MM, RELU, TraceBuilder

@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from mystique_gen.emit.context import GenerateOptions
+from mystique_gen.backends.context import GenerateOptions
 from mystique_gen.generate import generate
 from tests.conftest import last_json, run_benchmark
 

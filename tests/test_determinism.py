@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import main as cli_main
-from mystique_gen.emit.render import format_with_black
 from tests.conftest import ROOT
 from tests.tracebuilder import ADD_, EMBEDDING, MM, RELU, VIEW, TraceBuilder
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import main as cli_main
-from mystique_gen.emit.render import format_with_black
-from mystique_gen.load.et import load_trace
 from mystique_gen.multirank import expand_inputs
 from mystique_gen.passes.comms import collective_sequence, read_param_comms
 from mystique_gen.passes.ranks import is_multi_rank_set, read_groups
+from mystique_gen.sources.et import load_trace
 from tests.conftest import ROOT, last_json, run_benchmark
 
 pytestmark = pytest.mark.slow

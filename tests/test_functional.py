@@ -7,10 +7,10 @@ import ast
 import pytest
 import torch
 
-from mystique_gen.capture import capture
-from mystique_gen.compare import op_multiset
-from mystique_gen.emit.context import GenerateOptions
+from mystique_gen.backends.context import GenerateOptions
 from mystique_gen.generate import generate
+from mystique_gen.tools.capture import capture
+from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, run_benchmark
 from tests.models import MODELS
 

@@ -21,14 +21,14 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mystique_gen.emit import exprs
-from mystique_gen.emit.check import UnsafeCodeError, check_source
-from mystique_gen.emit.layout import Atom, Group, Keyword, Node, lay_out
-from mystique_gen.emit.render import format_with_black
+from mystique_gen.backends import exprs
+from mystique_gen.backends.check import UnsafeCodeError, check_source
+from mystique_gen.backends.layout import Atom, Group, Keyword, Node, lay_out
+from mystique_gen.backends.render import format_with_black
 from mystique_gen.errors import MystiqueError
 from mystique_gen.generate import generate_source
-from mystique_gen.load.et import load_trace
 from mystique_gen.pipeline import build_program
+from mystique_gen.sources.et import load_trace
 from tests.tracebuilder import ADD_, EMBEDDING, MM, RELU, TraceBuilder
 
 # Kept small for `make test`; MYSTIQUE_FUZZ_EXAMPLES=2000 fuzzes deeper.

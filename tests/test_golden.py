@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from mystique_gen.backends.context import GenerateOptions
+from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import command_line
-from mystique_gen.emit.context import GenerateOptions
-from mystique_gen.emit.render import format_with_black
 from mystique_gen.generate import generate_source
 from mystique_gen.pipeline import compile_trace
 from tests.conftest import ROOT

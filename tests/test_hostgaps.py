@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from mystique_gen.capture import capture
 from mystique_gen.generate import generate
-from mystique_gen.load.et import load_trace
-from mystique_gen.load.kineto import CpuEvent
 from mystique_gen.passes.hostgaps import STEP_SCOPE, _match, profile_beside, profile_gaps
 from mystique_gen.passes.select import select_ops
 from mystique_gen.pipeline import compile_trace
+from mystique_gen.sources.et import load_trace
+from mystique_gen.sources.kineto import CpuEvent
+from mystique_gen.tools.capture import capture
 from tests.conftest import last_json, run_benchmark
 from tests.models import MODELS
 
@@ -125,7 +125,7 @@ def test_recorded_gaps_subtract_the_replays_own_host_time(captured, tmp_path):
 
 
 def test_compare_reads_the_profile_per_step(captured):
-    from mystique_gen.compare import kineto_times
+    from mystique_gen.tools.compare import kineto_times
 
     profile = profile_beside(captured.kineto_path)
     assert profile is not None

@@ -9,18 +9,18 @@ import json
 import pytest
 import torch
 
-from mystique_gen.capture import capture
+from mystique_gen.backends.layout import names_statement
+from mystique_gen.backends.render import format_with_black
+from mystique_gen.backends.schedule import gap_literal, helper_call
 from mystique_gen.cli import main as cli_main
-from mystique_gen.emit.layout import names_statement
-from mystique_gen.emit.render import format_with_black
-from mystique_gen.emit.schedule import gap_literal, helper_call
 from mystique_gen.errors import TraceError
 from mystique_gen.generate import generate
-from mystique_gen.load.et import load_trace
-from mystique_gen.load.kineto import kineto_from_document, load_kineto
 from mystique_gen.passes.link import link_nodes
 from mystique_gen.passes.streams import schedule_program
 from mystique_gen.pipeline import compile_trace
+from mystique_gen.sources.et import load_trace
+from mystique_gen.sources.kineto import kineto_from_document, load_kineto
+from mystique_gen.tools.capture import capture
 from tests.conftest import last_json, run_benchmark
 from tests.models import MODELS
 from tests.tracebuilder import ADD_, MM, RELU, TraceBuilder

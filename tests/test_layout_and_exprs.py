@@ -6,9 +6,9 @@ import ast
 
 import pytest
 
-from mystique_gen.emit import exprs
-from mystique_gen.emit.layout import Atom, lay_out
-from mystique_gen.emit.render import format_with_black
+from mystique_gen.backends import exprs
+from mystique_gen.backends.layout import Atom, lay_out
+from mystique_gen.backends.render import format_with_black
 
 
 def _black_stable(lines: list[str]) -> None:

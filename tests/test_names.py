@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from mystique_gen.emit.names import RESERVED, Namespace
+from mystique_gen.backends.names import RESERVED, Namespace
 
 
 def test_numbered_names_follow_first_appearance_and_are_stable():

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from mystique_gen.backends.check import check_source
 from mystique_gen.cli import main as cli_main
-from mystique_gen.emit.check import check_source
 from tests.conftest import ROOT, run_benchmark
 from tests.tracebuilder import MM, RELU, TraceBuilder
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from mystique_gen.errors import TraceError
-from mystique_gen.load import stream
-from mystique_gen.load.et import EMPTY, load_trace, trace_from_document
 from mystique_gen.progress import Progress, session
+from mystique_gen.sources import jsonstream as stream
+from mystique_gen.sources.et import EMPTY, load_trace, trace_from_document
 from tests.conftest import ROOT
 from tests.synthetic import write_synthetic
 

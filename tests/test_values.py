@@ -8,17 +8,17 @@ import json
 import pytest
 import torch
 
-from mystique_gen.capture import capture, capture_script
+from mystique_gen.backends.context import GenerateOptions
+from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import main as tools_main
-from mystique_gen.compare import compare_traces, format_comparison, op_multiset
-from mystique_gen.emit.context import GenerateOptions
-from mystique_gen.emit.render import format_with_black
 from mystique_gen.generate import generate, generate_source
 from mystique_gen.ir import Init
-from mystique_gen.load.et import trace_from_document
 from mystique_gen.oprules import op_category
 from mystique_gen.passes.values import recorded_values
 from mystique_gen.pipeline import build_program
+from mystique_gen.sources.et import trace_from_document
+from mystique_gen.tools.capture import capture, capture_script
+from mystique_gen.tools.compare import compare_traces, format_comparison, op_multiset
 from tests.conftest import last_json, run_benchmark
 from tests.tracebuilder import EMBEDDING, TraceBuilder
 
@@ -332,9 +332,9 @@ def test_embedding_and_moe_replay_at_recorded_shapes_without_ranges(tmp_path):
 
 def _op_shapes(path) -> dict[str, list]:
     """Output shapes of every top-level op, by name, in order."""
-    from mystique_gen.emit.exprs import HARNESS_SCOPE
-    from mystique_gen.load.et import load_trace
+    from mystique_gen.backends.exprs import HARNESS_SCOPE
     from mystique_gen.passes.select import select_ops
+    from mystique_gen.sources.et import load_trace
 
     shapes: dict[str, list] = {}
     for sel in select_ops(load_trace(path)).ops:
@@ -395,7 +395,7 @@ def test_capture_script_too_short_is_a_clean_error(tmp_path, capsys):
                       "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
                       "for _ in range(2):\n    m(torch.ones(1, 2)).sum().backward()\n"
                       "    o.step()\n")
-    from mystique_gen.capture import ScriptError
+    from mystique_gen.tools.capture import ScriptError
 
     with pytest.raises(ScriptError, match="made 2 optimizer steps"):
         capture_script(["python", str(script)], tmp_path / "o", warmup=1, timing_iters=1)
@@ -436,7 +436,7 @@ def test_plot_without_matplotlib_is_a_clean_error(tmp_path, capsys):
 
 @pytest.mark.skipif(not _has_matplotlib(), reason="matplotlib (the plot extra) not installed")
 def test_plot_draws_categories(tmp_path):
-    from mystique_gen.compare import Comparison, KinetoTimes, plot_comparison
+    from mystique_gen.tools.compare import Comparison, KinetoTimes, plot_comparison
 
     times = KinetoTimes({"matmul": 2.0, "memory": 0.5}, 3.0, 10, 1, False)
     c = Comparison(1.0, 10, 10, [], times, KinetoTimes({"matmul": 1.8}, 2.7, 10, 5, False))
@@ -454,7 +454,7 @@ def test_op_categories():
 
 
 def test_data_fill_needs_a_width():
-    from mystique_gen.emit.valuefill import data_call
+    from mystique_gen.backends.valuefill import data_call
 
     with pytest.raises(ValueError):
         data_call(Init("data", 3, 1, "", b"\x00"), "int64", "device")

@@ -19,8 +19,8 @@ without autograd would be faster than the original. This pass:
 from __future__ import annotations
 
 from mystique_gen import oprules
-from mystique_gen.dtypes import FLOATING
 from mystique_gen.ir import Binding, DerivedView, InputView, Op, OpOutput, iter_tensors
+from mystique_gen.ir.dtypes import FLOATING
 from mystique_gen.passes.tensors import output_paths
 
 

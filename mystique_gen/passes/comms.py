@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mystique_gen import oprules
-from mystique_gen.distributed import CommInfo, ParamComms, ProcessGroupSpec
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import (
     Arg,
@@ -29,9 +28,10 @@ from mystique_gen.ir import (
     iter_leaves,
     iter_tensors,
 )
-from mystique_gen.load.et import RawArg, RawNode, RawTrace
+from mystique_gen.ir.dist import CommInfo, ParamComms, ProcessGroupSpec
+from mystique_gen.ir.schema import Signature
 from mystique_gen.passes.select import Selected
-from mystique_gen.schema import Signature
+from mystique_gen.sources.et import RawArg, RawNode, RawTrace
 
 PARAM_COMMS = "record_param_comms"
 TENSOR_TYPES = ("Tensor", "Optional[Tensor]", "List[Tensor]", "List[List[Tensor]]")
@@ -364,7 +364,7 @@ def replayable(group: ProcessGroupSpec, world: int) -> bool:
 def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...]]]:
     """(c10d op, recorded tensor shapes) of every top-level collective, in order: what
     a replay must reproduce rank by rank (compare a replay's trace with its original)."""
-    from mystique_gen.emit.exprs import HARNESS_SCOPE
+    from mystique_gen.backends.exprs import HARNESS_SCOPE
     from mystique_gen.passes.select import select_ops
 
     out = []

@@ -19,9 +19,9 @@ import hashlib
 from collections.abc import Iterator
 
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
-from mystique_gen.load.et import RawArg
 from mystique_gen.passes.select import Selected
 from mystique_gen.passes.tensors import output_paths
+from mystique_gen.sources.et import RawArg
 
 
 def place_in_parallel(op_lists: list[list[Op]]) -> None:

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
-from mystique_gen.load.et import RawNode, RawTrace
 from mystique_gen.options import BuildOptions, OptionError
 from mystique_gen.passes.select import Selected, Selection, is_root
+from mystique_gen.sources.et import RawNode, RawTrace
 
 STEP_RE = re.compile(r"ProfilerStep#(\d+)")
 

@@ -3,7 +3,7 @@
 The Kineto trace recorded beside the execution trace times every op with the ET
 observer attached, and the observer's per-op work lands in the gaps between ops too
 (measured: gpt2 training step, 556 top-level ops, 4.6 ms of gaps with the observer
-against 3.2 ms in a profile-only step). :func:`mystique_gen.capture` therefore also
+against 3.2 ms in a profile-only step). :func:`mystique_gen.tools.capture` therefore also
 profiles a few more steps without the observer (``<name>.profile.json``, named in the
 ``<name>.step.json`` sidecar). Where that file is found beside the ``--kineto`` trace,
 the gap before each selected op is taken from it instead: the ops of each step are
@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mystique_gen.ir import Program
-from mystique_gen.load.et import RawTrace
-from mystique_gen.load.kineto import CpuEvent, load_kineto
 from mystique_gen.passes.select import select_ops
+from mystique_gen.sources.et import RawTrace
+from mystique_gen.sources.kineto import CpuEvent, load_kineto
 
 STEP_SCOPE = "MystiqueProfiledStep"  # capture wraps each profiled step in this annotation
 # (no "::": compare.py counts "ns::name" events as ops)

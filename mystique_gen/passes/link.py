@@ -24,9 +24,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from mystique_gen.ir import KernelRecord, OpTiming, Program, ProgramTiming
-from mystique_gen.load.et import RawNode, RawTrace
-from mystique_gen.load.kineto import CpuEvent, GpuEvent, KinetoTrace
 from mystique_gen.passes.select import is_root, select_ops
+from mystique_gen.sources.et import RawNode, RawTrace
+from mystique_gen.sources.kineto import CpuEvent, GpuEvent, KinetoTrace
 
 METHODS = ("record_function_id", "external_id", "external_id_offset", "order")
 

@@ -14,12 +14,6 @@ from functools import lru_cache
 from typing import Any
 
 from mystique_gen import oprules
-from mystique_gen.dtypes import (
-    LAYOUT_CODES,
-    MEMORY_FORMAT_CODES,
-    SCALAR_TYPE_CODES,
-    dtype_from_type_string,
-)
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import (
     Arg,
@@ -34,9 +28,15 @@ from mystique_gen.ir import (
     Value,
     contiguous_strides,
 )
-from mystique_gen.load.et import RawArg
+from mystique_gen.ir.dtypes import (
+    LAYOUT_CODES,
+    MEMORY_FORMAT_CODES,
+    SCALAR_TYPE_CODES,
+    dtype_from_type_string,
+)
+from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.select import Selected
-from mystique_gen.schema import SchemaError, Signature, parse_signature
+from mystique_gen.sources.et import RawArg
 
 # Lowers one c10d op (passes/comms.py): (selected node, signature, op index).
 CommHook = Callable[[Selected, Signature, int], "Op | NotReplayed"]

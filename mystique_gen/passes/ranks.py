@@ -13,9 +13,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from mystique_gen.distributed import DistInfo, ParamComms, ProcessGroupSpec
 from mystique_gen.errors import TraceError
-from mystique_gen.load.et import RawNode, RawTrace
+from mystique_gen.ir.dist import DistInfo, ParamComms, ProcessGroupSpec
+from mystique_gen.sources.et import RawNode, RawTrace
 
 INIT_NODE = "## process_group:init ##"
 DEFAULT_GROUP_NAMES = ("0", "default_pg")

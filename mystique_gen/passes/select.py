@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import NotReplayed
-from mystique_gen.load.et import RawNode, RawTrace
-from mystique_gen.schema import is_op_name
+from mystique_gen.ir.schema import is_op_name
+from mystique_gen.sources.et import RawNode, RawTrace
 
 ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
 

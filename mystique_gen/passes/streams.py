@@ -31,8 +31,8 @@ from mystique_gen.ir import (
     StreamInfo,
     iter_tensors,
 )
-from mystique_gen.load.et import RawTrace
 from mystique_gen.passes.tensors import binding_root, output_paths
+from mystique_gen.sources.et import RawTrace
 
 
 def assign_streams(program: Program) -> None:
@@ -174,9 +174,9 @@ def schedule_program(program: Program, trace: RawTrace, kineto: str | Path | Non
     """The pipeline's last step: link ``kineto`` (if given) for timing and streams, then
     plan the waits. Without a Kineto trace every op stays on the current stream."""
     if kineto is not None:
-        from mystique_gen.load.kineto import load_kineto
         from mystique_gen.passes.hostgaps import apply_profile_gaps
         from mystique_gen.passes.link import attach_timing
+        from mystique_gen.sources.kineto import load_kineto
 
         attach_timing(program, trace, load_kineto(kineto))
         source = apply_profile_gaps(program, trace, kineto)

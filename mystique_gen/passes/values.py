@@ -26,7 +26,6 @@ from math import prod
 from pathlib import Path
 
 from mystique_gen import oprules
-from mystique_gen.dtypes import FLOATING, INTEGRAL, ITEM_SIZES
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import (
     Init,
@@ -39,8 +38,9 @@ from mystique_gen.ir import (
     contiguous_strides,
     iter_tensors,
 )
-from mystique_gen.load.et import RawArg, RawTrace
+from mystique_gen.ir.dtypes import FLOATING, INTEGRAL, ITEM_SIZES
 from mystique_gen.passes.lower import list_element_types
+from mystique_gen.sources.et import RawArg, RawTrace
 
 # Values a fill may take per integral dtype (int64 leaves room for ``high + 1``).
 _INT_LIMITS = {

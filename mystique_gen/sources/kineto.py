@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mystique_gen.errors import TraceError
-from mystique_gen.load.et import parse_json_bytes
+from mystique_gen.sources.et import parse_json_bytes
 
 CPU_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "hip_runtime",

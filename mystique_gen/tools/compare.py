@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mystique_gen import oprules
-from mystique_gen.emit.exprs import HARNESS_SCOPE
+from mystique_gen.backends.exprs import HARNESS_SCOPE
 from mystique_gen.errors import MystiqueError
-from mystique_gen.load.et import RawTrace, load_trace
 from mystique_gen.passes.select import select_ops
+from mystique_gen.sources.et import RawTrace, load_trace
 
 
 def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False) -> Counter[str]:
@@ -84,9 +84,9 @@ def _top_level(events: list) -> list:
 
 def kineto_times(path: str | Path, iterations: int | None = 1) -> KinetoTimes:
     """Category times of a Kineto trace, divided by ``iterations`` (None: the number of
-    steps :func:`mystique_gen.capture` profiled in it, one without step annotations)."""
-    from mystique_gen.load.kineto import load_kineto
+    steps :func:`mystique_gen.tools.capture` profiled in it, one without step annotations)."""
     from mystique_gen.passes.hostgaps import STEP_SCOPE
+    from mystique_gen.sources.kineto import load_kineto
 
     trace = load_kineto(path)
     if iterations is None:

@@ -13,8 +13,8 @@ from importlib import resources
 
 import jinja2
 
-from mystique_gen.emit.context import BenchmarkContext
-from mystique_gen.emit.exprs import HARNESS_SCOPE, str_literal
+from mystique_gen.backends.context import BenchmarkContext
+from mystique_gen.backends.exprs import HARNESS_SCOPE, str_literal
 from mystique_gen.errors import MystiqueError
 
 TEMPLATE = "benchmark.py.j2"
@@ -42,7 +42,7 @@ def environment() -> jinja2.Environment:
 def render(context: BenchmarkContext) -> str:
     """The benchmark file, checked: it parses and calls only torch and the harness."""
     from mystique_gen import progress
-    from mystique_gen.emit.check import check_source
+    from mystique_gen.backends.check import check_source
 
     progress.phase("rendering")
     text = render_text(context)
@@ -54,7 +54,7 @@ def render(context: BenchmarkContext) -> str:
 @lru_cache(maxsize=1)
 def dist_harness_facts():
     """The safety check's reference for distributed files: their own template's harness."""
-    from mystique_gen.emit.check import gather
+    from mystique_gen.backends.check import gather
     from mystique_gen.multirank import reference_context
 
     facts = gather(render_text(reference_context()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from mystique_gen.emit.layout import Atom, Group, Keyword, Node
+from mystique_gen.backends.layout import Atom, Group, Keyword, Node
 
 # Profiler scope around work the harness adds (views no replayed op returned, stand-ins
 # for skipped ops): a replay's trace labels it, and `compare` leaves it out.

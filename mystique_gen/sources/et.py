@@ -25,7 +25,7 @@ from typing import Any
 
 from mystique_gen import progress as _progress
 from mystique_gen.errors import TraceError
-from mystique_gen.load.stream import HashingReader, JsonStream
+from mystique_gen.sources.jsonstream import HashingReader, JsonStream
 
 KNOWN_SCHEMA_PREFIXES = ("1.0.1", "1.0.2", "1.0.3", "1.0.4", "1.1.0", "1.1.1")
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from mystique_gen.errors import MystiqueError
+from mystique_gen.ir.schema import op_attribute_ok
 from mystique_gen.passes.bindings import public_chain_ok
-from mystique_gen.schema import op_attribute_ok
 
 PIECE_BYTES = 16 * 1024
 # Lines that may start a statement at the top level, and inside a function body; never
@@ -122,10 +122,10 @@ def _walk(tree: ast.AST) -> Iterator[ast.AST]:
 @lru_cache(maxsize=1)
 def template_facts() -> Facts:
     """Facts of the harness: the template rendered for a trace with no nodes."""
-    from mystique_gen.emit.context import build_context
-    from mystique_gen.emit.render import render_text
-    from mystique_gen.load.et import RawTrace
+    from mystique_gen.backends.context import build_context
+    from mystique_gen.backends.render import render_text
     from mystique_gen.pipeline import build_program
+    from mystique_gen.sources.et import RawTrace
 
     empty = RawTrace(name="reference", sha256="0" * 64, schema="", nodes=[], metadata={})
     facts = gather(render_text(build_context(build_program(empty))))

@@ -9,8 +9,8 @@ size whatever the replayed values are.
 from __future__ import annotations
 
 from mystique_gen import oprules
-from mystique_gen.emit import exprs
-from mystique_gen.emit.layout import Atom, Node, lay_out
+from mystique_gen.backends import exprs
+from mystique_gen.backends.layout import Atom, Node, lay_out
 from mystique_gen.ir import Init, ListValue, Op, TensorValue
 
 

@@ -12,9 +12,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from mystique_gen import __version__
-from mystique_gen.emit import comms, exprs, schedule, valuefill
-from mystique_gen.emit.layout import INDENT, Atom, Group, Node, flat, lay_out, names_statement
-from mystique_gen.emit.names import Namespace
+from mystique_gen.backends import comms, exprs, schedule, valuefill
+from mystique_gen.backends.layout import INDENT, Atom, Group, Node, flat, lay_out, names_statement
+from mystique_gen.backends.names import Namespace
 from mystique_gen.ir import (
     Binding,
     DerivedView,

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
-from typing import TYPE_CHECKING
 
-from mystique_gen.schema import ArgSpec, Signature
-
-if TYPE_CHECKING:
-    from mystique_gen.distributed import CommInfo, DistInfo
+from mystique_gen.ir.dist import CommInfo, DistInfo
+from mystique_gen.ir.dtypes import ITEM_SIZES
+from mystique_gen.ir.schema import ArgSpec, Signature
 
 
 @dataclass(frozen=True, slots=True)  # slots: a million-op program holds millions
@@ -73,8 +71,6 @@ class Storage:
 
     @property
     def nbytes(self) -> int:
-        from mystique_gen.dtypes import ITEM_SIZES
-
         return self.extent * ITEM_SIZES.get(self.dtype, 4)
 
 
@@ -281,3 +277,32 @@ def iter_leaves(value: Value):
             yield from iter_leaves(item)
     else:
         yield value
+
+
+__all__ = [
+    "Arg",
+    "Binding",
+    "DerivedView",
+    "DeviceValue",
+    "Init",
+    "InputView",
+    "KernelRecord",
+    "ListValue",
+    "Literal",
+    "NotReplayed",
+    "Op",
+    "OpOutput",
+    "OpTiming",
+    "Program",
+    "ProgramTiming",
+    "Storage",
+    "StreamInfo",
+    "TensorMeta",
+    "TensorValue",
+    "TorchConstant",
+    "TraceInfo",
+    "Value",
+    "contiguous_strides",
+    "iter_leaves",
+    "iter_tensors",
+]

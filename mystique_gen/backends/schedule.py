@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from mystique_gen.emit import exprs
-from mystique_gen.emit.layout import INDENT, Atom, Group, Node, lay_out, names_statement
-from mystique_gen.emit.names import Namespace
+from mystique_gen.backends import exprs
+from mystique_gen.backends.layout import INDENT, Atom, Group, Node, lay_out, names_statement
+from mystique_gen.backends.names import Namespace
 from mystique_gen.ir import Binding, Op, OpOutput, Program
 from mystique_gen.passes.streams import shared_roots, side_streams
 
@@ -99,7 +99,7 @@ def gap_args(gap: str, events: int) -> list[str]:
 
 def _threads(b: Builder, streams: dict[int, str], events: set[int],
              flags: dict[int, int]) -> list[str]:
-    from mystique_gen.emit.context import _key  # the builder's variable keys
+    from mystique_gen.backends.context import _key  # the builder's variable keys
 
     program = b.program
     order = list(dict.fromkeys(op.thread for op in program.ops))

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mystique_gen import oprules
-from mystique_gen.distributed import DistInfo, ProcessGroupSpec
-from mystique_gen.emit import exprs
-from mystique_gen.emit.layout import INDENT, Atom, Group, Node, lay_out
+from mystique_gen.backends import exprs
+from mystique_gen.backends.layout import INDENT, Atom, Group, Node, lay_out
 from mystique_gen.ir import ListValue, Op, Program, Value
+from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
 
 GUARD = 'if _RUNTIME["comm"]:'
 
@@ -59,7 +59,7 @@ def group_row(group: ProcessGroupSpec, world: int) -> Node:
 
 
 def _kv(key: str, value: Node) -> Node:
-    from mystique_gen.emit.layout import flat
+    from mystique_gen.backends.layout import flat
 
     return Atom(f"{exprs.str_literal(key)}: {flat(value)}")
 

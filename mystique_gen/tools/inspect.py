@@ -7,9 +7,9 @@ from typing import Any
 
 from mystique_gen import oprules
 from mystique_gen.ir import Program, iter_tensors
-from mystique_gen.load.et import RawTrace
+from mystique_gen.ir.schema import is_op_name
 from mystique_gen.passes.deps import critical_path_length, dependency_graph
-from mystique_gen.schema import is_op_name
+from mystique_gen.sources.et import RawTrace
 
 
 def summarize(trace: RawTrace, program: Program) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Backends: turn a Program into Python source (names, expressions, layout, templates)."""

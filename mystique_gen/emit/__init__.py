@@ -1,1 +1,0 @@
-"""Stage 4: turn the IR into Python source (names, expressions, layout, templates)."""

@@ -1,1 +1,0 @@
-"""Stage 1: read trace files into plain, validated records."""

@@ -1,0 +1,1 @@
+"""Sources: read trace files (ET, Kineto) into plain, validated records."""

@@ -1,0 +1,1 @@
+"""The commands around a benchmark: capture, compare, inspect (and their helpers)."""
