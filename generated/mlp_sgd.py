@@ -25,6 +25,12 @@ import threading
 import time
 
 import torch
+from torch.profiler import (
+    ExecutionTraceObserver,
+    ProfilerActivity,
+    profile,
+    record_function,
+)
 
 GENERATOR = "mystique-gen 0.1.0"
 TRACE = {
@@ -37,9 +43,14 @@ OPS = 57
 RECORDED_DEVICE = "cpu"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 1744044
-HARNESS_SCOPE = "## mystique: harness ##"
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = None
+
+
+# -- harness: mystique_gen/harness/runtime.py, inlined -------------------------------
+# The profiler scope around work the harness adds (views no replayed op returned,
+# stand-ins for skipped ops): a replay's trace labels it, and `compare` leaves it out.
+HARNESS_SCOPE = "## mystique: harness ##"
 
 
 def _parse_args(argv=None):
@@ -77,6 +88,7 @@ def _parse_args(argv=None):
         default="auto",
         help="restore the inputs before each iteration, untimed (auto: if memory allows)",
     )
+    _JOB.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -101,34 +113,6 @@ def _op(resolve, name):
         return _Unavailable(name, str(exc).splitlines()[0] if str(exc) else name)
 
 
-# Operators, resolved once; every call below goes straight to the dispatcher.
-aten_linear = _op(lambda: torch.nn.functional.linear, "aten::linear.default")
-aten_relu = _op(lambda: torch.relu, "aten::relu.default")
-aten_cross_entropy_loss = _op(
-    lambda: torch.ops.aten.cross_entropy_loss.default,
-    "aten::cross_entropy_loss.default",
-)
-aten_ones_like = _op(lambda: torch.ones_like, "aten::ones_like.default")
-aten_nll_loss_backward = _op(
-    lambda: torch.ops.aten.nll_loss_backward.default, "aten::nll_loss_backward.default"
-)
-aten__log_softmax_backward_data = _op(
-    lambda: torch._log_softmax_backward_data, "aten::_log_softmax_backward_data.default"
-)
-aten_t = _op(lambda: torch.t, "aten::t.default")
-aten_mm = _op(lambda: torch.mm, "aten::mm.default")
-aten_sum_dim_IntList = _op(lambda: torch.sum, "aten::sum.dim_IntList")
-aten_view = _op(lambda: torch.Tensor.view, "aten::view.default")
-aten_detach = _op(lambda: torch.detach, "aten::detach.default")
-aten_threshold_backward = _op(
-    lambda: torch.ops.aten.threshold_backward.default,
-    "aten::threshold_backward.default",
-)
-aten_mul__Tensor = _op(lambda: torch.Tensor.mul_, "aten::mul_.Tensor")
-aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
-
-# Recorded outputs of guarded ops: [dtype, shape, strides, device] per tensor.
-_FALLBACKS = []
 _RUNTIME = {
     "device": "cpu",
     "host": "cpu",
@@ -238,8 +222,6 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
 
     gap_event_us: what the profiler costs per event it records, from the same
     iterations timed without it (host time, medians)."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
     plain = []
     for _ in range(iters):
@@ -294,8 +276,6 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
 def _run_threads(flags, *bodies):
     """Run one body per recorded host thread (the first on this one); `flags` events
     carry the cross-thread waits (`_signal`, `_await`)."""
-    import threading
-
     state = {"flags": [threading.Event() for _ in range(flags)], "error": None}
     _RUNTIME["threads"] = state
 
@@ -326,52 +306,98 @@ def _await(flag):
             raise RuntimeError("mystique: another replay thread failed")
 
 
+def _fill_randint(numel, low, high, gen, device, gens):
+    return torch.randint(low, high, (numel,), generator=gen, device=device)
+
+
+def _fill_offsets(numel, low, high, gen, device, gens):
+    t = torch.sort(torch.randint(0, high + 1, (numel,), generator=gen, device=device))
+    t = t.values
+    if numel:
+        t[0] = 0
+    return t
+
+
+def _fill_cuts(numel, low, high, gen, device, gens):
+    # Jagged offsets: sorted, first 0, last `high` (the number of values).
+    t = _fill_offsets(numel, low, high, gen, device, gens)
+    if numel:
+        t[-1] = high
+    return t
+
+
+def _fill_span(numel, low, high, gen, device, gens):
+    # A recorded [low, high] range with both ends present (bincount's length).
+    t = torch.randint(low, high + 1, (numel,), generator=gen, device=device)
+    if numel:
+        t[0], t[-1] = low, high
+    return t
+
+
+def _fill_mask(numel, low, high, gen, device, gens):
+    # Exactly `low` nonzero elements: nonzero/masked_select keep their sizes.
+    t = torch.zeros(numel, dtype=torch.bool, device=device)
+    chosen = torch.randperm(numel, generator=gen, device=device)[: min(low, numel)]
+    t[chosen] = True
+    return t
+
+
+def _fill_runs(numel, low, high, gen, device, gens):
+    # `low` distinct values in sorted runs (unique_consecutive keeps its size).
+    return torch.arange(numel, device=device) * max(low, 1) // max(numel, 1)
+
+
+def _fill_distinct(numel, low, high, gen, device, gens):
+    # `low` distinct values, shuffled (unique keeps its size).
+    t = _fill_runs(numel, low, high, gen, device, gens)
+    return t[torch.randperm(numel, generator=gen, device=device)]
+
+
+def _fill_sum(numel, low, high, gen, device, gens):
+    # `numel` non-negative parts adding up to `low` (repeats, jagged lengths).
+    cuts = torch.randint(0, low + 1, (max(numel - 1, 0),), generator=gens["cpu"])
+    start, end = torch.tensor([0]), torch.tensor([low])
+    edges = torch.cat([start, torch.sort(cuts).values, end])
+    return (edges[1:] - edges[:-1])[:numel].to(device)
+
+
+def _fill_bool(numel, low, high, gen, device, gens):
+    return torch.rand(numel, generator=gen, device=device) < 0.5
+
+
+def _fill_uniform(numel, low, high, gen, device, gens):
+    return torch.rand(numel, generator=gen, device=device) * (high - low) + low
+
+
+def _fill_ones(numel, low, high, gen, device, gens):
+    return torch.ones(numel, device=device)
+
+
+def _fill_zeros(numel, low, high, gen, device, gens):
+    return torch.zeros(numel, device=device)
+
+
+# Fill kind -> filler; mystique_gen.harness.fills.FillKind names the same kinds.
+_FILLS = {
+    "randint": _fill_randint,
+    "offsets": _fill_offsets,
+    "cuts": _fill_cuts,
+    "span": _fill_span,
+    "mask": _fill_mask,
+    "runs": _fill_runs,
+    "distinct": _fill_distinct,
+    "sum": _fill_sum,
+    "bool": _fill_bool,
+    "uniform": _fill_uniform,
+    "ones": _fill_ones,
+    "zeros": _fill_zeros,
+}
+
+
 def _fill(numel, dtype, device, kind, low, high, gens):
     """A flat buffer of `numel` elements filled by `kind` from the seeded generator."""
     gen = gens[torch.device(device).type]
-    if kind == "randint":
-        t = torch.randint(low, high, (numel,), generator=gen, device=device)
-    elif kind == "offsets":
-        t = torch.randint(0, high + 1, (numel,), generator=gen, device=device)
-        t = torch.sort(t).values
-        if numel:
-            t[0] = 0
-    elif kind == "cuts":
-        # Jagged offsets: sorted, first 0, last `high` (the number of values).
-        t = torch.randint(0, high + 1, (numel,), generator=gen, device=device)
-        t = torch.sort(t).values
-        if numel:
-            t[0], t[-1] = 0, high
-    elif kind == "span":
-        # A recorded [low, high] range with both ends present (bincount's length).
-        t = torch.randint(low, high + 1, (numel,), generator=gen, device=device)
-        if numel:
-            t[0], t[-1] = low, high
-    elif kind == "mask":
-        # Exactly `low` nonzero elements: nonzero/masked_select keep their sizes.
-        t = torch.zeros(numel, dtype=torch.bool, device=device)
-        chosen = torch.randperm(numel, generator=gen, device=device)[: min(low, numel)]
-        t[chosen] = True
-    elif kind in ("distinct", "runs"):
-        # `low` distinct values: unique (shuffled) or unique_consecutive (sorted runs).
-        t = torch.arange(numel, device=device) * max(low, 1) // max(numel, 1)
-        if kind == "distinct":
-            t = t[torch.randperm(numel, generator=gen, device=device)]
-    elif kind == "sum":
-        # `numel` non-negative parts adding up to `low` (repeats, jagged lengths).
-        cuts = torch.randint(0, low + 1, (max(numel - 1, 0),), generator=gens["cpu"])
-        start, end = torch.tensor([0]), torch.tensor([low])
-        edges = torch.cat([start, torch.sort(cuts).values, end])
-        t = (edges[1:] - edges[:-1])[:numel].to(device)
-    elif kind == "bool":
-        t = torch.rand(numel, generator=gen, device=device) < 0.5
-    elif kind == "uniform":
-        t = torch.rand(numel, generator=gen, device=device) * (high - low) + low
-    elif kind == "ones":
-        t = torch.ones(numel, device=device)
-    else:
-        t = torch.zeros(numel, device=device)
-    return t.to(dtype)
+    return _FILLS[kind](numel, low, high, gen, device, gens).to(dtype)
 
 
 def _data(hex_values, width, dtype, device):
@@ -388,7 +414,9 @@ def _fit(value, shape, strides):
     """A data-dependent output at its recorded size: rows cut or repeated (so indices
     stay valid), laid out as recorded. Already the right size: returned as it is."""
     if isinstance(value, (list, tuple)):
-        return type(value)(_fit(v, s, st) for v, s, st in zip(value, shape, strides))
+        return type(value)(
+            _fit(v, s, st) for v, s, st in zip(value, shape, strides, strict=False)
+        )
     if list(value.shape) == shape:
         return value
     with _harness():
@@ -401,6 +429,265 @@ def _fit(value, shape, strides):
         dtype, where = value.dtype, value.device
         out = torch.empty_strided(shape, strides, dtype=dtype, device=where)
         return out.copy_(value)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free_bytes(device):
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _check_memory(device):
+    free = _free_bytes(device)
+    if free is not None and free < REQUIRED_BYTES:
+        need, have = REQUIRED_BYTES / 2**30, free / 2**30
+        sys.exit(
+            f"mystique: needs {need:.2f} GiB on {device} but {have:.2f} GiB are free"
+        )
+
+
+def _snapshot(inputs, device, mode):
+    """Copies of the input storages, so that every iteration starts from the same values.
+
+    A training replay updates its weights and optimizer state in place; on random data
+    they drift over many iterations (to inf/NaN, which changes kernel speed).
+    """
+    storages = {}
+    for t in inputs:
+        storage = t.untyped_storage()
+        storages.setdefault(storage.data_ptr(), storage)
+    if mode == "off" or not storages:
+        return []
+    if mode == "auto":
+        free = _free_bytes(device)
+        nbytes = sum(storage.nbytes() for storage in storages.values())
+        if free is None or REQUIRED_BYTES + nbytes > free:
+            return []
+    return [(storage, storage.clone()) for storage in storages.values()]
+
+
+def _reset(snapshot):
+    for storage, saved in snapshot:
+        storage.copy_(saved)
+
+
+def _cuda_graph(inputs, device, host):
+    """Capture one iteration into a CUDA graph; return a step that replays it.
+
+    Host (CPU) work runs once, during capture, and is not part of the replay."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        replay(inputs, device, host)  # capture needs warmed-up ops (lazy init, plans)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            replay(inputs, device, host)
+    except RuntimeError as exc:
+        reason = (str(exc).strip().splitlines() or ["unknown error"])[0][:160]
+        sys.exit(f"mystique: --cuda-graph: capture failed: {reason}")
+
+    def step(inputs, device, host):
+        graph.replay()
+
+    return step
+
+
+def _record_et(path, inputs, device, host):
+    observer = ExecutionTraceObserver()
+    observer.register_callback(path)
+    observer.start()
+    replay(inputs, device, host)
+    _sync(device)
+    observer.stop()
+    observer.unregister_callback()
+
+
+def _profile(directory, iters, inputs, device, host):
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    os.makedirs(directory, exist_ok=True)
+    with profile(activities=activities) as prof:
+        for _ in range(iters):
+            replay(inputs, device, host)
+        _sync(device)
+    path = os.path.join(directory, "kineto_trace.json")
+    prof.export_chrome_trace(path)
+    return path
+
+
+def _summary(times):
+    return {
+        "iter_ms_median": statistics.median(times) if times else None,
+        "iter_ms_mean": statistics.fmean(times) if times else None,
+        "iter_ms_min": min(times) if times else None,
+        "iter_ms_max": max(times) if times else None,
+    }
+
+
+class _Local:
+    """How one process runs the benchmark. `main` asks its job at every point where
+    a distributed run differs; dist.py's `_Ranks` answers for torchrun."""
+
+    def add_arguments(self, parser):
+        """Flags beyond the common ones."""
+
+    def device(self, args):
+        return torch.device(args.device)
+
+    def start(self, args, device):
+        """Before the inputs are made (a distributed job joins its groups here)."""
+
+    def before_iteration(self):
+        """Just before each timed iteration starts."""
+
+    def iteration_times(self, times):
+        """The times the result reports: this process's."""
+        return times
+
+    def facts(self):
+        """Fields the JSON result adds or replaces (after --et and --profile)."""
+        return {}
+
+    def et_path(self, path):
+        return path
+
+    def profile_dir(self, directory):
+        return directory
+
+    def finish(self):
+        """After the last replay."""
+
+    def reports(self):
+        """Whether this process prints the result."""
+        return True
+
+    def where(self, device):
+        return f"on {device}"
+
+
+def main(argv=None):
+    job = _JOB
+    args = _parse_args(argv)
+    device = job.device(args)
+    if args.cuda_graph and device.type != "cuda":
+        sys.exit(f"mystique: --cuda-graph is unavailable on {device}: it needs CUDA")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    host = torch.device("cpu")
+    _RUNTIME["device"] = device
+    _RUNTIME["host"] = host
+    _RUNTIME["host_gaps"] = args.host_gaps == "recorded"
+    if args.host_gaps == "recorded" and ORIGINAL is None:
+        print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
+    job.start(args, device)
+    _check_memory(device)
+    torch.manual_seed(args.seed)
+    gens = {
+        kind: torch.Generator(kind).manual_seed(args.seed)
+        for kind in {"cpu", device.type}
+    }
+    inputs = make_inputs(device, host, gens)
+    snapshot = _snapshot(inputs, device, args.reset_inputs)
+    step = _cuda_graph(inputs, device, host) if args.cuda_graph else replay
+    for _ in range(args.warmup):
+        _reset(snapshot)
+        step(inputs, device, host)
+    _sync(device)
+    if _RUNTIME["host_gaps"] and ORIGINAL is not None and not args.cuda_graph:
+        _calibrate_gaps(inputs, device, host, snapshot)
+    times = []
+    for _ in range(args.iters):
+        _reset(snapshot)
+        job.before_iteration()
+        _sync(device)
+        start = time.perf_counter()
+        step(inputs, device, host)
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1000.0)
+    result = _summary(job.iteration_times(times))
+    result.update(
+        {
+            "iters": len(times),
+            "warmup": args.warmup,
+            "device": str(device),
+            "ops": OPS,
+            "skipped_at_runtime": sorted(_RUNTIME["skipped"]),
+            "trace": TRACE["name"],
+            "trace_sha256": TRACE["sha256"],
+            "generator": GENERATOR,
+            "host_gaps": args.host_gaps,
+            "host_gap_own_us": _RUNTIME["gap_own_us"],
+            "host_gap_event_us": _RUNTIME["gap_event_us"],
+            "cuda_graph": args.cuda_graph,
+            "reset_inputs": bool(snapshot),
+        }
+    )
+    if ORIGINAL is not None:
+        result["original_ms"] = ORIGINAL["step_ms"]
+        if times and ORIGINAL["step_ms"]:
+            result["original_ratio"] = result["iter_ms_median"] / ORIGINAL["step_ms"]
+    if args.et:
+        _reset(snapshot)
+        result["et"] = job.et_path(args.et)
+        _record_et(result["et"], inputs, device, host)
+    if args.profile:
+        directory = job.profile_dir(args.profile)
+        result["profile"] = _profile(directory, args.iters, inputs, device, host)
+    result.update(job.facts())
+    job.finish()
+    if not job.reports():
+        return 0
+    if args.json:
+        print(json.dumps(result))
+    elif times:
+        print(
+            f"{TRACE['name']}: {result['iters']} iters {job.where(device)}, "
+            f"median {result['iter_ms_median']:.3f} ms, "
+            f"min {result['iter_ms_min']:.3f} ms"
+        )
+    else:
+        print(f"{TRACE['name']}: no timed iterations")
+    return 0
+
+
+# Operators, resolved once; every call below goes straight to the dispatcher.
+aten_linear = _op(lambda: torch.nn.functional.linear, "aten::linear.default")
+aten_relu = _op(lambda: torch.relu, "aten::relu.default")
+aten_cross_entropy_loss = _op(
+    lambda: torch.ops.aten.cross_entropy_loss.default,
+    "aten::cross_entropy_loss.default",
+)
+aten_ones_like = _op(lambda: torch.ones_like, "aten::ones_like.default")
+aten_nll_loss_backward = _op(
+    lambda: torch.ops.aten.nll_loss_backward.default, "aten::nll_loss_backward.default"
+)
+aten__log_softmax_backward_data = _op(
+    lambda: torch._log_softmax_backward_data, "aten::_log_softmax_backward_data.default"
+)
+aten_t = _op(lambda: torch.t, "aten::t.default")
+aten_mm = _op(lambda: torch.mm, "aten::mm.default")
+aten_sum_dim_IntList = _op(lambda: torch.sum, "aten::sum.dim_IntList")
+aten_view = _op(lambda: torch.Tensor.view, "aten::view.default")
+aten_detach = _op(lambda: torch.detach, "aten::detach.default")
+aten_threshold_backward = _op(
+    lambda: torch.ops.aten.threshold_backward.default,
+    "aten::threshold_backward.default",
+)
+aten_mul__Tensor = _op(lambda: torch.Tensor.mul_, "aten::mul_.Tensor")
+aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
+
+# Recorded outputs of guarded ops: [dtype, shape, strides, device] per tensor.
+_FALLBACKS = []
 
 
 def make_inputs(device, host, gens):
@@ -638,178 +925,6 @@ def replay(inputs, device, host):
     return None
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _free_bytes(device):
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None
-
-
-def _check_memory(device):
-    free = _free_bytes(device)
-    if free is not None and REQUIRED_BYTES > free:
-        need, have = REQUIRED_BYTES / 2**30, free / 2**30
-        sys.exit(
-            f"mystique: needs {need:.2f} GiB on {device} but {have:.2f} GiB are free"
-        )
-
-
-def _snapshot(inputs, device, mode):
-    """Copies of the input storages, so that every iteration starts from the same values.
-
-    A training replay updates its weights and optimizer state in place; on random data
-    they drift over many iterations (to inf/NaN, which changes kernel speed).
-    """
-    storages = {}
-    for t in inputs:
-        storage = t.untyped_storage()
-        storages.setdefault(storage.data_ptr(), storage)
-    if mode == "off" or not storages:
-        return []
-    if mode == "auto":
-        free = _free_bytes(device)
-        nbytes = sum(storage.nbytes() for storage in storages.values())
-        if free is None or REQUIRED_BYTES + nbytes > free:
-            return []
-    return [(storage, storage.clone()) for storage in storages.values()]
-
-
-def _reset(snapshot):
-    for storage, saved in snapshot:
-        storage.copy_(saved)
-
-
-def _cuda_graph(inputs, device, host):
-    """Capture one iteration into a CUDA graph; return a step that replays it.
-
-    Host (CPU) work runs once, during capture, and is not part of the replay."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        replay(inputs, device, host)  # capture needs warmed-up ops (lazy init, plans)
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            replay(inputs, device, host)
-    except RuntimeError as exc:
-        reason = (str(exc).strip().splitlines() or ["unknown error"])[0][:160]
-        sys.exit(f"mystique: --cuda-graph: capture failed: {reason}")
-
-    def step(inputs, device, host):
-        graph.replay()
-
-    return step
-
-
-def _record_et(path, inputs, device, host):
-    from torch.profiler import ExecutionTraceObserver
-
-    observer = ExecutionTraceObserver()
-    observer.register_callback(path)
-    observer.start()
-    replay(inputs, device, host)
-    _sync(device)
-    observer.stop()
-    observer.unregister_callback()
-
-
-def _profile(directory, iters, inputs, device, host):
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    os.makedirs(directory, exist_ok=True)
-    with profile(activities=activities) as prof:
-        for _ in range(iters):
-            replay(inputs, device, host)
-        _sync(device)
-    path = os.path.join(directory, "kineto_trace.json")
-    prof.export_chrome_trace(path)
-    return path
-
-
-def main(argv=None):
-    args = _parse_args(argv)
-    device = torch.device(args.device)
-    host = torch.device("cpu")
-    _RUNTIME["device"] = device
-    _RUNTIME["host"] = host
-    _RUNTIME["host_gaps"] = args.host_gaps == "recorded"
-    if args.host_gaps == "recorded" and ORIGINAL is None:
-        print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
-    if args.cuda_graph and device.type != "cuda":
-        sys.exit(f"mystique: --cuda-graph is unavailable on {device}: it needs CUDA")
-    _check_memory(device)
-    torch.manual_seed(args.seed)
-    gens = {
-        kind: torch.Generator(kind).manual_seed(args.seed)
-        for kind in {"cpu", device.type}
-    }
-    inputs = make_inputs(device, host, gens)
-    snapshot = _snapshot(inputs, device, args.reset_inputs)
-    step = _cuda_graph(inputs, device, host) if args.cuda_graph else replay
-    for _ in range(args.warmup):
-        _reset(snapshot)
-        step(inputs, device, host)
-    _sync(device)
-    if _RUNTIME["host_gaps"] and ORIGINAL is not None and not args.cuda_graph:
-        _calibrate_gaps(inputs, device, host, snapshot)
-    times = []
-    for _ in range(args.iters):
-        _reset(snapshot)
-        _sync(device)
-        start = time.perf_counter()
-        step(inputs, device, host)
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1000.0)
-    result = {
-        "iter_ms_median": statistics.median(times) if times else None,
-        "iter_ms_mean": statistics.fmean(times) if times else None,
-        "iter_ms_min": min(times) if times else None,
-        "iter_ms_max": max(times) if times else None,
-        "iters": len(times),
-        "warmup": args.warmup,
-        "device": str(device),
-        "ops": OPS,
-        "skipped_at_runtime": sorted(_RUNTIME["skipped"]),
-        "trace": TRACE["name"],
-        "trace_sha256": TRACE["sha256"],
-        "generator": GENERATOR,
-        "host_gaps": args.host_gaps,
-        "host_gap_own_us": _RUNTIME["gap_own_us"],
-        "host_gap_event_us": _RUNTIME["gap_event_us"],
-        "cuda_graph": args.cuda_graph,
-        "reset_inputs": bool(snapshot),
-    }
-    if ORIGINAL is not None:
-        result["original_ms"] = ORIGINAL["step_ms"]
-        if times and ORIGINAL["step_ms"]:
-            result["original_ratio"] = result["iter_ms_median"] / ORIGINAL["step_ms"]
-    if args.et:
-        _reset(snapshot)
-        _record_et(args.et, inputs, device, host)
-        result["et"] = args.et
-    if args.profile:
-        result["profile"] = _profile(args.profile, args.iters, inputs, device, host)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(
-            f"{TRACE['name']}: {result['iters']} iters on {device}, "
-            f"median {result['iter_ms_median']:.3f} ms, min {result['iter_ms_min']:.3f} ms"
-            if times
-            else f"{TRACE['name']}: no timed iterations"
-        )
-    return 0
-
-
+_JOB = _Local()
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,5 @@
-"""Command line: ``mystique-gen TRACE -o OUT.py`` and ``mystique-gen inspect TRACE``."""
+"""Command line: ``mystique-gen TRACE -o OUT.py`` and the ``inspect``, ``capture`` and
+``compare`` commands (their work lives in driver.py and tools/)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ import warnings
 from collections.abc import Callable
 
 from mystique_gen import __version__
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.driver import generate
 from mystique_gen.errors import MystiqueError
-from mystique_gen.options import add_build_arguments
+from mystique_gen.options import add_build_arguments, build_options, default_device, device_lines
+from mystique_gen.progress import session
+from mystique_gen.tools.capture import ScriptError, capture_script, result_dict
+from mystique_gen.tools.compare import compare_traces, format_comparison, plot_comparison
+from mystique_gen.tools.inspect import format_summary, inspect_paths
 
 SUBCOMMANDS = ("generate", "inspect", "capture", "compare")
 
@@ -70,34 +77,18 @@ def command_line(argv: list[str]) -> str:
 
 
 def run_generate(args: argparse.Namespace, argv: list[str]) -> int:
-    from mystique_gen.backends.context import GenerateOptions
-    from mystique_gen.generate import generate
-    from mystique_gen.options import build_options, default_device, device_lines
-
     device = default_device(args)
     options = GenerateOptions(command_line=command_line(argv), default_device=device,
                               filters=device_lines(device))
     generate(args.traces, args.output, options, build=build_options(args),
-             kineto=args.kineto, threads=args.threads)
+             kineto=args.kineto)
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from mystique_gen.options import build_options, default_device
-    from mystique_gen.pipeline import inspect_traces
-    from mystique_gen.tools.inspect import format_summary, summarize
-
     default_device(args)  # validated as generate would
-    trace, program = inspect_traces(args.traces, build_options(args))
-    summary = summarize(trace, program)
-    if args.kineto:
-        from mystique_gen.passes.link import timing_summary
-        from mystique_gen.passes.streams import schedule_program
-
-        if len(args.traces) != 1:
-            raise MystiqueError("--kineto links one trace; it cannot go with --compose")
-        summary.update(timing_summary(schedule_program(program, trace, args.kineto)))
+    summary = inspect_paths(args.traces, build_options(args), kineto=args.kineto)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
 
@@ -110,13 +101,11 @@ Runner = Callable[[argparse.Namespace], int]
 
 
 def _command(name: str, rest: list[str]) -> tuple[argparse.ArgumentParser, Runner]:
-    """(parser, runner) of a subcommand; capture and compare live in tools_cli.py."""
-    if name in ("capture", "compare"):
-        from mystique_gen import tools_cli
-
-        if name == "capture":
-            return tools_cli.capture_parser(), tools_cli.run_capture
-        return tools_cli.compare_parser(), tools_cli.run_compare
+    """(parser, runner) of a subcommand."""
+    if name == "capture":
+        return capture_parser(), run_capture
+    if name == "compare":
+        return compare_parser(), run_compare
     if name == "inspect":
         return _inspect_parser(), run_inspect
     return _generate_parser(), lambda args: run_generate(args, rest)
@@ -133,8 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         # catch_warnings restores showwarning afterwards (not formatwarning).
         warnings.showwarning = _show_warning
         try:
-            from mystique_gen.progress import session
-
             with session():  # collector relaxed; a progress bar when stderr is a tty
                 return runner(args)
         except MystiqueError as exc:
@@ -150,6 +137,87 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         except KeyboardInterrupt:
             return 130
+
+
+def capture_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mystique-gen capture",
+        description="Record an execution trace and a Kineto trace of one optimizer step "
+        "of a training script, after warm-up steps, with the eager step time in "
+        "<name>.step.json. The step boundary is torch.optim's global step hook: a step "
+        "is everything between the end of one optimizer.step() and the end of the next.",
+        epilog="example: mystique-gen capture -o traces -- python train.py --epochs 1",
+    )
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--name", default="trace", help="file stem (default: trace)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
+    p.add_argument("--timing-iters", type=int, default=5,
+                   help="timed steps for the eager step time")
+    p.add_argument("--no-kineto", action="store_true", help="record the ET only")
+    p.add_argument("--no-ranges", action="store_true",
+                   help="do not record integral tensor ranges")
+    p.add_argument("--save-indices", action="store_true",
+                   help="also save the values of index tensors (<name>.et_resources/)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- python SCRIPT [ARGS] (or python -m MODULE [ARGS])")
+    return p
+
+
+def compare_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mystique-gen compare",
+        description="Compare an original execution trace with the trace of its replay "
+        "(a benchmark run with --et, and --profile for Kineto).",
+        epilog="example: mystique-gen compare trace.et.json replay.et.json "
+        "--kineto-original trace.kineto.json --kineto-replay prof/kineto_trace.json",
+    )
+    p.add_argument("original", help="execution trace of the original")
+    p.add_argument("replay", help="execution trace of the replay")
+    p.add_argument("--kineto-original", metavar="K1", help="Kineto trace of the original")
+    p.add_argument("--kineto-replay", metavar="K2", help="Kineto trace of the replay")
+    p.add_argument("--replay-iters", type=int, default=None,
+                   help="iterations in K2 (default: inferred from op counts)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="OUT.png", help="bar chart by category (matplotlib)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return p
+
+
+def run_capture(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.warmup < 1 or args.timing_iters < 1:
+        raise MystiqueError("--warmup and --timing-iters must be at least 1")
+    try:
+        result = capture_script(
+            command, args.out, name=args.name, warmup=args.warmup,
+            timing_iters=args.timing_iters, kineto=not args.no_kineto,
+            integral_ranges=not args.no_ranges, integral_data=args.save_indices)
+    except ScriptError as exc:
+        raise MystiqueError(str(exc)) from None
+    print(json.dumps(result_dict(result)))
+    print(f"captured one optimizer step: eager {result.step_ms_median:.3f} ms "
+          f"(median); wrote {result.et_path}", file=sys.stderr)
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    if args.plot and not (args.kineto_original and args.kineto_replay):
+        raise MystiqueError("--plot needs --kineto-original and --kineto-replay")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise MystiqueError(
+                "--plot needs matplotlib: pip install 'mystique-gen[plot]'") from None
+    result = compare_traces(args.original, args.replay,
+                            kineto_original=args.kineto_original,
+                            kineto_replay=args.kineto_replay,
+                            replay_iterations=args.replay_iters)
+    if args.plot:
+        plot_comparison(result, args.plot)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_comparison(result))
+    return 0
 
 
 if __name__ == "__main__":

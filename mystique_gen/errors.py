@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 
 class MystiqueError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
+
+
+class OptionError(MystiqueError):
+    """A build option that cannot be honoured (bad regex, unknown step, ...)."""
 
 
 class TraceError(MystiqueError):
@@ -23,16 +25,3 @@ class TraceError(MystiqueError):
             where.append(f"field {field!r}")
         prefix = (", ".join(where) + ": ") if where else ""
         super().__init__(prefix + message)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """An error as a value: why one node cannot be replayed. Collected, not raised."""
-
-    node_id: int
-    field: str | None
-    reason: str
-
-    def __str__(self) -> str:
-        field = f" ({self.field})" if self.field else ""
-        return f"node {self.node_id}{field}: {self.reason}"

@@ -11,17 +11,13 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from mystique_gen.errors import MystiqueError
+from mystique_gen.errors import OptionError
 
 MODES = ("full", "compute", "comm")
 COMPOSE_MODES = ("sequence", "parallel")
 DTYPES = ("float32", "float16", "bfloat16")
 # A device the benchmark may default to: "cpu", "cuda", "cuda:1", "xpu:0", ...
 DEVICE_RE = re.compile(r"^[a-z][a-z0-9_]{0,15}(:[0-9]{1,3})?$")
-
-
-class OptionError(MystiqueError):
-    """A build option that cannot be honoured (bad regex, unknown step, ...)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +32,7 @@ class BuildOptions:
     repeat: int = 1  # the op list this many times per iteration
     dtype: str | None = None  # recast floating tensors and dtype arguments to this
     public_calls: bool = True  # call ops as torch.add(...) where proven the same overload
+    threads: bool = False  # replay each recorded host thread on its own Python thread
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -114,6 +111,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
         repeat=args.repeat,
         dtype=args.dtype,
         public_calls=not args.dispatcher_calls,
+        threads=getattr(args, "threads", False),
     )
 
 

@@ -38,8 +38,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mystique_gen.backends.context import GenerateOptions  # noqa: E402
-from mystique_gen.generate import generate  # noqa: E402
+from mystique_gen.backends.base import GenerateOptions  # noqa: E402
+from mystique_gen.driver import generate  # noqa: E402
 from mystique_gen.tools.capture import capture  # noqa: E402
 from mystique_gen.tools.compare import multiset_match, op_multiset  # noqa: E402
 

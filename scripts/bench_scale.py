@@ -60,8 +60,8 @@ GENERATE = _RSS + """
 import os
 import torch  # noqa: F401  imports are not the trace's cost
 from mystique_gen.cli import main
-from mystique_gen.backends.check import template_facts
-template_facts()
+from mystique_gen.backends.single import reference_facts
+reference_facts()
 base = rss_mb()
 start = time.perf_counter()
 with open(os.devnull, "w") as null:

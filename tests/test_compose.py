@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mystique_gen.backends.context import GenerateOptions
+from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.cli import main
-from mystique_gen.generate import generate, generate_source
+from mystique_gen.driver import build_program, generate, generate_source
+from mystique_gen.errors import OptionError
 from mystique_gen.ir import InputView, OpOutput, TensorMeta, TensorValue
-from mystique_gen.options import BuildOptions, OptionError
+from mystique_gen.options import BuildOptions
 from mystique_gen.passes.select import select_ops
-from mystique_gen.pipeline import build_program
 from mystique_gen.sources.et import load_trace, trace_from_document
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset

@@ -6,8 +6,8 @@ import ast
 
 import pytest
 
-from mystique_gen.backends.context import GenerateOptions
-from mystique_gen.generate import generate
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.driver import generate
 from tests.conftest import last_json, run_benchmark
 
 pytestmark = pytest.mark.conformance

@@ -18,9 +18,9 @@ import torch
 
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import main as cli_main
-from mystique_gen.multirank import expand_inputs
-from mystique_gen.passes.comms import collective_sequence, read_param_comms
-from mystique_gen.passes.ranks import is_multi_rank_set, read_groups
+from mystique_gen.driver import expand_inputs
+from mystique_gen.passes.comms import collective_sequence
+from mystique_gen.passes.ranks import is_multi_rank_set, read_groups, read_param_comms
 from mystique_gen.sources.et import load_trace
 from tests.conftest import ROOT, last_json, run_benchmark
 

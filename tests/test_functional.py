@@ -7,8 +7,8 @@ import ast
 import pytest
 import torch
 
-from mystique_gen.backends.context import GenerateOptions
-from mystique_gen.generate import generate
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.driver import generate
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, run_benchmark

@@ -25,9 +25,9 @@ from mystique_gen.backends import exprs
 from mystique_gen.backends.check import UnsafeCodeError, check_source
 from mystique_gen.backends.layout import Atom, Group, Keyword, Node, lay_out
 from mystique_gen.backends.render import format_with_black
+from mystique_gen.backends.single import reference_facts
+from mystique_gen.driver import build_program, generate_source
 from mystique_gen.errors import MystiqueError
-from mystique_gen.generate import generate_source
-from mystique_gen.pipeline import build_program
 from mystique_gen.sources.et import load_trace
 from tests.tracebuilder import ADD_, EMBEDDING, MM, RELU, TraceBuilder
 
@@ -90,7 +90,8 @@ def compile_or_refuse(path: Path) -> str | None:
             assert "\n" not in str(exc)  # one line on the terminal
             return None
     ast.parse(text)
-    check_source(text)  # render checked it already; checked again as the property
+    # render checked it already; checked again as the property
+    check_source(text, reference_facts())
     return text
 
 

@@ -6,11 +6,10 @@ import sys
 
 import pytest
 
-from mystique_gen.backends.context import GenerateOptions
+from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import command_line
-from mystique_gen.generate import generate_source
-from mystique_gen.pipeline import compile_trace
+from mystique_gen.driver import compile_trace, generate_source
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from mystique_gen.generate import generate
-from mystique_gen.passes.hostgaps import STEP_SCOPE, _match, profile_beside, profile_gaps
+from mystique_gen.constants import STEP_SCOPE
+from mystique_gen.driver import compile_trace, generate
+from mystique_gen.passes.hostgaps import _match, profile_gaps
 from mystique_gen.passes.select import select_ops
-from mystique_gen.pipeline import compile_trace
 from mystique_gen.sources.et import load_trace
-from mystique_gen.sources.kineto import CpuEvent
+from mystique_gen.sources.kineto import CpuEvent, profile_beside
 from mystique_gen.tools.capture import capture
 from tests.conftest import last_json, run_benchmark
 from tests.models import MODELS

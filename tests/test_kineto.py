@@ -13,11 +13,11 @@ from mystique_gen.backends.layout import names_statement
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.backends.schedule import gap_literal, helper_call
 from mystique_gen.cli import main as cli_main
+from mystique_gen.driver import compile_trace, generate
 from mystique_gen.errors import TraceError
-from mystique_gen.generate import generate
+from mystique_gen.options import BuildOptions
 from mystique_gen.passes.link import link_nodes
-from mystique_gen.passes.streams import schedule_program
-from mystique_gen.pipeline import compile_trace
+from mystique_gen.passes.streams import plan_schedule
 from mystique_gen.sources.et import load_trace
 from mystique_gen.sources.kineto import kineto_from_document, load_kineto
 from mystique_gen.tools.capture import capture
@@ -273,7 +273,7 @@ def test_threads_default_is_one_replay_thread(tmp_path):
 
 def test_threads_replay_each_host_thread(tmp_path):
     et = _two_threads(tmp_path)
-    program = compile_trace(et, threads=True)
+    program = compile_trace(et, options=BuildOptions(threads=True))
     assert program.threaded
     assert [op.thread_waits for op in program.ops] == [[], [0], [], [1], []]
     bench = tmp_path / "bench.py"
@@ -293,11 +293,10 @@ def test_threads_replay_each_host_thread(tmp_path):
 def test_schedule_is_general_over_assigned_streams(tmp_path):
     """Another pass (``--compose``) may set Op.stream/Op.thread itself and plan waits."""
     et = _two_threads(tmp_path)
-    trace = load_trace(et)
     program = compile_trace(et)
     for op in program.ops:
         op.stream = None if op.thread == 1 else 5
-    program = schedule_program(program, trace)
+    plan_schedule(program)
     assert [s.stream for s in program.streams] == [5]
     assert [op.stream_waits for op in program.ops] == [[], [0], [], [1], []]
 

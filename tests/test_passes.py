@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from mystique_gen.driver import build_program
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import DerivedView, InputView, OpOutput, TensorValue
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops
-from mystique_gen.pipeline import build_program
 from mystique_gen.sources.et import load_trace, trace_from_document
 from tests.tracebuilder import ADD_, EMBEDDING, MM, RELU, T_OP, Device, TraceBuilder
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from mystique_gen.backends.check import check_source
+from mystique_gen.backends.single import reference_facts
 from mystique_gen.cli import main as cli_main
 from tests.conftest import ROOT, run_benchmark
 from tests.tracebuilder import MM, RELU, TraceBuilder
@@ -252,7 +253,7 @@ def test_unknown_schema_version_warns_and_continues(tmp_path, capsys):
     assert rc == 0, err
     assert any(line.startswith("mystique-gen: warning:")
                and "unknown schema version '9.9.9-future'" in line for line in err), err
-    check_source(out.read_text())
+    check_source(out.read_text(), reference_facts())
 
 
 HOSTILE = [
@@ -279,7 +280,7 @@ def test_hostile_operator_names_are_not_replayed(tmp_path, capsys, name):
     rc, err, out = generate(tmp_path, write(tmp_path, doc), capsys)
     assert rc == 0, err
     text = out.read_text()
-    check_source(text)
+    check_source(text, reference_facts())
     body = text.split('"""', 2)[2]  # trace text may only appear in the docstring
     assert "pwned" not in body
     assert body.count("import os") == 1  # the harness's own import
@@ -299,7 +300,7 @@ def test_hostile_strings_become_literals(tmp_path, capsys):
     rc, err, out = generate(tmp_path, write(tmp_path, b.doc()), capsys)
     assert rc == 0, err
     text = out.read_text()
-    check_source(text)
+    check_source(text, reference_facts())
     import ast
 
     strings = {n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant)}
@@ -321,7 +322,7 @@ def test_non_finite_and_huge_numbers(tmp_path, capsys, value, literal):
     rc, err, out = generate(tmp_path, write(tmp_path, b.doc()), capsys)
     assert rc == 0, err
     text = out.read_text()
-    check_source(text)
+    check_source(text, reference_facts())
     if literal is None:  # beyond 64 bits: not replayed, with the reason
         assert "outside 64 bits" in text and "aten_add_Scalar(" not in text
     else:

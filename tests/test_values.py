@@ -8,14 +8,13 @@ import json
 import pytest
 import torch
 
-from mystique_gen.backends.context import GenerateOptions
+from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import main as tools_main
-from mystique_gen.generate import generate, generate_source
+from mystique_gen.driver import build_program, generate, generate_source
 from mystique_gen.ir import Init
 from mystique_gen.oprules import op_category
 from mystique_gen.passes.values import recorded_values
-from mystique_gen.pipeline import build_program
 from mystique_gen.sources.et import trace_from_document
 from mystique_gen.tools.capture import capture, capture_script
 from mystique_gen.tools.compare import compare_traces, format_comparison, op_multiset
@@ -332,7 +331,7 @@ def test_embedding_and_moe_replay_at_recorded_shapes_without_ranges(tmp_path):
 
 def _op_shapes(path) -> dict[str, list]:
     """Output shapes of every top-level op, by name, in order."""
-    from mystique_gen.backends.exprs import HARNESS_SCOPE
+    from mystique_gen.constants import HARNESS_SCOPE
     from mystique_gen.passes.select import select_ops
     from mystique_gen.sources.et import load_trace
 

@@ -11,7 +11,7 @@ check is the second line of defence, run on every file :func:`render` produces:
   itself, so harness functions added later are allowed automatically), an operator
   handle (a module-level name bound by calling a harness function on a lambda that
   returns a ``torch.ops`` attribute chain or a public name of an operator's C++
-  binding, see :func:`~mystique_gen.passes.bindings.public_chain_ok`), a
+  binding, see :func:`~mystique_gen.passes.public_calls.public_chain_ok`), a
   ``torch.Tensor`` method, a call the template itself makes (``print``,
   ``parser.add_argument``, ...), or ``float`` of ``"inf"``/``"-inf"``/``"nan"``.
 
@@ -30,11 +30,12 @@ import ast
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+
+import torch
 
 from mystique_gen.errors import MystiqueError
 from mystique_gen.ir.schema import op_attribute_ok
-from mystique_gen.passes.bindings import public_chain_ok
+from mystique_gen.passes.public_calls import public_chain_ok
 
 PIECE_BYTES = 16 * 1024
 # Lines that may start a statement at the top level, and inside a function body; never
@@ -59,14 +60,13 @@ class Facts:
     calls: list[tuple[int, tuple[str, str], ast.Call | None]] = field(default_factory=list)
 
 
-def check_source(text: str, harness: Facts | None = None) -> None:
+def check_source(text: str, reference: Facts) -> None:
     """Raise :class:`UnsafeCodeError` unless ``text`` parses and calls only allowed targets.
 
-    ``harness`` is the facts of the template rendered for an empty trace (by default
-    computed once from the installed template).
+    ``reference`` is the facts of the backend's own template rendered for a program of
+    no ops (``reference_facts()`` of backends/single.py and backends/distributed.py).
     """
     facts = gather(text)
-    reference = harness if harness is not None else template_facts()
     for imp in sorted(facts.imports - reference.imports):
         raise UnsafeCodeError(f"internal error: generated code imports {imp}")
     allowed_names = reference.defs | facts.handles
@@ -117,20 +117,6 @@ def _walk(tree: ast.AST) -> Iterator[ast.AST]:
                 extend(v for v in value if isinstance(v, ast.AST) and not isinstance(v, _LEAVES))
             elif isinstance(value, ast.AST) and not isinstance(value, _LEAVES):
                 push(value)
-
-
-@lru_cache(maxsize=1)
-def template_facts() -> Facts:
-    """Facts of the harness: the template rendered for a trace with no nodes."""
-    from mystique_gen.backends.context import build_context
-    from mystique_gen.backends.render import render_text
-    from mystique_gen.pipeline import build_program
-    from mystique_gen.sources.et import RawTrace
-
-    empty = RawTrace(name="reference", sha256="0" * 64, schema="", nodes=[], metadata={})
-    facts = gather(render_text(build_context(build_program(empty))))
-    facts.handles.clear()
-    return facts
 
 
 def describe(func: ast.expr) -> tuple[str, str]:
@@ -206,8 +192,6 @@ def _allowed(desc: tuple[str, str], node: ast.Call | None, names: set[str],
 
 
 def _tensor_method(name: str) -> bool:
-    import torch
-
     return not name.startswith("_") and callable(getattr(torch.Tensor, name, None))
 
 

@@ -15,9 +15,10 @@ from typing import Any
 
 from mystique_gen import oprules
 from mystique_gen.backends import exprs
-from mystique_gen.backends.layout import INDENT, Atom, Group, Node, lay_out
+from mystique_gen.backends.layout import INDENT, Atom, Group, Node, flat, lay_out
 from mystique_gen.ir import ListValue, Op, Program, Value
 from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
+from mystique_gen.passes.comms import replayable
 
 GUARD = 'if _RUNTIME["comm"]:'
 
@@ -45,8 +46,6 @@ class DistContext:
 
 def group_row(group: ProcessGroupSpec, world: int) -> Node:
     """``{"name": ..., "desc": ..., "ranks": [...] | None, "size": N, "create": bool}``."""
-    from mystique_gen.passes.comms import replayable
-
     ranks: Node = exprs.int_list(group.ranks) if group.ranks is not None else Atom("None")
     items = [
         Atom(f'"name": {exprs.str_literal(exprs.docstring_line(group.name, 60))}'),
@@ -59,8 +58,6 @@ def group_row(group: ProcessGroupSpec, world: int) -> Node:
 
 
 def _kv(key: str, value: Node) -> Node:
-    from mystique_gen.backends.layout import flat
-
     return Atom(f"{exprs.str_literal(key)}: {flat(value)}")
 
 

@@ -11,10 +11,6 @@ import re
 
 from mystique_gen.backends.layout import Atom, Group, Keyword, Node
 
-# Profiler scope around work the harness adds (views no replayed op returned, stand-ins
-# for skipped ops): a replay's trace labels it, and `compare` leaves it out.
-HARNESS_SCOPE = "## mystique: harness ##"
-
 _SAFE_COMMENT = re.compile(r"[^A-Za-z0-9 _.,:;#@<>()\[\]{}|/+*=!?&%$~^'\"-]")
 
 

@@ -1,4 +1,4 @@
-"""Render the benchmark file: context -> Jinja template -> syntax and safety checks.
+"""Render a template with a context (the backends check the text, see check.py).
 
 Statements arrive already laid out in black's style (see :mod:`layout`), so the file
 is black-stable without running black over thousands of statements; ``check_black``
@@ -7,18 +7,16 @@ runs black itself, for tests and for ``--black``.
 
 from __future__ import annotations
 
-import ast
 from functools import lru_cache
 from importlib import resources
 
+import black
 import jinja2
 
-from mystique_gen.backends.context import BenchmarkContext
-from mystique_gen.backends.exprs import HARNESS_SCOPE, str_literal
-from mystique_gen.errors import MystiqueError
+from mystique_gen.backends.base import BenchmarkContext
+from mystique_gen.backends.exprs import str_literal
+from mystique_gen.backends.harness import harness_source
 
-TEMPLATE = "benchmark.py.j2"
-DIST_TEMPLATE = "distributed.py.j2"  # extends TEMPLATE (torch.distributed replay)
 BLACK_LINE_LENGTH = 88
 
 
@@ -39,51 +37,16 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render(context: BenchmarkContext) -> str:
-    """The benchmark file, checked: it parses and calls only torch and the harness."""
-    from mystique_gen import progress
-    from mystique_gen.backends.check import check_source
-
-    progress.phase("rendering")
-    text = render_text(context)
-    progress.phase("checking the output")
-    check_source(text, dist_harness_facts() if context.dist is not None else None)
-    return text
+def render_text(context: BenchmarkContext, template: str) -> str:
+    """``template`` rendered with ``context``, unchecked (backends check the text)."""
+    return environment().get_template(template).render(harness=harness_source(),
+                                                       **vars(context))
 
 
-@lru_cache(maxsize=1)
-def dist_harness_facts():
-    """The safety check's reference for distributed files: their own template's harness."""
-    from mystique_gen.backends.check import gather
-    from mystique_gen.multirank import reference_context
-
-    facts = gather(render_text(reference_context()))
-    facts.handles.clear()
-    return facts
-
-
-def render_text(context: BenchmarkContext) -> str:
-    """The template rendered, unchecked (the checker renders its reference with this)."""
-    name = TEMPLATE if context.dist is None else DIST_TEMPLATE
-    return environment().get_template(name).render(harness_scope=HARNESS_SCOPE,
-                                                   **vars(context))
-
-
-def check_syntax(text: str) -> ast.Module:
-    try:
-        return ast.parse(text)
-    except SyntaxError as exc:  # a generator bug, never the trace's fault
-        raise MystiqueError(f"internal error: generated code does not parse: {exc}") from None
-
-
-def black_mode():
-    import black
-
+def black_mode() -> black.Mode:
     return black.Mode(target_versions={black.TargetVersion.PY310},
                       line_length=BLACK_LINE_LENGTH)
 
 
 def format_with_black(text: str) -> str:
-    import black
-
     return black.format_str(text, mode=black_mode())

@@ -27,6 +27,7 @@ from mystique_gen.backends.layout import INDENT, Atom, Group, Node, lay_out, nam
 from mystique_gen.backends.names import Namespace
 from mystique_gen.ir import Binding, Op, OpOutput, Program
 from mystique_gen.passes.streams import shared_roots, side_streams
+from mystique_gen.passes.tensors import binding_key
 
 
 class Builder(Protocol):
@@ -99,14 +100,12 @@ def gap_args(gap: str, events: int) -> list[str]:
 
 def _threads(b: Builder, streams: dict[int, str], events: set[int],
              flags: dict[int, int]) -> list[str]:
-    from mystique_gen.backends.context import _key  # the builder's variable keys
-
     program = b.program
     order = list(dict.fromkeys(op.thread for op in program.ops))
     # A thread may read a value or event another thread's body (emitted later) binds:
     # name them all first, in op order.
     for root in shared_roots(program):
-        b.ns.numbered(_key(root), "t" if isinstance(root, OpOutput) else "v")
+        b.ns.numbered(binding_key(root), "t" if isinstance(root, OpOutput) else "v")
     for p in sorted(events):
         b.ns.numbered(("event", p), "ev")
     bodies = {}
@@ -120,7 +119,7 @@ def _threads(b: Builder, streams: dict[int, str], events: set[int],
     readers = {p: {op.thread for op in program.ops if p in op.stream_waits} for p in events}
     shared: list[tuple[str, int]] = []
     for root in shared_roots(program):
-        key = _key(root)
+        key = binding_key(root)
         if key in b.ns:
             shared.append((b.ns.get(key), _binder(program, root)))
     for p in sorted(events):

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+from mystique_gen.errors import MystiqueError
+from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir.dist import CommInfo, DistInfo
 from mystique_gen.ir.dtypes import ITEM_SIZES
 from mystique_gen.ir.schema import ArgSpec, Signature
@@ -48,13 +50,20 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Init:
-    """How a materialised storage is filled. ``kind`` is one of the emitter's fill kinds."""
+    """How a materialised storage is filled: a kind the harness implements
+    (harness/fills.py); a kind it does not know is an error here, never zeros later."""
 
-    kind: str  # "uniform", "randint", "offsets", "bool", "zeros", "ones", "positive"
+    kind: FillKind
     low: float | int = 0
     high: float | int = 1
     why: str = ""  # provenance, e.g. "aten::embedding_bag indices < 1000 rows"
     data: bytes = b""  # kind "data": recorded values, little-endian ints of ``low`` bytes
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", FillKind(self.kind))
+        except ValueError:
+            raise MystiqueError(f"internal error: unknown fill kind {self.kind!r}") from None
 
 
 @dataclass(eq=False)
@@ -171,9 +180,9 @@ class Op:
     # (None: whichever is current).
     records_grad: bool | None = None
     grad_mode: bool | None = None
-    # The public callable that dispatches exactly this overload ("torch.add"), where
-    # probing proved one (passes/bindings.py); None: call it through torch.ops.
-    binding: str | None = None
+    # The public function that dispatches exactly this overload ("torch.add"), where
+    # probing proved one (passes/public_calls.py); None: call it through torch.ops.
+    public_call: str | None = None
 
     @property
     def name(self) -> str:
@@ -246,11 +255,11 @@ class TraceInfo:
 @dataclass
 class Program:
     trace: TraceInfo
-    ops: list[Op]
-    storages: list[Storage]
-    not_replayed: list[NotReplayed]
-    threads: list[int]
-    devices: list[str]
+    ops: list[Op] = field(default_factory=list)
+    storages: list[Storage] = field(default_factory=list)
+    not_replayed: list[NotReplayed] = field(default_factory=list)
+    threads: list[int] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
     primary_device: str = "cpu"  # the recorded device kind that --device replaces
     peak_bytes: int = 0  # estimated peak memory of one iteration, inputs included
     filters: list[str] = field(default_factory=list)
@@ -259,6 +268,11 @@ class Program:
     streams: list[StreamInfo] = field(default_factory=list)  # recorded streams, main first
     threaded: bool = False  # replay each distinct Op.thread on its own Python thread
     distributed: DistInfo | None = None  # ranks and process groups (passes/ranks.py)
+
+    @classmethod
+    def empty(cls, name: str = "reference") -> Program:
+        """A program of no ops: what the passes start from (and the backends' reference)."""
+        return cls(TraceInfo(name, "0" * 64, "", 0))
 
 
 def iter_tensors(value: Value):

@@ -13,6 +13,8 @@ import types
 from dataclasses import dataclass
 from functools import lru_cache
 
+import torch
+
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 OP_NAME_RE = re.compile(rf"^({IDENT})::({IDENT})(?:\.({IDENT}))?$")
 
@@ -86,8 +88,6 @@ def parse_signature(schema: str) -> Signature:
     """Parse a recorded ``op_schema`` string; SchemaError for anything unusable."""
     head = schema.split("(", 1)[0].strip()
     namespace, name, overload = split_op_name(head)
-    import torch  # deferred: loading torch costs a second; errors above need none of it
-
     try:
         parsed = torch._C.parse_schema(schema)
     except RuntimeError as exc:

@@ -12,11 +12,10 @@ tensors or the next collective, or at the end of the iteration.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from mystique_gen import oprules
+from mystique_gen.constants import HARNESS_SCOPE
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import (
     Arg,
@@ -28,123 +27,26 @@ from mystique_gen.ir import (
     iter_leaves,
     iter_tensors,
 )
-from mystique_gen.ir.dist import CommInfo, ParamComms, ProcessGroupSpec
+from mystique_gen.ir.dist import CommInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import Signature
-from mystique_gen.passes.select import Selected
-from mystique_gen.sources.et import RawArg, RawNode, RawTrace
-
-PARAM_COMMS = "record_param_comms"
-TENSOR_TYPES = ("Tensor", "Optional[Tensor]", "List[Tensor]", "List[List[Tensor]]")
-
-
-@dataclass
-class CommScan:
-    """The trace's record_param_comms facts: per c10d op, and the waits in node order."""
-
-    ops: dict[int, ParamComms] = field(default_factory=dict)  # c10d node id -> facts
-    waits: list[ParamComms] = field(default_factory=list)
-    groups: list[ProcessGroupSpec] | None = None
-
-
-def scan_trace(trace: RawTrace) -> CommScan:
-    from mystique_gen.passes.ranks import read_groups
-
-    by_id = {n.id: n for n in trace.nodes}
-    scan = CommScan(groups=read_groups(trace))
-    for node in trace.nodes:
-        if node.name != PARAM_COMMS:
-            continue
-        facts = read_param_comms(node)
-        if facts is None:
-            continue
-        parent = by_id.get(node.parent)
-        if parent is not None and parent.name.startswith("c10d::"):
-            scan.ops.setdefault(parent.id, facts)
-        elif facts.collective == "wait":
-            scan.waits.append(facts)
-    return scan
-
-
-def read_param_comms(node: RawNode) -> ParamComms | None:
-    """Parse one record_param_comms node; None where it names no collective.
-
-    Positional layout around the collective name (the first ``String`` input), the
-    same in every schema: ``[tensors], seq, pg, rank, NAME, in_splits, out_splits,
-    ..., world_size``. Attributes (1.0.3 and later) take precedence where present.
-    """
-    values = [a.value for a in node.inputs]
-    types = [a.type for a in node.inputs]
-    i = next((k for k, t in enumerate(types) if t == "String" and isinstance(values[k], str)),
-             None)
-    attrs = node.attrs
-    name = attrs.get("collective_name") or (values[i] if i is not None else None)
-    if not isinstance(name, str) or not name:
-        return None
-
-    def at(k: int) -> Any:
-        return values[k] if i is not None and 0 <= k < len(values) else None
-
-    seq = at(i - 3) if i is not None else None
-    group = attrs.get("pg_name") if attrs.get("pg_name") not in (None, "") else at(i - 2)
-    if isinstance(group, list):  # (pg_name, pg_desc)
-        group = group[0] if group and isinstance(group[0], str) else None
-    if group == "" or isinstance(group, bool) or not isinstance(group, (str, int)):
-        group = None
-    rank = at(i - 1) if i is not None else None
-    world = attrs.get("pg_size")
-    if world is None and i is not None:
-        tail = [v for v in values[i + 3:] if isinstance(v, int) and not isinstance(v, bool)]
-        world = tail[-1] if tail else None
-    return ParamComms(
-        node_id=node.id,
-        thread=node.tid,
-        collective=name,
-        seq=seq if _is_int(seq) and seq >= 0 else None,
-        group=group,
-        rank=rank if _is_int(rank) and rank >= 0 else None,
-        in_splits=_splits(attrs.get("in_split_size"), at(i + 1) if i is not None else None,
-                          node.id, "in_split_size"),
-        out_splits=_splits(attrs.get("out_split_size"), at(i + 2) if i is not None else None,
-                           node.id, "out_split_size"),
-        world_size=world if _is_int(world) and world > 0 else None,
-    )
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _splits(attr: Any, positional: Any, node_id: int, field_name: str) -> tuple[int, ...]:
-    value = positional
-    if isinstance(attr, str) and attr:
-        try:
-            value = json.loads(attr)
-        except json.JSONDecodeError:
-            raise TraceError("split sizes are not a JSON list", node_id=node_id,
-                             field=field_name) from None
-    if not isinstance(value, list) or not all(_is_int(v) and v >= 0 for v in value):
-        return ()
-    return tuple(value)
-
-
-def group_index(facts: ParamComms | None, groups: list[ProcessGroupSpec]) -> int | None:
-    """The benchmark's group index for a collective; None where the trace does not say."""
-    if facts is None or facts.group is None:
-        return None
-    for g in groups:
-        if isinstance(facts.group, str) and g.name == facts.group:
-            return g.index
-        if isinstance(facts.group, int) and g.backend_id == facts.group:
-            return g.index
-    return None
+from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
+from mystique_gen.passes.ranks import (
+    CommScan,
+    default_group_index,
+    dist_info,
+    group_index,
+    is_int,
+    scan_trace,
+    world_size,
+)
+from mystique_gen.passes.select import Selected, select_ops
+from mystique_gen.sources.et import RawArg, RawTrace
 
 
 def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
                groups: list[ProcessGroupSpec], default_group: int) -> Op | NotReplayed:
     """One c10d op as an :class:`Op` carrying a :class:`CommInfo`; tensors stay IR values
     so the tensor pass gives them real dataflow bindings."""
-    from mystique_gen.passes.lower import Unsupported, decode_value
-
     node = sel.node
     name = sig.qualified_name
     if name in oprules.COMM_NOT_REPLAYED:
@@ -198,8 +100,6 @@ def _decode_tensors(rec: RawArg, type_str: str, node_id: int, where: str, decode
     if type_str == "List[List[Tensor]]":
         if not isinstance(rec.value, list):
             raise TraceError("expected a list of tensor lists", node_id=node_id, field=where)
-        from mystique_gen.passes.lower import list_element_types
-
         inner_types = list_element_types(rec.type, len(rec.value))
         shapes = rec.shape if isinstance(rec.shape, list) else []
         strides = rec.strides if isinstance(rec.strides, list) else None
@@ -214,8 +114,6 @@ def _decode_tensors(rec: RawArg, type_str: str, node_id: int, where: str, decode
 
 
 def _check_form(value: Value, form: str) -> None:
-    from mystique_gen.passes.lower import Unsupported
-
     if form == "tensor":
         if isinstance(value, (ListValue, Literal)):
             raise Unsupported("expected one tensor")
@@ -232,12 +130,10 @@ def _check_form(value: Value, form: str) -> None:
 
 
 def _int_arg(raw: dict[str, tuple[int, Any, RawArg]], name: str, node_id: int) -> int:
-    from mystique_gen.passes.lower import Unsupported
-
     if name not in raw:
         raise Unsupported(f"argument {name!r} not recorded")
     i, _spec, rec = raw[name]
-    if not _is_int(rec.value):
+    if not is_int(rec.value):
         raise TraceError("expected an integer", node_id=node_id, field=f"inputs[{i}]")
     return rec.value
 
@@ -247,7 +143,7 @@ def _int_list_arg(raw: dict[str, tuple[int, Any, RawArg]], name: str,
     if name not in raw:
         return ()
     i, _spec, rec = raw[name]
-    if not isinstance(rec.value, list) or not all(_is_int(v) and v >= 0 for v in rec.value):
+    if not isinstance(rec.value, list) or not all(is_int(v) and v >= 0 for v in rec.value):
         raise TraceError("expected a list of split sizes", node_id=node_id, field=f"inputs[{i}]")
     return tuple(rec.value)
 
@@ -305,8 +201,6 @@ class CommLowering:
     describes ranks and groups."""
 
     def __init__(self, trace: RawTrace):
-        from mystique_gen.passes.ranks import default_group_index, world_size
-
         self.trace = trace
         self.scan = scan_trace(trace)
         self.groups = list(self.scan.groups or [])
@@ -323,8 +217,6 @@ class CommLowering:
 
     def finish(self, ops: list[Op], program_notes: list[str]):
         """Place waits; return the trace's DistInfo (None without any communication)."""
-        from mystique_gen.passes.ranks import dist_info
-
         comm_ops = [op for op in ops if op.comm is not None]
         placed = place_waits(ops, self.scan)
         info = dist_info(self.trace, list(self.scan.ops.values()), bool(comm_ops))
@@ -364,9 +256,6 @@ def replayable(group: ProcessGroupSpec, world: int) -> bool:
 def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...]]]:
     """(c10d op, recorded tensor shapes) of every top-level collective, in order: what
     a replay must reproduce rank by rank (compare a replay's trace with its original)."""
-    from mystique_gen.backends.exprs import HARNESS_SCOPE
-    from mystique_gen.passes.select import select_ops
-
     out = []
     for sel in select_ops(trace).ops:
         node = sel.node

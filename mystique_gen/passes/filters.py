@@ -20,8 +20,8 @@ import re
 from collections.abc import Callable
 
 from mystique_gen import oprules
-from mystique_gen.errors import TraceError
-from mystique_gen.options import BuildOptions, OptionError
+from mystique_gen.errors import OptionError, TraceError
+from mystique_gen.options import BuildOptions
 from mystique_gen.passes.select import Selected, Selection, is_root
 from mystique_gen.sources.et import RawNode, RawTrace
 

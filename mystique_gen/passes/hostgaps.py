@@ -20,38 +20,16 @@ benchmark subtracts them at its measured cost per recorded event.
 
 from __future__ import annotations
 
-import json
 import statistics
 from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.ir import Program
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace
-from mystique_gen.sources.kineto import CpuEvent, load_kineto
-
-STEP_SCOPE = "MystiqueProfiledStep"  # capture wraps each profiled step in this annotation
-# (no "::": compare.py counts "ns::name" events as ops)
-KINETO_SUFFIX = ".kineto.json"
-SIDECAR_SUFFIX = ".step.json"
-
-
-def profile_beside(kineto: str | Path) -> Path | None:
-    """The profile-only trace named by the capture sidecar next to ``kineto``, if any."""
-    kineto = Path(kineto)
-    if not kineto.name.endswith(KINETO_SUFFIX):
-        return None
-    sidecar = kineto.with_name(kineto.name[: -len(KINETO_SUFFIX)] + SIDECAR_SUFFIX)
-    try:
-        name = json.loads(sidecar.read_text()).get("profile")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(name, str):
-        return None
-    path = kineto.with_name(name)
-    return path if path.is_file() else None
+from mystique_gen.sources.kineto import CpuEvent, KinetoTrace
 
 
 def _steps(events: list[CpuEvent], scopes: list[CpuEvent]) -> list[list[CpuEvent]]:
@@ -150,15 +128,14 @@ def _begun(starts: list[float], begin: float, end: float) -> int:
     return bisect_left(starts, end) - bisect_left(starts, begin)
 
 
-def apply_profile_gaps(program: Program, trace: RawTrace, kineto: str | Path) -> str | None:
-    """Replace the linked host gaps by the profile-only ones where the capture left a
-    profile beside ``kineto``; returns a description of the source, None if unused."""
-    path = profile_beside(kineto)
-    if path is None or program.timing is None:
-        return None
-    found = profile_gaps(trace, load_kineto(path).cpu_ops)
+def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) -> None:
+    """Replace the linked host gaps by the profile-only ones of ``profile`` (the capture's
+    ``<name>.profile.json``) and say so in ``program.timing.host_gaps``."""
+    if program.timing is None:
+        return
+    found = profile_gaps(trace, profile.cpu_ops)
     if found is None:
-        return None
+        return
     for op in program.ops:
         if op.timing is not None:  # unlinked ops have no recorded facts to amend
             op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
@@ -166,5 +143,6 @@ def apply_profile_gaps(program: Program, trace: RawTrace, kineto: str | Path) ->
     program.timing = replace(program.timing, tail_gap_us=found.tail,
                              tail_gap_events=found.tail_events)
     steps = found.steps
-    return f"{path.name} (median of {steps} profiled step{'s' if steps != 1 else ''})"
+    program.timing.host_gaps = (f"{profile.name} (median of {steps} profiled "
+                                f"step{'s' if steps != 1 else ''})")
 

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
 
+import torch
+
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import (
@@ -117,8 +119,6 @@ def _guard(sig: Signature) -> str | None:
     reason = oprules.guard_reason(sig.namespace, sig.name)
     if reason:
         return reason
-    import torch
-
     try:
         packet = getattr(getattr(torch.ops, sig.namespace), sig.name)
         getattr(packet, sig.overload)

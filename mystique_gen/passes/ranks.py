@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from mystique_gen.errors import TraceError
@@ -18,7 +19,6 @@ from mystique_gen.ir.dist import DistInfo, ParamComms, ProcessGroupSpec
 from mystique_gen.sources.et import RawNode, RawTrace
 
 INIT_NODE = "## process_group:init ##"
-DEFAULT_GROUP_NAMES = ("0", "default_pg")
 
 
 def init_node(trace: RawTrace) -> RawNode | None:
@@ -108,8 +108,6 @@ def is_multi_rank_set(traces: Sequence[RawTrace]) -> bool:
     per trace, or, for traces without that description (schema 1.0.1), all hold
     collectives whose recorded world size is the number of traces.
     """
-    from mystique_gen.passes.comms import scan_trace
-
     if len(traces) < 2:
         return False
     descriptions = {group_description(t) for t in traces}
@@ -124,8 +122,6 @@ def is_multi_rank_set(traces: Sequence[RawTrace]) -> bool:
 
 def order_ranks(traces: Sequence[RawTrace]) -> tuple[list[int], str]:
     """Rank of each trace and how it was found: recorded ranks, else input order."""
-    from mystique_gen.passes.comms import scan_trace
-
     recorded = [recorded_rank(list(scan_trace(t).ops.values())) for t in traces]
     if all(r is not None for r in recorded) and sorted(recorded) == list(range(len(traces))):
         return [r for r in recorded if r is not None], "ranks as recorded by record_param_comms"
@@ -152,3 +148,109 @@ def dist_info(trace: RawTrace, comms: Sequence[ParamComms], has_comm_ops: bool) 
         groups = [ProcessGroupSpec(0, "0", "default_pg", None, size)]
     return DistInfo(world_size=size, rank=recorded_rank(comms), groups=groups,
                     groups_recorded=recorded, notes=notes)
+
+
+# -- record_param_comms: what each collective's own arguments do not say ----------------
+PARAM_COMMS = "record_param_comms"
+
+
+@dataclass
+class CommScan:
+    """The trace's record_param_comms facts: per c10d op, and the waits in node order."""
+
+    ops: dict[int, ParamComms] = field(default_factory=dict)  # c10d node id -> facts
+    waits: list[ParamComms] = field(default_factory=list)
+    groups: list[ProcessGroupSpec] | None = None
+
+
+def scan_trace(trace: RawTrace) -> CommScan:
+    by_id = {n.id: n for n in trace.nodes}
+    scan = CommScan(groups=read_groups(trace))
+    for node in trace.nodes:
+        if node.name != PARAM_COMMS:
+            continue
+        facts = read_param_comms(node)
+        if facts is None:
+            continue
+        parent = by_id.get(node.parent)
+        if parent is not None and parent.name.startswith("c10d::"):
+            scan.ops.setdefault(parent.id, facts)
+        elif facts.collective == "wait":
+            scan.waits.append(facts)
+    return scan
+
+
+def read_param_comms(node: RawNode) -> ParamComms | None:
+    """Parse one record_param_comms node; None where it names no collective.
+
+    Positional layout around the collective name (the first ``String`` input), the
+    same in every schema: ``[tensors], seq, pg, rank, NAME, in_splits, out_splits,
+    ..., world_size``. Attributes (1.0.3 and later) take precedence where present.
+    """
+    values = [a.value for a in node.inputs]
+    types = [a.type for a in node.inputs]
+    i = next((k for k, t in enumerate(types) if t == "String" and isinstance(values[k], str)),
+             None)
+    attrs = node.attrs
+    name = attrs.get("collective_name") or (values[i] if i is not None else None)
+    if not isinstance(name, str) or not name:
+        return None
+
+    def at(k: int) -> Any:
+        return values[k] if i is not None and 0 <= k < len(values) else None
+
+    seq = at(i - 3) if i is not None else None
+    group = attrs.get("pg_name") if attrs.get("pg_name") not in (None, "") else at(i - 2)
+    if isinstance(group, list):  # (pg_name, pg_desc)
+        group = group[0] if group and isinstance(group[0], str) else None
+    if group == "" or isinstance(group, bool) or not isinstance(group, (str, int)):
+        group = None
+    rank = at(i - 1) if i is not None else None
+    world = attrs.get("pg_size")
+    if world is None and i is not None:
+        tail = [v for v in values[i + 3:] if isinstance(v, int) and not isinstance(v, bool)]
+        world = tail[-1] if tail else None
+    return ParamComms(
+        node_id=node.id,
+        thread=node.tid,
+        collective=name,
+        seq=seq if is_int(seq) and seq >= 0 else None,
+        group=group,
+        rank=rank if is_int(rank) and rank >= 0 else None,
+        in_splits=_splits(attrs.get("in_split_size"), at(i + 1) if i is not None else None,
+                          node.id, "in_split_size"),
+        out_splits=_splits(attrs.get("out_split_size"), at(i + 2) if i is not None else None,
+                           node.id, "out_split_size"),
+        world_size=world if is_int(world) and world > 0 else None,
+    )
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _splits(attr: Any, positional: Any, node_id: int, field_name: str) -> tuple[int, ...]:
+    value = positional
+    if isinstance(attr, str) and attr:
+        try:
+            value = json.loads(attr)
+        except json.JSONDecodeError:
+            raise TraceError("split sizes are not a JSON list", node_id=node_id,
+                             field=field_name) from None
+    if not isinstance(value, list) or not all(is_int(v) and v >= 0 for v in value):
+        return ()
+    return tuple(value)
+
+
+def group_index(facts: ParamComms | None, groups: list[ProcessGroupSpec]) -> int | None:
+    """The benchmark's group index for a collective; None where the trace does not say."""
+    if facts is None or facts.group is None:
+        return None
+    for g in groups:
+        if isinstance(facts.group, str) and g.name == facts.group:
+            return g.index
+        if isinstance(facts.group, int) and g.backend_id == facts.group:
+            return g.index
+    return None
+
+

@@ -21,7 +21,6 @@ on another stream is not ordered (the recorded program ordered it by timing).
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from mystique_gen.ir import (
     Binding,
@@ -31,8 +30,7 @@ from mystique_gen.ir import (
     StreamInfo,
     iter_tensors,
 )
-from mystique_gen.passes.tensors import binding_root, output_paths
-from mystique_gen.sources.et import RawTrace
+from mystique_gen.passes.tensors import binding_key, binding_root, output_paths
 
 
 def assign_streams(program: Program) -> None:
@@ -84,17 +82,17 @@ def plan_schedule(program: Program, *, threaded: bool = False) -> None:
         data: set[int] = set()
         names: set[int] = set()
         for view in op.derive_before:
-            base = _key(binding_root(view.base))
+            base = binding_key(binding_root(view.base))
             if base in defined_by:
                 names.add(defined_by[base])
-            defined_by[_key(view)] = op.index
+            defined_by[binding_key(view)] = op.index
         for arg in op.args:
             for tv in iter_tensors(arg.value):
                 if tv.storage is not None and id(tv.storage) in last_writer:
                     data.add(last_writer[id(tv.storage)])
                 if tv.binding is None:
                     continue
-                key = _key(binding_root(tv.binding))
+                key = binding_key(binding_root(tv.binding))
                 if key in defined_by:
                     names.add(defined_by[key])
         data.discard(op.index)
@@ -127,12 +125,12 @@ def plan_schedule(program: Program, *, threaded: bool = False) -> None:
         for path, tv in output_paths(op.outputs):
             if tv.storage is not None:
                 last_writer[id(tv.storage)] = op.index
-            defined_by.setdefault(_key(OpOutput(op.index, path[:1])), op.index)
+            defined_by.setdefault(binding_key(OpOutput(op.index, path[:1])), op.index)
 
     if program.threaded:
-        shared = {_key(b) for b in shared_roots(program)}
+        shared = {binding_key(b) for b in shared_roots(program)}
         for op in ops:
-            op.free_after = [b for b in op.free_after if _key(binding_root(b)) not in shared]
+            op.free_after = [b for b in op.free_after if binding_key(binding_root(b)) not in shared]
 
 
 def shared_roots(program: Program) -> list[Binding]:
@@ -144,44 +142,21 @@ def shared_roots(program: Program) -> list[Binding]:
     for op in program.ops:
         for view in op.derive_before:
             for b in (binding_root(view.base), view):
-                users.setdefault(_key(b), set()).add(op.thread)
-                roots.setdefault(_key(b), b)
+                users.setdefault(binding_key(b), set()).add(op.thread)
+                roots.setdefault(binding_key(b), b)
         for arg in op.args:
             for tv in iter_tensors(arg.value):
                 if tv.binding is not None and not _is_input(tv.binding):
                     b = binding_root(tv.binding)
-                    users.setdefault(_key(b), set()).add(op.thread)
-                    roots.setdefault(_key(b), b)
+                    users.setdefault(binding_key(b), set()).add(op.thread)
+                    roots.setdefault(binding_key(b), b)
         for path, _tv in output_paths(op.outputs):
             b = OpOutput(op.index, path[:1])
-            users.setdefault(_key(b), set()).add(op.thread)
-            roots.setdefault(_key(b), b)
+            users.setdefault(binding_key(b), set()).add(op.thread)
+            roots.setdefault(binding_key(b), b)
     return [roots[k] for k, threads in users.items() if len(threads) > 1]
 
 
 def _is_input(binding: Binding) -> bool:
     return not isinstance(binding, (OpOutput, DerivedView))
 
-
-def _key(binding: Binding) -> object:
-    if isinstance(binding, OpOutput):
-        return ("out", binding.op_index, binding.path)
-    return ("view", id(binding))
-
-
-def schedule_program(program: Program, trace: RawTrace, kineto: str | Path | None = None,
-                     *, threaded: bool = False) -> Program:
-    """The pipeline's last step: link ``kineto`` (if given) for timing and streams, then
-    plan the waits. Without a Kineto trace every op stays on the current stream."""
-    if kineto is not None:
-        from mystique_gen.passes.hostgaps import apply_profile_gaps
-        from mystique_gen.passes.link import attach_timing
-        from mystique_gen.sources.kineto import load_kineto
-
-        attach_timing(program, trace, load_kineto(kineto))
-        source = apply_profile_gaps(program, trace, kineto)
-        if source is not None and program.timing is not None:
-            program.timing.host_gaps = source
-        assign_streams(program)
-    plan_schedule(program, threaded=threaded)
-    return program

@@ -163,6 +163,13 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
     return TensorPlan(storages=storages, notes=notes, peak_bytes=_peak_bytes(ops, storages))
 
 
+def binding_key(binding: Binding) -> object:
+    """A hashable key naming one variable: an op's output by (op, path), a view by identity."""
+    if isinstance(binding, OpOutput):
+        return ("out", binding.op_index, binding.path)
+    return ("view", id(binding))
+
+
 def binding_root(binding: Binding) -> Binding:
     """The variable that holds a binding's value: an op result's first index, or itself."""
     if isinstance(binding, OpOutput):

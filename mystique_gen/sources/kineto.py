@@ -17,10 +17,12 @@ Timestamps and durations are microseconds, as in the file.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mystique_gen.constants import KINETO_SUFFIX, SIDECAR_SUFFIX
 from mystique_gen.errors import TraceError
 from mystique_gen.sources.et import parse_json_bytes
 
@@ -138,3 +140,19 @@ def _optional_int(value: Any) -> int | None:
     if isinstance(value, str) and value.lstrip("-").isdigit():
         return int(value)
     return None
+
+
+def profile_beside(kineto: str | Path) -> Path | None:
+    """The profile-only trace named by the capture sidecar next to ``kineto``, if any."""
+    kineto = Path(kineto)
+    if not kineto.name.endswith(KINETO_SUFFIX):
+        return None
+    sidecar = kineto.with_name(kineto.name[: -len(KINETO_SUFFIX)] + SIDECAR_SUFFIX)
+    try:
+        name = json.loads(sidecar.read_text()).get("profile")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str):
+        return None
+    path = kineto.with_name(name)
+    return path if path.is_file() else None

@@ -30,6 +30,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+from torch.optim import Optimizer
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
+
+from mystique_gen import oprules
+from mystique_gen.constants import STEP_SCOPE
+
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
 
@@ -63,7 +71,6 @@ def _env(values: dict[str, str | None]):
 
 
 def _sync() -> None:
-    import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -85,7 +92,6 @@ def time_step(step_fn: Callable[[], object], *, warmup: int = 2, iters: int = 5)
 
 def index_ops() -> str:
     """Ops whose integral inputs torch should save (the ops with value rules)."""
-    from mystique_gen import oprules
 
     return ",".join(sorted(set(oprules.INDEX_RULES) | set(oprules.SHAPE_RULES)))
 
@@ -108,8 +114,6 @@ class _Recorder:
         self.observer = None
 
     def start(self) -> None:
-        import torch
-        from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
 
         self.env.__enter__()
         self.observer = ExecutionTraceObserver()
@@ -127,8 +131,6 @@ class _Recorder:
 
     def start_profile(self) -> None:
         """Profile (Kineto only, no ET) the next step."""
-        import torch
-        from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -159,7 +161,6 @@ class _Recorder:
 
 def _write_sidecar(out: Path, name: str, times: list[float], warmup: int,
                    recorder: _Recorder, extra: dict[str, object]) -> CaptureResult:
-    import torch
 
     sidecar = out / f"{name}.step.json"
     summary = {
@@ -211,9 +212,7 @@ def capture(
     finally:
         recorder.stop()
     if recorder.profile_path is not None:
-        from torch.profiler import record_function
 
-        from mystique_gen.passes.hostgaps import STEP_SCOPE
 
         recorder.start_profile()
         try:
@@ -286,7 +285,6 @@ def _step_wrapper(on_step: Callable[[], None]) -> Callable[[], None]:
     (where torch.optim's own post hooks run) corrupts the profiler's state. Optimizer
     classes set up before the first capture fall back to the global post hook.
     Returns the function that ends this capture's claim on the steps."""
-    from torch.optim import Optimizer
 
     _ACTIVE[:] = [on_step]
     original = Optimizer.profile_hook_step
@@ -324,7 +322,6 @@ def capture_script(
 ) -> CaptureResult:
     """Run ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) in this process and
     record one optimizer step after ``warmup`` + ``timing_iters`` steps."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     if argv and Path(argv[0]).name.startswith("python"):
         argv = argv[1:]

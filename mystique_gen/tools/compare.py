@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mystique_gen import oprules
-from mystique_gen.backends.exprs import HARNESS_SCOPE
+from mystique_gen.constants import HARNESS_SCOPE, STEP_SCOPE
 from mystique_gen.errors import MystiqueError
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
+from mystique_gen.sources.kineto import load_kineto
 
 
 def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False) -> Counter[str]:
@@ -85,8 +86,6 @@ def _top_level(events: list) -> list:
 def kineto_times(path: str | Path, iterations: int | None = 1) -> KinetoTimes:
     """Category times of a Kineto trace, divided by ``iterations`` (None: the number of
     steps :func:`mystique_gen.tools.capture` profiled in it, one without step annotations)."""
-    from mystique_gen.passes.hostgaps import STEP_SCOPE
-    from mystique_gen.sources.kineto import load_kineto
 
     trace = load_kineto(path)
     if iterations is None:

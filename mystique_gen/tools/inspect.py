@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from mystique_gen import oprules
+from mystique_gen.driver import check_trace_count, load_source, run_passes
 from mystique_gen.ir import Program, iter_tensors
 from mystique_gen.ir.schema import is_op_name
+from mystique_gen.options import BuildOptions
 from mystique_gen.passes.deps import critical_path_length, dependency_graph
+from mystique_gen.passes.link import timing_summary
 from mystique_gen.sources.et import RawTrace
+
+
+def inspect_paths(paths: Sequence[str | Path], options: BuildOptions, *,
+                  kineto: str | Path | None = None) -> dict[str, Any]:
+    """The summary of what ``options`` keep of the traces (several need --compose), with
+    the Kineto link where ``kineto`` is given."""
+    check_trace_count(len(paths), options)
+    sources = [load_source(p, kineto) for p in paths]
+    # inspect writes no code: no need to probe which public function calls each op.
+    program = run_passes(sources, replace(options, public_calls=False))
+    if len(sources) == 1:
+        trace = sources[0].trace
+    else:
+        info = program.trace
+        trace = RawTrace(info.name, info.sha256, info.schema,
+                         [n for s in sources for n in s.trace.nodes], {})
+    summary = summarize(trace, program)
+    if kineto is not None:
+        summary.update(timing_summary(program))
+    return summary
 
 
 def summarize(trace: RawTrace, program: Program) -> dict[str, Any]:

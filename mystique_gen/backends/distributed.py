@@ -1,76 +1,48 @@
-"""One benchmark for every rank of a distributed job.
+"""The distributed backend: every rank of a job in one file (distributed.py.j2).
 
-``mystique-gen rank-0.json rank-1.json ... -o bench.py`` (or a directory of per-rank
-traces) compiles each rank's trace into its own ``make_inputs_rank<N>`` and
-``replay_rank<N>``, all in one file that shares operator handles and the harness;
-under torchrun each process replays its own rank. A single trace with
-communication goes the same way, as a one-rank set.
+Each rank's Program becomes its own ``make_inputs_rank<N>`` and ``replay_rank<N>``;
+operator handles, names and the harness are shared, and under torchrun each process
+replays its own rank. A single trace with communication is a one-rank set.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+from functools import lru_cache
 
 from mystique_gen.backends import comms as emit_comms
 from mystique_gen.backends import exprs
-from mystique_gen.backends.context import BenchmarkContext, GenerateOptions
+from mystique_gen.backends.base import BenchmarkContext, CodeGen, GenerateOptions, wrap
+from mystique_gen.backends.check import Facts, check_source, gather
+from mystique_gen.backends.render import render_text
 from mystique_gen.errors import MystiqueError
 from mystique_gen.ir import Program
-from mystique_gen.options import BuildOptions
-from mystique_gen.passes.ranks import is_multi_rank_set, natural_key, order_ranks
-from mystique_gen.sources.et import RawTrace, load_trace
+from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
 
-TRACE_SUFFIXES = (".json", ".json.gz")
+TEMPLATE = "distributed.py.j2"  # extends benchmark.py.j2
 
 
-def expand_inputs(paths: list[str | Path]) -> list[Path]:
-    """Paths as given; a directory stands for its trace files, sorted naturally."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted((f for f in p.iterdir()
-                            if f.is_file() and f.name.endswith(TRACE_SUFFIXES)),
-                           key=lambda f: natural_key(f.name))
-            if not found:
-                raise MystiqueError(f"{p.name}: no .json or .json.gz traces in this directory")
-            out.extend(found)
-        else:
-            out.append(p)
-    return out
+def render(programs: list[Program], ranks: list[int], options: GenerateOptions,
+           rank_source: str = "") -> str:
+    """One checked file for the ranks ``ranks`` (their Programs in the same order)."""
+    context = build_distributed_context(programs, ranks, options, rank_source)
+    text = render_text(context, TEMPLATE)
+    check_source(text, reference_facts())
+    return text
 
 
-def load_rank_set(paths: list[Path], build: BuildOptions | None) -> list[RawTrace] | None:
-    """The traces, when several are given without --compose and they are the ranks of
-    one job (see :func:`~mystique_gen.passes.ranks.is_multi_rank_set`); else None."""
-    if len(paths) < 2 or (build is not None and build.compose is not None):
-        return None
-    traces = [load_trace(p) for p in paths]
-    return traces if is_multi_rank_set(traces) else None
-
-
-def compile_ranks(traces: list[RawTrace], paths: list[Path], build: BuildOptions | None,
-                  threads: bool = False) -> tuple[list[Program], list[int], str]:
-    """One program per rank, with the rank numbers and how they were found."""
-    from mystique_gen.passes.streams import schedule_program
-    from mystique_gen.passes.values import resources_dir
-    from mystique_gen.pipeline import build_program
-
-    ranks, how = order_ranks(traces)
-    programs = []
-    for trace, path in zip(traces, paths, strict=True):
-        program = build_program(trace, resources_dir(path), build)
-        programs.append(schedule_program(program, trace, None, threaded=threads))
-    order = sorted(range(len(ranks)), key=lambda k: ranks[k])
-    return [programs[k] for k in order], [ranks[k] for k in order], how
+@lru_cache(maxsize=1)
+def reference_facts() -> Facts:
+    """The harness of distributed files: their template for one rank of no ops."""
+    facts = gather(render_text(reference_context(), TEMPLATE))
+    facts.handles.clear()
+    return facts
 
 
 def build_distributed_context(programs: list[Program], ranks: list[int],
                               options: GenerateOptions | None = None,
                               rank_source: str = "") -> BenchmarkContext:
     """Every rank's functions in one context; header, TRACE and harness from rank 0."""
-    from mystique_gen.backends.context import _ContextBuilder
-
     options = options or GenerateOptions()
     infos = [p.distributed for p in programs if p.distributed is not None]
     if not infos:
@@ -80,7 +52,7 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
     world = max(i.world_size for i in infos)
     if len(programs) > 1:
         world = max(world, len(programs))
-    builder = _ContextBuilder(programs[0], options)
+    builder = CodeGen(programs[0], options)
     bodies: list[emit_comms.RankBody] = []
     first: BenchmarkContext | None = None
     last: BenchmarkContext | None = None
@@ -105,8 +77,6 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
 
 def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
                     rank_source: str) -> list[str]:
-    from mystique_gen.backends.context import _wrap
-
     d = exprs.docstring_line
     held = ", ".join(str(r) for r in ranks)
     lines = [
@@ -136,31 +106,12 @@ def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
                          f"{members}")
         if not info.groups_recorded:
             lines.append("  (not recorded: the default group only)")
-    return _wrap(lines)
-
-
-def generate_ranks(traces: list[RawTrace], paths: list[Path], out: str | Path,
-                   options: GenerateOptions | None, build: BuildOptions | None,
-                   threads: bool = False) -> str:
-    from mystique_gen.backends.render import render
-    from mystique_gen.generate import write_atomic
-
-    programs, ranks, how = compile_ranks(traces, paths, build, threads)
-    if all(p.distributed is None for p in programs):
-        raise MystiqueError("these traces hold no communication; combine them with --compose")
-    text = render(build_distributed_context(programs, ranks, options, how))
-    write_atomic(Path(out), text)
-    return text
+    return wrap(lines)
 
 
 def reference_context() -> BenchmarkContext:
     """The distributed template for a trace with no nodes (the safety check's harness)."""
-    from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
-    from mystique_gen.pipeline import build_program
-    from mystique_gen.sources.et import RawTrace as Trace
-
-    program = build_program(Trace(name="reference", sha256="0" * 64, schema="", nodes=[],
-                                  metadata={}))
+    program = Program.empty()
     program.distributed = DistInfo(1, 0, [ProcessGroupSpec(0, "0", "default_pg", None, 1)],
                                    True)
     return build_distributed_context([program], [0])

@@ -1,4 +1,4 @@
-"""Build the template context: every line of code the templates print, from the IR.
+"""The code generator shared by every backend: Program -> template context.
 
 Templates only iterate and format. This module walks the program once, names every
 value through one :class:`Namespace` in order of first appearance, and produces
@@ -15,6 +15,7 @@ from mystique_gen import __version__
 from mystique_gen.backends import comms, exprs, schedule, valuefill
 from mystique_gen.backends.layout import INDENT, Atom, Group, Node, flat, lay_out, names_statement
 from mystique_gen.backends.names import Namespace
+from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import (
     Binding,
     DerivedView,
@@ -32,7 +33,7 @@ from mystique_gen.ir import (
     Value,
     iter_tensors,
 )
-from mystique_gen.passes.tensors import binding_root
+from mystique_gen.passes.tensors import binding_key, binding_root
 
 BODY_DEPTH = 1  # statements live inside a function body
 
@@ -73,15 +74,11 @@ class GenerateOptions:
     default_device: str | None = None  # written into the file as --device's default
 
 
-def build_context(program: Program, options: GenerateOptions | None = None) -> BenchmarkContext:
-    if program.distributed is not None:  # torch.distributed replay, one rank (multirank.py)
-        from mystique_gen.multirank import build_distributed_context
+class CodeGen:
+    """Program -> BenchmarkContext: every statement the templates print, named through
+    one namespace. A backend (backends/single.py, backends/distributed.py) runs one per
+    file and picks the template."""
 
-        return build_distributed_context([program], [program.distributed.rank or 0], options)
-    return _ContextBuilder(program, options or GenerateOptions()).build()
-
-
-class _ContextBuilder:
     def __init__(self, program: Program, options: GenerateOptions):
         self.program = program
         self.options = options
@@ -108,11 +105,11 @@ class _ContextBuilder:
         roots: set[object] = set()
         for op in self.program.ops:
             for view in op.derive_before:
-                roots.add(_key(binding_root(view.base)))
+                roots.add(binding_key(binding_root(view.base)))
             for arg in op.args:
                 for tv in iter_tensors(arg.value):
                     if tv.binding is not None:
-                        roots.add(_key(binding_root(tv.binding)))
+                        roots.add(binding_key(binding_root(tv.binding)))
         return roots
 
     def handle(self, op: Op) -> str:
@@ -121,8 +118,8 @@ class _ContextBuilder:
         skip notice prints), else its torch.ops overload."""
         sig = op.signature
         target = f"torch.ops.{sig.namespace}.{sig.name}.{sig.overload}"
-        if op.binding is not None and not op.guard:
-            target = op.binding
+        if op.public_call is not None and not op.guard:
+            target = op.public_call
         key = f"{sig.full_name} {target}"
         if key not in self.handles:
             hint = f"{sig.namespace}_{sig.name}"
@@ -152,9 +149,9 @@ class _ContextBuilder:
                 self.input_names.append(name)
             return self.ns.get(key)
         if isinstance(binding, OpOutput):
-            root = self.ns.get(_key(binding_root(binding)))
+            root = self.ns.get(binding_key(binding_root(binding)))
             return root if len(binding.path) == 1 else f"{root}[{binding.path[1]}]"
-        return self.ns.get(_key(binding))
+        return self.ns.get(binding_key(binding))
 
     # -- values -------------------------------------------------------------------
     def device_expr(self, kind: str) -> str:
@@ -178,14 +175,14 @@ class _ContextBuilder:
 
     def _fill(self, storage: Storage) -> Node:
         init = storage.init
-        if init is not None and init.kind == "data":
+        if init is not None and init.kind is FillKind.DATA:
             return valuefill.data_call(init, storage.dtype, self.device_expr(storage.device))
-        kind, low, high = (init.kind, init.low, init.high) if init else ("zeros", 0, 0)
+        kind, low, high = (init.kind, init.low, init.high) if init else (FillKind.ZEROS, 0, 0)
         return exprs.call("_fill", [
             Atom(str(storage.extent)),
             Atom(exprs.torch_attr(storage.dtype)),
             Atom(self.device_expr(storage.device)),
-            Atom(exprs.str_literal(kind)),
+            Atom(exprs.str_literal(kind.value)),
             Atom(exprs.scalar_literal(low)),
             Atom(exprs.scalar_literal(high)),
             Atom("gens"),
@@ -214,7 +211,7 @@ class _ContextBuilder:
         if op.derive_before:
             lines.append(INDENT * depth + "with _harness():")
         for view in op.derive_before:
-            name = self.ns.numbered(_key(view), "v")
+            name = self.ns.numbered(binding_key(view), "v")
             base = self.binding_expr(view.base)
             lines.extend(lay_out(f"{name} = ", _as_strided(base, view.meta), depth + 1))
         if op.comm is not None:  # a torch.distributed call (emit/comms.py)
@@ -247,7 +244,7 @@ class _ContextBuilder:
     def _targets(self, op: Op) -> list[str]:
         targets = []
         for i in range(len(op.signature.returns)):
-            key = _key(OpOutput(op.index, (i,)))
+            key = binding_key(OpOutput(op.index, (i,)))
             if key in self.read_roots:
                 targets.append(self.ns.numbered(key, "t"))
             else:
@@ -257,7 +254,7 @@ class _ContextBuilder:
     def _frees(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
         names = []
         for root in op.free_after:
-            key = _key(root)
+            key = binding_key(root)
             if key in self.ns and (key in self.read_roots or isinstance(root, DerivedView)):
                 names.append(self.ns.get(key))
         return names_statement("del", names, depth)
@@ -361,10 +358,10 @@ class _ContextBuilder:
             lines += [f"  - {n} x{c}: {d(reasons[n] or '', 120)}" for n, c in guarded.items()]
         if p.notes:
             lines += ["", "Notes:"] + [f"  - {d(n, 200)}" for n in p.notes]
-        return _wrap(lines)
+        return wrap(lines)
 
 
-def _wrap(lines: list[str], width: int = 84) -> list[str]:
+def wrap(lines: list[str], width: int = 84) -> list[str]:
     out = []
     for line in lines:
         while len(line) > width:
@@ -382,12 +379,6 @@ def _human_bytes(n: int) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
     return f"{n} B"
-
-
-def _key(binding: Binding) -> object:
-    if isinstance(binding, OpOutput):
-        return ("out", binding.op_index, binding.path)
-    return ("view", id(binding))
 
 
 def _as_strided(base: str, meta: TensorMeta) -> Node:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.check import UnsafeCodeError, check_source
-from mystique_gen.backends.context import GenerateOptions
-from mystique_gen.generate import generate
+from mystique_gen.backends.single import reference_facts
+from mystique_gen.driver import build_program, generate
 from mystique_gen.ir import DeviceValue, ListValue, Literal, TensorMeta, TensorValue
 from mystique_gen.options import BuildOptions
-from mystique_gen.passes.bindings import _probe_value, candidates, public_chain_ok
-from mystique_gen.pipeline import build_program
+from mystique_gen.passes.public_calls import _probe_value, candidates, public_chain_ok
 from mystique_gen.sources.et import trace_from_document
 from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, run_benchmark
@@ -45,7 +45,7 @@ def _trace(tmp_path=None):
 def _bindings(options: BuildOptions | None = None) -> dict[str, str | None]:
     program = build_program(trace_from_document(_trace().doc(), name="t.json", sha256="0"),
                             options=options)
-    return {op.signature.full_name: op.binding for op in program.ops}
+    return {op.signature.full_name: op.public_call for op in program.ops}
 
 
 def test_each_op_gets_the_public_call_that_dispatches_its_overload():
@@ -100,18 +100,18 @@ def test_probe_arguments_keep_types_but_hold_nothing():
     b = TraceBuilder()
     b.op(ZEROS, [[10**6, 10**6], 6, None, None, None], [b.tensor((10**6, 10**6))])
     program = build_program(trace_from_document(b.doc(), name="z.json", sha256="0"))
-    assert [op.binding for op in program.ops] == ["torch.zeros"]
+    assert [op.public_call for op in program.ops] == ["torch.zeros"]
 
 
 def test_safety_check_accepts_public_bindings_only():
     ok = GOLDEN.replace("\n\n# Operators,", '\nh = _op(lambda: torch.Tensor.add_, "x")\n'
                         "\n# Operators,", 1)
-    check_source(inject_call(ok, "h(1, 2)"))
+    check_source(inject_call(ok, "h(1, 2)"), reference_facts())
     for target in ("torch.load", "torch.norm", "torch.Tensor.split"):
         bad = GOLDEN.replace("\n\n# Operators,", f'\nh = _op(lambda: {target}, "x")\n'
                              "\n# Operators,", 1)
         with pytest.raises(UnsafeCodeError, match="'h'"):
-            check_source(inject_call(bad, "h(1)"))
+            check_source(inject_call(bad, "h(1)"), reference_facts())
 
 
 @pytest.mark.slow
@@ -135,7 +135,7 @@ def test_a_crashing_probe_leaves_every_op_on_torch_ops(monkeypatch):
     import os
     import signal
 
-    from mystique_gen.passes import bindings
+    from mystique_gen.passes import public_calls as bindings
 
     monkeypatch.setattr(bindings, "_probe_here",
                         lambda probes: os.kill(os.getpid(), signal.SIGKILL))

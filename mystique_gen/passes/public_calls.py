@@ -1,4 +1,4 @@
-"""Public bindings: call each op the way a model does, where that is provably the same op.
+"""Public calls: call each op the way a model does, where that is provably the same op.
 
 A call through ``torch.ops.aten.add.Tensor`` boxes its arguments against the schema and
 costs about twice the host time of ``torch.add``, whose generated C++ binding calls the
@@ -23,6 +23,7 @@ safety check of generated files uses the same test (:func:`public_chain_ok`).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -33,6 +34,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import lru_cache
 from typing import Any
+
+import torch
+from torch._C._profiler import _ExperimentalConfig, _RecordFunctionFast
+from torch.autograd.profiler import profile
 
 from mystique_gen.ir import (
     DeviceValue,
@@ -58,8 +63,8 @@ _PROBE_MARK = "mystique_probe_"
 PROBE_TIMEOUT_S = 60.0  # a child probing longer than this is stopped (its ops keep torch.ops)
 
 
-def choose_bindings(ops: list[Op]) -> None:
-    """Set ``op.binding`` to a public callable's dotted path where probing proves it
+def choose_public_calls(ops: list[Op]) -> None:
+    """Set ``op.public_call`` to a public callable's dotted path where probing proves it
     dispatches exactly the op's recorded overload."""
     forms: dict[tuple[object, ...], list[Op]] = {}
     for op in ops:
@@ -76,7 +81,7 @@ def choose_bindings(ops: list[Op]) -> None:
             chosen[key] = chain
     for key, group in forms.items():
         for op in group:
-            op.binding = chosen.get(key)
+            op.public_call = chosen.get(key)
 
 
 def candidates(name: str) -> list[str]:
@@ -98,8 +103,6 @@ def public_chain_ok(chain: str) -> bool:
     operator binding of the installed torch: identical to the attribute of the same
     name in the binding module, so never a Python function (``torch.norm``) nor
     anything that is not an operator (``torch.load``)."""
-    import torch
-
     module_path, _, attr = chain.rpartition(".")
     if not attr.isidentifier() or attr.startswith("__"):
         return False
@@ -116,8 +119,6 @@ def public_chain_ok(chain: str) -> bool:
 
 
 def _module(path: str) -> Any:
-    import importlib
-
     return importlib.import_module(path)
 
 
@@ -156,8 +157,6 @@ def _probe_value(value: Value) -> Any:
     compute: tensors empty (their rank and dtype kept), numbers zero, devices the CPU.
     The parser chooses an overload from types alone, and a probe then allocates
     nothing whatever sizes the trace declares."""
-    import torch
-
     if isinstance(value, TensorValue):
         shape = (0,) * len(value.meta.shape)  # a 0-d tensor keeps its one element
         return torch.empty(shape, dtype=getattr(torch, value.meta.dtype))
@@ -175,8 +174,6 @@ def _probe_value(value: Value) -> Any:
 
 
 def _call(chain: str, op: Op) -> Callable[[], object]:
-    import torch
-
     module_path, _, attr = chain.rpartition(".")
     target = getattr(torch.Tensor if module_path == "torch.Tensor" else _module(module_path),
                      attr)
@@ -261,10 +258,6 @@ def _probe_here(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
     parser chose. A profiler already running (generation inside a profiled program)
     leaves every op on torch.ops.
     """
-    import torch
-    from torch._C._profiler import _ExperimentalConfig, _RecordFunctionFast
-    from torch.autograd.profiler import profile
-
     calls: list[Callable[[], object] | None] = []
     for chain, op in probes:
         try:

@@ -1,0 +1,405 @@
+"""The driver: the one path every trace takes, from files to a written benchmark.
+
+    sources (ET, Kineto) -> front end, per trace (select, filter, lower, rename
+    storages, retarget) -> compose/repeat -> PASSES, in order -> backend -> write
+
+A single trace, composed traces (``--compose``) and the ranks of one job all take this
+path: a rank set runs the passes once per rank and hands every rank's Program to the
+distributed backend. Each pass is a function ``(Program, Build) -> Program``; ``Build``
+carries what the passes read besides the Program (the loaded sources, the options and
+what the front end learnt of each trace), so no pass loads a file or calls another
+stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from mystique_gen.backends import distributed as dist_backend
+from mystique_gen.backends import single as single_backend
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.errors import MystiqueError, OptionError
+from mystique_gen.ir import NotReplayed, Op, Program, TraceInfo, iter_tensors
+from mystique_gen.options import BuildOptions
+from mystique_gen.passes import autograd, hostgaps, link, public_calls, streams
+from mystique_gen.passes.comms import CommLowering
+from mystique_gen.passes.compose import (
+    combined_info,
+    place_in_parallel,
+    rename_storages,
+    storage_lifetimes,
+    storages_of,
+)
+from mystique_gen.passes.filters import filter_selection
+from mystique_gen.passes.lower import lower_ops
+from mystique_gen.passes.ranks import is_multi_rank_set, natural_key, order_ranks
+from mystique_gen.passes.retarget import retarget_dtype
+from mystique_gen.passes.select import release_covered_arguments, select_ops
+from mystique_gen.passes.tensors import plan_tensors
+from mystique_gen.passes.values import (
+    RecordedValues,
+    assign_values,
+    recorded_values,
+    resources_dir,
+)
+from mystique_gen.sources.et import RawTrace, load_trace
+from mystique_gen.sources.kineto import KinetoTrace, load_kineto, profile_beside
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+# -- sources ------------------------------------------------------------------------------
+@dataclass
+class Source:
+    """One loaded trace and what was read beside it."""
+
+    trace: RawTrace
+    resources: Path | None = None  # <name>_resources/: saved integral data
+    kineto: KinetoTrace | None = None  # the profiler trace of the same run (--kineto)
+    profile: KinetoTrace | None = None  # profile-only steps beside it (host gaps)
+
+
+def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
+    """A trace file, its resources folder and, with ``kineto``, the Kineto trace and the
+    capture's profile-only trace named beside it."""
+    profile = profile_beside(kineto) if kineto is not None else None
+    return Source(load_trace(path), resources_dir(path),
+                  load_kineto(kineto) if kineto is not None else None,
+                  load_kineto(profile) if profile is not None else None)
+
+
+def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
+    """Paths as given; a directory stands for its trace files, sorted naturally."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted((f for f in p.iterdir()
+                            if f.is_file() and f.name.endswith(TRACE_SUFFIXES)),
+                           key=lambda f: natural_key(f.name))
+            if not found:
+                raise MystiqueError(f"{p.name}: no .json or .json.gz traces in this directory")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+# -- what the passes read besides the Program -----------------------------------------------
+@dataclass
+class Part:
+    """One trace's ops, lowered under the options, before the tensor pass."""
+
+    info: TraceInfo
+    ops: list[Op]
+    not_replayed: list[NotReplayed]
+    threads: list[int]
+    filters: list[str]
+    recorded: RecordedValues
+    comm: CommLowering
+
+
+@dataclass
+class Build:
+    sources: list[Source]
+    options: BuildOptions
+    consume: bool = False  # the driver owns the traces: lowering may release arguments
+    parts: list[Part] = field(default_factory=list)
+    # (part, ops) in replay order: the parts, then their copies for --repeat
+    blocks: list[tuple[Part, list[Op]]] = field(default_factory=list)
+
+
+Pass = Callable[[Program, Build], Program]
+
+
+# -- the front end: each trace on its own, then one op list ---------------------------------
+def lower_sources(program: Program, build: Build) -> Program:
+    """Select, filter, lower, rename and retarget every trace; compose and repeat."""
+    options = build.options
+    names: dict[tuple[int, int, int], int] = {}
+    parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume)
+             for k, s in enumerate(build.sources)]
+    lines: list[str] = []
+    if len(parts) > 1:
+        counts = " + ".join(str(len(p.ops)) for p in parts)
+        total = sum(len(p.ops) for p in parts)
+        how = ("one after another in each iteration" if options.compose == "sequence" else
+               "at once, each on its own host thread (and its own stream on GPU)")
+        lines.append(f"compose {options.compose}: {len(parts)} traces {how}, each with its "
+                     f"own tensors: {counts} -> {total} replayed ops")
+        if options.compose == "parallel":
+            place_in_parallel([p.ops for p in parts])
+        for k, p in enumerate(parts, 1):
+            lines.append(f"trace {k} of {len(parts)}: {p.info.name} (sha256 {p.info.sha256}, "
+                         f"schema {p.info.schema}, {p.info.node_count} nodes): "
+                         f"{len(p.ops)} replayed ops")
+            lines += [f"trace {k}: {line}" for line in p.filters]
+    else:
+        lines += parts[0].filters
+    blocks = [(p, p.ops) for p in parts]
+    if options.repeat > 1:
+        once = sum(len(p.ops) for p in parts)
+        for _ in range(options.repeat - 1):
+            blocks += [(p, copy.deepcopy(p.ops)) for p in parts]
+        lines.append(f"repeat {options.repeat}: the op list {options.repeat} times per "
+                     f"iteration: {once} -> {once * options.repeat} replayed ops")
+    build.parts, build.blocks = parts, blocks
+    ops = [op for _, block in blocks for op in block]
+    for i, op in enumerate(ops):
+        op.index = i
+    if options.compose == "parallel":
+        threads = sorted({op.thread for op in ops})
+    else:
+        threads = sorted({t for p in parts for t in p.threads})
+    info = parts[0].info if len(parts) == 1 else combined_info([p.info for p in parts])
+    return replace(program, trace=info, ops=ops, threads=threads,
+                   not_replayed=[s for p in parts for s in p.not_replayed],
+                   filters=program.filters + lines)
+
+
+def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
+                names: dict[tuple[int, int, int], int], consume: bool) -> Part:
+    """``consume``: the caller no longer needs the trace's recorded arguments, so
+    lowering may release them as it goes."""
+    selection = select_ops(trace)
+    release_covered_arguments(selection)
+    kept, lines = filter_selection(trace, selection, options)
+    # Everything that reads recorded arguments runs before lowering releases them.
+    lifetimes = storage_lifetimes(selection.ops)
+    recorded = recorded_values(trace, resources)
+    comm = CommLowering(trace)
+    ops, lowering_skips = lower_ops(kept.ops, comm=comm.lower, release=consume)
+    rename_storages(ops, lifetimes, k, names)
+    if options.dtype is not None:
+        lines.append(retarget_dtype(ops, options.dtype))
+    not_replayed = sorted(kept.not_replayed + lowering_skips, key=lambda s: s.node_id)
+    if options.compose is not None:
+        # Node ids of different traces overlap: say which trace each one is from.
+        not_replayed = [NotReplayed(s.node_id, f"trace {k + 1}: {s.name}", s.reason)
+                        for s in not_replayed]
+    info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count)
+    return Part(info, ops, not_replayed, kept.threads, lines, recorded, comm)
+
+
+# -- the passes over one Program ------------------------------------------------------------
+def plan_storage(program: Program, build: Build) -> Program:
+    """Storages, views, dataflow and frees (passes/tensors.py); devices and peak memory."""
+    plan = plan_tensors(program.ops)
+    devices = Counter(tv.meta.device for op in program.ops for arg in op.args
+                      for tv in iter_tensors(arg.value))
+    accelerators = [d for d in devices if d != "cpu"]
+    primary = max(accelerators, key=lambda d: devices[d]) if accelerators else "cpu"
+    return replace(program, storages=plan.storages, devices=sorted(devices),
+                   primary_device=primary, peak_bytes=plan.peak_bytes,
+                   notes=program.notes + plan.notes)
+
+
+def fill_values(program: Program, build: Build) -> Program:
+    """Input values each consumer accepts (passes/values.py), per trace."""
+    for part, block in build.blocks:
+        storages = program.storages if len(build.blocks) == 1 else storages_of(block)
+        assign_values(block, storages, part.recorded)
+    return program
+
+
+def replay_autograd(program: Program, build: Build) -> Program:
+    autograd.plan_autograd(program.ops)
+    return program
+
+
+def call_public_functions(program: Program, build: Build) -> Program:
+    if build.options.public_calls:
+        public_calls.choose_public_calls(program.ops)
+    return program
+
+
+def place_comm_waits(program: Program, build: Build) -> Program:
+    """Waits of each block's collectives; the one communicating trace's DistInfo."""
+    infos = {}
+    notes = list(program.notes)
+    for part, block in build.blocks:
+        first = id(part) not in infos
+        # Each copy places its own waits; notes are the trace's, said once.
+        info = part.comm.finish(block, notes if first else [])
+        if first:
+            infos[id(part)] = info
+    found = [(part.info.name, infos[id(part)]) for part, _ in build.blocks[:len(infos)]
+             if infos[id(part)] is not None]
+    if len(found) > 1:
+        raise OptionError("--compose: more than one trace communicates "
+                          f"({', '.join(name for name, _ in found)}); composing distributed "
+                          "traces is not supported")
+    return replace(program, notes=notes, distributed=found[0][1] if found else None)
+
+
+def link_kineto(program: Program, build: Build) -> Program:
+    """Per-op timing, kernels and host gaps from the Kineto trace (passes/link.py)."""
+    source = build.sources[0]
+    if source.kineto is not None:
+        link.attach_timing(program, source.trace, source.kineto)
+    return program
+
+
+def profiled_host_gaps(program: Program, build: Build) -> Program:
+    """Host gaps from the capture's profile-only steps, where present (passes/hostgaps.py)."""
+    source = build.sources[0]
+    if source.profile is not None:
+        hostgaps.apply_profile_gaps(program, source.trace, source.profile)
+    return program
+
+
+def assign_streams(program: Program, build: Build) -> Program:
+    if build.sources[0].kineto is not None:
+        streams.assign_streams(program)
+    return program
+
+
+def plan_schedule(program: Program, build: Build) -> Program:
+    """Stream and thread waits; composed parallel traces get a host thread each."""
+    threaded = build.options.threads or build.options.compose == "parallel"
+    streams.plan_schedule(program, threaded=threaded)
+    return program
+
+
+PASSES: tuple[Pass, ...] = (
+    lower_sources,
+    plan_storage,
+    fill_values,
+    replay_autograd,
+    call_public_functions,
+    place_comm_waits,
+    link_kineto,
+    profiled_host_gaps,
+    assign_streams,
+    plan_schedule,
+)
+
+
+def run_passes(sources: list[Source], options: BuildOptions, *,
+               consume: bool = False) -> Program:
+    """Every pass, in order, over the traces ``sources`` (one, or several composed)."""
+    check_trace_count(len(sources), options)
+    if any(s.kineto is not None for s in sources) and len(sources) > 1:
+        raise OptionError("--kineto links one trace; it cannot go with --compose")
+    build = Build(sources, options, consume)
+    program = Program.empty()
+    for step in PASSES:
+        program = step(program, build)
+    return program
+
+
+def check_trace_count(count: int, options: BuildOptions) -> None:
+    """Several traces need ``--compose``; ``--compose`` needs several traces."""
+    if count > 1 and options.compose is None:
+        raise OptionError(f"{count} traces given: combine them with --compose sequence "
+                          "(several ranks of one job are replayed together only when their "
+                          "traces share a process group description)")
+    if count < 2 and options.compose is not None:
+        raise OptionError(f"--compose {options.compose} combines several traces; "
+                          f"{count} given")
+
+
+# -- entry points -----------------------------------------------------------------------------
+@dataclass
+class Compiled:
+    """What the backend gets: one Program, or one per rank of a job (rank order)."""
+
+    programs: list[Program]
+    ranks: list[int]
+    rank_source: str = ""  # how the ranks were found
+    sources: list[Source] = field(default_factory=list)
+
+    @property
+    def distributed(self) -> bool:
+        return any(p.distributed is not None for p in self.programs)
+
+
+def build_program(trace: RawTrace, resources: Path | None = None,
+                  options: BuildOptions | None = None, *, kineto: KinetoTrace | None = None,
+                  consume: bool = False) -> Program:
+    """One in-memory trace through every pass (default options: the first step)."""
+    return run_passes([Source(trace, resources, kineto)], options or BuildOptions(),
+                      consume=consume)
+
+
+def compile_trace(path: str | Path, *, kineto: str | Path | None = None,
+                  options: BuildOptions | None = None) -> Program:
+    """One trace file (``kineto``: the profiler trace of the same run)."""
+    return run_passes([load_source(path, kineto)], options or BuildOptions(), consume=True)
+
+
+def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = None, *,
+                  kineto: str | Path | None = None, consume: bool = True) -> Compiled:
+    """Trace files (or directories of rank traces): one trace, a composition, or the ranks
+    of one job, each rank through the same passes."""
+    options = options or BuildOptions()
+    files = expand_inputs(paths)
+    if len(files) > 1 and kineto is not None:
+        what = "--compose" if options.compose else "per-rank traces"
+        raise OptionError(f"--kineto links one trace; it cannot go with {what}")
+    sources = [load_source(p, kineto) for p in files]
+    if (len(sources) > 1 and options.compose is None
+            and is_multi_rank_set([s.trace for s in sources])):
+        return _compile_ranks(sources, options, consume)
+    program = run_passes(sources, options, consume=consume)
+    rank = program.distributed.rank or 0 if program.distributed is not None else 0
+    return Compiled([program], [rank], sources=sources)
+
+
+def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool) -> Compiled:
+    ranks, how = order_ranks([s.trace for s in sources])
+    programs = [run_passes([s], options, consume=consume) for s in sources]
+    if all(p.distributed is None for p in programs):
+        raise MystiqueError("these traces hold no communication; combine them with --compose")
+    order = sorted(range(len(ranks)), key=lambda k: ranks[k])
+    return Compiled([programs[k] for k in order], [ranks[k] for k in order], how,
+                    [sources[k] for k in order])
+
+
+def render(compiled: Compiled, options: GenerateOptions | None = None) -> str:
+    """The benchmark's text from the backend that fits: distributed where any rank
+    communicates, single-process otherwise."""
+    backend = dist_backend if compiled.distributed else single_backend
+    return backend.render(compiled.programs, compiled.ranks, options or GenerateOptions(),
+                          compiled.rank_source)
+
+
+def generate_source(program: Program, options: GenerateOptions | None = None) -> str:
+    rank = program.distributed.rank or 0 if program.distributed is not None else 0
+    return render(Compiled([program], [rank]), options)
+
+
+def generate(trace: str | Path | list[str | Path], out: str | Path,
+             options: GenerateOptions | None = None, *, kineto: str | Path | None = None,
+             threads: bool = False, build: BuildOptions | None = None) -> str:
+    """Compile ``trace`` (one path, a list of paths or a directory of rank traces) and
+    write the benchmark to ``out`` atomically; returns its text."""
+    build = build or BuildOptions()
+    if threads:
+        build = replace(build, threads=True)
+    paths = trace if isinstance(trace, list) else [trace]
+    text = render(compile_paths(paths, build, kineto=kineto), options)
+    write_atomic(Path(out), text)
+    return text
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder, so no partial file is ever left."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)  # mkstemp makes the file 0600; give it the usual mode
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,170 @@
+"""What a distributed benchmark adds to the runtime: process groups and the torchrun job.
+
+Inlined after ``runtime.py`` into files generated from traces with collectives. Under
+torchrun each process replays its own rank; without a launcher, a one-rank trace runs
+in a one-rank group, and a multi-rank trace replays its lowest rank's compute without
+communication. ``_Ranks`` is the job ``runtime.main`` asks at every point where a
+distributed run differs.
+"""
+
+import os
+import sys
+
+import torch
+
+from mystique_gen.harness.runtime import _RUNTIME, OPS, _Local, _summary
+
+# <generated-file>
+WORLD_SIZE = 1
+PROCESS_GROUPS = []
+RANKS = {}  # rank -> (make_inputs_rankN, replay_rankN, ops)
+# </generated-file>
+
+_GROUPS = []
+_RUNTIME["comm"] = False
+_RUNTIME["rank"] = None
+
+
+def _wait_work(work):
+    """Wait for an async collective, as the original program did at this point."""
+    if work is not None:
+        work.wait()
+
+
+def make_inputs(device, host, gens):
+    return RANKS[_RUNTIME["rank"]][0](device, host, gens)
+
+
+def replay(inputs, device, host):
+    return RANKS[_RUNTIME["rank"]][1](inputs, device, host)
+
+
+def _launched():
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _rank_path(path, rank):
+    """PATH stem + .rank{N} + suffix: one replay trace per rank, next to PATH."""
+    root, ext = os.path.splitext(path)
+    return f"{root}.rank{rank}{ext or '.json'}"
+
+
+class _Ranks(_Local):
+    def __init__(self):
+        self.rank = None
+        self.backend = None
+        self.comm = False
+        self.per_rank = []
+        self.et_paths = None
+        self.gather_device = None
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--backend",
+            help="torch.distributed backend (default: nccl on cuda, else gloo)",
+        )
+
+    def device(self, args):
+        device = torch.device(args.device)
+        if device.type == "cuda" and device.index is None and _launched():
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return device
+
+    def start(self, args, device):
+        """Join the process group and create the recorded groups."""
+        self.backend = args.backend or ("nccl" if device.type == "cuda" else "gloo")
+        self.gather_device = device if self.backend == "nccl" else torch.device("cpu")
+        if _launched():
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            if world != WORLD_SIZE:
+                sys.exit(
+                    f"mystique: recorded on {WORLD_SIZE} ranks, launched on {world}"
+                )
+            if rank not in RANKS:
+                sys.exit(f"mystique: this file holds ranks {sorted(RANKS)}, not {rank}")
+            torch.distributed.init_process_group(
+                self.backend, rank=rank, world_size=world
+            )
+        elif WORLD_SIZE == 1:
+            rank = 0
+            store = torch.distributed.HashStore()
+            torch.distributed.init_process_group(
+                self.backend, store=store, rank=0, world_size=1
+            )
+        else:
+            rank = min(RANKS)
+            print(
+                f"mystique: recorded on {WORLD_SIZE} ranks but not launched by torchrun: "
+                f"replaying rank {rank}'s compute only, without communication",
+                file=sys.stderr,
+            )
+            self.rank = _RUNTIME["rank"] = rank
+            return
+        # Every rank creates every group, in the recorded order, as new_group requires.
+        for spec in PROCESS_GROUPS:
+            if (
+                spec["name"] == "0"
+                or spec["desc"] == "default_pg"
+                or not spec["create"]
+            ):
+                _GROUPS.append(torch.distributed.group.WORLD)
+            else:
+                _GROUPS.append(torch.distributed.new_group(ranks=spec["ranks"]))
+        self.rank = _RUNTIME["rank"] = rank
+        self.comm = _RUNTIME["comm"] = True
+
+    def before_iteration(self):
+        if self.comm:
+            torch.distributed.barrier()  # every rank starts the iteration together
+
+    def iteration_times(self, times):
+        """Every rank's times, gathered on each rank; an iteration of the job ends when
+        its slowest rank does."""
+        self.per_rank = [times]
+        if self.comm:
+            mine = torch.tensor(times, dtype=torch.float64, device=self.gather_device)
+            every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]
+            torch.distributed.all_gather(every, mine)
+            self.per_rank = [t.tolist() for t in every]
+        return [max(column) for column in zip(*self.per_rank, strict=True)]
+
+    def world(self):
+        return WORLD_SIZE if self.comm else 1
+
+    def facts(self):
+        facts = {
+            "ops": RANKS[self.rank][2] if self.rank in RANKS else OPS,
+            "distributed": self.comm,
+            "backend": self.backend if self.comm else None,
+            "world_size": self.world(),
+            "recorded_world_size": WORLD_SIZE,
+            "rank": self.rank,
+            "per_rank": [_summary(t) for t in self.per_rank],
+        }
+        if self.et_paths is not None:
+            facts["et_per_rank"] = self.et_paths
+        if not self.comm and WORLD_SIZE > 1:
+            facts["note"] = (
+                f"rank {self.rank} compute only: run under torchrun for collectives"
+            )
+        return facts
+
+    def et_path(self, path):
+        self.et_paths = [_rank_path(path, r) for r in range(self.world())]
+        return _rank_path(path, self.rank)
+
+    def profile_dir(self, directory):
+        return os.path.join(directory, f"rank{self.rank}")
+
+    def finish(self):
+        if self.comm:
+            torch.distributed.barrier()
+            # Drop our group handles first: a gloo group freed at interpreter exit aborts.
+            _GROUPS.clear()
+            torch.distributed.destroy_process_group()
+
+    def reports(self):
+        return self.rank == 0 or not self.comm  # rank 0 reports for the job
+
+    def where(self, device):
+        return f"on {self.world()} rank(s)"

@@ -1,0 +1,25 @@
+"""The fill kinds: how the generated file fills a materialised input buffer.
+
+Each kind names a filler in ``runtime._FILLS`` (``_fill_<kind>``), except ``DATA``,
+which ``runtime._data`` writes from recorded values; tests/test_harness.py checks that
+the two lists agree. The IR's ``Init.kind`` is a FillKind, so a kind no filler knows
+is an error when the IR is built, never a buffer of zeros at run time.
+"""
+
+from enum import Enum
+
+
+class FillKind(str, Enum):
+    RANDINT = "randint"  # integers in [low, high)
+    OFFSETS = "offsets"  # sorted integers in [0, high], the first 0 (bag offsets)
+    CUTS = "cuts"  # sorted, first 0, last high (jagged offsets)
+    SPAN = "span"  # integers in [low, high], both ends present
+    MASK = "mask"  # booleans, exactly low of them true
+    RUNS = "runs"  # low distinct values in sorted runs (unique_consecutive)
+    DISTINCT = "distinct"  # low distinct values, shuffled (unique)
+    SUM = "sum"  # non-negative parts adding up to low (repeats, lengths)
+    BOOL = "bool"  # booleans, half true
+    UNIFORM = "uniform"  # floats uniform in [low, high)
+    ONES = "ones"
+    ZEROS = "zeros"
+    DATA = "data"  # recorded integral values (runtime._data)

@@ -1,0 +1,105 @@
+"""The harness as a module: fill kinds, fillers, the job hooks and main, and inlining."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+import torch
+
+from mystique_gen.backends.harness import BEGIN, END, harness_source
+from mystique_gen.errors import MystiqueError
+from mystique_gen.harness import dist, runtime
+from mystique_gen.harness.fills import FillKind
+from mystique_gen.ir import Init
+
+
+def test_every_fill_kind_has_a_filler_and_back():
+    assert {k.value for k in FillKind} - {FillKind.DATA.value} == set(runtime._FILLS)
+
+
+def test_an_unknown_fill_kind_is_a_generation_error():
+    assert Init("span", 0, 8).kind is FillKind.SPAN
+    with pytest.raises(MystiqueError, match="unknown fill kind 'positive'"):
+        Init("positive")
+
+
+def _fill(kind: str, numel: int, low, high) -> torch.Tensor:
+    gens = {"cpu": torch.Generator().manual_seed(0)}
+    return runtime._fill(numel, torch.int64, "cpu", kind, low, high, gens)
+
+
+def test_fillers_give_what_their_kind_promises():
+    span = _fill("span", 50, 3, 9)
+    assert span.min() == 3 and span.max() == 9 and span[0] == 3 and span[-1] == 9
+    offsets = _fill("offsets", 20, 0, 100)
+    assert offsets[0] == 0 and torch.all(offsets[1:] >= offsets[:-1]) and offsets.max() <= 100
+    cuts = _fill("cuts", 10, 0, 40)
+    assert cuts[0] == 0 and cuts[-1] == 40 and torch.all(cuts[1:] >= cuts[:-1])
+    assert int(_fill("mask", 30, 7, 0).sum()) == 7
+    assert int(_fill("sum", 12, 50, 0).sum()) == 50
+    assert len(torch.unique(_fill("distinct", 40, 6, 0))) == 6
+    runs = _fill("runs", 40, 5, 0)
+    assert len(torch.unique_consecutive(runs)) == 5
+    randint = _fill("randint", 100, 2, 5)
+    assert randint.min() >= 2 and randint.max() < 5
+    gens = {"cpu": torch.Generator().manual_seed(0)}
+    uniform = runtime._fill(100, torch.float32, "cpu", "uniform", -0.5, 0.5, gens)
+    assert uniform.dtype == torch.float32 and uniform.abs().max() <= 0.5
+    assert torch.all(_fill("ones", 4, 0, 0) == 1) and torch.all(_fill("zeros", 4, 0, 0) == 0)
+
+
+def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
+    """runtime.main as a generated file runs it: its inputs, replay and job."""
+    calls = []
+
+    def make_inputs(device, host, gens):
+        return [torch.ones(4, device=device)]
+
+    def replay(inputs, device, host):
+        calls.append(1)
+        inputs[0].mul_(2.0)  # a training step updates its inputs in place
+
+    monkeypatch.setattr(runtime, "make_inputs", make_inputs)
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setattr(runtime, "OPS", 1)
+    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    assert runtime.main(["--device", "cpu", "--warmup", "1", "--iters", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(calls) == 4 and result["iters"] == 3 and result["ops"] == 1
+    assert result["reset_inputs"] is True and result["device"] == "cpu"
+    for key in ("iter_ms_median", "iter_ms_mean", "iter_ms_min"):
+        assert result[key] > 0
+
+
+def test_the_distributed_job_replays_its_rank_alone_without_a_launcher(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(dist, "WORLD_SIZE", 2)
+    monkeypatch.setattr(dist, "RANKS", {0: (None, None, 5), 1: (None, None, 6)})
+    job = dist._Ranks()
+
+    class Args:
+        backend = None
+
+    job.start(Args(), torch.device("cpu"))
+    assert (job.rank, job.comm) == (0, False)
+    assert job.iteration_times([1.0, 2.0]) == [1.0, 2.0]
+    facts = job.facts()
+    assert facts["ops"] == 5 and facts["world_size"] == 1 and "compute only" in facts["note"]
+    assert job.et_path("out/replay.json") == "out/replay.rank0.json"
+
+
+def test_inlined_source_is_the_modules_less_what_the_file_provides():
+    source = harness_source()
+    runtime_text = "\n".join(source.runtime)
+    for text in (runtime_text, "\n".join(source.dist)):
+        assert BEGIN not in text and END not in text
+        assert "import " not in "\n".join(line for line in text.splitlines()
+                                          if not line.startswith((" ", "#")))
+    defined = {n.name for n in ast.parse(runtime_text).body
+               if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    # The generated file provides make_inputs and replay; the harness provides the rest.
+    assert {"main", "_fill", "_Local", "_guarded", "_calibrate_gaps"} <= defined
+    assert not {"make_inputs", "replay"} & defined
+    assert "import torch" in source.imports
