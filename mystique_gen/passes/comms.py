@@ -65,8 +65,9 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
             value = _decode_tensors(rec, spec.type, node.id, f"inputs[{i}]", decode_value)
             _check_form(value, form)
             args.append(Arg(spec, value))
-        if "sparse_indices" in raw and not _none(raw["sparse_indices"][2].value):
-            raise Unsupported("sparse all_reduce is not replayed")
+        for refused, why in oprules.REFUSED_ARGS.items():
+            if refused in raw and not _none(raw[refused][2].value):
+                raise Unsupported(why)
     except Unsupported as exc:
         return NotReplayed(node.id, name, str(exc))
 
@@ -74,9 +75,7 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
     group = group_index(facts, groups)
     root = _int_arg(raw, rule.root, node.id) if rule.root else None
     tag = _int_arg(raw, "tag", node.id) if rule.tag else None
-    recorded_async = "async_op" in raw and raw["async_op"][2].value is True
-    if "asyncOp" in raw:  # 1.1.x broadcast_ spelled it so
-        recorded_async = raw["asyncOp"][2].value is True
+    recorded_async = any(raw[a][2].value is True for a in oprules.ASYNC_ARGS if a in raw)
     info = CommInfo(
         call=rule.call,
         group=default_group if group is None else group,
@@ -228,7 +227,7 @@ class CommLowering:
             if unknown and info.groups_recorded and len(info.groups) > 1:
                 info.notes.append(f"{unknown} collectives do not record their process group "
                                   "(no record_param_comms): they run on the default group")
-            if any(op.comm.call in _REDUCING for op in comm_ops if op.comm):
+            if any(op.comm.call in oprules.REDUCING for op in comm_ops if op.comm):
                 info.notes.append("reduce ops are not recorded: reductions use SUM")
             asynchronous = [op for op in comm_ops if op.comm and op.comm.asynchronous]
             if asynchronous:
@@ -242,10 +241,6 @@ class CommLowering:
                                   "but no member list: its collectives run on the default group")
         program_notes.extend(info.notes)
         return info
-
-
-_REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
-                       "reduce_scatter_tensor"})
 
 
 def replayable(group: ProcessGroupSpec, world: int) -> bool:

@@ -39,6 +39,7 @@ import torch
 from torch._C._profiler import _ExperimentalConfig, _RecordFunctionFast
 from torch.autograd.profiler import profile
 
+from mystique_gen import oprules
 from mystique_gen.ir import (
     DeviceValue,
     Literal,
@@ -49,16 +50,6 @@ from mystique_gen.ir import (
     iter_leaves,
 )
 
-# Public modules whose attributes may be operator bindings: (public path, binding
-# module's path under torch._C, prefix of the aten name). ``torch.Tensor`` methods are
-# handled apart (their binding "module" is torch._C.TensorBase).
-_MODULES = (
-    ("torch", "_VariableFunctions", ""),
-    ("torch.nn.functional", "_nn", ""),
-    ("torch.linalg", "_linalg", "linalg_"),
-    ("torch.special", "_special", "special_"),
-    ("torch.fft", "_fft", "fft_"),
-)
 _PROBE_MARK = "mystique_probe_"
 PROBE_TIMEOUT_S = 60.0  # a child probing longer than this is stopped (its ops keep torch.ops)
 
@@ -87,7 +78,7 @@ def choose_public_calls(ops: list[Op]) -> None:
 def candidates(name: str) -> list[str]:
     """Public callables that may bind aten operator ``name``, in order of preference."""
     found = []
-    for public, _binding, prefix in _MODULES:
+    for public, _binding, prefix in oprules.PUBLIC_MODULES:
         if name.startswith(prefix):
             chain = f"{public}.{name[len(prefix):]}"
             if public_chain_ok(chain):
@@ -110,7 +101,7 @@ def public_chain_ok(chain: str) -> bool:
         bound = getattr(torch._C.TensorBase, attr, None)
         return bound is not None and type(bound).__name__ == "method_descriptor" and (
             getattr(torch.Tensor, attr, None) is bound)
-    for public, binding, prefix in _MODULES:
+    for public, binding, prefix in oprules.PUBLIC_MODULES:
         if module_path == public:
             bound = getattr(getattr(torch._C, binding), prefix + attr, None)
             return (bound is not None and type(bound).__name__ == "builtin_function_or_method"

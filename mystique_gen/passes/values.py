@@ -27,6 +27,7 @@ from pathlib import Path
 
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
+from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import (
     Init,
     ListValue,
@@ -359,7 +360,7 @@ def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object
         if item.meta.dtype == "bool":
             # x[mask]: the masked dims collapse into one of (true count) rows at `dim`.
             if isinstance(out, tuple) and dim < len(out):
-                facts.shape_fill(item, ("mask", out[dim], 0), f"{op.name} {arg_name}[{dim}]")
+                facts.shape_fill(item, (FillKind.MASK, out[dim], 0), f"{op.name} {arg_name}[{dim}]")
             continue
         facts.bound(item, shape[dim], f"{op.name} {arg_name}[{dim}]")
 
@@ -367,19 +368,19 @@ def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object
 def _choose(s: Storage, facts: _Facts) -> Init:
     i = s.index
     if i in facts.workspace:
-        return Init("zeros", 0, 0, facts.workspace[i])
+        return Init(FillKind.ZEROS, 0, 0, facts.workspace[i])
     if i in facts.data:
         values = facts.data[i]
         high = facts.upper.get(i, (None, ""))[0]
         packed = _narrow(values)
         if packed and (high is None or all(0 <= v < high for v in values)):
-            return Init("data", packed[0], len(values), "recorded data", packed[1])
+            return Init(FillKind.DATA, packed[0], len(values), "recorded data", packed[1])
     if i in facts.shape:
         (kind, low, high), why = facts.shape[i]
         return Init(kind, low, high, why)
     if i in facts.offsets:
         total, last, why = facts.offsets[i]
-        return Init("cuts", 0, total, why) if last else Init("offsets", 0, total, why)
+        return Init(FillKind.CUTS, 0, total, why) if last else Init(FillKind.OFFSETS, 0, total, why)
     if i in facts.ranges and s.dtype in INTEGRAL:
         lo, hi = facts.ranges[i]
         limit_lo, limit_hi = _INT_LIMITS.get(s.dtype, (-(2**62), 2**62))
@@ -389,19 +390,19 @@ def _choose(s: Storage, facts: _Facts) -> Init:
             limit_lo, limit_hi = 0, high - 1
         lo, hi = max(lo, limit_lo), min(hi, limit_hi)
         if lo <= hi:
-            return Init("span", lo, hi, why)
+            return Init(FillKind.SPAN, lo, hi, why)
     if i in facts.upper:
         high, why = facts.upper[i]
-        return Init("randint", 0, high, why + f" < {high}")
+        return Init(FillKind.RANDINT, 0, high, why + f" < {high}")
     if s.dtype == "bool":
-        return Init("bool", 0, 1)
+        return Init(FillKind.BOOL, 0, 1)
     if s.dtype in INTEGRAL:
         kind, low, high = oprules.DEFAULT_INTEGRAL
         return Init(kind, low, high)
     if s.dtype in FLOATING or s.dtype.startswith("complex"):
         if i in facts.float_range:
             low, high, why = facts.float_range[i]
-            return Init("uniform", low, high, why)
+            return Init(FillKind.UNIFORM, low, high, why)
         if i in facts.positive:
             kind, low, high = oprules.POSITIVE_FLOATING
             return Init(kind, low, high, facts.positive[i])
@@ -413,7 +414,7 @@ def _choose(s: Storage, facts: _Facts) -> Init:
             # so that activations and gradients stay finite over many training
             # iterations (with U(-1, 1) weights they overflow to inf/NaN within a few).
             bound = 1.0 / math.sqrt(facts.fan_in[i])
-            return Init("uniform", -bound, bound, f"fan-in {facts.fan_in[i]}")
+            return Init(FillKind.UNIFORM, -bound, bound, f"fan-in {facts.fan_in[i]}")
         kind, low, high = oprules.DEFAULT_FLOATING
         return Init(kind, low, high)
-    return Init("zeros")
+    return Init(FillKind.ZEROS)

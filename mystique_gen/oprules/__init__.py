@@ -1,0 +1,116 @@
+"""Per-operator rules, one module per op family, merged into the tables the passes read.
+
+The pipeline is generic; an operator family gets a rule only where the trace alone
+cannot say how to replay it faithfully. To add a family: write a module here that
+exports ``FAMILY = OpFamily(...)`` (oprules/base.py says what a family can state), add
+it to ``FAMILIES`` below, and add a test. An op claimed twice for the same table is an
+error at import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mystique_gen.oprules import (
+    availability,
+    collectives,
+    datadep,
+    indexing,
+    losses,
+    math,
+    normalization,
+    optimizer,
+    rnn,
+)
+from mystique_gen.oprules.availability import (
+    BACKEND_SPECIFIC,
+    CORE_NAMESPACES,
+    NEEDS_ACCELERATOR,
+    PUBLIC_MODULES,
+    UNSUPPORTED_ARG_TYPES,
+    guard_reason,
+)
+from mystique_gen.oprules.base import (
+    DEFAULT_FLOATING,
+    DEFAULT_INTEGRAL,
+    POSITIVE_FLOATING,
+    SCALAR_FLOATING,
+    Bound,
+    ClassCount,
+    CommRule,
+    Fill,
+    IntArg,
+    OpFamily,
+    PerDim,
+    SizeOf,
+)
+from mystique_gen.oprules.categories import CATEGORY_ORDER, DEFAULT_CATEGORY, op_category
+from mystique_gen.oprules.collectives import (
+    ASYNC_ARGS,
+    COMMUNICATION_NAMESPACES,
+    REDUCING,
+    REFUSED_ARGS,
+)
+from mystique_gen.oprules.normalization import NOT_DIFFERENTIABLE_ARGS
+
+FAMILIES: tuple[OpFamily, ...] = (
+    availability.FAMILY,
+    indexing.FAMILY,
+    losses.FAMILY,
+    normalization.FAMILY,
+    rnn.FAMILY,
+    optimizer.FAMILY,
+    math.FAMILY,
+    datadep.FAMILY,
+    collectives.FAMILY,
+)
+
+# Saved integral data is embedded in the benchmark up to this many elements per
+# storage; larger tensors are filled from their recorded range instead.
+MAX_EMBEDDED_ELEMENTS = 8192
+
+
+def merged(table: str) -> dict[str, Any]:
+    """One table (an OpFamily field) of every family; an op in two families is an error."""
+    out: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for family in FAMILIES:
+        for op, rule in getattr(family, table).items():
+            if op in out:
+                raise ValueError(f"oprules: {op} in {table} of both {owner[op]!r} and "
+                                 f"{family.name!r}")
+            out[op], owner[op] = rule, family.name
+    return out
+
+
+INDEX_RULES: dict[str, dict[str, Bound | str]] = merged("index_rules")
+TAKE_RULES: dict[str, tuple[str, str]] = merged("take_rules")
+POSITIVE_ARGS: dict[str, tuple[str, ...]] = merged("positive_args")
+FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
+SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
+VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
+SAVED_WORKSPACES: dict[str, tuple[str, ...]] = merged("saved_workspaces")
+NOT_DIFFERENTIABLE_BY_OP: dict[str, tuple[str, ...]] = merged("not_differentiable")
+COMM_OPS: dict[str, CommRule] = merged("comm_ops")
+COMM_NOT_REPLAYED: dict[str, str] = merged("comm_not_replayed")
+NOT_REPLAYED: dict[str, str] = merged("not_replayed")
+DATA_DEPENDENT_OUTPUTS: frozenset[str] = frozenset(
+    op for family in FAMILIES for op in family.data_dependent_outputs)
+
+
+def differentiable(op_name: str, arg_name: str) -> bool:
+    return (arg_name not in NOT_DIFFERENTIABLE_ARGS
+            and arg_name not in NOT_DIFFERENTIABLE_BY_OP.get(op_name, ()))
+
+
+__all__ = [
+    "ASYNC_ARGS", "BACKEND_SPECIFIC", "CATEGORY_ORDER", "COMMUNICATION_NAMESPACES",
+    "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES", "DATA_DEPENDENT_OUTPUTS",
+    "DEFAULT_CATEGORY", "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",
+    "INDEX_RULES", "MAX_EMBEDDED_ELEMENTS", "NEEDS_ACCELERATOR", "NOT_DIFFERENTIABLE_ARGS",
+    "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "POSITIVE_ARGS", "POSITIVE_FLOATING",
+    "PUBLIC_MODULES", "REDUCING", "REFUSED_ARGS", "SAVED_WORKSPACES", "SCALAR_FLOATING",
+    "SHAPE_RULES", "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "Bound",
+    "ClassCount", "CommRule", "Fill", "IntArg", "OpFamily", "PerDim", "SizeOf",
+    "differentiable", "guard_reason", "merged", "op_category",
+]

@@ -1,0 +1,57 @@
+"""Which ops a benchmark can call where it runs, and which it never replays."""
+
+from __future__ import annotations
+
+import re
+
+from mystique_gen.oprules.base import OpFamily
+
+# Operators that are never replayed, with the reason shown in the benchmark header.
+_PROFILER: dict[str, str] = {
+    "aten::record_stream": "binds a tensor to a CUDA stream object the trace does not record",
+    "profiler::_record_function_enter": "profiler bookkeeping",
+    "profiler::_record_function_enter_new": "profiler bookkeeping",
+    "profiler::_record_function_exit": "profiler bookkeeping",
+    "aten::_record_function_enter": "profiler bookkeeping",
+    "aten::_record_function_exit": "profiler bookkeeping",
+}
+
+# Namespaces whose operators are replayed directly; any other namespace (fbgemm::,
+# torchrec::, a user's custom ops) may not be loaded where the benchmark runs.
+CORE_NAMESPACES = frozenset({"aten", "prims"})
+
+# Kernels tied to one vendor's library: they exist only where that backend is built.
+BACKEND_SPECIFIC = re.compile(
+    r"cudnn|miopen|_cuda|cuda_|_nccl|cublas|_mps|xpu|flash_attention|efficient_attention"
+)
+
+# Operators that need an accelerator even when their tensors are on the host.
+NEEDS_ACCELERATOR = frozenset({"pin_memory", "_pin_memory"})
+
+
+def guard_reason(namespace: str, name: str) -> str | None:
+    """Why an op may be unavailable on the replay machine (then it is guarded), or None."""
+    if name in NEEDS_ACCELERATOR:
+        return "needs an accelerator"
+    if namespace not in CORE_NAMESPACES:
+        return f"namespace {namespace}:: may not be loaded"
+    if BACKEND_SPECIFIC.search(name):
+        return "backend-specific kernel"
+    return None
+
+
+# Argument types that cannot be rebuilt from a trace.
+UNSUPPORTED_ARG_TYPES = ("Stream", "Storage", "__torch__", "Dict", "Future", "Any", "Capsule")
+
+# Public modules whose attributes may be operator bindings: (public path, binding
+# module's path under torch._C, prefix of the aten name); passes/public_calls.py.
+# ``torch.Tensor`` methods are handled apart (their binding module is TensorBase).
+PUBLIC_MODULES = (
+    ("torch", "_VariableFunctions", ""),
+    ("torch.nn.functional", "_nn", ""),
+    ("torch.linalg", "_linalg", "linalg_"),
+    ("torch.special", "_special", "special_"),
+    ("torch.fft", "_fft", "fft_"),
+)
+
+FAMILY = OpFamily(name="profiler and streams", not_replayed=_PROFILER)

@@ -1,0 +1,161 @@
+"""What an op family can say: the record each family module exports, and the bounds,
+fills and defaults those records are written in.
+
+A family (embedding and indexing, losses, normalisation, RNNs, optimizers, math
+domains, data-dependent shapes, collectives) is one module of this package exporting
+``FAMILY = OpFamily(...)``; ``oprules/__init__.py`` merges every family into the tables
+the passes read, refusing an op that two families claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mystique_gen.harness.fills import FillKind
+
+
+class Bound:
+    """An exclusive upper bound for an index argument, computed from the op's args."""
+
+    def upper(self, args: dict[str, object]) -> int | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class SizeOf(Bound):
+    """Size of tensor argument ``tensor`` along a fixed dim or along the int arg ``dim``."""
+
+    def __init__(self, tensor: str, dim: int | str):
+        self.tensor, self.dim = tensor, dim
+
+    def upper(self, args: dict[str, object]) -> int | None:
+        shape = args.get(self.tensor)
+        dim = args.get(self.dim) if isinstance(self.dim, str) else self.dim
+        if not isinstance(shape, tuple) or not isinstance(dim, int) or not shape:
+            return None
+        if -len(shape) <= dim < len(shape):
+            return shape[dim]
+        return None
+
+
+class ClassCount(Bound):
+    """Number of classes of a loss input: dim 1 of (N, C, ...) or dim 0 of (C,)."""
+
+    def __init__(self, tensor: str):
+        self.tensor = tensor
+
+    def upper(self, args: dict[str, object]) -> int | None:
+        shape = args.get(self.tensor)
+        if not isinstance(shape, tuple) or not shape:
+            return None
+        return shape[1] if len(shape) >= 2 else shape[0]
+
+
+class IntArg(Bound):
+    """The value of an int argument (``num_classes``, ``num_weights``)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def upper(self, args: dict[str, object]) -> int | None:
+        value = args.get(self.name)
+        return value if isinstance(value, int) and value > 0 else None
+
+
+class PerDim(Bound):
+    """``indices[k]`` of ``aten::index`` indexes dim k of ``tensor`` (handled by position)."""
+
+    def __init__(self, tensor: str):
+        self.tensor = tensor
+
+    def upper(self, args: dict[str, object]) -> int | None:
+        return None  # resolved per list element by the values pass
+
+
+# Default fills by element kind: (kind, low, high).
+DEFAULT_INTEGRAL = (FillKind.RANDINT, 0, 8)
+DEFAULT_FLOATING = (FillKind.UNIFORM, -1.0, 1.0)
+POSITIVE_FLOATING = (FillKind.UNIFORM, 0.5, 1.5)
+# 0-d floating tensors are mostly Python scalars wrapped by the argument parser
+# (optimizer betas, learning rates, bias corrections): their values are not recorded,
+# and one storage id often serves several of them in turn. Near 1, any of those roles
+# keeps optimizer state finite and positive where it must be.
+SCALAR_FLOATING = (FillKind.UNIFORM, 0.95, 1.0)
+
+
+Facts = dict[str, object]  # argument name -> shape (tensors) or value (scalars)
+OutShapes = list[object]  # recorded output shapes; a list output: a list of shapes
+
+
+def _numel(shape: object) -> int | None:
+    if not isinstance(shape, tuple):
+        return None
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _out(outputs: OutShapes, index: int = 0, element: int | None = None) -> tuple | None:
+    if index >= len(outputs):
+        return None
+    shape = outputs[index]
+    if element is not None:
+        shape = shape[element] if isinstance(shape, list) and element < len(shape) else None
+    return shape if isinstance(shape, tuple) else None
+
+
+class Fill:
+    """How one input must be filled for a data-dependent output to keep its size."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[str, int, int] | None:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+
+@dataclass(frozen=True)
+class CommRule:
+    """How one c10d operator replays as a torch.distributed call. ``tensors`` lists
+    (schema argument, form) in the order of the call's positional arguments; forms:
+    "tensor" (a Tensor), "one" (the only tensor of a Tensor[]), "list" (a Tensor[]),
+    "inner" (the only list of a Tensor[][]), "inner_or_none" (that list, or None where
+    it is empty: gather/scatter on a non-root rank). ``root``: the schema argument
+    holding a group-local rank, passed as ``root_keyword``."""
+
+    call: str
+    tensors: tuple[tuple[str, str], ...]
+    root: str | None = None
+    root_keyword: str | None = None
+    splits: bool = False  # all_to_all_single: pass the recorded split sizes
+    tag: bool = False  # send/recv: pass the recorded tag
+    async_call: str | None = None  # the call to use when the trace waits on it later
+    has_async_arg: bool = True  # the call takes async_op=
+
+
+@dataclass(frozen=True)
+class OpFamily:
+    """Everything one family of operators needs beyond what the trace says. Keys are
+    qualified op names without overload (``aten::embedding``)."""
+
+    name: str
+    # Index arguments and what bounds them: {op: {argument: Bound, or "offsets"}}.
+    index_rules: dict[str, dict[str, Bound | str]] = field(default_factory=dict)
+    # Index arguments bounded by another tensor's element count: {op: (index, tensor)}.
+    take_rules: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Floating arguments that must be positive for the op to stay finite.
+    positive_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Floating arguments that must lie in a range: {op: {argument: (low, high)}}.
+    float_ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    # Inputs filled so that a data-dependent output keeps its recorded size.
+    shape_rules: dict[str, dict[str, Fill]] = field(default_factory=dict)
+    # Ops whose output sizes depend on their input values (fitted at run time).
+    data_dependent_outputs: frozenset[str] = frozenset()
+    # Ops that copy integral values from these inputs to their outputs unchanged.
+    value_preserving: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Saved state a backward reads back as raw bytes: zero-filled (never NaN).
+    saved_workspaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Floating inputs that must not require grad although an autograd op reads them.
+    not_differentiable: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Communication: how each c10d op replays, and those that do not, with the reason.
+    comm_ops: dict[str, CommRule] = field(default_factory=dict)
+    comm_not_replayed: dict[str, str] = field(default_factory=dict)
+    # Ops never replayed, with the reason shown in the benchmark header.
+    not_replayed: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,57 @@
+"""Collectives: how each c10d operator replays as a torch.distributed call."""
+
+from __future__ import annotations
+
+from mystique_gen.oprules.base import CommRule, OpFamily
+
+COMMUNICATION_NAMESPACES = frozenset({"c10d", "c10d_functional", "_c10d_functional"})
+# torch.distributed calls that reduce: the reduce op is not recorded, SUM replays it.
+REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
+                      "reduce_scatter_tensor"})
+# The schema argument that says a collective ran async (1.1.x broadcast_ spells it asyncOp).
+ASYNC_ARGS = ("async_op", "asyncOp")
+# Arguments whose recorded value (when not None) makes a collective unreplayable.
+REFUSED_ARGS = {"sparse_indices": "sparse all_reduce is not replayed"}
+
+FAMILY = OpFamily(
+    name="collectives",
+    comm_ops={
+        "c10d::allreduce_": CommRule("all_reduce", (("tensors", "one"),)),
+        "c10d::allreduce_coalesced_": CommRule("all_reduce_coalesced", (("tensors", "list"),)),
+        "c10d::broadcast_": CommRule("broadcast", (("tensors", "one"),), "root_rank", "group_src"),
+        "c10d::reduce_": CommRule("reduce", (("tensors", "one"),), "root_rank", "group_dst"),
+        "c10d::allgather_": CommRule(
+            "all_gather", (("output_tensors", "inner"), ("input_tensors", "one"))),
+        "c10d::_allgather_base_": CommRule(
+            "all_gather_into_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor"))),
+        "c10d::allgather_coalesced_": CommRule(
+            "all_gather_coalesced", (("output_lists", "list"), ("input_list", "list"))),
+        "c10d::reduce_scatter_": CommRule(
+            "reduce_scatter", (("output_tensors", "one"), ("input_tensors", "inner"))),
+        "c10d::_reduce_scatter_base_": CommRule(
+            "reduce_scatter_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor"))),
+        "c10d::alltoall_": CommRule(
+            "all_to_all", (("output_tensors", "list"), ("input_tensors", "list"))),
+        "c10d::alltoall_base_": CommRule(
+            "all_to_all_single", (("output", "tensor"), ("input", "tensor")), splits=True),
+        "c10d::gather_": CommRule(
+            "gather", (("input_tensors", "one"), ("output_tensors", "inner_or_none")),
+            "root_rank", "group_dst"),
+        "c10d::scatter_": CommRule(
+            "scatter", (("output_tensors", "one"), ("input_tensors", "inner_or_none")),
+            "root_rank", "group_src"),
+        "c10d::send": CommRule("send", (("tensors", "one"),), "dst", "group_dst", tag=True,
+                               async_call="isend", has_async_arg=False),
+        "c10d::recv_": CommRule("recv", (("tensors", "one"),), "src", "group_src", tag=True,
+                                async_call="irecv", has_async_arg=False),
+        "c10d::barrier": CommRule("barrier", ()),
+    },
+    comm_not_replayed={
+        "c10d::allgather_into_tensor_coalesced_": "coalesced tensor collective (FSDP): "
+        "not replayed yet",
+        "c10d::reduce_scatter_tensor_coalesced_": "coalesced tensor collective (FSDP): "
+        "not replayed yet",
+        "c10d::recv_any_source_": "the sender is chosen at run time; not reproducible",
+        "c10d::monitored_barrier_": "debugging barrier (gloo only), not part of the workload",
+    },
+)

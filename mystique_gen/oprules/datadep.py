@@ -1,0 +1,146 @@
+"""Data-dependent output sizes: inputs filled so that outputs keep their recorded size.
+
+Where a materialised input decides how large an op's output is (nonzero of a mask,
+unique, repeat_interleave, bincount, jagged lengths), the input is filled so the output
+comes out at its recorded size. Where that input is produced by a replayed op (router
+logits -> top-k -> where -> index_add in a mixture of experts), the values differ from
+the original's, so the benchmark fits each such output to its recorded size (rows cut
+or repeated, so indices stay valid) before anything reads it."""
+
+from __future__ import annotations
+
+from mystique_gen.harness.fills import FillKind
+from mystique_gen.oprules.base import Facts, Fill, OpFamily, OutShapes, _numel, _out
+
+
+class TrueCount(Fill):
+    """Nonzero elements = the recorded rows of output ``index`` (``element`` of a list)."""
+
+    def __init__(self, index: int = 0, element: int | None = None):
+        self.index, self.element = index, element
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        shape = _out(outputs, self.index, self.element)
+        return (FillKind.MASK, shape[0], 0) if shape else None
+
+
+class MaskedCount(Fill):
+    """``masked_select``: the output has (true elements of the broadcast mask) values."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        out, mask, other = _numel(_out(outputs)), _numel(args.get("mask")), \
+            _numel(args.get("self"))
+        if out is None or not mask or not other:
+            return None
+        factor = max(other // mask, 1)  # mask broadcast over a larger self
+        return (FillKind.MASK, out // factor, 0) if out % factor == 0 else None
+
+
+class DistinctCount(Fill):
+    """``unique`` over all elements: as many distinct values as the recorded output."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        if args.get("dim") is not None:
+            return None
+        return (FillKind.DISTINCT, _numel(_out(outputs)) or 0, 0) if _out(outputs) else None
+
+
+class RunCount(Fill):
+    """``unique_consecutive``: as many runs as the recorded output has values."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        if args.get("dim") is not None:
+            return None
+        return (FillKind.RUNS, _numel(_out(outputs)) or 0, 0) if _out(outputs) else None
+
+
+class RepeatsSum(Fill):
+    """``repeat_interleave`` repeats add up to the output's size along ``dim``."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        out, repeats = _out(outputs), args.get("repeats")
+        dim = args.get("dim")
+        if out is None or not out or not isinstance(repeats, tuple):
+            return None
+        total = out[dim] if isinstance(dim, int) and -len(out) <= dim < len(out) else out[0]
+        parts = _numel(repeats) or 0
+        if parts == 1:  # one repeat count for every element
+            inner = args.get("self")
+            size = (inner[dim] if isinstance(dim, int) and isinstance(inner, tuple) and inner
+                    else _numel(inner) if isinstance(inner, tuple) else 1) or 1
+            return (FillKind.SUM, total // size, 0) if total % size == 0 else None
+        return (FillKind.SUM, total, 0)
+
+
+class MaxIsLast(Fill):
+    """``bincount``: the largest value is one less than the recorded output length."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        out = _out(outputs)
+        return (FillKind.SPAN, 0, out[0] - 1) if out and out[0] > 0 else None
+
+
+class LengthsOf(Fill):
+    """Jagged lengths: non-negative parts adding up to ``tensor``'s size along ``axis``."""
+
+    def __init__(self, tensor: str, axis: str | int, cuts: bool = False):
+        self.tensor, self.axis, self.cuts = tensor, axis, cuts
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        shape = args.get(self.tensor)
+        axis = args.get(self.axis, 0) if isinstance(self.axis, str) else self.axis
+        if not isinstance(shape, tuple) or not isinstance(axis, int) or not shape:
+            return None
+        total = shape[axis] if -len(shape) <= axis < len(shape) else None
+        if total is None:
+            return None
+        return (FillKind.CUTS, 0, total) if self.cuts else (FillKind.SUM, total, 0)
+
+
+_UNIQUE = {"self": DistinctCount()}
+_SEGMENTS = {"lengths": LengthsOf("data", "axis"), "offsets": LengthsOf("data", "axis", True)}
+
+# op -> {input argument: Fill}
+SHAPE_RULES: dict[str, dict[str, Fill]] = {
+    "aten::nonzero": {"self": TrueCount()},
+    "aten::argwhere": {"self": TrueCount()},
+    "aten::nonzero_numpy": {"self": TrueCount(0, 0)},
+    "aten::where": {"condition": TrueCount(0, 0)},
+    "aten::masked_select": {"mask": MaskedCount()},
+    "aten::_unique": _UNIQUE,
+    "aten::_unique2": _UNIQUE,
+    "aten::unique_consecutive": {"self": RunCount()},
+    "aten::repeat_interleave": {"repeats": RepeatsSum()},
+    "aten::bincount": {"self": MaxIsLast()},
+    "aten::segment_reduce": _SEGMENTS,
+    "aten::_segment_reduce_backward": _SEGMENTS,
+    "aten::_jagged_to_padded_dense_forward": {"offsets": LengthsOf("values", 0, True)},
+    "aten::_padded_dense_to_jagged_forward": {"offsets": LengthsOf("dense", 0, True)},
+}
+
+
+FAMILY = OpFamily(
+    name="data-dependent shapes",
+    shape_rules={
+        "aten::nonzero": {"self": TrueCount()},
+        "aten::argwhere": {"self": TrueCount()},
+        "aten::nonzero_numpy": {"self": TrueCount(0, 0)},
+        "aten::where": {"condition": TrueCount(0, 0)},
+        "aten::masked_select": {"mask": MaskedCount()},
+        "aten::_unique": _UNIQUE,
+        "aten::_unique2": _UNIQUE,
+        "aten::unique_consecutive": {"self": RunCount()},
+        "aten::repeat_interleave": {"repeats": RepeatsSum()},
+        "aten::bincount": {"self": MaxIsLast()},
+        "aten::segment_reduce": _SEGMENTS,
+        "aten::_segment_reduce_backward": _SEGMENTS,
+        "aten::_jagged_to_padded_dense_forward": {"offsets": LengthsOf("values", 0, True)},
+        "aten::_padded_dense_to_jagged_forward": {"offsets": LengthsOf("dense", 0, True)},
+    },
+    data_dependent_outputs=frozenset({
+        "aten::nonzero", "aten::argwhere", "aten::nonzero_numpy", "aten::where",
+        "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+        "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::repeat_interleave",
+        "aten::bincount", "aten::index", "aten::_ragged_idx",
+    }),
+)

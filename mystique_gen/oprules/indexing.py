@@ -1,0 +1,72 @@
+"""Embedding, gather/scatter and indexing: index arguments stay in range."""
+
+from __future__ import annotations
+
+from mystique_gen.oprules.base import IntArg, OpFamily, PerDim, SizeOf
+
+_ROWS = SizeOf("weight", 0)
+_ALONG_DIM = SizeOf("self", "dim")
+_EMBEDDING_BAG = {"indices": _ROWS, "offsets": "offsets"}
+
+FAMILY = OpFamily(
+    name="embedding and indexing",
+    index_rules={
+        "aten::embedding": {"indices": _ROWS},
+        "aten::embedding_bag": _EMBEDDING_BAG,
+        "aten::_embedding_bag": _EMBEDDING_BAG,
+        "aten::_embedding_bag_forward_only": _EMBEDDING_BAG,
+        "aten::embedding_dense_backward": {"indices": IntArg("num_weights")},
+        "aten::embedding_backward": {"indices": IntArg("num_weights")},
+        "aten::_embedding_bag_backward": {"indices": IntArg("num_weights"), "offsets": "offsets"},
+        "aten::_embedding_bag_dense_backward": {"indices": IntArg("num_weights")},
+        "aten::index_select": {"index": _ALONG_DIM},
+        "aten::gather": {"index": _ALONG_DIM},
+        "aten::scatter": {"index": _ALONG_DIM},
+        "aten::scatter_": {"index": _ALONG_DIM},
+        "aten::scatter_add": {"index": _ALONG_DIM},
+        "aten::scatter_add_": {"index": _ALONG_DIM},
+        "aten::scatter_reduce": {"index": _ALONG_DIM},
+        "aten::scatter_reduce_": {"index": _ALONG_DIM},
+        "aten::index_add": {"index": _ALONG_DIM},
+        "aten::index_add_": {"index": _ALONG_DIM},
+        "aten::index_copy": {"index": _ALONG_DIM},
+        "aten::index_copy_": {"index": _ALONG_DIM},
+        "aten::index_fill": {"index": _ALONG_DIM},
+        "aten::index_fill_": {"index": _ALONG_DIM},
+        "aten::take_along_dim": {"indices": _ALONG_DIM},
+        "aten::index": {"indices": PerDim("self")},
+        "aten::index_put": {"indices": PerDim("self")},
+        "aten::index_put_": {"indices": PerDim("self")},
+        "aten::_index_put_impl_": {"indices": PerDim("self")},
+    },
+    take_rules={
+        "aten::take": ("index", "self"),
+        "aten::put": ("index", "self"),
+        "aten::put_": ("index", "self"),
+    },
+    # Ops that copy integral values from these inputs to their outputs unchanged (a
+    # selection, a reshape, a concatenation). A bound a consumer puts on the output also
+    # holds for the input, so an index tensor read through `y[mask]` stays in range.
+    value_preserving={
+        "aten::index": ("self",),
+        "aten::index_select": ("self",),
+        "aten::gather": ("self",),
+        "aten::masked_select": ("self",),
+        "aten::take_along_dim": ("self",),
+        "aten::clone": ("self",),
+        "aten::contiguous": ("self",),
+        "aten::to": ("self",),
+        "aten::_to_copy": ("self",),
+        "aten::copy_": ("src",),
+        "aten::repeat": ("self",),
+        "aten::repeat_interleave": ("self",),
+        "aten::flip": ("self",),
+        "aten::roll": ("self",),
+        "aten::reshape": ("self",),
+        "aten::flatten": ("self",),
+        "aten::cat": ("tensors",),
+        "aten::concat": ("tensors",),
+        "aten::stack": ("tensors",),
+        "aten::tile": ("self",),
+    },
+)

@@ -1,0 +1,35 @@
+"""Elementwise math: arguments inside each function's domain, probabilities in [0, 1]."""
+
+from __future__ import annotations
+
+from mystique_gen.oprules.base import OpFamily
+
+FAMILY = OpFamily(
+    name="math domains",
+    positive_args={
+        "aten::log": ("self",),
+        "aten::log2": ("self",),
+        "aten::log10": ("self",),
+        "aten::log_": ("self",),
+        "aten::sqrt": ("self",),
+        "aten::sqrt_": ("self",),
+        "aten::rsqrt": ("self",),
+    },
+    float_ranges={
+        "aten::bernoulli": {"self": (0.0, 1.0), "p": (0.0, 1.0)},
+        "aten::bernoulli_": {"p": (0.0, 1.0)},
+        "aten::multinomial": {"self": (0.1, 1.0)},
+        "aten::pow": {"self": (0.5, 1.5)},
+        "aten::pow_": {"self": (0.5, 1.5)},
+        "aten::log1p": {"self": (0.0, 1.0)},
+        "aten::lgamma": {"self": (0.5, 2.0)},
+        "aten::digamma": {"self": (0.5, 2.0)},
+        "aten::acos": {"self": (-0.9, 0.9)},
+        "aten::asin": {"self": (-0.9, 0.9)},
+        "aten::atanh": {"self": (-0.9, 0.9)},
+        "aten::acosh": {"self": (1.1, 2.0)},
+        "aten::reciprocal": {"self": (0.5, 1.5)},
+        "aten::div": {"other": (0.5, 1.5)},
+        "aten::div_": {"other": (0.5, 1.5)},
+    },
+)
