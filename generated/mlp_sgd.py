@@ -511,14 +511,18 @@ def _record_et(path, inputs, device, host):
     observer.unregister_callback()
 
 
-def _profile(directory, iters, inputs, device, host):
+def _profile(directory, iters, step, inputs, device, host, snapshot=()):
+    """A Kineto trace of `iters` iterations of `step` (the CUDA graph's replay under
+    --cuda-graph), each from the same inputs, as the timed ones ran."""
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     os.makedirs(directory, exist_ok=True)
     with profile(activities=activities) as prof:
         for _ in range(iters):
-            replay(inputs, device, host)
+            with _harness():
+                _reset(snapshot)
+            step(inputs, device, host)
         _sync(device)
     path = os.path.join(directory, "kineto_trace.json")
     prof.export_chrome_trace(path)
@@ -542,7 +546,12 @@ class _Local:
         """Flags beyond the common ones."""
 
     def device(self, args):
-        return torch.device(args.device)
+        """The device to run on, with an index where it is CUDA: set_device, streams
+        and memory queries need one ("cuda" alone means the current device)."""
+        device = torch.device(args.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
 
     def start(self, args, device):
         """Before the inputs are made (a distributed job joins its groups here)."""
@@ -642,7 +651,9 @@ def main(argv=None):
         _record_et(result["et"], inputs, device, host)
     if args.profile:
         directory = job.profile_dir(args.profile)
-        result["profile"] = _profile(directory, args.iters, inputs, device, host)
+        result["profile"] = _profile(
+            directory, args.iters, step, inputs, device, host, snapshot
+        )
     result.update(job.facts())
     job.finish()
     if not job.reports():

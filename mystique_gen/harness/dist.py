@@ -65,10 +65,11 @@ class _Ranks(_Local):
         )
 
     def device(self, args):
+        """Under torchrun, "cuda" means this process's local GPU."""
         device = torch.device(args.device)
         if device.type == "cuda" and device.index is None and _launched():
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return device
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return super().device(args)
 
     def start(self, args, device):
         """Join the process group and create the recorded groups."""
