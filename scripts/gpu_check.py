@@ -377,7 +377,8 @@ class Checker:
             self.env.pop(key, None)
         if cfg.dry_run:
             self.env["OMP_NUM_THREADS"] = "1"  # a shared CPU machine: one core per process
-        workers = max(1, min(4, (os.cpu_count() or 2) // 4))
+        # Two at least: a replay in the foreground often waits on the next file.
+        workers = max(2, min(4, (os.cpu_count() or 2) // 4))
         # Generation is CPU work, independent of the GPU: it runs in the background while
         # captures and replays use the device.
         self.pool = ThreadPoolExecutor(max_workers=workers)
@@ -502,17 +503,32 @@ class Checker:
         return not self.cuda and cpu_cost is not None and not self.cfg.big
 
     def prefetch(self) -> None:
-        """Queue the generations that need no capture, in the order the rows use them."""
-        if not SHARED.is_dir():
-            return
-        for name, trace, kineto, cpu_cost in TRACES:
-            if self.want(name) and not self.cpu_skip(cpu_cost):
-                self.generate(name.split(":")[1], self.trace_args(trace, kineto))
-        if self.want("dtype-bf16"):
-            self.generate(*self.bf16_job())
-        if self.want("nccl-1rank"):
-            self.generate("resnet50_comm", [str(SHARED / "param/resnet50_1gpu_et.json.gz"),
-                                            "--mode", "comm"])
+        """Queue every generation, in the order the rows use them."""
+        jobs: list[tuple[str, list[str]]] = []
+        for name in ("two_streams", "mlp"):
+            info = self.captures.get(name, {})
+            if "et" in info:  # the streams row needs the Kineto link, the graph row not
+                kineto = ["--kineto", info["kineto"]] if name == "two_streams" else []
+                jobs.append((f"cap_{name}", [info["et"], *kineto]))
+        if SHARED.is_dir():
+            for name, trace, kineto, cpu_cost in TRACES:
+                if self.want(name) and not self.cpu_skip(cpu_cost):
+                    jobs.append((name.split(":")[1], self.trace_args(trace, kineto)))
+            if self.want("dtype-bf16"):
+                jobs.append(self.bf16_job())
+            if self.want("nccl-1rank"):
+                jobs.append(("resnet50_comm", [str(SHARED / "param/resnet50_1gpu_et.json.gz"),
+                                               "--mode", "comm"]))
+        if self.want("device-map"):
+            jobs.append(self.device_map_job())
+        if self.want("memory-check"):
+            jobs.append(self.huge_job())
+        for name in FIDELITY_MODELS:
+            info = self.captures.get(name, {})
+            if "et" in info and self.want("fidelity"):
+                jobs.append((f"cap_{name}", [info["et"], "--kineto", info["kineto"]]))
+        for key, args in jobs:
+            self.generate(key, args)
 
     @staticmethod
     def trace_args(trace: str, kineto: str | None) -> list[str]:
@@ -536,12 +552,6 @@ class Checker:
             self.log(f"capture failed (rc {proc.returncode}): {_tail(proc.stderr, 1000)}")
             return
         self.captures = json.loads(path.read_text())
-        for name in names:  # generation of the captured models starts in the background
-            info = self.captures.get(name, {})
-            if "error" not in info and name != "mlp":
-                self.generate(f"cap_{name}", [info["et"], "--kineto", info["kineto"]])
-            elif "error" not in info:
-                self.generate("cap_mlp", [info["et"]])
 
     # 1. streams
     def streams(self) -> Row:
@@ -699,14 +709,20 @@ class Checker:
         return Row("nccl-2rank", OK, numbers, detail)
 
     # 6. device mapping and memory
-    def device_map(self) -> Row:
-        dev = "cuda:7"  # a device index this machine most likely lacks
+    RECORDED_ON = "cuda:7"  # a device index this machine most likely lacks
+
+    def device_map_job(self) -> tuple[str, list[str]]:
+        dev = self.RECORDED_ON
         a, b = _tensor(10, 11, (512, 256), dev), _tensor(12, 13, (256, 128), dev)
         c, d = _tensor(14, 15, (512, 128), dev), _tensor(16, 17, (512, 128), dev)
         trace = _synthetic_trace(self.cfg.work / "on_cuda7.et.json",
                                  [("aten::mm", MM, [a, b], [c]),
                                   ("aten::relu", RELU, [c], [d])])
-        bench = self.generated("device_map", [str(trace)])
+        return "device_map", [str(trace)]
+
+    def device_map(self) -> Row:
+        dev = self.RECORDED_ON
+        bench = self.generated("device_map", [])
         target = "cuda:0" if self.cuda else "cpu"
         prof = self.cfg.work / "prof_device_map"
         result, _ = self.bench(bench, "--device", target, "--warmup", "1", "--iters", "3",
@@ -723,13 +739,15 @@ class Checker:
             return Row("device-map", FAIL, numbers, "kernels not all on device 0: " + detail)
         return Row("device-map", OK, numbers, detail)
 
-    def memory_check(self) -> Row:
-        dev = "cuda:0"
-        huge = _tensor(10, 11, (2**19, 2**19), dev)  # 1 TiB of float32: fits nowhere
-        out = _tensor(12, 13, (2**19, 2**19), dev)
+    def huge_job(self) -> tuple[str, list[str]]:
+        huge = _tensor(10, 11, (2**19, 2**19), "cuda:0")  # 1 TiB of float32: fits nowhere
+        out = _tensor(12, 13, (2**19, 2**19), "cuda:0")
         trace = _synthetic_trace(self.cfg.work / "huge.et.json",
                                  [("aten::relu", RELU, [huge], [out])])
-        bench = self.generated("huge", [str(trace)])
+        return "huge", [str(trace)]
+
+    def memory_check(self) -> Row:
+        bench = self.generated("huge", [])
         result, proc = self.bench(bench, "--device", self.device, "--warmup", "0", "--iters",
                                   "1", "--json", timeout=120, expect_ok=False)
         if result is not None:
