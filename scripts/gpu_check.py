@@ -369,6 +369,10 @@ class Checker:
         self.cuda = cuda and not cfg.dry_run
         self.gpus = gpus if self.cuda else 0
         self.device = "cuda" if self.cuda else "cpu"
+        # Files with collectives (the ResNet-50 DDP trace) crash on a bare `--device cuda`
+        # outside torchrun (`torch.cuda.set_device` needs an index; the nccl-1rank row
+        # reports that): the rows that test something else name the GPU.
+        self.indexed = "cuda:0" if self.cuda else "cpu"
         self.start = time.monotonic()
         self.rows: list[Row] = []
         self.env = {**os.environ}
@@ -601,7 +605,7 @@ class Checker:
             return Row(name, SKIP, detail=f"{cpu_cost} on cpu: runs on cuda, or pass --big")
         key = name.split(":")[1]
         bench = self.generated(key, self.trace_args(trace, kineto))
-        args = ["--device", self.device, "--warmup", "0", "--iters", "1", "--json"]
+        args = ["--device", self.indexed, "--warmup", "0", "--iters", "1", "--json"]
         prof = self.cfg.work / f"prof_{key}"
         if kineto:
             args += ["--profile", str(prof)]
@@ -651,7 +655,7 @@ class Checker:
             return Row("dtype-bf16", SKIP, detail=f"shared traces not found at {SHARED}")
         key, args = self.bf16_job()
         bench = self.generated(key, args)
-        result, _ = self.bench(bench, "--device", self.device, "--warmup", "0", "--iters",
+        result, _ = self.bench(bench, "--device", self.indexed, "--warmup", "0", "--iters",
                                "1", "--json", timeout=300)
         text = bench.read_text()
         if "torch.bfloat16" not in text:
@@ -666,8 +670,16 @@ class Checker:
             return Row("nccl-1rank", SKIP, detail=f"shared traces not found at {SHARED}")
         bench = self.generated("resnet50_comm", [])
         backend = "nccl" if self.cuda else "gloo"
-        result, _ = self.bench(bench, "--device", self.device, "--backend", backend,
-                               "--warmup", "1", "--iters", "3", "--json")
+        args = ["--backend", backend, "--warmup", "1", "--iters", "3", "--json"]
+        # `--device cuda` is what a vendor types; if it fails, `cuda:0` still tells
+        # whether nccl itself works.
+        result, proc = self.bench(bench, "--device", self.device, *args, expect_ok=False)
+        bare = None
+        if result is None:
+            bare = f"--device {self.device} failed (rc {proc.returncode}): {_tail(proc.stderr)}"
+            if not self.cuda:
+                raise CheckFailed(bare)
+            result, _ = self.bench(bench, "--device", self.indexed, *args)
         numbers = f"iter {result['iter_ms_median']:.3f} ms, {result['ops']} collectives"
         detail = (f"resnet50 DDP collectives (--mode comm): distributed="
                   f"{result.get('distributed')}, backend {result.get('backend')}, world size "
@@ -675,6 +687,8 @@ class Checker:
         if not (result.get("distributed") is True and result.get("world_size") == 1
                 and result.get("backend") == backend and result["ops"] > 0):
             return Row("nccl-1rank", FAIL, numbers, "expected a one-rank group: " + detail)
+        if bare is not None:
+            return Row("nccl-1rank", FAIL, numbers, f"{bare}; with {self.indexed}: {detail}")
         if not self.cuda:
             return Row("nccl-1rank", SKIP, numbers, f"nccl needs CUDA; ran on gloo: {detail}")
         return Row("nccl-1rank", OK, numbers, detail)
