@@ -847,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --dry-run: also the ResNet-50 and GPT-2 traces and 2 gloo ranks")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop starting steps after this many seconds (default: 330, "
-                   "dry run 170; --big: 900)")
+                   "dry run 300; --big: 900)")
     p.add_argument("--only", default=None, help=f"comma-separated rows of: {', '.join(ROWS)}")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args(argv)
@@ -860,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
               "False)\ngpu_check: run this on a machine with an NVIDIA GPU and a CUDA build "
               "of torch, or pass --dry-run to run the CPU parts", file=sys.stderr)
         return EXIT_NO_CUDA
-    budget = args.budget_s or (900 if args.big else 170 if args.dry_run else 330)
+    budget = args.budget_s or (900 if args.big else 300 if args.dry_run else 330)
     temp = None if args.workdir else tempfile.mkdtemp(prefix="gpu_check_")
     work = Path(args.workdir or temp).resolve()  # type: ignore[arg-type]
     work.mkdir(parents=True, exist_ok=True)

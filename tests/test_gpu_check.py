@@ -55,7 +55,7 @@ def test_without_cuda_and_without_dry_run_it_exits_3(tmp_path):
 def test_dry_run_prints_every_row_and_none_fails(tmp_path):
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", str(tmp_path / "work"),
-                           "--json", str(out)], capture_output=True, text=True, timeout=300,
+                           "--json", str(out)], capture_output=True, text=True, timeout=420,
                           cwd=ROOT, env=_env())
     gc = _module()
     table = proc.stdout
