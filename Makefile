@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test test-fast lint bench regen clean
+.PHONY: install demo test test-fast lint bench regen gpu-check clean
 
 install: $(STAMP)
 
@@ -38,6 +38,11 @@ bench: install
 
 regen: install
 	$(BIN)/python scripts/regen.py
+
+# One run that proves every CUDA path (about 3-6 minutes on one GPU; exit 3 without CUDA).
+# `make gpu-check GPU_CHECK_ARGS=--dry-run` runs the CPU parts here.
+gpu-check: install
+	PY=$(BIN)/python scripts/gpu_check.sh $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
