@@ -25,7 +25,16 @@ from mystique_gen.backends import distributed as dist_backend
 from mystique_gen.backends import single as single_backend
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.errors import MystiqueError, OptionError
-from mystique_gen.ir import NotReplayed, Op, Program, TraceInfo, iter_tensors
+from mystique_gen.ir import (
+    Diagnostic,
+    Op,
+    Program,
+    TraceInfo,
+    filter_applied,
+    guarded,
+    iter_tensors,
+    note,
+)
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes import autograd, hostgaps, link, public_calls, streams
 from mystique_gen.passes.comms import CommLowering
@@ -97,7 +106,7 @@ class Part:
 
     info: TraceInfo
     ops: list[Op]
-    not_replayed: list[NotReplayed]
+    not_replayed: list[Diagnostic]
     threads: list[int]
     filters: list[str]
     recorded: RecordedValues
@@ -157,9 +166,11 @@ def lower_sources(program: Program, build: Build) -> Program:
     else:
         threads = sorted({t for p in parts for t in p.threads})
     info = parts[0].info if len(parts) == 1 else combined_info([p.info for p in parts])
+    reported = [filter_applied(line) for line in lines]
+    reported += [s for p in parts for s in p.not_replayed]
+    reported += [guarded(op.node_id, op.name, op.guard) for op in ops if op.guard]
     return replace(program, trace=info, ops=ops, threads=threads,
-                   not_replayed=[s for p in parts for s in p.not_replayed],
-                   filters=program.filters + lines)
+                   diagnostics=program.diagnostics + reported)
 
 
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
@@ -180,8 +191,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     not_replayed = sorted(kept.not_replayed + lowering_skips, key=lambda s: s.node_id)
     if options.compose is not None:
         # Node ids of different traces overlap: say which trace each one is from.
-        not_replayed = [NotReplayed(s.node_id, f"trace {k + 1}: {s.name}", s.reason)
-                        for s in not_replayed]
+        not_replayed = [replace(s, name=f"trace {k + 1}: {s.name}") for s in not_replayed]
     info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count)
     return Part(info, ops, not_replayed, kept.threads, lines, recorded, comm)
 
@@ -196,7 +206,7 @@ def plan_storage(program: Program, build: Build) -> Program:
     primary = max(accelerators, key=lambda d: devices[d]) if accelerators else "cpu"
     return replace(program, storages=plan.storages, devices=sorted(devices),
                    primary_device=primary, peak_bytes=plan.peak_bytes,
-                   notes=program.notes + plan.notes)
+                   diagnostics=program.diagnostics + [note(n) for n in plan.notes])
 
 
 def fill_values(program: Program, build: Build) -> Program:
@@ -221,7 +231,7 @@ def call_public_functions(program: Program, build: Build) -> Program:
 def place_comm_waits(program: Program, build: Build) -> Program:
     """Waits of each block's collectives; the one communicating trace's DistInfo."""
     infos = {}
-    notes = list(program.notes)
+    notes: list[str] = []
     for part, block in build.blocks:
         first = id(part) not in infos
         # Each copy places its own waits; notes are the trace's, said once.
@@ -234,7 +244,8 @@ def place_comm_waits(program: Program, build: Build) -> Program:
         raise OptionError("--compose: more than one trace communicates "
                           f"({', '.join(name for name, _ in found)}); composing distributed "
                           "traces is not supported")
-    return replace(program, notes=notes, distributed=found[0][1] if found else None)
+    return replace(program, diagnostics=program.diagnostics + [note(n) for n in notes],
+                   distributed=found[0][1] if found else None)
 
 
 def link_kineto(program: Program, build: Build) -> Program:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mystique_gen.diagnostics import Diagnostic, Level
+
 
 class MystiqueError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
@@ -15,13 +17,8 @@ class TraceError(MystiqueError):
     """The trace is malformed. Carries the node id and field at fault where known."""
 
     def __init__(self, message: str, *, node_id: int | None = None, field: str | None = None):
+        self.diagnostic = Diagnostic(Level.ERROR, message, node_id, field)
         self.node_id = node_id
         self.field = field
         self.message = message
-        where = []
-        if node_id is not None:
-            where.append(f"node {node_id}")
-        if field is not None:
-            where.append(f"field {field!r}")
-        prefix = (", ".join(where) + ": ") if where else ""
-        super().__init__(prefix + message)
+        super().__init__(str(self.diagnostic))

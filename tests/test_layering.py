@@ -1,6 +1,6 @@
 """The package's imports go one way: each layer imports only the layers below it.
 
-    harness < core (errors, constants, options, progress) < ir < sources < oprules
+    harness < core (errors, diagnostics, constants, options, progress) < ir < sources < oprules
     < passes < backends < driver < tools < cli
 
 No module imports inside a function (except optional dependencies such as
@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mystique_gen"
 # Lowest first. A module's layer is its first path component under mystique_gen/.
 LAYERS: list[set[str]] = [
     {"harness"},
-    {"__init__", "errors", "constants", "options", "progress"},
+    {"__init__", "errors", "diagnostics", "constants", "options", "progress"},
     {"ir"},
     {"sources"},
     {"oprules"},

@@ -21,6 +21,7 @@ from mystique_gen.ir import (
     DerivedView,
     DeviceValue,
     InputView,
+    Level,
     ListValue,
     Literal,
     Op,
@@ -351,11 +352,12 @@ class CodeGen:
             shown = ", ".join(str(i) for i in ids[:6]) + (", ..." if len(ids) > 6 else "")
             lines.append(f"  - {d(name, 60)} x{len(ids)}: {d(reason, 200)}")
             lines.append(f"    nodes {shown}")
-        guarded = Counter(op.name for op in p.ops if op.guard)
+        guarded = p.reported(Level.GUARDED)
         if guarded:
             lines += ["", "Ops skipped at run time where unavailable (outputs stand in):"]
-            reasons = {op.name: op.guard for op in p.ops if op.guard}
-            lines += [f"  - {n} x{c}: {d(reasons[n] or '', 120)}" for n, c in guarded.items()]
+            counts = Counter(g.name for g in guarded)
+            reasons = {g.name: g.reason for g in guarded}
+            lines += [f"  - {n} x{c}: {d(reasons[n], 120)}" for n, c in counts.items()]
         if p.notes:
             lines += ["", "Notes:"] + [f"  - {d(n, 200)}" for n in p.notes]
         return wrap(lines)

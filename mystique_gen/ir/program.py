@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+from mystique_gen.diagnostics import Diagnostic, Level
 from mystique_gen.errors import MystiqueError
 from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir.dist import CommInfo, DistInfo
@@ -237,13 +238,6 @@ class ProgramTiming:
     tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
 
 
-@dataclass(frozen=True)
-class NotReplayed:
-    node_id: int
-    name: str
-    reason: str
-
-
 @dataclass
 class TraceInfo:
     name: str
@@ -257,17 +251,32 @@ class Program:
     trace: TraceInfo
     ops: list[Op] = field(default_factory=list)
     storages: list[Storage] = field(default_factory=list)
-    not_replayed: list[NotReplayed] = field(default_factory=list)
     threads: list[int] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     primary_device: str = "cpu"  # the recorded device kind that --device replaces
     peak_bytes: int = 0  # estimated peak memory of one iteration, inputs included
-    filters: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    # Every fact reported about the trace: nodes not replayed, guarded ops, filters
+    # applied, notes (the docstring, inspect and errors render from these).
+    diagnostics: list[Diagnostic] = field(default_factory=list)
     timing: ProgramTiming | None = None  # set when a Kineto trace is linked
     streams: list[StreamInfo] = field(default_factory=list)  # recorded streams, main first
     threaded: bool = False  # replay each distinct Op.thread on its own Python thread
     distributed: DistInfo | None = None  # ranks and process groups (passes/ranks.py)
+
+    def reported(self, level: Level) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.level is level]
+
+    @property
+    def not_replayed(self) -> list[Diagnostic]:
+        return self.reported(Level.NOT_REPLAYED)
+
+    @property
+    def filters(self) -> list[str]:
+        return [d.reason for d in self.reported(Level.FILTER)]
+
+    @property
+    def notes(self) -> list[str]:
+        return [d.reason for d in self.reported(Level.NOTE)]
 
     @classmethod
     def empty(cls, name: str = "reference") -> Program:
@@ -303,7 +312,6 @@ __all__ = [
     "KernelRecord",
     "ListValue",
     "Literal",
-    "NotReplayed",
     "Op",
     "OpOutput",
     "OpTiming",

@@ -19,13 +19,14 @@ from mystique_gen.constants import HARNESS_SCOPE
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import (
     Arg,
+    Diagnostic,
     ListValue,
     Literal,
-    NotReplayed,
     Op,
     Value,
     iter_leaves,
     iter_tensors,
+    not_replayed,
 )
 from mystique_gen.ir.dist import CommInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import Signature
@@ -44,16 +45,16 @@ from mystique_gen.sources.et import RawArg, RawTrace
 
 
 def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
-               groups: list[ProcessGroupSpec], default_group: int) -> Op | NotReplayed:
+               groups: list[ProcessGroupSpec], default_group: int) -> Op | Diagnostic:
     """One c10d op as an :class:`Op` carrying a :class:`CommInfo`; tensors stay IR values
     so the tensor pass gives them real dataflow bindings."""
     node = sel.node
     name = sig.qualified_name
     if name in oprules.COMM_NOT_REPLAYED:
-        return NotReplayed(node.id, name, oprules.COMM_NOT_REPLAYED[name])
+        return not_replayed(node.id, name, oprules.COMM_NOT_REPLAYED[name])
     rule = oprules.COMM_OPS.get(name)
     if rule is None:
-        return NotReplayed(node.id, name, "no torch.distributed equivalent is known")
+        return not_replayed(node.id, name, "no torch.distributed equivalent is known")
     raw = {spec.name: (i, spec, node.inputs[i]) for i, spec in enumerate(sig.args)
            if i < len(node.inputs)}
     args: list[Arg] = []
@@ -69,7 +70,7 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
             if refused in raw and not _none(raw[refused][2].value):
                 raise Unsupported(why)
     except Unsupported as exc:
-        return NotReplayed(node.id, name, str(exc))
+        return not_replayed(node.id, name, str(exc))
 
     facts = scan.ops.get(node.id)
     group = group_index(facts, groups)
@@ -206,7 +207,7 @@ class CommLowering:
         self.default_group = default_group_index(self.groups) if self.groups else 0
         self.world_size = world_size(self.scan.groups, list(self.scan.ops.values())) or 1
 
-    def lower(self, sel: Selected, sig: Signature, index: int) -> Op | NotReplayed:
+    def lower(self, sel: Selected, sig: Signature, index: int) -> Op | Diagnostic:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
         op = lower_comm(sel, sig, index, self.scan, groups, self.default_group)
         if (isinstance(op, Op) and op.comm is not None and op.comm.group < len(self.groups)

@@ -4,7 +4,7 @@ Arguments are decoded by the schema's argument type, not by guessing from the
 recorded value: an ``int`` recorded for a ``ScalarType?`` argument becomes
 ``torch.float32``, a device string becomes the benchmark's device, a tensor record
 becomes a :class:`TensorValue` with its full view metadata. Problems with one node
-become :class:`NotReplayed` values; malformed records raise :class:`TraceError`.
+become ``not replayed`` diagnostics; malformed records raise :class:`TraceError`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from mystique_gen.errors import TraceError
 from mystique_gen.ir import (
     Arg,
     DeviceValue,
+    Diagnostic,
     ListValue,
     Literal,
-    NotReplayed,
     Op,
     TensorMeta,
     TensorValue,
     TorchConstant,
     Value,
     contiguous_strides,
+    not_replayed,
 )
 from mystique_gen.ir.dtypes import (
     LAYOUT_CODES,
@@ -41,7 +42,7 @@ from mystique_gen.passes.select import Selected
 from mystique_gen.sources.et import RawArg
 
 # Lowers one c10d op (passes/comms.py): (selected node, signature, op index).
-CommHook = Callable[[Selected, Signature, int], "Op | NotReplayed"]
+CommHook = Callable[[Selected, Signature, int], "Op | Diagnostic"]
 
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
@@ -52,18 +53,18 @@ class Unsupported(Exception):
 
 
 def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
-              release: bool = False) -> tuple[list[Op], list[NotReplayed]]:
+              release: bool = False) -> tuple[list[Op], list[Diagnostic]]:
     """``comm`` lowers ``c10d::`` ops (passes/comms.py); without it they are not replayed.
     ``release``: drop each node's recorded arguments once lowered, so that the trace
     shrinks while the IR grows (peak memory: about one of them, not both)."""
     ops: list[Op] = []
-    skipped: list[NotReplayed] = []
+    skipped: list[Diagnostic] = []
     for sel in _consumed(selected, release):
         node = sel.node
         try:
             sig = parse_signature(node.op_schema)
         except SchemaError as exc:
-            skipped.append(NotReplayed(node.id, _short(node.name), str(exc)))
+            skipped.append(not_replayed(node.id, _short(node.name), str(exc)))
             continue
         if comm is not None and sig.namespace == "c10d":
             lowered = comm(sel, sig, len(ops))
@@ -74,13 +75,13 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
             continue
         reason = _not_replayed_reason(sig)
         if reason:
-            skipped.append(NotReplayed(node.id, sig.qualified_name, reason))
+            skipped.append(not_replayed(node.id, sig.qualified_name, reason))
             continue
         try:
             args = _decode_args(sig, node.inputs, node.id)
             outputs = _decode_outputs(sig, node.outputs, node.id)
         except Unsupported as exc:
-            skipped.append(NotReplayed(node.id, sig.qualified_name, str(exc)))
+            skipped.append(not_replayed(node.id, sig.qualified_name, str(exc)))
             continue
         seq_id = node.attrs.get("seq_id")
         ops.append(Op(

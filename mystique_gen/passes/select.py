@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mystique_gen.errors import TraceError
-from mystique_gen.ir import NotReplayed
+from mystique_gen.ir import Diagnostic, not_replayed
 from mystique_gen.ir.schema import is_op_name
 from mystique_gen.sources.et import RawNode, RawTrace
 
@@ -28,7 +28,7 @@ class Selected:
 @dataclass
 class Selection:
     ops: list[Selected]
-    not_replayed: list[NotReplayed]
+    not_replayed: list[Diagnostic]
     threads: list[int]
     covered: list[RawNode] = field(default_factory=list)  # nodes inside selected ops
 
@@ -68,7 +68,7 @@ def select_ops(trace: RawTrace) -> Selection:
     has_children = {n.parent for n in trace.nodes if n.parent != n.id}
     selected: list[Selected] = []
     covered: list[RawNode] = []
-    not_replayed: list[NotReplayed] = []
+    skipped: list[Diagnostic] = []
     threads: set[int] = set()
     for node in trace.nodes:
         parent = by_id.get(node.parent) if node.parent != node.id else None
@@ -82,14 +82,14 @@ def select_ops(trace: RawTrace) -> Selection:
             threads.add(node.tid)
         elif node.attrs.get("kernel_backend"):
             backend = str(node.attrs.get("kernel_backend"))[:40]
-            not_replayed.append(NotReplayed(
+            skipped.append(not_replayed(
                 node.id, _display(node.name),
                 f"{backend} kernel compiled for the recording machine; not portable"))
         elif node.name == "record_param_comms":
             pass  # metadata of the enclosing communication op
         elif is_op_name(node.name) and node.id not in has_children:
-            not_replayed.append(NotReplayed(node.id, node.name, "no operator schema recorded"))
-    return Selection(selected, not_replayed, sorted(threads), covered)
+            skipped.append(not_replayed(node.id, node.name, "no operator schema recorded"))
+    return Selection(selected, skipped, sorted(threads), covered)
 
 
 # Covered nodes whose arguments later passes read: collectives' metadata (passes/comms.py).

@@ -10,7 +10,7 @@ from typing import Any
 
 from mystique_gen import oprules
 from mystique_gen.driver import check_trace_count, load_source, run_passes
-from mystique_gen.ir import Program, iter_tensors
+from mystique_gen.ir import Level, Program, iter_tensors
 from mystique_gen.ir.schema import is_op_name
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.deps import critical_path_length, dependency_graph
@@ -70,7 +70,8 @@ def summarize(trace: RawTrace, program: Program) -> dict[str, Any]:
             {"node_id": s.node_id, "name": s.name, "reason": s.reason}
             for s in program.not_replayed
         ],
-        "guarded_ops": dict(sorted(Counter(op.name for op in program.ops if op.guard).items())),
+        "guarded_ops": dict(sorted(Counter(d.name for d in program.diagnostics
+                                           if d.level is Level.GUARDED).items())),
         "filters": program.filters,  # what --mode/--include/--compose/... kept and changed
         "notes": program.notes,
     }
