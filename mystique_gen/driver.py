@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mystique_gen import progress
 from mystique_gen.backends import distributed as dist_backend
 from mystique_gen.backends import single as single_backend
 from mystique_gen.backends.base import GenerateOptions
@@ -376,6 +377,7 @@ def render(compiled: Compiled, options: GenerateOptions | None = None) -> str:
     """The benchmark's text from the backend that fits: distributed where any rank
     communicates, single-process otherwise."""
     backend = dist_backend if compiled.distributed else single_backend
+    progress.phase("rendering and checking")
     return backend.render(compiled.programs, compiled.ranks, options or GenerateOptions(),
                           compiled.rank_source)
 
