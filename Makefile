@@ -30,7 +30,7 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check mystique_gen tests scripts examples
-	$(BIN)/black --check -q -l 88 generated mystique_gen/harness
+	$(BIN)/black --check -q -l 88 generated tests/golden mystique_gen/harness
 
 bench: install
 	$(BIN)/python -m pip install -q -e '.[bench]'

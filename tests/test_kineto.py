@@ -22,8 +22,9 @@ from mystique_gen.sources.et import load_trace
 from mystique_gen.sources.kineto import kineto_from_document, load_kineto
 from mystique_gen.tools.capture import capture
 from tests.conftest import last_json, run_benchmark
+from tests.golden_cases import kineto_doc, two_stream, two_threads
 from tests.models import MODELS
-from tests.tracebuilder import ADD_, MM, RELU, TraceBuilder
+from tests.tracebuilder import ADD_, RELU, TraceBuilder
 
 # -- a captured ET + Kineto pair (newer ids), and older-id variants of it ----------------
 
@@ -159,48 +160,6 @@ def test_kineto_loader_errors_are_clean():
 # -- synthetic traces: a two-stream schedule, two host threads ---------------------------
 
 
-def _kineto_doc(tb: TraceBuilder, spans: dict[int, tuple[float, float, list[int]]]) -> dict:
-    """A Kineto document for ``tb``: node id -> (ts, dur, streams of its kernels)."""
-    events: list[dict] = []
-    corr = 500
-    for node in tb.nodes:
-        if node["id"] not in spans:
-            continue
-        attrs = {a["name"]: a["value"] for a in node["attrs"]}
-        ts, dur, streams = spans[node["id"]]
-        tid = 100 + attrs["tid"]
-        events.append({"ph": "X", "cat": "cpu_op", "name": node["name"], "pid": 1, "tid": tid,
-                       "ts": ts, "dur": dur, "args": {"Record function id": attrs["rf_id"],
-                                                      "External id": attrs["rf_id"]}})
-        for i, stream in enumerate(streams):
-            corr += 1
-            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
-                           "pid": 1, "tid": tid, "ts": ts + 1 + i, "dur": 1,
-                           "args": {"correlation": corr}})
-            events.append({"ph": "X", "cat": "kernel", "name": f"k{corr}", "pid": 0,
-                           "tid": stream, "ts": ts + 10, "dur": 4.0,
-                           "args": {"stream": stream, "correlation": corr}})
-    return {"traceEvents": events}
-
-
-def _two_stream(tmp_path):
-    tb = TraceBuilder()
-    x, w = tb.tensor((4, 4)), tb.tensor((4, 4))
-    a, b, c = tb.tensor((4, 4)), tb.tensor((4, 4)), tb.tensor((4, 4))
-    e = tb.tensor((4, 4))
-    n1 = tb.op(MM, [x, w], [a])
-    n2 = tb.op(RELU, [a], [b])
-    n3 = tb.op(MM, [b, w], [c])
-    n4 = tb.op(ADD_, [a, c, 1], [a])
-    n5 = tb.op(RELU, [a], [e])
-    spans = {n1: (0, 10, [7]), n2: (20, 10, [20]), n3: (40, 10, [20]), n4: (60, 10, [7]),
-             n5: (80, 10, [7, 7])}
-    et = tb.write(tmp_path / "two_stream.et.json")
-    kineto = tmp_path / "two_stream.kineto.json"
-    kineto.write_text(json.dumps(_kineto_doc(tb, spans)))
-    return et, kineto
-
-
 TWO_STREAM_REPLAY = """\
     st0 = _stream(0)
     t0 = aten_mm(x0, x1)
@@ -225,7 +184,7 @@ TWO_STREAM_REPLAY = """\
 
 
 def test_two_stream_trace_emits_streams_and_events(tmp_path):
-    et, kineto = _two_stream(tmp_path)
+    et, kineto = two_stream(tmp_path)
     program = compile_trace(et, kineto=kineto)
     assert [(s.stream, s.ops, s.kernels, s.main) for s in program.streams] == [
         (7, 3, 4, True), (20, 2, 2, False)]
@@ -248,31 +207,19 @@ def test_stream_waits_follow_in_place_writes(tmp_path):
     n2 = tb.op(RELU, [w], [a])  # side: reads w
     et = tb.write(tmp_path / "t.et.json")
     kineto = tmp_path / "t.kineto.json"
-    kineto.write_text(json.dumps(_kineto_doc(tb, {n1: (0, 5, [7, 7]), n2: (10, 5, [9])})))
+    kineto.write_text(json.dumps(kineto_doc(tb, {n1: (0, 5, [7, 7]), n2: (10, 5, [9])})))
     program = compile_trace(et, kineto=kineto)
     assert [op.stream for op in program.ops] == [None, 9]
     assert program.ops[1].stream_waits == [0]
 
 
-def _two_threads(tmp_path):
-    tb = TraceBuilder()
-    x, w = tb.tensor((4, 4)), tb.tensor((4, 4))
-    a, b, c, d = (tb.tensor((4, 4)) for _ in range(4))
-    tb.op(MM, [x, w], [a], tid=1)
-    tb.op(RELU, [a], [b], tid=2)  # reads thread 1's value
-    tb.op(MM, [x, x], [c], tid=1)
-    tb.op(MM, [b, c], [d], tid=1)  # reads thread 2's value
-    tb.op(RELU, [b], [tb.tensor((4, 4))], tid=2)
-    return tb.write(tmp_path / "threads.et.json")
-
-
 def test_threads_default_is_one_replay_thread(tmp_path):
-    text = generate(_two_threads(tmp_path), tmp_path / "b.py")
+    text = generate(two_threads(tmp_path), tmp_path / "b.py")
     assert "def thread_" not in text and "_run_threads(" not in text.split("def replay")[1]
 
 
 def test_threads_replay_each_host_thread(tmp_path):
-    et = _two_threads(tmp_path)
+    et = two_threads(tmp_path)
     program = compile_trace(et, options=BuildOptions(threads=True))
     assert program.threaded
     assert [op.thread_waits for op in program.ops] == [[], [0], [], [1], []]
@@ -292,7 +239,7 @@ def test_threads_replay_each_host_thread(tmp_path):
 
 def test_schedule_is_general_over_assigned_streams(tmp_path):
     """Another pass (``--compose``) may set Op.stream/Op.thread itself and plan waits."""
-    et = _two_threads(tmp_path)
+    et = two_threads(tmp_path)
     program = compile_trace(et)
     for op in program.ops:
         op.stream = None if op.thread == 1 else 5
@@ -328,7 +275,7 @@ def test_gap_literal():
 
 
 def test_generation_is_deterministic(tmp_path):
-    et, kineto = _two_stream(tmp_path)
+    et, kineto = two_stream(tmp_path)
     first = generate(et, tmp_path / "a.py", kineto=kineto)
     second = generate(copy.copy(et), tmp_path / "b.py", kineto=kineto)
     assert first == second
