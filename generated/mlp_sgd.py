@@ -460,7 +460,7 @@ def _snapshot(inputs, device, mode):
     they drift over many iterations (to inf/NaN, which changes kernel speed).
     """
     storages = {}
-    for t in inputs:
+    for t in inputs.values():
         storage = t.untyped_storage()
         storages.setdefault(storage.data_ptr(), storage)
     if mode == "off" or not storages:
@@ -672,30 +672,30 @@ def main(argv=None):
 
 
 # Operators, resolved once; every call below goes straight to the dispatcher.
-aten_linear = _op(lambda: torch.nn.functional.linear, "aten::linear.default")
-aten_relu = _op(lambda: torch.relu, "aten::relu.default")
+aten__log_softmax_backward_data = _op(
+    lambda: torch._log_softmax_backward_data, "aten::_log_softmax_backward_data.default"
+)
+aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
 aten_cross_entropy_loss = _op(
     lambda: torch.ops.aten.cross_entropy_loss.default,
     "aten::cross_entropy_loss.default",
 )
-aten_ones_like = _op(lambda: torch.ones_like, "aten::ones_like.default")
+aten_detach = _op(lambda: torch.detach, "aten::detach.default")
+aten_linear = _op(lambda: torch.nn.functional.linear, "aten::linear.default")
+aten_mm = _op(lambda: torch.mm, "aten::mm.default")
+aten_mul__Tensor = _op(lambda: torch.Tensor.mul_, "aten::mul_.Tensor")
 aten_nll_loss_backward = _op(
     lambda: torch.ops.aten.nll_loss_backward.default, "aten::nll_loss_backward.default"
 )
-aten__log_softmax_backward_data = _op(
-    lambda: torch._log_softmax_backward_data, "aten::_log_softmax_backward_data.default"
-)
-aten_t = _op(lambda: torch.t, "aten::t.default")
-aten_mm = _op(lambda: torch.mm, "aten::mm.default")
+aten_ones_like = _op(lambda: torch.ones_like, "aten::ones_like.default")
+aten_relu = _op(lambda: torch.relu, "aten::relu.default")
 aten_sum_dim_IntList = _op(lambda: torch.sum, "aten::sum.dim_IntList")
-aten_view = _op(lambda: torch.Tensor.view, "aten::view.default")
-aten_detach = _op(lambda: torch.detach, "aten::detach.default")
+aten_t = _op(lambda: torch.t, "aten::t.default")
 aten_threshold_backward = _op(
     lambda: torch.ops.aten.threshold_backward.default,
     "aten::threshold_backward.default",
 )
-aten_mul__Tensor = _op(lambda: torch.Tensor.mul_, "aten::mul_.Tensor")
-aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
+aten_view = _op(lambda: torch.Tensor.view, "aten::view.default")
 
 # Recorded outputs of guarded ops: [dtype, shape, strides, device] per tensor.
 _FALLBACKS = []
@@ -703,30 +703,34 @@ _FALLBACKS = []
 
 def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
-    s0 = _fill(16384, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
-    x0 = s0.as_strided([64, 256], [256, 1], 0)
-    x0.requires_grad_()
-    s1 = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
-    x1 = s1.as_strided([256, 256], [256, 1], 0)
-    x1.requires_grad_()
-    s2 = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
-    x2 = s2.as_strided([256], [1], 0)
-    x2.requires_grad_()
-    s3 = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
-    x3 = s3.as_strided([256, 256], [256, 1], 0)
-    x3.requires_grad_()
-    s4 = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
-    x4 = s4.as_strided([256], [1], 0)
-    x4.requires_grad_()
-    s5 = _fill(2560, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
-    x5 = s5.as_strided([10, 256], [256, 1], 0)
-    x5.requires_grad_()
-    s6 = _fill(10, torch.float32, device, "uniform", -1.0, 1.0, gens)
-    x6 = s6.as_strided([10], [1], 0)
-    x6.requires_grad_()
-    s7 = _fill(64, torch.int64, device, "span", 0, 9, gens)
-    x7 = s7.as_strided([64], [1], 0)
-    s8 = _fill(
+    linear_x_buf = _fill(16384, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
+    linear_x = linear_x_buf.as_strided([64, 256], [256, 1], 0)
+    linear_x.requires_grad_()
+    linear_w_buf = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
+    linear_w = linear_w_buf.as_strided([256, 256], [256, 1], 0)
+    linear_w.requires_grad_()
+    linear_b_buf = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    linear_b = linear_b_buf.as_strided([256], [1], 0)
+    linear_b.requires_grad_()
+    linear_w_256x256_buf = _fill(
+        65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens
+    )
+    linear_w_256x256 = linear_w_256x256_buf.as_strided([256, 256], [256, 1], 0)
+    linear_w_256x256.requires_grad_()
+    linear_b_256_buf = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    linear_b_256 = linear_b_256_buf.as_strided([256], [1], 0)
+    linear_b_256.requires_grad_()
+    linear_w_10x256_buf = _fill(
+        2560, torch.float32, device, "uniform", -0.0625, 0.0625, gens
+    )
+    linear_w_10x256 = linear_w_10x256_buf.as_strided([10, 256], [256, 1], 0)
+    linear_w_10x256.requires_grad_()
+    linear_b_10_buf = _fill(10, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    linear_b_10 = linear_b_10_buf.as_strided([10], [1], 0)
+    linear_b_10.requires_grad_()
+    target_buf = _fill(64, torch.int64, device, "span", 0, 9, gens)
+    target = target_buf.as_strided([64], [1], 0)
+    nll_loss_backward_x_buf = _fill(
         640,
         torch.float32,
         device,
@@ -735,207 +739,216 @@ def make_inputs(device, host, gens):
         0.31622776601683794,
         gens,
     )
-    x8 = s8.as_strided([64, 10], [10, 1], 0)
-    s9 = _fill(1, torch.float32, device, "uniform", 0.95, 1.0, gens)
-    x9 = s9.as_strided([], [], 0)
-    x10 = s5.as_strided([256, 10], [1, 256], 0)
-    x10.requires_grad_()
-    x11 = s3.as_strided([256, 256], [1, 256], 0)
-    x11.requires_grad_()
-    s10 = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
-    x12 = s10.as_strided([256, 256], [256, 1], 0)
-    s11 = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
-    x13 = s11.as_strided([], [], 0)
-    s12 = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
-    x14 = s12.as_strided([256], [1], 0)
-    s13 = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
-    x15 = s13.as_strided([], [], 0)
-    s14 = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
-    x16 = s14.as_strided([256, 256], [256, 1], 0)
-    s15 = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
-    x17 = s15.as_strided([], [], 0)
-    s16 = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
-    x18 = s16.as_strided([256], [1], 0)
-    s17 = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
-    x19 = s17.as_strided([], [], 0)
-    s18 = _fill(2560, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
-    x20 = s18.as_strided([10, 256], [256, 1], 0)
-    s19 = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
-    x21 = s19.as_strided([], [], 0)
-    s20 = _fill(10, torch.float32, device, "uniform", -1.0, 1.0, gens)
-    x22 = s20.as_strided([10], [1], 0)
-    s21 = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
-    x23 = s21.as_strided([], [], 0)
-    return [
-        x0,
-        x1,
-        x2,
-        x3,
-        x4,
-        x5,
-        x6,
-        x7,
-        x8,
-        x9,
-        x10,
-        x11,
-        x12,
-        x13,
-        x14,
-        x15,
-        x16,
-        x17,
-        x18,
-        x19,
-        x20,
-        x21,
-        x22,
-        x23,
-    ]
+    nll_loss_backward_x = nll_loss_backward_x_buf.as_strided([64, 10], [10, 1], 0)
+    total_weight_buf = _fill(1, torch.float32, device, "uniform", 0.95, 1.0, gens)
+    total_weight = total_weight_buf.as_strided([], [], 0)
+    t_x = linear_w_10x256_buf.as_strided([256, 10], [1, 256], 0)
+    t_x.requires_grad_()
+    t_x_256x256 = linear_w_256x256_buf.as_strided([256, 256], [1, 256], 0)
+    t_x_256x256.requires_grad_()
+    mul_x_buf = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
+    mul_x = mul_x_buf.as_strided([256, 256], [256, 1], 0)
+    mul_other_buf = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
+    mul_other = mul_other_buf.as_strided([], [], 0)
+    mul_x_256_buf = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    mul_x_256 = mul_x_256_buf.as_strided([256], [1], 0)
+    mul_other_256_buf = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
+    mul_other_256 = mul_other_256_buf.as_strided([], [], 0)
+    mul_x_256x256_buf = _fill(
+        65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens
+    )
+    mul_x_256x256 = mul_x_256x256_buf.as_strided([256, 256], [256, 1], 0)
+    mul_other_256x256_buf = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
+    mul_other_256x256 = mul_other_256x256_buf.as_strided([], [], 0)
+    mul_x_256_1_buf = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    mul_x_256_1 = mul_x_256_1_buf.as_strided([256], [1], 0)
+    mul_other_256_1_buf = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
+    mul_other_256_1 = mul_other_256_1_buf.as_strided([], [], 0)
+    mul_x_10x256_buf = _fill(
+        2560, torch.float32, device, "uniform", -0.0625, 0.0625, gens
+    )
+    mul_x_10x256 = mul_x_10x256_buf.as_strided([10, 256], [256, 1], 0)
+    mul_other_10x256_buf = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
+    mul_other_10x256 = mul_other_10x256_buf.as_strided([], [], 0)
+    mul_x_10_buf = _fill(10, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    mul_x_10 = mul_x_10_buf.as_strided([10], [1], 0)
+    mul_other_10_buf = _fill(1, torch.float64, device, "uniform", 0.95, 1.0, gens)
+    mul_other_10 = mul_other_10_buf.as_strided([], [], 0)
+    return {
+        "linear_x": linear_x,
+        "linear_w": linear_w,
+        "linear_b": linear_b,
+        "linear_w_256x256": linear_w_256x256,
+        "linear_b_256": linear_b_256,
+        "linear_w_10x256": linear_w_10x256,
+        "linear_b_10": linear_b_10,
+        "target": target,
+        "nll_loss_backward_x": nll_loss_backward_x,
+        "total_weight": total_weight,
+        "t_x": t_x,
+        "t_x_256x256": t_x_256x256,
+        "mul_x": mul_x,
+        "mul_other": mul_other,
+        "mul_x_256": mul_x_256,
+        "mul_other_256": mul_other_256,
+        "mul_x_256x256": mul_x_256x256,
+        "mul_other_256x256": mul_other_256x256,
+        "mul_x_256_1": mul_x_256_1,
+        "mul_other_256_1": mul_other_256_1,
+        "mul_x_10x256": mul_x_10x256,
+        "mul_other_10x256": mul_other_10x256,
+        "mul_x_10": mul_x_10,
+        "mul_other_10": mul_other_10,
+    }
 
 
 def replay(inputs, device, host):
     """One iteration: the trace's operators in recorded order."""
-    x0 = inputs[0]
-    x1 = inputs[1]
-    x2 = inputs[2]
-    x3 = inputs[3]
-    x4 = inputs[4]
-    x5 = inputs[5]
-    x6 = inputs[6]
-    x7 = inputs[7]
-    x8 = inputs[8]
-    x9 = inputs[9]
-    x10 = inputs[10]
-    x11 = inputs[11]
-    x12 = inputs[12]
-    x13 = inputs[13]
-    x14 = inputs[14]
-    x15 = inputs[15]
-    x16 = inputs[16]
-    x17 = inputs[17]
-    x18 = inputs[18]
-    x19 = inputs[19]
-    x20 = inputs[20]
-    x21 = inputs[21]
-    x22 = inputs[22]
-    x23 = inputs[23]
+    linear_x = inputs["linear_x"]
+    linear_w = inputs["linear_w"]
+    linear_b = inputs["linear_b"]
+    linear_w_256x256 = inputs["linear_w_256x256"]
+    linear_b_256 = inputs["linear_b_256"]
+    linear_w_10x256 = inputs["linear_w_10x256"]
+    linear_b_10 = inputs["linear_b_10"]
+    target = inputs["target"]
+    nll_loss_backward_x = inputs["nll_loss_backward_x"]
+    total_weight = inputs["total_weight"]
+    t_x = inputs["t_x"]
+    t_x_256x256 = inputs["t_x_256x256"]
+    mul_x = inputs["mul_x"]
+    mul_other = inputs["mul_other"]
+    mul_x_256 = inputs["mul_x_256"]
+    mul_other_256 = inputs["mul_other_256"]
+    mul_x_256x256 = inputs["mul_x_256x256"]
+    mul_other_256x256 = inputs["mul_other_256x256"]
+    mul_x_256_1 = inputs["mul_x_256_1"]
+    mul_other_256_1 = inputs["mul_other_256_1"]
+    mul_x_10x256 = inputs["mul_x_10x256"]
+    mul_other_10x256 = inputs["mul_other_10x256"]
+    mul_x_10 = inputs["mul_x_10"]
+    mul_other_10 = inputs["mul_other_10"]
     torch.set_grad_enabled(True)
-    t0 = aten_linear(x0, x1, x2)
-    t1 = aten_relu(t0)
-    del t0
-    t2 = aten_linear(t1, x3, x4)
-    t3 = aten_relu(t2)
-    del t2
-    t4 = aten_linear(t3, x5, x6)
-    t5 = aten_cross_entropy_loss(t4, x7, None, 1, -100, 0.0)
-    del t4
+    linear = aten_linear(linear_x, linear_w, linear_b)
+    relu = aten_relu(linear)
+    del linear
+    linear = aten_linear(relu, linear_w_256x256, linear_b_256)
+    relu_256x256 = aten_relu(linear)
+    del linear
+    linear = aten_linear(relu_256x256, linear_w_10x256, linear_b_10)
+    cross_entropy_loss = aten_cross_entropy_loss(linear, target, None, 1, -100, 0.0)
+    del linear
     torch.set_grad_enabled(False)
-    t6 = aten_ones_like(
-        t5,
+    ones_like = aten_ones_like(
+        cross_entropy_loss,
         dtype=None,
         layout=None,
         device=None,
         pin_memory=False,
         memory_format=torch.preserve_format,
     )
-    del t5
+    del cross_entropy_loss
     # NllLossBackward0
-    t7 = aten_nll_loss_backward(t6, x8, x7, None, 1, -100, x9)
-    del t6
+    nll_loss_backward = aten_nll_loss_backward(
+        ones_like, nll_loss_backward_x, target, None, 1, -100, total_weight
+    )
+    del ones_like
     # LogSoftmaxBackward0
-    t8 = aten__log_softmax_backward_data(t7, x8, 1, torch.float32)
-    del t7
+    log_softmax_backward_data = aten__log_softmax_backward_data(
+        nll_loss_backward, nll_loss_backward_x, 1, torch.float32
+    )
+    del nll_loss_backward
     # AddmmBackward0
-    aten_t(x10)
-    t9 = aten_mm(t8, x5)
-    t10 = aten_t(t8)
-    t11 = aten_mm(t10, t3)
-    del t10
-    t12 = aten_t(t11)
+    aten_t(t_x)
+    mm = aten_mm(log_softmax_backward_data, linear_w_10x256)
+    t = aten_t(log_softmax_backward_data)
+    mm_256x256 = aten_mm(t, relu_256x256)
+    del t
+    t = aten_t(mm_256x256)
     # autograd::engine::evaluate_function: AddmmBackward0
-    t13 = aten_sum_dim_IntList(t8, [0], True, dtype=None)
-    del t8
-    t14 = aten_view(t13, [10])
-    del t13
+    sum_ = aten_sum_dim_IntList(log_softmax_backward_data, [0], True, dtype=None)
+    del log_softmax_backward_data
+    view = aten_view(sum_, [10])
+    del sum_
     # torch::autograd::AccumulateGrad
-    aten_detach(t14)
+    aten_detach(view)
     # TBackward0
-    aten_t(t12)
-    del t12
+    aten_t(t)
+    del t
     # torch::autograd::AccumulateGrad
-    aten_detach(t11)
+    aten_detach(mm_256x256)
     # ReluBackward0
-    t15 = aten_threshold_backward(t9, t3, 0)
-    del t3, t9
+    threshold_backward = aten_threshold_backward(mm, relu_256x256, 0)
+    del relu_256x256, mm
     # AddmmBackward0
-    aten_t(x11)
-    t16 = aten_mm(t15, x3)
-    t17 = aten_t(t15)
-    t18 = aten_mm(t17, t1)
-    del t17
-    t19 = aten_t(t18)
+    aten_t(t_x_256x256)
+    mm = aten_mm(threshold_backward, linear_w_256x256)
+    t = aten_t(threshold_backward)
+    mm_10x256 = aten_mm(t, relu)
+    del t
+    t = aten_t(mm_10x256)
     # autograd::engine::evaluate_function: AddmmBackward0
-    t20 = aten_sum_dim_IntList(t15, [0], True, dtype=None)
-    del t15
-    t21 = aten_view(t20, [256])
-    del t20
+    sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
+    del threshold_backward
+    view_10x256 = aten_view(sum_, [256])
+    del sum_
     # torch::autograd::AccumulateGrad
-    aten_detach(t21)
+    aten_detach(view_10x256)
     # TBackward0
-    aten_t(t19)
-    del t19
+    aten_t(t)
+    del t
     # torch::autograd::AccumulateGrad
-    aten_detach(t18)
+    aten_detach(mm_10x256)
     # ReluBackward0
-    t22 = aten_threshold_backward(t16, t1, 0)
-    del t1, t16
+    threshold_backward = aten_threshold_backward(mm, relu, 0)
+    del relu, mm
     # AddmmBackward0
-    t23 = aten_t(t22)
-    t24 = aten_mm(t23, x0)
-    del t23
-    t25 = aten_t(t24)
+    t = aten_t(threshold_backward)
+    mm = aten_mm(t, linear_x)
+    del t
+    t = aten_t(mm)
     # autograd::engine::evaluate_function: AddmmBackward0
-    t26 = aten_sum_dim_IntList(t22, [0], True, dtype=None)
-    del t22
-    t27 = aten_view(t26, [256])
-    del t26
+    sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
+    del threshold_backward
+    view_256x256 = aten_view(sum_, [256])
+    del sum_
     # torch::autograd::AccumulateGrad
-    aten_detach(t27)
+    aten_detach(view_256x256)
     # TBackward0
-    aten_t(t25)
-    del t25
+    aten_t(t)
+    del t
     # torch::autograd::AccumulateGrad
-    aten_detach(t24)
+    aten_detach(mm)
     # Optimizer.step#SGD.step
-    aten_mul__Tensor(x12, x13)
-    aten_add__Tensor(x12, t24, alpha=1)
-    del t24
-    aten_add__Tensor(x1, x12, alpha=-0.01)
-    aten_mul__Tensor(x14, x15)
-    aten_add__Tensor(x14, t27, alpha=1)
-    del t27
-    aten_add__Tensor(x2, x14, alpha=-0.01)
-    aten_mul__Tensor(x16, x17)
-    aten_add__Tensor(x16, t18, alpha=1)
-    del t18
-    aten_add__Tensor(x3, x16, alpha=-0.01)
-    aten_mul__Tensor(x18, x19)
-    aten_add__Tensor(x18, t21, alpha=1)
-    del t21
-    aten_add__Tensor(x4, x18, alpha=-0.01)
-    aten_mul__Tensor(x20, x21)
-    aten_add__Tensor(x20, t11, alpha=1)
-    del t11
-    aten_add__Tensor(x5, x20, alpha=-0.01)
-    aten_mul__Tensor(x22, x23)
-    aten_add__Tensor(x22, t14, alpha=1)
-    del t14
-    aten_add__Tensor(x6, x22, alpha=-0.01)
+    aten_mul__Tensor(mul_x, mul_other)
+    aten_add__Tensor(mul_x, mm, alpha=1)
+    del mm
+    aten_add__Tensor(linear_w, mul_x, alpha=-0.01)
+    aten_mul__Tensor(mul_x_256, mul_other_256)
+    aten_add__Tensor(mul_x_256, view_256x256, alpha=1)
+    del view_256x256
+    aten_add__Tensor(linear_b, mul_x_256, alpha=-0.01)
+    aten_mul__Tensor(mul_x_256x256, mul_other_256x256)
+    aten_add__Tensor(mul_x_256x256, mm_10x256, alpha=1)
+    del mm_10x256
+    aten_add__Tensor(linear_w_256x256, mul_x_256x256, alpha=-0.01)
+    aten_mul__Tensor(mul_x_256_1, mul_other_256_1)
+    aten_add__Tensor(mul_x_256_1, view_10x256, alpha=1)
+    del view_10x256
+    aten_add__Tensor(linear_b_256, mul_x_256_1, alpha=-0.01)
+    aten_mul__Tensor(mul_x_10x256, mul_other_10x256)
+    aten_add__Tensor(mul_x_10x256, mm_256x256, alpha=1)
+    del mm_256x256
+    aten_add__Tensor(linear_w_10x256, mul_x_10x256, alpha=-0.01)
+    aten_mul__Tensor(mul_x_10, mul_other_10)
+    aten_add__Tensor(mul_x_10, view, alpha=1)
+    del view
+    aten_add__Tensor(linear_b_10, mul_x_10, alpha=-0.01)
     torch.set_grad_enabled(True)
     return None
 
 
 _JOB = _Local()
+
 if __name__ == "__main__":
     sys.exit(main())

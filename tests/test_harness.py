@@ -55,11 +55,11 @@ def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
     calls = []
 
     def make_inputs(device, host, gens):
-        return [torch.ones(4, device=device)]
+        return {"x": torch.ones(4, device=device)}
 
     def replay(inputs, device, host):
         calls.append(1)
-        inputs[0].mul_(2.0)  # a training step updates its inputs in place
+        inputs["x"].mul_(2.0)  # a training step updates its inputs in place
 
     monkeypatch.setattr(runtime, "make_inputs", make_inputs)
     monkeypatch.setattr(runtime, "replay", replay)

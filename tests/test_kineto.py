@@ -162,23 +162,23 @@ def test_kineto_loader_errors_are_clean():
 
 TWO_STREAM_REPLAY = """\
     st0 = _stream(0)
-    t0 = aten_mm(x0, x1)
+    mm = aten_mm(mm_x, mm_mat2)
     ev0 = _record()
     with _on(st0):
         _host_gap(10.0)
         _wait(ev0)
-        t1 = aten_relu(t0)
+        relu = aten_relu(mm)
         _host_gap(10.0)
-        t2 = aten_mm(t1, x1)
-        del t1
+        mm_1 = aten_mm(relu, mm_mat2)
+        del relu
         ev1 = _record()
     _host_gap(10.0)
     _wait(ev1)
-    aten_add__Tensor(t0, t2, alpha=1)
-    del t2
+    aten_add__Tensor(mm, mm_1, alpha=1)
+    del mm_1
     _host_gap(10.0)
-    aten_relu(t0)
-    del t0
+    aten_relu(mm)
+    del mm
     _join(st0)
 """
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from mystique_gen import __version__
 from mystique_gen.backends import comms, exprs, schedule, valuefill
+from mystique_gen.backends.harness import reserved_names
 from mystique_gen.backends.layout import INDENT, Atom, Group, Node, flat, lay_out, names_statement
-from mystique_gen.backends.names import Namespace
+from mystique_gen.backends.names import Namespace, input_hint, op_hint
 from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import (
     Binding,
@@ -83,7 +84,7 @@ class CodeGen:
     def __init__(self, program: Program, options: GenerateOptions):
         self.program = program
         self.options = options
-        self.ns = Namespace()
+        self.ns = Namespace(reserved_names())
         self.handles: dict[str, OpHandle] = {}
         self.input_lines: list[str] = []
         self.input_names: list[str] = []
@@ -91,6 +92,8 @@ class CodeGen:
         self.fallback_rows: list[Node] = []
         self.grad_state: bool | None = None  # autograd mode at this point of the unit
         self.read_roots = self._read_roots()
+        self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
+        self._name_inputs()
 
     def start_program(self, program: Program) -> None:
         """Build another program (a rank) into the same file: operator handles,
@@ -99,8 +102,46 @@ class CodeGen:
         self.ns = self.ns.fork(lambda key: isinstance(key, tuple) and key[0] == "op")
         self.input_lines, self.input_names, self.replay_lines = [], [], []
         self.read_roots = self._read_roots()
+        self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
+        self._name_inputs()
 
     # -- naming -------------------------------------------------------------------
+    def _name_inputs(self) -> None:
+        """Claim every input's name before any statement is written, so no temporary
+        takes it: its role for its first consumer (backends/names.py). The first input
+        of a role keeps the bare name; later ones add their shape (a 0-d tensor, a
+        wrapped Python scalar, the shape of the tensor it goes with), and their order
+        among inputs of that role and shape. Inserting a layer renames no other input."""
+        wanted: dict[int, tuple[str, str]] = {}  # id(view) -> (hint, shape tag)
+        storages: dict[int, int] = {}  # id(view) -> id(its storage)
+        for op in self.program.ops:
+            tensors = [(arg.spec.name, tv) for arg in op.args for tv in iter_tensors(arg.value)]
+            partner = next((_shape_tag(tv.meta.shape) for _, tv in tensors if tv.meta.shape),
+                           "scalar")
+            for arg_name, tv in tensors:
+                if isinstance(tv.binding, InputView) and id(tv.binding) not in wanted:
+                    tag = _shape_tag(tv.meta.shape) if tv.meta.shape else partner
+                    wanted[id(tv.binding)] = (input_hint(op.name, arg_name), tag)
+                    storages[id(tv.binding)] = id(tv.binding.storage)
+        # State (parameters, optimizer buffers) is what some op updates in place; its
+        # shape names the values derived from it. Activations and data are not state.
+        written = {id(tv.storage) for op in self.program.ops for arg in op.args
+                   if arg.spec.writes for tv in iter_tensors(arg.value) if tv.storage}
+        parameters = {view for view, storage in storages.items() if storage in written}
+        seen: Counter[tuple[str, str]] = Counter()
+        bare: set[str] = set()
+        for view, (hint, tag) in wanted.items():
+            if view in parameters:  # a batch-sized shape would rename on a batch change
+                self.tags[("input", view)] = tag
+            if hint not in bare:
+                bare.add(hint)
+                name = hint
+            else:
+                k = seen[(hint, tag)]
+                seen[(hint, tag)] += 1
+                name = f"{hint}_{tag}" + (f"_{k}" if k else "")
+            self.ns.claim(("input", view), name)
+
     def _read_roots(self) -> set[object]:
         """Keys of op results that some later statement reads (others are not named)."""
         roots: set[object] = set()
@@ -130,25 +171,28 @@ class CodeGen:
             self.handles[key] = OpHandle(name, target, sig.full_name)
         return self.handles[key].name
 
-    def storage_name(self, storage: Storage) -> str:
+    def storage_name(self, storage: Storage, view: str) -> str:
+        """The flat buffer behind input views, named after the first (``view``)."""
         key = ("storage", storage.index)
         if key not in self.ns:
-            name = self.ns.numbered(key, "s")
+            name = self.ns.claim(key, f"{view}_buf")
             self.input_lines.extend(lay_out(f"{name} = ", self._fill(storage), BODY_DEPTH))
         return self.ns.get(key)
 
     def binding_expr(self, binding: Binding) -> str:
         if isinstance(binding, InputView):
             key = ("input", id(binding))
-            if key not in self.ns:
-                base = self.storage_name(binding.storage)
-                name = self.ns.numbered(key, "x")
+            if key not in self.ns:  # an input no op argument names (a derived view's base)
+                self.ns.claim(key, "input")
+            name = self.ns.get(key)
+            if name not in self.input_names:
+                base = self.storage_name(binding.storage, name)
                 self.input_lines.extend(
                     lay_out(f"{name} = ", _as_strided(base, binding.meta), BODY_DEPTH))
                 if binding.storage.requires_grad:  # a parameter (passes/autograd.py)
                     self.input_lines.append(f"{INDENT * BODY_DEPTH}{name}.requires_grad_()")
                 self.input_names.append(name)
-            return self.ns.get(key)
+            return name
         if isinstance(binding, OpOutput):
             root = self.ns.get(binding_key(binding_root(binding)))
             return root if len(binding.path) == 1 else f"{root}[{binding.path[1]}]"
@@ -212,7 +256,7 @@ class CodeGen:
         if op.derive_before:
             lines.append(INDENT * depth + "with _harness():")
         for view in op.derive_before:
-            name = self.ns.numbered(binding_key(view), "v")
+            name = self.ns.claim(binding_key(view), "view")
             base = self.binding_expr(view.base)
             lines.extend(lay_out(f"{name} = ", _as_strided(base, view.meta), depth + 1))
         if op.comm is not None:  # a torch.distributed call (emit/comms.py)
@@ -243,21 +287,44 @@ class CodeGen:
         return lines + comms.waits_at_end(self, op, depth)
 
     def _targets(self, op: Op) -> list[str]:
+        """Names of the op's results: the op's name while it is free; else the op's name
+        and the shape of the input its value descends from (linear_10x128), so that an
+        op inserted elsewhere does not renumber this one; else a counter."""
+        tag = self._tag_of(op)
         targets = []
         for i in range(len(op.signature.returns)):
             key = binding_key(OpOutput(op.index, (i,)))
-            if key in self.read_roots:
-                targets.append(self.ns.numbered(key, "t"))
-            else:
+            if key not in self.read_roots:
                 targets.append("_")
+                continue
+            hint = op_hint(op.name)
+            if tag is not None and self.ns.taken(hint):
+                hint = f"{hint}_{tag}"
+            targets.append(self.ns.claim(key, hint))
+            if tag is not None:
+                self.tags[key] = tag
         return targets
 
+    def _tag_of(self, op: Op) -> str | None:
+        """The shape an op's results descend from: its first input's where that is state
+        (never the batch's activations), else the first tagged value's."""
+        found: str | None = None
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                if isinstance(tv.binding, InputView):
+                    return self.tags.get(("input", id(tv.binding)))
+                if tv.binding is not None and found is None:
+                    found = self.tags.get(binding_key(binding_root(tv.binding)))
+        return found
+
     def _frees(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
+        """``del`` of the values last read here; their names are free again after."""
         names = []
         for root in op.free_after:
             key = binding_key(root)
             if key in self.ns and (key in self.read_roots or isinstance(root, DerivedView)):
                 names.append(self.ns.get(key))
+                self.ns.release(key)
         return names_statement("del", names, depth)
 
     def _fallback_row(self, op: Op) -> Node:
@@ -286,17 +353,19 @@ class CodeGen:
                 previous_scope = op.scope
                 self.replay_lines.extend(self.op_statement(op))
             self.replay_lines.extend(self.end_grad_mode(BODY_DEPTH))
+        returned = [Atom(f"{exprs.str_literal(n)}: {n}") for n in self.input_names]
         self.input_lines.extend(
-            lay_out("return ", exprs.list_display([Atom(n) for n in self.input_names]),
-                    BODY_DEPTH))
-        unpack = [f"    {name} = inputs[{i}]" for i, name in enumerate(self.input_names)]
+            lay_out("return ", Group("{", tuple(returned), "}", literal=True), BODY_DEPTH))
+        unpack = [f"    {n} = inputs[{exprs.str_literal(n)}]" for n in self.input_names]
         program = self.program
         required = program.peak_bytes
         return BenchmarkContext(
             docstring=self._docstring(),
             generator=f"mystique-gen {__version__}",
             trace_fields=self._trace_fields(),
-            op_lines=[line for h in self.handles.values() for line in h.lines()],
+            # By name, not first use: a new op adds its own line and moves no other.
+            op_lines=[line for h in sorted(self.handles.values(), key=lambda h: h.name)
+                      for line in h.lines()],
             fallbacks=lay_out("_FALLBACKS = ", exprs.list_display(self.fallback_rows), 0),
             input_lines=self.input_lines,
             replay_lines=unpack + self.replay_lines,
@@ -381,6 +450,10 @@ def _human_bytes(n: int) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
     return f"{n} B"
+
+
+def _shape_tag(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
 
 
 def _as_strided(base: str, meta: TensorMeta) -> Node:

@@ -66,3 +66,25 @@ def _grouped(statements: list[str]) -> list[str]:
     stdlib = [s for s in statements if s not in torch_ones]
     blank = [""] if stdlib and torch_ones else []
     return "\n".join(stdlib + blank + torch_ones).splitlines()
+
+
+# Module-level names of the generated file besides the harness's own (templates).
+FILE_NAMES = frozenset({"GENERATOR", "TRACE", "OPS", "RECORDED_DEVICE", "DEFAULT_DEVICE",
+                        "REQUIRED_BYTES", "ORIGINAL", "_FALLBACKS", "_JOB", "WORLD_SIZE",
+                        "PROCESS_GROUPS", "RANKS", "make_inputs", "replay"})
+
+
+@lru_cache(maxsize=1)
+def reserved_names() -> frozenset[str]:
+    """Every module-level name of a generated file (the harness's definitions and
+    imports, the template's constants): a local of the same name would shadow it."""
+    names = set(FILE_NAMES)
+    for module in (runtime, dist):
+        for node in ast.parse(inspect.getsource(module)).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return frozenset(names)

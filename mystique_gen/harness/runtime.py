@@ -43,7 +43,7 @@ _JOB = None  # _Local() or dist.py's _Ranks(), set after the replay functions
 
 
 def make_inputs(device, host, gens):
-    return []
+    return {}
 
 
 def replay(inputs, device, host):
@@ -460,7 +460,7 @@ def _snapshot(inputs, device, mode):
     they drift over many iterations (to inf/NaN, which changes kernel speed).
     """
     storages = {}
-    for t in inputs:
+    for t in inputs.values():
         storage = t.untyped_storage()
         storages.setdefault(storage.data_ptr(), storage)
     if mode == "off" or not storages:

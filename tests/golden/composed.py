@@ -468,7 +468,7 @@ def _snapshot(inputs, device, mode):
     they drift over many iterations (to inf/NaN, which changes kernel speed).
     """
     storages = {}
-    for t in inputs:
+    for t in inputs.values():
         storage = t.untyped_storage()
         storages.setdefault(storage.data_ptr(), storage)
     if mode == "off" or not storages:
@@ -680,9 +680,9 @@ def main(argv=None):
 
 
 # Operators, resolved once; every call below goes straight to the dispatcher.
+aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
 aten_mm = _op(lambda: torch.mm, "aten::mm.default")
 aten_relu = _op(lambda: torch.relu, "aten::relu.default")
-aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
 
 # Recorded outputs of guarded ops: [dtype, shape, strides, device] per tensor.
 _FALLBACKS = []
@@ -690,45 +690,50 @@ _FALLBACKS = []
 
 def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
-    s0 = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
-    x0 = s0.as_strided([4, 4], [4, 1], 0)
-    s1 = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
-    x1 = s1.as_strided([4, 4], [4, 1], 0)
-    s2 = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
-    x2 = s2.as_strided([4, 4], [4, 1], 0)
-    s3 = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
-    x3 = s3.as_strided([4, 4], [4, 1], 0)
-    return [x0, x1, x2, x3]
+    mm_x_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
+    mm_x = mm_x_buf.as_strided([4, 4], [4, 1], 0)
+    mm_mat2_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
+    mm_mat2 = mm_mat2_buf.as_strided([4, 4], [4, 1], 0)
+    mm_x_4x4_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
+    mm_x_4x4 = mm_x_4x4_buf.as_strided([4, 4], [4, 1], 0)
+    mm_mat2_4x4_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
+    mm_mat2_4x4 = mm_mat2_4x4_buf.as_strided([4, 4], [4, 1], 0)
+    return {
+        "mm_x": mm_x,
+        "mm_mat2": mm_mat2,
+        "mm_x_4x4": mm_x_4x4,
+        "mm_mat2_4x4": mm_mat2_4x4,
+    }
 
 
 def replay(inputs, device, host):
     """One iteration: the trace's operators in recorded order."""
-    x0 = inputs[0]
-    x1 = inputs[1]
-    x2 = inputs[2]
-    x3 = inputs[3]
+    mm_x = inputs["mm_x"]
+    mm_mat2 = inputs["mm_mat2"]
+    mm_x_4x4 = inputs["mm_x_4x4"]
+    mm_mat2_4x4 = inputs["mm_mat2_4x4"]
     st0 = _stream(0)
 
     def thread_0():
-        t0 = aten_mm(x0, x1)
-        t1 = aten_relu(t0)
-        del t0
-        t2 = aten_mm(x0, x0)
-        aten_mm(t1, t2)
-        del t2
-        aten_relu(t1)
-        del t1
+        mm = aten_mm(mm_x, mm_mat2)
+        relu = aten_relu(mm)
+        del mm
+        mm = aten_mm(mm_x, mm_x)
+        aten_mm(relu, mm)
+        del mm
+        aten_relu(relu)
+        del relu
 
     def thread_1():
         with _on(st0):
-            t3 = aten_mm(x2, x3)
-            t4 = aten_relu(t3)
-            t5 = aten_mm(t4, x3)
-            del t4
-            aten_add__Tensor(t3, t5, alpha=1)
-            del t5
-            aten_relu(t3)
-            del t3
+            mm = aten_mm(mm_x_4x4, mm_mat2_4x4)
+            relu = aten_relu(mm)
+            mm_1 = aten_mm(relu, mm_mat2_4x4)
+            del relu
+            aten_add__Tensor(mm, mm_1, alpha=1)
+            del mm_1
+            aten_relu(mm)
+            del mm
 
     _run_threads(0, thread_0, thread_1)
     _join(st0)
@@ -736,5 +741,6 @@ def replay(inputs, device, host):
 
 
 _JOB = _Local()
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -474,7 +474,7 @@ def _snapshot(inputs, device, mode):
     they drift over many iterations (to inf/NaN, which changes kernel speed).
     """
     storages = {}
-    for t in inputs:
+    for t in inputs.values():
         storage = t.untyped_storage()
         storages.setdefault(storage.data_ptr(), storage)
     if mode == "off" or not storages:
@@ -838,16 +838,16 @@ class _Ranks(_Local):
 
 
 # Operators, resolved once; every call below goes straight to the dispatcher.
+aten_detach_ = _op(lambda: torch.detach_, "aten::detach_.default")
+aten_empty_like = _op(lambda: torch.empty_like, "aten::empty_like.default")
 aten_empty_memory_format = _op(lambda: torch.empty, "aten::empty.memory_format")
-aten_to_device = _op(lambda: torch.ops.aten.to.device, "aten::to.device")
 aten_lift_fresh = _op(
     lambda: torch.ops.aten.lift_fresh.default, "aten::lift_fresh.default"
 )
-aten_detach_ = _op(lambda: torch.detach_, "aten::detach_.default")
+aten_to_device = _op(lambda: torch.ops.aten.to.device, "aten::to.device")
 aten_to_dtype_layout = _op(
     lambda: torch.ops.aten.to.dtype_layout, "aten::to.dtype_layout"
 )
-aten_empty_like = _op(lambda: torch.empty_like, "aten::empty_like.default")
 
 # Recorded outputs of guarded ops: [dtype, shape, strides, device] per tensor.
 _FALLBACKS = []
@@ -862,12 +862,12 @@ PROCESS_GROUPS = [{"name": "0", "desc": "", "ranks": None, "size": 2, "create": 
 
 def make_inputs_rank0(device, host, gens):
     """Every tensor rank 0 reads before any replayed op writes it."""
-    return []
+    return {}
 
 
 def replay_rank0(inputs, device, host):
     """One iteration of rank 0: its operators in recorded order."""
-    t0 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -875,12 +875,12 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t0, host, torch.float32, False, False, None)
-    aten_lift_fresh(t0)
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
     torch.set_grad_enabled(True)
-    aten_detach_(t0)
-    t1 = aten_to_dtype_layout(
-        t0,
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -889,21 +889,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t0
-    t2 = aten_empty_like(
-        t1, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t3 = aten_empty_like(
-        t1, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work0 = torch.distributed.all_gather(
-            [t2, t3], t1, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t1, t2, t3
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work0)
-    t4 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -911,11 +911,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t4, host, torch.float32, False, False, None)
-    aten_lift_fresh(t4)
-    aten_detach_(t4)
-    t5 = aten_to_dtype_layout(
-        t4,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -924,21 +924,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t4
-    t6 = aten_empty_like(
-        t5, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t7 = aten_empty_like(
-        t5, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work1 = torch.distributed.all_gather(
-            [t6, t7], t5, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t5, t6, t7
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work1)
-    t8 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -946,11 +946,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t8, host, torch.float32, False, False, None)
-    aten_lift_fresh(t8)
-    aten_detach_(t8)
-    t9 = aten_to_dtype_layout(
-        t8,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -959,21 +959,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t8
-    t10 = aten_empty_like(
-        t9, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t11 = aten_empty_like(
-        t9, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work2 = torch.distributed.all_gather(
-            [t10, t11], t9, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t9, t10, t11
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work2)
-    t12 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -981,11 +981,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t12, host, torch.float32, False, False, None)
-    aten_lift_fresh(t12)
-    aten_detach_(t12)
-    t13 = aten_to_dtype_layout(
-        t12,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -994,21 +994,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t12
-    t14 = aten_empty_like(
-        t13, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t15 = aten_empty_like(
-        t13, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work3 = torch.distributed.all_gather(
-            [t14, t15], t13, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t13, t14, t15
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work3)
-    t16 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1016,11 +1016,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t16, host, torch.float32, False, False, None)
-    aten_lift_fresh(t16)
-    aten_detach_(t16)
-    t17 = aten_to_dtype_layout(
-        t16,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1029,21 +1029,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t16
-    t18 = aten_empty_like(
-        t17, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t19 = aten_empty_like(
-        t17, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work4 = torch.distributed.all_gather(
-            [t18, t19], t17, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t17, t18, t19
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work4)
-    t20 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1051,11 +1051,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t20, host, torch.float32, False, False, None)
-    aten_lift_fresh(t20)
-    aten_detach_(t20)
-    t21 = aten_to_dtype_layout(
-        t20,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1064,21 +1064,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t20
-    t22 = aten_empty_like(
-        t21, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t23 = aten_empty_like(
-        t21, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work5 = torch.distributed.all_gather(
-            [t22, t23], t21, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t21, t22, t23
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work5)
-    t24 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1086,11 +1086,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t24, host, torch.float32, False, False, None)
-    aten_lift_fresh(t24)
-    aten_detach_(t24)
-    t25 = aten_to_dtype_layout(
-        t24,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1099,21 +1099,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t24
-    t26 = aten_empty_like(
-        t25, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t27 = aten_empty_like(
-        t25, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work6 = torch.distributed.all_gather(
-            [t26, t27], t25, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t25, t26, t27
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work6)
-    t28 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1121,11 +1121,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t28, host, torch.float32, False, False, None)
-    aten_lift_fresh(t28)
-    aten_detach_(t28)
-    t29 = aten_to_dtype_layout(
-        t28,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1134,21 +1134,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t28
-    t30 = aten_empty_like(
-        t29, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t31 = aten_empty_like(
-        t29, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work7 = torch.distributed.all_gather(
-            [t30, t31], t29, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t29, t30, t31
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work7)
-    t32 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1156,11 +1156,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t32, host, torch.float32, False, False, None)
-    aten_lift_fresh(t32)
-    aten_detach_(t32)
-    t33 = aten_to_dtype_layout(
-        t32,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1169,21 +1169,21 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t32
-    t34 = aten_empty_like(
-        t33, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t35 = aten_empty_like(
-        t33, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work8 = torch.distributed.all_gather(
-            [t34, t35], t33, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t33, t34, t35
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work8)
-    t36 = aten_empty_memory_format(
+    empty = aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1191,11 +1191,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(t36, host, torch.float32, False, False, None)
-    aten_lift_fresh(t36)
-    aten_detach_(t36)
-    t37 = aten_to_dtype_layout(
-        t36,
+    aten_to_device(empty, host, torch.float32, False, False, None)
+    aten_lift_fresh(empty)
+    aten_detach_(empty)
+    to = aten_to_dtype_layout(
+        empty,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1204,18 +1204,18 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del t36
-    t38 = aten_empty_like(
-        t37, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    del empty
+    empty_like = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    t39 = aten_empty_like(
-        t37, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
+    empty_like_1 = aten_empty_like(
+        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work9 = torch.distributed.all_gather(
-            [t38, t39], t37, group=_GROUPS[0], async_op=True
+            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
         )
-    del t37, t38, t39
+    del to, empty_like, empty_like_1
     if _RUNTIME["comm"]:
         _wait_work(work9)
     return None
@@ -1225,5 +1225,6 @@ RANKS = {0: (make_inputs_rank0, replay_rank0, 80)}
 
 
 _JOB = _Ranks()
+
 if __name__ == "__main__":
     sys.exit(main())

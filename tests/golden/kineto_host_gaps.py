@@ -468,7 +468,7 @@ def _snapshot(inputs, device, mode):
     they drift over many iterations (to inf/NaN, which changes kernel speed).
     """
     storages = {}
-    for t in inputs:
+    for t in inputs.values():
         storage = t.untyped_storage()
         storages.setdefault(storage.data_ptr(), storage)
     if mode == "off" or not storages:
@@ -689,7 +689,7 @@ _FALLBACKS = []
 
 def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
-    s0 = _fill(
+    mm_x_buf = _fill(
         64,
         torch.float32,
         device,
@@ -698,8 +698,8 @@ def make_inputs(device, host, gens):
         0.35355339059327373,
         gens,
     )
-    x0 = s0.as_strided([8, 8], [8, 1], 0)
-    s1 = _fill(
+    mm_x = mm_x_buf.as_strided([8, 8], [8, 1], 0)
+    mm_mat2_buf = _fill(
         64,
         torch.float32,
         device,
@@ -708,24 +708,25 @@ def make_inputs(device, host, gens):
         0.35355339059327373,
         gens,
     )
-    x1 = s1.as_strided([8, 8], [8, 1], 0)
-    return [x0, x1]
+    mm_mat2 = mm_mat2_buf.as_strided([8, 8], [8, 1], 0)
+    return {"mm_x": mm_x, "mm_mat2": mm_mat2}
 
 
 def replay(inputs, device, host):
     """One iteration: the trace's operators in recorded order."""
-    x0 = inputs[0]
-    x1 = inputs[1]
-    t0 = aten_mm(x0, x1)
+    mm_x = inputs["mm_x"]
+    mm_mat2 = inputs["mm_mat2"]
+    mm = aten_mm(mm_x, mm_mat2)
     _host_gap(25.0)
-    t1 = aten_relu(t0)
-    del t0
+    relu = aten_relu(mm)
+    del mm
     _host_gap(12.5)
-    aten_mm(t1, x1)
-    del t1
+    aten_mm(relu, mm_mat2)
+    del relu
     return None
 
 
 _JOB = _Local()
+
 if __name__ == "__main__":
     sys.exit(main())

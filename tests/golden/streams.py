@@ -475,7 +475,7 @@ def _snapshot(inputs, device, mode):
     they drift over many iterations (to inf/NaN, which changes kernel speed).
     """
     storages = {}
-    for t in inputs:
+    for t in inputs.values():
         storage = t.untyped_storage()
         storages.setdefault(storage.data_ptr(), storage)
     if mode == "off" or not storages:
@@ -687,9 +687,9 @@ def main(argv=None):
 
 
 # Operators, resolved once; every call below goes straight to the dispatcher.
+aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
 aten_mm = _op(lambda: torch.mm, "aten::mm.default")
 aten_relu = _op(lambda: torch.relu, "aten::relu.default")
-aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
 
 # Recorded outputs of guarded ops: [dtype, shape, strides, device] per tensor.
 _FALLBACKS = []
@@ -697,39 +697,40 @@ _FALLBACKS = []
 
 def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
-    s0 = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
-    x0 = s0.as_strided([4, 4], [4, 1], 0)
-    s1 = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
-    x1 = s1.as_strided([4, 4], [4, 1], 0)
-    return [x0, x1]
+    mm_x_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
+    mm_x = mm_x_buf.as_strided([4, 4], [4, 1], 0)
+    mm_mat2_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
+    mm_mat2 = mm_mat2_buf.as_strided([4, 4], [4, 1], 0)
+    return {"mm_x": mm_x, "mm_mat2": mm_mat2}
 
 
 def replay(inputs, device, host):
     """One iteration: the trace's operators in recorded order."""
-    x0 = inputs[0]
-    x1 = inputs[1]
+    mm_x = inputs["mm_x"]
+    mm_mat2 = inputs["mm_mat2"]
     st0 = _stream(0)
-    t0 = aten_mm(x0, x1)
+    mm = aten_mm(mm_x, mm_mat2)
     ev0 = _record()
     with _on(st0):
         _host_gap(10.0)
         _wait(ev0)
-        t1 = aten_relu(t0)
+        relu = aten_relu(mm)
         _host_gap(10.0)
-        t2 = aten_mm(t1, x1)
-        del t1
+        mm_1 = aten_mm(relu, mm_mat2)
+        del relu
         ev1 = _record()
     _host_gap(10.0)
     _wait(ev1)
-    aten_add__Tensor(t0, t2, alpha=1)
-    del t2
+    aten_add__Tensor(mm, mm_1, alpha=1)
+    del mm_1
     _host_gap(10.0)
-    aten_relu(t0)
-    del t0
+    aten_relu(mm)
+    del mm
     _join(st0)
     return None
 
 
 _JOB = _Local()
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -460,7 +460,7 @@ def _snapshot(inputs, device, mode):
     they drift over many iterations (to inf/NaN, which changes kernel speed).
     """
     storages = {}
-    for t in inputs:
+    for t in inputs.values():
         storage = t.untyped_storage()
         storages.setdefault(storage.data_ptr(), storage)
     if mode == "off" or not storages:
@@ -681,28 +681,28 @@ _FALLBACKS = []
 
 def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
-    s0 = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
-    x0 = s0.as_strided([4, 4], [4, 1], 0)
-    s1 = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
-    x1 = s1.as_strided([4, 4], [4, 1], 0)
-    return [x0, x1]
+    mm_x_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
+    mm_x = mm_x_buf.as_strided([4, 4], [4, 1], 0)
+    mm_mat2_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
+    mm_mat2 = mm_mat2_buf.as_strided([4, 4], [4, 1], 0)
+    return {"mm_x": mm_x, "mm_mat2": mm_mat2}
 
 
 def replay(inputs, device, host):
     """One iteration: the trace's operators in recorded order."""
-    x0 = inputs[0]
-    x1 = inputs[1]
+    mm_x = inputs["mm_x"]
+    mm_mat2 = inputs["mm_mat2"]
     t0 = None
     t1 = None
 
     def thread_0():
         nonlocal t0
-        t0 = aten_mm(x0, x1)
+        t0 = aten_mm(mm_x, mm_mat2)
         _signal(0)
-        t2 = aten_mm(x0, x0)
+        mm = aten_mm(mm_x, mm_x)
         _await(1)
-        aten_mm(t1, t2)
-        del t2
+        aten_mm(t1, mm)
+        del mm
 
     def thread_1():
         nonlocal t1
@@ -716,5 +716,6 @@ def replay(inputs, device, host):
 
 
 _JOB = _Local()
+
 if __name__ == "__main__":
     sys.exit(main())
