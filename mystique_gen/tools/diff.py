@@ -580,7 +580,10 @@ class DiffReport:
 
 
 def scope_text(scope: tuple[str, ...]) -> str:
-    return " / ".join(scope) if scope else TOP_LEVEL
+    """Annotations outermost first; an inner name its parent already ends with is left
+    out ("autograd::engine::evaluate_function: MmBackward0" holds "MmBackward0")."""
+    shown = [s for k, s in enumerate(scope) if k == 0 or not scope[k - 1].endswith(s)]
+    return " / ".join(shown) if shown else TOP_LEVEL
 
 
 def _side(w: Workload) -> dict[str, Any]:
