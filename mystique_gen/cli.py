@@ -1,5 +1,5 @@
-"""Command line: ``mystique-gen TRACE -o OUT.py`` and the ``inspect``, ``capture`` and
-``compare`` commands (their work lives in driver.py and tools/)."""
+"""Command line: ``mystique-gen TRACE -o OUT.py`` and the ``inspect``, ``capture``,
+``compare`` and ``diff`` commands (their work lives in driver.py and tools/)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from mystique_gen.options import add_build_arguments, build_options, default_dev
 from mystique_gen.progress import session
 from mystique_gen.tools.capture import ScriptError, capture_script, result_dict
 from mystique_gen.tools.compare import compare_traces, format_comparison, plot_comparison
+from mystique_gen.tools.diff import diff_paths, format_diff
 from mystique_gen.tools.inspect import format_summary, inspect_paths
 
-SUBCOMMANDS = ("generate", "inspect", "capture", "compare")
+SUBCOMMANDS = ("generate", "inspect", "capture", "compare", "diff")
 
 
 def _generate_parser() -> argparse.ArgumentParser:
@@ -108,6 +109,8 @@ def _command(name: str, rest: list[str]) -> tuple[argparse.ArgumentParser, Runne
         return compare_parser(), run_compare
     if name == "inspect":
         return _inspect_parser(), run_inspect
+    if name == "diff":
+        return diff_parser(), run_diff
     return _generate_parser(), lambda args: run_generate(args, rest)
 
 
@@ -218,6 +221,39 @@ def run_compare(args: argparse.Namespace) -> int:
         plot_comparison(result, args.plot)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_comparison(result))
     return 0
+
+
+def diff_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mystique-gen diff",
+        description="What changed between two workloads: ops added, removed and changed "
+        "(same op at the same place, other shapes, dtypes or scalar arguments), grouped "
+        "by recorded scope, then op counts by category, estimated FLOPs, bytes touched "
+        "and peak memory, old and new. Inputs are two execution traces (compared by "
+        "op signature) or two generated benchmarks (compared by op overload sequence "
+        "only: a benchmark file does not write the shapes of intermediate values). "
+        "Exit status 0: same workload, 1: different, 2: error.",
+        epilog="example: mystique-gen diff old.et.json new.et.json "
+        "--kineto-a old.kineto.json --kineto-b new.kineto.json",
+    )
+    p.add_argument("a", metavar="A", help="old workload: execution trace (.json, .json.gz) "
+                   "or generated benchmark (.py)")
+    p.add_argument("b", metavar="B", help="new workload, of the same kind as A")
+    p.add_argument("--kineto-a", metavar="K1",
+                   help="Kineto trace of A's run: also compare time per op category")
+    p.add_argument("--kineto-b", metavar="K2", help="Kineto trace of B's run")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_build_arguments(p)
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return p
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    default_device(args)  # validated as generate would
+    report = diff_paths(args.a, args.b, build_options(args),
+                        kineto_a=args.kineto_a, kineto_b=args.kineto_b)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_diff(report))
+    return 0 if report.same else 1
 
 
 if __name__ == "__main__":
