@@ -4,6 +4,7 @@ stable-names tests (tests/test_stable_names.py) and the `diffs` bench section.""
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,3 +65,20 @@ def changed_lines(old: str, new: str) -> tuple[list[str], list[str]]:
     removed = [d[1:] for d in diff if d.startswith("-") and not d.startswith("---")]
     added = [d[1:] for d in diff if d.startswith("+") and not d.startswith("+++")]
     return removed, added
+
+
+IDENTITY = re.compile(r'^\s*"(name|sha256|schema|nodes)": ')  # the TRACE dict's fields
+
+
+def code_changes(old: str, new: str) -> tuple[list[str], list[str]]:
+    """(removed, added) lines outside the module docstring and the TRACE dict's
+    identity fields: what a reviewer reads as a change to the workload's code."""
+    def code(text: str) -> str:
+        body = text.split('"""', 2)[2] if text.startswith('"""') else text
+        return "\n".join(line for line in body.splitlines() if not IDENTITY.match(line))
+    return changed_lines(code(old), code(new))
+
+
+def masked(lines: list[str]) -> list[str]:
+    """Lines with every number replaced: equal when only shapes and sizes changed."""
+    return sorted(re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", line) for line in lines)
