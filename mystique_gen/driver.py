@@ -185,7 +185,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     lifetimes = storage_lifetimes(selection.ops)
     recorded = recorded_values(trace, resources)
     comm = CommLowering(trace)
-    ops, lowering_skips = lower_ops(kept.ops, comm=comm.lower, release=consume)
+    ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume)
     rename_storages(ops, lifetimes, k, names)
     if options.dtype is not None:
         lines.append(retarget_dtype(ops, options.dtype))

@@ -11,7 +11,7 @@ import keyword
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from mystique_gen import __version__
+from mystique_gen import __version__, oprules
 from mystique_gen.backends import comms, exprs, schedule, valuefill
 from mystique_gen.backends.harness import reserved_names
 from mystique_gen.backends.layout import INDENT, Atom, Group, Node, flat, lay_out, names_statement
@@ -21,6 +21,7 @@ from mystique_gen.ir import (
     Binding,
     DerivedView,
     DeviceValue,
+    GroupName,
     InputView,
     Level,
     ListValue,
@@ -146,6 +147,7 @@ class CodeGen:
         """Keys of op results that some later statement reads (others are not named)."""
         roots: set[object] = set()
         for op in self.program.ops:
+            roots.update(binding_key(OpOutput(p, (0,))) for p in op.waits_on)
             for view in op.derive_before:
                 roots.add(binding_key(binding_root(view.base)))
             for arg in op.args:
@@ -211,6 +213,8 @@ class CodeGen:
             return Atom(exprs.torch_attr(value.name))
         if isinstance(value, DeviceValue):
             return Atom(self.device_expr(value.kind))
+        if isinstance(value, GroupName):
+            return Atom(f"_group_name({int(value.index)})")
         if isinstance(value, ListValue):
             return exprs.list_display([self.value(v) for v in value.items])
         if isinstance(value, TensorValue):
@@ -253,6 +257,10 @@ class CodeGen:
         or a host-thread function, see emit/schedule.py)."""
         lines = self.grad_mode_lines(op.grad_mode, depth)
         lines += comms.waits_before(self, op, depth)  # async collectives' waits
+        for producer in op.waits_on:  # functional collectives' results (passes/comms.py)
+            key = binding_key(OpOutput(producer, (0,)))
+            if key in self.ns:
+                lines.append(f"{INDENT * depth}_wait_tensor({self.ns.get(key)})")
         if op.derive_before:
             lines.append(INDENT * depth + "with _harness():")
         for view in op.derive_before:
@@ -364,8 +372,9 @@ class CodeGen:
             generator=f"mystique-gen {__version__}",
             trace_fields=self._trace_fields(),
             # By name, not first use: a new op adds its own line and moves no other.
-            op_lines=[line for h in sorted(self.handles.values(), key=lambda h: h.name)
-                      for line in h.lines()],
+            op_lines=self._namespace_lines() + [
+                line for h in sorted(self.handles.values(), key=lambda h: h.name)
+                for line in h.lines()],
             fallbacks=lay_out("_FALLBACKS = ", exprs.list_display(self.fallback_rows), 0),
             input_lines=self.input_lines,
             replay_lines=unpack + self.replay_lines,
@@ -376,6 +385,12 @@ class CodeGen:
             original_lines=schedule.original_lines(program),
             default_device=exprs.scalar_literal(self.options.default_device),
         )
+
+    def _namespace_lines(self) -> list[str]:
+        """Imports of the torch modules that register the namespaces ops use (fsdp::)."""
+        spaces = sorted({h.qualified.split("::", 1)[0] for h in self.handles.values()})
+        return [f"_load_namespace({exprs.str_literal(oprules.NAMESPACE_MODULES[s])})"
+                for s in spaces if s in oprules.NAMESPACE_MODULES]
 
     def _trace_fields(self) -> list[str]:
         t = self.program.trace

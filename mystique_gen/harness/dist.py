@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from mystique_gen.harness.runtime import _RUNTIME, OPS, _Local, _summary
+from mystique_gen.harness.runtime import _RUNTIME, OPS, _harness, _Local, _summary
 
 # <generated-file>
 WORLD_SIZE = 1
@@ -29,6 +29,21 @@ def _wait_work(work):
     """Wait for an async collective, as the original program did at this point."""
     if work is not None:
         work.wait()
+
+
+def _group_name(index):
+    """The replay's name of recorded group `index` (functional collectives name it)."""
+    if not _GROUPS:  # not launched: the collective fails inside _guarded, and stands in
+        return "mystique: no process group (run under torchrun)"
+    return _GROUPS[index].group_name
+
+
+def _wait_tensor(tensor):
+    """Wait for the functional collective that produces `tensor`, where the original
+    waited inside the op that first read it."""
+    if _RUNTIME["comm"]:
+        with _harness():
+            torch.ops._c10d_functional.wait_tensor(tensor)
 
 
 def make_inputs(device, host, gens):

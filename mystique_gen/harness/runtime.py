@@ -11,6 +11,7 @@ out. Distributed files also inline ``dist.py``, whose ``_Ranks`` job replaces ``
 """
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -104,6 +105,17 @@ class _Unavailable:
 
     def __str__(self):
         return self.name
+
+
+def _load_namespace(module):
+    """Import the torch module that registers an operator namespace (fsdp::), so its
+    operators resolve; where it is missing they stand in (see _guarded)."""
+    if not module.startswith("torch."):
+        raise ValueError(f"not a torch module: {module}")
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        print(f"mystique: {module} is unavailable ({exc})", file=sys.stderr)
 
 
 def _op(resolve, name):

@@ -146,7 +146,15 @@ class ListValue:
     items: tuple[Value, ...]
 
 
-Value = Literal | TorchConstant | DeviceValue | ListValue | TensorValue
+@dataclass(frozen=True, slots=True)
+class GroupName:
+    """A process group's name at run time (functional collectives name their group):
+    the benchmark's group ``index``, whatever name the replay's group gets."""
+
+    index: int
+
+
+Value = Literal | TorchConstant | DeviceValue | ListValue | TensorValue | GroupName
 
 
 @dataclass(eq=False, slots=True)
@@ -176,6 +184,10 @@ class Op:
     thread_waits: list[int] = field(default_factory=list)  # ops on other threads to wait for
     timing: OpTiming | None = None  # facts from the Kineto trace (passes/link.py)
     comm: CommInfo | None = None  # a torch.distributed call (passes/comms.py)
+    # Functional collectives whose results this op is the first to read: the original
+    # waited for them inside its dispatch (DTensor, AsyncCollectiveTensor), so the
+    # replay waits just before it (passes/comms.py).
+    waits_on: list[int] = field(default_factory=list)
     # Autograd (passes/autograd.py): the original created an autograd node for this op
     # (its seq_id >= 0; None where no seq_id was recorded); the grad mode to replay it in
     # (None: whichever is current).
@@ -307,6 +319,7 @@ __all__ = [
     "Binding",
     "DerivedView",
     "DeviceValue",
+    "GroupName",
     "Init",
     "InputView",
     "KernelRecord",

@@ -40,6 +40,17 @@ def guard_reason(namespace: str, name: str) -> str | None:
     return None
 
 
+# Operator namespaces that a torch module registers when imported (torch.library): the
+# generator imports it to resolve the ops, and the benchmark does too before it
+# resolves them (still torch: the file stays self-contained). FSDP2's copy-in/out ops.
+# _c10d_functional is native, but some of its ops (_wrap_tensor_autograd) are defined by
+# the Python module of functional collectives.
+NAMESPACE_MODULES = {
+    "fsdp": "torch.distributed.fsdp._fully_shard._fsdp_collectives",
+    "_c10d_functional": "torch.distributed._functional_collectives",
+    "_c10d_functional_autograd": "torch.distributed._functional_collectives",
+}
+
 # Argument types that cannot be rebuilt from a trace.
 UNSUPPORTED_ARG_TYPES = ("Stream", "Storage", "__torch__", "Dict", "Future", "Any", "Capsule")
 

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from mystique_gen.oprules.base import CommRule, OpFamily
 
-COMMUNICATION_NAMESPACES = frozenset({"c10d", "c10d_functional", "_c10d_functional"})
+COMMUNICATION_NAMESPACES = frozenset({"c10d", "c10d_functional", "_c10d_functional",
+                                      "_c10d_functional_autograd"})
+# Functional collectives (torch.distributed._functional_collectives, DTensor, tensor
+# parallel) replay as themselves, through torch.ops, on the recorded group; their
+# wait_tensor waits as the original did. The c10d op each one ran inside is covered.
+FUNCTIONAL_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd"})
+# Bookkeeping ops of functional collectives: not collectives themselves.
+COLLECTIVE_HELPERS = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
+# Arguments that name a process group (by its recorded pg_name).
+GROUP_NAME_ARGS = frozenset({"group_name"})
+FUNCTIONAL_GUARD = ("a functional collective: needs the recorded process groups "
+                    "(run under torchrun, or a one-rank trace)")
 # torch.distributed calls that reduce: the reduce op is not recorded, SUM replays it.
 REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
                       "reduce_scatter_tensor"})

@@ -182,6 +182,69 @@ def place_waits(ops: list[Op], scan: CommScan) -> int:
     return from_trace
 
 
+def _nested_functional_waits(trace: RawTrace) -> dict[int, set[int]]:
+    """Waits recorded inside another op: {selected op's node id: node ids of the
+    functional collectives it waited for}. A DTensor or AsyncCollectiveTensor waits for
+    a collective's result inside the dispatch of the op that first reads it, so the
+    wait is a child of that op and names the collective's output storage."""
+    by_id = {n.id: n for n in trace.nodes}
+    produced: dict[int, int] = {}  # recorded output storage -> functional node id
+    waits: dict[int, set[int]] = {}
+    for node in trace.nodes:  # id order is start order
+        namespace, _, name = node.name.partition("::")
+        if namespace not in oprules.FUNCTIONAL_NAMESPACES:
+            continue
+        if name == "wait_tensor":
+            top, parent = None, by_id.get(node.parent)
+            while parent is not None and parent.id != parent.parent:
+                if parent.op_schema:
+                    top = parent  # the outermost op with a schema is the selected one
+                parent = by_id.get(parent.parent)
+            storages = {s for arg in node.inputs for s in _storages(arg.value)}
+            if top is not None:
+                waits.setdefault(top.id, set()).update(
+                    produced[s] for s in storages if s in produced)
+        elif name not in oprules.COLLECTIVE_HELPERS:
+            for arg in node.outputs:
+                for s in _storages(arg.value):
+                    produced[s] = node.id
+    return waits
+
+
+def _storages(value: object) -> list[int]:
+    """Storage ids of a recorded tensor value ([id, storage, offset, numel, size, dev])."""
+    if isinstance(value, list) and len(value) >= 2 and isinstance(value[1], int) \
+            and not isinstance(value[0], list):
+        return [value[1]]
+    if isinstance(value, list):
+        return [s for item in value for s in _storages(item)]
+    return []
+
+
+def place_functional_waits(ops: list[Op], nested: dict[int, set[int]]) -> None:
+    """Wait for a functional collective's result where the original did: before the
+    op that waited for it inside its own dispatch (``nested``), else before the first
+    op that reads it, unless that op is the trace's own wait_tensor."""
+    index_of = {op.node_id: op.index for op in ops}
+    for op in ops:
+        for producer in sorted(nested.get(op.node_id, ())):
+            if producer in index_of and index_of[producer] not in op.waits_on:
+                op.waits_on.append(index_of[producer])
+    for op in ops:
+        if (op.signature.namespace not in oprules.FUNCTIONAL_NAMESPACES
+                or op.signature.name in oprules.COLLECTIVE_HELPERS):
+            continue
+        storages = {tv.storage_id for value in op.outputs for tv in iter_tensors(value)}
+        for later in ops[op.index + 1:]:
+            if op.index in later.waits_on:
+                break
+            if any(tv.storage_id in storages
+                   for arg in later.args for tv in iter_tensors(arg.value)):
+                if later.signature.name != "wait_tensor":
+                    later.waits_on.append(op.index)
+                break
+
+
 def _first_use(ops: list[Op], comm: Op) -> int | None:
     """Index of the first later op that reads or writes one of the collective's storages,
     or of the next collective: a trace without wait records (gloo) nests every later op
@@ -206,6 +269,7 @@ class CommLowering:
         self.groups = list(self.scan.groups or [])
         self.default_group = default_group_index(self.groups) if self.groups else 0
         self.world_size = world_size(self.scan.groups, list(self.scan.ops.values())) or 1
+        self.nested_waits = _nested_functional_waits(trace)
 
     def lower(self, sel: Selected, sig: Signature, index: int) -> Op | Diagnostic:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
@@ -215,11 +279,23 @@ class CommLowering:
             op.comm.group = self.default_group
         return op
 
+    def group_of(self, name: object) -> int:
+        """The benchmark's group for a recorded pg_name (functional collectives name
+        their group); the default group where the name is not among the recorded ones."""
+        for g in self.groups:
+            if g.name == name and replayable(g, self.world_size):
+                return g.index
+        return self.default_group
+
     def finish(self, ops: list[Op], program_notes: list[str]):
         """Place waits; return the trace's DistInfo (None without any communication)."""
         comm_ops = [op for op in ops if op.comm is not None]
+        functional = any(op.signature.namespace in oprules.FUNCTIONAL_NAMESPACES
+                         for op in ops)
         placed = place_waits(ops, self.scan)
-        info = dist_info(self.trace, list(self.scan.ops.values()), bool(comm_ops))
+        place_functional_waits(ops, self.nested_waits)
+        info = dist_info(self.trace, list(self.scan.ops.values()),
+                         bool(comm_ops) or functional)
         if info is None:
             return None
         if comm_ops:
@@ -250,12 +326,14 @@ def replayable(group: ProcessGroupSpec, world: int) -> bool:
 
 
 def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...]]]:
-    """(c10d op, recorded tensor shapes) of every top-level collective, in order: what
+    """(op, recorded tensor shapes) of every top-level collective (c10d and functional),
+    in order: what
     a replay must reproduce rank by rank (compare a replay's trace with its original)."""
     out = []
     for sel in select_ops(trace).ops:
         node = sel.node
-        if not node.name.startswith("c10d::") or HARNESS_SCOPE in sel.scope:
+        collective = node.name.split("::", 1)[0] in ("c10d", *oprules.FUNCTIONAL_NAMESPACES)
+        if not collective or HARNESS_SCOPE in sel.scope:
             continue
         shapes = tuple(_freeze(a.shape) for a in node.inputs if a.type.startswith(
             ("Tensor", "GenericList[Tensor", "GenericList[GenericList[Tensor")))

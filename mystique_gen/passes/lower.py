@@ -9,9 +9,11 @@ become ``not replayed`` diagnostics; malformed records raise :class:`TraceError`
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from collections.abc import Callable, Iterator
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,6 +23,7 @@ from mystique_gen.ir import (
     Arg,
     DeviceValue,
     Diagnostic,
+    GroupName,
     ListValue,
     Literal,
     Op,
@@ -41,8 +44,15 @@ from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.select import Selected
 from mystique_gen.sources.et import RawArg
 
-# Lowers one c10d op (passes/comms.py): (selected node, signature, op index).
-CommHook = Callable[[Selected, Signature, int], "Op | Diagnostic"]
+
+class CommHook(Protocol):
+    """Communication lowering for one trace (passes/comms.py's CommLowering)."""
+
+    def lower(self, sel: Selected, sig: Signature, index: int) -> Op | Diagnostic:
+        """One c10d op as a torch.distributed call."""
+
+    def group_of(self, name: object) -> int:
+        """The benchmark's group index of a recorded process group name."""
 
 
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
@@ -67,18 +77,20 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
             skipped.append(not_replayed(node.id, _short(node.name), str(exc)))
             continue
         if comm is not None and sig.namespace == "c10d":
-            lowered = comm(sel, sig, len(ops))
+            lowered = comm.lower(sel, sig, len(ops))
             if isinstance(lowered, Op):
                 ops.append(lowered)
             else:
                 skipped.append(lowered)
             continue
-        reason = _not_replayed_reason(sig)
+        functional = comm is not None and sig.namespace in oprules.FUNCTIONAL_NAMESPACES
+        reason = None if functional else _not_replayed_reason(sig)
         if reason:
             skipped.append(not_replayed(node.id, sig.qualified_name, reason))
             continue
         try:
-            args = _decode_args(sig, node.inputs, node.id)
+            args = _decode_args(sig, node.inputs, node.id,
+                                comm.group_of if functional and comm else None)
             outputs = _decode_outputs(sig, node.outputs, node.id)
         except Unsupported as exc:
             skipped.append(not_replayed(node.id, sig.qualified_name, str(exc)))
@@ -86,7 +98,8 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
         seq_id = node.attrs.get("seq_id")
         ops.append(Op(
             index=len(ops), node_id=node.id, signature=sig, args=args, outputs=outputs,
-            thread=node.tid, scope=sel.scope, guard=_guard(sig),
+            thread=node.tid, scope=sel.scope,
+            guard=oprules.FUNCTIONAL_GUARD if functional else _guard(sig),
             records_grad=(seq_id >= 0 if isinstance(seq_id, int)
                           and not isinstance(seq_id, bool) else None),
         ))
@@ -118,6 +131,9 @@ def _not_replayed_reason(sig: Signature) -> str | None:
 @lru_cache(maxsize=4096)
 def _guard(sig: Signature) -> str | None:
     reason = oprules.guard_reason(sig.namespace, sig.name)
+    if sig.namespace in oprules.NAMESPACE_MODULES:  # registered when its module loads
+        with contextlib.suppress(ImportError):
+            importlib.import_module(oprules.NAMESPACE_MODULES[sig.namespace])
     if reason:
         return reason
     try:
@@ -128,12 +144,18 @@ def _guard(sig: Signature) -> str | None:
     return None
 
 
-def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int) -> list[Arg]:
+def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
+                 group_of: Callable[[object], int] | None = None) -> list[Arg]:
+    """Arguments by schema type; with ``group_of``, a process group's recorded name
+    becomes that group at run time (functional collectives)."""
     if len(recorded) > len(sig.args):
         raise Unsupported(
             f"{len(recorded)} inputs recorded but the schema takes {len(sig.args)}")
     args = []
     for i, (spec, raw) in enumerate(zip(sig.args, recorded, strict=False)):
+        if group_of is not None and spec.name in oprules.GROUP_NAME_ARGS:
+            args.append(Arg(spec, GroupName(group_of(raw.value))))
+            continue
         value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]")
         args.append(Arg(spec, value))
     missing = [s.name for s in sig.args[len(recorded):] if not s.has_default]

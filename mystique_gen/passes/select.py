@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, not_replayed
 from mystique_gen.ir.schema import is_op_name
@@ -37,7 +38,50 @@ def is_root(node: RawNode) -> bool:
     return node.name.startswith(ROOT_PREFIXES)
 
 
+def repair_async_nesting(trace: RawTrace) -> None:
+    """Give back to their real parent the ops an async collective's scope swallowed.
+
+    A collective's record-function scope (``gloo:all_reduce``) opens on the issuing
+    thread and closes on the backend's, so the observer's stack keeps it, or the
+    collective itself, open: later ops of the step are then recorded inside it. What a
+    communication op really contains: whatever runs before its own c10d call (a
+    functional collective copies its input first), that call, and the bookkeeping
+    right after it (``_wrap_tensor_autograd``); a c10d op runs no other collective.
+    From the first child that is not its own, the children belong to its parent."""
+    children: dict[int, list[RawNode]] = {}
+    for node in trace.nodes:
+        if node.parent != node.id:
+            children.setdefault(node.parent, []).append(node)
+    for node in trace.nodes:
+        namespace = node.name.partition("::")[0]
+        if not node.op_schema or namespace not in oprules.COMMUNICATION_NAMESPACES:
+            continue
+        _lift_foreign(node, node.parent, children, namespace != "c10d")
+
+
+def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
+                  functional: bool) -> None:
+    """Re-parent to ``to`` the children of ``node`` from the first one not its own."""
+    called = False
+    kids = children.get(node.id, [])
+    for k, kid in enumerate(kids):
+        if not kid.op_schema:
+            continue
+        namespace, _, name = kid.name.partition("::")
+        if functional:  # owns what precedes its c10d call, the call, then bookkeeping
+            foreign = called and name not in oprules.COLLECTIVE_HELPERS
+            called = called or namespace == "c10d"
+        else:  # a c10d op (or a scope inside one) runs no other collective
+            foreign = (namespace in oprules.COMMUNICATION_NAMESPACES
+                       and name not in oprules.COLLECTIVE_HELPERS)
+        if foreign:
+            for lifted in kids[k:]:
+                lifted.parent = to
+            return
+
+
 def select_ops(trace: RawTrace) -> Selection:
+    repair_async_nesting(trace)
     by_id = {n.id: n for n in trace.nodes}
     # scope_of[id] is None when an ancestor (or the node) is selected, else the annotation path.
     scope_of: dict[int, tuple[str, ...] | None] = {}
@@ -92,8 +136,9 @@ def select_ops(trace: RawTrace) -> Selection:
     return Selection(selected, skipped, sorted(threads), covered)
 
 
-# Covered nodes whose arguments later passes read: collectives' metadata (passes/comms.py).
-KEEP_ARGUMENTS = frozenset({"record_param_comms"})
+# Covered nodes whose arguments later passes read (passes/comms.py): collectives'
+# metadata, and the waits a functional collective's consumer ran inside its dispatch.
+KEEP_ARGUMENTS = frozenset({"record_param_comms", "_c10d_functional::wait_tensor"})
 
 
 def release_covered_arguments(selection: Selection) -> None:

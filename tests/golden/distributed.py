@@ -31,6 +31,7 @@ Process groups (new_group on every rank, in this order):
 """
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -118,6 +119,17 @@ class _Unavailable:
 
     def __str__(self):
         return self.name
+
+
+def _load_namespace(module):
+    """Import the torch module that registers an operator namespace (fsdp::), so its
+    operators resolve; where it is missing they stand in (see _guarded)."""
+    if not module.startswith("torch."):
+        raise ValueError(f"not a torch module: {module}")
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        print(f"mystique: {module} is unavailable ({exc})", file=sys.stderr)
 
 
 def _op(resolve, name):
@@ -695,6 +707,21 @@ def _wait_work(work):
     """Wait for an async collective, as the original program did at this point."""
     if work is not None:
         work.wait()
+
+
+def _group_name(index):
+    """The replay's name of recorded group `index` (functional collectives name it)."""
+    if not _GROUPS:  # not launched: the collective fails inside _guarded, and stands in
+        return "mystique: no process group (run under torchrun)"
+    return _GROUPS[index].group_name
+
+
+def _wait_tensor(tensor):
+    """Wait for the functional collective that produces `tensor`, where the original
+    waited inside the op that first read it."""
+    if _RUNTIME["comm"]:
+        with _harness():
+            torch.ops._c10d_functional.wait_tensor(tensor)
 
 
 def make_inputs(device, host, gens):

@@ -17,6 +17,7 @@ Ops not replayed:
 """
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -112,6 +113,17 @@ class _Unavailable:
 
     def __str__(self):
         return self.name
+
+
+def _load_namespace(module):
+    """Import the torch module that registers an operator namespace (fsdp::), so its
+    operators resolve; where it is missing they stand in (see _guarded)."""
+    if not module.startswith("torch."):
+        raise ValueError(f"not a torch module: {module}")
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        print(f"mystique: {module} is unavailable ({exc})", file=sys.stderr)
 
 
 def _op(resolve, name):
