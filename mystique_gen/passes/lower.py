@@ -9,6 +9,7 @@ become :class:`NotReplayed` values; malformed records raise :class:`TraceError`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
@@ -242,7 +243,16 @@ def _code(value: Any, table: dict[int, str], what: str, node_id: int, where: str
     return TorchConstant(table[value])
 
 
+# JSON has no literal for non-finite numbers, so the ET observer writes a Double that is
+# infinite or NaN as a string (masked_fill(mask, -inf) in attention masks and MoE
+# routers). Read back only where a float is expected; any other string stays an error.
+NON_FINITE = {"inf": math.inf, "+inf": math.inf, "infinity": math.inf, "-inf": -math.inf,
+              "-infinity": -math.inf, "nan": math.nan, "+nan": math.nan, "-nan": math.nan}
+
+
 def _number(value: Any, kinds: tuple[type, ...], node_id: int, where: str) -> int | float:
+    if float in kinds and isinstance(value, str) and value.strip().lower() in NON_FINITE:
+        return NON_FINITE[value.strip().lower()]
     # bool is an int subclass; a recorded bool in a Scalar slot is a valid value.
     if not isinstance(value, kinds):
         raise TraceError(f"expected a number, got {type(value).__name__}", node_id=node_id,
