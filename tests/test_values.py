@@ -205,6 +205,51 @@ def test_recorded_range_keys_count_tensors_in_lists():
     assert (init.kind, init.low, init.high) == ("span", 2, 5)
 
 
+ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+ADD_ = "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)"
+
+
+def _wrapped_scalars(b: TraceBuilder, values: list[int], same_tensor: bool = False,
+                     written: bool = False) -> None:
+    """Python ints wrapped as 0-d int64 tensors at one address, one after the other
+    (T5's relative position buckets: 0 and 8), each added to a position tensor."""
+    first = b.tensor((), dtype="int64")
+    for k, v in enumerate(values):
+        scalar = first if same_tensor or k == 0 else b.view(first, ())
+        pos = b.tensor((4,), dtype="int64")
+        b.op(ADD, [pos, scalar], [b.tensor((4,), dtype="int64")],
+             attrs={"tensor_range": json.dumps({"0": [0, 3], "1": [v, v]})})
+        if written:
+            b.op(ADD_, [scalar, pos], [scalar],
+                 attrs={"tensor_range": json.dumps({"0": [v, v], "1": [0, 3]})})
+
+
+def _scalar_inits(program) -> list[tuple[str, int, int]]:
+    return [(s.init.kind, s.init.low, s.init.high) for s in program.storages
+            if s.materialised and s.dtype == "int64" and s.extent == 1]
+
+
+def test_tensors_that_reused_a_storage_id_get_a_fill_each():
+    """Two tensors on the same view of one storage id whose recorded values differ,
+    with no write between them, cannot be the same bytes: the first was freed and its
+    address reused. Each is its own lifetime, with its own recorded range (one fill
+    over 0..8 overflowed a relative-position embedding)."""
+    b = TraceBuilder()
+    _wrapped_scalars(b, [0, 8])
+    assert sorted(_scalar_inits(_program(b))) == [("span", 0, 0), ("span", 8, 8)]
+
+
+@pytest.mark.parametrize("same_tensor,written,values", [
+    (True, False, [0, 8]),  # one tensor: its values changed through an unrecorded write
+    (False, True, [0, 8]),  # a recorded in-place write between the reads
+    (False, False, [5, 5]),  # equal values: nothing says the storage was reallocated
+])
+def test_one_lifetime_where_nothing_shows_a_reallocation(same_tensor, written, values):
+    b = TraceBuilder()
+    _wrapped_scalars(b, values, same_tensor=same_tensor, written=written)
+    assert len(_scalar_inits(_program(b))) == 1
+
+
 def test_malformed_range_names_node_and_field():
     from mystique_gen.errors import TraceError
 

@@ -8,7 +8,9 @@ of its own, and the threaded schedule of :mod:`streams` runs them at once.
 
 Storage ids are renamed to one id per (trace, recorded storage lifetime). Lifetimes
 are counted on the *unfiltered* selection, with the tensor pass's rule (an output
-whose storage id none of the op's inputs carries starts a new lifetime), so a kept
+whose storage id none of the op's inputs carries starts a new lifetime) and one the
+tensor pass cannot apply (a different tensor with other recorded values on an unwritten
+storage: see :func:`storage_lifetimes`), so a kept
 op never aliases a buffer that a dropped op had replaced, and two traces never share
 a tensor. With nothing filtered the renaming changes no lifetime.
 """
@@ -20,8 +22,10 @@ from collections.abc import Iterator
 
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
 from mystique_gen.load.et import RawArg
+from mystique_gen.passes.lower import list_element_types
 from mystique_gen.passes.select import Selected
 from mystique_gen.passes.tensors import output_paths
+from mystique_gen.passes.values import _parse_range
 
 
 def place_in_parallel(op_lists: list[list[Op]]) -> None:
@@ -55,20 +59,83 @@ def _raw_storage_ids(raw: RawArg) -> Iterator[int]:
         yield from walk(raw.value)
 
 
+RawView = tuple[int, tuple, tuple, str]  # offset, shape, strides, element type
+
+
+def _input_tensors(raw_inputs: list[RawArg]) -> Iterator[tuple[int, list, RawView]]:
+    """(tensor ordinal, record, view) of every input tensor, numbered as ``tensor_range``
+    numbers them (passes/values.py ``_ordinals``: top-level tensors and list elements)."""
+    k = 0
+    for raw in raw_inputs:
+        if raw.type.startswith("Tensor"):
+            items = [(raw.value, raw.shape, raw.strides, raw.type)]
+        elif "List[" in raw.type and isinstance(raw.value, list):
+            types = list_element_types(raw.type, len(raw.value))
+            shapes = raw.shape if isinstance(raw.shape, list) else []
+            strides = raw.strides if isinstance(raw.strides, list) else []
+            items = [(v, shapes[j] if j < len(shapes) else None,
+                      strides[j] if j < len(strides) else None, types[j])
+                     for j, v in enumerate(raw.value)]
+        else:
+            continue
+        for value, shape, strides, type_str in items:
+            if not type_str.startswith("Tensor"):
+                continue
+            if (isinstance(value, list) and len(value) >= 6 and isinstance(value[0], int)
+                    and isinstance(value[1], int)):
+                yield k, value, (value[2], _frozen(shape), _frozen(strides), type_str)
+            k += 1
+
+
+def _frozen(value: object) -> object:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
 def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
-    """Per node id: the lifetime number of each storage id it reads, and of each it writes."""
+    """Per node id: the lifetime number of each storage id it reads, and of each it writes.
+
+    An output whose storage id none of the op's inputs carries starts a new lifetime
+    (the id was freed and reused). So does an input that is a *different tensor* on
+    the same view of a storage that no op wrote since the last read, where their
+    recorded ``tensor_range`` differ: the same bytes cannot hold two values, so the
+    first tensor was freed and the allocator handed its address to the second (two
+    Python scalars wrapped as 0-d tensors, 0 and 8, one after the other: without this
+    they got one buffer filled over 0..8, and a relative-position bucket overflowed
+    its embedding). Tensors created outside recorded ops (wrapped scalars) are seen
+    only as inputs, so nothing else tells their lifetimes apart.
+    """
     current: dict[int, int] = {}
+    # Per storage id, since its last write: view -> (tensor id, recorded range).
+    seen: dict[int, dict[RawView, tuple[int, tuple[int, int]]]] = {}
     result: Lifetimes = {}
     for s in selected:
-        reads_ids = {sid for raw in s.node.inputs for sid in _raw_storage_ids(raw)}
+        node = s.node
+        ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
+        mutates = "!" in node.op_schema  # conservatively: any tensor input may be written
+        reads_ids = {sid for raw in node.inputs for sid in _raw_storage_ids(raw)}
+        if ranges:
+            for k, record, view in _input_tensors(node.inputs):
+                span = ranges.get(k)
+                if span is None:
+                    continue
+                tid, sid = record[0], record[1]
+                earlier = seen.setdefault(sid, {}).get(view)
+                if earlier is not None and earlier[0] != tid and earlier[1] != span:
+                    current[sid] = current.get(sid, 0) + 1
+                    seen[sid] = {}
+                seen[sid][view] = (tid, span)
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
         writes: dict[int, int] = {}
-        for raw in s.node.outputs:
+        for raw in node.outputs:
             for sid in _raw_storage_ids(raw):
                 if sid not in reads_ids and sid not in writes:
                     current[sid] = current.get(sid, 0) + 1
                 writes[sid] = current.get(sid, 0)
-        result[s.node.id] = (reads, writes)
+                seen.pop(sid, None)
+        if mutates:
+            for sid in reads_ids:
+                seen.pop(sid, None)
+        result[node.id] = (reads, writes)
     return result
 
 
