@@ -16,8 +16,8 @@ prints the first line of its error.
 Environment: SWEEP_ONLY=substr,... (architecture names containing any), SWEEP_KINDS=
 causal,masked,seq2seq,image, SWEEP_LIMIT=N (first N per kind), SWEEP_JOBS=N (models at
 once; default 1), SWEEP_STEPS=train,infer, SWEEP_TIMEOUT=seconds per model (default
-900). Traces go to a temporary directory. Each model runs in a process of its own, so
-a crash or a hang costs one row.
+900). Traces go to a temporary directory (SWEEP_KEEP=DIR keeps them in DIR/ARCH). Each
+model runs in a process of its own, so a crash or a hang costs one row.
 """
 
 from __future__ import annotations
@@ -254,7 +254,11 @@ def child(kind: str, arch: str, steps: list[str]) -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    keep = os.environ.get("SWEEP_KEEP")  # a directory to keep traces in, for debugging
     with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
+        if keep:
+            tmp = str(Path(keep) / arch)
+            Path(tmp).mkdir(parents=True, exist_ok=True)
         for name in steps:
             start = time.perf_counter()
             try:
