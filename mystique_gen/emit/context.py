@@ -11,7 +11,7 @@ import keyword
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from mystique_gen import __version__
+from mystique_gen import __version__, oprules
 from mystique_gen.emit import comms, exprs, schedule, valuefill
 from mystique_gen.emit.layout import INDENT, Atom, Group, Node, flat, lay_out, names_statement
 from mystique_gen.emit.names import Namespace
@@ -93,6 +93,7 @@ class _ContextBuilder:
         self.fallback_rows: list[Node] = []
         self.grad_state: bool | None = None  # autograd mode at this point of the unit
         self.read_roots = self._read_roots()
+        self.unviewed = self._inputs_refusing_views()
 
     def start_program(self, program: Program) -> None:
         """Build another program (a rank) into the same file: operator handles,
@@ -101,6 +102,7 @@ class _ContextBuilder:
         self.ns = self.ns.fork(lambda key: isinstance(key, tuple) and key[0] == "op")
         self.input_lines, self.input_names, self.replay_lines = [], [], []
         self.read_roots = self._read_roots()
+        self.unviewed = self._inputs_refusing_views()
 
     # -- naming -------------------------------------------------------------------
     def _read_roots(self) -> set[object]:
@@ -114,6 +116,13 @@ class _ContextBuilder:
                     if tv.binding is not None:
                         roots.add(_key(binding_root(tv.binding)))
         return roots
+
+    def _inputs_refusing_views(self) -> set[int]:
+        """id() of the input views an op refuses views for (oprules.REFUSES_VIEWS): the
+        original's tensor was no view, but ``as_strided`` makes one, so it is detached."""
+        return {id(tv.binding) for op in self.program.ops if op.name in oprules.REFUSES_VIEWS
+                for arg in op.args for tv in iter_tensors(arg.value)
+                if isinstance(tv.binding, InputView)}
 
     def handle(self, op: Op) -> str:
         """The module-level name bound to the op's callable: its public binding where
@@ -147,6 +156,8 @@ class _ContextBuilder:
                 name = self.ns.numbered(key, "x")
                 self.input_lines.extend(
                     lay_out(f"{name} = ", _as_strided(base, binding.meta), BODY_DEPTH))
+                if id(binding) in self.unviewed:
+                    self.input_lines.append(f"{INDENT * BODY_DEPTH}{name} = {name}.detach()")
                 if binding.storage.requires_grad:  # a parameter (passes/autograd.py)
                     self.input_lines.append(f"{INDENT * BODY_DEPTH}{name}.requires_grad_()")
                 self.input_names.append(name)
