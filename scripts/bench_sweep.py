@@ -69,6 +69,9 @@ _SMALL: dict[str, int] = {
                      "moe_k"), 2),
     **dict.fromkeys(("head_dim", "attention_head_size", "d_kv", "kv_channels"), 16),
     **dict.fromkeys(("vocab_size", "n_vocab"), VOCAB),
+    # Multi-head latent attention and partial rotary embeddings: parts of a head.
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim", "rope_dim"), 8),
+    **dict.fromkeys(("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
 }
 # Per-layer lists (layer_types, mlp_only_layers, ...) are cut to the new layer count.
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -94,16 +97,28 @@ def _shrink(cfg: Any, depth: int = 0) -> None:
         cfg.max_position_embeddings = min(cfg.max_position_embeddings, 512)
     new_layers = next((getattr(cfg, k) for k in _LAYER_COUNT_KEYS
                        if isinstance(getattr(cfg, k, None), int)), None)
+    per_layer = [k for k, v in vars(cfg).items() if not k.startswith("_")
+                 and isinstance(v, list) and old_layers and new_layers
+                 and len(v) == old_layers != new_layers]
+    if per_layer and new_layers:
+        # Keep layers of every kind a hybrid model has (attention and linear/SSM
+        # layers), the first of each distinct combination, in order.
+        rows = list(zip(*(getattr(cfg, k) for k in per_layer), strict=True))
+        firsts = sorted({rows.index(row) for row in rows})[:new_layers]
+        keep = sorted(firsts + [i for i in range(len(rows)) if i not in firsts]
+                      [:new_layers - len(firsts)])
+        for k in per_layer:
+            value = getattr(cfg, k)
+            setattr(cfg, k, [value[i] for i in keep])
     for key, value in list(vars(cfg).items()):
-        if key.startswith("_"):
+        if key.startswith("_") or key in per_layer:
             continue
-        if (isinstance(value, list) and old_layers and new_layers
-                and len(value) == old_layers and old_layers != new_layers):
-            setattr(cfg, key, value[:new_layers])
         elif isinstance(value, list) and key in ("depths", "num_layers_per_stage"):
             setattr(cfg, key, [min(v, 1) if isinstance(v, int) else v for v in value])
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
             _shrink(value, depth + 1)
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False  # a step of training or scoring, not generation
     for key in ("image_size", "img_size"):
         if isinstance(getattr(cfg, key, None), int):
             setattr(cfg, key, IMAGE)
