@@ -95,18 +95,21 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     """Per node id: the lifetime number of each storage id it reads, and of each it writes.
 
     An output whose storage id none of the op's inputs carries starts a new lifetime
-    (the id was freed and reused). So does an input that is a *different tensor* on
-    the same view of a storage that no op wrote since the last read, where their
-    recorded ``tensor_range`` differ: the same bytes cannot hold two values, so the
-    first tensor was freed and the allocator handed its address to the second (two
-    Python scalars wrapped as 0-d tensors, 0 and 8, one after the other: without this
-    they got one buffer filled over 0..8, and a relative-position bucket overflowed
-    its embedding). Tensors created outside recorded ops (wrapped scalars) are seen
-    only as inputs, so nothing else tells their lifetimes apart.
+    (the id was freed and reused). So does an input on the same view of a storage
+    that no recorded op wrote since the last read, where their recorded
+    ``tensor_range`` differ: the same bytes cannot hold two values, so the first
+    tensor was freed and the allocator handed its address to the second (two Python
+    scalars wrapped as 0-d tensors, 0 and 8, one after the other: without this they
+    got one buffer filled over 0..8, and a relative-position bucket overflowed its
+    embedding). Tensors created outside recorded ops (wrapped scalars) are seen only as
+    inputs, so nothing else tells their lifetimes apart, and the tensor id does not
+    either: the observer keys tensor ids by TensorImpl address, which the allocator
+    reuses as well. (Should an unrecorded write have changed a live tensor, its reads
+    still get fills matching what each read saw.)
     """
     current: dict[int, int] = {}
-    # Per storage id, since its last write: view -> (tensor id, recorded range).
-    seen: dict[int, dict[RawView, tuple[int, tuple[int, int]]]] = {}
+    # Per storage id, since its last write: view -> recorded range.
+    seen: dict[int, dict[RawView, tuple[int, int]]] = {}
     result: Lifetimes = {}
     for s in selected:
         node = s.node
@@ -118,12 +121,12 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 span = ranges.get(k)
                 if span is None:
                     continue
-                tid, sid = record[0], record[1]
+                sid = record[1]
                 earlier = seen.setdefault(sid, {}).get(view)
-                if earlier is not None and earlier[0] != tid and earlier[1] != span:
+                if earlier is not None and earlier != span:
                     current[sid] = current.get(sid, 0) + 1
                     seen[sid] = {}
-                seen[sid][view] = (tid, span)
+                seen[sid][view] = span
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
         writes: dict[int, int] = {}
         for raw in node.outputs:
