@@ -210,15 +210,20 @@ ADD_ = "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> T
 
 
 def _wrapped_scalars(b: TraceBuilder, values: list[int], same_tensor: bool = False,
-                     written: bool = False) -> None:
+                     written: bool = False, in_place: bool = False) -> None:
     """Python ints wrapped as 0-d int64 tensors at one address, one after the other
-    (T5's relative position buckets: 0 and 8), each added to a position tensor."""
+    (T5's relative position buckets: 0 and 8), each added to a position tensor
+    (``in_place``: the first in place to another tensor, as AdamW adds a step count)."""
     first = b.tensor((), dtype="int64")
     for k, v in enumerate(values):
         scalar = first if same_tensor or k == 0 else b.view(first, ())
         pos = b.tensor((4,), dtype="int64")
-        b.op(ADD, [pos, scalar], [b.tensor((4,), dtype="int64")],
-             attrs={"tensor_range": json.dumps({"0": [0, 3], "1": [v, v]})})
+        if in_place and k == 0:
+            b.op(ADD_, [pos, scalar], [pos],
+                 attrs={"tensor_range": json.dumps({"0": [0, 3], "1": [v, v]})})
+        else:
+            b.op(ADD, [pos, scalar], [b.tensor((4,), dtype="int64")],
+                 attrs={"tensor_range": json.dumps({"0": [0, 3], "1": [v, v]})})
         if written:
             b.op(ADD_, [scalar, pos], [scalar],
                  attrs={"tensor_range": json.dumps({"0": [v, v], "1": [0, 3]})})
@@ -229,16 +234,17 @@ def _scalar_inits(program) -> list[tuple[str, int, int]]:
             if s.materialised and s.dtype == "int64" and s.extent == 1]
 
 
-@pytest.mark.parametrize("same_tensor", [False, True])
-def test_tensors_that_reused_a_storage_id_get_a_fill_each(same_tensor):
+@pytest.mark.parametrize("same_tensor,in_place", [(False, False), (True, False),
+                                                   (False, True)])
+def test_tensors_that_reused_a_storage_id_get_a_fill_each(same_tensor, in_place):
     """Two reads of the same view of one storage id whose recorded values differ, with
     no write between them, cannot be the same bytes: the first tensor was freed and its
     address reused (the tensor id too: the observer keys it by TensorImpl address).
     Each is its own lifetime, with its own recorded range (one fill over 0..8
     overflowed a relative-position embedding)."""
     b = TraceBuilder()
-    _wrapped_scalars(b, [0, 8], same_tensor=same_tensor)
-    assert sorted(_scalar_inits(_program(b))) == [("span", 0, 0), ("span", 8, 8)]
+    _wrapped_scalars(b, [1, 8], same_tensor=same_tensor, in_place=in_place)
+    assert sorted(_scalar_inits(_program(b))) == [("span", 1, 1), ("span", 8, 8)]
 
 
 @pytest.mark.parametrize("written,values", [

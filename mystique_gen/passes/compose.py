@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from functools import lru_cache
 
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
 from mystique_gen.load.et import RawArg
@@ -26,6 +27,7 @@ from mystique_gen.passes.lower import list_element_types
 from mystique_gen.passes.select import Selected
 from mystique_gen.passes.tensors import output_paths
 from mystique_gen.passes.values import _parse_range
+from mystique_gen.schema import SchemaError, parse_signature
 
 
 def place_in_parallel(op_lists: list[list[Op]]) -> None:
@@ -91,6 +93,15 @@ def _frozen(value: object) -> object:
     return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
+@lru_cache(maxsize=4096)
+def _written_inputs(schema: str) -> tuple[int, ...] | None:
+    """Positions of the arguments an op writes (``Tensor(a!)``); None: unknown (all)."""
+    try:
+        return tuple(i for i, a in enumerate(parse_signature(schema).args) if a.writes)
+    except SchemaError:
+        return None
+
+
 def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     """Per node id: the lifetime number of each storage id it reads, and of each it writes.
 
@@ -114,7 +125,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     for s in selected:
         node = s.node
         ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
-        mutates = "!" in node.op_schema  # conservatively: any tensor input may be written
+        written = _written_inputs(node.op_schema) if "!" in node.op_schema else ()
         reads_ids = {sid for raw in node.inputs for sid in _raw_storage_ids(raw)}
         if ranges:
             for k, record, view in _input_tensors(node.inputs):
@@ -135,9 +146,12 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     current[sid] = current.get(sid, 0) + 1
                 writes[sid] = current.get(sid, 0)
                 seen.pop(sid, None)
-        if mutates:
-            for sid in reads_ids:
-                seen.pop(sid, None)
+        # Values the op writes in place (its Tensor(a!) arguments) are new values; what
+        # it only reads (add_'s `other`) keeps its recorded values to compare against.
+        for i in range(len(node.inputs)) if written is None else written:
+            if i < len(node.inputs):
+                for sid in _raw_storage_ids(node.inputs[i]):
+                    seen.pop(sid, None)
         result[node.id] = (reads, writes)
     return result
 
