@@ -295,8 +295,13 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
         raise Unsupported(f"{where}: storage offset is outside 64 bits")
     if not isinstance(device, str):
         raise TraceError("tensor device is not a string", node_id=node_id, field=where)
-    if device == "" or type_str.startswith("Tensor(nullptr"):
+    if type_str.startswith("Tensor(nullptr"):
         return Literal(None)  # an undefined tensor
+    if device == "":
+        # A defined tensor with no storage: a functorch/vmap wrapper (transformers
+        # builds attention masks under vmap) or a tensor subclass. The record holds no
+        # shape or device to rebuild it from, and None in its place crashes the op.
+        raise Unsupported(f"{where}: a tensor without storage (vmap or a tensor subclass)")
     dtype = dtype_from_type_string(type_str)
     if dtype is None:
         raise Unsupported(f"tensor element type {type_str[:40]!r} is not supported")
