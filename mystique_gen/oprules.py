@@ -209,6 +209,15 @@ POSITIVE_ARGS: dict[str, tuple[str, ...]] = {
     "aten::_fused_adamw_": ("exp_avg_sqs",),
 }
 
+# Integral divisors: integer division by zero raises (ZeroDivisionError), so a divisor
+# the replay fills (a wrapped Python int such as top_k, or a tensor built from a list)
+# never holds 0; floating divisors are in FLOAT_RANGES.
+INTEGER_DIVISORS: dict[str, tuple[str, ...]] = {
+    name: ("other",) for name in (
+        "aten::div", "aten::div_", "aten::floor_divide", "aten::floor_divide_",
+        "aten::remainder", "aten::remainder_", "aten::fmod", "aten::fmod_")
+}
+
 # Saved state a backward op reads back from its forward as raw bytes (an RNN's gates in a
 # workspace): random bytes reinterpreted as floats hold NaN and inf, which poison every
 # gradient and slow every kernel after them. Filled with zeros, which read as 0.0 in any

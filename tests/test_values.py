@@ -257,6 +257,25 @@ def test_one_lifetime_where_nothing_shows_a_reallocation(written, values):
     assert len(_scalar_inits(_program(b))) == 1
 
 
+FLOOR_DIVIDE = "aten::floor_divide(Tensor self, Tensor other) -> Tensor"
+
+
+@pytest.mark.parametrize("ranges,expected", [
+    (None, ("randint", 1, 8)),  # the default fill, without 0
+    ('{"1":[0,3]}', ("span", 1, 3)),
+    ('{"1":[2,2]}', ("span", 2, 2)),  # a recorded positive value is kept
+])
+def test_integer_divisors_are_never_zero(ranges, expected):
+    """floor_divide(sorted_ids, top_k) with top_k a wrapped Python int: a fill of 0
+    raised ZeroDivisionError in the replay of a MoE router."""
+    b = TraceBuilder()
+    k = b.tensor((), dtype="int64")
+    b.op(FLOOR_DIVIDE, [b.tensor((8,)), k], [b.tensor((8,))],
+         attrs={"tensor_range": ranges} if ranges else None)
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == expected
+
+
 def test_malformed_range_names_node_and_field():
     from mystique_gen.errors import TraceError
 
