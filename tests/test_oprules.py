@@ -33,7 +33,7 @@ def test_the_tables_hold_every_family():
     for family in oprules.FAMILIES:
         for op, rule in family.index_rules.items():
             assert oprules.INDEX_RULES[op] is rule
-        for op in family.data_dependent_outputs:
-            assert op in oprules.DATA_DEPENDENT_OUTPUTS
+        for op in family.data_dependent_outputs | family.uninitialised_outputs:
+            assert op in oprules.DATA_DEPENDENT_OUTPUTS | oprules.UNINITIALISED_OUTPUTS
         for op, rule in family.comm_ops.items():
             assert oprules.COMM_OPS[op] is rule

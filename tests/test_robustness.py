@@ -329,6 +329,66 @@ def test_non_finite_and_huge_numbers(tmp_path, capsys, value, literal):
         assert literal in text
 
 
+MASKED_FILL = ("aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor")
+CLAMP = ("aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor")
+
+
+@pytest.mark.parametrize("text,literal", [
+    ("-inf", '-float("inf")'), ("inf", 'float("inf")'), ("nan", 'float("nan")'),
+])
+def test_non_finite_floats_recorded_as_strings(tmp_path, capsys, text, literal):
+    """JSON has no infinity: the ET observer writes a non-finite Double as "-inf", "inf"
+    or "nan" (masked_fill(mask, -inf) in attention masks and MoE routers). Wherever a
+    float is expected that is the number, and the benchmark runs with it."""
+    b = TraceBuilder()
+    x, mask = b.tensor((3, 4)), b.tensor((3, 4), dtype="bool")
+    y, z = b.tensor((3, 4)), b.tensor((3, 4))
+    b.op(MASKED_FILL, [x, mask, text], [y])
+    b.op(CLAMP, [y, text, None], [z])
+    rc, err, out = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    source = out.read_text()
+    check_source(source)
+    calls = [line for line in source.splitlines()
+             if "aten_masked_fill_Scalar(" in line or "aten_clamp(" in line]
+    assert len(calls) == 2 and all(f", {literal}" in c for c in calls), calls
+    proc = run_benchmark(out, "--device", "cpu", "--warmup", "0", "--iters", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("schema,value", [
+    (CLAMP, "-infinite"),  # not a number, though it starts like one
+    ("aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)", "inf"),
+])
+def test_strings_where_no_float_fits_are_refused(tmp_path, capsys, schema, value):
+    b = TraceBuilder()
+    x, y = b.tensor((3, 4)), b.tensor((4,))
+    b.op(schema, [x, 0, value] if "select" in schema else [x, value, None], [y])
+    assert_refused(tmp_path, write(tmp_path, b.doc()), capsys, "expected a number, got str")
+
+
+def test_tensor_without_storage_is_not_replayed(tmp_path, capsys):
+    """Ops run under vmap (transformers' mask functions) record their batched tensors as
+    [id, 0, 0, 0, 0, ""]: no storage, shape or device. Calling the op with None in their
+    place crashed the benchmark; the op is not replayed, with the reason."""
+    b = TraceBuilder()
+    x, y = b.tensor((3,), dtype="int64"), b.tensor((3,), dtype="bool")
+    b.op("aten::new_ones(Tensor self, SymInt[] size, *, ScalarType? dtype=None, "
+         "Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor",
+         [x, [], 11, None, None, False], [y])
+    b.op(RELU, [b.tensor((2,))], [b.tensor((2,))])
+    doc = b.doc()
+    node = next(n for n in doc["nodes"] if n["name"] == "aten::new_ones")
+    node["inputs"]["values"][0] = [x.tensor_id, 0, 0, 0, 0, ""]
+    node["outputs"]["values"][0] = [y.tensor_id, 0, 0, 0, 0, ""]
+    rc, err, out = generate(tmp_path, write(tmp_path, doc), capsys)
+    assert rc == 0, err
+    source = out.read_text()
+    assert "a tensor without storage" in source and "aten_new_ones(" not in source
+    proc = run_benchmark(out, "--device", "cpu", "--warmup", "0", "--iters", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_huge_tensor_generates_and_refuses_to_run(tmp_path, capsys):
     """A 10**13-element tensor: the file is written; the benchmark says what it needs
     and what is free before allocating anything, and exits."""

@@ -204,6 +204,77 @@ def test_recorded_range_keys_count_tensors_in_lists():
     assert (init.kind, init.low, init.high) == ("span", 2, 5)
 
 
+ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+ADD_ = "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)"
+
+
+def _wrapped_scalars(b: TraceBuilder, values: list[int], same_tensor: bool = False,
+                     written: bool = False, in_place: bool = False) -> None:
+    """Python ints wrapped as 0-d int64 tensors at one address, one after the other
+    (T5's relative position buckets: 0 and 8), each added to a position tensor
+    (``in_place``: the first in place to another tensor, as AdamW adds a step count)."""
+    first = b.tensor((), dtype="int64")
+    for k, v in enumerate(values):
+        scalar = first if same_tensor or k == 0 else b.view(first, ())
+        pos = b.tensor((4,), dtype="int64")
+        if in_place and k == 0:
+            b.op(ADD_, [pos, scalar], [pos],
+                 attrs={"tensor_range": json.dumps({"0": [0, 3], "1": [v, v]})})
+        else:
+            b.op(ADD, [pos, scalar], [b.tensor((4,), dtype="int64")],
+                 attrs={"tensor_range": json.dumps({"0": [0, 3], "1": [v, v]})})
+        if written:
+            b.op(ADD_, [scalar, pos], [scalar],
+                 attrs={"tensor_range": json.dumps({"0": [v, v], "1": [0, 3]})})
+
+
+def _scalar_inits(program) -> list[tuple[str, int, int]]:
+    return [(s.init.kind, s.init.low, s.init.high) for s in program.storages
+            if s.materialised and s.dtype == "int64" and s.extent == 1]
+
+
+@pytest.mark.parametrize("same_tensor,in_place", [(False, False), (True, False),
+                                                   (False, True)])
+def test_tensors_that_reused_a_storage_id_get_a_fill_each(same_tensor, in_place):
+    """Two reads of the same view of one storage id whose recorded values differ, with
+    no write between them, cannot be the same bytes: the first tensor was freed and its
+    address reused (the tensor id too: the observer keys it by TensorImpl address).
+    Each is its own lifetime, with its own recorded range (one fill over 0..8
+    overflowed a relative-position embedding)."""
+    b = TraceBuilder()
+    _wrapped_scalars(b, [1, 8], same_tensor=same_tensor, in_place=in_place)
+    assert sorted(_scalar_inits(_program(b))) == [("span", 1, 1), ("span", 8, 8)]
+
+
+@pytest.mark.parametrize("written,values", [
+    (True, [0, 8]),  # a recorded in-place write between the reads
+    (False, [5, 5]),  # equal values: nothing says the storage was reallocated
+])
+def test_one_lifetime_where_nothing_shows_a_reallocation(written, values):
+    b = TraceBuilder()
+    _wrapped_scalars(b, values, written=written)
+    assert len(_scalar_inits(_program(b))) == 1
+
+
+FLOOR_DIVIDE = "aten::floor_divide(Tensor self, Tensor other) -> Tensor"
+
+
+@pytest.mark.parametrize("ranges,expected", [
+    (None, ("randint", 1, 8)),  # the default fill, without 0
+    ('{"1":[0,3]}', ("span", 1, 3)),
+    ('{"1":[2,2]}', ("span", 2, 2)),  # a recorded positive value is kept
+])
+def test_integer_divisors_are_never_zero(ranges, expected):
+    """floor_divide(sorted_ids, top_k) with top_k a wrapped Python int: a fill of 0
+    raised ZeroDivisionError in the replay of a MoE router."""
+    b = TraceBuilder()
+    k = b.tensor((), dtype="int64")
+    b.op(FLOOR_DIVIDE, [b.tensor((8,)), k], [b.tensor((8,))],
+         attrs={"tensor_range": ranges} if ranges else None)
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == expected
+
+
 def test_malformed_range_names_node_and_field():
     from mystique_gen.errors import TraceError
 

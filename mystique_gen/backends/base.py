@@ -95,6 +95,7 @@ class CodeGen:
         self.read_roots = self._read_roots()
         self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
         self._name_inputs()
+        self.unviewed = self._inputs_refusing_views()
 
     def start_program(self, program: Program) -> None:
         """Build another program (a rank) into the same file: operator handles,
@@ -105,6 +106,7 @@ class CodeGen:
         self.read_roots = self._read_roots()
         self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
         self._name_inputs()
+        self.unviewed = self._inputs_refusing_views()
 
     # -- naming -------------------------------------------------------------------
     def _name_inputs(self) -> None:
@@ -156,6 +158,13 @@ class CodeGen:
                         roots.add(binding_key(binding_root(tv.binding)))
         return roots
 
+    def _inputs_refusing_views(self) -> set[int]:
+        """id() of the input views an op refuses views for (oprules.REFUSES_VIEWS): the
+        original's tensor was no view, but ``as_strided`` makes one, so it is detached."""
+        return {id(tv.binding) for op in self.program.ops if op.name in oprules.REFUSES_VIEWS
+                for arg in op.args for tv in iter_tensors(arg.value)
+                if isinstance(tv.binding, InputView)}
+
     def handle(self, op: Op) -> str:
         """The module-level name bound to the op's callable: its public binding where
         one was proven (passes/bindings.py; guarded ops keep torch.ops, whose name the
@@ -191,6 +200,8 @@ class CodeGen:
                 base = self.storage_name(binding.storage, name)
                 self.input_lines.extend(
                     lay_out(f"{name} = ", _as_strided(base, binding.meta), BODY_DEPTH))
+                if id(binding) in self.unviewed:
+                    self.input_lines.append(f"{INDENT * BODY_DEPTH}{name} = {name}.detach()")
                 if binding.storage.requires_grad:  # a parameter (passes/autograd.py)
                     self.input_lines.append(f"{INDENT * BODY_DEPTH}{name}.requires_grad_()")
                 self.input_names.append(name)

@@ -18,6 +18,7 @@ from mystique_gen.oprules import (
     indexing,
     losses,
     math,
+    memory,
     normalization,
     optimizer,
     rnn,
@@ -68,6 +69,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     math.FAMILY,
     datadep.FAMILY,
     collectives.FAMILY,
+    memory.FAMILY,
 )
 
 # Saved integral data is embedded in the benchmark up to this many elements per
@@ -99,8 +101,17 @@ NOT_DIFFERENTIABLE_BY_OP: dict[str, tuple[str, ...]] = merged("not_differentiabl
 COMM_OPS: dict[str, CommRule] = merged("comm_ops")
 COMM_NOT_REPLAYED: dict[str, str] = merged("comm_not_replayed")
 NOT_REPLAYED: dict[str, str] = merged("not_replayed")
-DATA_DEPENDENT_OUTPUTS: frozenset[str] = frozenset(
-    op for family in FAMILIES for op in family.data_dependent_outputs)
+INTEGER_DIVISORS: dict[str, tuple[str, ...]] = merged("integer_divisors")
+
+
+def _union(field_name: str) -> frozenset[str]:
+    return frozenset(op for family in FAMILIES for op in getattr(family, field_name))
+
+
+DATA_DEPENDENT_OUTPUTS = _union("data_dependent_outputs")
+UNINITIALISED_OUTPUTS = _union("uninitialised_outputs")
+NO_VALUE_WRITES = _union("no_value_writes")
+REFUSES_VIEWS = _union("refuses_views")
 
 
 def differentiable(op_name: str, arg_name: str) -> bool:
@@ -109,6 +120,7 @@ def differentiable(op_name: str, arg_name: str) -> bool:
 
 
 __all__ = [
+    "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",

@@ -159,3 +159,11 @@ class OpFamily:
     comm_not_replayed: dict[str, str] = field(default_factory=dict)
     # Ops never replayed, with the reason shown in the benchmark header.
     not_replayed: dict[str, str] = field(default_factory=dict)
+    # Ops whose outputs hold no defined values until something writes them.
+    uninitialised_outputs: frozenset[str] = frozenset()
+    # In-place ops that change only metadata or autograd state, never values.
+    no_value_writes: frozenset[str] = frozenset()
+    # In-place ops that refuse a view argument ("Can't detach views in-place").
+    refuses_views: frozenset[str] = frozenset()
+    # Integral divisors, never filled with 0: {op: (argument, ...)}.
+    integer_divisors: dict[str, tuple[str, ...]] = field(default_factory=dict)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from mystique_gen.oprules.base import OpFamily
 
+# Integer division by zero raises (ZeroDivisionError), so a divisor the replay fills (a
+# wrapped Python int such as top_k, or a tensor built from a list) never holds 0;
+# floating divisors are in float_ranges.
+_DIVISIONS = ("aten::div", "aten::div_", "aten::floor_divide", "aten::floor_divide_",
+              "aten::remainder", "aten::remainder_", "aten::fmod", "aten::fmod_")
+
 FAMILY = OpFamily(
     name="math domains",
+    integer_divisors={name: ("other",) for name in _DIVISIONS},
     positive_args={
         "aten::log": ("self",),
         "aten::log2": ("self",),

@@ -58,6 +58,11 @@ def plan_autograd(ops: list[Op]) -> None:
 def _mark_parameters(ops: list[Op]) -> None:
     read, written = set(), set()
     for op in ops:
+        if op.name in oprules.UNINITIALISED_OUTPUTS:
+            # A tensor built from Python data (passes/tensors.py undefined_reads) is
+            # materialised, but a constant of the step, never a parameter.
+            written.update(tv.storage.index for _p, tv in output_paths(op.outputs)
+                           if tv.storage is not None)
         if not op.records_grad:
             continue
         for arg in op.args:

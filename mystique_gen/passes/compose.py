@@ -1,6 +1,6 @@
 """Composition helpers: storage renaming, parallel placement, combined trace info.
 
-The pipeline (:mod:`mystique_gen.pipeline`) lowers each trace on its own, renames its
+The driver (:mod:`mystique_gen.driver`) lowers each trace on its own, renames its
 storages here, then concatenates the traces' op lists and repeats the whole list
 (``--repeat K``) before one tensor pass. ``--compose sequence`` replays the
 list in order; ``--compose parallel`` puts each trace on a host thread (and stream)
@@ -8,7 +8,9 @@ of its own, and the threaded schedule of :mod:`streams` runs them at once.
 
 Storage ids are renamed to one id per (trace, recorded storage lifetime). Lifetimes
 are counted on the *unfiltered* selection, with the tensor pass's rule (an output
-whose storage id none of the op's inputs carries starts a new lifetime), so a kept
+whose storage id none of the op's inputs carries starts a new lifetime) and one the
+tensor pass cannot apply (a different tensor with other recorded values on an unwritten
+storage: see :func:`storage_lifetimes`), so a kept
 op never aliases a buffer that a dropped op had replaced, and two traces never share
 a tensor. With nothing filtered the renaming changes no lifetime.
 """
@@ -17,10 +19,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from functools import lru_cache
 
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
+from mystique_gen.ir.schema import SchemaError, parse_signature
+from mystique_gen.passes.lower import list_element_types
 from mystique_gen.passes.select import Selected
 from mystique_gen.passes.tensors import output_paths
+from mystique_gen.passes.values import _parse_range
 from mystique_gen.sources.et import RawArg
 
 
@@ -55,20 +61,98 @@ def _raw_storage_ids(raw: RawArg) -> Iterator[int]:
         yield from walk(raw.value)
 
 
+RawView = tuple[int, tuple, tuple, str]  # offset, shape, strides, element type
+
+
+def _input_tensors(raw_inputs: list[RawArg]) -> Iterator[tuple[int, list, RawView]]:
+    """(tensor ordinal, record, view) of every input tensor, numbered as ``tensor_range``
+    numbers them (passes/values.py ``_ordinals``: top-level tensors and list elements)."""
+    k = 0
+    for raw in raw_inputs:
+        if raw.type.startswith("Tensor"):
+            items = [(raw.value, raw.shape, raw.strides, raw.type)]
+        elif "List[" in raw.type and isinstance(raw.value, list):
+            types = list_element_types(raw.type, len(raw.value))
+            shapes = raw.shape if isinstance(raw.shape, list) else []
+            strides = raw.strides if isinstance(raw.strides, list) else []
+            items = [(v, shapes[j] if j < len(shapes) else None,
+                      strides[j] if j < len(strides) else None, types[j])
+                     for j, v in enumerate(raw.value)]
+        else:
+            continue
+        for value, shape, strides, type_str in items:
+            if not type_str.startswith("Tensor"):
+                continue
+            if (isinstance(value, list) and len(value) >= 6 and isinstance(value[0], int)
+                    and isinstance(value[1], int)):
+                yield k, value, (value[2], _frozen(shape), _frozen(strides), type_str)
+            k += 1
+
+
+def _frozen(value: object) -> object:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+@lru_cache(maxsize=4096)
+def _written_inputs(schema: str) -> tuple[int, ...] | None:
+    """Positions of the arguments an op writes (``Tensor(a!)``); None: unknown (all)."""
+    try:
+        return tuple(i for i, a in enumerate(parse_signature(schema).args) if a.writes)
+    except SchemaError:
+        return None
+
+
 def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
-    """Per node id: the lifetime number of each storage id it reads, and of each it writes."""
+    """Per node id: the lifetime number of each storage id it reads, and of each it writes.
+
+    An output whose storage id none of the op's inputs carries starts a new lifetime
+    (the id was freed and reused). So does an input on the same view of a storage
+    that no recorded op wrote since the last read, where their recorded
+    ``tensor_range`` differ: the same bytes cannot hold two values, so the first
+    tensor was freed and the allocator handed its address to the second (two Python
+    scalars wrapped as 0-d tensors, 0 and 8, one after the other: without this they
+    got one buffer filled over 0..8, and a relative-position bucket overflowed its
+    embedding). Tensors created outside recorded ops (wrapped scalars) are seen only as
+    inputs, so nothing else tells their lifetimes apart, and the tensor id does not
+    either: the observer keys tensor ids by TensorImpl address, which the allocator
+    reuses as well. (Should an unrecorded write have changed a live tensor, its reads
+    still get fills matching what each read saw.)
+    """
     current: dict[int, int] = {}
+    # Per storage id, since its last write: view -> recorded range.
+    seen: dict[int, dict[RawView, tuple[int, int]]] = {}
     result: Lifetimes = {}
     for s in selected:
-        reads_ids = {sid for raw in s.node.inputs for sid in _raw_storage_ids(raw)}
+        node = s.node
+        ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
+        written = _written_inputs(node.op_schema) if "!" in node.op_schema else ()
+        reads_ids = {sid for raw in node.inputs for sid in _raw_storage_ids(raw)}
+        if ranges:
+            for k, record, view in _input_tensors(node.inputs):
+                span = ranges.get(k)
+                if span is None:
+                    continue
+                sid = record[1]
+                earlier = seen.setdefault(sid, {}).get(view)
+                if earlier is not None and earlier != span:
+                    current[sid] = current.get(sid, 0) + 1
+                    seen[sid] = {}
+                seen[sid][view] = span
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
         writes: dict[int, int] = {}
-        for raw in s.node.outputs:
+        for raw in node.outputs:
             for sid in _raw_storage_ids(raw):
                 if sid not in reads_ids and sid not in writes:
                     current[sid] = current.get(sid, 0) + 1
                 writes[sid] = current.get(sid, 0)
-        result[s.node.id] = (reads, writes)
+                seen.pop(sid, None)
+        # Values the op writes in place (its Tensor(a!) arguments) are new values; what
+        # it only reads (add_'s `other`) keeps its recorded values to compare against.
+        for i in range(len(node.inputs)) if written is None else written:
+            if i < len(node.inputs):
+                for sid in _raw_storage_ids(node.inputs[i]):
+                    seen.pop(sid, None)
+        result[node.id] = (reads, writes)
     return result
 
 

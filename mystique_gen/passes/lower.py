@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any, Protocol
@@ -265,7 +266,16 @@ def _code(value: Any, table: dict[int, str], what: str, node_id: int, where: str
     return TorchConstant(table[value])
 
 
+# JSON has no literal for non-finite numbers, so the ET observer writes a Double that is
+# infinite or NaN as a string (masked_fill(mask, -inf) in attention masks and MoE
+# routers). Read back only where a float is expected; any other string stays an error.
+NON_FINITE = {"inf": math.inf, "+inf": math.inf, "infinity": math.inf, "-inf": -math.inf,
+              "-infinity": -math.inf, "nan": math.nan, "+nan": math.nan, "-nan": math.nan}
+
+
 def _number(value: Any, kinds: tuple[type, ...], node_id: int, where: str) -> int | float:
+    if float in kinds and isinstance(value, str) and value.strip().lower() in NON_FINITE:
+        return NON_FINITE[value.strip().lower()]
     # bool is an int subclass; a recorded bool in a Scalar slot is a valid value.
     if not isinstance(value, kinds):
         raise TraceError(f"expected a number, got {type(value).__name__}", node_id=node_id,
@@ -308,8 +318,13 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
         raise Unsupported(f"{where}: storage offset is outside 64 bits")
     if not isinstance(device, str):
         raise TraceError("tensor device is not a string", node_id=node_id, field=where)
-    if device == "" or type_str.startswith("Tensor(nullptr"):
+    if type_str.startswith("Tensor(nullptr"):
         return Literal(None)  # an undefined tensor
+    if device == "":
+        # A defined tensor with no storage: a functorch/vmap wrapper (transformers
+        # builds attention masks under vmap) or a tensor subclass. The record holds no
+        # shape or device to rebuild it from, and None in its place crashes the op.
+        raise Unsupported(f"{where}: a tensor without storage (vmap or a tensor subclass)")
     dtype = dtype_from_type_string(type_str)
     if dtype is None:
         raise Unsupported(f"tensor element type {type_str[:40]!r} is not supported")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mystique_gen import oprules
 from mystique_gen.ir import (
     Binding,
     DerivedView,
@@ -67,7 +68,36 @@ def output_paths(outputs: list[Value]) -> list[tuple[tuple[int, ...], TensorValu
     return found
 
 
+def undefined_reads(ops: list[Op]) -> set[tuple[int, tuple[int, ...]]]:
+    """(op index, output path) of every uninitialised output (oprules.
+    UNINITIALISED_OUTPUTS) whose values a recorded op reads before any recorded op
+    writes them: the original defined them outside recorded ops, so the replay must
+    build them as inputs. An op that returns a tensor on the same storage (a view,
+    ``to`` or ``lift_fresh`` without a copy) reads no values; an argument the op writes
+    defines them (``copy_``, ``fill_``, an ``out=``), unless it only changes metadata."""
+    pending: dict[int, tuple[int, tuple[int, ...]]] = {}  # storage id -> its empty output
+    found: set[tuple[int, tuple[int, ...]]] = set()
+    for op in ops:
+        outputs = output_paths(op.outputs)
+        if pending:
+            out_sids = {tv.storage_id for _p, tv in outputs}
+            for arg in op.args:
+                for tv in iter_tensors(arg.value):
+                    sid = tv.storage_id
+                    if sid not in pending or op.name in oprules.NO_VALUE_WRITES:
+                        continue
+                    if arg.spec.writes:
+                        del pending[sid]  # defined by a recorded op
+                    elif sid not in out_sids:
+                        found.add(pending.pop(sid))  # values read
+        if op.name in oprules.UNINITIALISED_OUTPUTS:
+            for path, tv in outputs:
+                pending[tv.storage_id] = (op.index, path)
+    return found
+
+
 def plan_tensors(ops: list[Op]) -> TensorPlan:
+    undefined = undefined_reads(ops)
     current: dict[int, _Lifetime] = {}
     shadows: dict[tuple[int, str, str], _Lifetime] = {}
     storages: list[Storage] = []
@@ -133,6 +163,13 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
                 and life is not None
                 and (life.storage.dtype, life.storage.device) == (tv.meta.dtype, tv.meta.device)
             )
+            if not aliasing and (op.index, path) in undefined:
+                # Values the original wrote outside recorded ops: built before timing,
+                # and every reader reads that buffer (the op's own result goes unused).
+                life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
+                tv.storage = life.storage
+                tv.binding = materialised_view(life, tv)
+                continue
             if not aliasing:
                 life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=False)
             assert life is not None

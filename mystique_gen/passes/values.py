@@ -197,6 +197,7 @@ class _Facts:
         self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
         self.scalar: set[int] = set()  # storages viewed as 0-d tensors
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
+        self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
 
     def view(self, tv: TensorValue) -> None:
         s = tv.storage
@@ -275,6 +276,11 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
                     facts.recorded(item, recorded.ranges.get((op.node_id, k)),
                                    recorded.data.get((op.node_id, k)))
 
+    for arg in op.args:
+        if arg.spec.name in oprules.INTEGER_DIVISORS.get(op.name, ()):
+            for tv in iter_tensors(arg.value):
+                if tv.storage is not None and tv.storage.dtype in INTEGRAL:
+                    facts.divisor.setdefault(tv.storage.index, f"{op.name} {arg.spec.name}")
     index_rules = oprules.INDEX_RULES.get(op.name)
     shape_rules = oprules.SHAPE_RULES.get(op.name)
     positive = oprules.POSITIVE_ARGS.get(op.name, ())
@@ -366,6 +372,16 @@ def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object
 
 
 def _choose(s: Storage, facts: _Facts) -> Init:
+    init = _choose_any(s, facts)
+    if s.index in facts.divisor and init.kind in ("span", "randint") and init.low <= 0:
+        # An integer divisor: the original never divided by 0 (it raises), so neither
+        # may the replay. Positive values: [1, high] ("span") or [1, high) ("randint").
+        low, high = 1, max(init.high, 1 if init.kind == "span" else 2)
+        return Init(init.kind, low, high, f"{init.why}; {facts.divisor[s.index]} != 0".lstrip("; "))
+    return init
+
+
+def _choose_any(s: Storage, facts: _Facts) -> Init:
     i = s.index
     if i in facts.workspace:
         return Init(FillKind.ZEROS, 0, 0, facts.workspace[i])

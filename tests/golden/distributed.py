@@ -7,7 +7,7 @@ Source trace: allgather_2rank_1.0.2.json.gz
 Command: mystique-gen allgather_2rank_1.0.2.json.gz -o distributed.py
 Replayed ops: 80 on 1 host thread(s) in node order
 Recorded devices: cpu, cuda (--device replaces cuda)
-Estimated peak memory: 12 B
+Estimated peak memory: 124 B
 
 Filters applied:
   - none
@@ -57,7 +57,7 @@ TRACE = {
 OPS = 80
 RECORDED_DEVICE = "cuda"
 DEFAULT_DEVICE = None
-REQUIRED_BYTES = 12
+REQUIRED_BYTES = 124
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = None
 
@@ -889,12 +889,161 @@ PROCESS_GROUPS = [{"name": "0", "desc": "", "ranks": None, "size": 2, "create": 
 
 def make_inputs_rank0(device, host, gens):
     """Every tensor rank 0 reads before any replayed op writes it."""
-    return {}
+    to_x_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x = to_x_buf.as_strided([1], [1], 0)
+    to_x = to_x.detach()
+    output_tensors_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors = output_tensors_buf.as_strided([1], [1], 0)
+    output_tensors_1_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1 = output_tensors_1_buf.as_strided([1], [1], 0)
+    to_x_1_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1 = to_x_1_buf.as_strided([1], [1], 0)
+    to_x_1 = to_x_1.detach()
+    output_tensors_1_1_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_1 = output_tensors_1_1_buf.as_strided([1], [1], 0)
+    output_tensors_1_2_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_2 = output_tensors_1_2_buf.as_strided([1], [1], 0)
+    to_x_1_1_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1_1 = to_x_1_1_buf.as_strided([1], [1], 0)
+    to_x_1_1 = to_x_1_1.detach()
+    output_tensors_1_3_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_3 = output_tensors_1_3_buf.as_strided([1], [1], 0)
+    output_tensors_1_4_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_4 = output_tensors_1_4_buf.as_strided([1], [1], 0)
+    to_x_1_2_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1_2 = to_x_1_2_buf.as_strided([1], [1], 0)
+    to_x_1_2 = to_x_1_2.detach()
+    output_tensors_1_5_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_5 = output_tensors_1_5_buf.as_strided([1], [1], 0)
+    output_tensors_1_6_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_6 = output_tensors_1_6_buf.as_strided([1], [1], 0)
+    to_x_1_3_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1_3 = to_x_1_3_buf.as_strided([1], [1], 0)
+    to_x_1_3 = to_x_1_3.detach()
+    output_tensors_1_7_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_7 = output_tensors_1_7_buf.as_strided([1], [1], 0)
+    output_tensors_1_8_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_8 = output_tensors_1_8_buf.as_strided([1], [1], 0)
+    to_x_1_4_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1_4 = to_x_1_4_buf.as_strided([1], [1], 0)
+    to_x_1_4 = to_x_1_4.detach()
+    output_tensors_1_9_buf = _fill(1, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    output_tensors_1_9 = output_tensors_1_9_buf.as_strided([1], [1], 0)
+    output_tensors_1_10_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_10 = output_tensors_1_10_buf.as_strided([1], [1], 0)
+    to_x_1_5_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1_5 = to_x_1_5_buf.as_strided([1], [1], 0)
+    to_x_1_5 = to_x_1_5.detach()
+    output_tensors_1_11_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_11 = output_tensors_1_11_buf.as_strided([1], [1], 0)
+    output_tensors_1_12_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_12 = output_tensors_1_12_buf.as_strided([1], [1], 0)
+    to_x_1_6_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1_6 = to_x_1_6_buf.as_strided([1], [1], 0)
+    to_x_1_6 = to_x_1_6.detach()
+    output_tensors_1_13_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_13 = output_tensors_1_13_buf.as_strided([1], [1], 0)
+    output_tensors_1_14_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_14 = output_tensors_1_14_buf.as_strided([1], [1], 0)
+    to_x_1_7_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1_7 = to_x_1_7_buf.as_strided([1], [1], 0)
+    to_x_1_7 = to_x_1_7.detach()
+    output_tensors_1_15_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_15 = output_tensors_1_15_buf.as_strided([1], [1], 0)
+    output_tensors_1_16_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_16 = output_tensors_1_16_buf.as_strided([1], [1], 0)
+    to_x_1_8_buf = _fill(1, torch.float32, host, "uniform", -1.0, 1.0, gens)
+    to_x_1_8 = to_x_1_8_buf.as_strided([1], [1], 0)
+    to_x_1_8 = to_x_1_8.detach()
+    output_tensors_1_17_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_17 = output_tensors_1_17_buf.as_strided([1], [1], 0)
+    output_tensors_1_18_buf = _fill(
+        1, torch.float32, device, "uniform", -1.0, 1.0, gens
+    )
+    output_tensors_1_18 = output_tensors_1_18_buf.as_strided([1], [1], 0)
+    return {
+        "to_x": to_x,
+        "output_tensors": output_tensors,
+        "output_tensors_1": output_tensors_1,
+        "to_x_1": to_x_1,
+        "output_tensors_1_1": output_tensors_1_1,
+        "output_tensors_1_2": output_tensors_1_2,
+        "to_x_1_1": to_x_1_1,
+        "output_tensors_1_3": output_tensors_1_3,
+        "output_tensors_1_4": output_tensors_1_4,
+        "to_x_1_2": to_x_1_2,
+        "output_tensors_1_5": output_tensors_1_5,
+        "output_tensors_1_6": output_tensors_1_6,
+        "to_x_1_3": to_x_1_3,
+        "output_tensors_1_7": output_tensors_1_7,
+        "output_tensors_1_8": output_tensors_1_8,
+        "to_x_1_4": to_x_1_4,
+        "output_tensors_1_9": output_tensors_1_9,
+        "output_tensors_1_10": output_tensors_1_10,
+        "to_x_1_5": to_x_1_5,
+        "output_tensors_1_11": output_tensors_1_11,
+        "output_tensors_1_12": output_tensors_1_12,
+        "to_x_1_6": to_x_1_6,
+        "output_tensors_1_13": output_tensors_1_13,
+        "output_tensors_1_14": output_tensors_1_14,
+        "to_x_1_7": to_x_1_7,
+        "output_tensors_1_15": output_tensors_1_15,
+        "output_tensors_1_16": output_tensors_1_16,
+        "to_x_1_8": to_x_1_8,
+        "output_tensors_1_17": output_tensors_1_17,
+        "output_tensors_1_18": output_tensors_1_18,
+    }
 
 
 def replay_rank0(inputs, device, host):
     """One iteration of rank 0: its operators in recorded order."""
-    empty = aten_empty_memory_format(
+    to_x = inputs["to_x"]
+    output_tensors = inputs["output_tensors"]
+    output_tensors_1 = inputs["output_tensors_1"]
+    to_x_1 = inputs["to_x_1"]
+    output_tensors_1_1 = inputs["output_tensors_1_1"]
+    output_tensors_1_2 = inputs["output_tensors_1_2"]
+    to_x_1_1 = inputs["to_x_1_1"]
+    output_tensors_1_3 = inputs["output_tensors_1_3"]
+    output_tensors_1_4 = inputs["output_tensors_1_4"]
+    to_x_1_2 = inputs["to_x_1_2"]
+    output_tensors_1_5 = inputs["output_tensors_1_5"]
+    output_tensors_1_6 = inputs["output_tensors_1_6"]
+    to_x_1_3 = inputs["to_x_1_3"]
+    output_tensors_1_7 = inputs["output_tensors_1_7"]
+    output_tensors_1_8 = inputs["output_tensors_1_8"]
+    to_x_1_4 = inputs["to_x_1_4"]
+    output_tensors_1_9 = inputs["output_tensors_1_9"]
+    output_tensors_1_10 = inputs["output_tensors_1_10"]
+    to_x_1_5 = inputs["to_x_1_5"]
+    output_tensors_1_11 = inputs["output_tensors_1_11"]
+    output_tensors_1_12 = inputs["output_tensors_1_12"]
+    to_x_1_6 = inputs["to_x_1_6"]
+    output_tensors_1_13 = inputs["output_tensors_1_13"]
+    output_tensors_1_14 = inputs["output_tensors_1_14"]
+    to_x_1_7 = inputs["to_x_1_7"]
+    output_tensors_1_15 = inputs["output_tensors_1_15"]
+    output_tensors_1_16 = inputs["output_tensors_1_16"]
+    to_x_1_8 = inputs["to_x_1_8"]
+    output_tensors_1_17 = inputs["output_tensors_1_17"]
+    output_tensors_1_18 = inputs["output_tensors_1_18"]
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -902,12 +1051,12 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
+    aten_to_device(to_x, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x)
     torch.set_grad_enabled(True)
-    aten_detach_(empty)
+    aten_detach_(to_x)
     to = aten_to_dtype_layout(
-        empty,
+        to_x,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -916,21 +1065,20 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work0 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors, output_tensors_1], to, group=_GROUPS[0], async_op=True
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work0)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -938,11 +1086,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1)
+    aten_detach_(to_x_1)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -951,21 +1099,23 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work1 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_1, output_tensors_1_2],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work1)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -973,11 +1123,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1_1, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1_1)
+    aten_detach_(to_x_1_1)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1_1,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -986,21 +1136,23 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work2 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_3, output_tensors_1_4],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work2)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1008,11 +1160,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1_2, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1_2)
+    aten_detach_(to_x_1_2)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1_2,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1021,21 +1173,23 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work3 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_5, output_tensors_1_6],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work3)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1043,11 +1197,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1_3, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1_3)
+    aten_detach_(to_x_1_3)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1_3,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1056,21 +1210,23 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work4 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_7, output_tensors_1_8],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work4)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1078,11 +1234,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1_4, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1_4)
+    aten_detach_(to_x_1_4)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1_4,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1091,21 +1247,23 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work5 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_9, output_tensors_1_10],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work5)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1113,11 +1271,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1_5, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1_5)
+    aten_detach_(to_x_1_5)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1_5,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1126,21 +1284,23 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work6 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_11, output_tensors_1_12],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work6)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1148,11 +1308,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1_6, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1_6)
+    aten_detach_(to_x_1_6)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1_6,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1161,21 +1321,23 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work7 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_13, output_tensors_1_14],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work7)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1183,11 +1345,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1_7, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1_7)
+    aten_detach_(to_x_1_7)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1_7,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1196,21 +1358,23 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work8 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_15, output_tensors_1_16],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work8)
-    empty = aten_empty_memory_format(
+    aten_empty_memory_format(
         [1],
         dtype=torch.float32,
         layout=torch.strided,
@@ -1218,11 +1382,11 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(empty, host, torch.float32, False, False, None)
-    aten_lift_fresh(empty)
-    aten_detach_(empty)
+    aten_to_device(to_x_1_8, host, torch.float32, False, False, None)
+    aten_lift_fresh(to_x_1_8)
+    aten_detach_(to_x_1_8)
     to = aten_to_dtype_layout(
-        empty,
+        to_x_1_8,
         dtype=torch.float32,
         layout=torch.strided,
         device=device,
@@ -1231,18 +1395,20 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    del empty
-    empty_like = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
-    empty_like_1 = aten_empty_like(
+    aten_empty_like(
         to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
     )
     if _RUNTIME["comm"]:
         work9 = torch.distributed.all_gather(
-            [empty_like, empty_like_1], to, group=_GROUPS[0], async_op=True
+            [output_tensors_1_17, output_tensors_1_18],
+            to,
+            group=_GROUPS[0],
+            async_op=True,
         )
-    del to, empty_like, empty_like_1
+    del to
     if _RUNTIME["comm"]:
         _wait_work(work9)
     return None

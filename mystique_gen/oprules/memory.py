@@ -1,0 +1,31 @@
+"""Allocation and metadata ops: what holds no values yet, and what writes none."""
+
+from __future__ import annotations
+
+from mystique_gen.oprules.base import OpFamily
+
+FAMILY = OpFamily(
+    name="allocation and metadata",
+    # Where a recorded op reads such a tensor's values before any recorded op writes
+    # them, the original filled it outside recorded ops: ``torch.tensor([3, 1, 2])``
+    # records only aten::empty, aten::to, aten::lift_fresh and aten::detach_, and C++
+    # copies the data in unseen. The tensor pass then builds that storage before timing
+    # (filled like any input, from its consumers' rules and its recorded ranges: an
+    # aten::index reading it gets valid indices, not garbage) and the replayed empty
+    # call's result goes unused.
+    uninitialised_outputs=frozenset({
+        "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+        "aten::new_empty_strided", "aten::empty_permuted",
+    }),
+    # In-place ops (``Tensor(a!) self``) that change a tensor's metadata or autograd
+    # state, never its values: they neither read nor define an uninitialised tensor.
+    no_value_writes=frozenset({
+        "aten::detach_", "aten::requires_grad_", "aten::resize_", "aten::resize_as_",
+        "aten::as_strided_", "aten::squeeze_", "aten::unsqueeze_", "aten::t_",
+        "aten::transpose_", "aten::swapdims_", "aten::swapaxes_", "aten::_coalesced_",
+    }),
+    # An input the replay builds is an ``as_strided`` view of its buffer; where such an
+    # op reads it, the input is detached from its buffer's view chain (same storage, so
+    # aliasing is unchanged).
+    refuses_views=frozenset({"aten::detach_"}),
+)

@@ -1,0 +1,354 @@
+"""`make bench` section: does every architecture replay?
+
+A vendor gets whatever trace a customer captured, so the benchmark must replay models
+nobody here tried. This section builds every architecture the installed
+``transformers`` registers for causal LM, masked LM, seq2seq LM and image
+classification, from its default config shrunk generically (no weights are
+downloaded), captures one training step (loss, backward, AdamW) and one inference
+step each, generates a benchmark with the CLI, replays it standalone
+(``--warmup 0 --iters 1 --et replay.json``, with ``mystique_gen`` unimportable) and
+compares the top-level op multisets by overload.
+
+Outcomes: ``skip`` (the model cannot be built or run eagerly from a tiny config: not
+our failure), ``gen error``, ``run error``, ``op mismatch``, ``pass``. Each failure
+prints the first line of its error.
+
+Environment: SWEEP_ONLY=substr,... (architecture names containing any), SWEEP_KINDS=
+causal,masked,seq2seq,image, SWEEP_LIMIT=N (first N per kind), SWEEP_JOBS=N (models at
+once; default 1), SWEEP_STEPS=train,infer, SWEEP_TIMEOUT=seconds per model (default
+900). Traces go to a temporary directory (SWEEP_KEEP=DIR keeps them in DIR/ARCH). Each
+model runs in a process of its own, so a crash or a hang costs one row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+KINDS = ("causal", "masked", "seq2seq", "image")
+OUTCOMES = ("skip", "capture error", "gen error", "run error", "op mismatch", "pass")
+BATCH, SEQ, IMAGE = 2, 16, 32
+VOCAB = 256
+
+# Generic shrinking: config attribute -> small value. Only attributes the config has
+# are set; names differ between model families, so each family's spelling is listed.
+_WIDTH = 64
+_SMALL: dict[str, int] = {
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "n_embed", "dim", "embed_dim",
+                     "word_embed_proj_dim", "model_dim", "hidden_dim"), _WIDTH),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers",
+                     "encoder_layers", "decoder_layers", "num_decoder_layers",
+                     "num_encoder_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads",
+                     "encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads",
+                     "multi_query_group_num"), 2),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
+                     "d_ff", "n_inner", "ffn_hidden_size", "mlp_dim", "inner_hidden_size"),
+                    128),
+    **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size",
+                     "expert_intermediate_size", "moe_ffn_hidden_size"), 32),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
+                     "num_routed_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts",
+                     "moe_k"), 2),
+    **dict.fromkeys(("head_dim", "attention_head_size", "d_kv", "kv_channels"), 16),
+    **dict.fromkeys(("vocab_size", "n_vocab"), VOCAB),
+    # Multi-head latent attention and partial rotary embeddings: parts of a head.
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim", "rope_dim"), 8),
+    **dict.fromkeys(("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
+}
+# Per-layer lists (layer_types, mlp_only_layers, ...) are cut to the new layer count.
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+_TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+                  "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
+
+
+def _shrink(cfg: Any, depth: int = 0) -> None:
+    """Shrink a config in place: widths, depths, heads, experts, vocabulary, per-layer
+    lists; sub-configs (text_config, encoder, ...) likewise."""
+    old_layers = next((getattr(cfg, k) for k in _LAYER_COUNT_KEYS
+                       if isinstance(getattr(cfg, k, None), int)), None)
+    for key, small in _SMALL.items():
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > small:
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
+                setattr(cfg, key, small)
+    for key in _TOKEN_ID_KEYS:
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value >= VOCAB:
+            setattr(cfg, key, VOCAB - 1 - _TOKEN_ID_KEYS.index(key))
+    if isinstance(getattr(cfg, "max_position_embeddings", None), int):
+        cfg.max_position_embeddings = min(cfg.max_position_embeddings, 512)
+    new_layers = next((getattr(cfg, k) for k in _LAYER_COUNT_KEYS
+                       if isinstance(getattr(cfg, k, None), int)), None)
+    per_layer = [k for k, v in vars(cfg).items() if not k.startswith("_")
+                 and isinstance(v, list) and old_layers and new_layers
+                 and len(v) == old_layers != new_layers]
+    if per_layer and new_layers:
+        # Keep layers of every kind a hybrid model has (attention and linear/SSM
+        # layers), the first of each distinct combination, in order.
+        rows = list(zip(*(getattr(cfg, k) for k in per_layer), strict=True))
+        firsts = sorted({rows.index(row) for row in rows})[:new_layers]
+        keep = sorted(firsts + [i for i in range(len(rows)) if i not in firsts]
+                      [:new_layers - len(firsts)])
+        for k in per_layer:
+            value = getattr(cfg, k)
+            setattr(cfg, k, [value[i] for i in keep])
+    for key, value in list(vars(cfg).items()):
+        if key.startswith("_") or key in per_layer:
+            continue
+        elif isinstance(value, list) and key in ("depths", "num_layers_per_stage"):
+            setattr(cfg, key, [min(v, 1) if isinstance(v, int) else v for v in value])
+        elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
+            _shrink(value, depth + 1)
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False  # a step of training or scoring, not generation
+    for key in ("image_size", "img_size"):
+        if isinstance(getattr(cfg, key, None), int):
+            setattr(cfg, key, IMAGE)
+    for key in ("attn_implementation", "_attn_implementation"):
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            setattr(cfg, key, "eager")
+
+
+def _mapping(kind: str) -> dict[str, str]:
+    from transformers.models.auto import modeling_auto as m
+
+    return {
+        "causal": m.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        "masked": m.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        "seq2seq": m.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        "image": m.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+    }[kind]
+
+
+class Skip(Exception):
+    """Not our failure: the architecture cannot be built or run from a tiny config."""
+
+
+def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], Any]]:
+    """The model and two forward functions: one returning a loss, one for inference."""
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    class_name = _mapping(kind)[arch]
+    if isinstance(class_name, (tuple, list)):
+        class_name = class_name[0]
+    try:
+        cls = getattr(transformers, class_name)
+        cfg = CONFIG_MAPPING[arch]()
+        _shrink(cfg)
+        if kind == "image":
+            cfg.num_labels = 4
+        torch.manual_seed(0)
+        model = cls(cfg)
+    except Exception as exc:  # noqa: BLE001 - any build failure is a skip
+        raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
+    params = sum(p.numel() for p in model.parameters())
+    if params > 30_000_000:
+        raise Skip(f"{params / 1e6:.0f}M parameters after shrinking")
+    g = torch.Generator().manual_seed(0)
+    if kind == "image":
+        channels = getattr(cfg, "num_channels", 3) or 3
+        size = getattr(cfg, "image_size", IMAGE)
+        size = size if isinstance(size, int) else IMAGE
+        x = torch.randn(BATCH, channels, size, size, generator=g)
+        labels = torch.randint(0, 4, (BATCH,), generator=g)
+        return model, (lambda: model(pixel_values=x, labels=labels).loss), \
+            (lambda: model(pixel_values=x))
+    vocab = getattr(cfg, "vocab_size", None) or getattr(
+        getattr(cfg, "text_config", None), "vocab_size", VOCAB)
+    ids = torch.randint(3, min(vocab, VOCAB), (BATCH, SEQ), generator=g)
+    mask = torch.ones_like(ids)
+    inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+    if kind == "seq2seq":
+        inputs["decoder_input_ids"] = ids
+    return model, (lambda: model(**inputs, labels=ids).loss), (lambda: model(**inputs))
+
+
+def _first_line(exc: BaseException | str) -> str:
+    text = str(exc).strip() or (type(exc).__name__ if isinstance(exc, BaseException) else "")
+    return text.splitlines()[0][:200] if text else ""
+
+
+def _stderr_error(text: str) -> str:
+    """The line of a child's stderr that says what failed (the last error line)."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if ("Error" in line or "error:" in line or "Exception" in line) \
+                and not line.startswith(" "):
+            return line.strip()[:200]
+    return lines[-1].strip()[:200] if lines else ""
+
+
+def run_step(kind: str, arch: str, train: bool, work: Path) -> dict[str, object]:
+    """Capture, generate, replay and compare one step of one model."""
+    import torch
+
+    from mystique_gen.tools.capture import capture
+    from mystique_gen.tools.compare import multiset_match, op_multiset
+
+    model, loss_fn, infer_fn = build(kind, arch)
+    if train:
+        model.train()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
+                                foreach=False)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn()
+            if loss is None:
+                raise Skip("no loss returned")
+            loss.backward()
+            opt.step()
+    else:
+        model.eval()
+
+        def step() -> None:
+            with torch.no_grad():
+                infer_fn()
+    try:
+        step()  # eager first: an architecture that cannot run is not our failure
+    except Skip:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise Skip(f"eager: {type(exc).__name__}: {_first_line(exc)}") from None
+    stem = f"{kind}_{arch}_{'train' if train else 'infer'}".replace("/", "_")
+    result = capture(step, work, name=stem, warmup=1, timing_iters=1, kineto=False)
+    bench = work / f"{stem}_bench.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    gen = subprocess.run([sys.executable, "-m", "mystique_gen", str(result.et_path), "-o",
+                          str(bench)], capture_output=True, text=True, env=env, check=False,
+                         cwd=ROOT)
+    if gen.returncode != 0:
+        return {"outcome": "gen error", "error": _stderr_error(gen.stderr)}
+    replay_et = work / f"{stem}_replay.et.json"
+    runner = ("import runpy, sys; sys.modules['mystique_gen'] = None; path = sys.argv[1]; "
+              "sys.argv = sys.argv[1:]; runpy.run_path(path, run_name='__main__')")
+    env.pop("PYTHONPATH", None)
+    run = subprocess.run([sys.executable, "-c", runner, str(bench), "--device", "cpu",
+                          "--warmup", "0", "--iters", "1", "--et", str(replay_et)],
+                         capture_output=True, text=True, env=env, check=False, cwd=work)
+    if run.returncode != 0:
+        return {"outcome": "run error", "error": _stderr_error(run.stderr)}
+    original = op_multiset(result.et_path, by_overload=True)
+    replayed = op_multiset(replay_et, by_overload=True)
+    match = multiset_match(original, replayed)
+    row: dict[str, object] = {"ops": sum(original.values()), "match": match}
+    if original != replayed:
+        missing, extra = original - replayed, replayed - original
+        row.update(outcome="op mismatch",
+                   error=f"missing {dict(missing.most_common(3))} extra "
+                         f"{dict(extra.most_common(3))}")
+    else:
+        row["outcome"] = "pass"
+    return row
+
+
+def child(kind: str, arch: str, steps: list[str]) -> None:
+    """Run one model's steps in this process; one JSON line per step on stdout."""
+    import torch
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    keep = os.environ.get("SWEEP_KEEP")  # a directory to keep traces in, for debugging
+    with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
+        if keep:
+            tmp = str(Path(keep) / arch)
+            Path(tmp).mkdir(parents=True, exist_ok=True)
+        for name in steps:
+            start = time.perf_counter()
+            try:
+                row = run_step(kind, arch, name == "train", Path(tmp))
+            except Skip as exc:
+                row = {"outcome": "skip", "error": str(exc)}
+            except Exception as exc:  # noqa: BLE001 - a crash is a result
+                # build and eager failures raise Skip: anything else is ours
+                row = {"outcome": "capture error",
+                       "error": f"{type(exc).__name__}: {_first_line(exc)}"}
+                if os.environ.get("SWEEP_DEBUG"):
+                    traceback.print_exc()
+            row.update(kind=kind, arch=arch, step=name, s=time.perf_counter() - start)
+            print("SWEEP " + json.dumps(row), flush=True)
+
+
+def _run_child(kind: str, arch: str, steps: list[str], timeout: float) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", kind, arch, ",".join(steps)],
+                              capture_output=True, text=True, timeout=timeout, env=env,
+                              check=False)
+        out, err = proc.stdout, proc.stderr
+        code: int | str = proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err, code = f"timeout after {timeout:.0f} s", "timeout"
+    rows = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("SWEEP ")]
+    done = {r["step"] for r in rows}
+    for name in steps:
+        if name not in done:
+            rows.append({"kind": kind, "arch": arch, "step": name, "outcome": "crash",
+                         "error": f"exit {code}: {_stderr_error(err)}"})
+    return rows
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed: pip install -e '.[bench]' (make bench does)")
+        return 1
+    only = [s for s in os.environ.get("SWEEP_ONLY", "").split(",") if s]
+    kinds = [k for k in os.environ.get("SWEEP_KINDS", ",".join(KINDS)).split(",") if k]
+    limit = int(os.environ.get("SWEEP_LIMIT", "0")) or None
+    jobs = max(1, int(os.environ.get("SWEEP_JOBS", "1")))
+    steps = [s for s in os.environ.get("SWEEP_STEPS", "train,infer").split(",") if s]
+    timeout = float(os.environ.get("SWEEP_TIMEOUT", "900"))
+    work = [(k, a) for k in kinds for a in
+            [a for a in sorted(_mapping(k)) if not only or any(s in a for s in only)][:limit]]
+    print(f"{len(work)} architectures x {len(steps)} steps, {jobs} at a time", flush=True)
+    print(f"{'kind':<8} {'arch':<28} {'step':<6} {'outcome':<12} {'ops':>5} {'s':>5}  error",
+          flush=True)
+    rows: list[dict] = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for result in pool.map(lambda kw: _run_child(*kw, steps, timeout), work):
+            for r in result:
+                rows.append(r)
+                print(f"{r['kind']:<8} {r['arch']:<28} {r['step']:<6} {r['outcome']:<12} "
+                      f"{r.get('ops', ''):>5} {r.get('s', 0):>5.0f}  {r.get('error', '')}",
+                      flush=True)
+    totals = Counter(r["outcome"] for r in rows)
+    order = list(OUTCOMES) + sorted(set(totals) - set(OUTCOMES))
+    print(f"totals over {len(rows)} steps of {len(work)} models: "
+          + ", ".join(f"{o} {totals[o]}" for o in order if totals[o] or o in OUTCOMES))
+    ran = len(rows) - totals["skip"]
+    if ran:
+        print(f"pass rate of the steps that ran eagerly: {totals['pass']}/{ran} "
+              f"({totals['pass'] / ran * 100:.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], sys.argv[4].split(","))
+        sys.exit(0)
+    sys.exit(main())
