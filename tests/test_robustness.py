@@ -348,7 +348,7 @@ def test_non_finite_floats_recorded_as_strings(tmp_path, capsys, text, literal):
     rc, err, out = generate(tmp_path, write(tmp_path, b.doc()), capsys)
     assert rc == 0, err
     source = out.read_text()
-    check_source(source)
+    check_source(source, reference_facts())
     calls = [line for line in source.splitlines()
              if "aten_masked_fill_Scalar(" in line or "aten_clamp(" in line]
     assert len(calls) == 2 and all(f", {literal}" in c for c in calls), calls
