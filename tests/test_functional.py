@@ -34,9 +34,10 @@ def test_replay_matches_original_op_multiset(model, tmp_path):
         for node in ast.walk(ast.parse(text))
         if isinstance(node, ast.ImportFrom) and node.module
     }
-    # threading: imported inside the harness's _run_threads (replay --threads).
-    assert imports <= {"torch", "argparse", "json", "os", "statistics", "sys", "threading",
-                       "time"}
+    # The standard library and torch only (importlib: the harness loads torch modules
+    # that register operator namespaces, such as fsdp::).
+    assert imports <= {"torch", "argparse", "importlib", "json", "os", "statistics", "sys",
+                       "threading", "time"}
 
     replay_et = tmp_path / "replay.et.json"
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",
@@ -67,12 +68,12 @@ def test_reset_inputs_starts_every_iteration_from_the_same_values(tmp_path):
     cpu = torch.device("cpu")
     module._RUNTIME.update(device=cpu, host=cpu)
     inputs = module.make_inputs(cpu, cpu, {"cpu": torch.Generator().manual_seed(0)})
-    before = [t.clone() for t in inputs]
+    before = [t.clone() for t in inputs.values()]
     snapshot = module._snapshot(inputs, cpu, "on")
     module.replay(inputs, cpu, cpu)
-    assert any(not torch.equal(a, b) for a, b in zip(before, inputs, strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(before, inputs.values(), strict=True))
     module._reset(snapshot)
-    assert all(torch.equal(a, b) for a, b in zip(before, inputs, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(before, inputs.values(), strict=True))
     assert module._snapshot(inputs, cpu, "off") == []
 
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2", "--json")

@@ -22,7 +22,8 @@ def test_inserting_a_layer_rewrites_little_besides_the_layer(tmp_path):
     # Numbered names rewrote about 5x the new lines; the target (make bench) is 1.5x.
     assert growth > 40 and len(removed) + len(added) <= 2.0 * growth
     assert "linear_w = inputs[\"linear_w\"]" in new  # the first layer keeps its names
-    assert all("linear_w_10x128" not in line for line in removed)  # so does the last
+    # ... and so does the last: only lines that read a changed value change.
+    assert not [line for line in removed if line.lstrip().startswith("linear_w_10x128")]
 
 
 def test_a_batch_size_change_changes_only_numbers(tmp_path):

@@ -159,11 +159,22 @@ class CodeGen:
         return roots
 
     def _inputs_refusing_views(self) -> set[int]:
-        """id() of the input views an op refuses views for (oprules.REFUSES_VIEWS): the
-        original's tensor was no view, but ``as_strided`` makes one, so it is detached."""
-        return {id(tv.binding) for op in self.program.ops if op.name in oprules.REFUSES_VIEWS
-                for arg in op.args for tv in iter_tensors(arg.value)
-                if isinstance(tv.binding, InputView)}
+        """id() of the input views that an op refusing views (oprules.REFUSES_VIEWS)
+        may receive: read directly, or through the ops that made its argument (``to``
+        of the same dtype and device returns its input itself). The original's tensor
+        was no view, but ``as_strided`` makes one, so such inputs are detached."""
+        ops = self.program.ops
+        found: set[int] = set()
+        pending = [(tv.binding, 0) for op in ops if op.name in oprules.REFUSES_VIEWS
+                   for arg in op.args for tv in iter_tensors(arg.value)]
+        while pending:
+            binding, depth = pending.pop()
+            if isinstance(binding, InputView):
+                found.add(id(binding))
+            elif isinstance(binding, OpOutput) and depth < 3:
+                pending += [(tv.binding, depth + 1) for arg in ops[binding.op_index].args
+                            for tv in iter_tensors(arg.value)]
+        return found
 
     def handle(self, op: Op) -> str:
         """The module-level name bound to the op's callable: its public binding where

@@ -121,12 +121,30 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     current: dict[int, int] = {}
     # Per storage id, since its last write: view -> recorded range.
     seen: dict[int, dict[RawView, tuple[int, int]]] = {}
+    # 0-d tensors no recorded op made or wrote: the node that last read each.
+    scalars: dict[int, int] = {}
+    defined: set[int] = set()  # storage ids a recorded op made or wrote
     result: Lifetimes = {}
     for s in selected:
         node = s.node
         ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
         written = _written_inputs(node.op_schema) if "!" in node.op_schema else ()
         reads_ids = {sid for raw in node.inputs for sid in _raw_storage_ids(raw)}
+        # A 0-d tensor that no recorded op made or wrote is a Python number the
+        # argument parser wrapped for one call: another op reading the same storage id
+        # read another number, whose allocation reused the address. Whether it did
+        # varies from capture to capture, so each call's scalar is a lifetime of its own.
+        made_here = {sid for i in range(len(node.inputs)) if written is None or i in written
+                     for sid in _raw_storage_ids(node.inputs[i])}
+        made_here.update(sid for raw in node.outputs for sid in _raw_storage_ids(raw))
+        for _k, record, view in _input_tensors(node.inputs):
+            sid = record[1]
+            if view[1] != () or sid in defined or sid in made_here:
+                continue
+            if scalars.get(sid, node.id) != node.id:
+                current[sid] = current.get(sid, 0) + 1
+                seen.pop(sid, None)
+            scalars[sid] = node.id
         if ranges:
             for k, record, view in _input_tensors(node.inputs):
                 span = ranges.get(k)
@@ -146,12 +164,16 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     current[sid] = current.get(sid, 0) + 1
                 writes[sid] = current.get(sid, 0)
                 seen.pop(sid, None)
+                scalars.pop(sid, None)
+                defined.add(sid)
         # Values the op writes in place (its Tensor(a!) arguments) are new values; what
         # it only reads (add_'s `other`) keeps its recorded values to compare against.
         for i in range(len(node.inputs)) if written is None else written:
             if i < len(node.inputs):
                 for sid in _raw_storage_ids(node.inputs[i]):
                     seen.pop(sid, None)
+                    scalars.pop(sid, None)
+                    defined.add(sid)
         result[node.id] = (reads, writes)
     return result
 
