@@ -7,8 +7,8 @@ batches; Llama 4's router starts from full_like(logits, -inf), recorded as "-inf
 rotary embeddings and cache positions (Llama: arange plus a wrapped offset), and a
 state-space layer (Mamba). One training step (loss, backward, AdamW) is captured,
 compiled, replayed standalone, and must replay the same multiset of top-level op
-overloads. transformers is in the ``bench`` extra only; where it is missing these
-tests are skipped.
+overloads. transformers is in the ``test`` extra; where it is missing these tests are
+skipped.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.conftest import run_benchmark
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip(
-    "transformers", reason="transformers is in the bench extra: pip install -e '.[bench]'")
+    "transformers", reason="transformers is in the test extra: pip install -e '.[test]'")
 
 VOCAB = 128
 SMALL = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,

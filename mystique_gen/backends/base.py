@@ -150,6 +150,8 @@ class CodeGen:
         roots: set[object] = set()
         for op in self.program.ops:
             roots.update(binding_key(OpOutput(p, (0,))) for p in op.waits_on)
+            if _functional_collective(op):  # waited for at the end if nothing reads it
+                roots.add(binding_key(OpOutput(op.index, (0,))))
             for view in op.derive_before:
                 roots.add(binding_key(binding_root(view.base)))
             for arg in op.args:
@@ -383,6 +385,12 @@ class CodeGen:
                 previous_scope = op.scope
                 self.replay_lines.extend(self.op_statement(op))
             self.replay_lines.extend(self.end_grad_mode(BODY_DEPTH))
+            # A functional collective's result nothing read (or not yet waited for):
+            # wait before the iteration ends, as the original's did by its exit.
+            for op in self.program.ops:
+                key = binding_key(OpOutput(op.index, (0,)))
+                if _functional_collective(op) and key in self.ns:
+                    self.replay_lines.append(f"{INDENT}_wait_tensor({self.ns.get(key)})")
         returned = [Atom(f"{exprs.str_literal(n)}: {n}") for n in self.input_names]
         self.input_lines.extend(
             lay_out("return ", Group("{", tuple(returned), "}", literal=True), BODY_DEPTH))
@@ -487,6 +495,11 @@ def _human_bytes(n: int) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
     return f"{n} B"
+
+
+def _functional_collective(op: Op) -> bool:
+    return (op.signature.namespace in oprules.FUNCTIONAL_NAMESPACES
+            and op.signature.name not in oprules.COLLECTIVE_HELPERS)
 
 
 def _shape_tag(shape: tuple[int, ...]) -> str:

@@ -124,6 +124,8 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     # 0-d tensors no recorded op made or wrote: the node that last read each.
     scalars: dict[int, int] = {}
     defined: set[int] = set()  # storage ids a recorded op made or wrote
+    returned: set[int] = set()  # tensor ids a recorded op returned
+    allocated: set[int] = set()  # storage ids whose lifetime a recorded op's output began
     result: Lifetimes = {}
     for s in selected:
         node = s.node
@@ -139,9 +141,18 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
         made_here.update(sid for raw in node.outputs for sid in _raw_storage_ids(raw))
         for _k, record, view in _input_tensors(node.inputs):
             sid = record[1]
-            if view[1] != () or sid in defined or sid in made_here:
+            if view[1] != () or sid in made_here or record[0] in returned:
                 continue
-            if scalars.get(sid, node.id) != node.id:
+            if sid in allocated:
+                # No recorded op returned this tensor, yet its storage id is one a
+                # recorded op allocated: a wrapped number at an address reused.
+                current[sid] = current.get(sid, 0) + 1
+                seen.pop(sid, None)
+                defined.discard(sid)
+                allocated.discard(sid)
+            elif sid in defined:
+                continue
+            elif scalars.get(sid, node.id) != node.id:
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
             scalars[sid] = node.id
@@ -157,11 +168,13 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     seen[sid] = {}
                 seen[sid][view] = span
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
+        returned.update(record[0] for _k, record, _view in _input_tensors(node.outputs))
         writes: dict[int, int] = {}
         for raw in node.outputs:
             for sid in _raw_storage_ids(raw):
                 if sid not in reads_ids and sid not in writes:
                     current[sid] = current.get(sid, 0) + 1
+                    allocated.add(sid)
                 writes[sid] = current.get(sid, 0)
                 seen.pop(sid, None)
                 scalars.pop(sid, None)
