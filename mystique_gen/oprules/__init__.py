@@ -49,6 +49,7 @@ from mystique_gen.oprules.base import (
 from mystique_gen.oprules.categories import CATEGORY_ORDER, DEFAULT_CATEGORY, op_category
 from mystique_gen.oprules.collectives import (
     ASYNC_ARGS,
+    ASYNC_SCOPE,
     COLLECTIVE_HELPERS,
     COMMUNICATION_NAMESPACES,
     FUNCTIONAL_GUARD,
@@ -120,6 +121,7 @@ def differentiable(op_name: str, arg_name: str) -> bool:
 
 
 __all__ = [
+    "ASYNC_SCOPE",
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",

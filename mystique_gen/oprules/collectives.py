@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from mystique_gen.oprules.base import CommRule, OpFamily
 
 COMMUNICATION_NAMESPACES = frozenset({"c10d", "c10d_functional", "_c10d_functional",
@@ -10,6 +12,9 @@ COMMUNICATION_NAMESPACES = frozenset({"c10d", "c10d_functional", "_c10d_function
 # parallel) replay as themselves, through torch.ops, on the recorded group; their
 # wait_tensor waits as the original did. The c10d op each one ran inside is covered.
 FUNCTIONAL_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd"})
+# The record-function scope a backend opens for its async work ("gloo:all_reduce"): it
+# closes on the backend's thread, so the ET nests later ops of the step inside it.
+ASYNC_SCOPE = re.compile(r"^(gloo|nccl|ucc|mpi|xccl|hccl):")
 # Bookkeeping ops of functional collectives: not collectives themselves.
 COLLECTIVE_HELPERS = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
 # Arguments that name a process group (by its recorded pg_name).

@@ -52,11 +52,27 @@ def repair_async_nesting(trace: RawTrace) -> None:
     for node in trace.nodes:
         if node.parent != node.id:
             children.setdefault(node.parent, []).append(node)
+    by_id = {n.id: n for n in trace.nodes}
     for node in trace.nodes:
         namespace = node.name.partition("::")[0]
         if not node.op_schema or namespace not in oprules.COMMUNICATION_NAMESPACES:
             continue
-        _lift_foreign(node, node.parent, children, namespace != "c10d")
+        outer = node.parent
+        while outer in by_id and by_id[outer].name.partition("::")[0] in \
+                oprules.COMMUNICATION_NAMESPACES and by_id[outer].parent != outer:
+            outer = by_id[outer].parent  # out of every enclosing collective
+        _lift_foreign(node, outer, children, namespace != "c10d")
+        for kid in children.get(node.id, []):
+            if oprules.ASYNC_SCOPE.match(kid.name):  # the backend's async work scope:
+                # it runs no op; what the observer put inside it, or after it inside
+                # the collective, came later on the issuing thread.
+                for inner in children.get(kid.id, []):
+                    if inner.op_schema:
+                        inner.parent = outer
+                kids = children.get(node.id, [])
+                for later in kids[kids.index(kid) + 1:]:
+                    later.parent = outer
+                break
 
 
 def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
