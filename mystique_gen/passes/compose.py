@@ -141,17 +141,17 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
         made_here.update(sid for raw in node.outputs for sid in _raw_storage_ids(raw))
         for _k, record, view in _input_tensors(node.inputs):
             sid = record[1]
-            if view[1] != () or sid in made_here or record[0] in returned:
+            if view[1] != () or sid in made_here:
                 continue
-            if sid in allocated:
+            if sid in defined:
+                if sid not in allocated or record[0] in returned:
+                    continue
                 # No recorded op returned this tensor, yet its storage id is one a
                 # recorded op allocated: a wrapped number at an address reused.
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
                 defined.discard(sid)
                 allocated.discard(sid)
-            elif sid in defined:
-                continue
             elif scalars.get(sid, node.id) != node.id:
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
