@@ -324,7 +324,6 @@ class Compiled:
     programs: list[Program]
     ranks: list[int]
     rank_source: str = ""  # how the ranks were found
-    sources: list[Source] = field(default_factory=list)
 
     @property
     def distributed(self) -> bool:
@@ -360,7 +359,7 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
         return _compile_ranks(sources, options, consume)
     program = run_passes(sources, options, consume=consume)
     rank = program.distributed.rank or 0 if program.distributed is not None else 0
-    return Compiled([program], [rank], sources=sources)
+    return Compiled([program], [rank])
 
 
 def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool) -> Compiled:
@@ -369,8 +368,7 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool) 
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")
     order = sorted(range(len(ranks)), key=lambda k: ranks[k])
-    return Compiled([programs[k] for k in order], [ranks[k] for k in order], how,
-                    [sources[k] for k in order])
+    return Compiled([programs[k] for k in order], [ranks[k] for k in order], how)
 
 
 def render(compiled: Compiled, options: GenerateOptions | None = None) -> str:

@@ -30,6 +30,7 @@ from mystique_gen.ir import (
 )
 from mystique_gen.ir.dist import CommInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import Signature
+from mystique_gen.passes.compose import raw_storage_ids
 from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
 from mystique_gen.passes.ranks import (
     CommScan,
@@ -200,25 +201,15 @@ def _nested_functional_waits(trace: RawTrace) -> dict[int, set[int]]:
                 if parent.op_schema:
                     top = parent  # the outermost op with a schema is the selected one
                 parent = by_id.get(parent.parent)
-            storages = {s for arg in node.inputs for s in _storages(arg.value)}
+            storages = {s for arg in node.inputs for s in raw_storage_ids(arg)}
             if top is not None:
                 waits.setdefault(top.id, set()).update(
                     produced[s] for s in storages if s in produced)
         elif name not in oprules.COLLECTIVE_HELPERS:
             for arg in node.outputs:
-                for s in _storages(arg.value):
+                for s in raw_storage_ids(arg):
                     produced[s] = node.id
     return waits
-
-
-def _storages(value: object) -> list[int]:
-    """Storage ids of a recorded tensor value ([id, storage, offset, numel, size, dev])."""
-    if isinstance(value, list) and len(value) >= 2 and isinstance(value[1], int) \
-            and not isinstance(value[0], list):
-        return [value[1]]
-    if isinstance(value, list):
-        return [s for item in value for s in _storages(item)]
-    return []
 
 
 def place_functional_waits(ops: list[Op], nested: dict[int, set[int]]) -> None:

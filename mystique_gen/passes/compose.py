@@ -45,7 +45,7 @@ def place_in_parallel(op_lists: list[list[Op]]) -> None:
 Lifetimes = dict[int, tuple[dict[int, int], dict[int, int]]]
 
 
-def _raw_storage_ids(raw: RawArg) -> Iterator[int]:
+def raw_storage_ids(raw: RawArg) -> Iterator[int]:
     """Storage ids of the tensors in one recorded argument (nested lists included)."""
 
     def walk(value: object) -> Iterator[int]:
@@ -131,14 +131,14 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
         node = s.node
         ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
         written = _written_inputs(node.op_schema) if "!" in node.op_schema else ()
-        reads_ids = {sid for raw in node.inputs for sid in _raw_storage_ids(raw)}
+        reads_ids = {sid for raw in node.inputs for sid in raw_storage_ids(raw)}
         # A 0-d tensor that no recorded op made or wrote is a Python number the
         # argument parser wrapped for one call: another op reading the same storage id
         # read another number, whose allocation reused the address. Whether it did
         # varies from capture to capture, so each call's scalar is a lifetime of its own.
         made_here = {sid for i in range(len(node.inputs)) if written is None or i in written
-                     for sid in _raw_storage_ids(node.inputs[i])}
-        made_here.update(sid for raw in node.outputs for sid in _raw_storage_ids(raw))
+                     for sid in raw_storage_ids(node.inputs[i])}
+        made_here.update(sid for raw in node.outputs for sid in raw_storage_ids(raw))
         for _k, record, view in _input_tensors(node.inputs):
             sid = record[1]
             if view[1] != () or sid in made_here:
@@ -171,7 +171,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
         returned.update(record[0] for _k, record, _view in _input_tensors(node.outputs))
         writes: dict[int, int] = {}
         for raw in node.outputs:
-            for sid in _raw_storage_ids(raw):
+            for sid in raw_storage_ids(raw):
                 if sid not in reads_ids and sid not in writes:
                     current[sid] = current.get(sid, 0) + 1
                     allocated.add(sid)
@@ -183,7 +183,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
         # it only reads (add_'s `other`) keeps its recorded values to compare against.
         for i in range(len(node.inputs)) if written is None else written:
             if i < len(node.inputs):
-                for sid in _raw_storage_ids(node.inputs[i]):
+                for sid in raw_storage_ids(node.inputs[i]):
                     seen.pop(sid, None)
                     scalars.pop(sid, None)
                     defined.add(sid)
