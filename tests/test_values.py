@@ -19,7 +19,7 @@ from mystique_gen.sources.et import trace_from_document
 from mystique_gen.tools.capture import capture, capture_script
 from mystique_gen.tools.compare import compare_traces, format_comparison, op_multiset
 from tests.conftest import last_json, run_benchmark
-from tests.tracebuilder import EMBEDDING, TraceBuilder
+from tests.tracebuilder import EMBEDDING, VIEW, TraceBuilder
 
 INDEX_SELECT = "aten::index_select(Tensor self, int dim, Tensor index) -> Tensor"
 GATHER = ("aten::gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) "
@@ -277,6 +277,33 @@ def test_integer_divisors_are_never_zero(ranges, expected):
          attrs={"tensor_range": ranges} if ranges else None)
     init = _init_of(_program(b))
     assert (init.kind, init.low, init.high) == expected
+
+
+@pytest.mark.parametrize("ranges", [None, '{"1":[8192,8192]}'])
+def test_a_scalar_at_a_returned_tensors_addresses_is_a_new_tensor(ranges):
+    """Llama 4's chunked mask: ``floor_divide(positions, 8192)`` read a wrapped Python
+    int whose TensorImpl and data both reused the addresses of a freed (2,1,1,1) view,
+    so it carried that view's tensor and storage ids. Read as a view of the live
+    buffer, its zeros raised ZeroDivisionError. A tensor id returned on other metadata
+    is another tensor: the divisor gets a fill of its own."""
+    from dataclasses import replace
+
+    b = TraceBuilder()
+    base = b.tensor((2,), dtype="int64")
+    b.op(ADD, [b.tensor((2,), dtype="int64"), b.tensor((2,), dtype="int64")], [base])
+    viewed = b.view(base, (2, 1, 1, 1))
+    b.op(VIEW, [base, [2, 1, 1, 1]], [viewed])
+    positions = b.tensor((2, 1, 1, 1), dtype="int64")
+    b.op(ADD, [viewed, b.tensor((), dtype="int64")], [positions])
+    scalar = replace(viewed, shape=(), strides=())  # both addresses reused
+    b.op(FLOOR_DIVIDE, [positions, scalar], [b.tensor((2, 1, 1, 1), dtype="int64")],
+         attrs={"tensor_range": ranges} if ranges else None)
+    program = _program(b)
+    divisor = next(op for op in program.ops if op.name.startswith("aten::floor_divide"))
+    tv = divisor.args[1].value
+    assert tv.storage.materialised, "the divisor must not read the view's live buffer"
+    expected = ("span", 8192, 8192) if ranges else ("randint", 1, 8)
+    assert (tv.storage.init.kind, tv.storage.init.low, tv.storage.init.high) == expected
 
 
 def test_malformed_range_names_node_and_field():

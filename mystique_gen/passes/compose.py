@@ -124,7 +124,8 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     # 0-d tensors no recorded op made or wrote: the node that last read each.
     scalars: dict[int, int] = {}
     defined: set[int] = set()  # storage ids a recorded op made or wrote
-    returned: set[int] = set()  # tensor ids a recorded op returned
+    # Per tensor id a recorded op returned: the storage id and view it returned it on.
+    returned: dict[int, tuple[int, RawView]] = {}
     allocated: set[int] = set()  # storage ids whose lifetime a recorded op's output began
     result: Lifetimes = {}
     for s in selected:
@@ -144,10 +145,11 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
             if view[1] != () or sid in made_here:
                 continue
             if sid in defined:
-                if sid not in allocated or record[0] in returned:
+                if sid not in allocated or returned.get(record[0]) == (sid, view):
                     continue
-                # No recorded op returned this tensor, yet its storage id is one a
-                # recorded op allocated: a wrapped number at an address reused.
+                # No recorded op returned this tensor as it is read now (same storage,
+                # same view), yet its storage id is one a recorded op allocated: a
+                # wrapped number whose TensorImpl and data both reused freed addresses.
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
                 defined.discard(sid)
@@ -168,7 +170,8 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     seen[sid] = {}
                 seen[sid][view] = span
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
-        returned.update(record[0] for _k, record, _view in _input_tensors(node.outputs))
+        returned.update((record[0], (record[1], view))
+                        for _k, record, view in _input_tensors(node.outputs))
         writes: dict[int, int] = {}
         for raw in node.outputs:
             for sid in raw_storage_ids(raw):
