@@ -130,4 +130,6 @@ def test_compare_reads_the_profile_per_step(captured):
     profile = profile_beside(captured.kineto_path)
     assert profile is not None
     per_step, whole = kineto_times(profile, None), kineto_times(profile, 1)
-    assert per_step.iterations == 3 and whole.ops == 3 * per_step.ops
+    # Three profiled steps: medians over the two warm ones.
+    assert (per_step.iterations, per_step.cold_steps_dropped) == (2, 1)
+    assert whole.ops == 3 * per_step.ops and len(per_step.step_spans_ms) == 2
