@@ -262,6 +262,12 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
     source = build.sources[0]
     if source.profile is not None:
         hostgaps.apply_profile_gaps(program, source.trace, source.profile)
+    if program.timing is not None and program.timing.observer_in_gaps:
+        program = replace(program, diagnostics=program.diagnostics + [note(
+            f"host gaps from {program.timing.kineto}, recorded with the ET observer "
+            "attached (linked by id; no profile-only steps beside it): with --host-gaps "
+            "recorded the benchmark calibrates the observer's cost out, or replays no "
+            "gaps where it cannot")])
     return program
 
 
