@@ -49,7 +49,12 @@ from mystique_gen.passes.compose import (
 from mystique_gen.passes.filters import filter_selection
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.numbers import replay_wrapped_numbers
-from mystique_gen.passes.ranks import is_multi_rank_set, natural_key, order_ranks
+from mystique_gen.passes.ranks import (
+    is_multi_rank_set,
+    job_groups,
+    natural_key,
+    order_ranks,
+)
 from mystique_gen.passes.retarget import retarget_dtype
 from mystique_gen.passes.select import release_covered_arguments, select_ops
 from mystique_gen.passes.tensors import plan_tensors
@@ -379,6 +384,10 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
 
 def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool) -> Compiled:
     ranks, how = order_ranks([s.trace for s in sources])
+    merged = job_groups([s.trace for s in sources])
+    if merged is not None:
+        for source, groups in zip(sources, merged, strict=True):
+            source.trace.job_groups = groups
     programs = [run_passes([s], options, consume=consume) for s in sources]
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")

@@ -6,7 +6,9 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``functional``: torch.distributed._functional_collectives (all_reduce, all_gather,
   reduce_scatter, wait_tensor), as compiled and DTensor code issues them;
 * ``tp``: tensor parallel on DTensor (ColwiseParallel + RowwiseParallel MLP, SGD);
-* ``fsdp2``: fully_shard on two blocks and the root, AdamW (fsdp:: copy-in/out ops).
+* ``fsdp2``: fully_shard on two blocks and the root, AdamW (fsdp:: copy-in/out ops);
+* ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
+  dimension's subgroup, functional and c10d, as 2-D parallel training issues them.
 
 Writes ``OUT_DIR/<mode>-rank-<N>.json``.
 """
@@ -76,7 +78,22 @@ def fsdp2() -> Callable[[], object]:
     return step
 
 
-MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2}
+def mesh2d() -> Callable[[], object]:
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("dp", "tp"))
+    x = torch.ones(8) * (dist.get_rank() + 1)
+    weight = torch.randn(8, 8)
+
+    def step() -> object:
+        y = fc.wait_tensor(fc.all_reduce(x @ weight, "sum", mesh["tp"]))
+        z = fc.wait_tensor(fc.all_gather_tensor(y, 0, mesh["dp"]))
+        dist.all_reduce(z, group=mesh.get_group("dp"))
+        return (z * 2).sum()
+
+    return step
+
+
+MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2, "mesh2d": mesh2d}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

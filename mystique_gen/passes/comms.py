@@ -316,10 +316,12 @@ def replayable(group: ProcessGroupSpec, world: int) -> bool:
     return group.ranks is not None or group.size == world
 
 
-def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...]]]:
-    """(op, recorded tensor shapes) of every top-level collective (c10d and functional),
-    in order: what
-    a replay must reproduce rank by rank (compare a replay's trace with its original)."""
+def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...], tuple[str, ...]]]:
+    """(op, recorded tensor shapes, string arguments) of every top-level collective (c10d
+    and functional), in order: what a replay must reproduce rank by rank (compare a
+    replay's trace with its original). The strings are a functional collective's reduce
+    op and group name: a replay creates the recorded groups in their recorded order, so
+    its group names are the recorded ones."""
     out = []
     for sel in select_ops(trace).ops:
         node = sel.node
@@ -328,7 +330,9 @@ def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...]]]
             continue
         shapes = tuple(_freeze(a.shape) for a in node.inputs if a.type.startswith(
             ("Tensor", "GenericList[Tensor", "GenericList[GenericList[Tensor")))
-        out.append((node.name, shapes))
+        strings = tuple(a.value for a in node.inputs
+                        if a.type == "String" and isinstance(a.value, str))
+        out.append((node.name, shapes, strings))
     return out
 
 
