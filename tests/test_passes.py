@@ -7,12 +7,14 @@ import json
 
 import pytest
 
-from mystique_gen.driver import build_program
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.driver import build_program, generate
 from mystique_gen.errors import TraceError
-from mystique_gen.ir import DerivedView, InputView, OpOutput, TensorValue
+from mystique_gen.ir import DerivedView, InputView, OpOutput, TensorValue, iter_tensors
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace, trace_from_document
+from tests.conftest import run_benchmark
 from tests.tracebuilder import ADD_, EMBEDDING, EMPTY, MM, RELU, T_OP, Device, TraceBuilder
 
 
@@ -239,10 +241,6 @@ def test_tensor_built_from_python_data_is_an_input_with_valid_values(tmp_path):
     assert isinstance(index_rows.binding, InputView) and index_rows.storage is rows
     assert isinstance(program.ops[0].outputs[0].binding, InputView)
 
-    from mystique_gen.backends.base import GenerateOptions
-    from mystique_gen.driver import generate
-    from tests.conftest import run_benchmark
-
     bench = tmp_path / "bench.py"
     generate(_index_from_python_list(written=False).write(tmp_path / "t.json"), bench,
              GenerateOptions(command_line="test"))
@@ -255,6 +253,66 @@ def test_tensor_a_recorded_op_writes_stays_produced():
     (rows,) = [s for s in program.storages if s.dtype == "int64"]
     assert not rows.materialised
     assert program.ops[-1].args[1].value.items[0].binding == OpOutput(0, (0,))
+
+
+FOREACH_MUL_ = "aten::_foreach_mul_.Scalar(Tensor(a!)[] self, Scalar scalar) -> ()"
+FOREACH_LERP_ = ("aten::_foreach_lerp_.Scalar(Tensor(a!)[] self, Tensor[] tensors1, "
+                 "Scalar weight) -> ()")
+
+
+def _wrapper_subclass_optimizer() -> TraceBuilder:
+    """The first foreach ops of an FSDP2 AdamW step as the observer records DTensors: a
+    wrapper subclass holds no data, so every one is on the null data pointer's storage
+    id, at the offset of the local tensor it wraps (the gradients wrap views of one
+    reduce-scatter output: offsets 0, 4, 8)."""
+    b = TraceBuilder()
+    null = b.new_id()
+    shapes = [(4,), (4,), (4, 4)]
+    params = [b.tensor(s, storage=null) for s in shapes]
+    exp_avgs = [b.tensor(s, storage=null) for s in shapes]
+    grads = [b.tensor(s, storage=null, offset=o) for s, o in zip(shapes, (0, 4, 8), strict=True)]
+    b.op(FOREACH_MUL_, [params, 0.99], [])
+    b.op(FOREACH_LERP_, [exp_avgs, grads, 0.1], [])
+    return b
+
+
+def test_tensors_an_op_kept_apart_get_buffers_of_their_own(tmp_path):
+    """_foreach_lerp_ writes exp_avgs[2] (16 elements at 0) while reading grads[2] (16
+    at 8) on the same storage id: partially overlapping, which PyTorch refuses, so the
+    original kept them apart and the id is no memory. Read as one buffer they replayed
+    as overlapping views and the benchmark died ("some elements of the input tensor and
+    the written-to tensor refer to a single memory location")."""
+    program = _program(_wrapper_subclass_optimizer())
+    mul, lerp = program.ops
+    tensors = [tv for op in (mul, lerp) for a in op.args for tv in iter_tensors(a.value)]
+    assert len(tensors) == 9
+    assert len({id(tv.storage) for tv in tensors}) == 9  # a buffer each
+    assert all(tv.storage.materialised and isinstance(tv.binding, InputView)
+               for tv in tensors)
+    assert any("cannot be one memory" in d.reason for d in program.diagnostics)
+
+    bench = tmp_path / "bench.py"
+    generate(_wrapper_subclass_optimizer().write(tmp_path / "t.json"), bench,
+             GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_tensors_that_may_share_memory_still_alias():
+    """Only a partial overlap proves two tensors apart: ``x.add_(alias)`` with another
+    tensor on exactly the same elements (a full overlap, which PyTorch accepts), and
+    reads of partially overlapping views, keep one buffer."""
+    b = TraceBuilder()
+    x = b.tensor((4, 4))
+    alias = b.view(x, (4, 4))
+    b.op(ADD_, [x, alias, 1], [x])
+    head, rows = b.view(x, (8,)), b.view(x, (2, 4), offset=4)
+    b.op(MM, [rows, b.view(x, (4, 4))], [b.tensor((2, 4))])
+    b.op(RELU, [head], [b.tensor((8,))])
+    program = _program(b)
+    (storage,) = [s for s in program.storages if s.materialised]
+    assert all(tv.storage is storage for op in program.ops for tv in _tensor_args(op))
+    assert not any("cannot be one memory" in d.reason for d in program.diagnostics)
 
 
 # -- values -----------------------------------------------------------------------
