@@ -15,7 +15,7 @@ from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace, trace_from_document
 from tests.conftest import run_benchmark
-from tests.tracebuilder import ADD_, EMBEDDING, EMPTY, MM, RELU, T_OP, Device, TraceBuilder
+from tests.tracebuilder import ADD_, EMBEDDING, EMPTY, MM, RELU, T_OP, Device, T, TraceBuilder
 
 
 def _program(builder: TraceBuilder):
@@ -255,6 +255,7 @@ def test_tensor_a_recorded_op_writes_stays_produced():
     assert program.ops[-1].args[1].value.items[0].binding == OpOutput(0, (0,))
 
 
+SET_ = "aten::set_.source_Tensor(Tensor(a!) self, Tensor source) -> Tensor(a!)"
 FOREACH_MUL_ = "aten::_foreach_mul_.Scalar(Tensor(a!)[] self, Scalar scalar) -> ()"
 FOREACH_LERP_ = ("aten::_foreach_lerp_.Scalar(Tensor(a!)[] self, Tensor[] tensors1, "
                  "Scalar weight) -> ()")
@@ -299,9 +300,10 @@ def test_tensors_an_op_kept_apart_get_buffers_of_their_own(tmp_path):
 
 
 def test_tensors_that_may_share_memory_still_alias():
-    """Only a partial overlap proves two tensors apart: ``x.add_(alias)`` with another
-    tensor on exactly the same elements (a full overlap, which PyTorch accepts), and
-    reads of partially overlapping views, keep one buffer."""
+    """Only a value write onto a partial overlap proves two tensors apart:
+    ``x.add_(alias)`` with another tensor on exactly the same elements (a full overlap,
+    which PyTorch accepts), reads of partially overlapping views, and ``set_`` pointing
+    a view at an overlapping one (it writes no values) keep one buffer."""
     b = TraceBuilder()
     x = b.tensor((4, 4))
     alias = b.view(x, (4, 4))
@@ -309,6 +311,8 @@ def test_tensors_that_may_share_memory_still_alias():
     head, rows = b.view(x, (8,)), b.view(x, (2, 4), offset=4)
     b.op(MM, [rows, b.view(x, (4, 4))], [b.tensor((2, 4))])
     b.op(RELU, [head], [b.tensor((8,))])
+    tail = b.view(x, (8,), offset=4)
+    b.op(SET_, [head, tail], [T(head.tensor_id, x.storage_id, (8,), (1,), offset=4)])
     program = _program(b)
     (storage,) = [s for s in program.storages if s.materialised]
     assert all(tv.storage is storage for op in program.ops for tv in _tensor_args(op))
