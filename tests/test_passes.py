@@ -15,7 +15,18 @@ from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace, trace_from_document
 from tests.conftest import run_benchmark
-from tests.tracebuilder import ADD_, EMBEDDING, EMPTY, MM, RELU, T_OP, Device, T, TraceBuilder
+from tests.tracebuilder import (
+    ADD_,
+    EMBEDDING,
+    EMPTY,
+    MM,
+    RELU,
+    T_OP,
+    VIEW,
+    Device,
+    T,
+    TraceBuilder,
+)
 
 
 def _program(builder: TraceBuilder):
@@ -95,6 +106,33 @@ def test_selection_descends_wrappers_and_keeps_first_schema_node():
     assert sel.ops[1].scope == ("ProfilerStep#3", backward)
     assert sel.threads == [1, 2]
 
+
+VIEW_AS = "aten::view_as(Tensor(a) self, Tensor other) -> Tensor(a)"
+
+
+def test_selection_replays_what_a_tensor_subclass_ran():
+    """An op on DTensors dispatches to Python (a ``PythonSubclass`` node) and runs on
+    the local shards: the wrappers hold no data (all on one storage id) and have the
+    global shape, so the ops below are the ones replayed, wherever the subclass
+    dispatch sits (``view_as`` reaches it through ``view``)."""
+    b = TraceBuilder()
+    step = b.annotation("Optimizer.step#SGD.step")
+    null = b.new_id()
+    param, grad = b.tensor((8, 4), storage=null), b.tensor((8, 4), storage=null)
+    local_param, local_grad = b.tensor((4, 4)), b.tensor((4, 4))
+    outer = b.op(ADD_, [param, grad, -0.1], [param], parent=step)
+    inner = b.op(ADD_, [local_param, local_grad, -0.1], [local_param],
+                 parent=b.annotation("PythonSubclass", parent=outer))
+    view_as = b.op(VIEW_AS, [param, param], [b.tensor((8, 4), storage=null)], parent=step)
+    view = b.op(VIEW, [param, [8, 4]], [b.tensor((8, 4), storage=null)], parent=view_as)
+    local_view = b.op(VIEW, [local_param, [4, 4]], [b.view(local_param, (4, 4))],
+                      parent=b.annotation("PythonSubclass", parent=view))
+    plain = b.op(RELU, [local_param], [b.tensor((4, 4))], parent=step)
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [inner, local_view, plain]
+    assert all(s.scope == ("Optimizer.step#SGD.step",) for s in sel.ops)
+    program = _program(b)
+    assert all(tv.meta.shape == (4, 4) for op in program.ops for tv in _tensor_args(op))
 
 def test_parent_cycle_is_an_error_with_node_and_field():
     b = TraceBuilder()
