@@ -41,7 +41,7 @@ from mystique_gen.passes.ranks import (
     scan_trace,
     world_size,
 )
-from mystique_gen.passes.select import Selected, select_ops
+from mystique_gen.passes.select import Selected, select_ops, subclass_dispatches
 from mystique_gen.sources.et import RawArg, RawTrace
 
 
@@ -187,8 +187,11 @@ def _nested_functional_waits(trace: RawTrace) -> dict[int, set[int]]:
     """Waits recorded inside another op: {selected op's node id: node ids of the
     functional collectives it waited for}. A DTensor or AsyncCollectiveTensor waits for
     a collective's result inside the dispatch of the op that first reads it, so the
-    wait is a child of that op and names the collective's output storage."""
+    wait is a child of that op and names the collective's output storage. A wait inside
+    a subclass's dispatch (below ``PythonSubclass``) is replayed itself, as the ops
+    beside it are (passes/select.py)."""
     by_id = {n.id: n for n in trace.nodes}
+    dispatched = subclass_dispatches(trace)
     produced: dict[int, int] = {}  # recorded output storage -> functional node id
     waits: dict[int, set[int]] = {}
     for node in trace.nodes:  # id order is start order
@@ -198,7 +201,7 @@ def _nested_functional_waits(trace: RawTrace) -> dict[int, set[int]]:
         if name == "wait_tensor":
             top, parent = None, by_id.get(node.parent)
             while parent is not None and parent.id != parent.parent:
-                if parent.op_schema:
+                if parent.op_schema and parent.id not in dispatched:
                     top = parent  # the outermost op with a schema is the selected one
                 parent = by_id.get(parent.parent)
             storages = {s for arg in node.inputs for s in raw_storage_ids(arg)}
