@@ -321,7 +321,7 @@ def replayable(group: ProcessGroupSpec, world: int) -> bool:
 
 def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...], tuple[str, ...]]]:
     """(op, recorded tensor shapes, string arguments) of every top-level collective (c10d
-    and functional), in order: what a replay must reproduce rank by rank (compare a
+    and functional; waits left out), in order: what a replay must reproduce rank by rank (compare a
     replay's trace with its original). The strings are a functional collective's reduce
     op and group name: a replay creates the recorded groups in their recorded order, so
     its group names are the recorded ones."""
@@ -329,7 +329,9 @@ def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...], 
     for sel in select_ops(trace).ops:
         node = sel.node
         collective = node.name.split("::", 1)[0] in ("c10d", *oprules.FUNCTIONAL_NAMESPACES)
-        if not collective or HARNESS_SCOPE in sel.scope:
+        # A wait is not a collective: where the original waited inside the op that read
+        # the result (DTensor), the replay waits just before that op, at top level.
+        if not collective or node.name.endswith("wait_tensor") or HARNESS_SCOPE in sel.scope:
             continue
         shapes = tuple(_freeze(a.shape) for a in node.inputs if a.type.startswith(
             ("Tensor", "GenericList[Tensor", "GenericList[GenericList[Tensor")))
