@@ -537,6 +537,59 @@ def _record_et(path, inputs, device, host):
     observer.unregister_callback()
 
 
+def _input_bytes(inputs, device):
+    """Bytes of the input storages on `device`, each storage once."""
+    storages = {}
+    for t in inputs.values():
+        if t.device == device:
+            storage = t.untyped_storage()
+            storages.setdefault(storage.data_ptr(), storage.nbytes())
+    return sum(storages.values())
+
+
+def _cpu_allocated_peak(run):
+    """The most CPU memory that `run()` holds allocated at once, above what was live
+    before it, from the profiler's memory events.
+
+    The CPU allocator keeps no statistics (no max_memory_allocated): with
+    profile_memory=True it reports every allocation and free to the profiler instead,
+    a free only of memory allocated while profiling (so what was live before counts 0).
+    The events in time order, added up, are the bytes the step holds; their running
+    maximum is its peak. They are read from the profiler's raw results
+    (kineto_results): prof.events() folds the allocations made inside an op into that
+    op's total, which loses their order against the frees."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = [
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    ]
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def _peak_bytes(inputs, device, host):
+    """Measured peak memory of one replayed step on `device`: the input storages plus
+    the most the step allocates above what was live before it (so not the copies
+    --reset-inputs keeps, nor the CUDA graph's pool: the step is the plain replay).
+    One untimed step, after the timed ones; None on devices other than CUDA and CPU."""
+    base = _input_bytes(inputs, device)
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        replay(inputs, device, host)
+        _sync(device)
+        return base + torch.cuda.max_memory_allocated(device) - before
+    if device.type == "cpu":
+        return base + _cpu_allocated_peak(lambda: replay(inputs, device, host))
+    return None
+
+
 def _profile(directory, iters, step, inputs, device, host, snapshot=()):
     """A Kineto trace of `iters` iterations of `step` (the CUDA graph's replay under
     --cuda-graph), each from the same inputs, as the timed ones ran."""
@@ -599,6 +652,10 @@ class _Local:
     def profile_dir(self, directory):
         return directory
 
+    def peak_bytes(self, nbytes):
+        """The peak memory the result reports: this process's."""
+        return nbytes
+
     def finish(self):
         """After the last replay."""
 
@@ -649,7 +706,11 @@ def main(argv=None):
         step(inputs, device, host)
         _sync(device)
         times.append((time.perf_counter() - start) * 1000.0)
-    result = _summary(job.iteration_times(times))
+    times = job.iteration_times(times)
+    _reset(snapshot)
+    job.before_iteration()
+    peak = job.peak_bytes(_peak_bytes(inputs, device, host))
+    result = _summary(times)
     result.update(
         {
             "iters": len(times),
@@ -665,6 +726,8 @@ def main(argv=None):
             "host_gap_event_us": _RUNTIME["gap_event_us"],
             "cuda_graph": args.cuda_graph,
             "reset_inputs": bool(snapshot),
+            "peak_bytes": peak,
+            "estimated_peak_bytes": REQUIRED_BYTES,
         }
     )
     if ORIGINAL is not None:
@@ -748,6 +811,7 @@ class _Ranks(_Local):
         self.backend = None
         self.comm = False
         self.per_rank = []
+        self.peaks = []
         self.et_paths = None
         self.gather_device = None
 
@@ -822,10 +886,24 @@ class _Ranks(_Local):
             self.per_rank = [t.tolist() for t in every]
         return [max(column) for column in zip(*self.per_rank, strict=True)]
 
+    def peak_bytes(self, nbytes):
+        """Every rank's peak memory, gathered on each rank; the job reports the
+        largest (-1 on the wire: a device whose peak is not measured)."""
+        self.peaks = [nbytes]
+        if self.comm:
+            value = -1 if nbytes is None else nbytes
+            mine = torch.tensor([value], dtype=torch.int64, device=self.gather_device)
+            every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]
+            torch.distributed.all_gather(every, mine)
+            self.peaks = [None if int(t) < 0 else int(t) for t in every]
+        known = [p for p in self.peaks if p is not None]
+        return max(known) if known else None
+
     def world(self):
         return WORLD_SIZE if self.comm else 1
 
     def facts(self):
+        peaks = self.peaks or [None] * len(self.per_rank)
         facts = {
             "ops": RANKS[self.rank][2] if self.rank in RANKS else OPS,
             "distributed": self.comm,
@@ -833,7 +911,10 @@ class _Ranks(_Local):
             "world_size": self.world(),
             "recorded_world_size": WORLD_SIZE,
             "rank": self.rank,
-            "per_rank": [_summary(t) for t in self.per_rank],
+            "per_rank": [
+                dict(_summary(t), peak_bytes=p)
+                for t, p in zip(self.per_rank, peaks, strict=True)
+            ],
         }
         if self.et_paths is not None:
             facts["et_per_rank"] = self.et_paths

@@ -538,6 +538,59 @@ def _record_et(path, inputs, device, host):
     observer.unregister_callback()
 
 
+def _input_bytes(inputs, device):
+    """Bytes of the input storages on `device`, each storage once."""
+    storages = {}
+    for t in inputs.values():
+        if t.device == device:
+            storage = t.untyped_storage()
+            storages.setdefault(storage.data_ptr(), storage.nbytes())
+    return sum(storages.values())
+
+
+def _cpu_allocated_peak(run):
+    """The most CPU memory that `run()` holds allocated at once, above what was live
+    before it, from the profiler's memory events.
+
+    The CPU allocator keeps no statistics (no max_memory_allocated): with
+    profile_memory=True it reports every allocation and free to the profiler instead,
+    a free only of memory allocated while profiling (so what was live before counts 0).
+    The events in time order, added up, are the bytes the step holds; their running
+    maximum is its peak. They are read from the profiler's raw results
+    (kineto_results): prof.events() folds the allocations made inside an op into that
+    op's total, which loses their order against the frees."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = [
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    ]
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def _peak_bytes(inputs, device, host):
+    """Measured peak memory of one replayed step on `device`: the input storages plus
+    the most the step allocates above what was live before it (so not the copies
+    --reset-inputs keeps, nor the CUDA graph's pool: the step is the plain replay).
+    One untimed step, after the timed ones; None on devices other than CUDA and CPU."""
+    base = _input_bytes(inputs, device)
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        replay(inputs, device, host)
+        _sync(device)
+        return base + torch.cuda.max_memory_allocated(device) - before
+    if device.type == "cpu":
+        return base + _cpu_allocated_peak(lambda: replay(inputs, device, host))
+    return None
+
+
 def _profile(directory, iters, step, inputs, device, host, snapshot=()):
     """A Kineto trace of `iters` iterations of `step` (the CUDA graph's replay under
     --cuda-graph), each from the same inputs, as the timed ones ran."""
@@ -600,6 +653,10 @@ class _Local:
     def profile_dir(self, directory):
         return directory
 
+    def peak_bytes(self, nbytes):
+        """The peak memory the result reports: this process's."""
+        return nbytes
+
     def finish(self):
         """After the last replay."""
 
@@ -650,7 +707,11 @@ def main(argv=None):
         step(inputs, device, host)
         _sync(device)
         times.append((time.perf_counter() - start) * 1000.0)
-    result = _summary(job.iteration_times(times))
+    times = job.iteration_times(times)
+    _reset(snapshot)
+    job.before_iteration()
+    peak = job.peak_bytes(_peak_bytes(inputs, device, host))
+    result = _summary(times)
     result.update(
         {
             "iters": len(times),
@@ -666,6 +727,8 @@ def main(argv=None):
             "host_gap_event_us": _RUNTIME["gap_event_us"],
             "cuda_graph": args.cuda_graph,
             "reset_inputs": bool(snapshot),
+            "peak_bytes": peak,
+            "estimated_peak_bytes": REQUIRED_BYTES,
         }
     )
     if ORIGINAL is not None:
