@@ -124,3 +124,22 @@ def test_peak_bytes_counts_the_inputs_and_what_one_step_holds_at_once(monkeypatc
     assert runtime._peak_bytes(inputs, cpu, cpu) == 4096 + 2048 + 2 * mib
     assert runtime._peak_bytes(inputs, torch.device("meta"), cpu) is None
 
+
+def test_main_reports_peak_bytes_and_profiles_one_step_per_iteration(
+    monkeypatch, capsys, tmp_path
+):
+    def replay(inputs, device, host):
+        inputs["x"].add_(torch.ones(1000))
+
+    monkeypatch.setattr(runtime, "make_inputs", lambda d, h, g: {"x": torch.ones(1000)})
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    argv = ["--device", "cpu", "--warmup", "1", "--iters", "4", "--json",
+            "--profile", str(tmp_path)]
+    assert runtime.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["peak_bytes"] == 8000  # the input, and ones(1000) during the step
+    assert result["profile"] == str(tmp_path / "kineto_trace.json")
+    events = json.loads((tmp_path / "kineto_trace.json").read_text())["traceEvents"]
+    steps = [e["name"] for e in events if e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]

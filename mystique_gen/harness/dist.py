@@ -72,6 +72,7 @@ class _Ranks(_Local):
         self.per_rank = []
         self.peaks = []
         self.et_paths = None
+        self.profile_paths = None
         self.gather_device = None
 
     def add_arguments(self, parser):
@@ -177,6 +178,8 @@ class _Ranks(_Local):
         }
         if self.et_paths is not None:
             facts["et_per_rank"] = self.et_paths
+        if self.profile_paths is not None:
+            facts["profile_per_rank"] = self.profile_paths
         if not self.comm and WORLD_SIZE > 1:
             facts["note"] = (
                 f"rank {self.rank} compute only: run under torchrun for collectives"
@@ -187,8 +190,11 @@ class _Ranks(_Local):
         self.et_paths = [_rank_path(path, r) for r in range(self.world())]
         return _rank_path(path, self.rank)
 
-    def profile_dir(self, directory):
-        return os.path.join(directory, f"rank{self.rank}")
+    def profile_path(self, path):
+        """One Kineto trace per rank, side by side (DIR/kineto_trace.rankN.json), as
+        HolisticTraceAnalysis reads a job: one folder, a file per rank."""
+        self.profile_paths = [_rank_path(path, r) for r in range(self.world())]
+        return _rank_path(path, self.rank)
 
     def finish(self):
         if self.comm:

@@ -45,6 +45,7 @@ from torch.profiler import (
     ProfilerActivity,
     profile,
     record_function,
+    schedule,
 )
 
 GENERATOR = "mystique-gen 0.1.0"
@@ -84,7 +85,9 @@ def _parse_args(argv=None):
     parser.add_argument("--json", action="store_true", help="last line: a JSON result")
     parser.add_argument("--et", metavar="PATH", help="record an ET of one iteration")
     parser.add_argument(
-        "--profile", metavar="DIR", help="Kineto trace of timed iterations"
+        "--profile",
+        metavar="DIR",
+        help="Kineto trace of --iters iterations, one ProfilerStep#N each",
     )
     parser.add_argument(
         "--host-gaps",
@@ -590,21 +593,32 @@ def _peak_bytes(inputs, device, host):
     return None
 
 
-def _profile(directory, iters, step, inputs, device, host, snapshot=()):
+def _profile(path, job, warmup, iters, step, inputs, device, host, snapshot=()):
     """A Kineto trace of `iters` iterations of `step` (the CUDA graph's replay under
-    --cuda-graph), each from the same inputs, as the timed ones ran."""
+    --cuda-graph), each from the same inputs and started as the timed ones were.
+
+    torch.profiler's schedule marks every iteration as `ProfilerStep#N` (prof.step()
+    ends it), after `warmup` profiled but unrecorded ones that warm up the profiler,
+    so the trace holds one step per iteration, as HolisticTraceAnalysis reads it.
+    Under torchrun the trace also holds torch's `distributedInfo` (rank, world size,
+    backend): the profiler adds it when a process group is initialised."""
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    os.makedirs(directory, exist_ok=True)
-    with profile(activities=activities) as prof:
-        for _ in range(iters):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    steps = schedule(wait=0, warmup=warmup, active=iters, repeat=1)
+
+    def save(prof):
+        prof.export_chrome_trace(path)
+
+    with profile(activities=activities, schedule=steps, on_trace_ready=save) as prof:
+        for _ in range(warmup + iters):
             with _harness():
                 _reset(snapshot)
+                job.before_iteration()
             step(inputs, device, host)
-        _sync(device)
-    path = os.path.join(directory, "kineto_trace.json")
-    prof.export_chrome_trace(path)
+            _sync(device)
+            prof.step()
     return path
 
 
@@ -649,8 +663,8 @@ class _Local:
     def et_path(self, path):
         return path
 
-    def profile_dir(self, directory):
-        return directory
+    def profile_path(self, path):
+        return path
 
     def peak_bytes(self, nbytes):
         """The peak memory the result reports: this process's."""
@@ -738,11 +752,13 @@ def main(argv=None):
         _reset(snapshot)
         result["et"] = job.et_path(args.et)
         _record_et(result["et"], inputs, device, host)
-    if args.profile:
-        directory = job.profile_dir(args.profile)
+    if args.profile and args.iters > 0:
+        path = job.profile_path(os.path.join(args.profile, "kineto_trace.json"))
         result["profile"] = _profile(
-            directory, args.iters, step, inputs, device, host, snapshot
+            path, job, args.warmup, args.iters, step, inputs, device, host, snapshot
         )
+    elif args.profile:
+        print("mystique: --profile needs --iters 1 or more", file=sys.stderr)
     result.update(job.facts())
     job.finish()
     if not job.reports():
@@ -813,6 +829,7 @@ class _Ranks(_Local):
         self.per_rank = []
         self.peaks = []
         self.et_paths = None
+        self.profile_paths = None
         self.gather_device = None
 
     def add_arguments(self, parser):
@@ -918,6 +935,8 @@ class _Ranks(_Local):
         }
         if self.et_paths is not None:
             facts["et_per_rank"] = self.et_paths
+        if self.profile_paths is not None:
+            facts["profile_per_rank"] = self.profile_paths
         if not self.comm and WORLD_SIZE > 1:
             facts["note"] = (
                 f"rank {self.rank} compute only: run under torchrun for collectives"
@@ -928,8 +947,11 @@ class _Ranks(_Local):
         self.et_paths = [_rank_path(path, r) for r in range(self.world())]
         return _rank_path(path, self.rank)
 
-    def profile_dir(self, directory):
-        return os.path.join(directory, f"rank{self.rank}")
+    def profile_path(self, path):
+        """One Kineto trace per rank, side by side (DIR/kineto_trace.rankN.json), as
+        HolisticTraceAnalysis reads a job: one folder, a file per rank."""
+        self.profile_paths = [_rank_path(path, r) for r in range(self.world())]
+        return _rank_path(path, self.rank)
 
     def finish(self):
         if self.comm:
