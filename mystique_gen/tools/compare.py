@@ -8,16 +8,18 @@
 
 from __future__ import annotations
 
-from collections import Counter
+import bisect
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mystique_gen import oprules
 from mystique_gen.constants import HARNESS_SCOPE, STEP_SCOPE
 from mystique_gen.errors import MystiqueError
+from mystique_gen.passes.filters import STEP_RE
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
-from mystique_gen.sources.kineto import load_kineto
+from mystique_gen.sources.kineto import KinetoTrace, load_kineto
 
 
 def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False) -> Counter[str]:
@@ -83,17 +85,56 @@ def _top_level(events: list) -> list:
     return top
 
 
-def kineto_times(path: str | Path, iterations: int | None = 1) -> KinetoTimes:
-    """Category times of a Kineto trace, divided by ``iterations`` (None: the number of
-    steps :func:`mystique_gen.tools.capture` profiled in it, one without step annotations)."""
+def marked_steps(trace: KinetoTrace) -> int:
+    """The steps a Kineto trace marks: the capture's ``MystiqueProfiledStep``
+    annotations, else torch.profiler's ``ProfilerStep#N`` (a benchmark's ``--profile``,
+    a training loop profiled with a schedule); 0 where it marks none."""
+    scoped = sum(e.name == STEP_SCOPE for e in trace.cpu_ops)
+    return scoped or sum(STEP_RE.fullmatch(e.name) is not None for e in trace.cpu_ops)
 
-    trace = load_kineto(path)
+
+def _harness_correlations(trace: KinetoTrace) -> set[int]:
+    """Correlation ids of the device work the harness launched (inside its scope: the
+    input resets, the barrier before each iteration), which the workload did not."""
+    spans: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for e in trace.cpu_ops:
+        if e.name == HARNESS_SCOPE:
+            spans[(e.pid, e.tid)].append((e.ts, e.end))
+    merged: dict[tuple, list[tuple[float, float]]] = {}
+    for key, found in spans.items():
+        out: list[tuple[float, float]] = []
+        for start, end in sorted(found):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        merged[key] = out
+    inside = set()
+    for call in trace.runtime:
+        out = merged.get((call.pid, call.tid), [])
+        i = bisect.bisect_right(out, (call.ts, float("inf"))) - 1
+        if i >= 0 and call.ts <= out[i][1]:
+            inside.add(call.correlation)
+    return inside
+
+
+def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> KinetoTimes:
+    """Category times of a Kineto trace, divided by ``iterations`` (None: the steps it
+    marks, :func:`marked_steps`; one where it marks none).
+
+    Device time counts GPU activity, less annotations (``ProfilerStep#N`` spans a whole
+    step on the device too) and less what the harness launched."""
+
+    trace = path if isinstance(path, KinetoTrace) else load_kineto(path)
     if iterations is None:
-        iterations = sum(e.name == STEP_SCOPE for e in trace.cpu_ops) or 1
+        iterations = marked_steps(trace) or 1
     top = _top_level(trace.cpu_ops)
     categories = dict.fromkeys(oprules.CATEGORY_ORDER, 0.0)
     if trace.gpu:
+        harness = _harness_correlations(trace)
         for g in trace.gpu:
+            if g.category == "gpu_user_annotation" or g.correlation in harness:
+                continue
             cat = "memory" if "mem" in g.category else oprules.op_category(g.name)
             categories[cat] = categories.get(cat, 0.0) + g.dur
     else:
@@ -163,8 +204,9 @@ def compare_traces(original: str | Path, replay: str | Path, *,
     """Compare two ETs and, where both are given, their Kineto traces.
 
     The replay's Kineto trace usually covers several iterations (the benchmark's
-    ``--profile``); unless ``replay_iterations`` says how many, it is the ratio of the
-    two traces' top-level op counts.
+    ``--profile``, one ``ProfilerStep#N`` each); unless ``replay_iterations`` says how
+    many, they are the steps it marks, or where it marks none (a profile written before
+    benchmarks marked steps), the ratio of the two traces' top-level op counts.
     """
     a, b = op_multiset(original, by_overload=True), op_multiset(replay, by_overload=True)
     names = sorted(set(a) | set(b))
@@ -175,13 +217,14 @@ def compare_traces(original: str | Path, replay: str | Path, *,
         raise MystiqueError("give both --kineto-original and --kineto-replay, or neither")
     if kineto_original is not None and kineto_replay is not None:
         result.original_times = kineto_times(kineto_original, None)
-        iters = replay_iterations
-        if iters is None:
-            once = kineto_times(kineto_replay)
+        replay = load_kineto(kineto_replay)
+        iters = replay_iterations or marked_steps(replay)
+        if not iters:
+            once = kineto_times(replay)
             iters = max(1, round(once.ops / max(result.original_times.ops, 1)))
             result.notes.append(f"replay Kineto trace taken as {iters} iteration(s) "
                                 "(ratio of top-level op counts)")
-        result.replay_times = kineto_times(kineto_replay, iters)
+        result.replay_times = kineto_times(replay, iters)
     return result
 
 
