@@ -125,6 +125,18 @@ def test_peak_bytes_counts_the_inputs_and_what_one_step_holds_at_once(monkeypatc
     assert runtime._peak_bytes(inputs, torch.device("meta"), cpu) is None
 
 
+def test_peak_bytes_is_not_reported_for_a_replay_on_several_cpu_threads(monkeypatch):
+    """The profiler sees only its own thread's allocations: a partial peak would mislead."""
+
+    def replay(inputs, device, host):
+        runtime._run_threads(0, lambda: torch.empty(1000), lambda: torch.empty(1000))
+
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setitem(runtime._RUNTIME, "threads", None)
+    cpu = torch.device("cpu")
+    assert runtime._peak_bytes({}, cpu, cpu) is None
+
+
 def test_main_reports_peak_bytes_and_profiles_one_step_per_iteration(
     monkeypatch, capsys, tmp_path
 ):

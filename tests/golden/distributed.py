@@ -579,7 +579,10 @@ def _peak_bytes(inputs, device, host):
     """Measured peak memory of one replayed step on `device`: the input storages plus
     the most the step allocates above what was live before it (so not the copies
     --reset-inputs keeps, nor the CUDA graph's pool: the step is the plain replay).
-    One untimed step, after the timed ones; None on devices other than CUDA and CPU."""
+    One untimed step, after the timed ones; None on devices other than CUDA and CPU,
+    and on CPU for a replay on several host threads: the profiler reports only the
+    allocations of the thread that started it (with profile_all_threads, none at all),
+    so the other threads' would be missing."""
     base = _input_bytes(inputs, device)
     if device.type == "cuda":
         _sync(device)
@@ -589,7 +592,9 @@ def _peak_bytes(inputs, device, host):
         _sync(device)
         return base + torch.cuda.max_memory_allocated(device) - before
     if device.type == "cpu":
-        return base + _cpu_allocated_peak(lambda: replay(inputs, device, host))
+        peak = _cpu_allocated_peak(lambda: replay(inputs, device, host))
+        if _RUNTIME["threads"] is None:  # set by the replay where it runs threads
+            return base + peak
     return None
 
 
