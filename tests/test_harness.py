@@ -67,7 +67,8 @@ def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
     monkeypatch.setattr(runtime, "_JOB", runtime._Local())
     assert runtime.main(["--device", "cpu", "--warmup", "1", "--iters", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert len(calls) == 4 and result["iters"] == 3 and result["ops"] == 1
+    # One warm-up, three timed, and one untimed step that measures peak_bytes.
+    assert len(calls) == 5 and result["iters"] == 3 and result["ops"] == 1
     assert result["reset_inputs"] is True and result["device"] == "cpu"
     for key in ("iter_ms_median", "iter_ms_mean", "iter_ms_min"):
         assert result[key] > 0
@@ -103,3 +104,54 @@ def test_inlined_source_is_the_modules_less_what_the_file_provides():
     assert {"main", "_fill", "_Local", "_guarded", "_calibrate_gaps"} <= defined
     assert not {"make_inputs", "replay"} & defined
     assert "import torch" in source.imports
+
+
+def test_peak_bytes_counts_the_inputs_and_what_one_step_holds_at_once(monkeypatch):
+    mib = 2**20
+
+    def replay(inputs, device, host):
+        a = torch.empty(mib // 4)  # 1 MiB
+        b = torch.empty(mib // 4)  # 2 MiB held at once
+        del a, b
+        c = torch.empty(mib // 4)  # 1 MiB again: not a new peak
+        del c
+
+    monkeypatch.setattr(runtime, "replay", replay)
+    cpu = torch.device("cpu")
+    x = torch.ones(1024)
+    inputs = {"x": x, "x_view": x[2:], "y": torch.ones(256, dtype=torch.float64)}
+    assert runtime._input_bytes(inputs, cpu) == 4096 + 2048  # each storage once
+    assert runtime._peak_bytes(inputs, cpu, cpu) == 4096 + 2048 + 2 * mib
+    assert runtime._peak_bytes(inputs, torch.device("meta"), cpu) is None
+
+
+def test_peak_bytes_is_not_reported_for_a_replay_on_several_cpu_threads(monkeypatch):
+    """The profiler sees only its own thread's allocations: a partial peak would mislead."""
+
+    def replay(inputs, device, host):
+        runtime._run_threads(0, lambda: torch.empty(1000), lambda: torch.empty(1000))
+
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setitem(runtime._RUNTIME, "threads", None)
+    cpu = torch.device("cpu")
+    assert runtime._peak_bytes({}, cpu, cpu) is None
+
+
+def test_main_reports_peak_bytes_and_profiles_one_step_per_iteration(
+    monkeypatch, capsys, tmp_path
+):
+    def replay(inputs, device, host):
+        inputs["x"].add_(torch.ones(1000))
+
+    monkeypatch.setattr(runtime, "make_inputs", lambda d, h, g: {"x": torch.ones(1000)})
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    argv = ["--device", "cpu", "--warmup", "1", "--iters", "4", "--json",
+            "--profile", str(tmp_path)]
+    assert runtime.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["peak_bytes"] == 8000  # the input, and ones(1000) during the step
+    assert result["profile"] == str(tmp_path / "kineto_trace.json")
+    events = json.loads((tmp_path / "kineto_trace.json").read_text())["traceEvents"]
+    steps = [e["name"] for e in events if e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]

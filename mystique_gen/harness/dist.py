@@ -70,7 +70,9 @@ class _Ranks(_Local):
         self.backend = None
         self.comm = False
         self.per_rank = []
+        self.peaks = []
         self.et_paths = None
+        self.profile_paths = None
         self.gather_device = None
 
     def add_arguments(self, parser):
@@ -144,10 +146,24 @@ class _Ranks(_Local):
             self.per_rank = [t.tolist() for t in every]
         return [max(column) for column in zip(*self.per_rank, strict=True)]
 
+    def peak_bytes(self, nbytes):
+        """Every rank's peak memory, gathered on each rank; the job reports the
+        largest (-1 on the wire: a device whose peak is not measured)."""
+        self.peaks = [nbytes]
+        if self.comm:
+            value = -1 if nbytes is None else nbytes
+            mine = torch.tensor([value], dtype=torch.int64, device=self.gather_device)
+            every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]
+            torch.distributed.all_gather(every, mine)
+            self.peaks = [None if int(t) < 0 else int(t) for t in every]
+        known = [p for p in self.peaks if p is not None]
+        return max(known) if known else None
+
     def world(self):
         return WORLD_SIZE if self.comm else 1
 
     def facts(self):
+        peaks = self.peaks or [None] * len(self.per_rank)
         facts = {
             "ops": RANKS[self.rank][2] if self.rank in RANKS else OPS,
             "distributed": self.comm,
@@ -155,10 +171,15 @@ class _Ranks(_Local):
             "world_size": self.world(),
             "recorded_world_size": WORLD_SIZE,
             "rank": self.rank,
-            "per_rank": [_summary(t) for t in self.per_rank],
+            "per_rank": [
+                dict(_summary(t), peak_bytes=p)
+                for t, p in zip(self.per_rank, peaks, strict=True)
+            ],
         }
         if self.et_paths is not None:
             facts["et_per_rank"] = self.et_paths
+        if self.profile_paths is not None:
+            facts["profile_per_rank"] = self.profile_paths
         if not self.comm and WORLD_SIZE > 1:
             facts["note"] = (
                 f"rank {self.rank} compute only: run under torchrun for collectives"
@@ -169,8 +190,11 @@ class _Ranks(_Local):
         self.et_paths = [_rank_path(path, r) for r in range(self.world())]
         return _rank_path(path, self.rank)
 
-    def profile_dir(self, directory):
-        return os.path.join(directory, f"rank{self.rank}")
+    def profile_path(self, path):
+        """One Kineto trace per rank, side by side (DIR/kineto_trace.rankN.json), as
+        HolisticTraceAnalysis reads a job: one folder, a file per rank."""
+        self.profile_paths = [_rank_path(path, r) for r in range(self.world())]
+        return _rank_path(path, self.rank)
 
     def finish(self):
         if self.comm:
