@@ -8,7 +8,11 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``tp``: tensor parallel on DTensor (ColwiseParallel + RowwiseParallel MLP, SGD);
 * ``fsdp2``: fully_shard on two blocks and the root, AdamW (fsdp:: copy-in/out ops).
 
-Writes ``OUT_DIR/<mode>-rank-<N>.json``.
+Writes ``OUT_DIR/<mode>-rank-<N>.json``. With ``--kineto`` before the modes, each rank
+captures its step as :func:`mystique_gen.tools.capture.capture` captures one process:
+``<mode>-rank-<N>.et.json`` with the Kineto trace of the same step
+(``.kineto.json``, linked by rf_id, recording the rank in ``distributedInfo``), three
+steps profiled without the observer (``.profile.json``) and the ``.step.json`` sidecar.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.profiler import ExecutionTraceObserver
+
+from mystique_gen.tools.capture import capture
 
 
 def functional() -> Callable[[], object]:
@@ -83,9 +89,14 @@ def main(out_dir: str, modes: list[str]) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    for mode in modes:
+    kineto = modes[:1] == ["--kineto"]
+    for mode in modes[1:] if kineto else modes:
         torch.manual_seed(0)
         step = MODES[mode]()
+        if kineto:  # every rank runs the same steps: the collectives meet
+            capture(step, out_dir, name=f"{mode}-rank-{rank}", warmup=2, timing_iters=2,
+                    profile_steps=3)
+            continue
         for _ in range(2):  # warm up: lazy initialisation is not part of the step
             step()
         observer = ExecutionTraceObserver()
