@@ -77,7 +77,7 @@ def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
 def test_the_distributed_job_replays_its_rank_alone_without_a_launcher(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(dist, "WORLD_SIZE", 2)
-    monkeypatch.setattr(dist, "RANKS", {0: (None, None, 5), 1: (None, None, 6)})
+    monkeypatch.setattr(dist, "RANKS", {0: (None, None, 5, None), 1: (None, None, 6, None)})
     job = dist._Ranks()
 
     class Args:
@@ -89,6 +89,34 @@ def test_the_distributed_job_replays_its_rank_alone_without_a_launcher(monkeypat
     facts = job.facts()
     assert facts["ops"] == 5 and facts["world_size"] == 1 and "compute only" in facts["note"]
     assert job.et_path("out/replay.json") == "out/replay.rank0.json"
+
+
+def test_each_rank_replays_with_its_own_original(monkeypatch):
+    """The job picks its rank's Kineto facts from RANKS (its gaps' calibration reads
+    them); the result reports the slowest rank's original step, as iterations are
+    timed, and each rank's own under per_rank."""
+    monkeypatch.delenv("RANK", raising=False)
+    originals = {r: {"step_ms": 2.0 + r, "observer_in_gaps": False} for r in (0, 1)}
+    monkeypatch.setattr(dist, "WORLD_SIZE", 2)
+    monkeypatch.setattr(dist, "RANKS", {r: (None, None, 3, originals[r]) for r in (0, 1)})
+    monkeypatch.setitem(runtime._RUNTIME, "host_gaps", True)
+    monkeypatch.setitem(runtime._RUNTIME, "gap_own_us", 4.5)
+    job = dist._Ranks()
+    job.rank, job.comm = 1, False  # not launched: this rank alone
+    assert job.original() is originals[1] and job.original_ms() == 3.0
+    job.iteration_times([1.0])
+    [mine] = job.facts()["per_rank"]
+    assert mine["original_ms"] == 3.0 and mine["host_gaps_replayed"] is True
+    assert mine["host_gap_own_us"] == 4.5
+    job.comm = True  # launched: every rank of the job, without gathering here
+    job.per_rank, job.per_rank_gaps = [[1.0], [2.0]], [[4.5, 0.0, 1.0], [6.0, 0.0, 0.0]]
+    assert job.original_ms() == 3.0
+    per_rank = job.facts()["per_rank"]
+    assert [r["original_ms"] for r in per_rank] == [2.0, 3.0]
+    assert [r["host_gaps_replayed"] for r in per_rank] == [True, False]
+    monkeypatch.setattr(dist, "RANKS", {r: (None, None, 3, None) for r in (0, 1)})
+    assert job.original() is None and job.original_ms() is None
+    assert "original_ms" not in job.facts()["per_rank"][0]
 
 
 def test_inlined_source_is_the_modules_less_what_the_file_provides():

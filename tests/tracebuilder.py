@@ -56,6 +56,12 @@ class Device:
     name: str
 
 
+@dataclass(frozen=True)
+class Object:
+    """A TorchScript object argument (a process group, a reduce op), written as the
+    observer writes it: ``"<Object>"``."""
+
+
 class TraceBuilder:
     def __init__(self, schema: str = "1.1.1-chakra.0.0.4"):
         self.schema = schema
@@ -144,6 +150,8 @@ def _encode(value: Any) -> tuple[Any, Any, Any, str]:
         return value, [], [], "String"
     if isinstance(value, Device):
         return value.name, [], [], "Device"
+    if isinstance(value, Object):
+        return "<Object>", [], [], "Object"
     if isinstance(value, list):
         parts = [_encode(v) for v in value]
         return ([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],
@@ -167,3 +175,7 @@ EMBEDDING = ("aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=
 EMPTY = ("aten::empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, "
          "Layout? layout=None, Device? device=None, bool? pin_memory=None, "
          "MemoryFormat? memory_format=None) -> Tensor")
+ALLREDUCE_ = ("c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
+              "process_group, __torch__.torch.classes.c10d.ReduceOp reduce_op, Tensor? "
+              "sparse_indices, bool async_op=True, int timeout=-1) -> (Tensor[], "
+              "__torch__.torch.classes.c10d.Work)")

@@ -55,6 +55,7 @@ RECORDED_DEVICE = "cpu"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 448
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
+# The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = None
 
 
@@ -235,7 +236,7 @@ def _host_gap(us, events=0):
                 pass
 
 
-def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
+def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     """Measure, into _RUNTIME, what `_host_gap` subtracts from the recorded gaps.
 
     gap_own_us: this replay's own host time between two top-level ops, measured as the
@@ -244,9 +245,10 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
     gaps and the time this file itself spends between ops. The median over iterations
     of each iteration's mean: the first profiled iterations run cold, and a shared
     machine slows a few. Where the gaps were recorded with the ET observer attached
-    (ORIGINAL["observer_in_gaps"]: an ET and a Kineto trace from one profiler
-    session), the calibration attaches one too, so the observer's share cancels as
-    well; if it cannot, the recorded gaps are not replayed (they would be inflated).
+    (`original`, this process's ORIGINAL, says "observer_in_gaps": an ET and a Kineto
+    trace from one profiler session), the calibration attaches one too, so the
+    observer's share cancels as well; if it cannot, the recorded gaps are not replayed
+    (they would be inflated).
 
     gap_event_us: what the profiler costs per event it records, from the same
     iterations timed without it (host time, medians)."""
@@ -258,7 +260,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
         replay(inputs, device, host)
         plain.append((time.perf_counter() - start) * 1e6)
         _sync(device)
-    observed = bool(ORIGINAL and ORIGINAL.get("observer_in_gaps"))
+    observed = bool(original and original.get("observer_in_gaps"))
     handle, et_path = tempfile.mkstemp(prefix="mystique-calibrate-", suffix=".json")
     os.close(handle)
     observer = None
@@ -682,6 +684,14 @@ class _Local:
     def before_iteration(self):
         """Just before each timed iteration starts."""
 
+    def original(self):
+        """The linked Kineto trace's facts of what this process replays, or None."""
+        return ORIGINAL
+
+    def original_ms(self):
+        """The original step time the result reports, or None without --kineto."""
+        return ORIGINAL["step_ms"] if ORIGINAL is not None else None
+
     def iteration_times(self, times):
         """The times the result reports: this process's."""
         return times
@@ -723,9 +733,10 @@ def main(argv=None):
     _RUNTIME["device"] = device
     _RUNTIME["host"] = host
     _RUNTIME["host_gaps"] = args.host_gaps == "recorded"
-    if args.host_gaps == "recorded" and ORIGINAL is None:
-        print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
     job.start(args, device)
+    original = job.original()
+    if args.host_gaps == "recorded" and original is None:
+        print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
     _check_memory(device)
     torch.manual_seed(args.seed)
     gens = {
@@ -739,8 +750,8 @@ def main(argv=None):
         _reset(snapshot)
         step(inputs, device, host)
     _sync(device)
-    if _RUNTIME["host_gaps"] and ORIGINAL is not None and not args.cuda_graph:
-        _calibrate_gaps(inputs, device, host, snapshot)
+    if _RUNTIME["host_gaps"] and original is not None and not args.cuda_graph:
+        _calibrate_gaps(inputs, device, host, snapshot, original=original)
     times = []
     for _ in range(args.iters):
         _reset(snapshot)
@@ -776,10 +787,11 @@ def main(argv=None):
             "estimated_peak_bytes": REQUIRED_BYTES,
         }
     )
-    if ORIGINAL is not None:
-        result["original_ms"] = ORIGINAL["step_ms"]
-        if times and ORIGINAL["step_ms"]:
-            result["original_ratio"] = result["iter_ms_median"] / ORIGINAL["step_ms"]
+    original_ms = job.original_ms()
+    if original_ms is not None:
+        result["original_ms"] = original_ms
+        if times and original_ms:
+            result["original_ratio"] = result["iter_ms_median"] / original_ms
     if args.et:
         _reset(snapshot)
         result["et"] = job.et_path(args.et)

@@ -61,6 +61,7 @@ RECORDED_DEVICE = "cuda"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 124
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
+# The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = None
 
 
@@ -241,7 +242,7 @@ def _host_gap(us, events=0):
                 pass
 
 
-def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
+def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     """Measure, into _RUNTIME, what `_host_gap` subtracts from the recorded gaps.
 
     gap_own_us: this replay's own host time between two top-level ops, measured as the
@@ -250,9 +251,10 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
     gaps and the time this file itself spends between ops. The median over iterations
     of each iteration's mean: the first profiled iterations run cold, and a shared
     machine slows a few. Where the gaps were recorded with the ET observer attached
-    (ORIGINAL["observer_in_gaps"]: an ET and a Kineto trace from one profiler
-    session), the calibration attaches one too, so the observer's share cancels as
-    well; if it cannot, the recorded gaps are not replayed (they would be inflated).
+    (`original`, this process's ORIGINAL, says "observer_in_gaps": an ET and a Kineto
+    trace from one profiler session), the calibration attaches one too, so the
+    observer's share cancels as well; if it cannot, the recorded gaps are not replayed
+    (they would be inflated).
 
     gap_event_us: what the profiler costs per event it records, from the same
     iterations timed without it (host time, medians)."""
@@ -264,7 +266,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
         replay(inputs, device, host)
         plain.append((time.perf_counter() - start) * 1e6)
         _sync(device)
-    observed = bool(ORIGINAL and ORIGINAL.get("observer_in_gaps"))
+    observed = bool(original and original.get("observer_in_gaps"))
     handle, et_path = tempfile.mkstemp(prefix="mystique-calibrate-", suffix=".json")
     os.close(handle)
     observer = None
@@ -688,6 +690,14 @@ class _Local:
     def before_iteration(self):
         """Just before each timed iteration starts."""
 
+    def original(self):
+        """The linked Kineto trace's facts of what this process replays, or None."""
+        return ORIGINAL
+
+    def original_ms(self):
+        """The original step time the result reports, or None without --kineto."""
+        return ORIGINAL["step_ms"] if ORIGINAL is not None else None
+
     def iteration_times(self, times):
         """The times the result reports: this process's."""
         return times
@@ -729,9 +739,10 @@ def main(argv=None):
     _RUNTIME["device"] = device
     _RUNTIME["host"] = host
     _RUNTIME["host_gaps"] = args.host_gaps == "recorded"
-    if args.host_gaps == "recorded" and ORIGINAL is None:
-        print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
     job.start(args, device)
+    original = job.original()
+    if args.host_gaps == "recorded" and original is None:
+        print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
     _check_memory(device)
     torch.manual_seed(args.seed)
     gens = {
@@ -745,8 +756,8 @@ def main(argv=None):
         _reset(snapshot)
         step(inputs, device, host)
     _sync(device)
-    if _RUNTIME["host_gaps"] and ORIGINAL is not None and not args.cuda_graph:
-        _calibrate_gaps(inputs, device, host, snapshot)
+    if _RUNTIME["host_gaps"] and original is not None and not args.cuda_graph:
+        _calibrate_gaps(inputs, device, host, snapshot, original=original)
     times = []
     for _ in range(args.iters):
         _reset(snapshot)
@@ -782,10 +793,11 @@ def main(argv=None):
             "estimated_peak_bytes": REQUIRED_BYTES,
         }
     )
-    if ORIGINAL is not None:
-        result["original_ms"] = ORIGINAL["step_ms"]
-        if times and ORIGINAL["step_ms"]:
-            result["original_ratio"] = result["iter_ms_median"] / ORIGINAL["step_ms"]
+    original_ms = job.original_ms()
+    if original_ms is not None:
+        result["original_ms"] = original_ms
+        if times and original_ms:
+            result["original_ratio"] = result["iter_ms_median"] / original_ms
     if args.et:
         _reset(snapshot)
         result["et"] = job.et_path(args.et)
@@ -866,6 +878,7 @@ class _Ranks(_Local):
         self.comm = False
         self.per_rank = []
         self.peaks = []
+        self.per_rank_gaps = []
         self.et_paths = None
         self.profile_paths = None
         self.gather_device = None
@@ -930,15 +943,35 @@ class _Ranks(_Local):
         if self.comm:
             torch.distributed.barrier()  # every rank starts the iteration together
 
+    def original(self):
+        """This rank's linked Kineto facts."""
+        return RANKS[self.rank][3] if self.rank in RANKS else None
+
+    def _ran(self):
+        """The ranks this job replays, in rank order (as all_gather lists them)."""
+        return list(range(WORLD_SIZE)) if self.comm else [self.rank]
+
+    def original_ms(self):
+        """The job's original step time, as iterations are timed: its slowest rank's."""
+        steps = [
+            RANKS[r][3]["step_ms"]
+            for r in self._ran()
+            if r in RANKS and RANKS[r][3] is not None
+        ]
+        return max(steps) if steps else None
+
     def iteration_times(self, times):
-        """Every rank's times, gathered on each rank; an iteration of the job ends when
-        its slowest rank does."""
-        self.per_rank = [times]
+        """Every rank's times (and host-gap calibration), gathered on each rank; an
+        iteration of the job ends when its slowest rank does."""
+        gaps = [
+            _RUNTIME["gap_own_us"],
+            _RUNTIME["gap_event_us"],
+            1.0 if _RUNTIME["host_gaps"] else 0.0,
+        ]
+        self.per_rank, self.per_rank_gaps = [times], [gaps]
         if self.comm:
-            mine = torch.tensor(times, dtype=torch.float64, device=self.gather_device)
-            every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]
-            torch.distributed.all_gather(every, mine)
-            self.per_rank = [t.tolist() for t in every]
+            self.per_rank = self._gather(times)
+            self.per_rank_gaps = self._gather(gaps)
         return [max(column) for column in zip(*self.per_rank, strict=True)]
 
     def peak_bytes(self, nbytes):
@@ -954,6 +987,22 @@ class _Ranks(_Local):
         known = [p for p in self.peaks if p is not None]
         return max(known) if known else None
 
+    def _gather(self, values):
+        mine = torch.tensor(values, dtype=torch.float64, device=self.gather_device)
+        every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]
+        torch.distributed.all_gather(every, mine)
+        return [t.tolist() for t in every]
+
+    def _rank_facts(self, rank, times, gaps):
+        """One rank's entry of `per_rank`: its times, host gaps and original step."""
+        facts = _summary(times)
+        facts["host_gaps_replayed"] = bool(gaps[2])
+        facts["host_gap_own_us"], facts["host_gap_event_us"] = gaps[0], gaps[1]
+        original = RANKS[rank][3] if rank in RANKS else None
+        if original is not None:
+            facts["original_ms"] = original["step_ms"]
+        return facts
+
     def world(self):
         return WORLD_SIZE if self.comm else 1
 
@@ -967,8 +1016,10 @@ class _Ranks(_Local):
             "recorded_world_size": WORLD_SIZE,
             "rank": self.rank,
             "per_rank": [
-                dict(_summary(t), peak_bytes=p)
-                for t, p in zip(self.per_rank, peaks, strict=True)
+                dict(self._rank_facts(rank, times, gaps), peak_bytes=peak)
+                for rank, times, gaps, peak in zip(
+                    self._ran(), self.per_rank, self.per_rank_gaps, peaks, strict=True
+                )
             ],
         }
         if self.et_paths is not None:
@@ -1555,7 +1606,7 @@ def replay_rank0(inputs, device, host):
     return None
 
 
-RANKS = {0: (make_inputs_rank0, replay_rank0, 80)}
+RANKS = {0: (make_inputs_rank0, replay_rank0, 80, None)}
 
 
 _JOB = _Ranks()
