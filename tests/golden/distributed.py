@@ -61,7 +61,6 @@ RECORDED_DEVICE = "cuda"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 124
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
-# The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = None
 
 

@@ -75,7 +75,6 @@ OPS = 3
 RECORDED_DEVICE = "cpu"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 256
-# The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 # The linked Kineto traces (mystique-gen --kineto), one per rank: ORIGINAL_RANK<N> below.
 ORIGINAL = None
 
@@ -1111,6 +1110,23 @@ def replay_rank0(inputs, device, host):
     return None
 
 
+# Rank 0's linked Kineto trace: step time and per-op facts.
+ORIGINAL_RANK0 = {
+    "kineto": "rank-0.kineto.json",
+    "sha256": "96ea05cd2b22d74522bbcbb60ed76c2c36357a6a4a303fe54b522fb62dd4e388",
+    "step_ms": 0.085,
+    "linked_ops": 3,
+    "host_gaps": "linked",
+    "observer_in_gaps": True,
+}
+# Per replayed op: [CPU us, exclusive CPU us, GPU us, host gap us before it]
+ORIGINAL_OPS_RANK0 = [
+    [10.0, 10.0, 0.0, None],
+    [30.0, 30.0, 0.0, 20.0],
+    [5.0, 5.0, 0.0, 20.0],
+]
+
+
 def make_inputs_rank1(device, host, gens):
     """Every tensor rank 1 reads before any replayed op writes it."""
     mm_x_buf = _fill(16, torch.float32, device, "uniform", -0.5, 0.5, gens)
@@ -1132,6 +1148,23 @@ def replay_rank1(inputs, device, host):
     aten_relu(mm)
     del mm
     return None
+
+
+# Rank 1's linked Kineto trace: step time and per-op facts.
+ORIGINAL_RANK1 = {
+    "kineto": "rank-1.kineto.json",
+    "sha256": "f87cf5cbb6b068ea60c216a16478f2134c2155a1dfffb823eefbc450a8a27a57",
+    "step_ms": 0.125,
+    "linked_ops": 3,
+    "host_gaps": "linked",
+    "observer_in_gaps": True,
+}
+# Per replayed op: [CPU us, exclusive CPU us, GPU us, host gap us before it]
+ORIGINAL_OPS_RANK1 = [
+    [10.0, 10.0, 0.0, None],
+    [30.0, 30.0, 0.0, 40.0],
+    [5.0, 5.0, 0.0, 40.0],
+]
 
 
 RANKS = {

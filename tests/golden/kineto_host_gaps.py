@@ -52,7 +52,6 @@ RECORDED_DEVICE = "cpu"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 1024
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
-# The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = {
     "kineto": "gaps.kineto.json",
     "sha256": "3da92845eca9f9d96e498c8e27f703e94612a5ae3e927e091c9f61eaeada3d49",

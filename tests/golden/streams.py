@@ -53,7 +53,6 @@ RECORDED_DEVICE = "cpu"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 320
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
-# The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = {
     "kineto": "two_stream.kineto.json",
     "sha256": "53af376ec5d221f4d2cbd99c543098d4f7eb8875271b1a09c9269ee2b109cbcc",

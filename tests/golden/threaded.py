@@ -47,7 +47,6 @@ RECORDED_DEVICE = "cpu"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 320
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
-# The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = None
 
 
