@@ -24,6 +24,7 @@ from mystique_gen.tools.compare import (
     format_comparison,
     plot_comparison,
     read_clock,
+    read_number,
     step_json_beside,
 )
 from mystique_gen.tools.diff import diff_paths, format_diff
@@ -244,7 +245,10 @@ def run_compare(args: argparse.Namespace) -> int:
         replay_iterations=args.replay_iters,
         original_step_ms=read_clock(step_json, "step_ms_median") if step_json else None,
         replay_iter_ms=(read_clock(args.bench_json, "iter_ms_median")
-                        if args.bench_json else None))
+                        if args.bench_json else None),
+        original_peak_bytes=read_number(step_json, "step_peak_bytes") if step_json else None,
+        replay_peak_bytes=(read_number(args.bench_json, "peak_step_bytes")
+                           if args.bench_json else None))
     if args.plot:
         plot_comparison(result, args.plot)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_comparison(result))

@@ -89,9 +89,11 @@ def test_clock_is_read_beside_the_capture_and_checked(tmp_path, capsys):
     orig, replay = _ets(tmp_path)
     k1 = _kineto(tmp_path / "tr.profile.json", [(1000, 100)] + [(100, 10)] * 4, STEP_SCOPE)
     k2 = _kineto(tmp_path / "replay.json.kineto", [(100, 10)] * 3, "ProfilerStep#")
-    (tmp_path / "tr.step.json").write_text(json.dumps({"step_ms_median": 0.2}))
+    (tmp_path / "tr.step.json").write_text(json.dumps({"step_ms_median": 0.2,
+                                                       "step_peak_bytes": 4000}))
     bench_out = tmp_path / "bench.out"
-    bench_out.write_text("warming up\n" + json.dumps({"iter_ms_median": 0.113}) + "\n")
+    bench_out.write_text("warming up\n" + json.dumps({"iter_ms_median": 0.113,
+                                                     "peak_step_bytes": 4200}) + "\n")
     assert step_json_beside(k1) == tmp_path / "tr.step.json"
     assert read_clock(bench_out, "iter_ms_median") == pytest.approx(0.113)
     assert cli_main(["compare", str(orig), str(replay), "--kineto-original", str(k1),
@@ -101,6 +103,12 @@ def test_clock_is_read_beside_the_capture_and_checked(tmp_path, capsys):
     assert report["original_step_ms"] == 0.2 and report["replay_iter_ms"] == 0.113
     assert report["clock_error"] == pytest.approx(0.113 / 0.2 - 1)
     assert report["replay_iterations"] == 2  # three ProfilerSteps, the cold one left out
+    assert report["peak_step_bytes"] == {"original": 4000, "replay": 4200,
+                                         "error": pytest.approx(0.05)}
+    shares = {k: (v["original_share"], v["replay_share"])
+              for k, v in report["category_ms"].items() if v["original"]}
+    # mm 100 us and relu 10 us per step on both sides: the same shares.
+    assert shares["matmul"] == pytest.approx((100 / 110, 100 / 110))
     notes = " ".join(report["notes"])
     assert "original: the Kineto span" in notes  # 0.111 ms against 0.2 ms measured
     assert "replay: the Kineto span" not in notes  # 0.111 against 0.113: agrees
@@ -113,8 +121,11 @@ def test_clock_errors_name_the_file(tmp_path):
         read_clock(bad, "iter_ms_median")
 
 
-def test_format_shows_the_measured_error(tmp_path):
+def test_format_shows_the_measured_errors(tmp_path):
     orig, replay = _ets(tmp_path)
-    c = compare_traces(orig, replay, original_step_ms=2.0, replay_iter_ms=2.1)
-    assert "measured: eager step 2.000 ms, benchmark 2.100 ms, error +5.0%" in \
-        format_comparison(c)
+    c = compare_traces(orig, replay, original_step_ms=2.0, replay_iter_ms=2.1,
+                       original_peak_bytes=2 * 2**20, replay_peak_bytes=2**20)
+    text = format_comparison(c)
+    assert "measured: eager step 2.000 ms, benchmark 2.100 ms, error +5.0%" in text
+    assert ("peak memory of one step above its inputs: original 2.00 MiB, replay "
+            "1.00 MiB, error -50.0%") in text

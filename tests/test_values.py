@@ -494,6 +494,11 @@ def test_capture_script_then_compare_replay(tmp_path, capsys):
     # The clock: the step time beside the capture, the benchmark's own median.
     assert report["original_step_ms"] == sidecar["step_ms_median"]
     assert report["replay_iter_ms"] == last_json(proc.stdout)["iter_ms_median"]
+    # One step's memory above its inputs, measured on both sides.
+    assert sidecar["step_peak_bytes"] > 0
+    memory = report["peak_step_bytes"]
+    assert memory["original"] == sidecar["step_peak_bytes"]
+    assert memory["replay"] == last_json(proc.stdout)["peak_step_bytes"] > 0
     assert report["op_multiset_match"] == 1.0 and report["differences"] == []
     assert report["replay_iterations"] == 3
     assert report["category_ms"]["matmul"]["original"] > 0

@@ -37,6 +37,7 @@ from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, re
 
 from mystique_gen import oprules
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
+from mystique_gen.harness.runtime import _allocated_peak
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
@@ -112,6 +113,7 @@ class _Recorder:
                          DATA_ENV: index_ops() if integral_data else None})
         self.prof = None
         self.observer = None
+        self.step_peak_bytes: int | None = None
 
     def start(self) -> None:
 
@@ -124,7 +126,9 @@ class _Recorder:
             activities = [ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 activities.append(ProfilerActivity.CUDA)
-            self.prof = profile(activities=activities, execution_trace_observer=self.observer)
+            # profile_memory: the step's peak allocation (step.json), beside its ET.
+            self.prof = profile(activities=activities, execution_trace_observer=self.observer,
+                                profile_memory=True)
             self.prof.start()
         else:
             self.observer.start()
@@ -152,11 +156,20 @@ class _Recorder:
                 self.prof.stop()
                 assert self.kineto_path is not None
                 self.prof.export_chrome_trace(str(self.kineto_path))
+                self.step_peak_bytes = _step_peak(self.prof)
             else:
                 self.observer.stop()
             self.observer.unregister_callback()
         finally:
             self.env.__exit__(None, None, None)
+
+
+def _step_peak(prof: profile) -> int:
+    """What the recorded step allocated at once above what was live before it, on the
+    accelerator where it allocated any, else on the CPU: the original's side of the
+    benchmark's ``peak_step_bytes`` (the same measure, harness/runtime.py)."""
+    cuda = _allocated_peak(prof, torch.autograd.DeviceType.CUDA)
+    return cuda or _allocated_peak(prof, torch.autograd.DeviceType.CPU)
 
 
 def _write_sidecar(out: Path, name: str, times: list[float], warmup: int,
@@ -173,6 +186,7 @@ def _write_sidecar(out: Path, name: str, times: list[float], warmup: int,
         "et": recorder.et_path.name,
         "kineto": recorder.kineto_path.name if recorder.kineto_path else None,
         "profile": recorder.profile_path.name if recorder.profile_path else None,
+        "step_peak_bytes": recorder.step_peak_bytes,
         **extra,
     }
     sidecar.write_text(json.dumps(summary, indent=2) + "\n")

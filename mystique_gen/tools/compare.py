@@ -203,6 +203,24 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     original_step_ms: float | None = None  # the clock: eager step, measured
     replay_iter_ms: float | None = None  # the clock: benchmark iteration, measured
+    # What one step allocates at once above its inputs, measured on both sides (the
+    # capture's step_peak_bytes, the benchmark's peak_step_bytes).
+    original_peak_bytes: float | None = None
+    replay_peak_bytes: float | None = None
+
+    @property
+    def memory_error(self) -> float | None:
+        if not self.original_peak_bytes or self.replay_peak_bytes is None:
+            return None
+        return self.replay_peak_bytes / self.original_peak_bytes - 1.0
+
+    def shares(self) -> dict[str, tuple[float, float]]:
+        """Per category, its share of the categorised time: (original, replay)."""
+        assert self.original_times and self.replay_times
+        o, r = self.original_times.categories, self.replay_times.categories
+        total_o, total_r = sum(o.values()) or 1.0, sum(r.values()) or 1.0
+        return {k: (o.get(k, 0.0) / total_o, r.get(k, 0.0) / total_r)
+                for k in _categories(self)}
 
     @property
     def clock_error(self) -> float | None:
@@ -228,9 +246,11 @@ class Comparison:
                             for n, a, b in self.differences],
         }
         if self.original_times and self.replay_times:
+            shares = self.shares()
             out["category_ms"] = {
                 k: {"original": self.original_times.categories.get(k, 0.0),
-                    "replay": self.replay_times.categories.get(k, 0.0)}
+                    "replay": self.replay_times.categories.get(k, 0.0),
+                    "original_share": shares[k][0], "replay_share": shares[k][1]}
                 for k in _categories(self)
             }
             out["original_ms"] = self.original_times.span_ms
@@ -244,6 +264,10 @@ class Comparison:
         if self.replay_iter_ms is not None:
             out["replay_iter_ms"] = self.replay_iter_ms
         out["clock_error"] = self.clock_error
+        if self.original_peak_bytes is not None or self.replay_peak_bytes is not None:
+            out["peak_step_bytes"] = {"original": self.original_peak_bytes,
+                                      "replay": self.replay_peak_bytes,
+                                      "error": self.memory_error}
         out["notes"] = self.notes
         return out
 
@@ -263,7 +287,9 @@ def compare_traces(original: str | Path, replay: str | Path, *,
                    kineto_replay: str | Path | None = None,
                    replay_iterations: int | None = None,
                    original_step_ms: float | None = None,
-                   replay_iter_ms: float | None = None) -> Comparison:
+                   replay_iter_ms: float | None = None,
+                   original_peak_bytes: float | None = None,
+                   replay_peak_bytes: float | None = None) -> Comparison:
     """Compare two ETs and, where both are given, their Kineto traces.
 
     Kineto figures are per-step medians where a trace annotates its steps (a capture's
@@ -272,13 +298,17 @@ def compare_traces(original: str | Path, replay: str | Path, *,
     top-level op counts. ``original_step_ms`` (the capture's ``<name>.step.json``) and
     ``replay_iter_ms`` (the benchmark's ``--json`` ``iter_ms_median``) are the clock:
     the Kineto spans are checked against them, and their ratio is reported beside.
+    ``original_peak_bytes`` and ``replay_peak_bytes`` (the same files'
+    ``step_peak_bytes`` and ``peak_step_bytes``) compare one step's memory.
     """
     a, b = op_multiset(original, by_overload=True), op_multiset(replay, by_overload=True)
     names = sorted(set(a) | set(b))
     diffs = [(n, a[n], b[n]) for n in names if a[n] != b[n]]
     diffs.sort(key=lambda d: (-abs(d[1] - d[2]), d[0]))
     result = Comparison(multiset_match(a, b), sum(a.values()), sum(b.values()), diffs,
-                        original_step_ms=original_step_ms, replay_iter_ms=replay_iter_ms)
+                        original_step_ms=original_step_ms, replay_iter_ms=replay_iter_ms,
+                        original_peak_bytes=original_peak_bytes,
+                        replay_peak_bytes=replay_peak_bytes)
     if (kineto_original is None) != (kineto_replay is None):
         raise MystiqueError("give both --kineto-original and --kineto-replay, or neither")
     if kineto_original is not None and kineto_replay is not None:
@@ -321,6 +351,14 @@ def _replay_times(path: str | Path, iterations: int | None, original: KinetoTime
 def read_clock(path: str | Path, key: str) -> float:
     """``key`` from a JSON file: a capture's ``<name>.step.json``, or a benchmark's
     ``--json`` output (its last line that parses as a JSON object)."""
+    value = read_number(path, key)
+    if value is None:
+        raise MystiqueError(f"{Path(path).name}: no JSON object with a numeric {key!r}")
+    return value
+
+
+def read_number(path: str | Path, key: str) -> float | None:
+    """As :func:`read_clock`, None where no JSON object in the file holds ``key``."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -334,7 +372,7 @@ def read_clock(path: str | Path, key: str) -> float:
             continue
         if isinstance(doc, dict) and isinstance(doc.get(key), int | float):
             return float(doc[key])
-    raise MystiqueError(f"{path.name}: no JSON object with a numeric {key!r}")
+    return None
 
 
 def step_json_beside(kineto: str | Path) -> Path | None:
@@ -361,14 +399,18 @@ def format_comparison(c: Comparison) -> str:
     o, r = c.original_times, c.replay_times
     if o and r:
         what = "device" if o.device_time else "host time of top-level ops"
-        lines.append(f"time per iteration by category, ms ({what}):")
-        lines.append(f"  {'category':<14} {'original':>10} {'replay':>10} {'error':>8}")
+        lines.append(f"time per iteration by category, ms ({what}), and share of the time:")
+        lines.append(f"  {'category':<14} {'original':>10} {'replay':>10} {'error':>8} "
+                     f"{'share':>7} {'share':>7}")
+        shares = c.shares()
         for k in _categories(c):
             x, y = o.categories.get(k, 0.0), r.categories.get(k, 0.0)
             if x == 0 and y == 0:
                 continue
             err = f"{(y - x) / x * 100:+.1f}%" if x else "n/a"
-            lines.append(f"  {k:<14} {x:>10.3f} {y:>10.3f} {err:>8}")
+            a, b = shares[k]
+            lines.append(f"  {k:<14} {x:>10.3f} {y:>10.3f} {err:>8} {a * 100:>6.1f}% "
+                         f"{b * 100:>6.1f}%")
         e2e = c.e2e_error
         lines.append(f"end to end: original {o.span_ms:.3f} ms, replay {r.span_ms:.3f} ms"
                      + (f", error {e2e * 100:+.1f}%" if e2e is not None else ""))
@@ -377,6 +419,12 @@ def format_comparison(c: Comparison) -> str:
         assert c.original_step_ms is not None and c.replay_iter_ms is not None
         lines.append(f"measured: eager step {c.original_step_ms:.3f} ms, benchmark "
                      f"{c.replay_iter_ms:.3f} ms, error {clock * 100:+.1f}%")
+    if c.original_peak_bytes is not None and c.replay_peak_bytes is not None:
+        err = c.memory_error
+        lines.append(f"peak memory of one step above its inputs: original "
+                     f"{c.original_peak_bytes / 2**20:.2f} MiB, replay "
+                     f"{c.replay_peak_bytes / 2**20:.2f} MiB"
+                     + (f", error {err * 100:+.1f}%" if err is not None else ""))
     lines += [f"note: {n}" for n in c.notes]
     return "\n".join(lines)
 

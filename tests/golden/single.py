@@ -138,6 +138,7 @@ _RUNTIME = {
     "gap_own_us": 0.0,
     "gap_event_us": 0.0,
     "gap_observer": False,  # the calibration ran with the ET observer attached
+    "peak_step_bytes": None,  # what one step allocates above its inputs, at most
     "gap_carry": {},
     "threads": None,
 }
@@ -570,21 +571,26 @@ def _input_bytes(inputs, device):
 
 def _cpu_allocated_peak(run):
     """The most CPU memory that `run()` holds allocated at once, above what was live
-    before it, from the profiler's memory events.
+    before it, from the profiler's memory events (`_allocated_peak`).
 
     The CPU allocator keeps no statistics (no max_memory_allocated): with
-    profile_memory=True it reports every allocation and free to the profiler instead,
-    a free only of memory allocated while profiling (so what was live before counts 0).
-    The events in time order, added up, are the bytes the step holds; their running
-    maximum is its peak. They are read from the profiler's raw results
-    (kineto_results): prof.events() folds the allocations made inside an op into that
-    op's total, which loses their order against the frees."""
+    profile_memory=True it reports every allocation and free to the profiler instead."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
+    return _allocated_peak(prof, torch.autograd.DeviceType.CPU)
+
+
+def _allocated_peak(prof, device_type):
+    """The most memory of `device_type` held at once above what was live when `prof`
+    (a finished profile with profile_memory=True) started: its allocations and frees
+    in time order, added up (a free only of memory allocated while profiling, so what
+    was live before counts 0). They are read from the profiler's raw results
+    (kineto_results): prof.events() folds the allocations made inside an op into that
+    op's total, which loses their order against the frees."""
     events = [
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+        if e.name() == "[memory]" and e.device_type() == device_type
     ]
     live = peak = 0
     for _, nbytes in sorted(events):
@@ -600,18 +606,23 @@ def _peak_bytes(inputs, device, host):
     One untimed step, after the timed ones; None on devices other than CUDA and CPU,
     and on CPU for a replay on several host threads: the profiler reports only the
     allocations of the thread that started it (with profile_all_threads, none at all),
-    so the other threads' would be missing."""
+    so the other threads' would be missing. The step's own part (above its inputs)
+    goes to _RUNTIME["peak_step_bytes"]: what a capture measures of the original
+    step (`compare` sets them side by side)."""
     base = _input_bytes(inputs, device)
+    _RUNTIME["peak_step_bytes"] = None
     if device.type == "cuda":
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         replay(inputs, device, host)
         _sync(device)
-        return base + torch.cuda.max_memory_allocated(device) - before
+        _RUNTIME["peak_step_bytes"] = torch.cuda.max_memory_allocated(device) - before
+        return base + _RUNTIME["peak_step_bytes"]
     if device.type == "cpu":
         peak = _cpu_allocated_peak(lambda: replay(inputs, device, host))
         if _RUNTIME["threads"] is None:  # set by the replay where it runs threads
+            _RUNTIME["peak_step_bytes"] = peak
             return base + peak
     return None
 
@@ -775,6 +786,7 @@ def main(argv=None):
             "cuda_graph": args.cuda_graph,
             "reset_inputs": bool(snapshot),
             "peak_bytes": peak,
+            "peak_step_bytes": _RUNTIME["peak_step_bytes"],
             "estimated_peak_bytes": REQUIRED_BYTES,
         }
     )
