@@ -82,6 +82,9 @@ def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
     kids = children.get(node.id, [])
     for k, kid in enumerate(kids):
         if not kid.op_schema:
+            # A wrapper (the autograd kernel's GeneratedBackwardFor... scope, when an
+            # input requires grad) may hold the functional collective's c10d call.
+            called = called or (functional and _holds_c10d(kid, children))
             continue
         namespace, _, name = kid.name.partition("::")
         if functional:  # owns what precedes its c10d call, the call, then bookkeeping
@@ -94,6 +97,19 @@ def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
             for lifted in kids[k:]:
                 lifted.parent = to
             return
+
+
+def _holds_c10d(wrapper: RawNode, children: dict[int, list[RawNode]]) -> bool:
+    """Whether a c10d op runs inside ``wrapper``, through wrappers only."""
+    stack = list(children.get(wrapper.id, []))
+    while stack:
+        node = stack.pop()
+        if node.op_schema:
+            if node.name.partition("::")[0] == "c10d":
+                return True
+        else:
+            stack.extend(children.get(node.id, []))
+    return False
 
 
 def select_ops(trace: RawTrace) -> Selection:
