@@ -56,6 +56,14 @@ class Device:
     name: str
 
 
+@dataclass(frozen=True)
+class Opaque:
+    """A TorchScript object (ProcessGroup, ReduceOp): the observer writes "<Object>"."""
+
+
+OBJECT = Opaque()
+
+
 class TraceBuilder:
     def __init__(self, schema: str = "1.1.1-chakra.0.0.4"):
         self.schema = schema
@@ -144,6 +152,8 @@ def _encode(value: Any) -> tuple[Any, Any, Any, str]:
         return value, [], [], "String"
     if isinstance(value, Device):
         return value.name, [], [], "Device"
+    if isinstance(value, Opaque):
+        return "<Object>", [], [], "Object"
     if isinstance(value, list):
         parts = [_encode(v) for v in value]
         return ([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],

@@ -12,6 +12,8 @@ tensors or the next collective, or at the end of the iteration.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from mystique_gen import oprules
@@ -29,7 +31,7 @@ from mystique_gen.ir import (
     not_replayed,
 )
 from mystique_gen.ir.dist import CommInfo, ProcessGroupSpec
-from mystique_gen.ir.schema import Signature
+from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.compose import raw_storage_ids
 from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
 from mystique_gen.passes.ranks import (
@@ -42,7 +44,7 @@ from mystique_gen.passes.ranks import (
     world_size,
 )
 from mystique_gen.passes.select import Selected, select_ops
-from mystique_gen.sources.et import RawArg, RawTrace
+from mystique_gen.sources.et import RawArg, RawNode, RawTrace
 
 
 def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
@@ -78,6 +80,10 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
     root = _int_arg(raw, rule.root, node.id) if rule.root else None
     tag = _int_arg(raw, "tag", node.id) if rule.tag else None
     recorded_async = any(raw[a][2].value is True for a in oprules.ASYNC_ARGS if a in raw)
+    reduce_op = (oprules.reduce_op_name(raw[rule.reduce_op][2].value)
+                 if rule.reduce_op and rule.reduce_op in raw else None)
+    scalars = tuple((keyword, raw[arg][2].value) for arg, keyword in rule.scalars
+                    if arg in raw and isinstance(raw[arg][2].value, (bool, int)))
     info = CommInfo(
         call=rule.call,
         group=default_group if group is None else group,
@@ -88,6 +94,8 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
         out_splits=_int_list_arg(raw, "output_split_sizes", node.id) if rule.splits else None,
         seq=facts.seq if facts else None,
         recorded_async=recorded_async,
+        reduce_op=reduce_op,
+        scalars=scalars,
     )
     return Op(index=index, node_id=node.id, signature=sig, args=args, outputs=[],
               thread=node.tid, scope=sel.scope, comm=info)
@@ -295,8 +303,15 @@ class CommLowering:
             if unknown and info.groups_recorded and len(info.groups) > 1:
                 info.notes.append(f"{unknown} collectives do not record their process group "
                                   "(no record_param_comms): they run on the default group")
-            if any(op.comm.call in oprules.REDUCING for op in comm_ops if op.comm):
-                info.notes.append("reduce ops are not recorded: reductions use SUM")
+            unrecorded = _counts(op.name for op in comm_ops if op.comm is not None
+                                 and oprules.COMM_OPS[op.name].reduce_op
+                                 and op.comm.reduce_op is None)
+            if unrecorded:
+                info.notes.append("reduce op not recorded (ReduceOp is written as an "
+                                  f"opaque object), SUM replayed: {unrecorded}")
+            for name, count in Counter(op.name for op in comm_ops).items():
+                if oprules.COMM_OPS[name].note:
+                    info.notes.append(f"{name} x{count}: {oprules.COMM_OPS[name].note}")
             asynchronous = [op for op in comm_ops if op.comm and op.comm.asynchronous]
             if asynchronous:
                 info.notes.append(
@@ -311,15 +326,21 @@ class CommLowering:
         return info
 
 
+def _counts(names: Iterable[str]) -> str:
+    """``c10d::allreduce_ x3, c10d::reduce_ x1`` in order of first appearance."""
+    return ", ".join(f"{name} x{count}" for name, count in Counter(names).items())
+
+
 def replayable(group: ProcessGroupSpec, world: int) -> bool:
     """new_group can rebuild it: its members are listed, or it spans the world."""
     return group.ranks is not None or group.size == world
 
 
-def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...]]]:
-    """(op, recorded tensor shapes) of every top-level collective (c10d and functional),
-    in order: what
-    a replay must reproduce rank by rank (compare a replay's trace with its original)."""
+def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...], str | None]]:
+    """(op, recorded tensor shapes, reduce op) of every top-level collective (c10d and
+    functional), in order: what a replay must reproduce rank by rank (compare a replay's
+    trace with its original). The reduce op is the ReduceOp member's name where the trace
+    records it (functional collectives' ``reduce_op`` string), else None."""
     out = []
     for sel in select_ops(trace).ops:
         node = sel.node
@@ -328,8 +349,19 @@ def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...]]]
             continue
         shapes = tuple(_freeze(a.shape) for a in node.inputs if a.type.startswith(
             ("Tensor", "GenericList[Tensor", "GenericList[GenericList[Tensor")))
-        out.append((node.name, shapes))
+        out.append((node.name, shapes, _recorded_reduce_op(node)))
     return out
+
+
+def _recorded_reduce_op(node: RawNode) -> str | None:
+    try:
+        sig = parse_signature(node.op_schema)
+    except SchemaError:
+        return None
+    for spec, rec in zip(sig.args, node.inputs, strict=False):
+        if spec.name in oprules.REDUCE_OP_ARGS:
+            return oprules.reduce_op_name(rec.value)
+    return None
 
 
 def _freeze(value: Any) -> object:
