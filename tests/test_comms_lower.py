@@ -1,5 +1,6 @@
 """Lowering and emission of c10d collectives from synthetic traces: coalesced tensor
-collectives, monitored_barrier_, and reduce ops where the trace records them (issue 13)."""
+collectives, monitored_barrier_, reduce ops where the trace records them, and sends and
+recvs issued async (issue 13)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from mystique_gen.driver import generate
 from mystique_gen.passes.comms import collective_sequence
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
-from tests.tracebuilder import OBJECT, TraceBuilder
+from tests.tracebuilder import ADD_, OBJECT, RELU, TraceBuilder
 
 PG = "__torch__.torch.classes.c10d.ProcessGroup process_group"
 WORK = "__torch__.torch.classes.c10d.Work"
@@ -33,6 +34,8 @@ ALLREDUCE_INT = (f"c10d::allreduce_(Tensor[] tensors, {PG}, int reduce_op, int t
                  f"(Tensor[], {WORK})")
 MONITORED_BARRIER = (f"c10d::monitored_barrier_(Tensor tensor, {PG}, int[] device_ids, "
                      "int timeout, bool wait_all_ranks) -> ()")
+SEND = f"c10d::send(Tensor[] tensors, {PG}, int dst, int tag) -> {WORK}"
+RECV = f"c10d::recv_(Tensor[] tensors, {PG}, int src, int tag) -> {WORK}"
 FUNCTIONAL_ALL_REDUCE = ("_c10d_functional::all_reduce(Tensor input, str reduce_op, "
                          "str group_name) -> Tensor")
 
@@ -123,6 +126,29 @@ def test_collective_sequence_holds_the_reduce_op_where_recorded(tmp_path):
     assert seq == [("c10d::allreduce_", (((8,),),), None),
                    ("c10d::allreduce_", (((8,),),), "MIN"),
                    ("_c10d_functional::all_reduce", ((8,),), "MAX")]
+
+
+def test_sends_and_recvs_run_async_and_wait_where_their_tensors_need_it(tmp_path):
+    b = TraceBuilder()
+    sent, got = b.tensor((4,)), b.tensor((4,))
+    b.op(SEND, [[sent], OBJECT, 1, 0], [OBJECT])
+    b.op(RECV, [[got], OBJECT, 1, 3], [OBJECT])
+    b.op(RELU, [sent], [b.tensor((4,))])  # reads what is being sent: no wait needed
+    b.op(RELU, [got], [b.tensor((4,))])  # uses what was received: wait for the recv
+    b.op(ADD_, [sent, got, 1], [sent])  # overwrites what was sent: wait for the send
+    text = generate(b.write(tmp_path / "p2p.json"), tmp_path / "bench.py",
+                    GenerateOptions(command_line="test"))
+    body = re.sub(r"\s+", "", text.split("def replay_rank0(")[1].split("\nRANKS = ")[0])
+    send = re.search(r"(work\d*)=torch\.distributed\.isend\((\w+),group_dst=1,tag=0,"
+                     r"group=_GROUPS\[0\]\)", body)
+    recv = re.search(r"(work\d*)=torch\.distributed\.irecv\((\w+),group_src=1,tag=3,"
+                     r"group=_GROUPS\[0\]\)", body)
+    assert send and recv, body
+    relus = [m.start() for m in re.finditer(r"aten_relu\(", body)]
+    wait_recv = body.index(f"_wait_work({recv.group(1)})")
+    wait_send = body.index(f"_wait_work({send.group(1)})")
+    assert recv.end() <= relus[0] < wait_recv < relus[1] < wait_send < body.index("add_")
+    assert "2 sends and recvs run as isend/irecv in recorded order" in " ".join(text.split())
 
 
 @pytest.mark.slow

@@ -123,7 +123,8 @@ class CommRule:
     ``harness``: ``call`` is a function of the generated file's harness
     (harness/dist.py), not of torch.distributed. ``scalars``: recorded bools and ints
     passed on, as (schema argument, keyword). ``note``: why the replay differs from the
-    recorded call, for the file's header."""
+    recorded call, for the file's header. ``point_to_point``: "send" or "recv", issued
+    async so that ranks pair them up in recorded order without deadlock."""
 
     call: str
     tensors: tuple[tuple[str, str], ...]
@@ -137,6 +138,7 @@ class CommRule:
     harness: bool = False
     scalars: tuple[tuple[str, str], ...] = ()
     note: str | None = None
+    point_to_point: str | None = None
 
 
 @dataclass(frozen=True)

@@ -98,10 +98,16 @@ FAMILY = OpFamily(
         "c10d::scatter_": CommRule(
             "scatter", (("output_tensors", "one"), ("input_tensors", "inner_or_none")),
             "root_rank", "group_src"),
+        # Point-to-point: the trace cannot say whether the program sent with send or
+        # isend (batch_isend_irecv, pipeline schedules); issued in recorded order but
+        # async, they pair up across ranks as recorded, where blocking calls could wait
+        # on each other (1F1B: a send of the next forward against one of a backward).
         "c10d::send": CommRule("send", (("tensors", "one"),), "dst", "group_dst", tag=True,
-                               async_call="isend", has_async_arg=False),
+                               async_call="isend", has_async_arg=False,
+                               point_to_point="send"),
         "c10d::recv_": CommRule("recv", (("tensors", "one"),), "src", "group_src", tag=True,
-                                async_call="irecv", has_async_arg=False),
+                                async_call="irecv", has_async_arg=False,
+                                point_to_point="recv"),
         "c10d::barrier": CommRule("barrier", ()),
         "c10d::monitored_barrier_": CommRule(
             "_monitored_barrier", (), harness=True, has_async_arg=False,
