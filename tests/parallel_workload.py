@@ -12,7 +12,10 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   async and waited, reduce_scatter_tensor_coalesced_, allreduce_coalesced_ with MAX),
   and a functional all_reduce_coalesced;
 * ``reductions``: MAX and MIN reductions, by c10d (the trace does not record the op)
-  and by functional collectives (it does), and a monitored_barrier.
+  and by functional collectives (it does), and a monitored_barrier;
+* ``pipeline``: a 2-stage pipeline (torch.distributed.pipelining, 1F1B over 4
+  microbatches, one stage per rank, SGD): sends and recvs that cross (a rank sends the
+  next forward while its peer sends a backward).
 
 Writes ``OUT_DIR/<mode>-rank-<N>.json``.
 """
@@ -28,6 +31,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -125,8 +129,28 @@ def reductions() -> Callable[[], object]:
     return step
 
 
+def pipeline() -> Callable[[], object]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stage_module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+    stage = PipelineStage(stage_module, rank, world, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, n_microbatches=4,
+                            loss_fn=lambda y, target: ((y - target) ** 2).mean())
+    opt = torch.optim.SGD(stage_module.parameters(), lr=0.1)
+    x, target = torch.randn(4, 16), torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=target, losses=[])
+        opt.step()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
-         "coalesced": coalesced, "reductions": reductions}
+         "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

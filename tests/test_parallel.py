@@ -1,9 +1,10 @@
 """Production parallelism replays under torchrun (issue 13): functional collectives in
 tensor parallel on DTensor, coalesced c10d collectives, reduce ops and a
-monitored_barrier, captured per rank at test time (gloo, 2 ranks), replayed from one
-benchmark; per rank, the replay issues the same collectives (c10d and _c10d_functional)
-in the same order with the same sizes, and the same reduce ops where the trace records
-them (functional collectives name theirs; c10d ops write an opaque ReduceOp)."""
+monitored_barrier, and a 1F1B pipeline's sends and recvs, captured per rank at test
+time (gloo, 2 ranks), replayed from one benchmark; per rank, the replay issues the same
+collectives (c10d and _c10d_functional) in the same order with the same sizes, and the
+same reduce ops where the trace records them (functional collectives name theirs; c10d
+ops write an opaque ReduceOp)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.test_distributed import _torchrun
 
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
-MODES = ["tp", "coalesced", "reductions"]
+MODES = ["tp", "coalesced", "reductions", "pipeline"]
 # What each mode's file must say or call, beyond replaying every op.
 EXPECTED = {
     "tp": ["_c10d_functional"],
@@ -31,6 +32,9 @@ EXPECTED = {
                    "SUM replayed: c10d::allreduce_ x2, c10d::reduce_ x1, "
                    "c10d::_reduce_scatter_base_ x1",
                    "c10d::monitored_barrier_ x1: monitored_barrier on gloo"],
+    # 1F1B crosses sends: blocking calls in recorded order would wait on each other.
+    "pipeline": ["torch.distributed.isend(", "torch.distributed.irecv(",
+                 "8 sends and recvs run as isend/irecv in recorded order"],
 }
 
 
