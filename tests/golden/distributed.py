@@ -737,8 +737,10 @@ def _coalesced(collective, outputs, inputs, group, async_op, **options):
 
 
 def _all_gather_into_tensor_coalesced(outputs, inputs, *, group, async_op=False):
-    """c10d::allgather_into_tensor_coalesced_: every input gathered into its output."""
-    all_gather = torch.distributed.all_gather_into_tensor
+    """c10d::allgather_into_tensor_coalesced_: every input gathered into its output.
+    (all_gather_single and reduce_scatter_single: torch 2.13's names of the calls.)"""
+    dist = torch.distributed
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return _coalesced(all_gather, outputs, inputs, group, async_op)
 
 
@@ -747,7 +749,10 @@ def _reduce_scatter_tensor_coalesced(
 ):
     """c10d::reduce_scatter_tensor_coalesced_: every input reduced and scattered."""
     options = {} if op is None else {"op": op}
-    reduce_scatter = torch.distributed.reduce_scatter_tensor
+    dist = torch.distributed
+    reduce_scatter = (
+        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    )
     return _coalesced(reduce_scatter, outputs, inputs, group, async_op, **options)
 
 
