@@ -19,7 +19,13 @@ from mystique_gen.errors import MystiqueError
 from mystique_gen.options import add_build_arguments, build_options, default_device, device_lines
 from mystique_gen.progress import session
 from mystique_gen.tools.capture import ScriptError, capture_script, result_dict
-from mystique_gen.tools.compare import compare_traces, format_comparison, plot_comparison
+from mystique_gen.tools.compare import (
+    compare_traces,
+    format_comparison,
+    plot_comparison,
+    read_clock,
+    step_json_beside,
+)
 from mystique_gen.tools.diff import diff_paths, format_diff
 from mystique_gen.tools.inspect import format_summary, inspect_paths
 
@@ -156,6 +162,10 @@ def capture_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
     p.add_argument("--timing-iters", type=int, default=5,
                    help="timed steps for the eager step time")
+    p.add_argument("--profile-steps", type=int, default=9,
+                   help="warm steps profiled after the recorded one, each annotated, "
+                   "into <name>.profile.json (host gaps, compare); fewer if the script "
+                   "ends first (default: 9)")
     p.add_argument("--no-kineto", action="store_true", help="record the ET only")
     p.add_argument("--no-ranges", action="store_true",
                    help="do not record integral tensor ranges")
@@ -173,14 +183,21 @@ def compare_parser() -> argparse.ArgumentParser:
         description="Compare an original execution trace with the trace of its replay "
         "(a benchmark run with --et, and --profile for Kineto).",
         epilog="example: mystique-gen compare trace.et.json replay.et.json "
-        "--kineto-original trace.kineto.json --kineto-replay prof/kineto_trace.json",
+        "--kineto-original trace.profile.json --kineto-replay prof/kineto_trace.json "
+        "--bench-json result.json",
     )
     p.add_argument("original", help="execution trace of the original")
     p.add_argument("replay", help="execution trace of the replay")
     p.add_argument("--kineto-original", metavar="K1", help="Kineto trace of the original")
     p.add_argument("--kineto-replay", metavar="K2", help="Kineto trace of the replay")
     p.add_argument("--replay-iters", type=int, default=None,
-                   help="iterations in K2 (default: inferred from op counts)")
+                   help="iterations in K2 (default: its ProfilerStep annotations, else "
+                   "inferred from op counts)")
+    p.add_argument("--step-json", metavar="FILE",
+                   help="the capture's <name>.step.json: measured eager step time "
+                   "(default: the one beside K1, if any)")
+    p.add_argument("--bench-json", metavar="FILE",
+                   help="the benchmark's --json output: measured iteration time")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="OUT.png", help="bar chart by category (matplotlib)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -189,13 +206,14 @@ def compare_parser() -> argparse.ArgumentParser:
 
 def run_capture(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.warmup < 1 or args.timing_iters < 1:
-        raise MystiqueError("--warmup and --timing-iters must be at least 1")
+    if args.warmup < 1 or args.timing_iters < 1 or args.profile_steps < 1:
+        raise MystiqueError("--warmup, --timing-iters and --profile-steps must be at least 1")
     try:
         result = capture_script(
             command, args.out, name=args.name, warmup=args.warmup,
             timing_iters=args.timing_iters, kineto=not args.no_kineto,
-            integral_ranges=not args.no_ranges, integral_data=args.save_indices)
+            integral_ranges=not args.no_ranges, integral_data=args.save_indices,
+            profile_steps=args.profile_steps)
     except ScriptError as exc:
         raise MystiqueError(str(exc)) from None
     print(json.dumps(result_dict(result)))
@@ -213,10 +231,15 @@ def run_compare(args: argparse.Namespace) -> int:
         except ImportError:
             raise MystiqueError(
                 "--plot needs matplotlib: pip install 'mystique-gen[plot]'") from None
-    result = compare_traces(args.original, args.replay,
-                            kineto_original=args.kineto_original,
-                            kineto_replay=args.kineto_replay,
-                            replay_iterations=args.replay_iters)
+    step_json = args.step_json or (
+        step_json_beside(args.kineto_original) if args.kineto_original else None)
+    result = compare_traces(
+        args.original, args.replay,
+        kineto_original=args.kineto_original, kineto_replay=args.kineto_replay,
+        replay_iterations=args.replay_iters,
+        original_step_ms=read_clock(step_json, "step_ms_median") if step_json else None,
+        replay_iter_ms=(read_clock(args.bench_json, "iter_ms_median")
+                        if args.bench_json else None))
     if args.plot:
         plot_comparison(result, args.plot)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_comparison(result))

@@ -48,7 +48,13 @@ from mystique_gen.passes.compose import (
 )
 from mystique_gen.passes.filters import filter_selection
 from mystique_gen.passes.lower import lower_ops
-from mystique_gen.passes.ranks import is_multi_rank_set, natural_key, order_ranks
+from mystique_gen.passes.numbers import replay_wrapped_numbers
+from mystique_gen.passes.ranks import (
+    is_multi_rank_set,
+    job_groups,
+    natural_key,
+    order_ranks,
+)
 from mystique_gen.passes.retarget import retarget_dtype
 from mystique_gen.passes.select import release_covered_arguments, select_ops
 from mystique_gen.passes.tensors import plan_tensors
@@ -112,6 +118,7 @@ class Part:
     filters: list[str]
     recorded: RecordedValues
     comm: CommLowering
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -170,6 +177,7 @@ def lower_sources(program: Program, build: Build) -> Program:
     reported = [filter_applied(line) for line in lines]
     reported += [s for p in parts for s in p.not_replayed]
     reported += [guarded(op.node_id, op.name, op.guard) for op in ops if op.guard]
+    reported += [note(n) for p in parts for n in p.notes]
     return replace(program, trace=info, ops=ops, threads=threads,
                    diagnostics=program.diagnostics + reported)
 
@@ -187,6 +195,12 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     comm = CommLowering(trace)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume)
     rename_storages(ops, lifetimes, k, names)
+    part_notes = []
+    numbers = replay_wrapped_numbers(ops)
+    if numbers:
+        part_notes.append(f"{numbers} wrapped Python numbers (0-d tensor arguments whose "
+                          "recorded result dtype shows scalar type promotion) replay as "
+                          "Python numbers")
     if options.dtype is not None:
         lines.append(retarget_dtype(ops, options.dtype))
     not_replayed = sorted(kept.not_replayed + lowering_skips, key=lambda s: s.node_id)
@@ -194,7 +208,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
         # Node ids of different traces overlap: say which trace each one is from.
         not_replayed = [replace(s, name=f"trace {k + 1}: {s.name}") for s in not_replayed]
     info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count)
-    return Part(info, ops, not_replayed, kept.threads, lines, recorded, comm)
+    return Part(info, ops, not_replayed, kept.threads, lines, recorded, comm, part_notes)
 
 
 # -- the passes over one Program ------------------------------------------------------------
@@ -262,6 +276,12 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
     source = build.sources[0]
     if source.profile is not None:
         hostgaps.apply_profile_gaps(program, source.trace, source.profile)
+    if program.timing is not None and program.timing.observer_in_gaps:
+        program = replace(program, diagnostics=program.diagnostics + [note(
+            f"host gaps from {program.timing.kineto}, recorded with the ET observer "
+            "attached (linked by id; no profile-only steps beside it): with --host-gaps "
+            "recorded the benchmark calibrates the observer's cost out, or replays no "
+            "gaps where it cannot")])
     return program
 
 
@@ -364,6 +384,10 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
 
 def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool) -> Compiled:
     ranks, how = order_ranks([s.trace for s in sources])
+    merged = job_groups([s.trace for s in sources])
+    if merged is not None:
+        for source, groups in zip(sources, merged, strict=True):
+            source.trace.job_groups = groups
     programs = [run_passes([s], options, consume=consume) for s in sources]
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")

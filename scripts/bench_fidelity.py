@@ -14,6 +14,11 @@ taken from the capture's profile-only steps, less the replay's own per-op host t
 which the benchmark measures once, as ``--host-gaps recorded`` does; see
 passes/hostgaps.py). Error = benchmark / eager - 1, medians over all timed steps.
 
+A third timing, ``session``, replays the gaps of the ET-linked Kineto trace itself, as
+a pair recorded in one profiler session gives them (PARAM, Chakra, HTA): no
+profile-only steps, the ET observer's work in every gap, calibrated out by the
+benchmark (``observer_in_gaps``).
+
 Targets: median |error| <= 3 %, worst <= 10 %, op-multiset match >= 99.5 % everywhere,
 no crashes. Run alone: `python scripts/bench.py fidelity` (FIDELITY_ROUNDS=N to time
 more rounds, FIDELITY_TRIALS=N for more independent trials per model,
@@ -52,7 +57,7 @@ PROFILE_STEPS = 9
 # Independent trials per model (capture, generate, time), reported by their median: the
 # error of one trial moves by several points with the machine's load.
 TRIALS = int(os.environ.get("FIDELITY_TRIALS", "3"))
-MODES = ("off", "recorded")
+MODES = ("off", "recorded", "session")
 
 
 def _train(model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], lr: float = 1e-3,
@@ -266,6 +271,15 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
     generate(result.et_path, bench_path, GenerateOptions(command_line="bench_fidelity"),
              kineto=result.kineto_path)
     benches, state = _load_benchmark(bench_path)
+    # The same pair as one profiler session leaves it: no profile-only steps beside.
+    assert result.kineto_path is not None
+    session_kineto = work / f"{stem}.session.json"
+    session_kineto.write_bytes(result.kineto_path.read_bytes())
+    session_path = work / f"{stem}_session_bench.py"
+    generate(result.et_path, session_path, GenerateOptions(command_line="bench_fidelity"),
+             kineto=session_kineto)
+    session, session_state = _load_benchmark(session_path)
+    benches["session"] = session["recorded"]
     ms = _side_by_side({"eager": Timed(step), **benches}, ROUNDS)
     replay_et = work / f"{stem}_replay.et.json"
     g = state["g"]
@@ -276,6 +290,7 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
     row: dict[str, object] = {"model": label, "ops": sum(original.values()),
                               "eager_ms": ms["eager"], "own_us": state["own_us"],
                               "event_us": state["event_us"],
+                              "session_own_us": session_state["own_us"],
                               "match": match}
     for mode in MODES:
         row[f"{mode}_ms"] = ms[mode]
@@ -306,7 +321,7 @@ def main() -> int:
     rows, crashes = [], []
     header = (f"{'model':<22} {'ops':>5} {'eager ms':>9} {'off ms':>8} {'err off':>8} "
               f"{'gaps ms':>8} {'err gaps':>8} {'trials':>15} {'own us':>6} {'ev us':>5} "
-              f"{'match':>8}")
+              f"{'err sess':>8} {'trials':>15} {'sess us':>7} {'match':>8}")
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         for name in names:
@@ -323,16 +338,23 @@ def main() -> int:
                 row = _median_row(trials)
                 rows.append(row)
                 spread = [t["recorded_error"] * 100 for t in trials]
+                session = [t["session_error"] * 100 for t in trials]
                 print(f"{row['model']:<22} {row['ops']:>5} {row['eager_ms']:>9.3f} "
                       f"{row['off_ms']:>8.3f} {row['off_error'] * 100:>+7.1f}% "
                       f"{row['recorded_ms']:>8.3f} {row['recorded_error'] * 100:>+7.1f}% "
                       f"{min(spread):>+6.1f}..{max(spread):>+5.1f}% "
                       f"{row['own_us']:>6.2f} {row['event_us']:>5.2f} "
+                      f"{row['session_error'] * 100:>+7.1f}% "
+                      f"{min(session):>+6.1f}..{max(session):>+5.1f}% "
+                      f"{row['session_own_us']:>7.2f} "
                       f"{row['match'] * 100:>7.2f}%", flush=True)
     print("off: operators only; gaps: --host-gaps recorded (profile-only gaps less the "
           "replay's own host time per op, 'own us', and the profiler's cost per scope it "
           "recorded in them, 'ev us'); error = benchmark / eager - 1, the median of "
-          f"{TRIALS} independent trials (their range under 'trials'); match: the lowest")
+          f"{TRIALS} independent trials (their range under 'trials'); sess: the gaps of "
+          "the ET-linked Kineto trace (one profiler session), the observer's cost "
+          "calibrated out ('sess us': the replay's own per-op time with an observer "
+          "attached); match: the lowest")
     for mode in MODES if rows else ():
         errors = [abs(r[f"{mode}_error"]) for r in rows]
         worst = max(rows, key=lambda r: abs(r[f"{mode}_error"]))

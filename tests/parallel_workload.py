@@ -15,7 +15,9 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   and by functional collectives (it does), and a monitored_barrier;
 * ``pipeline``: a 2-stage pipeline (torch.distributed.pipelining, 1F1B over 4
   microbatches, one stage per rank, SGD): sends and recvs that cross (a rank sends the
-  next forward while its peer sends a backward).
+  next forward while its peer sends a backward);
+* ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
+  dimension's subgroup, functional and c10d, as 2-D parallel training issues them.
 
 Writes ``OUT_DIR/<mode>-rank-<N>.json``.
 """
@@ -149,8 +151,24 @@ def pipeline() -> Callable[[], object]:
     return step
 
 
+def mesh2d() -> Callable[[], object]:
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("dp", "tp"))
+    x = torch.ones(8) * (dist.get_rank() + 1)
+    weight = torch.randn(8, 8)
+
+    def step() -> object:
+        y = fc.wait_tensor(fc.all_reduce(x @ weight, "sum", mesh["tp"]))
+        z = fc.wait_tensor(fc.all_gather_tensor(y, 0, mesh["dp"]))
+        dist.all_reduce(z, group=mesh.get_group("dp"))
+        return (z * 2).sum()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
-         "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline}
+         "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
+         "mesh2d": mesh2d}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

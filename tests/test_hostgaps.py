@@ -108,6 +108,30 @@ def test_without_sidecar_gaps_stay_linked(captured, tmp_path):
     assert program.timing is not None and program.timing.host_gaps == "linked"
 
 
+def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
+    """An ET + Kineto pair from one profiler session (linked by id, no profile-only
+    steps beside it), as PARAM, Chakra and HTA capture them: the observer's work is
+    in every recorded gap. The header says so, and the benchmark's calibration runs
+    with an observer attached so that its share cancels; with the profile-only steps
+    beside the trace, neither happens."""
+    kineto = tmp_path / "session.json"
+    kineto.write_bytes(captured.kineto_path.read_bytes())
+    bench = tmp_path / "bench.py"
+    text = generate(captured.et_path, bench, kineto=kineto)
+    assert '"observer_in_gaps": True' in text
+    assert "with the ET observer attached (linked by id" in " ".join(text.split())
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--host-gaps", "recorded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json(proc.stdout)
+    assert out["host_gap_observer"] is True and out["host_gaps_replayed"] is True
+    assert out["host_gap_own_us"] > 0
+
+    beside = generate(captured.et_path, tmp_path / "b2.py", kineto=captured.kineto_path)
+    assert '"observer_in_gaps": False' in beside
+    assert "with the ET observer attached (linked by id" not in " ".join(beside.split())
+
+
 def test_recorded_gaps_subtract_the_replays_own_host_time(captured, tmp_path):
     bench = tmp_path / "bench.py"
     text = generate(captured.et_path, bench, kineto=captured.kineto_path)
@@ -130,4 +154,6 @@ def test_compare_reads_the_profile_per_step(captured):
     profile = profile_beside(captured.kineto_path)
     assert profile is not None
     per_step, whole = kineto_times(profile, None), kineto_times(profile, 1)
-    assert per_step.iterations == 3 and whole.ops == 3 * per_step.ops
+    # Three profiled steps: medians over the two warm ones.
+    assert (per_step.iterations, per_step.cold_steps_dropped) == (2, 1)
+    assert whole.ops == 3 * per_step.ops and len(per_step.step_spans_ms) == 2

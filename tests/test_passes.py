@@ -7,13 +7,26 @@ import json
 
 import pytest
 
-from mystique_gen.driver import build_program
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.driver import build_program, generate
 from mystique_gen.errors import TraceError
-from mystique_gen.ir import DerivedView, InputView, OpOutput, TensorValue
+from mystique_gen.ir import DerivedView, InputView, OpOutput, TensorValue, iter_tensors
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace, trace_from_document
-from tests.tracebuilder import ADD_, EMBEDDING, EMPTY, MM, RELU, T_OP, Device, TraceBuilder
+from tests.conftest import run_benchmark
+from tests.tracebuilder import (
+    ADD_,
+    EMBEDDING,
+    EMPTY,
+    MM,
+    RELU,
+    T_OP,
+    VIEW,
+    Device,
+    T,
+    TraceBuilder,
+)
 
 
 def _program(builder: TraceBuilder):
@@ -93,6 +106,33 @@ def test_selection_descends_wrappers_and_keeps_first_schema_node():
     assert sel.ops[1].scope == ("ProfilerStep#3", backward)
     assert sel.threads == [1, 2]
 
+
+VIEW_AS = "aten::view_as(Tensor(a) self, Tensor other) -> Tensor(a)"
+
+
+def test_selection_replays_what_a_tensor_subclass_ran():
+    """An op on DTensors dispatches to Python (a ``PythonSubclass`` node) and runs on
+    the local shards: the wrappers hold no data (all on one storage id) and have the
+    global shape, so the ops below are the ones replayed, wherever the subclass
+    dispatch sits (``view_as`` reaches it through ``view``)."""
+    b = TraceBuilder()
+    step = b.annotation("Optimizer.step#SGD.step")
+    null = b.new_id()
+    param, grad = b.tensor((8, 4), storage=null), b.tensor((8, 4), storage=null)
+    local_param, local_grad = b.tensor((4, 4)), b.tensor((4, 4))
+    outer = b.op(ADD_, [param, grad, -0.1], [param], parent=step)
+    inner = b.op(ADD_, [local_param, local_grad, -0.1], [local_param],
+                 parent=b.annotation("PythonSubclass", parent=outer))
+    view_as = b.op(VIEW_AS, [param, param], [b.tensor((8, 4), storage=null)], parent=step)
+    view = b.op(VIEW, [param, [8, 4]], [b.tensor((8, 4), storage=null)], parent=view_as)
+    local_view = b.op(VIEW, [local_param, [4, 4]], [b.view(local_param, (4, 4))],
+                      parent=b.annotation("PythonSubclass", parent=view))
+    plain = b.op(RELU, [local_param], [b.tensor((4, 4))], parent=step)
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [inner, local_view, plain]
+    assert all(s.scope == ("Optimizer.step#SGD.step",) for s in sel.ops)
+    program = _program(b)
+    assert all(tv.meta.shape == (4, 4) for op in program.ops for tv in _tensor_args(op))
 
 def test_parent_cycle_is_an_error_with_node_and_field():
     b = TraceBuilder()
@@ -239,10 +279,6 @@ def test_tensor_built_from_python_data_is_an_input_with_valid_values(tmp_path):
     assert isinstance(index_rows.binding, InputView) and index_rows.storage is rows
     assert isinstance(program.ops[0].outputs[0].binding, InputView)
 
-    from mystique_gen.backends.base import GenerateOptions
-    from mystique_gen.driver import generate
-    from tests.conftest import run_benchmark
-
     bench = tmp_path / "bench.py"
     generate(_index_from_python_list(written=False).write(tmp_path / "t.json"), bench,
              GenerateOptions(command_line="test"))
@@ -255,6 +291,70 @@ def test_tensor_a_recorded_op_writes_stays_produced():
     (rows,) = [s for s in program.storages if s.dtype == "int64"]
     assert not rows.materialised
     assert program.ops[-1].args[1].value.items[0].binding == OpOutput(0, (0,))
+
+
+SET_ = "aten::set_.source_Tensor(Tensor(a!) self, Tensor source) -> Tensor(a!)"
+FOREACH_MUL_ = "aten::_foreach_mul_.Scalar(Tensor(a!)[] self, Scalar scalar) -> ()"
+FOREACH_LERP_ = ("aten::_foreach_lerp_.Scalar(Tensor(a!)[] self, Tensor[] tensors1, "
+                 "Scalar weight) -> ()")
+
+
+def _wrapper_subclass_optimizer() -> TraceBuilder:
+    """The first foreach ops of an FSDP2 AdamW step as the observer records DTensors: a
+    wrapper subclass holds no data, so every one is on the null data pointer's storage
+    id, at the offset of the local tensor it wraps (the gradients wrap views of one
+    reduce-scatter output: offsets 0, 4, 8)."""
+    b = TraceBuilder()
+    null = b.new_id()
+    shapes = [(4,), (4,), (4, 4)]
+    params = [b.tensor(s, storage=null) for s in shapes]
+    exp_avgs = [b.tensor(s, storage=null) for s in shapes]
+    grads = [b.tensor(s, storage=null, offset=o) for s, o in zip(shapes, (0, 4, 8), strict=True)]
+    b.op(FOREACH_MUL_, [params, 0.99], [])
+    b.op(FOREACH_LERP_, [exp_avgs, grads, 0.1], [])
+    return b
+
+
+def test_tensors_an_op_kept_apart_get_buffers_of_their_own(tmp_path):
+    """_foreach_lerp_ writes exp_avgs[2] (16 elements at 0) while reading grads[2] (16
+    at 8) on the same storage id: partially overlapping, which PyTorch refuses, so the
+    original kept them apart and the id is no memory. Read as one buffer they replayed
+    as overlapping views and the benchmark died ("some elements of the input tensor and
+    the written-to tensor refer to a single memory location")."""
+    program = _program(_wrapper_subclass_optimizer())
+    mul, lerp = program.ops
+    tensors = [tv for op in (mul, lerp) for a in op.args for tv in iter_tensors(a.value)]
+    assert len(tensors) == 9
+    assert len({id(tv.storage) for tv in tensors}) == 9  # a buffer each
+    assert all(tv.storage.materialised and isinstance(tv.binding, InputView)
+               for tv in tensors)
+    assert any("cannot be one memory" in d.reason for d in program.diagnostics)
+
+    bench = tmp_path / "bench.py"
+    generate(_wrapper_subclass_optimizer().write(tmp_path / "t.json"), bench,
+             GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_tensors_that_may_share_memory_still_alias():
+    """Only a value write onto a partial overlap proves two tensors apart:
+    ``x.add_(alias)`` with another tensor on exactly the same elements (a full overlap,
+    which PyTorch accepts), reads of partially overlapping views, and ``set_`` pointing
+    a view at an overlapping one (it writes no values) keep one buffer."""
+    b = TraceBuilder()
+    x = b.tensor((4, 4))
+    alias = b.view(x, (4, 4))
+    b.op(ADD_, [x, alias, 1], [x])
+    head, rows = b.view(x, (8,)), b.view(x, (2, 4), offset=4)
+    b.op(MM, [rows, b.view(x, (4, 4))], [b.tensor((2, 4))])
+    b.op(RELU, [head], [b.tensor((8,))])
+    tail = b.view(x, (8,), offset=4)
+    b.op(SET_, [head, tail], [T(head.tensor_id, x.storage_id, (8,), (1,), offset=4)])
+    program = _program(b)
+    (storage,) = [s for s in program.storages if s.materialised]
+    assert all(tv.storage is storage for op in program.ops for tv in _tensor_args(op))
+    assert not any("cannot be one memory" in d.reason for d in program.diagnostics)
 
 
 # -- values -----------------------------------------------------------------------

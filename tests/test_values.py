@@ -17,7 +17,12 @@ from mystique_gen.oprules import op_category
 from mystique_gen.passes.values import recorded_values
 from mystique_gen.sources.et import trace_from_document
 from mystique_gen.tools.capture import capture, capture_script
-from mystique_gen.tools.compare import compare_traces, format_comparison, op_multiset
+from mystique_gen.tools.compare import (
+    compare_traces,
+    format_comparison,
+    kineto_times,
+    op_multiset,
+)
 from tests.conftest import last_json, run_benchmark
 from tests.tracebuilder import EMBEDDING, VIEW, TraceBuilder
 
@@ -467,19 +472,28 @@ def test_capture_script_then_compare_replay(tmp_path, capsys):
                        "--timing-iters", "2", "--", "python", str(script)]) == 0
     sidecar = json.loads((out / "tr.step.json").read_text())
     assert sidecar["boundary"] == "optimizer step" and len(sidecar["step_ms"]) == 2
+    # As many warm, annotated steps profiled as the Python API profiles.
+    assert sidecar["profile_steps"] == 9
+    profiled = kineto_times(out / "tr.profile.json", None)
+    assert (profiled.iterations, profiled.cold_steps_dropped) == (8, 1)
     assert sidecar["step_ms_median"] > 0
     assert "tensor_range" in (out / "tr.et.json").read_text()
     bench = out / "bench.py"
     generate(out / "tr.et.json", bench, GenerateOptions(command_line="test"))
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3",
-                         "--et", str(out / "replay.et.json"), "--profile", str(out / "prof"))
+                         "--et", str(out / "replay.et.json"), "--profile", str(out / "prof"),
+                         "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (out / "result.json").write_text(proc.stdout)
     capsys.readouterr()
     assert tools_main(["compare", str(out / "tr.et.json"), str(out / "replay.et.json"),
                        "--kineto-original", str(out / "tr.profile.json"),
                        "--kineto-replay", str(out / "prof" / "kineto_trace.json"),
-                       "--json"]) == 0
+                       "--bench-json", str(out / "result.json"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
+    # The clock: the step time beside the capture, the benchmark's own median.
+    assert report["original_step_ms"] == sidecar["step_ms_median"]
+    assert report["replay_iter_ms"] == last_json(proc.stdout)["iter_ms_median"]
     assert report["op_multiset_match"] == 1.0 and report["differences"] == []
     assert report["replay_iterations"] == 3
     assert report["category_ms"]["matmul"]["original"] > 0

@@ -191,6 +191,7 @@ def original_lines(program: Program) -> list[str]:
         ("step_ms", exprs.float_literal(round(timing.original_ms, 4))),
         ("linked_ops", str(timing.linked_ops)),
         ("host_gaps", exprs.str_literal(exprs.docstring_line(timing.host_gaps, 200))),
+        ("observer_in_gaps", str(timing.observer_in_gaps)),
     )
     items = [Atom(f"{exprs.str_literal(k)}: {v}") for k, v in fields]
     lines = lay_out("ORIGINAL = ", Group("{", tuple(items), "}", literal=True), 0)

@@ -246,6 +246,9 @@ class ProgramTiming:
     linked_ops: int
     link_methods: dict[str, int] = field(default_factory=dict)  # method -> ops linked
     host_gaps: str = "linked"  # where the gaps come from (passes/hostgaps.py)
+    # The gaps come from a Kineto trace recorded with the ET observer attached (one
+    # profiler session, linked by id): the benchmark calibrates the observer's cost out.
+    observer_in_gaps: bool = False
     tail_gap_us: float | None = None  # host time after the last op, to the step's end
     tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
 

@@ -32,11 +32,6 @@ REDUCE_OP_NAMES = {name.lower(): name for name in REDUCE_OP_CODES.values()} | {
     "prod": "PRODUCT"}
 
 
-# Schema arguments that hold a reduce op (c10d ops and functional collectives; the
-# legacy c10d_functional namespace spells it reduceOp).
-REDUCE_OP_ARGS = frozenset({"reduce_op", "reduceOp"})
-
-
 def reduce_op_name(value: object) -> str | None:
     """The torch.distributed.ReduceOp member a recorded reduce-op argument names
     (an int code, or a name such as "max" or "ReduceOp.MAX"); None where the trace

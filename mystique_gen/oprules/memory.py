@@ -18,11 +18,14 @@ FAMILY = OpFamily(
         "aten::new_empty_strided", "aten::empty_permuted",
     }),
     # In-place ops (``Tensor(a!) self``) that change a tensor's metadata or autograd
-    # state, never its values: they neither read nor define an uninitialised tensor.
+    # state, never its values: they neither read nor define an uninitialised tensor,
+    # and their arguments may overlap in any way (``set_`` points ``self`` at another
+    # view of the same storage), which proves nothing about memory (passes/tensors.py).
     no_value_writes=frozenset({
         "aten::detach_", "aten::requires_grad_", "aten::resize_", "aten::resize_as_",
         "aten::as_strided_", "aten::squeeze_", "aten::unsqueeze_", "aten::t_",
         "aten::transpose_", "aten::swapdims_", "aten::swapaxes_", "aten::_coalesced_",
+        "aten::set_",
     }),
     # An input the replay builds is an ``as_strided`` view of its buffer; where such an
     # op reads it, the input is detached from its buffer's view chain (same storage, so

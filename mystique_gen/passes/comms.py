@@ -33,7 +33,7 @@ from mystique_gen.ir import (
     not_replayed,
 )
 from mystique_gen.ir.dist import CommInfo, ProcessGroupSpec
-from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
+from mystique_gen.ir.schema import Signature
 from mystique_gen.passes.compose import raw_storage_ids
 from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
 from mystique_gen.passes.ranks import (
@@ -45,8 +45,8 @@ from mystique_gen.passes.ranks import (
     scan_trace,
     world_size,
 )
-from mystique_gen.passes.select import Selected, select_ops
-from mystique_gen.sources.et import RawArg, RawNode, RawTrace
+from mystique_gen.passes.select import Selected, select_ops, subclass_dispatches
+from mystique_gen.sources.et import RawArg, RawTrace
 
 
 def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
@@ -227,8 +227,11 @@ def _nested_functional_waits(trace: RawTrace) -> dict[int, set[int]]:
     """Waits recorded inside another op: {selected op's node id: node ids of the
     functional collectives it waited for}. A DTensor or AsyncCollectiveTensor waits for
     a collective's result inside the dispatch of the op that first reads it, so the
-    wait is a child of that op and names the collective's output storage."""
+    wait is a child of that op and names the collective's output storage. A wait inside
+    a subclass's dispatch (below ``PythonSubclass``) is replayed itself, as the ops
+    beside it are (passes/select.py)."""
     by_id = {n.id: n for n in trace.nodes}
+    dispatched = subclass_dispatches(trace)
     produced: dict[int, int] = {}  # recorded output storage -> functional node id
     waits: dict[int, set[int]] = {}
     for node in trace.nodes:  # id order is start order
@@ -238,7 +241,7 @@ def _nested_functional_waits(trace: RawTrace) -> dict[int, set[int]]:
         if name == "wait_tensor":
             top, parent = None, by_id.get(node.parent)
             while parent is not None and parent.id != parent.parent:
-                if parent.op_schema:
+                if parent.op_schema and parent.id not in dispatched:
                     top = parent  # the outermost op with a schema is the selected one
                 parent = by_id.get(parent.parent)
             storages = {s for arg in node.inputs for s in raw_storage_ids(arg)}
@@ -377,32 +380,26 @@ def replayable(group: ProcessGroupSpec, world: int) -> bool:
     return group.ranks is not None or group.size == world
 
 
-def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...], str | None]]:
-    """(op, recorded tensor shapes, reduce op) of every top-level collective (c10d and
-    functional), in order: what a replay must reproduce rank by rank (compare a replay's
-    trace with its original). The reduce op is the ReduceOp member's name where the trace
-    records it (functional collectives' ``reduce_op`` string), else None."""
+def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...], tuple[str, ...]]]:
+    """(op, recorded tensor shapes, string arguments) of every top-level collective (c10d
+    and functional; waits left out), in order: what a replay must reproduce rank by rank (compare a
+    replay's trace with its original). The strings are a functional collective's reduce
+    op and group name: a replay creates the recorded groups in their recorded order, so
+    its group names are the recorded ones."""
     out = []
     for sel in select_ops(trace).ops:
         node = sel.node
         collective = node.name.split("::", 1)[0] in ("c10d", *oprules.FUNCTIONAL_NAMESPACES)
-        if not collective or HARNESS_SCOPE in sel.scope:
+        # A wait is not a collective: where the original waited inside the op that read
+        # the result (DTensor), the replay waits just before that op, at top level.
+        if not collective or node.name.endswith("wait_tensor") or HARNESS_SCOPE in sel.scope:
             continue
         shapes = tuple(_freeze(a.shape) for a in node.inputs if a.type.startswith(
             ("Tensor", "GenericList[Tensor", "GenericList[GenericList[Tensor")))
-        out.append((node.name, shapes, _recorded_reduce_op(node)))
+        strings = tuple(a.value for a in node.inputs
+                        if a.type == "String" and isinstance(a.value, str))
+        out.append((node.name, shapes, strings))
     return out
-
-
-def _recorded_reduce_op(node: RawNode) -> str | None:
-    try:
-        sig = parse_signature(node.op_schema)
-    except SchemaError:
-        return None
-    for spec, rec in zip(sig.args, node.inputs, strict=False):
-        if spec.name in oprules.REDUCE_OP_ARGS:
-            return oprules.reduce_op_name(rec.value)
-    return None
 
 
 def _freeze(value: Any) -> object:

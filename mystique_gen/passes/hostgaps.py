@@ -141,7 +141,7 @@ def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) 
             op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
                                 gap_events=found.events.get(op.node_id, 0))
     program.timing = replace(program.timing, tail_gap_us=found.tail,
-                             tail_gap_events=found.tail_events)
+                             tail_gap_events=found.tail_events, observer_in_gaps=False)
     steps = found.steps
     program.timing.host_gaps = (f"{profile.name} (median of {steps} profiled "
                                 f"step{'s' if steps != 1 else ''})")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mystique_gen.errors import TraceError
@@ -26,7 +26,15 @@ def init_node(trace: RawTrace) -> RawNode | None:
 
 
 def read_groups(trace: RawTrace) -> list[ProcessGroupSpec] | None:
-    """The recorded process groups in creation order; None where the trace has no init node."""
+    """The process groups in creation order: the job's, where the driver merged a rank
+    set's (:func:`job_groups`), else the trace's own; None where it has no init node."""
+    if trace.job_groups is not None:
+        return trace.job_groups
+    return recorded_groups(trace)
+
+
+def recorded_groups(trace: RawTrace) -> list[ProcessGroupSpec] | None:
+    """The groups the trace's own init node lists; None where it has none."""
     node = init_node(trace)
     if node is None:
         return None
@@ -77,12 +85,38 @@ def default_group_index(groups: Sequence[ProcessGroupSpec]) -> int:
     return 0
 
 
-def group_description(trace: RawTrace) -> tuple[tuple[object, ...], ...] | None:
-    """What every rank of one job records alike about its groups (no per-process ids)."""
-    groups = read_groups(trace)
-    if groups is None:
+def job_groups(traces: Sequence[RawTrace]) -> list[list[ProcessGroupSpec]] | None:
+    """Per trace, the process groups of the whole job, in creation order; None unless
+    every trace records groups and they agree.
+
+    Each rank records only the groups it is a member of (rank 0 of a 2 x 2 mesh lists
+    the default group, dp [0, 2] and tp [0, 1]; rank 1 lists dp [1, 3] and tp [0, 1]),
+    but ``new_group`` must be called by every rank for every group, in the order the
+    job created them. A group's name (``pg_name``) is the same on every rank; numbered
+    names are the creation order. Each trace's copy keeps its own ``backend_id``s
+    (per-process ids that 1.0.2 collectives name their group by).
+    """
+    recorded = [recorded_groups(t) for t in traces]
+    if any(r is None for r in recorded):
         return None
-    return tuple((g.name, g.desc, g.ranks, g.size) for g in groups)
+    merged: dict[str, ProcessGroupSpec] = {}
+    for groups in recorded:
+        assert groups is not None
+        for g in groups:
+            seen = merged.setdefault(g.name, g)
+            if (seen.desc, seen.ranks, seen.size) != (g.desc, g.ranks, g.size):
+                return None
+    names = list(merged)
+    if all(n.isdigit() for n in names):
+        names.sort(key=int)
+    result = []
+    for groups in recorded:
+        assert groups is not None
+        own = {g.name: g for g in groups}
+        result.append([replace(merged[n], index=i,
+                               backend_id=own[n].backend_id if n in own else None)
+                       for i, n in enumerate(names)])
+    return result
 
 
 def world_size(groups: list[ProcessGroupSpec] | None, comms: Sequence[ParamComms]) -> int | None:
@@ -104,17 +138,18 @@ def recorded_rank(comms: Sequence[ParamComms]) -> int | None:
 def is_multi_rank_set(traces: Sequence[RawTrace]) -> bool:
     """True when the traces are the ranks of one job: the meaning of several inputs.
 
-    They must share one process group description whose default group has one rank
-    per trace, or, for traces without that description (schema 1.0.1), all hold
-    collectives whose recorded world size is the number of traces.
+    Their process groups must agree (:func:`job_groups`: each rank lists its own) with
+    a default group of one rank per trace, or, for traces without that description
+    (schema 1.0.1), all hold collectives whose recorded world size is the number of
+    traces.
     """
     if len(traces) < 2:
         return False
-    descriptions = {group_description(t) for t in traces}
-    if len(descriptions) != 1:
-        return False
-    groups = read_groups(traces[0])
-    if groups is not None:
+    if any(recorded_groups(t) is not None for t in traces):
+        merged = job_groups(traces)
+        if merged is None:
+            return False
+        groups = merged[0]
         return groups[default_group_index(groups)].size == len(traces)
     sizes = {world_size(None, scan_trace(t).ops.values()) for t in traces}
     return sizes == {len(traces)}

@@ -5,6 +5,12 @@ Wrappers without a schema (``ProfilerStep#N``, ``## forward ##``,
 annotations) are descended into; a node with a schema is replayed whole, so its
 children (its implementation) are not. All host threads are kept, in node-id order,
 which is the order in which the operators started.
+
+One exception: an op whose dispatch reached a Python tensor subclass (DTensor,
+AsyncCollectiveTensor; the observer records a ``PythonSubclass`` node below it) ran
+on wrappers that hold no data, at their global shape; what the process really ran
+is below it, on the plain tensors the subclass holds (a rank's local shard), and
+that is what is replayed (:func:`subclass_dispatches`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from mystique_gen.ir.schema import is_op_name
 from mystique_gen.sources.et import RawNode, RawTrace
 
 ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
+SUBCLASS_DISPATCH = "PythonSubclass"  # the observer's node for __torch_dispatch__
 
 
 @dataclass(frozen=True)
@@ -112,9 +119,31 @@ def _holds_c10d(wrapper: RawNode, children: dict[int, list[RawNode]]) -> bool:
     return False
 
 
+def subclass_dispatches(trace: RawTrace) -> set[int]:
+    """Node ids of the ops with a schema whose dispatch reached a Python tensor subclass:
+    every one above a ``PythonSubclass`` node (``aten::view_as`` on a DTensor calls
+    ``aten::view``, which DTensor dispatches). Their arguments are wrappers without data
+    (every one on the null pointer's storage id) at the global shape; the ops below
+    ran on the local tensors. The selection descends into them."""
+    by_id = {n.id: n for n in trace.nodes}
+    found: set[int] = set()
+    walked: set[int] = set()
+    for node in trace.nodes:
+        if node.name != SUBCLASS_DISPATCH:
+            continue
+        cur = by_id.get(node.parent) if node.parent != node.id else None
+        while cur is not None and cur.id not in walked:
+            walked.add(cur.id)
+            if cur.op_schema:
+                found.add(cur.id)
+            cur = by_id.get(cur.parent) if cur.parent != cur.id else None
+    return found
+
+
 def select_ops(trace: RawTrace) -> Selection:
     repair_async_nesting(trace)
     by_id = {n.id: n for n in trace.nodes}
+    dispatched = subclass_dispatches(trace)
     # scope_of[id] is None when an ancestor (or the node) is selected, else the annotation path.
     scope_of: dict[int, tuple[str, ...] | None] = {}
 
@@ -132,10 +161,10 @@ def select_ops(trace: RawTrace) -> Selection:
             cur = parent
         inherited = scope_of[cur.id] if cur is not None else ()
         for n in reversed(chain):
-            if inherited is None or n.op_schema:
+            if inherited is None or (n.op_schema and n.id not in dispatched):
                 scope_of[n.id] = None
-            elif is_root(n):
-                scope_of[n.id] = inherited
+            elif is_root(n) or n.id in dispatched or n.name == SUBCLASS_DISPATCH:
+                scope_of[n.id] = inherited  # not an annotation: no scope of its own
             else:
                 scope_of[n.id] = (*inherited, n.name)
             inherited = scope_of[n.id]
@@ -153,7 +182,7 @@ def select_ops(trace: RawTrace) -> Selection:
             covered.append(node)  # inside a selected op: its implementation
             continue
         resolve(node)
-        if node.op_schema:
+        if node.op_schema and node.id not in dispatched:
             selected.append(Selected(node, outer))
             threads.add(node.tid)
         elif node.attrs.get("kernel_backend"):

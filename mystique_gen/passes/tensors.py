@@ -12,12 +12,25 @@ lifetime of that id. Within a lifetime:
   made it to its consumers (real dataflow); a view of it that no replayed op
   returned is derived with ``as_strided`` from the producer's result.
 
+A storage id need not be memory. Tensor subclasses that wrap others (DTensor,
+AsyncCollectiveTensor: ``_make_wrapper_subclass``) hold a storage without data, so the
+observer records every one of them under the storage id of the null data pointer
+(which zero-size tensors share too), with the offset of the tensor they wrap. Read as
+one buffer, an FSDP2 optimizer's sharded parameters, gradients and states became
+overlapping views of it, and ``_foreach_lerp_`` refused to write one while reading
+another. Such a storage gives itself away: an op writes one of its tensors while
+reading another that partially overlaps it, which PyTorch refuses on real memory, so
+the original kept them apart (:func:`storages_without_memory`). Before planning, each
+tensor on such a storage gets a storage id of its own, per tensor id and lifetime
+(:func:`split_storages_without_memory`).
+
 Afterwards every binding knows the last op that reads it, so the emitter can free
 it there and peak memory follows the original.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from mystique_gen import oprules
@@ -96,7 +109,109 @@ def undefined_reads(ops: list[Op]) -> set[tuple[int, tuple[int, ...]]]:
     return found
 
 
+def is_non_overlapping_and_dense(meta: TensorMeta) -> bool:
+    """PyTorch's ``is_non_overlapping_and_dense``: some order of the dimensions is
+    contiguous (dimensions of size 1 take any stride)."""
+    expected = 1
+    for stride, size in sorted((s, n) for n, s in zip(meta.shape, meta.strides, strict=True)
+                               if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def partially_overlap(a: TensorMeta, b: TensorMeta) -> bool:
+    """Two views of one storage that PyTorch's ``get_overlap_status`` calls PARTIAL: the
+    overlap its in-place and ``out=`` ops refuse ("some elements of the input tensor and
+    the written-to tensor refer to a single memory location"). The same elements with
+    the same strides are a FULL overlap (``x.add_(x)``), which they accept; views it
+    cannot judge cheaply (not dense) it lets through, and so does this."""
+    if (a.dtype, a.device) != (b.dtype, b.device) or a.numel == 0 or b.numel == 0:
+        return False
+    if not (is_non_overlapping_and_dense(a) and is_non_overlapping_and_dense(b)):
+        return False
+    a_end, b_end = a.offset + a.numel, b.offset + b.numel
+    if (a.offset, a_end) == (b.offset, b_end):
+        return a.strides != b.strides
+    return a.offset < b_end and b.offset < a_end
+
+
+def _checked_pairs(op: Op) -> Iterator[tuple[TensorValue, TensorValue]]:
+    """(written, read) tensors of one op that PyTorch checks for partial overlap: each
+    tensor an argument the op writes holds (``Tensor(a!)``, ``out=``) with each tensor of
+    every other argument; a foreach op's lists of one length pair by position, as the
+    op works on them one position at a time."""
+    if op.name in oprules.NO_VALUE_WRITES:
+        return
+    groups = [(arg.spec.writes, list(iter_tensors(arg.value))) for arg in op.args]
+    for i, (writes, written) in enumerate(groups):
+        if not writes:
+            continue
+        for j, (_other_writes, other) in enumerate(groups):
+            if j == i:
+                continue
+            if len(written) > 1 and len(other) == len(written):
+                yield from zip(written, other, strict=True)
+            else:
+                yield from ((w, r) for w in written for r in other)
+
+
+def storages_without_memory(ops: list[Op]) -> set[int]:
+    """Storage ids the original cannot have used as one memory: an op wrote a tensor on
+    one while reading another tensor on it that partially overlaps the first. PyTorch
+    refuses that, so the two were apart: the id is not an allocation but, in practice,
+    the null data pointer's, which tensor subclass wrappers (DTensor) record."""
+    found: set[int] = set()
+    for op in ops:
+        for written, read in _checked_pairs(op):
+            if written.storage_id == read.storage_id and partially_overlap(written.meta,
+                                                                           read.meta):
+                found.add(written.storage_id)
+    return found
+
+
+def split_storages_without_memory(ops: list[Op]) -> int:
+    """Give every tensor on a storage without memory (:func:`storages_without_memory`)
+    a storage id of its own, per tensor id and lifetime: an op's output whose tensor id
+    none of its inputs on that storage carries is a new tensor (the observer's tensor
+    ids are TensorImpl addresses, which are reused too). Nothing on such a storage shares
+    memory with anything else in the replay. Returns the number of tensors given one."""
+    flagged = storages_without_memory(ops)
+    if not flagged:
+        return 0
+    next_id = 1 + max(tv.storage_id for op in ops
+                      for value in [a.value for a in op.args] + list(op.outputs)
+                      for tv in iter_tensors(value))
+    first = next_id
+    current: dict[tuple[int, int], int] = {}
+
+    def assign(tv: TensorValue, key: tuple[int, int]) -> None:
+        nonlocal next_id
+        if key not in current:
+            current[key] = next_id
+            next_id += 1
+        tv.storage_id = current[key]
+
+    for op in ops:
+        read: set[tuple[int, int]] = set()
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                if tv.storage_id in flagged:
+                    key = (tv.storage_id, tv.trace_id)
+                    read.add(key)
+                    assign(tv, key)
+        for _path, tv in output_paths(op.outputs):
+            if tv.storage_id in flagged:
+                key = (tv.storage_id, tv.trace_id)
+                if key not in read:
+                    current.pop(key, None)  # a new tensor that reuses the id
+                assign(tv, key)
+    return next_id - first
+
+
 def plan_tensors(ops: list[Op]) -> TensorPlan:
+    split = split_storages_without_memory(ops)
     undefined = undefined_reads(ops)
     current: dict[int, _Lifetime] = {}
     shadows: dict[tuple[int, str, str], _Lifetime] = {}
@@ -190,6 +305,10 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
                     life.handle = binding
                 life.known_extent = max(life.known_extent, tv.meta.extent)
 
+    if split:
+        notes.append(f"{split} tensors are on storages that cannot be one memory (an op "
+                     "wrote one while reading another that partially overlaps it: tensor "
+                     "subclass wrappers such as DTensor); each reads a buffer of its own")
     if dtype_mismatches:
         notes.append(f"{dtype_mismatches} tensor uses reinterpret a storage as another dtype; "
                      "they read a buffer of their own (no aliasing)")

@@ -25,6 +25,7 @@ from typing import Any
 
 from mystique_gen import progress as _progress
 from mystique_gen.errors import TraceError
+from mystique_gen.ir.dist import ProcessGroupSpec
 from mystique_gen.sources.jsonstream import HashingReader, JsonStream
 
 KNOWN_SCHEMA_PREFIXES = ("1.0.1", "1.0.2", "1.0.3", "1.0.4", "1.1.0", "1.1.1")
@@ -60,6 +61,10 @@ class RawTrace:
     schema: str
     nodes: list[RawNode]  # sorted by id
     metadata: dict[str, Any]
+    # For a rank set: every rank's process groups, as one job created them (each rank's
+    # trace lists only the groups it is a member of). Set by the driver; None: the
+    # trace's own list (passes/ranks.py ``read_groups``).
+    job_groups: list[ProcessGroupSpec] | None = None
 
     @property
     def node_count(self) -> int:

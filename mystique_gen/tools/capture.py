@@ -238,27 +238,37 @@ class ScriptError(Exception):
 
 @dataclass
 class _StepClock:
-    """Optimizer-step boundaries: warm-up, timed steps, then one recorded step."""
+    """Optimizer-step boundaries: warm-up, timed steps, one recorded step, then (with
+    Kineto) ``profile_steps`` steps profiled without the ET observer, each in a
+    ``MystiqueProfiledStep`` annotation as :func:`capture` profiles them, so that
+    ``compare`` and the host gaps see warm steps one by one."""
 
     warmup: int
     timing_iters: int
     recorder: _Recorder
+    profile_steps: int = 9
     steps: int = 0
     last: float | None = None
     recording: bool = False
     profiling: bool = False
+    profiled: int = 0  # annotated steps completed
 
     def __post_init__(self) -> None:
         self.times: list[float] = []
+        self.scope: record_function | None = None
 
     def on_step(self) -> None:
         _sync()
         now = time.perf_counter()
         self.steps += 1
         if self.profiling:
-            self.recorder.stop_profile()
-            self.profiling = False
-            raise CaptureDone
+            self._close_scope()
+            self.profiled += 1
+            if self.profiled >= self.profile_steps:
+                self.finish_profile()
+                raise CaptureDone
+            self._open_scope()
+            return
         if self.recording:
             self.recorder.stop()
             self.recording = False
@@ -266,6 +276,7 @@ class _StepClock:
                 raise CaptureDone
             self.recorder.start_profile()
             self.profiling = True
+            self._open_scope()
             return
         if self.steps > self.warmup and self.last is not None:
             self.times.append((now - self.last) * 1000.0)
@@ -273,6 +284,25 @@ class _StepClock:
             self.recorder.start()
             self.recording = True
         self.last = time.perf_counter()
+
+    def finish_profile(self) -> None:
+        """Stop profiling; a step the script did not finish is not annotated."""
+        if self.scope is not None:
+            # Stopped first, so the unfinished step leaves no event behind.
+            self.recorder.stop_profile()
+            self._close_scope()
+        else:
+            self.recorder.stop_profile()
+        self.profiling = False
+
+    def _open_scope(self) -> None:
+        self.scope = record_function(STEP_SCOPE)
+        self.scope.__enter__()
+
+    def _close_scope(self) -> None:
+        if self.scope is not None:
+            self.scope.__exit__(None, None, None)
+            self.scope = None
 
 
 # The step callback of the capture in progress; the wrappers below call it.
@@ -319,9 +349,12 @@ def capture_script(
     kineto: bool = True,
     integral_ranges: bool = True,
     integral_data: bool = False,
+    profile_steps: int = 9,
 ) -> CaptureResult:
     """Run ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) in this process and
-    record one optimizer step after ``warmup`` + ``timing_iters`` steps."""
+    record one optimizer step after ``warmup`` + ``timing_iters`` steps; with
+    ``kineto``, then profile up to ``profile_steps`` more (at least one), as
+    :func:`capture` does."""
 
     if argv and Path(argv[0]).name.startswith("python"):
         argv = argv[1:]
@@ -338,7 +371,7 @@ def capture_script(
     out.mkdir(parents=True, exist_ok=True)
     recorder = _Recorder(out, name, kineto=kineto, integral_ranges=integral_ranges,
                          integral_data=integral_data)
-    clock = _StepClock(warmup, timing_iters, recorder)
+    clock = _StepClock(warmup, timing_iters, recorder, max(1, profile_steps))
     handle = register_optimizer_step_post_hook(
         lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
         else clock.on_step())
@@ -364,15 +397,18 @@ def capture_script(
         if clock.recording:
             recorder.stop()
         if clock.profiling:
-            recorder.stop_profile()
+            clock.finish_profile()
+    # With Kineto, at least one profiled step; the script may end before all of them.
     recorded = 2 if kineto else 1
     needed = warmup + timing_iters + recorded
-    if clock.steps < needed or clock.recording or clock.profiling:
+    if clock.steps < needed:
         raise ScriptError(
             f"the script made {clock.steps} optimizer steps; capture needs {needed} "
             f"(--warmup {warmup} + --timing-iters {timing_iters} + {recorded} recorded)")
-    return _write_sidecar(out, name, clock.times, warmup, recorder,
-                          {"boundary": "optimizer step", "command": argv})
+    extra: dict[str, object] = {"boundary": "optimizer step", "command": argv}
+    if kineto:
+        extra["profile_steps"] = clock.profiled
+    return _write_sidecar(out, name, clock.times, warmup, recorder, extra)
 
 
 def result_dict(result: CaptureResult) -> dict[str, object]:

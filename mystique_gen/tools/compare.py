@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,8 @@ from mystique_gen.errors import MystiqueError
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
 from mystique_gen.sources.kineto import load_kineto
+
+PROFILER_STEP = "ProfilerStep#"  # torch.profiler's step annotation, numbered
 
 
 def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False) -> Counter[str]:
@@ -52,13 +56,16 @@ def multiset_match(original: Counter[str], replay: Counter[str]) -> float:
 
 @dataclass
 class KinetoTimes:
-    """Per-iteration milliseconds by op category, from one Kineto trace."""
+    """Milliseconds per iteration by op category, from one Kineto trace: medians over
+    its annotated steps where it has them, else totals divided by ``iterations``."""
 
     categories: dict[str, float]
     span_ms: float  # first top-level op start to last end, per iteration
     ops: int  # top-level ops per iteration
     iterations: int
     device_time: bool  # True: GPU activity time; False: host time of top-level ops
+    step_spans_ms: list[float] = field(default_factory=list)  # per annotated step used
+    cold_steps_dropped: int = 0
 
 
 def _top_level(events: list) -> list:
@@ -83,29 +90,69 @@ def _top_level(events: list) -> list:
     return top
 
 
-def kineto_times(path: str | Path, iterations: int | None = 1) -> KinetoTimes:
-    """Category times of a Kineto trace, divided by ``iterations`` (None: the number of
-    steps :func:`mystique_gen.tools.capture` profiled in it, one without step annotations)."""
+def step_windows(events: list) -> list[tuple[float, float]]:
+    """(start, end) in microseconds of each annotated step, in time order: the
+    capture's ``MystiqueProfiledStep`` scopes, or torch.profiler's ``ProfilerStep#N``
+    (a benchmark's ``--profile``, or a training loop that calls ``prof.step()``)."""
+    ours = [(e.ts, e.end) for e in events if e.name == STEP_SCOPE]
+    if ours:
+        return sorted(ours)
+    return sorted((e.ts, e.end) for e in events if e.name.startswith(PROFILER_STEP))
 
-    trace = load_kineto(path)
-    if iterations is None:
-        iterations = sum(e.name == STEP_SCOPE for e in trace.cpu_ops) or 1
-    top = _top_level(trace.cpu_ops)
+
+def _category_times(ops: list, gpu: list) -> dict[str, float]:
+    """Microseconds by category: GPU activity where there is any, else host op time."""
     categories = dict.fromkeys(oprules.CATEGORY_ORDER, 0.0)
-    if trace.gpu:
-        for g in trace.gpu:
+    if gpu:
+        for g in gpu:
             cat = "memory" if "mem" in g.category else oprules.op_category(g.name)
             categories[cat] = categories.get(cat, 0.0) + g.dur
     else:
-        for e in top:
+        for e in ops:
             cat = oprules.op_category(e.name)
             categories[cat] = categories.get(cat, 0.0) + e.dur
-    n = max(iterations, 1)
-    span = (max(e.end for e in top) - min(e.ts for e in top)) if top else 0.0
+    return categories
+
+
+def _span(ops: list) -> float:
+    return (max(e.end for e in ops) - min(e.ts for e in ops)) if ops else 0.0
+
+
+def kineto_times(path: str | Path, iterations: int | None = 1) -> KinetoTimes:
+    """Category times of a Kineto trace per iteration.
+
+    ``iterations=None``: per annotated step (:func:`step_windows`), the median of each
+    figure over the steps, leaving out a cold first step where there are three or
+    more (the first profiled step pays for the profiler's warm-up and cold caches);
+    a trace without step annotations is one iteration. A number: totals divided by it.
+    """
+    trace = load_kineto(path)
+    top = _top_level(trace.cpu_ops)
+    windows = step_windows(trace.cpu_ops) if iterations is None else []
+    if not windows:
+        n = max(iterations or 1, 1)
+        categories = _category_times(top, trace.gpu)
+        return KinetoTimes(
+            categories={k: v / 1000.0 / n for k, v in categories.items()},
+            span_ms=_span(top) / 1000.0 / n, ops=len(top) // n, iterations=n,
+            device_time=bool(trace.gpu))
+    dropped = 1 if len(windows) >= 3 else 0
+    windows = windows[dropped:]
+    launched = {r.correlation: r.ts for r in trace.runtime}
+    steps = []
+    for start, end in windows:
+        ops = [e for e in top if start <= e.ts < end]
+        gpu = [g for g in trace.gpu if start <= launched.get(g.correlation, -1.0) < end]
+        steps.append((ops, _category_times(ops, gpu)))
+    names = {k for _ops, cats in steps for k in cats}
     return KinetoTimes(
-        categories={k: v / 1000.0 / n for k, v in categories.items()},
-        span_ms=span / 1000.0 / n, ops=len(top) // n, iterations=n,
-        device_time=bool(trace.gpu),
+        categories={k: statistics.median(c.get(k, 0.0) for _o, c in steps) / 1000.0
+                    for k in names},
+        span_ms=statistics.median(_span(ops) for ops, _c in steps) / 1000.0,
+        ops=round(statistics.median(len(ops) for ops, _c in steps)),
+        iterations=len(windows), device_time=bool(trace.gpu),
+        step_spans_ms=[_span(ops) / 1000.0 for ops, _c in steps],
+        cold_steps_dropped=dropped,
     )
 
 
@@ -118,6 +165,15 @@ class Comparison:
     original_times: KinetoTimes | None = None
     replay_times: KinetoTimes | None = None
     notes: list[str] = field(default_factory=list)
+    original_step_ms: float | None = None  # the clock: eager step, measured
+    replay_iter_ms: float | None = None  # the clock: benchmark iteration, measured
+
+    @property
+    def clock_error(self) -> float | None:
+        """(replay - original) / original of the measured step times."""
+        if not self.original_step_ms or self.replay_iter_ms is None:
+            return None
+        return self.replay_iter_ms / self.original_step_ms - 1.0
 
     @property
     def e2e_error(self) -> float | None:
@@ -145,6 +201,13 @@ class Comparison:
             out["replay_ms"] = self.replay_times.span_ms
             out["replay_iterations"] = self.replay_times.iterations
             out["e2e_error"] = self.e2e_error
+            out["original_step_spans_ms"] = self.original_times.step_spans_ms
+            out["replay_step_spans_ms"] = self.replay_times.step_spans_ms
+        if self.original_step_ms is not None:
+            out["original_step_ms"] = self.original_step_ms
+        if self.replay_iter_ms is not None:
+            out["replay_iter_ms"] = self.replay_iter_ms
+        out["clock_error"] = self.clock_error
         out["notes"] = self.notes
         return out
 
@@ -156,33 +219,97 @@ def _categories(c: Comparison) -> list[str]:
     return list(oprules.CATEGORY_ORDER) + extra
 
 
+CLOCK_TOLERANCE = 0.05  # Kineto span vs the measured step: beyond this, say so
+
+
 def compare_traces(original: str | Path, replay: str | Path, *,
                    kineto_original: str | Path | None = None,
                    kineto_replay: str | Path | None = None,
-                   replay_iterations: int | None = None) -> Comparison:
+                   replay_iterations: int | None = None,
+                   original_step_ms: float | None = None,
+                   replay_iter_ms: float | None = None) -> Comparison:
     """Compare two ETs and, where both are given, their Kineto traces.
 
-    The replay's Kineto trace usually covers several iterations (the benchmark's
-    ``--profile``); unless ``replay_iterations`` says how many, it is the ratio of the
-    two traces' top-level op counts.
+    Kineto figures are per-step medians where a trace annotates its steps (a capture's
+    profile, a benchmark's ``--profile``). A replay trace without annotations is taken
+    as ``replay_iterations`` iterations, or else as many as the ratio of the two traces'
+    top-level op counts. ``original_step_ms`` (the capture's ``<name>.step.json``) and
+    ``replay_iter_ms`` (the benchmark's ``--json`` ``iter_ms_median``) are the clock:
+    the Kineto spans are checked against them, and their ratio is reported beside.
     """
     a, b = op_multiset(original, by_overload=True), op_multiset(replay, by_overload=True)
     names = sorted(set(a) | set(b))
     diffs = [(n, a[n], b[n]) for n in names if a[n] != b[n]]
     diffs.sort(key=lambda d: (-abs(d[1] - d[2]), d[0]))
-    result = Comparison(multiset_match(a, b), sum(a.values()), sum(b.values()), diffs)
+    result = Comparison(multiset_match(a, b), sum(a.values()), sum(b.values()), diffs,
+                        original_step_ms=original_step_ms, replay_iter_ms=replay_iter_ms)
     if (kineto_original is None) != (kineto_replay is None):
         raise MystiqueError("give both --kineto-original and --kineto-replay, or neither")
     if kineto_original is not None and kineto_replay is not None:
         result.original_times = kineto_times(kineto_original, None)
-        iters = replay_iterations
-        if iters is None:
-            once = kineto_times(kineto_replay)
-            iters = max(1, round(once.ops / max(result.original_times.ops, 1)))
-            result.notes.append(f"replay Kineto trace taken as {iters} iteration(s) "
-                                "(ratio of top-level op counts)")
-        result.replay_times = kineto_times(kineto_replay, iters)
+        if result.original_times.cold_steps_dropped:
+            result.notes.append(
+                f"original: medians over {result.original_times.iterations} profiled "
+                "steps (the first, cold, left out)")
+        result.replay_times = _replay_times(kineto_replay, replay_iterations,
+                                            result.original_times, result.notes)
+        for side, times, clock, where in (
+                ("original", result.original_times, original_step_ms, "step.json"),
+                ("replay", result.replay_times, replay_iter_ms, "iter_ms_median")):
+            if clock and times.span_ms > 0:
+                off = times.span_ms / clock - 1.0
+                if abs(off) > CLOCK_TOLERANCE:
+                    result.notes.append(
+                        f"{side}: the Kineto span ({times.span_ms:.3f} ms) and the "
+                        f"measured step ({clock:.3f} ms, {where}) differ by "
+                        f"{off * 100:+.1f}%: trust the clock's error")
     return result
+
+
+def _replay_times(path: str | Path, iterations: int | None, original: KinetoTimes,
+                  notes: list[str]) -> KinetoTimes:
+    if iterations is not None:
+        return kineto_times(path, iterations)
+    stepped = kineto_times(path, None)
+    if stepped.step_spans_ms:
+        dropped = " (the first, cold, left out)" if stepped.cold_steps_dropped else ""
+        notes.append(f"replay: medians over {stepped.iterations} profiled steps{dropped}")
+        return stepped
+    once = kineto_times(path)
+    iters = max(1, round(once.ops / max(original.ops, 1)))
+    notes.append(f"replay Kineto trace taken as {iters} iteration(s) "
+                 "(ratio of top-level op counts)")
+    return kineto_times(path, iters)
+
+
+def read_clock(path: str | Path, key: str) -> float:
+    """``key`` from a JSON file: a capture's ``<name>.step.json``, or a benchmark's
+    ``--json`` output (its last line that parses as a JSON object)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise MystiqueError(f"cannot read {path}: {exc.strerror}") from None
+    candidates = [text] + [line for line in reversed(text.splitlines()) if line.strip()]
+    for chunk in candidates:
+        try:
+            doc = json.loads(chunk)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get(key), int | float):
+            return float(doc[key])
+    raise MystiqueError(f"{path.name}: no JSON object with a numeric {key!r}")
+
+
+def step_json_beside(kineto: str | Path) -> Path | None:
+    """The capture's ``<name>.step.json`` next to its ``<name>.profile.json`` or
+    ``<name>.kineto.json``, if there is one."""
+    path = Path(kineto)
+    for suffix in (".profile.json", ".kineto.json"):
+        if path.name.endswith(suffix):
+            candidate = path.with_name(path.name[: -len(suffix)] + ".step.json")
+            return candidate if candidate.is_file() else None
+    return None
 
 
 def format_comparison(c: Comparison) -> str:
@@ -209,6 +336,11 @@ def format_comparison(c: Comparison) -> str:
         e2e = c.e2e_error
         lines.append(f"end to end: original {o.span_ms:.3f} ms, replay {r.span_ms:.3f} ms"
                      + (f", error {e2e * 100:+.1f}%" if e2e is not None else ""))
+    clock = c.clock_error
+    if clock is not None:
+        assert c.original_step_ms is not None and c.replay_iter_ms is not None
+        lines.append(f"measured: eager step {c.original_step_ms:.3f} ms, benchmark "
+                     f"{c.replay_iter_ms:.3f} ms, error {clock * 100:+.1f}%")
     lines += [f"note: {n}" for n in c.notes]
     return "\n".join(lines)
 

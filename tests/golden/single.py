@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -133,6 +134,7 @@ _RUNTIME = {
     "host_gaps": False,
     "gap_own_us": 0.0,
     "gap_event_us": 0.0,
+    "gap_observer": False,  # the calibration ran with the ET observer attached
     "gap_carry": {},
     "threads": None,
 }
@@ -230,7 +232,10 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
     counted as host time. Subtracting it cancels the profiler's share of the recorded
     gaps and the time this file itself spends between ops. The median over iterations
     of each iteration's mean: the first profiled iterations run cold, and a shared
-    machine slows a few.
+    machine slows a few. Where the gaps were recorded with the ET observer attached
+    (ORIGINAL["observer_in_gaps"]: an ET and a Kineto trace from one profiler
+    session), the calibration attaches one too, so the observer's share cancels as
+    well; if it cannot, the recorded gaps are not replayed (they would be inflated).
 
     gap_event_us: what the profiler costs per event it records, from the same
     iterations timed without it (host time, medians)."""
@@ -242,13 +247,37 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
         replay(inputs, device, host)
         plain.append((time.perf_counter() - start) * 1e6)
         _sync(device)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(iters):
-            _reset(snapshot)  # outside the scope: not the replay's own time
-            with record_function("mystique::calibrate"):
-                replay(inputs, device, host)
-            _sync(device)
+    observed = bool(ORIGINAL and ORIGINAL.get("observer_in_gaps"))
+    handle, et_path = tempfile.mkstemp(prefix="mystique-calibrate-", suffix=".json")
+    os.close(handle)
+    observer = None
+    if observed:
+        observer = ExecutionTraceObserver()
+        observer.register_callback(et_path)
+    try:
+        with profile(
+            activities=[ProfilerActivity.CPU], execution_trace_observer=observer
+        ) as prof:
+            for _ in range(iters):
+                _reset(snapshot)  # outside the scope: not the replay's own time
+                with record_function("mystique::calibrate"):
+                    replay(inputs, device, host)
+                _sync(device)
+        # (The profiler's exit unregistered the observer.)
+        recorded_et = os.path.getsize(et_path) > 0
+    finally:
+        os.remove(et_path)
     _RUNTIME["gap_carry"].clear()
+    if observed and not recorded_et:
+        _RUNTIME["gap_own_us"] = 0.0
+        _RUNTIME["host_gaps"] = False
+        print(
+            "mystique: the recorded host gaps include the ET observer's cost, and it "
+            "could not be calibrated here: host gaps off",
+            file=sys.stderr,
+        )
+        return
+    _RUNTIME["gap_observer"] = observed
     events = [
         (e.name, e.time_range.start, e.time_range.end, e.thread)
         for e in prof.events()
@@ -280,7 +309,9 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
         recorded.append(sum(1 for _, ts, _, _ in events if start < ts < stop))
     _RUNTIME["gap_own_us"] = statistics.median(means) if means else 0.0
     profiled = [stop - start for start, stop in scopes["mystique::calibrate"]]
-    if profiled and plain and max(recorded, default=0):
+    if profiled and plain and max(recorded, default=0) and not observed:
+        # (With the observer attached, the extra time is mostly the observer's, which
+        # no profiler-only event in a gap costs.)
         extra = statistics.median(profiled) - statistics.median(plain)
         _RUNTIME["gap_event_us"] = max(0.0, extra / statistics.median(recorded))
 
@@ -649,6 +680,8 @@ def main(argv=None):
             "host_gaps": args.host_gaps,
             "host_gap_own_us": _RUNTIME["gap_own_us"],
             "host_gap_event_us": _RUNTIME["gap_event_us"],
+            "host_gap_observer": _RUNTIME["gap_observer"],
+            "host_gaps_replayed": _RUNTIME["host_gaps"],
             "cuda_graph": args.cuda_graph,
             "reset_inputs": bool(snapshot),
         }

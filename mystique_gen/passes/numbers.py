@@ -1,0 +1,57 @@
+"""Wrapped Python numbers replay as Python numbers where the recorded dtypes show it.
+
+``x * 0.5`` or ``mask / 2.0`` reach the dispatcher as a ``Tensor`` argument: Python's
+argument parser wraps the number in a 0-d CPU tensor (float64, int64, bool or
+complex128) flagged as a *wrapped number*. The execution trace records it as any
+other 0-d tensor, but type promotion treats the two apart: a wrapped float times an
+int64 tensor is float32 (the default dtype), a 0-d float64 *tensor* times it is
+float64. Replayed as a tensor, such an argument promotes the result, and every op
+downstream then runs in another dtype (a mixture-of-experts router's jitter on an int
+mask made the next matmul fail on float64 against float32).
+
+So an input is replayed as a number where all of these hold: it is a 0-d CPU float64
+tensor, no recorded op made or wrote its storage before, every dimensioned tensor
+argument is boolean or integral, and the op returned a floating tensor of another
+dtype, which a 0-d float64 tensor argument could not have produced. (Wrapped integers
+and booleans promote as 0-d tensors of their dtype would: nothing to tell apart.
+Complex numbers are left as they are.) The number is 1.0, which neither zeroes nor
+overflows what it scales or divides; the trace records no float values.
+"""
+
+from __future__ import annotations
+
+from mystique_gen.ir import Literal, Op, TensorValue, iter_tensors
+
+_FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
+_INTEGRAL = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16",
+                       "uint32", "uint64"})
+
+
+def replay_wrapped_numbers(ops: list[Op]) -> int:
+    """Turn the wrapped-number inputs of ``ops`` (one trace, in order) into Python
+    numbers; returns how many."""
+    made: set[int] = set()  # storage ids a recorded op returned or wrote
+    changed = 0
+    for op in ops:
+        outputs = [tv for value in op.outputs for tv in iter_tensors(value)]
+        for arg in op.args:
+            tv = arg.value
+            if isinstance(tv, TensorValue) and _wrapped(tv, op, outputs, made):
+                arg.value = Literal(1.0)
+                changed += 1
+        made.update(tv.storage_id for tv in outputs)
+        made.update(tv.storage_id for arg in op.args if arg.spec.writes
+                    for tv in iter_tensors(arg.value))
+    return changed
+
+
+def _wrapped(tv: TensorValue, op: Op, outputs: list[TensorValue], made: set[int]) -> bool:
+    meta = tv.meta
+    if meta.dtype != "float64" or meta.shape != () or meta.device != "cpu" \
+            or tv.storage_id in made:
+        return False
+    others = [t.meta.dtype for arg in op.args for t in iter_tensors(arg.value)
+              if t is not tv and t.meta.shape != ()]
+    if not others or any(d not in _INTEGRAL for d in others):
+        return False
+    return any(t.meta.dtype in _FLOATING and t.meta.dtype != "float64" for t in outputs)

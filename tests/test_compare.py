@@ -1,0 +1,120 @@
+"""``compare``'s Kineto figures: per-step medians over annotated steps (never a cold
+first step), and the check of its end-to-end span against the measured clock."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mystique_gen.cli import main as cli_main
+from mystique_gen.constants import STEP_SCOPE
+from mystique_gen.errors import MystiqueError
+from mystique_gen.tools.compare import (
+    compare_traces,
+    format_comparison,
+    kineto_times,
+    read_clock,
+    step_json_beside,
+)
+from tests.tracebuilder import TraceBuilder
+
+MM = "aten::mm(Tensor self, Tensor mat2) -> Tensor"
+RELU = "aten::relu(Tensor self) -> Tensor"
+
+
+def _kineto(path: Path, steps: list[tuple[float, float]], step_name: str | None,
+            t0: float = 1000.0) -> Path:
+    """A Kineto trace of one mm (``mm_us``) then one relu (``relu_us``) per step, each
+    step in a ``step_name`` annotation (numbered ``ProfilerStep#N`` as torch does)."""
+    events = []
+    t = t0
+    for n, (mm_us, relu_us) in enumerate(steps):
+        start = t
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,
+                       "ts": t + 1, "dur": mm_us, "args": {}})
+        t += 1 + mm_us
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1,
+                       "tid": 1, "ts": t + 1, "dur": relu_us, "args": {}})
+        t += 1 + relu_us + 1
+        if step_name is not None:
+            name = f"{step_name}{n}" if step_name.endswith("#") else step_name
+            events.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1,
+                           "tid": 1, "ts": start, "dur": t - start, "args": {}})
+        t += 50  # between steps: not part of any step's op span
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("step_name", [STEP_SCOPE, "ProfilerStep#"])
+def test_per_step_medians_leave_out_a_cold_first_step(tmp_path, step_name):
+    # A cold first step ten times slower, then steps of 100 + 10 us (one 120 + 10).
+    path = _kineto(tmp_path / "k.json", [(1000, 100), (100, 10), (120, 10), (100, 10)],
+                   step_name)
+    times = kineto_times(path, None)
+    assert times.iterations == 3 and times.cold_steps_dropped == 1
+    assert times.ops == 2
+    assert times.categories["matmul"] == pytest.approx(0.100)
+    assert times.step_spans_ms == pytest.approx([0.111, 0.131, 0.111])
+    assert times.span_ms == pytest.approx(0.111)
+
+
+def test_two_steps_keep_both_and_unannotated_traces_divide(tmp_path):
+    two = kineto_times(_kineto(tmp_path / "a.json", [(100, 10), (300, 10)], STEP_SCOPE),
+                       None)
+    assert (two.iterations, two.cold_steps_dropped) == (2, 0)
+    assert two.categories["matmul"] == pytest.approx(0.200)
+    flat = _kineto(tmp_path / "b.json", [(100, 10), (300, 10)], None)
+    assert kineto_times(flat, None).iterations == 1
+    halves = kineto_times(flat, 2)
+    assert halves.iterations == 2 and halves.categories["matmul"] == pytest.approx(0.200)
+
+
+def _ets(tmp_path: Path) -> tuple[Path, Path]:
+    paths = []
+    for name in ("orig.json", "replay.json"):
+        b = TraceBuilder()
+        x = b.tensor((4, 4))
+        b.op(MM, [x, b.tensor((4, 4))], [b.tensor((4, 4))])
+        b.op(RELU, [x], [b.tensor((4, 4))])
+        paths.append(b.write(tmp_path / name))
+    return paths[0], paths[1]
+
+
+def test_clock_is_read_beside_the_capture_and_checked(tmp_path, capsys):
+    """The README flow's compare: the eager step time from <name>.step.json beside the
+    capture's profile, the benchmark's iteration time from its --json output. A Kineto
+    span that disagrees with the clock by more than 5% says so."""
+    orig, replay = _ets(tmp_path)
+    k1 = _kineto(tmp_path / "tr.profile.json", [(1000, 100)] + [(100, 10)] * 4, STEP_SCOPE)
+    k2 = _kineto(tmp_path / "replay.json.kineto", [(100, 10)] * 3, "ProfilerStep#")
+    (tmp_path / "tr.step.json").write_text(json.dumps({"step_ms_median": 0.2}))
+    bench_out = tmp_path / "bench.out"
+    bench_out.write_text("warming up\n" + json.dumps({"iter_ms_median": 0.113}) + "\n")
+    assert step_json_beside(k1) == tmp_path / "tr.step.json"
+    assert read_clock(bench_out, "iter_ms_median") == pytest.approx(0.113)
+    assert cli_main(["compare", str(orig), str(replay), "--kineto-original", str(k1),
+                     "--kineto-replay", str(k2), "--bench-json", str(bench_out),
+                     "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["original_step_ms"] == 0.2 and report["replay_iter_ms"] == 0.113
+    assert report["clock_error"] == pytest.approx(0.113 / 0.2 - 1)
+    assert report["replay_iterations"] == 2  # three ProfilerSteps, the cold one left out
+    notes = " ".join(report["notes"])
+    assert "original: the Kineto span" in notes  # 0.111 ms against 0.2 ms measured
+    assert "replay: the Kineto span" not in notes  # 0.111 against 0.113: agrees
+
+
+def test_clock_errors_name_the_file(tmp_path):
+    bad = tmp_path / "out.txt"
+    bad.write_text("no json here\n")
+    with pytest.raises(MystiqueError, match="out.txt"):
+        read_clock(bad, "iter_ms_median")
+
+
+def test_format_shows_the_measured_error(tmp_path):
+    orig, replay = _ets(tmp_path)
+    c = compare_traces(orig, replay, original_step_ms=2.0, replay_iter_ms=2.1)
+    assert "measured: eager step 2.000 ms, benchmark 2.100 ms, error +5.0%" in \
+        format_comparison(c)

@@ -1,0 +1,66 @@
+"""Wrapped Python numbers (passes/numbers.py): a 0-d tensor argument that type
+promotion shows was a Python number replays as one, so no result changes dtype."""
+
+from __future__ import annotations
+
+import pytest
+
+from mystique_gen.driver import build_program, generate_source
+from mystique_gen.ir import Literal, TensorValue
+from mystique_gen.sources.et import trace_from_document
+from tests.conftest import run_benchmark
+from tests.tracebuilder import TraceBuilder
+
+MUL = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+MM = "aten::mm(Tensor self, Tensor mat2) -> Tensor"
+ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+
+
+def _program(b: TraceBuilder):
+    return build_program(trace_from_document(b.doc(), name="t.json", sha256="0"))
+
+
+def _router(b: TraceBuilder, result_dtype: str, scalar_dtype: str = "float64") -> None:
+    """mask * 0.5 (int64 mask, a wrapped float) then a float32 matmul of the product."""
+    mask = b.tensor((4, 4), dtype="int64")
+    scaled = b.tensor((4, 4), dtype=result_dtype)
+    b.op(MUL, [mask, b.tensor((), dtype=scalar_dtype)], [scaled])
+    b.op(MM, [scaled, b.tensor((4, 4), dtype=result_dtype)],
+         [b.tensor((4, 4), dtype=result_dtype)])
+
+
+def _other(program) -> object:
+    mul = next(op for op in program.ops if op.name == "aten::mul")
+    return mul.args[1].value
+
+
+def test_a_wrapped_float_replays_as_a_number_and_keeps_float32(tmp_path):
+    b = TraceBuilder()
+    _router(b, "float32")
+    program = _program(b)
+    assert _other(program) == Literal(1.0)
+    assert any("wrapped Python numbers" in d.reason for d in program.diagnostics)
+    bench = tmp_path / "bench.py"
+    bench.write_text(generate_source(program))
+    # As a float64 tensor the product would be float64, and mm would refuse it.
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("result_dtype,scalar_dtype", [
+    ("float64", "float64"),  # a real 0-d float64 tensor: its dtype won
+    ("float32", "float32"),  # not a wrapped number's dtype
+])
+def test_tensors_that_promote_as_tensors_stay_tensors(result_dtype, scalar_dtype):
+    b = TraceBuilder()
+    _router(b, result_dtype, scalar_dtype)
+    assert isinstance(_other(_program(b)), TensorValue)
+
+
+def test_a_scalar_some_op_made_stays_a_tensor():
+    b = TraceBuilder()
+    made = b.tensor((), dtype="float64")
+    b.op(ADD, [b.tensor((), dtype="float64"), b.tensor((), dtype="float64")], [made])
+    mask = b.tensor((4,), dtype="int64")
+    b.op(MUL, [mask, made], [b.tensor((4,), dtype="float32")])
+    assert isinstance(_other(_program(b)), TensorValue)
