@@ -95,7 +95,10 @@ def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
             continue
         namespace, _, name = kid.name.partition("::")
         if functional:  # owns what precedes its c10d call, the call, then bookkeeping
-            foreign = called and name not in oprules.COLLECTIVE_HELPERS
+            # (_wrap_tensor_autograd). It never waits for itself: a wait_tensor after the
+            # call is the program's later wait (an AsyncCollectiveTensor's, whose
+            # PythonSubclass dispatch must not pass for the collective's own).
+            foreign = called and name != "_wrap_tensor_autograd"
             called = called or namespace == "c10d"
         else:  # a c10d op (or a scope inside one) runs no other collective
             foreign = (namespace in oprules.COMMUNICATION_NAMESPACES
