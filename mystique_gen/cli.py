@@ -45,7 +45,7 @@ def _generate_parser() -> argparse.ArgumentParser:
                    "run it under torchrun), otherwise they need --compose")
     p.add_argument("-o", "--output", required=True, help="benchmark file to write")
     add_build_arguments(p)
-    _add_kineto_arguments(p, threads=True)
+    _add_kineto_arguments(p, generate=True)
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     p.add_argument("--version", action="version", version=f"mystique-gen {__version__}")
     return p
@@ -61,20 +61,25 @@ def _inspect_parser() -> argparse.ArgumentParser:
                    help="execution trace (.json or .json.gz); several need --compose")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_build_arguments(p)
-    _add_kineto_arguments(p, threads=False)
+    _add_kineto_arguments(p, generate=False)
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
 
 
-def _add_kineto_arguments(p: argparse.ArgumentParser, *, threads: bool) -> None:
+def _add_kineto_arguments(p: argparse.ArgumentParser, *, generate: bool) -> None:
+    """--kineto (generation: one per rank trace too) and, for generation, --threads."""
     g = p.add_argument_group("timing, streams and threads")
-    g.add_argument("--kineto", metavar="KINETO",
-                   help="Kineto (profiler) trace of the same run: per-op timing, streams, "
-                        "host gaps and the original step time (passes/link.py)")
-    if threads:
-        g.add_argument("--threads", action="store_true",
-                       help="replay each recorded host thread on its own Python thread, "
-                            "waiting for the recorded cross-thread dependencies")
+    what = ("Kineto (profiler) trace of the same run: per-op timing, streams, host gaps "
+            "and the original step time (passes/link.py)")
+    if not generate:
+        g.add_argument("--kineto", metavar="KINETO", help=what)
+        return
+    g.add_argument("--kineto", metavar="KINETO", nargs="+", action="extend",
+                   help=f"{what}; with rank traces, one per rank (or a directory of them), "
+                        "matched by the rank each records, else in the order given")
+    g.add_argument("--threads", action="store_true",
+                   help="replay each recorded host thread on its own Python thread, "
+                        "waiting for the recorded cross-thread dependencies")
 
 
 def command_line(argv: list[str]) -> str:

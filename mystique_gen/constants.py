@@ -7,11 +7,13 @@ use it without pulling in another.
 # The profiler scope around work the generated harness adds: defined by the harness.
 from mystique_gen.harness.runtime import HARNESS_SCOPE
 
-__all__ = ["HARNESS_SCOPE", "KINETO_SUFFIX", "SIDECAR_SUFFIX", "STEP_SCOPE"]
+__all__ = ["ET_SUFFIX", "HARNESS_SCOPE", "KINETO_SUFFIX", "SIDECAR_SUFFIX", "STEP_SCOPE"]
 
 # The annotation capture wraps each profiled step in (no "::": compare counts "ns::name"
 # events as ops).
 STEP_SCOPE = "MystiqueProfiledStep"
-# Files a capture writes beside each other: <name>.kineto.json and <name>.step.json.
+# Files a capture writes beside each other: <name>.et.json, <name>.kineto.json and
+# <name>.step.json (which names <name>.profile.json).
+ET_SUFFIX = ".et.json"
 KINETO_SUFFIX = ".kineto.json"
 SIDECAR_SUFFIX = ".step.json"

@@ -25,6 +25,7 @@ from mystique_gen import progress
 from mystique_gen.backends import distributed as dist_backend
 from mystique_gen.backends import single as single_backend
 from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX
 from mystique_gen.errors import MystiqueError, OptionError
 from mystique_gen.ir import (
     Diagnostic,
@@ -50,8 +51,10 @@ from mystique_gen.passes.filters import filter_selection
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.numbers import replay_wrapped_numbers
 from mystique_gen.passes.ranks import (
+    check_kineto_count,
     is_multi_rank_set,
     job_groups,
+    match_kineto,
     natural_key,
     order_ranks,
 )
@@ -84,14 +87,36 @@ class Source:
 def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
     """A trace file, its resources folder and, with ``kineto``, the Kineto trace and the
     capture's profile-only trace named beside it."""
-    profile = profile_beside(kineto) if kineto is not None else None
-    return Source(load_trace(path), resources_dir(path),
-                  load_kineto(kineto) if kineto is not None else None,
-                  load_kineto(profile) if profile is not None else None)
+    source = Source(load_trace(path), resources_dir(path))
+    if kineto is not None:
+        link_source(source, load_kineto(kineto), kineto)
+    return source
 
 
-def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
-    """Paths as given; a directory stands for its trace files, sorted naturally."""
+def link_source(source: Source, kineto: KinetoTrace, path: str | Path) -> None:
+    """Give ``source`` its Kineto trace (read from ``path``) and the profile-only trace
+    named beside that file, if any."""
+    profile = profile_beside(path)
+    source.kineto = kineto
+    source.profile = load_kineto(profile) if profile is not None else None
+
+
+KinetoPaths = str | Path | Sequence[str | Path] | None
+
+
+def kineto_paths(kineto: KinetoPaths) -> list[Path]:
+    """``--kineto`` as files: one path or several, a directory standing for its Kineto
+    traces (its ``*.kineto.json`` files where it has any, see :func:`expand_inputs`)."""
+    if kineto is None:
+        return []
+    return expand_inputs([kineto] if isinstance(kineto, (str, Path)) else list(kineto),
+                         KINETO_SUFFIX)
+
+
+def expand_inputs(paths: Sequence[str | Path], named: str = ET_SUFFIX) -> list[Path]:
+    """Paths as given; a directory stands for its trace files, sorted naturally: those
+    whose names end with ``named`` (``.et.json``: a capture's naming, beside its Kineto,
+    profile-only and sidecar files) where it has any, else all of them."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -100,7 +125,8 @@ def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
                            key=lambda f: natural_key(f.name))
             if not found:
                 raise MystiqueError(f"{p.name}: no .json or .json.gz traces in this directory")
-            out.extend(found)
+            chosen = [f for f in found if f.name.endswith((named, named + ".gz"))]
+            out.extend(chosen or found)
         else:
             out.append(p)
     return out
@@ -365,29 +391,47 @@ def compile_trace(path: str | Path, *, kineto: str | Path | None = None,
 
 
 def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = None, *,
-                  kineto: str | Path | None = None, consume: bool = True) -> Compiled:
+                  kineto: KinetoPaths = None, consume: bool = True) -> Compiled:
     """Trace files (or directories of rank traces): one trace, a composition, or the ranks
-    of one job, each rank through the same passes."""
+    of one job, each rank through the same passes. ``kineto``: the Kineto trace of one
+    trace, or one per rank trace (matched by the rank each records, else in order)."""
     options = options or BuildOptions()
     files = expand_inputs(paths)
-    if len(files) > 1 and kineto is not None:
-        what = "--compose" if options.compose else "per-rank traces"
-        raise OptionError(f"--kineto links one trace; it cannot go with {what}")
-    sources = [load_source(p, kineto) for p in files]
+    kinetos = kineto_paths(kineto)
+    if kinetos and options.compose is not None:
+        raise OptionError("--kineto links one trace; it cannot go with --compose")
+    sources = [load_source(p) for p in files]
     if (len(sources) > 1 and options.compose is None
             and is_multi_rank_set([s.trace for s in sources])):
-        return _compile_ranks(sources, options, consume)
+        return _compile_ranks(sources, options, consume, kinetos)
+    check_trace_count(len(sources), options)
+    if len(kinetos) > 1:
+        raise OptionError(f"{len(kinetos)} Kineto traces "
+                          f"({', '.join(k.name for k in kinetos)}) for one trace "
+                          f"({files[0].name}): --kineto takes one Kineto trace per trace")
+    if kinetos:
+        link_source(sources[0], load_kineto(kinetos[0]), kinetos[0])
     program = run_passes(sources, options, consume=consume)
     rank = program.distributed.rank or 0 if program.distributed is not None else 0
     return Compiled([program], [rank])
 
 
-def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool) -> Compiled:
+def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
+                   kinetos: list[Path]) -> Compiled:
     ranks, how = order_ranks([s.trace for s in sources])
     merged = job_groups([s.trace for s in sources])
     if merged is not None:
         for source, groups in zip(sources, merged, strict=True):
             source.trace.job_groups = groups
+    if kinetos:
+        # Refused before any Kineto trace is read (they can be large).
+        check_kineto_count([s.trace.name for s in sources], [k.name for k in kinetos])
+        loaded = [load_kineto(k) for k in kinetos]
+        pick, matched = match_kineto(ranks, [k.rank for k in loaded],
+                                     [s.trace.name for s in sources], [k.name for k in loaded])
+        for source, k in zip(sources, pick, strict=True):
+            link_source(source, loaded[k], kinetos[k])
+        how = f"{how}; {matched}"
     programs = [run_passes([s], options, consume=consume) for s in sources]
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")
@@ -410,10 +454,11 @@ def generate_source(program: Program, options: GenerateOptions | None = None) ->
 
 
 def generate(trace: str | Path | list[str | Path], out: str | Path,
-             options: GenerateOptions | None = None, *, kineto: str | Path | None = None,
+             options: GenerateOptions | None = None, *, kineto: KinetoPaths = None,
              threads: bool = False, build: BuildOptions | None = None) -> str:
     """Compile ``trace`` (one path, a list of paths or a directory of rank traces) and
-    write the benchmark to ``out`` atomically; returns its text."""
+    write the benchmark to ``out`` atomically; returns its text. ``kineto``: the Kineto
+    trace of one trace, or of each rank trace (see :func:`compile_paths`)."""
     build = build or BuildOptions()
     if threads:
         build = replace(build, threads=True)

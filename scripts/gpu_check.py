@@ -339,6 +339,21 @@ def _kernels(path: Path) -> list[dict]:
             if e.get("cat") == "kernel"]
 
 
+def _profiler_steps(path: Path) -> int:
+    """The ProfilerStep#N annotations on the host in a replay's --profile trace."""
+    return sum(1 for e in _load_json(path).get("traceEvents", [])
+               if e.get("cat") == "user_annotation"
+               and str(e.get("name", "")).startswith("ProfilerStep#"))
+
+
+def _peak(result: dict) -> str:
+    """peak_bytes measured vs estimated, in MiB."""
+    peak, est = result.get("peak_bytes"), result.get("estimated_peak_bytes")
+    if not isinstance(peak, int) or not isinstance(est, int):
+        return f"peak_bytes {peak}, estimated {est}"
+    return f"peak {peak / 2**20:.2f} MiB measured, {est / 2**20:.2f} MiB estimated"
+
+
 def _per_stream(kernels: list[dict], iters: int = 1) -> dict[int, float]:
     counts = Counter(e.get("args", {}).get("stream") for e in kernels)
     return {s: n / iters for s, n in sorted(counts.items(), key=lambda kv: str(kv[0]))}
@@ -577,12 +592,17 @@ class Checker:
                                "20", "--json", "--profile", str(prof))
         replayed = _per_stream(_kernels(prof / "kineto_trace.json"), result["iters"])
         recorded = _per_stream(_kernels(kineto))
+        steps = _profiler_steps(prof / "kineto_trace.json")
         numbers = (f"eager {info['step_ms_median']:.3f} ms, original "
                    f"{result.get('original_ms', float('nan')):.3f} ms, replay "
                    f"{result['iter_ms_median']:.3f} ms")
         detail = (f"linked {summary.get('linked_ops')}/{summary.get('selected_ops')} ops; "
                   f"{blocks} `with _on(` blocks, {records} events, {waits} waits; kernels "
-                  f"per stream recorded {recorded}, replayed per iter {replayed}")
+                  f"per stream recorded {recorded}, replayed per iter {replayed}; "
+                  f"{steps} ProfilerStep#N in the profile; {_peak(result)}")
+        if steps != result["iters"] or not result.get("peak_bytes"):
+            return Row("streams", FAIL, numbers,
+                       f"want {result['iters']} ProfilerStep#N and peak_bytes > 0; " + detail)
         if not self.cuda:
             return Row("streams", SKIP, numbers, "stream counts need CUDA; on cpu: " + detail)
         problems = []
@@ -612,7 +632,7 @@ class Checker:
         t0 = time.monotonic()
         result, _ = self.bench(bench, *args, timeout=300)
         numbers = f"iter {result['iter_ms_median']:.2f} ms, {result['ops']} ops"
-        detail = f"run {time.monotonic() - t0:.0f} s; {_skipped(result)}"
+        detail = f"run {time.monotonic() - t0:.0f} s; {_skipped(result)}; {_peak(result)}"
         if result.get("distributed"):
             detail += (f"; {result.get('backend')} group of {result.get('world_size')}")
         if kineto:

@@ -15,7 +15,8 @@ from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.cli import _generate_parser, command_line
 from mystique_gen.driver import compile_paths, render
 from mystique_gen.options import BuildOptions, build_options
-from tests.tracebuilder import ADD_, MM, RELU, TraceBuilder
+from mystique_gen.passes.ranks import INIT_NODE
+from tests.tracebuilder import ADD_, ALLREDUCE_, MM, RELU, Object, TraceBuilder
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
@@ -90,11 +91,38 @@ def one_stream_with_gaps(tmp_path: Path) -> tuple[Path, Path]:
     return et, kineto
 
 
+def two_ranks(tmp_path: Path) -> tuple[list[Path], list[Path]]:
+    """One step of a two-rank job (mm, a synchronous all_reduce, relu on each rank) and
+    each rank's Kineto trace, recording its rank in ``distributedInfo``: each rank has
+    its own timing, rank 1 twice rank 0's host gaps."""
+    groups = json.dumps([{"pg_name": "0", "pg_desc": "default_pg", "backend_config":
+                          "cpu:gloo", "ranks": [], "group_size": 2, "group_count": 1}])
+    ets, kinetos = [], []
+    for rank in (0, 1):
+        tb = TraceBuilder()
+        tb.op("", [groups], [], name=INIT_NODE)
+        x, w = tb.tensor((4, 4)), tb.tensor((4, 4))
+        a, b = tb.tensor((4, 4)), tb.tensor((4, 4))
+        n1 = tb.op(MM, [x, w], [a])
+        n2 = tb.op(ALLREDUCE_, [[a], Object(), Object(), None, False, -1], [[a], Object()])
+        tb.op("", [[a], 1, ["0", "default_pg"], rank, "allreduce", [], [], 2], [[a]],
+              parent=n2, name="record_param_comms")
+        n3 = tb.op(RELU, [a], [b])
+        gap = 20.0 * (rank + 1)
+        spans = {n1: (0, 10, []), n2: (10 + gap, 30, []), n3: (40 + 2 * gap, 5, [])}
+        ets.append(tb.write(tmp_path / f"rank-{rank}.json"))
+        doc = kineto_doc(tb, spans)
+        doc["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": 2}
+        kinetos.append(tmp_path / f"rank-{rank}.kineto.json")
+        kinetos[-1].write_text(json.dumps(doc))
+    return ets, kinetos
+
+
 @dataclass
 class Case:
     """Inputs of one golden benchmark: trace files (and Kineto) made in a folder."""
 
-    make: Callable[[Path], tuple[list[Path], Path | None]]
+    make: Callable[[Path], tuple[list[Path], Path | list[Path] | None]]  # traces, Kineto
     flags: tuple[str, ...] = ()  # the command-line flags that give ``options``
     needs_shared: bool = False
 
@@ -108,10 +136,11 @@ def render_case(name: str, work: Path) -> str:
     case = CASES[name]
     paths, kineto = case.make(work)
     argv = [*(p.name for p in paths), *case.flags]
-    if kineto is not None:
-        argv += ["--kineto", kineto.name]
+    kinetos = [kineto] if isinstance(kineto, Path) else kineto or []
+    if kinetos:
+        argv += ["--kineto", *(k.name for k in kinetos)]
     options = GenerateOptions(command_line=command_line([*argv, "-o", f"{name}.py"]))
-    return render(compile_paths(paths, case.options, kineto=kineto), options)
+    return render(compile_paths(paths, case.options, kineto=kinetos), options)
 
 
 def _first(make: Callable[[Path], tuple[Path, Path]]) -> Callable[[Path], tuple[list[Path], None]]:
@@ -132,6 +161,7 @@ CASES: dict[str, Case] = {
     "kineto_host_gaps": Case(_both(one_stream_with_gaps)),
     "composed": Case(lambda d: ([two_threads(d), two_stream(d)[0]], None),
                      ("--compose", "parallel")),
+    "distributed_kineto": Case(two_ranks),
     "distributed": Case(lambda d: ([SHARED / "chakra" / "allgather_2rank_1.0.2.json.gz"], None),
                         needs_shared=True),
 }

@@ -19,7 +19,11 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
   dimension's subgroup, functional and c10d, as 2-D parallel training issues them.
 
-Writes ``OUT_DIR/<mode>-rank-<N>.json``.
+Writes ``OUT_DIR/<mode>-rank-<N>.json``. With ``--kineto`` before the modes, each rank
+captures its step as :func:`mystique_gen.tools.capture.capture` captures one process:
+``<mode>-rank-<N>.et.json`` with the Kineto trace of the same step
+(``.kineto.json``, linked by rf_id, recording the rank in ``distributedInfo``), three
+steps profiled without the observer (``.profile.json``) and the ``.step.json`` sidecar.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.profiler import ExecutionTraceObserver
+
+from mystique_gen.tools.capture import capture
 
 
 def functional() -> Callable[[], object]:
@@ -175,9 +181,14 @@ def main(out_dir: str, modes: list[str]) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    for mode in modes:
+    kineto = modes[:1] == ["--kineto"]
+    for mode in modes[1:] if kineto else modes:
         torch.manual_seed(0)
         step = MODES[mode]()
+        if kineto:  # every rank runs the same steps: the collectives meet
+            capture(step, out_dir, name=f"{mode}-rank-{rank}", warmup=2, timing_iters=2,
+                    profile_steps=3)
+            continue
         for _ in range(2):  # warm up: lazy initialisation is not part of the step
             step()
         observer = ExecutionTraceObserver()

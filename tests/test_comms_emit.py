@@ -28,11 +28,16 @@ def test_rank_table_names_each_ranks_functions():
     bodies = [RankBody(r, f"rank-{r}.json", [], [], 10 + r) for r in (0, 1)]
     assert rank_lines(bodies) == [  # too long for one line: one rank per line, as black
         "RANKS = {",
-        "    0: (make_inputs_rank0, replay_rank0, 10),",
-        "    1: (make_inputs_rank1, replay_rank1, 11),",
+        "    0: (make_inputs_rank0, replay_rank0, 10, None),",
+        "    1: (make_inputs_rank1, replay_rank1, 11, None),",
         "}",
     ]
-    assert rank_lines(bodies[:1]) == ["RANKS = {0: (make_inputs_rank0, replay_rank0, 10)}"]
+    assert rank_lines(bodies[:1]) == [
+        "RANKS = {0: (make_inputs_rank0, replay_rank0, 10, None)}"]
+    # A rank with a linked Kineto trace names its facts (ORIGINAL_RANK<N>).
+    timed = RankBody(1, "rank-1.json", [], [], 3, ["ORIGINAL_RANK1 = {}"])
+    assert rank_lines([timed]) == ["RANKS = {1: (make_inputs_rank1, replay_rank1, 3, "
+                                   "ORIGINAL_RANK1)}"]
 
 
 def test_tensor_argument_forms():

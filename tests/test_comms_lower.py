@@ -15,8 +15,9 @@ from mystique_gen.driver import generate
 from mystique_gen.passes.comms import collective_sequence
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
-from tests.tracebuilder import ADD_, OBJECT, RELU, TraceBuilder
+from tests.tracebuilder import ADD_, RELU, Object, TraceBuilder
 
+OBJECT = Object()  # a process group, a reduce op: what the observer cannot write
 PG = "__torch__.torch.classes.c10d.ProcessGroup process_group"
 WORK = "__torch__.torch.classes.c10d.Work"
 REDUCE_OP = "__torch__.torch.classes.c10d.ReduceOp reduce_op"

@@ -63,7 +63,8 @@ def replayed(rank_traces, tmp_path_factory) -> dict:
     bench = out / "bench.py"
     assert cli_main([str(p) for p in rank_traces] + ["-o", str(bench)]) == 0
     proc = _torchrun(str(bench), "--device", "cpu", "--backend", "gloo", "--warmup", "1",
-                     "--iters", "3", "--json", "--et", str(out / "replay.json"), cwd=out)
+                     "--iters", "3", "--json", "--et", str(out / "replay.json"),
+                     "--profile", str(out / "prof"), cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"bench": bench, "result": last_json(proc.stdout), "dir": out}
 
@@ -87,6 +88,31 @@ def test_json_reports_every_rank_and_the_slowest(replayed):
     assert result["iter_ms_min"] >= max(r["iter_ms_min"] for r in per_rank) - 1e-9
     assert result["et_per_rank"] == [str(replayed["dir"] / f"replay.rank{r}.json")
                                      for r in range(2)]
+
+
+def test_each_rank_profiles_its_steps_with_torchs_distributed_info(replayed):
+    result, prof = replayed["result"], replayed["dir"] / "prof"
+    paths = [prof / f"kineto_trace.rank{r}.json" for r in range(2)]
+    assert result["profile_per_rank"] == [str(p) for p in paths]
+    assert sorted(prof.iterdir()) == paths  # one folder, a file per rank (as HTA reads)
+    for rank, path in enumerate(paths):
+        doc = json.loads(path.read_text())
+        # Written by torch itself: the process group is up before the profiler starts.
+        info = doc["distributedInfo"]
+        assert (info["rank"], info["world_size"], info["backend"]) == (rank, 2, "gloo")
+        steps = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation"
+                 and e["name"].startswith("ProfilerStep#")]
+        assert steps == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+    assert all(r["peak_bytes"] > 0 for r in result["per_rank"])
+    assert result["peak_bytes"] == max(r["peak_bytes"] for r in result["per_rank"])
+
+    analysis = pytest.importorskip(
+        "hta.trace_analysis",
+        reason="HolisticTraceAnalysis is not installed (pip install 'mystique-gen[hta]')")
+    hta = analysis.TraceAnalysis(trace_dir=str(prof), include_last_profiler_step=True)
+    assert sorted(hta.t.traces) == [0, 1]
+    for rank in (0, 1):
+        assert sorted(int(i) for i in hta.t.get_trace(rank)["iteration"].unique()) == [1, 2, 3]
 
 
 def test_one_file_holds_both_ranks_and_the_groups(replayed):

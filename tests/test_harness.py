@@ -67,7 +67,8 @@ def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
     monkeypatch.setattr(runtime, "_JOB", runtime._Local())
     assert runtime.main(["--device", "cpu", "--warmup", "1", "--iters", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert len(calls) == 4 and result["iters"] == 3 and result["ops"] == 1
+    # One warm-up, three timed, and one untimed step that measures peak_bytes.
+    assert len(calls) == 5 and result["iters"] == 3 and result["ops"] == 1
     assert result["reset_inputs"] is True and result["device"] == "cpu"
     for key in ("iter_ms_median", "iter_ms_mean", "iter_ms_min"):
         assert result[key] > 0
@@ -76,7 +77,7 @@ def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
 def test_the_distributed_job_replays_its_rank_alone_without_a_launcher(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(dist, "WORLD_SIZE", 2)
-    monkeypatch.setattr(dist, "RANKS", {0: (None, None, 5), 1: (None, None, 6)})
+    monkeypatch.setattr(dist, "RANKS", {0: (None, None, 5, None), 1: (None, None, 6, None)})
     job = dist._Ranks()
 
     class Args:
@@ -88,6 +89,34 @@ def test_the_distributed_job_replays_its_rank_alone_without_a_launcher(monkeypat
     facts = job.facts()
     assert facts["ops"] == 5 and facts["world_size"] == 1 and "compute only" in facts["note"]
     assert job.et_path("out/replay.json") == "out/replay.rank0.json"
+
+
+def test_each_rank_replays_with_its_own_original(monkeypatch):
+    """The job picks its rank's Kineto facts from RANKS (its gaps' calibration reads
+    them); the result reports the slowest rank's original step, as iterations are
+    timed, and each rank's own under per_rank."""
+    monkeypatch.delenv("RANK", raising=False)
+    originals = {r: {"step_ms": 2.0 + r, "observer_in_gaps": False} for r in (0, 1)}
+    monkeypatch.setattr(dist, "WORLD_SIZE", 2)
+    monkeypatch.setattr(dist, "RANKS", {r: (None, None, 3, originals[r]) for r in (0, 1)})
+    monkeypatch.setitem(runtime._RUNTIME, "host_gaps", True)
+    monkeypatch.setitem(runtime._RUNTIME, "gap_own_us", 4.5)
+    job = dist._Ranks()
+    job.rank, job.comm = 1, False  # not launched: this rank alone
+    assert job.original() is originals[1] and job.original_ms() == 3.0
+    job.iteration_times([1.0])
+    [mine] = job.facts()["per_rank"]
+    assert mine["original_ms"] == 3.0 and mine["host_gaps_replayed"] is True
+    assert mine["host_gap_own_us"] == 4.5
+    job.comm = True  # launched: every rank of the job, without gathering here
+    job.per_rank, job.per_rank_gaps = [[1.0], [2.0]], [[4.5, 0.0, 1.0], [6.0, 0.0, 0.0]]
+    assert job.original_ms() == 3.0
+    per_rank = job.facts()["per_rank"]
+    assert [r["original_ms"] for r in per_rank] == [2.0, 3.0]
+    assert [r["host_gaps_replayed"] for r in per_rank] == [True, False]
+    monkeypatch.setattr(dist, "RANKS", {r: (None, None, 3, None) for r in (0, 1)})
+    assert job.original() is None and job.original_ms() is None
+    assert "original_ms" not in job.facts()["per_rank"][0]
 
 
 def test_inlined_source_is_the_modules_less_what_the_file_provides():
@@ -103,6 +132,57 @@ def test_inlined_source_is_the_modules_less_what_the_file_provides():
     assert {"main", "_fill", "_Local", "_guarded", "_calibrate_gaps"} <= defined
     assert not {"make_inputs", "replay"} & defined
     assert "import torch" in source.imports
+
+
+def test_peak_bytes_counts_the_inputs_and_what_one_step_holds_at_once(monkeypatch):
+    mib = 2**20
+
+    def replay(inputs, device, host):
+        a = torch.empty(mib // 4)  # 1 MiB
+        b = torch.empty(mib // 4)  # 2 MiB held at once
+        del a, b
+        c = torch.empty(mib // 4)  # 1 MiB again: not a new peak
+        del c
+
+    monkeypatch.setattr(runtime, "replay", replay)
+    cpu = torch.device("cpu")
+    x = torch.ones(1024)
+    inputs = {"x": x, "x_view": x[2:], "y": torch.ones(256, dtype=torch.float64)}
+    assert runtime._input_bytes(inputs, cpu) == 4096 + 2048  # each storage once
+    assert runtime._peak_bytes(inputs, cpu, cpu) == 4096 + 2048 + 2 * mib
+    assert runtime._peak_bytes(inputs, torch.device("meta"), cpu) is None
+
+
+def test_peak_bytes_is_not_reported_for_a_replay_on_several_cpu_threads(monkeypatch):
+    """The profiler sees only its own thread's allocations: a partial peak would mislead."""
+
+    def replay(inputs, device, host):
+        runtime._run_threads(0, lambda: torch.empty(1000), lambda: torch.empty(1000))
+
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setitem(runtime._RUNTIME, "threads", None)
+    cpu = torch.device("cpu")
+    assert runtime._peak_bytes({}, cpu, cpu) is None
+
+
+def test_main_reports_peak_bytes_and_profiles_one_step_per_iteration(
+    monkeypatch, capsys, tmp_path
+):
+    def replay(inputs, device, host):
+        inputs["x"].add_(torch.ones(1000))
+
+    monkeypatch.setattr(runtime, "make_inputs", lambda d, h, g: {"x": torch.ones(1000)})
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    argv = ["--device", "cpu", "--warmup", "1", "--iters", "4", "--json",
+            "--profile", str(tmp_path)]
+    assert runtime.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["peak_bytes"] == 8000  # the input, and ones(1000) during the step
+    assert result["profile"] == str(tmp_path / "kineto_trace.json")
+    events = json.loads((tmp_path / "kineto_trace.json").read_text())["traceEvents"]
+    steps = [e["name"] for e in events if e["name"].startswith("ProfilerStep#")]
+    assert steps == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
 
 
 def test_collective_helpers_on_a_one_rank_group(monkeypatch):

@@ -96,3 +96,34 @@ def test_replays_the_same_collectives_on_every_rank(captured, mode, tmp_path):
         # worker threads record their own copies (view, empty, select, copy_, div_ of
         # FSDP2's all-gather and reduce-scatter), which the replay runs as recorded ops
         # while its own gloo threads record them again.
+
+
+def test_per_rank_kineto_timing_replays_every_ranks_host_gaps(tmp_path):
+    """Each rank captured with its own Kineto trace and profile-only steps (as
+    tools/capture.py captures one process); one benchmark with every rank's timing,
+    the Kineto traces given in the other order (matched by the rank each records);
+    under torchrun, --host-gaps recorded calibrates and replays gaps on every rank."""
+    proc = _torchrun(str(WORKLOAD), str(tmp_path), "--kineto", "tp", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ets = [tmp_path / f"tp-rank-{r}.et.json" for r in (0, 1)]
+    kinetos = [tmp_path / f"tp-rank-{r}.kineto.json" for r in (1, 0)]
+    bench = tmp_path / "bench.py"
+    assert cli_main([*map(str, ets), "--kineto", *map(str, kinetos), "-o", str(bench)]) == 0
+    text = bench.read_text()
+    assert "matched to ranks by the rank each records" in " ".join(text.split())
+    for r in (0, 1):
+        assert f'"kineto": "tp-rank-{r}.kineto.json"' in text.split(f"ORIGINAL_RANK{r} = ")[1]
+        assert f'"host_gaps": "tp-rank-{r}.profile.json (median of' in text
+        assert "_host_gap(" in text.split(f"def replay_rank{r}(")[1].split("\ndef ")[0]
+    proc = _torchrun(str(bench), "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",
+                     "--host-gaps", "recorded", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["distributed"] and result["world_size"] == 2
+    assert result["host_gaps"] == "recorded" and result["skipped_at_runtime"] == []
+    per_rank = result["per_rank"]
+    assert [r["host_gaps_replayed"] for r in per_rank] == [True, True]
+    assert all(r["host_gap_own_us"] > 0 for r in per_rank)
+    originals = [r["original_ms"] for r in per_rank]
+    assert all(ms > 0 for ms in originals) and result["original_ms"] == max(originals)
+    assert result["original_ratio"] == pytest.approx(result["iter_ms_median"] / max(originals))

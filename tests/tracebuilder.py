@@ -57,11 +57,9 @@ class Device:
 
 
 @dataclass(frozen=True)
-class Opaque:
-    """A TorchScript object (ProcessGroup, ReduceOp): the observer writes "<Object>"."""
-
-
-OBJECT = Opaque()
+class Object:
+    """A TorchScript object argument (a process group, a reduce op), written as the
+    observer writes it: ``"<Object>"``."""
 
 
 class TraceBuilder:
@@ -152,7 +150,7 @@ def _encode(value: Any) -> tuple[Any, Any, Any, str]:
         return value, [], [], "String"
     if isinstance(value, Device):
         return value.name, [], [], "Device"
-    if isinstance(value, Opaque):
+    if isinstance(value, Object):
         return "<Object>", [], [], "Object"
     if isinstance(value, list):
         parts = [_encode(v) for v in value]
@@ -177,3 +175,7 @@ EMBEDDING = ("aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=
 EMPTY = ("aten::empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, "
          "Layout? layout=None, Device? device=None, bool? pin_memory=None, "
          "MemoryFormat? memory_format=None) -> Tensor")
+ALLREDUCE_ = ("c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
+              "process_group, __torch__.torch.classes.c10d.ReduceOp reduce_op, Tensor? "
+              "sparse_indices, bool async_op=True, int timeout=-1) -> (Tensor[], "
+              "__torch__.torch.classes.c10d.Work)")

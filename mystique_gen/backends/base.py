@@ -65,7 +65,8 @@ class BenchmarkContext:
     required_bytes: int
     primary_device: str
     op_counts: dict[str, int] = field(default_factory=dict)
-    original_lines: list[str] = field(default_factory=lambda: ["ORIGINAL = None"])
+    original_lines: list[str] = field(
+        default_factory=lambda: [schedule.ORIGINAL_COMMENT, "ORIGINAL = None"])
     dist: comms.DistContext | None = None  # set for a distributed benchmark
     default_device: str = "None"  # literal: the benchmark's default --device, None to detect
 

@@ -32,6 +32,13 @@ class RankBody:
     input_lines: list[str]
     replay_lines: list[str]
     op_count: int
+    # ORIGINAL_RANK<N> and ORIGINAL_OPS_RANK<N>: its linked Kineto trace's facts, if any
+    original_lines: list[str] = field(default_factory=list)
+
+    @property
+    def original(self) -> str:
+        """What the rank table holds for its Kineto facts."""
+        return f"ORIGINAL_RANK{self.rank}" if self.original_lines else "None"
 
 
 @dataclass
@@ -67,9 +74,11 @@ def group_lines(info: DistInfo) -> list[str]:
 
 
 def rank_lines(ranks: list[RankBody]) -> list[str]:
-    """``RANKS = {0: (make_inputs_rank0, replay_rank0, OPS), ...}``."""
+    """``RANKS = {0: (make_inputs_rank0, replay_rank0, OPS, ORIGINAL_RANK0), ...}``, the
+    last None where the rank has no linked Kineto trace."""
     items = [
-        Atom(f"{r.rank}: (make_inputs_rank{r.rank}, replay_rank{r.rank}, {r.op_count})")
+        Atom(f"{r.rank}: (make_inputs_rank{r.rank}, replay_rank{r.rank}, {r.op_count}, "
+             f"{r.original})")
         for r in ranks
     ]
     return lay_out("RANKS = ", Group("{", tuple(items), "}", literal=True), 0)

@@ -11,7 +11,7 @@ import dataclasses
 from functools import lru_cache
 
 from mystique_gen.backends import comms as emit_comms
-from mystique_gen.backends import exprs
+from mystique_gen.backends import exprs, schedule
 from mystique_gen.backends.base import BenchmarkContext, CodeGen, GenerateOptions, wrap
 from mystique_gen.backends.check import Facts, check_source, gather
 from mystique_gen.backends.render import render_text
@@ -61,7 +61,8 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
         last = builder.build()
         first = first or last
         bodies.append(emit_comms.RankBody(rank, program.trace.name, last.input_lines,
-                                          last.replay_lines, len(program.ops)))
+                                          last.replay_lines, len(program.ops),
+                                          schedule.original_lines(program, rank)))
     assert first is not None and last is not None
     dist_info = dataclasses.replace(info, world_size=world)
     dist = emit_comms.DistContext(
@@ -71,8 +72,14 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
         rank_lines=emit_comms.rank_lines(bodies),
     )
     docstring = first.docstring + _rank_docstring(programs, ranks, world, rank_source)
+    # Each rank's Kineto facts sit beside its functions; the job picks its own (RANKS).
+    original = first.original_lines if not any(b.original_lines for b in bodies) else [
+        "# The linked Kineto traces (mystique-gen --kineto), one per rank: "
+        "ORIGINAL_RANK<N> below.",
+        "ORIGINAL = None",
+    ]
     return dataclasses.replace(first, docstring=docstring, op_lines=last.op_lines,
-                               fallbacks=last.fallbacks, dist=dist)
+                               fallbacks=last.fallbacks, dist=dist, original_lines=original)
 
 
 def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
@@ -96,6 +103,14 @@ def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
         lines.append(f"    sha256 {t.sha256}, schema {d(t.schema, 40)}, {t.node_count} nodes")
         lines.append(f"    {len(program.ops)} replayed ops ({comm} collectives), "
                      f"{len(program.not_replayed)} not replayed")
+        timing = program.timing
+        if timing is not None:
+            lines.append(f"    Kineto {d(timing.kineto, 60)} (sha256 {timing.sha256}): "
+                         f"{timing.linked_ops} ops linked, step "
+                         f"{round(timing.original_ms, 4)} ms; host gaps: "
+                         f"{d(timing.host_gaps, 80)}"
+                         + (" (with the ET observer attached)" if timing.observer_in_gaps
+                            else ""))
     info = programs[0].distributed
     if info is not None:
         lines.append("Process groups (new_group on every rank, in this order):")

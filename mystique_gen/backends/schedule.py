@@ -179,12 +179,18 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
     return lines
 
 
-def original_lines(program: Program) -> list[str]:
+ORIGINAL_COMMENT = ("# The linked Kineto trace (mystique-gen --kineto): end-to-end step time "
+                    "and per-op facts.")
+
+
+def original_lines(program: Program, rank: int | None = None) -> list[str]:
     """``ORIGINAL``: the linked Kineto trace's facts, or None; with them ``ORIGINAL_OPS``,
-    one row per replayed op."""
+    one row per replayed op. For one ``rank`` of a distributed file:
+    ``ORIGINAL_RANK<N>`` and ``ORIGINAL_OPS_RANK<N>``, and nothing without facts."""
+    suffix = "" if rank is None else f"_RANK{int(rank)}"
     timing = program.timing
     if timing is None:
-        return ["ORIGINAL = None"]
+        return [] if rank is not None else [ORIGINAL_COMMENT, "ORIGINAL = None"]
     fields = (
         ("kineto", exprs.str_literal(exprs.docstring_line(timing.kineto, 200))),
         ("sha256", exprs.str_literal(timing.sha256)),
@@ -194,9 +200,11 @@ def original_lines(program: Program) -> list[str]:
         ("observer_in_gaps", str(timing.observer_in_gaps)),
     )
     items = [Atom(f"{exprs.str_literal(k)}: {v}") for k, v in fields]
-    lines = lay_out("ORIGINAL = ", Group("{", tuple(items), "}", literal=True), 0)
+    lines = [ORIGINAL_COMMENT if rank is None else
+             f"# Rank {int(rank)}'s linked Kineto trace: step time and per-op facts."]
+    lines += lay_out(f"ORIGINAL{suffix} = ", Group("{", tuple(items), "}", literal=True), 0)
     lines.append("# Per replayed op: [CPU us, exclusive CPU us, GPU us, host gap us before it]")
-    lines += lay_out("ORIGINAL_OPS = ",
+    lines += lay_out(f"ORIGINAL_OPS{suffix} = ",
                      exprs.list_display([_timing_row(op) for op in program.ops]), 0)
     return lines
 

@@ -5,6 +5,11 @@ torchrun each process replays its own rank; without a launcher, a one-rank trace
 in a one-rank group, and a multi-rank trace replays its lowest rank's compute without
 communication. ``_Ranks`` is the job ``runtime.main`` asks at every point where a
 distributed run differs.
+
+Each rank replays with its own recorded timing: ``RANKS`` holds every rank's linked
+Kineto facts (``ORIGINAL_RANK<N>``), and ``--host-gaps recorded`` calibrates and waits
+on each rank with that rank's gaps. The generator links a Kineto trace to every rank or
+to none, so every rank calibrates, and runs the same collectives while it does.
 """
 
 import os
@@ -17,7 +22,7 @@ from mystique_gen.harness.runtime import _RUNTIME, OPS, _harness, _Local, _summa
 # <generated-file>
 WORLD_SIZE = 1
 PROCESS_GROUPS = []
-RANKS = {}  # rank -> (make_inputs_rankN, replay_rankN, ops)
+RANKS = {}  # rank -> (make_inputs_rankN, replay_rankN, ops, ORIGINAL_RANKN or None)
 # </generated-file>
 
 _GROUPS = []
@@ -111,7 +116,10 @@ class _Ranks(_Local):
         self.backend = None
         self.comm = False
         self.per_rank = []
+        self.peaks = []
+        self.per_rank_gaps = []
         self.et_paths = None
+        self.profile_paths = None
         self.gather_device = None
 
     def add_arguments(self, parser):
@@ -174,21 +182,71 @@ class _Ranks(_Local):
         if self.comm:
             torch.distributed.barrier()  # every rank starts the iteration together
 
+    def original(self):
+        """This rank's linked Kineto facts."""
+        return RANKS[self.rank][3] if self.rank in RANKS else None
+
+    def _ran(self):
+        """The ranks this job replays, in rank order (as all_gather lists them)."""
+        return list(range(WORLD_SIZE)) if self.comm else [self.rank]
+
+    def original_ms(self):
+        """The job's original step time, as iterations are timed: its slowest rank's."""
+        steps = [
+            RANKS[r][3]["step_ms"]
+            for r in self._ran()
+            if r in RANKS and RANKS[r][3] is not None
+        ]
+        return max(steps) if steps else None
+
     def iteration_times(self, times):
-        """Every rank's times, gathered on each rank; an iteration of the job ends when
-        its slowest rank does."""
-        self.per_rank = [times]
+        """Every rank's times (and host-gap calibration), gathered on each rank; an
+        iteration of the job ends when its slowest rank does."""
+        gaps = [
+            _RUNTIME["gap_own_us"],
+            _RUNTIME["gap_event_us"],
+            1.0 if _RUNTIME["host_gaps"] else 0.0,
+        ]
+        self.per_rank, self.per_rank_gaps = [times], [gaps]
         if self.comm:
-            mine = torch.tensor(times, dtype=torch.float64, device=self.gather_device)
+            self.per_rank = self._gather(times)
+            self.per_rank_gaps = self._gather(gaps)
+        return [max(column) for column in zip(*self.per_rank, strict=True)]
+
+    def peak_bytes(self, nbytes):
+        """Every rank's peak memory, gathered on each rank; the job reports the
+        largest (-1 on the wire: a device whose peak is not measured)."""
+        self.peaks = [nbytes]
+        if self.comm:
+            value = -1 if nbytes is None else nbytes
+            mine = torch.tensor([value], dtype=torch.int64, device=self.gather_device)
             every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]
             torch.distributed.all_gather(every, mine)
-            self.per_rank = [t.tolist() for t in every]
-        return [max(column) for column in zip(*self.per_rank, strict=True)]
+            self.peaks = [None if int(t) < 0 else int(t) for t in every]
+        known = [p for p in self.peaks if p is not None]
+        return max(known) if known else None
+
+    def _gather(self, values):
+        mine = torch.tensor(values, dtype=torch.float64, device=self.gather_device)
+        every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]
+        torch.distributed.all_gather(every, mine)
+        return [t.tolist() for t in every]
+
+    def _rank_facts(self, rank, times, gaps):
+        """One rank's entry of `per_rank`: its times, host gaps and original step."""
+        facts = _summary(times)
+        facts["host_gaps_replayed"] = bool(gaps[2])
+        facts["host_gap_own_us"], facts["host_gap_event_us"] = gaps[0], gaps[1]
+        original = RANKS[rank][3] if rank in RANKS else None
+        if original is not None:
+            facts["original_ms"] = original["step_ms"]
+        return facts
 
     def world(self):
         return WORLD_SIZE if self.comm else 1
 
     def facts(self):
+        peaks = self.peaks or [None] * len(self.per_rank)
         facts = {
             "ops": RANKS[self.rank][2] if self.rank in RANKS else OPS,
             "distributed": self.comm,
@@ -196,10 +254,17 @@ class _Ranks(_Local):
             "world_size": self.world(),
             "recorded_world_size": WORLD_SIZE,
             "rank": self.rank,
-            "per_rank": [_summary(t) for t in self.per_rank],
+            "per_rank": [
+                dict(self._rank_facts(rank, times, gaps), peak_bytes=peak)
+                for rank, times, gaps, peak in zip(
+                    self._ran(), self.per_rank, self.per_rank_gaps, peaks, strict=True
+                )
+            ],
         }
         if self.et_paths is not None:
             facts["et_per_rank"] = self.et_paths
+        if self.profile_paths is not None:
+            facts["profile_per_rank"] = self.profile_paths
         if not self.comm and WORLD_SIZE > 1:
             facts["note"] = (
                 f"rank {self.rank} compute only: run under torchrun for collectives"
@@ -210,8 +275,11 @@ class _Ranks(_Local):
         self.et_paths = [_rank_path(path, r) for r in range(self.world())]
         return _rank_path(path, self.rank)
 
-    def profile_dir(self, directory):
-        return os.path.join(directory, f"rank{self.rank}")
+    def profile_path(self, path):
+        """One Kineto trace per rank, side by side (DIR/kineto_trace.rankN.json), as
+        HolisticTraceAnalysis reads a job: one folder, a file per rank."""
+        self.profile_paths = [_rank_path(path, r) for r in range(self.world())]
+        return _rank_path(path, self.rank)
 
     def finish(self):
         if self.comm:

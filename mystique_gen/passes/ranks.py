@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mystique_gen.errors import TraceError
+from mystique_gen.errors import OptionError, TraceError
 from mystique_gen.ir.dist import DistInfo, ParamComms, ProcessGroupSpec
 from mystique_gen.sources.et import RawNode, RawTrace
 
@@ -161,6 +161,45 @@ def order_ranks(traces: Sequence[RawTrace]) -> tuple[list[int], str]:
     if all(r is not None for r in recorded) and sorted(recorded) == list(range(len(traces))):
         return [r for r in recorded if r is not None], "ranks as recorded by record_param_comms"
     return list(range(len(traces))), "ranks in input order (file names sorted naturally)"
+
+
+def check_kineto_count(trace_names: Sequence[str], kineto_names: Sequence[str]) -> None:
+    """One Kineto trace per rank trace, or a one-line error naming both sets of files."""
+    if len(kineto_names) != len(trace_names):
+        raise OptionError(
+            f"{len(trace_names)} rank traces ({', '.join(trace_names)}) but "
+            f"{len(kineto_names)} Kineto trace(s) ({', '.join(kineto_names)}): --kineto "
+            "takes one Kineto trace per rank trace")
+
+
+def match_kineto(trace_ranks: Sequence[int], kineto_ranks: Sequence[int | None],
+                 trace_names: Sequence[str], kineto_names: Sequence[str]
+                 ) -> tuple[list[int], str]:
+    """For each rank trace, the index of its Kineto trace, and how they were matched.
+
+    By the rank each Kineto trace records (``distributedInfo.rank``) where every one of
+    them records one; otherwise in the order given, the k-th Kineto trace with the k-th
+    rank trace, and a rank that a Kineto trace does record must then agree. Any other
+    pairing is refused: timing linked to another rank's trace would be wrong silently.
+    """
+    check_kineto_count(trace_names, kineto_names)
+    if all(r is not None for r in kineto_ranks):
+        if sorted(r for r in kineto_ranks if r is not None) != sorted(trace_ranks):
+            recorded = ", ".join(f"{n} rank {r}" for n, r in zip(kineto_names, kineto_ranks,
+                                                               strict=True))
+            raise OptionError(
+                "the Kineto traces record other ranks than the rank traces' "
+                f"({', '.join(map(str, sorted(trace_ranks)))}): {recorded}")
+        where = {r: k for k, r in enumerate(kineto_ranks)}
+        return ([where[r] for r in trace_ranks],
+                "Kineto traces matched to ranks by the rank each records (distributedInfo)")
+    for k, (rank, recorded) in enumerate(zip(trace_ranks, kineto_ranks, strict=True)):
+        if recorded is not None and recorded != rank:
+            raise OptionError(
+                f"{kineto_names[k]} records rank {recorded} but goes with {trace_names[k]} "
+                f"(rank {rank}) by order: give the Kineto traces in the order of the rank "
+                "traces")
+    return list(range(len(trace_names))), "Kineto traces matched to ranks in the order given"
 
 
 def natural_key(name: str) -> list[object]:

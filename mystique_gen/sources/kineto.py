@@ -9,7 +9,10 @@ Only the facts the linker needs are kept. Field names follow what
   ``args["External id"]`` (older traces: often equals the ET ``rf_id``);
 * runtime calls (``cuda_runtime``, ``cuda_driver``, ...) and GPU activity
   (``kernel``, ``gpu_memcpy``, ``gpu_memset``, ...) share ``args["correlation"]``;
-  GPU activity names its ``args["stream"]``.
+  GPU activity names its ``args["stream"]``;
+* a trace recorded while torch.distributed was initialised names its process's rank
+  in the top-level ``distributedInfo`` metadata (``{"rank": 0, "world_size": 2, ...}``),
+  which matches the Kineto traces of a job to their ranks' execution traces.
 
 Timestamps and durations are microseconds, as in the file.
 """
@@ -75,6 +78,7 @@ class KinetoTrace:
     cpu_ops: list[CpuEvent]  # sorted by (ts, -dur, index): parents before children
     runtime: list[RuntimeEvent]
     gpu: list[GpuEvent]
+    rank: int | None = None  # distributedInfo.rank, where recorded
 
 
 def load_kineto(path: str | Path) -> KinetoTrace:
@@ -122,7 +126,20 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
                                     _number(ev, "ts", where), _number(ev, "dur", where), corr))
     cpu.sort(key=lambda e: (e.ts, -e.dur, e.index))
     runtime.sort(key=lambda e: e.ts)
-    return KinetoTrace(name=name, sha256=sha256, cpu_ops=cpu, runtime=runtime, gpu=gpu)
+    return KinetoTrace(name=name, sha256=sha256, cpu_ops=cpu, runtime=runtime, gpu=gpu,
+                       rank=_recorded_rank(doc))
+
+
+def _recorded_rank(doc: Any) -> int | None:
+    """``distributedInfo.rank`` of the document, where it is a rank (a non-negative int)."""
+    info = doc.get("distributedInfo") if isinstance(doc, dict) else None
+    if isinstance(info, str):  # written as a JSON string by some exporters
+        try:
+            info = json.loads(info)
+        except ValueError:
+            return None
+    rank = _optional_int(info.get("rank")) if isinstance(info, dict) else None
+    return rank if rank is not None and rank >= 0 else None
 
 
 def _number(ev: dict[str, Any], key: str, where: str) -> float:

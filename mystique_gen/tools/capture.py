@@ -36,7 +36,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
 
 from mystique_gen import oprules
-from mystique_gen.constants import STEP_SCOPE
+from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
@@ -101,8 +101,8 @@ class _Recorder:
 
     def __init__(self, out: Path, name: str, *, kineto: bool, integral_ranges: bool,
                  integral_data: bool):
-        self.et_path = out / f"{name}.et.json"
-        self.kineto_path = out / f"{name}.kineto.json" if kineto else None
+        self.et_path = out / f"{name}{ET_SUFFIX}"
+        self.kineto_path = out / f"{name}{KINETO_SUFFIX}" if kineto else None
         # The ET observer slows every op down, so the Kineto trace recorded beside it
         # (linked to the ET by rf_id) does not time the step faithfully; a second step
         # is profiled without it, for `mystique-gen compare --kineto-original`.

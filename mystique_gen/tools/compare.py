@@ -8,20 +8,20 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mystique_gen import oprules
 from mystique_gen.constants import HARNESS_SCOPE, STEP_SCOPE
 from mystique_gen.errors import MystiqueError
+from mystique_gen.passes.filters import STEP_RE
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
-from mystique_gen.sources.kineto import load_kineto
-
-PROFILER_STEP = "ProfilerStep#"  # torch.profiler's step annotation, numbered
+from mystique_gen.sources.kineto import KinetoTrace, load_kineto
 
 
 def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False) -> Counter[str]:
@@ -90,21 +90,54 @@ def _top_level(events: list) -> list:
     return top
 
 
-def step_windows(events: list) -> list[tuple[float, float]]:
-    """(start, end) in microseconds of each annotated step, in time order: the
-    capture's ``MystiqueProfiledStep`` scopes, or torch.profiler's ``ProfilerStep#N``
-    (a benchmark's ``--profile``, or a training loop that calls ``prof.step()``)."""
+def step_windows(events: list) -> tuple[list[tuple[float, float]], bool]:
+    """(start, end) in microseconds of each annotated step, in time order, and whether
+    the first is the profiler's cold first step: the capture's ``MystiqueProfiledStep``
+    scopes (the profiler starts with the first), or torch.profiler's ``ProfilerStep#N``
+    (a benchmark's ``--profile``, a training loop profiled with a schedule), cold where
+    the first is ``ProfilerStep#0`` (no schedule warm-up before it)."""
     ours = [(e.ts, e.end) for e in events if e.name == STEP_SCOPE]
     if ours:
-        return sorted(ours)
-    return sorted((e.ts, e.end) for e in events if e.name.startswith(PROFILER_STEP))
+        return sorted(ours), True
+    marked = sorted((e.ts, e.end, e.name) for e in events
+                    if STEP_RE.fullmatch(e.name) is not None)
+    cold = bool(marked) and marked[0][2].endswith("#0")
+    return [(start, end) for start, end, _name in marked], cold
+
+
+def _harness_correlations(trace: KinetoTrace) -> set[int]:
+    """Correlation ids of the device work the harness launched (inside its scope: the
+    input resets, the barrier before each iteration), which the workload did not."""
+    spans: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for e in trace.cpu_ops:
+        if e.name == HARNESS_SCOPE:
+            spans[(e.pid, e.tid)].append((e.ts, e.end))
+    merged: dict[tuple, list[tuple[float, float]]] = {}
+    for key, found in spans.items():
+        out: list[tuple[float, float]] = []
+        for start, end in sorted(found):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        merged[key] = out
+    inside = set()
+    for call in trace.runtime:
+        out = merged.get((call.pid, call.tid), [])
+        i = bisect.bisect_right(out, (call.ts, float("inf"))) - 1
+        if i >= 0 and call.ts <= out[i][1]:
+            inside.add(call.correlation)
+    return inside
 
 
 def _category_times(ops: list, gpu: list) -> dict[str, float]:
-    """Microseconds by category: GPU activity where there is any, else host op time."""
+    """Microseconds by category: GPU activity where there is any (annotations left
+    out: ``ProfilerStep#N`` spans a whole step on the device too), else host op time."""
     categories = dict.fromkeys(oprules.CATEGORY_ORDER, 0.0)
     if gpu:
         for g in gpu:
+            if g.category == "gpu_user_annotation":
+                continue
             cat = "memory" if "mem" in g.category else oprules.op_category(g.name)
             categories[cat] = categories.get(cat, 0.0) + g.dur
     else:
@@ -118,31 +151,34 @@ def _span(ops: list) -> float:
     return (max(e.end for e in ops) - min(e.ts for e in ops)) if ops else 0.0
 
 
-def kineto_times(path: str | Path, iterations: int | None = 1) -> KinetoTimes:
-    """Category times of a Kineto trace per iteration.
+def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> KinetoTimes:
+    """Category times of a Kineto trace per iteration; device time leaves out what the
+    harness launched.
 
     ``iterations=None``: per annotated step (:func:`step_windows`), the median of each
     figure over the steps, leaving out a cold first step where there are three or
-    more (the first profiled step pays for the profiler's warm-up and cold caches);
+    more (the profiler's first step pays for its warm-up and cold caches);
     a trace without step annotations is one iteration. A number: totals divided by it.
     """
-    trace = load_kineto(path)
+    trace = path if isinstance(path, KinetoTrace) else load_kineto(path)
     top = _top_level(trace.cpu_ops)
-    windows = step_windows(trace.cpu_ops) if iterations is None else []
+    harness = _harness_correlations(trace) if trace.gpu else set()
+    workload = [g for g in trace.gpu if g.correlation not in harness]
+    windows, cold = step_windows(trace.cpu_ops) if iterations is None else ([], False)
     if not windows:
         n = max(iterations or 1, 1)
-        categories = _category_times(top, trace.gpu)
+        categories = _category_times(top, workload)
         return KinetoTimes(
             categories={k: v / 1000.0 / n for k, v in categories.items()},
             span_ms=_span(top) / 1000.0 / n, ops=len(top) // n, iterations=n,
             device_time=bool(trace.gpu))
-    dropped = 1 if len(windows) >= 3 else 0
+    dropped = 1 if cold and len(windows) >= 3 else 0
     windows = windows[dropped:]
     launched = {r.correlation: r.ts for r in trace.runtime}
     steps = []
     for start, end in windows:
         ops = [e for e in top if start <= e.ts < end]
-        gpu = [g for g in trace.gpu if start <= launched.get(g.correlation, -1.0) < end]
+        gpu = [g for g in workload if start <= launched.get(g.correlation, -1.0) < end]
         steps.append((ops, _category_times(ops, gpu)))
     names = {k for _ops, cats in steps for k in cats}
     return KinetoTimes(

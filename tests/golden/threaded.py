@@ -32,6 +32,7 @@ from torch.profiler import (
     ProfilerActivity,
     profile,
     record_function,
+    schedule,
 )
 
 GENERATOR = "mystique-gen 0.1.0"
@@ -71,7 +72,9 @@ def _parse_args(argv=None):
     parser.add_argument("--json", action="store_true", help="last line: a JSON result")
     parser.add_argument("--et", metavar="PATH", help="record an ET of one iteration")
     parser.add_argument(
-        "--profile", metavar="DIR", help="Kineto trace of timed iterations"
+        "--profile",
+        metavar="DIR",
+        help="Kineto trace of --iters iterations, one ProfilerStep#N each",
     )
     parser.add_argument(
         "--host-gaps",
@@ -224,7 +227,7 @@ def _host_gap(us, events=0):
                 pass
 
 
-def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
+def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     """Measure, into _RUNTIME, what `_host_gap` subtracts from the recorded gaps.
 
     gap_own_us: this replay's own host time between two top-level ops, measured as the
@@ -233,9 +236,10 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
     gaps and the time this file itself spends between ops. The median over iterations
     of each iteration's mean: the first profiled iterations run cold, and a shared
     machine slows a few. Where the gaps were recorded with the ET observer attached
-    (ORIGINAL["observer_in_gaps"]: an ET and a Kineto trace from one profiler
-    session), the calibration attaches one too, so the observer's share cancels as
-    well; if it cannot, the recorded gaps are not replayed (they would be inflated).
+    (`original`, this process's ORIGINAL, says "observer_in_gaps": an ET and a Kineto
+    trace from one profiler session), the calibration attaches one too, so the
+    observer's share cancels as well; if it cannot, the recorded gaps are not replayed
+    (they would be inflated).
 
     gap_event_us: what the profiler costs per event it records, from the same
     iterations timed without it (host time, medians)."""
@@ -247,7 +251,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9):
         replay(inputs, device, host)
         plain.append((time.perf_counter() - start) * 1e6)
         _sync(device)
-    observed = bool(ORIGINAL and ORIGINAL.get("observer_in_gaps"))
+    observed = bool(original and original.get("observer_in_gaps"))
     handle, et_path = tempfile.mkstemp(prefix="mystique-calibrate-", suffix=".json")
     os.close(handle)
     observer = None
@@ -554,21 +558,90 @@ def _record_et(path, inputs, device, host):
     observer.unregister_callback()
 
 
-def _profile(directory, iters, step, inputs, device, host, snapshot=()):
+def _input_bytes(inputs, device):
+    """Bytes of the input storages on `device`, each storage once."""
+    storages = {}
+    for t in inputs.values():
+        if t.device == device:
+            storage = t.untyped_storage()
+            storages.setdefault(storage.data_ptr(), storage.nbytes())
+    return sum(storages.values())
+
+
+def _cpu_allocated_peak(run):
+    """The most CPU memory that `run()` holds allocated at once, above what was live
+    before it, from the profiler's memory events.
+
+    The CPU allocator keeps no statistics (no max_memory_allocated): with
+    profile_memory=True it reports every allocation and free to the profiler instead,
+    a free only of memory allocated while profiling (so what was live before counts 0).
+    The events in time order, added up, are the bytes the step holds; their running
+    maximum is its peak. They are read from the profiler's raw results
+    (kineto_results): prof.events() folds the allocations made inside an op into that
+    op's total, which loses their order against the frees."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = [
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    ]
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def _peak_bytes(inputs, device, host):
+    """Measured peak memory of one replayed step on `device`: the input storages plus
+    the most the step allocates above what was live before it (so not the copies
+    --reset-inputs keeps, nor the CUDA graph's pool: the step is the plain replay).
+    One untimed step, after the timed ones; None on devices other than CUDA and CPU,
+    and on CPU for a replay on several host threads: the profiler reports only the
+    allocations of the thread that started it (with profile_all_threads, none at all),
+    so the other threads' would be missing."""
+    base = _input_bytes(inputs, device)
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        replay(inputs, device, host)
+        _sync(device)
+        return base + torch.cuda.max_memory_allocated(device) - before
+    if device.type == "cpu":
+        peak = _cpu_allocated_peak(lambda: replay(inputs, device, host))
+        if _RUNTIME["threads"] is None:  # set by the replay where it runs threads
+            return base + peak
+    return None
+
+
+def _profile(path, job, warmup, iters, step, inputs, device, host, snapshot=()):
     """A Kineto trace of `iters` iterations of `step` (the CUDA graph's replay under
-    --cuda-graph), each from the same inputs, as the timed ones ran."""
+    --cuda-graph), each from the same inputs and started as the timed ones were.
+
+    torch.profiler's schedule marks every iteration as `ProfilerStep#N` (prof.step()
+    ends it), after `warmup` profiled but unrecorded ones that warm up the profiler,
+    so the trace holds one step per iteration, as HolisticTraceAnalysis reads it.
+    Under torchrun the trace also holds torch's `distributedInfo` (rank, world size,
+    backend): the profiler adds it when a process group is initialised."""
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    os.makedirs(directory, exist_ok=True)
-    with profile(activities=activities) as prof:
-        for _ in range(iters):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    steps = schedule(wait=0, warmup=warmup, active=iters, repeat=1)
+
+    def save(prof):
+        prof.export_chrome_trace(path)
+
+    with profile(activities=activities, schedule=steps, on_trace_ready=save) as prof:
+        for _ in range(warmup + iters):
             with _harness():
                 _reset(snapshot)
+                job.before_iteration()
             step(inputs, device, host)
-        _sync(device)
-    path = os.path.join(directory, "kineto_trace.json")
-    prof.export_chrome_trace(path)
+            _sync(device)
+            prof.step()
     return path
 
 
@@ -602,6 +675,14 @@ class _Local:
     def before_iteration(self):
         """Just before each timed iteration starts."""
 
+    def original(self):
+        """The linked Kineto trace's facts of what this process replays, or None."""
+        return ORIGINAL
+
+    def original_ms(self):
+        """The original step time the result reports, or None without --kineto."""
+        return ORIGINAL["step_ms"] if ORIGINAL is not None else None
+
     def iteration_times(self, times):
         """The times the result reports: this process's."""
         return times
@@ -613,8 +694,12 @@ class _Local:
     def et_path(self, path):
         return path
 
-    def profile_dir(self, directory):
-        return directory
+    def profile_path(self, path):
+        return path
+
+    def peak_bytes(self, nbytes):
+        """The peak memory the result reports: this process's."""
+        return nbytes
 
     def finish(self):
         """After the last replay."""
@@ -639,9 +724,10 @@ def main(argv=None):
     _RUNTIME["device"] = device
     _RUNTIME["host"] = host
     _RUNTIME["host_gaps"] = args.host_gaps == "recorded"
-    if args.host_gaps == "recorded" and ORIGINAL is None:
-        print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
     job.start(args, device)
+    original = job.original()
+    if args.host_gaps == "recorded" and original is None:
+        print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
     _check_memory(device)
     torch.manual_seed(args.seed)
     gens = {
@@ -655,8 +741,8 @@ def main(argv=None):
         _reset(snapshot)
         step(inputs, device, host)
     _sync(device)
-    if _RUNTIME["host_gaps"] and ORIGINAL is not None and not args.cuda_graph:
-        _calibrate_gaps(inputs, device, host, snapshot)
+    if _RUNTIME["host_gaps"] and original is not None and not args.cuda_graph:
+        _calibrate_gaps(inputs, device, host, snapshot, original=original)
     times = []
     for _ in range(args.iters):
         _reset(snapshot)
@@ -666,7 +752,11 @@ def main(argv=None):
         step(inputs, device, host)
         _sync(device)
         times.append((time.perf_counter() - start) * 1000.0)
-    result = _summary(job.iteration_times(times))
+    times = job.iteration_times(times)
+    _reset(snapshot)
+    job.before_iteration()
+    peak = job.peak_bytes(_peak_bytes(inputs, device, host))
+    result = _summary(times)
     result.update(
         {
             "iters": len(times),
@@ -684,21 +774,26 @@ def main(argv=None):
             "host_gaps_replayed": _RUNTIME["host_gaps"],
             "cuda_graph": args.cuda_graph,
             "reset_inputs": bool(snapshot),
+            "peak_bytes": peak,
+            "estimated_peak_bytes": REQUIRED_BYTES,
         }
     )
-    if ORIGINAL is not None:
-        result["original_ms"] = ORIGINAL["step_ms"]
-        if times and ORIGINAL["step_ms"]:
-            result["original_ratio"] = result["iter_ms_median"] / ORIGINAL["step_ms"]
+    original_ms = job.original_ms()
+    if original_ms is not None:
+        result["original_ms"] = original_ms
+        if times and original_ms:
+            result["original_ratio"] = result["iter_ms_median"] / original_ms
     if args.et:
         _reset(snapshot)
         result["et"] = job.et_path(args.et)
         _record_et(result["et"], inputs, device, host)
-    if args.profile:
-        directory = job.profile_dir(args.profile)
+    if args.profile and args.iters > 0:
+        path = job.profile_path(os.path.join(args.profile, "kineto_trace.json"))
         result["profile"] = _profile(
-            directory, args.iters, step, inputs, device, host, snapshot
+            path, job, args.warmup, args.iters, step, inputs, device, host, snapshot
         )
+    elif args.profile:
+        print("mystique: --profile needs --iters 1 or more", file=sys.stderr)
     result.update(job.facts())
     job.finish()
     if not job.reports():

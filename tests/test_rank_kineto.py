@@ -1,0 +1,173 @@
+"""Per-rank Kineto traces (issue 13): each rank trace of a job links its own Kineto trace
+(matched by the rank it records in ``distributedInfo``, else in the order given) and
+its own profile-only steps, and the distributed benchmark carries every rank's timing.
+
+Synthetic ETs and Kineto documents (tests/golden_cases.py ``two_ranks``): no process is
+started here; tests/test_parallel.py captures and replays a real job under torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mystique_gen.cli import main as cli_main
+from mystique_gen.constants import STEP_SCOPE
+from mystique_gen.driver import compile_paths, expand_inputs, kineto_paths, render
+from mystique_gen.errors import OptionError
+from mystique_gen.passes.ranks import match_kineto
+from mystique_gen.sources.kineto import load_kineto
+from tests.golden_cases import two_ranks
+
+
+def _replay_body(text: str, rank: int) -> str:
+    return text.split(f"def replay_rank{rank}(")[1].split("\ndef ")[0]
+
+
+def _gaps(program) -> list[float | None]:
+    return [op.timing.gap_us if op.timing is not None else None for op in program.ops]
+
+
+def _strip_rank(path: Path) -> Path:
+    doc = json.loads(path.read_text())
+    del doc["distributedInfo"]
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_kineto_records_its_rank(tmp_path):
+    _, kinetos = two_ranks(tmp_path)
+    assert [load_kineto(k).rank for k in kinetos] == [0, 1]
+    assert load_kineto(_strip_rank(kinetos[0])).rank is None
+
+
+def test_each_rank_links_its_own_kineto_trace(tmp_path):
+    """Given in the other order, the Kineto traces still go to their ranks (by the rank
+    each records); each rank replays its own gaps and carries its own ORIGINAL."""
+    ets, kinetos = two_ranks(tmp_path)
+    compiled = compile_paths(ets, kineto=list(reversed(kinetos)))
+    assert compiled.ranks == [0, 1]
+    timings = [p.timing for p in compiled.programs]
+    assert [t.kineto for t in timings if t is not None] == ["rank-0.kineto.json",
+                                                              "rank-1.kineto.json"]
+    assert [_gaps(p) for p in compiled.programs] == [[None, 20.0, 20.0], [None, 40.0, 40.0]]
+    assert [t.original_ms for t in timings if t is not None] == [0.085, 0.125]
+    assert "matched to ranks by the rank each records (distributedInfo)" in compiled.rank_source
+
+    text = render(compiled)
+    assert re.findall(r"_host_gap\(([\d.]+)\)", _replay_body(text, 0)) == ["20.0", "20.0"]
+    assert re.findall(r"_host_gap\(([\d.]+)\)", _replay_body(text, 1)) == ["40.0", "40.0"]
+    for rank in (0, 1):
+        facts = text.split(f"ORIGINAL_RANK{rank} = ")[1].split("}")[0]
+        assert f'"kineto": "rank-{rank}.kineto.json"' in facts
+        assert f"ORIGINAL_OPS_RANK{rank} = [" in text
+    assert "0: (make_inputs_rank0, replay_rank0, 3, ORIGINAL_RANK0)" in text
+    assert "1: (make_inputs_rank1, replay_rank1, 3, ORIGINAL_RANK1)" in text
+    assert "\nORIGINAL = None\n" in text  # the job picks its rank's facts from RANKS
+
+
+def test_without_recorded_ranks_the_order_given_decides(tmp_path):
+    ets, kinetos = two_ranks(tmp_path)
+    for k in kinetos:
+        _strip_rank(k)
+    compiled = compile_paths(ets, kineto=list(reversed(kinetos)))
+    assert [p.timing.kineto for p in compiled.programs if p.timing is not None] == [
+        "rank-1.kineto.json", "rank-0.kineto.json"]
+    assert "Kineto traces matched to ranks in the order given" in compiled.rank_source
+
+
+def test_a_capture_folder_stands_for_its_rank_traces_and_kineto_traces(tmp_path):
+    """A capture's folder holds each rank's ``.et.json``, ``.kineto.json`` and sidecar:
+    as the traces it stands for the first, as ``--kineto`` for the second."""
+    ets, kinetos = two_ranks(tmp_path)
+    for et in ets:
+        et.rename(et.with_name(et.name.replace(".json", ".et.json")))
+    (tmp_path / "rank-0.step.json").write_text("{}")
+    assert [p.name for p in kineto_paths(tmp_path)] == ["rank-0.kineto.json",
+                                                        "rank-1.kineto.json"]
+    assert [p.name for p in expand_inputs([tmp_path])] == ["rank-0.et.json", "rank-1.et.json"]
+    compiled = compile_paths([tmp_path], kineto=tmp_path)
+    assert [p.timing.kineto for p in compiled.programs if p.timing is not None] == [
+        "rank-0.kineto.json", "rank-1.kineto.json"]
+
+
+def test_each_rank_takes_host_gaps_from_its_own_profile_only_steps(tmp_path):
+    """``<name>.profile.json`` beside a rank's Kineto trace (named by its
+    ``<name>.step.json``) gives that rank's gaps, as for a single trace."""
+    ets, kinetos = two_ranks(tmp_path)
+    names = ["aten::mm", "c10d::allreduce_", "aten::relu"]
+    events, t = [], 0.0
+    for _ in range(3):
+        start = t
+        for name in names:
+            events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 7,
+                           "ts": t + 3.0, "dur": 2.0})
+            t += 5.0  # a 3 us gap before each op
+        events.append({"ph": "X", "cat": "user_annotation", "name": STEP_SCOPE, "pid": 1,
+                       "tid": 7, "ts": start, "dur": t - start})
+        t += 100.0
+    (tmp_path / "rank-1.profile.json").write_text(json.dumps({"traceEvents": events}))
+    (tmp_path / "rank-1.step.json").write_text(json.dumps({"profile": "rank-1.profile.json"}))
+    compiled = compile_paths(ets, kineto=kinetos)
+    rank0, rank1 = compiled.programs
+    assert rank0.timing is not None and rank0.timing.host_gaps == "linked"
+    assert rank1.timing is not None
+    assert rank1.timing.host_gaps == "rank-1.profile.json (median of 3 profiled steps)"
+    assert _gaps(rank0) == [None, 20.0, 20.0] and _gaps(rank1) == [3.0, 3.0, 3.0]
+    assert (rank0.timing.observer_in_gaps, rank1.timing.observer_in_gaps) == (True, False)
+
+
+def _error(capsys, argv: list[str]) -> str:
+    assert cli_main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1  # one line, no traceback
+    return lines[0]
+
+
+def test_mismatched_kineto_traces_are_refused_naming_the_files(tmp_path, capsys):
+    ets, kinetos = two_ranks(tmp_path)
+    out = ["-o", str(tmp_path / "bench.py")]
+    traces = [str(p) for p in ets]
+    message = _error(capsys, [*traces, "--kineto", str(kinetos[0]), *out])
+    assert message == ("mystique-gen: error: 2 rank traces (rank-0.json, rank-1.json) but 1 "
+                       "Kineto trace(s) (rank-0.kineto.json): --kineto takes one Kineto "
+                       "trace per rank trace")
+    # Both record rank 0: not the ranks of the traces.
+    doc = json.loads(kinetos[1].read_text())
+    doc["distributedInfo"]["rank"] = 0
+    twin = tmp_path / "twin.kineto.json"
+    twin.write_text(json.dumps(doc))
+    message = _error(capsys, [*traces, "--kineto", str(kinetos[0]), str(twin), *out])
+    assert "record other ranks than the rank traces' (0, 1)" in message
+    assert "rank-0.kineto.json rank 0, twin.kineto.json rank 0" in message
+    # One records its rank, the other does not: by order, and the recorded one disagrees.
+    _strip_rank(kinetos[0])
+    message = _error(capsys, [*traces, "--kineto", str(kinetos[1]), str(kinetos[0]), *out])
+    assert message == ("mystique-gen: error: rank-1.kineto.json records rank 1 but goes with "
+                       "rank-0.json (rank 0) by order: give the Kineto traces in the order "
+                       "of the rank traces")
+    # One trace, two Kineto traces.
+    message = _error(capsys, [traces[0], "--kineto", str(kinetos[0]), str(kinetos[1]), *out])
+    assert "2 Kineto traces (rank-0.kineto.json, rank-1.kineto.json) for one trace" in message
+    assert not (tmp_path / "bench.py").exists()
+
+
+def test_compose_still_refuses_kineto(tmp_path, capsys):
+    ets, kinetos = two_ranks(tmp_path)
+    message = _error(capsys, [*(str(p) for p in ets), "--compose", "sequence", "--kineto",
+                              *(str(k) for k in kinetos), "-o", str(tmp_path / "b.py")])
+    assert message == "mystique-gen: error: --kineto links one trace; it cannot go with --compose"
+
+
+def test_match_kineto_pairs():
+    names, knames = ["a", "b", "c"], ["x", "y", "z"]
+    assert match_kineto([0, 1, 2], [2, 0, 1], names, knames)[0] == [1, 2, 0]
+    assert match_kineto([2, 0, 1], [None, None, None], names, knames)[0] == [0, 1, 2]
+    assert match_kineto([0, 1, 2], [0, None, 2], names, knames)[0] == [0, 1, 2]
+    with pytest.raises(OptionError, match="z records rank 1 but goes with c"):
+        match_kineto([0, 1, 2], [0, None, 1], names, knames)
+    with pytest.raises(OptionError, match="x rank 0, y rank 1, z rank 3"):
+        match_kineto([0, 1, 2], [0, 1, 3], names, knames)
