@@ -7,6 +7,15 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   reduce_scatter, wait_tensor), as compiled and DTensor code issues them;
 * ``tp``: tensor parallel on DTensor (ColwiseParallel + RowwiseParallel MLP, SGD);
 * ``fsdp2``: fully_shard on two blocks and the root, AdamW (fsdp:: copy-in/out ops);
+* ``coalesced``: c10d's coalesced tensor collectives as FSDP and
+  torch.distributed._coalescing_manager issue them (allgather_into_tensor_coalesced_
+  async and waited, reduce_scatter_tensor_coalesced_, allreduce_coalesced_ with MAX),
+  and a functional all_reduce_coalesced;
+* ``reductions``: MAX and MIN reductions, by c10d (the trace does not record the op)
+  and by functional collectives (it does), and a monitored_barrier;
+* ``pipeline``: a 2-stage pipeline (torch.distributed.pipelining, 1F1B over 4
+  microbatches, one stage per rank, SGD): sends and recvs that cross (a rank sends the
+  next forward while its peer sends a backward);
 * ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
   dimension's subgroup, functional and c10d, as 2-D parallel training issues them.
 
@@ -28,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -84,6 +94,69 @@ def fsdp2() -> Callable[[], object]:
     return step
 
 
+def coalesced() -> Callable[[], object]:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    shards = [torch.full((4,), float(rank + 1)), torch.arange(6.0)]
+    gathered = [torch.empty(4 * world), torch.empty(6 * world)]
+    grads = [torch.ones(2 * world), torch.arange(3.0 * world)]
+    reduced = [torch.empty(2), torch.empty(3)]
+
+    def step() -> object:
+        with dist._coalescing_manager(async_ops=True) as manager:
+            for out, shard in zip(gathered, shards, strict=True):
+                dist.all_gather_into_tensor(out, shard)
+        manager.wait()
+        total = gathered[0].sum() + gathered[1].sum()
+        with dist._coalescing_manager():
+            for out, grad in zip(reduced, grads, strict=True):
+                dist.reduce_scatter_tensor(out, grad)
+        with dist._coalescing_manager():
+            for tensor in reduced:
+                dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        low = fc.all_reduce_coalesced(reduced, "min", dist.group.WORLD)
+        return total + sum(fc.wait_tensor(t).sum() for t in low)
+
+    return step
+
+
+def reductions() -> Callable[[], object]:
+    x = torch.arange(8.0) + dist.get_rank()
+
+    def step() -> object:
+        y = x.clone()
+        dist.all_reduce(y, op=dist.ReduceOp.MAX)
+        dist.all_reduce(y, op=dist.ReduceOp.MIN)
+        dist.reduce(y, 0, op=dist.ReduceOp.MAX)
+        part = torch.empty(8 // dist.get_world_size())
+        dist.reduce_scatter_tensor(part, y, op=dist.ReduceOp.MIN)
+        high = fc.wait_tensor(fc.all_reduce(y, "max", dist.group.WORLD))
+        low = fc.wait_tensor(fc.all_reduce(high * 2, "min", dist.group.WORLD))
+        dist.monitored_barrier()
+        return low.sum() + part.sum()
+
+    return step
+
+
+def pipeline() -> Callable[[], object]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stage_module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+    stage = PipelineStage(stage_module, rank, world, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, n_microbatches=4,
+                            loss_fn=lambda y, target: ((y - target) ** 2).mean())
+    opt = torch.optim.SGD(stage_module.parameters(), lr=0.1)
+    x, target = torch.randn(4, 16), torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=target, losses=[])
+        opt.step()
+
+    return step
+
+
 def mesh2d() -> Callable[[], object]:
     mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
                             mesh_dim_names=("dp", "tp"))
@@ -99,7 +172,9 @@ def mesh2d() -> Callable[[], object]:
     return step
 
 
-MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2, "mesh2d": mesh2d}
+MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
+         "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
+         "mesh2d": mesh2d}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

@@ -72,7 +72,7 @@ def replayed(rank_traces, tmp_path_factory) -> dict:
 def test_each_rank_replays_its_collectives_in_order_with_sizes(rank_traces, replayed):
     for rank, original in enumerate(rank_traces):
         want = collective_sequence(load_trace(original))
-        assert [name for name, _ in want] == COLLECTIVES
+        assert [name for name, *_ in want] == COLLECTIVES
         got = collective_sequence(load_trace(replayed["dir"] / f"replay.rank{rank}.json"))
         assert got == want, (rank, want, got)
 

@@ -183,3 +183,31 @@ def test_main_reports_peak_bytes_and_profiles_one_step_per_iteration(
     events = json.loads((tmp_path / "kineto_trace.json").read_text())["traceEvents"]
     steps = [e["name"] for e in events if e["name"].startswith("ProfilerStep#")]
     assert steps == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+
+
+def test_collective_helpers_on_a_one_rank_group(monkeypatch):
+    """The harness's coalesced collectives, monitored barrier and list waits, in a
+    one-rank gloo group (what a world-size-1 benchmark runs)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available in this build")
+    monkeypatch.setitem(dist._RUNTIME, "comm", True)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(),
+                                         rank=0, world_size=1)
+    try:
+        group = torch.distributed.group.WORLD
+        inputs = [torch.arange(4.0), torch.arange(6.0)]
+        outputs = [torch.empty(4), torch.empty(6)]
+        work = dist._all_gather_into_tensor_coalesced(outputs, inputs, group=group,
+                                                      async_op=True)
+        dist._wait_work(work)
+        assert all(torch.equal(o, i) for o, i in zip(outputs, inputs, strict=True))
+        assert dist._reduce_scatter_tensor_coalesced(
+            outputs, inputs, op=torch.distributed.ReduceOp.MAX, group=group) is None
+        assert all(torch.equal(o, i) for o, i in zip(outputs, inputs, strict=True))
+        dist._monitored_barrier(wait_all_ranks=True, group=group)
+        results = torch.ops._c10d_functional.all_reduce_coalesced(
+            inputs, "max", group.group_name)
+        dist._wait_tensor(results)  # a coalesced collective's list: each tensor waited
+        assert torch.equal(results[1], inputs[1])
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,8 +1,10 @@
 """Production parallelism replays under torchrun (issue 13): functional collectives in
-tensor parallel on DTensor, and FSDP2 (fully_shard, AdamW foreach, fsdp:: copy-in/out
-ops), captured per rank at test time (gloo, 2 ranks), replayed from one benchmark; per
-rank, the replay issues the same collectives (c10d and _c10d_functional) in the same
-order with the same sizes."""
+tensor parallel on DTensor, FSDP2 (fully_shard, AdamW foreach, fsdp:: copy-in/out ops),
+coalesced c10d collectives, reduce ops and a monitored_barrier, and a 1F1B pipeline's
+sends and recvs, captured per rank at test time (gloo, 2 ranks), replayed from one
+benchmark; per rank, the replay issues the same collectives (c10d and _c10d_functional)
+in the same order with the same sizes, and the same reduce ops where the trace records
+them (functional collectives name theirs; c10d ops write an opaque ReduceOp)."""
 
 from __future__ import annotations
 
@@ -21,14 +23,27 @@ from tests.test_distributed import _torchrun
 
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
-MODES = ["tp", "fsdp2"]
-# What each mode's benchmark must call: functional collectives; FSDP2's own ops, with
-# the import of the torch module that registers them.
+MODES = ["tp", "fsdp2", "coalesced", "reductions", "pipeline"]
+# What each mode's benchmark must call or say (header notes wrap, so whitespace is
+# compared loosely): functional collectives; FSDP2's own ops, with the import of the
+# torch module that registers them; coalesced collectives as one call each; the c10d
+# reductions that replay as SUM; sends and recvs issued async.
 CALLS = {
     "tp": ["torch.ops._c10d_functional."],
     "fsdp2": ['_load_namespace("torch.distributed.fsdp._fully_shard._fsdp_collectives")',
               "torch.ops.fsdp.all_gather_copy_in.", "torch.ops.fsdp.split_with_sizes_copy.",
               "torch.ops.fsdp.chunk_cat."],
+    "coalesced": ["_all_gather_into_tensor_coalesced(", "_reduce_scatter_tensor_coalesced(",
+                  "torch.distributed.all_reduce_coalesced(", '"min"',
+                  "SUM replayed: c10d::reduce_scatter_tensor_coalesced_ x1, "
+                  "c10d::allreduce_coalesced_ x1"],
+    "reductions": ['"max"', '"min"', "_monitored_barrier(",
+                   "SUM replayed: c10d::allreduce_ x2, c10d::reduce_ x1, "
+                   "c10d::_reduce_scatter_base_ x1",
+                   "c10d::monitored_barrier_ x1: monitored_barrier on gloo"],
+    # 1F1B crosses sends: blocking calls in recorded order would wait on each other.
+    "pipeline": ["torch.distributed.isend(", "torch.distributed.irecv(",
+                 "8 sends and recvs run as isend/irecv in recorded order"],
 }
 
 
@@ -52,7 +67,8 @@ def test_replays_the_same_collectives_on_every_rank(captured, mode, tmp_path):
     bench = tmp_path / "bench.py"
     assert cli_main([str(p) for p in ranks] + ["-o", str(bench)]) == 0
     text = bench.read_text()
-    assert all(call in text for call in CALLS[mode])
+    flat = " ".join(text.split())
+    assert all(" ".join(call.split()) in flat for call in CALLS[mode]), CALLS[mode]
     # Every op with a schema replays; what is left are record_function labels that
     # look like op names and ran nothing (FSDP::root_pre_forward).
     assert all(entry == "none" or entry.endswith(": no operator schema recorded")
@@ -67,6 +83,8 @@ def test_replays_the_same_collectives_on_every_rank(captured, mode, tmp_path):
         replay = load_trace(tmp_path / f"replay.rank{r}.json")
         recorded = collective_sequence(load_trace(original))
         assert recorded and collective_sequence(replay) == recorded
+        if mode == "reductions":  # the functional ones name theirs: compared above
+            assert {"max", "min"} <= {s for *_, strings in recorded for s in strings}
         # fsdp:: ops ran as themselves, not as stand-ins (skipped_at_runtime is empty).
         fsdp = [Counter(s.node.name for s in select_ops(trace).ops
                         if s.node.name.startswith("fsdp::"))

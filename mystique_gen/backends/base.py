@@ -474,7 +474,7 @@ class CodeGen:
             reasons = {g.name: g.reason for g in guarded}
             lines += [f"  - {n} x{c}: {d(reasons[n], 120)}" for n, c in counts.items()]
         if p.notes:
-            lines += ["", "Notes:"] + [f"  - {d(n, 200)}" for n in p.notes]
+            lines += ["", "Notes:"] + [f"  - {d(n, 400)}" for n in p.notes]
         return wrap(lines)
 
 

@@ -102,8 +102,13 @@ def call_lines(builder: Any, op: Op, depth: int) -> list[str]:
     if rule.splits:
         args.append(exprs.keyword("output_split_sizes", _splits(info.out_splits)))
         args.append(exprs.keyword("input_split_sizes", _splits(info.in_splits)))
+    if info.reduce_op is not None and info.reduce_op != "SUM":  # SUM: every call's default
+        args.append(exprs.keyword("op", Atom(reduce_op_expr(info.reduce_op))))
     if info.tag is not None:
         args.append(exprs.keyword("tag", Atom(str(int(info.tag)))))
+    for keyword, scalar in info.scalars:
+        args.append(exprs.keyword(keyword, Atom(repr(scalar if isinstance(scalar, bool)
+                                                     else int(scalar)))))
     args.append(exprs.keyword("group", Atom(f"_GROUPS[{int(info.group)}]")))
     name = rule.call
     prefix = ""
@@ -112,8 +117,15 @@ def call_lines(builder: Any, op: Op, depth: int) -> list[str]:
         if rule.has_async_arg:
             args.append(exprs.keyword("async_op", Atom("True")))
         prefix = f"{_work_name(builder, op)} = "
-    call = exprs.call(f"torch.distributed.{name}", args)
+    call = exprs.call(name if rule.harness else f"torch.distributed.{name}", args)
     return [INDENT * depth + GUARD, *lay_out(prefix, call, depth + 1)]
+
+
+def reduce_op_expr(name: str) -> str:
+    """``torch.distributed.ReduceOp.MAX``: only members of the known table, never trace
+    text (oprules.reduce_op_name maps what the trace says onto them)."""
+    assert name in oprules.REDUCE_OP_NAMES.values(), name
+    return f"torch.distributed.ReduceOp.{name}"
 
 
 def _splits(values: tuple[int, ...] | None) -> Node:

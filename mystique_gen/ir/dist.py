@@ -54,6 +54,10 @@ class CommInfo:
     seq: int | None = None
     recorded_async: bool = False  # the trace's async_op argument
     wait_recorded: bool = False  # a wait node in the trace placed the wait
+    # The ReduceOp member the trace records ("MAX"); None where the op does not reduce
+    # or the trace does not say which (the call then reduces with SUM).
+    reduce_op: str | None = None
+    scalars: tuple[tuple[str, bool | int], ...] = ()  # (keyword, recorded value) passed on
 
 
 @dataclass

@@ -55,8 +55,9 @@ from mystique_gen.oprules.collectives import (
     FUNCTIONAL_GUARD,
     FUNCTIONAL_NAMESPACES,
     GROUP_NAME_ARGS,
-    REDUCING,
+    REDUCE_OP_NAMES,
     REFUSED_ARGS,
+    reduce_op_name,
 )
 from mystique_gen.oprules.normalization import NOT_DIFFERENTIABLE_ARGS
 
@@ -130,8 +131,8 @@ __all__ = [
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
-    "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCING",
+    "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",
     "REFUSED_ARGS", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES", "SizeOf",
     "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "differentiable",
-    "guard_reason", "merged", "op_category",
+    "guard_reason", "merged", "op_category", "reduce_op_name",
 ]

@@ -118,7 +118,13 @@ class CommRule:
     "tensor" (a Tensor), "one" (the only tensor of a Tensor[]), "list" (a Tensor[]),
     "inner" (the only list of a Tensor[][]), "inner_or_none" (that list, or None where
     it is empty: gather/scatter on a non-root rank). ``root``: the schema argument
-    holding a group-local rank, passed as ``root_keyword``."""
+    holding a group-local rank, passed as ``root_keyword``. ``reduce_op``: the schema
+    argument holding the reduce op, passed as ``op=`` where the trace records it.
+    ``harness``: ``call`` is a function of the generated file's harness
+    (harness/dist.py), not of torch.distributed. ``scalars``: recorded bools and ints
+    passed on, as (schema argument, keyword). ``note``: why the replay differs from the
+    recorded call, for the file's header. ``point_to_point``: "send" or "recv", issued
+    async so that ranks pair them up in recorded order without deadlock."""
 
     call: str
     tensors: tuple[tuple[str, str], ...]
@@ -128,6 +134,11 @@ class CommRule:
     tag: bool = False  # send/recv: pass the recorded tag
     async_call: str | None = None  # the call to use when the trace waits on it later
     has_async_arg: bool = True  # the call takes async_op=
+    reduce_op: str | None = None
+    harness: bool = False
+    scalars: tuple[tuple[str, str], ...] = ()
+    note: str | None = None
+    point_to_point: str | None = None
 
 
 @dataclass(frozen=True)

@@ -21,31 +21,68 @@ COLLECTIVE_HELPERS = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
 GROUP_NAME_ARGS = frozenset({"group_name"})
 FUNCTIONAL_GUARD = ("a functional collective: needs the recorded process groups "
                     "(run under torchrun, or a one-rank trace)")
-# torch.distributed calls that reduce: the reduce op is not recorded, SUM replays it.
-REDUCING = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
-                      "reduce_scatter_tensor"})
+# Reduce ops, by the code c10d::ReduceOp::RedOpType gives them: what a trace holds where
+# a c10d op's schema takes the reduce op as an int (torch 1.13; later traces write the
+# ReduceOp object as "<Object>", so it is not recorded). PREMUL_SUM (8) needs its
+# factor, which no trace holds: it is not reproducible, like an unrecorded op.
+REDUCE_OP_CODES = {0: "SUM", 1: "AVG", 2: "PRODUCT", 3: "MIN", 4: "MAX", 5: "BAND",
+                   6: "BOR", 7: "BXOR"}
+# The same by name: functional collectives spell them "sum", "max", ... (str reduce_op).
+REDUCE_OP_NAMES = {name.lower(): name for name in REDUCE_OP_CODES.values()} | {
+    "prod": "PRODUCT"}
+
+
+def reduce_op_name(value: object) -> str | None:
+    """The torch.distributed.ReduceOp member a recorded reduce-op argument names
+    (an int code, or a name such as "max" or "ReduceOp.MAX"); None where the trace
+    does not say (an opaque "<Object>") or names one that cannot be replayed."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return REDUCE_OP_CODES.get(value)
+    if isinstance(value, str):
+        return REDUCE_OP_NAMES.get(value.rpartition(".")[2].strip().lower())
+    return None
+
+
 # The schema argument that says a collective ran async (1.1.x broadcast_ spells it asyncOp).
 ASYNC_ARGS = ("async_op", "asyncOp")
 # Arguments whose recorded value (when not None) makes a collective unreplayable.
 REFUSED_ARGS = {"sparse_indices": "sparse all_reduce is not replayed"}
 
+MONITORED_BARRIER_NOTE = ("monitored_barrier on gloo, a plain barrier on other backends "
+                          "(only gloo implements it); the recorded timeout is not passed on")
+
 FAMILY = OpFamily(
     name="collectives",
     comm_ops={
-        "c10d::allreduce_": CommRule("all_reduce", (("tensors", "one"),)),
-        "c10d::allreduce_coalesced_": CommRule("all_reduce_coalesced", (("tensors", "list"),)),
+        "c10d::allreduce_": CommRule("all_reduce", (("tensors", "one"),), reduce_op="reduce_op"),
+        "c10d::allreduce_coalesced_": CommRule(
+            "all_reduce_coalesced", (("tensors", "list"),), reduce_op="reduce_op"),
         "c10d::broadcast_": CommRule("broadcast", (("tensors", "one"),), "root_rank", "group_src"),
-        "c10d::reduce_": CommRule("reduce", (("tensors", "one"),), "root_rank", "group_dst"),
+        "c10d::reduce_": CommRule("reduce", (("tensors", "one"),), "root_rank", "group_dst",
+                                  reduce_op="reduce_op"),
         "c10d::allgather_": CommRule(
             "all_gather", (("output_tensors", "inner"), ("input_tensors", "one"))),
         "c10d::_allgather_base_": CommRule(
             "all_gather_into_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor"))),
         "c10d::allgather_coalesced_": CommRule(
             "all_gather_coalesced", (("output_lists", "list"), ("input_list", "list"))),
+        # Coalesced tensor collectives (FSDP, torch.distributed._coalescing_manager): one
+        # call of the harness issues them through a coalescing manager, which torch
+        # sends as this op again.
+        "c10d::allgather_into_tensor_coalesced_": CommRule(
+            "_all_gather_into_tensor_coalesced", (("outputs", "list"), ("inputs", "list")),
+            harness=True),
         "c10d::reduce_scatter_": CommRule(
-            "reduce_scatter", (("output_tensors", "one"), ("input_tensors", "inner"))),
+            "reduce_scatter", (("output_tensors", "one"), ("input_tensors", "inner")),
+            reduce_op="reduce_op"),
         "c10d::_reduce_scatter_base_": CommRule(
-            "reduce_scatter_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor"))),
+            "reduce_scatter_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
+            reduce_op="reduce_op"),
+        "c10d::reduce_scatter_tensor_coalesced_": CommRule(
+            "_reduce_scatter_tensor_coalesced", (("outputs", "list"), ("inputs", "list")),
+            reduce_op="reduce_op", harness=True),
         "c10d::alltoall_": CommRule(
             "all_to_all", (("output_tensors", "list"), ("input_tensors", "list"))),
         "c10d::alltoall_base_": CommRule(
@@ -56,18 +93,22 @@ FAMILY = OpFamily(
         "c10d::scatter_": CommRule(
             "scatter", (("output_tensors", "one"), ("input_tensors", "inner_or_none")),
             "root_rank", "group_src"),
+        # Point-to-point: the trace cannot say whether the program sent with send or
+        # isend (batch_isend_irecv, pipeline schedules); issued in recorded order but
+        # async, they pair up across ranks as recorded, where blocking calls could wait
+        # on each other (1F1B: a send of the next forward against one of a backward).
         "c10d::send": CommRule("send", (("tensors", "one"),), "dst", "group_dst", tag=True,
-                               async_call="isend", has_async_arg=False),
+                               async_call="isend", has_async_arg=False,
+                               point_to_point="send"),
         "c10d::recv_": CommRule("recv", (("tensors", "one"),), "src", "group_src", tag=True,
-                                async_call="irecv", has_async_arg=False),
+                                async_call="irecv", has_async_arg=False,
+                                point_to_point="recv"),
         "c10d::barrier": CommRule("barrier", ()),
+        "c10d::monitored_barrier_": CommRule(
+            "_monitored_barrier", (), harness=True, has_async_arg=False,
+            scalars=(("wait_all_ranks", "wait_all_ranks"),), note=MONITORED_BARRIER_NOTE),
     },
     comm_not_replayed={
-        "c10d::allgather_into_tensor_coalesced_": "coalesced tensor collective (FSDP): "
-        "not replayed yet",
-        "c10d::reduce_scatter_tensor_coalesced_": "coalesced tensor collective (FSDP): "
-        "not replayed yet",
         "c10d::recv_any_source_": "the sender is chosen at run time; not reproducible",
-        "c10d::monitored_barrier_": "debugging barrier (gloo only), not part of the workload",
     },
 )

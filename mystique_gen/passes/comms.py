@@ -7,11 +7,15 @@ sequence number, the rank and the world size. A ``record_param_comms`` named
 the collective by sequence number (1.0.1, 1.0.2), or not at all (then it takes the
 oldest unwaited async collective of its thread). A collective recorded as async
 with no recorded wait is waited on before the first later op that touches its
-tensors or the next collective, or at the end of the iteration.
+tensors or the next collective, or at the end of the iteration. Sends and recvs
+without a recorded wait always run async (isend/irecv), waited only where their
+tensors need them done, so that ranks pair them up in recorded order.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from mystique_gen import oprules
@@ -78,6 +82,10 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
     root = _int_arg(raw, rule.root, node.id) if rule.root else None
     tag = _int_arg(raw, "tag", node.id) if rule.tag else None
     recorded_async = any(raw[a][2].value is True for a in oprules.ASYNC_ARGS if a in raw)
+    reduce_op = (oprules.reduce_op_name(raw[rule.reduce_op][2].value)
+                 if rule.reduce_op and rule.reduce_op in raw else None)
+    scalars = tuple((keyword, raw[arg][2].value) for arg, keyword in rule.scalars
+                    if arg in raw and isinstance(raw[arg][2].value, (bool, int)))
     info = CommInfo(
         call=rule.call,
         group=default_group if group is None else group,
@@ -88,6 +96,8 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
         out_splits=_int_list_arg(raw, "output_split_sizes", node.id) if rule.splits else None,
         seq=facts.seq if facts else None,
         recorded_async=recorded_async,
+        reduce_op=reduce_op,
+        scalars=scalars,
     )
     return Op(index=index, node_id=node.id, signature=sig, args=args, outputs=[],
               thread=node.tid, scope=sel.scope, comm=info)
@@ -174,13 +184,43 @@ def place_waits(ops: list[Op], scan: CommScan) -> int:
         from_trace += 1
     for op in comm_ops:
         assert op.comm is not None
-        if op.index in waited or not op.comm.recorded_async:
+        rule = oprules.COMM_OPS[op.name]
+        if op.index in waited:
             continue
-        if oprules.COMM_OPS[op.name].has_async_arg is False:
+        if rule.point_to_point:
+            op.comm.asynchronous = True
+            op.comm.wait_before = _point_to_point_wait(ops, op, rule.point_to_point)
+            continue
+        if not op.comm.recorded_async or rule.has_async_arg is False:
             continue
         op.comm.asynchronous = True
         op.comm.wait_before = _first_use(ops, op)
     return from_trace
+
+
+def _point_to_point_wait(ops: list[Op], p2p: Op, kind: str) -> int | None:
+    """Index of the op a send or recv is waited before: for a recv, the first later op
+    that touches its tensor; for a send, the first that writes it (reads may overlap
+    the transfer). Never merely the next collective: a peer may still be on its way to
+    the matching call, and the original waited no earlier than it needed the data."""
+    storages = {tv.storage_id for arg in p2p.args for tv in iter_tensors(arg.value)}
+    for op in ops[p2p.index + 1:]:
+        for arg in op.args:
+            if kind == "send" and not _writes(op, arg):
+                continue
+            if any(tv.storage_id in storages for tv in iter_tensors(arg.value)):
+                return op.index
+    return None
+
+
+def _writes(op: Op, arg: Arg) -> bool:
+    """Whether ``op`` may write ``arg``'s tensors: by its schema (``Tensor(a!)``), or as
+    a communication op's destination (every tensor argument but inputs and a send's)."""
+    if op.comm is None:
+        return arg.spec.writes
+    if oprules.COMM_OPS[op.name].point_to_point == "send":
+        return False
+    return "input" not in arg.spec.name
 
 
 def _nested_functional_waits(trace: RawTrace) -> dict[int, set[int]]:
@@ -298,20 +338,41 @@ class CommLowering:
             if unknown and info.groups_recorded and len(info.groups) > 1:
                 info.notes.append(f"{unknown} collectives do not record their process group "
                                   "(no record_param_comms): they run on the default group")
-            if any(op.comm.call in oprules.REDUCING for op in comm_ops if op.comm):
-                info.notes.append("reduce ops are not recorded: reductions use SUM")
-            asynchronous = [op for op in comm_ops if op.comm and op.comm.asynchronous]
+            unrecorded = _counts(op.name for op in comm_ops if op.comm is not None
+                                 and oprules.COMM_OPS[op.name].reduce_op
+                                 and op.comm.reduce_op is None)
+            if unrecorded:
+                info.notes.append("reduce op not recorded (ReduceOp is written as an "
+                                  f"opaque object), SUM replayed: {unrecorded}")
+            for name, count in Counter(op.name for op in comm_ops).items():
+                if oprules.COMM_OPS[name].note:
+                    info.notes.append(f"{name} x{count}: {oprules.COMM_OPS[name].note}")
+            p2p = [op for op in comm_ops if op.comm and op.comm.asynchronous
+                   and not op.comm.wait_recorded and oprules.COMM_OPS[op.name].point_to_point]
+            asynchronous = [op for op in comm_ops if op.comm and op.comm.asynchronous
+                            and op not in p2p]
             if asynchronous:
                 info.notes.append(
                     f"{len(asynchronous)} collectives run async; {placed} waits placed where "
                     "the trace waits, the rest before the first op that uses their tensors "
                     "or the next collective")
+            if p2p:
+                info.notes.append(
+                    f"{len(p2p)} sends and recvs run as isend/irecv in recorded order, so "
+                    "that ranks pair them up as recorded without waiting on each other; "
+                    "each is waited before the first op that needs it done (a recv: uses "
+                    "its tensor, a send: writes it), else at the end of the iteration")
         for g in info.groups:
             if not replayable(g, info.world_size):
                 info.notes.append(f"process group {g.name!r} ({g.desc}) has {g.size} ranks "
                                   "but no member list: its collectives run on the default group")
         program_notes.extend(info.notes)
         return info
+
+
+def _counts(names: Iterable[str]) -> str:
+    """``c10d::allreduce_ x3, c10d::reduce_ x1`` in order of first appearance."""
+    return ", ".join(f"{name} x{count}" for name, count in Counter(names).items())
 
 
 def replayable(group: ProcessGroupSpec, world: int) -> bool:

@@ -89,10 +89,16 @@ def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
     kids = children.get(node.id, [])
     for k, kid in enumerate(kids):
         if not kid.op_schema:
+            # A wrapper (the autograd kernel's GeneratedBackwardFor... scope, when an
+            # input requires grad) may hold the functional collective's c10d call.
+            called = called or (functional and _holds_c10d(kid, children))
             continue
         namespace, _, name = kid.name.partition("::")
         if functional:  # owns what precedes its c10d call, the call, then bookkeeping
-            foreign = called and name not in oprules.COLLECTIVE_HELPERS
+            # (_wrap_tensor_autograd). It never waits for itself: a wait_tensor after the
+            # call is the program's later wait (an AsyncCollectiveTensor's, whose
+            # PythonSubclass dispatch must not pass for the collective's own).
+            foreign = called and name != "_wrap_tensor_autograd"
             called = called or namespace == "c10d"
         else:  # a c10d op (or a scope inside one) runs no other collective
             foreign = (namespace in oprules.COMMUNICATION_NAMESPACES
@@ -101,6 +107,19 @@ def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
             for lifted in kids[k:]:
                 lifted.parent = to
             return
+
+
+def _holds_c10d(wrapper: RawNode, children: dict[int, list[RawNode]]) -> bool:
+    """Whether a c10d op runs inside ``wrapper``, through wrappers only."""
+    stack = list(children.get(wrapper.id, []))
+    while stack:
+        node = stack.pop()
+        if node.op_schema:
+            if node.name.partition("::")[0] == "c10d":
+                return True
+        else:
+            stack.extend(children.get(node.id, []))
+    return False
 
 
 def subclass_dispatches(trace: RawTrace) -> set[int]:

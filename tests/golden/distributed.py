@@ -857,11 +857,52 @@ def _group_name(index):
 
 
 def _wait_tensor(tensor):
-    """Wait for the functional collective that produces `tensor`, where the original
-    waited inside the op that first read it."""
+    """Wait for the functional collective that produces `tensor` (a coalesced one: each
+    tensor of its list), where the original waited inside the op that first read it."""
     if _RUNTIME["comm"]:
         with _harness():
-            torch.ops._c10d_functional.wait_tensor(tensor)
+            for t in tensor if isinstance(tensor, (list, tuple)) else [tensor]:
+                torch.ops._c10d_functional.wait_tensor(t)
+
+
+def _coalesced(collective, outputs, inputs, group, async_op, **options):
+    """One coalesced collective: `collective` on each (output, input) pair inside a
+    coalescing manager, which torch issues as one call of the backend's coalesced
+    op. Returns what to wait on where the trace waited (None when synchronous)."""
+    dist = torch.distributed
+    with dist._coalescing_manager(group=group, async_ops=async_op) as manager:
+        for output, input_ in zip(outputs, inputs, strict=True):
+            collective(output, input_, group=group, **options)
+    return manager if async_op else None
+
+
+def _all_gather_into_tensor_coalesced(outputs, inputs, *, group, async_op=False):
+    """c10d::allgather_into_tensor_coalesced_: every input gathered into its output.
+    (all_gather_single and reduce_scatter_single: torch 2.13's names of the calls.)"""
+    dist = torch.distributed
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return _coalesced(all_gather, outputs, inputs, group, async_op)
+
+
+def _reduce_scatter_tensor_coalesced(
+    outputs, inputs, *, op=None, group, async_op=False
+):
+    """c10d::reduce_scatter_tensor_coalesced_: every input reduced and scattered."""
+    options = {} if op is None else {"op": op}
+    dist = torch.distributed
+    reduce_scatter = (
+        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    )
+    return _coalesced(reduce_scatter, outputs, inputs, group, async_op, **options)
+
+
+def _monitored_barrier(*, wait_all_ranks=False, group):
+    """c10d::monitored_barrier_: gloo implements it; other backends (nccl) hold the
+    same ranks with a plain barrier."""
+    if torch.distributed.get_backend(group) == "gloo":
+        torch.distributed.monitored_barrier(group, wait_all_ranks=wait_all_ranks)
+    else:
+        torch.distributed.barrier(group=group)
 
 
 def make_inputs(device, host, gens):

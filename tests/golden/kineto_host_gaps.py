@@ -18,7 +18,8 @@ Ops not replayed:
 Notes:
   - host gaps from gaps.kineto.json, recorded with the ET observer attached (linked
       by id; no profile-only steps beside it): with --host-gaps recorded the
-      benchmark calibrates the observer's cost out, ...
+      benchmark calibrates the observer's cost out, or replays no gaps where it
+      cannot
 """
 
 import argparse

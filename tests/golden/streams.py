@@ -19,7 +19,8 @@ Ops not replayed:
 Notes:
   - host gaps from two_stream.kineto.json, recorded with the ET observer attached
       (linked by id; no profile-only steps beside it): with --host-gaps recorded
-      the benchmark calibrates the observer's cost...
+      the benchmark calibrates the observer's cost out, or replays no gaps where it
+      cannot
 """
 
 import argparse

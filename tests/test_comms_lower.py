@@ -1,0 +1,150 @@
+"""Lowering and emission of c10d collectives from synthetic traces: coalesced tensor
+collectives, monitored_barrier_, reduce ops where the trace records them, and sends and
+recvs issued async (issue 13)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mystique_gen import oprules
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.driver import generate
+from mystique_gen.passes.comms import collective_sequence
+from mystique_gen.sources.et import load_trace
+from tests.conftest import last_json, run_benchmark
+from tests.tracebuilder import ADD_, RELU, Object, TraceBuilder
+
+OBJECT = Object()  # a process group, a reduce op: what the observer cannot write
+PG = "__torch__.torch.classes.c10d.ProcessGroup process_group"
+WORK = "__torch__.torch.classes.c10d.Work"
+REDUCE_OP = "__torch__.torch.classes.c10d.ReduceOp reduce_op"
+# Schemas as torch 2.13 records them; ALLREDUCE_INT as torch 1.13 did (an int reduce op).
+ALLGATHER_COALESCED = (f"c10d::allgather_into_tensor_coalesced_(Tensor[] outputs, "
+                       f"Tensor[] inputs, {PG}, bool async_op=True) -> {WORK}")
+REDUCE_SCATTER_COALESCED = (f"c10d::reduce_scatter_tensor_coalesced_(Tensor[] outputs, "
+                            f"Tensor[] inputs, {PG}, {REDUCE_OP}, bool async_op=True, "
+                            f"int timeout=-1) -> {WORK}")
+ALLREDUCE_COALESCED = (f"c10d::allreduce_coalesced_(Tensor[] tensors, {PG}, {REDUCE_OP}, "
+                       f"bool async_op=True, int timeout=-1) -> {WORK}")
+ALLREDUCE = (f"c10d::allreduce_(Tensor[] tensors, {PG}, {REDUCE_OP}, Tensor? sparse_indices, "
+             f"bool async_op=True, int timeout=-1) -> (Tensor[], {WORK})")
+ALLREDUCE_INT = (f"c10d::allreduce_(Tensor[] tensors, {PG}, int reduce_op, int timeout) -> "
+                 f"(Tensor[], {WORK})")
+MONITORED_BARRIER = (f"c10d::monitored_barrier_(Tensor tensor, {PG}, int[] device_ids, "
+                     "int timeout, bool wait_all_ranks) -> ()")
+SEND = f"c10d::send(Tensor[] tensors, {PG}, int dst, int tag) -> {WORK}"
+RECV = f"c10d::recv_(Tensor[] tensors, {PG}, int src, int tag) -> {WORK}"
+
+
+def _trace(tmp_path: Path, *, asynchronous: bool = False) -> Path:
+    """One rank (no process groups recorded: a one-rank job), sizes that fit it."""
+    b = TraceBuilder()
+    shards = [b.tensor((4,)), b.tensor((6,))]
+    gathered = [b.tensor((4,)), b.tensor((6,))]
+    parts = [b.tensor((4,)), b.tensor((6,))]
+    b.op(ALLGATHER_COALESCED, [gathered, shards, OBJECT, asynchronous], [OBJECT])
+    b.op(REDUCE_SCATTER_COALESCED, [parts, gathered, OBJECT, OBJECT, False, -1], [OBJECT])
+    b.op(ALLREDUCE_COALESCED, [parts, OBJECT, OBJECT, False, -1], [OBJECT])
+    b.op(ALLREDUCE_INT, [[parts[0]], OBJECT, 4, -1], [[parts[0]], OBJECT])  # 4: MAX
+    b.op(ALLREDUCE, [[parts[1]], OBJECT, OBJECT, None, False, -1], [[parts[1]], OBJECT])
+    b.op(MONITORED_BARRIER, [b.tensor((0,)), OBJECT, [], 1800000, True], [])
+    return b.write(tmp_path / "comm.json")
+
+
+def _generate(tmp_path: Path, **kwargs: bool) -> tuple[Path, str, str]:
+    """(benchmark, its text, its replay function with whitespace removed)."""
+    bench = tmp_path / "bench.py"
+    text = generate(_trace(tmp_path, **kwargs), bench, GenerateOptions(command_line="test"))
+    body = text.split("def replay_rank0(")[1].split("\nRANKS = ")[0]
+    return bench, text, re.sub(r"\s+", "", body)
+
+
+def test_coalesced_collectives_replay_as_one_call_on_the_recorded_lists(tmp_path):
+    _bench, text, body = _generate(tmp_path)
+    assert "Ops not replayed:\n  - none" in text
+    gather = re.search(r"_all_gather_into_tensor_coalesced\(\[(\w+),(\w+)\],\[(\w+),(\w+)\],"
+                       r"group=_GROUPS\[0\]\)", body)
+    assert gather, body
+    scatter = re.search(r"_reduce_scatter_tensor_coalesced\(\[(\w+),(\w+)\],\[(\w+),(\w+)\],"
+                        r"group=_GROUPS\[0\]\)", body)
+    assert scatter, body
+    # The gathered tensors are what the reduce-scatter reads: data flows as recorded.
+    assert scatter.group(3, 4) == gather.group(1, 2)
+    assert re.search(r"torch\.distributed\.all_reduce_coalesced\(\[\w+,\w+\],"
+                     r"group=_GROUPS\[0\]\)", body)
+
+
+def test_a_recorded_async_coalesced_collective_is_waited_on(tmp_path):
+    _bench, _text, body = _generate(tmp_path, asynchronous=True)
+    work = re.search(r"(work\d*)=_all_gather_into_tensor_coalesced\(.*?async_op=True\)", body)
+    assert work, body
+    # Waited before the next collective (gloo traces record no wait).
+    assert body.index(f"_wait_work({work.group(1)})") < body.index(
+        "_reduce_scatter_tensor_coalesced(")
+
+
+def test_reduce_ops_replay_where_recorded_and_the_header_lists_the_rest(tmp_path):
+    _bench, text, body = _generate(tmp_path)
+    # torch 1.13 recorded the reduce op as an int: 4 is MAX.
+    assert "torch.distributed.all_reduce(" in body
+    assert body.count("op=torch.distributed.ReduceOp.MAX") == 1
+    assert body.count("ReduceOp.") == 1  # the opaque ones reduce with the default, SUM
+    header = " ".join(text.split('"""')[1].split())
+    assert ("reduce op not recorded (ReduceOp is written as an opaque object), SUM "
+            "replayed: c10d::reduce_scatter_tensor_coalesced_ x1, "
+            "c10d::allreduce_coalesced_ x1, c10d::allreduce_ x1") in header
+
+
+def test_monitored_barrier_becomes_a_barrier_and_says_why(tmp_path):
+    _bench, text, body = _generate(tmp_path)
+    assert "_monitored_barrier(wait_all_ranks=True,group=_GROUPS[0])" in body
+    header = " ".join(text.split('"""')[1].split())
+    assert "c10d::monitored_barrier_ x1: monitored_barrier on gloo, a plain barrier" in header
+
+
+def test_reduce_op_names():
+    assert oprules.reduce_op_name(4) == "MAX" and oprules.reduce_op_name(0) == "SUM"
+    assert oprules.reduce_op_name("max") == "MAX" and oprules.reduce_op_name("avg") == "AVG"
+    assert oprules.reduce_op_name("ReduceOp.MIN") == "MIN"
+    assert oprules.reduce_op_name("prod") == "PRODUCT"
+    # Not recorded, or not reproducible (PREMUL_SUM needs its factor): None, SUM replays.
+    for value in ("<Object>", 8, True, None, "premul_sum", 99):
+        assert oprules.reduce_op_name(value) is None
+
+
+def test_sends_and_recvs_run_async_and_wait_where_their_tensors_need_it(tmp_path):
+    b = TraceBuilder()
+    sent, got = b.tensor((4,)), b.tensor((4,))
+    b.op(SEND, [[sent], OBJECT, 1, 0], [OBJECT])
+    b.op(RECV, [[got], OBJECT, 1, 3], [OBJECT])
+    b.op(RELU, [sent], [b.tensor((4,))])  # reads what is being sent: no wait needed
+    b.op(RELU, [got], [b.tensor((4,))])  # uses what was received: wait for the recv
+    b.op(ADD_, [sent, got, 1], [sent])  # overwrites what was sent: wait for the send
+    text = generate(b.write(tmp_path / "p2p.json"), tmp_path / "bench.py",
+                    GenerateOptions(command_line="test"))
+    body = re.sub(r"\s+", "", text.split("def replay_rank0(")[1].split("\nRANKS = ")[0])
+    send = re.search(r"(work\d*)=torch\.distributed\.isend\((\w+),group_dst=1,tag=0,"
+                     r"group=_GROUPS\[0\]\)", body)
+    recv = re.search(r"(work\d*)=torch\.distributed\.irecv\((\w+),group_src=1,tag=3,"
+                     r"group=_GROUPS\[0\]\)", body)
+    assert send and recv, body
+    relus = [m.start() for m in re.finditer(r"aten_relu\(", body)]
+    wait_recv = body.index(f"_wait_work({recv.group(1)})")
+    wait_send = body.index(f"_wait_work({send.group(1)})")
+    assert recv.end() <= relus[0] < wait_recv < relus[1] < wait_send < body.index("add_")
+    assert "2 sends and recvs run as isend/irecv in recorded order" in " ".join(text.split())
+
+
+@pytest.mark.slow
+def test_one_rank_replay_runs_the_coalesced_ops_and_the_monitored_barrier(tmp_path):
+    bench, _text, _body = _generate(tmp_path, asynchronous=True)
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1", "--json",
+                         "--et", str(tmp_path / "replay.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["distributed"] is True
+    replayed = collective_sequence(load_trace(tmp_path / "replay.rank0.json"))
+    recorded = collective_sequence(load_trace(tmp_path / "comm.json"))
+    assert replayed == recorded
