@@ -1,7 +1,9 @@
 """`make bench` section: does a benchmark cost what the model it came from costs?
 
 Models no one here wrote (HuggingFace transformers built from small configs, no
-downloads; torch's nn.LSTM and nn.TransformerEncoder; an EmbeddingBag recommender),
+downloads, T5 among them as an encoder-decoder; torch's nn.LSTM and
+nn.TransformerEncoder; an EmbeddingBag recommender; a top-2 mixture of experts with
+per-expert token lists),
 each as a training step (forward, backward, optimizer) and an inference step, on CPU
 with one intra-op thread. For each: capture, generate, load the benchmark in this
 process and time the eager step and the benchmark iteration side by side, in rotating
@@ -164,6 +166,53 @@ def transformer_encoder(train: bool) -> Step:
     return _infer(model, lambda: model(x))
 
 
+class TopTwoMoE(torch.nn.Module):
+    """A mixture-of-experts feed-forward layer as common implementations write it: a
+    softmax router, top-2 experts per token, and per expert the list of its tokens
+    (``torch.where`` on the routing mask), its output scattered back with index_add_."""
+
+    def __init__(self, dim: int = 128, hidden: int = 256, experts: int = 8):
+        super().__init__()
+        self.router = torch.nn.Linear(dim, experts, bias=False)
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.SiLU(),
+                                torch.nn.Linear(hidden, dim)) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, chosen = torch.topk(self.router(tokens).softmax(dim=-1), 2, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            if rows.numel():
+                out.index_add_(0, rows, expert(tokens[rows]) * weights[rows, slot, None])
+        return out.reshape(x.shape)
+
+
+def moe(train: bool) -> Step:
+    model = torch.nn.Sequential(torch.nn.Embedding(2000, 128), TopTwoMoE(), TopTwoMoE(),
+                                torch.nn.Linear(128, 2000))
+    ids = torch.randint(0, 2000, (4, 64))
+    if train:
+        return _train(model, lambda: torch.nn.functional.cross_entropy(
+            model(ids).reshape(-1, 2000), ids.reshape(-1)))
+    return _infer(model, lambda: model(ids))
+
+
+def t5(train: bool) -> Step:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=2000, d_model=128, d_kv=32, d_ff=256, num_layers=2,
+                   num_decoder_layers=2, num_heads=4, decoder_start_token_id=0)
+    model = T5ForConditionalGeneration(cfg)
+    ids = torch.randint(1, cfg.vocab_size, (4, 32))
+    labels = torch.randint(1, cfg.vocab_size, (4, 16))
+    if train:
+        return _train(model, lambda: model(input_ids=ids, labels=labels).loss)
+    return _infer(model, lambda: model(input_ids=ids, labels=labels))
+
+
 def recommender(train: bool) -> Step:
     tables = torch.nn.ModuleList(torch.nn.EmbeddingBag(5000, 32, mode="sum")
                                  for _ in range(4))
@@ -188,7 +237,8 @@ def recommender(train: bool) -> Step:
 
 MODELS: dict[str, Callable[[bool], Step]] = {
     "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet, "lstm": lstm,
-    "transformer_enc": transformer_encoder, "recommender": recommender,
+    "transformer_enc": transformer_encoder, "recommender": recommender, "moe": moe,
+    "t5": t5,
 }
 
 

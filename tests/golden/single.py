@@ -314,9 +314,9 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         recorded.append(sum(1 for _, ts, _, _ in events if start < ts < stop))
     _RUNTIME["gap_own_us"] = statistics.median(means) if means else 0.0
     profiled = [stop - start for start, stop in scopes["mystique::calibrate"]]
-    if profiled and plain and max(recorded, default=0) and not observed:
-        # (With the observer attached, the extra time is mostly the observer's, which
-        # no profiler-only event in a gap costs.)
+    if profiled and plain and max(recorded, default=0):
+        # With the observer attached, what each recorded event costs both recorders:
+        # the recorded gaps hold the observer's cost of every scope begun in them.
         extra = statistics.median(profiled) - statistics.median(plain)
         _RUNTIME["gap_event_us"] = max(0.0, extra / statistics.median(recorded))
 
