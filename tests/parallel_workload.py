@@ -17,7 +17,9 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   microbatches, one stage per rank, SGD): sends and recvs that cross (a rank sends the
   next forward while its peer sends a backward);
 * ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
-  dimension's subgroup, functional and c10d, as 2-D parallel training issues them.
+  dimension's subgroup, functional and c10d, as 2-D parallel training issues them;
+* ``fsdp2_tp``: 2-D parallel training on that mesh (4 ranks): tensor parallel
+  (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, AdamW foreach.
 
 Writes ``OUT_DIR/<mode>-rank-<N>.json``. With ``--kineto`` before the modes, each rank
 captures its step as :func:`mystique_gen.tools.capture.capture` captures one process:
@@ -172,9 +174,31 @@ def mesh2d() -> Callable[[], object]:
     return step
 
 
+def fsdp2_tp() -> Callable[[], object]:
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("dp", "tp"))
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+        for _ in range(2)])
+    for block in model:
+        parallelize_module(block, mesh["tp"], {"0": ColwiseParallel(),
+                                               "2": RowwiseParallel()})
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
-         "mesh2d": mesh2d}
+         "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

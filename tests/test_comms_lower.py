@@ -12,7 +12,9 @@ import pytest
 from mystique_gen import oprules
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import generate
-from mystique_gen.passes.comms import collective_sequence
+from mystique_gen.ir import TensorMeta, TensorValue
+from mystique_gen.ir.dist import ProcessGroupSpec
+from mystique_gen.passes.comms import collective_sequence, group_by_size
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
 from tests.tracebuilder import ADD_, RELU, Object, TraceBuilder
@@ -148,3 +150,22 @@ def test_one_rank_replay_runs_the_coalesced_ops_and_the_monitored_barrier(tmp_pa
     replayed = collective_sequence(load_trace(tmp_path / "replay.rank0.json"))
     recorded = collective_sequence(load_trace(tmp_path / "comm.json"))
     assert replayed == recorded
+
+
+def test_a_gathers_group_is_the_one_its_sizes_imply():
+    """Gloo records no group for c10d collectives; an all-gather's output over its
+    input is the group's size. A 2 x 2 mesh: the world has 4 ranks, this rank is in
+    dp [0, 2] (created first) and tp [0, 1], not in dp [1, 3]."""
+    groups = [ProcessGroupSpec(0, "0", "default_pg", None, 4),
+              ProcessGroupSpec(1, "1", "mesh_dp", (0, 2), 2),
+              ProcessGroupSpec(2, "2", "mesh_dp", (1, 3), 2),
+              ProcessGroupSpec(3, "3", "mesh_tp", (0, 1), 2)]
+
+    def tensor(n: int) -> TensorValue:
+        return TensorValue(0, 0, TensorMeta((n,), (1,), 0, "float32", "cpu"))
+
+    member = frozenset({"0", "1", "3"})
+    assert group_by_size(tensor(16), tensor(8), groups, 0, member) == 1
+    assert group_by_size(tensor(32), tensor(8), groups, 0, member) == 0  # the world
+    assert group_by_size(tensor(24), tensor(8), groups, 0, member) is None  # no such group
+    assert group_by_size(tensor(16), tensor(8), groups, 0, frozenset({"0", "2"})) == 2

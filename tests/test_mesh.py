@@ -51,13 +51,32 @@ def mesh(tmp_path_factory) -> tuple[list[Path], Path]:
     if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available in this build")
     out = tmp_path_factory.mktemp("mesh")
-    code, _out, err = _finish(_launch(str(WORKLOAD), str(out), "mesh2d", nproc=RANKS,
-                                      cwd=out))
+    code, _out, err = _finish(_launch(str(WORKLOAD), str(out), "mesh2d", "fsdp2_tp",
+                                      nproc=RANKS, cwd=out))
     assert code == 0, err[-3000:]
     traces = [out / f"mesh2d-rank-{r}.json" for r in range(RANKS)]
     bench = out / "bench.py"
     assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
     return traces, bench
+
+
+def test_fsdp2_with_tensor_parallel_on_a_mesh(mesh, tmp_path):
+    """FSDP2 on dp and tensor parallel on tp: gloo records no group for FSDP2's c10d
+    all-gathers and reduce-scatters, so each runs on the group its sizes imply (here
+    of size 2, the dp group: the first of that size each rank is in), where running
+    them on the world made the replay fail ("invalid tensor size")."""
+    out = mesh[1].parent
+    traces = [out / f"fsdp2_tp-rank-{r}.json" for r in range(RANKS)]
+    bench = tmp_path / "bench.py"
+    assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
+    assert "run on the group their sizes imply" in " ".join(bench.read_text().split())
+    code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
+                                          "--iters", "2", "--json", "--et",
+                                          str(tmp_path / "replay.json"), nproc=RANKS,
+                                          cwd=tmp_path))
+    assert code == 0, err[-3000:]
+    assert last_json(out_text)["skipped_at_runtime"] == []
+    _check_replay(traces, tmp_path)
 
 
 def _check_replay(traces: list[Path], replay_dir: Path) -> None:

@@ -124,7 +124,10 @@ class CommRule:
     (harness/dist.py), not of torch.distributed. ``scalars``: recorded bools and ints
     passed on, as (schema argument, keyword). ``note``: why the replay differs from the
     recorded call, for the file's header. ``point_to_point``: "send" or "recv", issued
-    async so that ranks pair them up in recorded order without deadlock."""
+    async so that ranks pair them up in recorded order without deadlock.
+    ``group_size``: (larger, smaller) schema arguments whose element counts' ratio is
+    the size of the group the op ran on (all-gather: output over input), for traces
+    that do not record the group (gloo: no record_param_comms)."""
 
     call: str
     tensors: tuple[tuple[str, str], ...]
@@ -139,6 +142,7 @@ class CommRule:
     scalars: tuple[tuple[str, str], ...] = ()
     note: str | None = None
     point_to_point: str | None = None
+    group_size: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ FAMILY = OpFamily(
         "c10d::allgather_": CommRule(
             "all_gather", (("output_tensors", "inner"), ("input_tensors", "one"))),
         "c10d::_allgather_base_": CommRule(
-            "all_gather_into_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor"))),
+            "all_gather_into_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
+            group_size=("output_tensor", "input_tensor")),
         "c10d::allgather_coalesced_": CommRule(
             "all_gather_coalesced", (("output_lists", "list"), ("input_list", "list"))),
         # Coalesced tensor collectives (FSDP, torch.distributed._coalescing_manager): one
@@ -73,16 +74,16 @@ FAMILY = OpFamily(
         # sends as this op again.
         "c10d::allgather_into_tensor_coalesced_": CommRule(
             "_all_gather_into_tensor_coalesced", (("outputs", "list"), ("inputs", "list")),
-            harness=True),
+            harness=True, group_size=("outputs", "inputs")),
         "c10d::reduce_scatter_": CommRule(
             "reduce_scatter", (("output_tensors", "one"), ("input_tensors", "inner")),
             reduce_op="reduce_op"),
         "c10d::_reduce_scatter_base_": CommRule(
             "reduce_scatter_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
-            reduce_op="reduce_op"),
+            reduce_op="reduce_op", group_size=("input_tensor", "output_tensor")),
         "c10d::reduce_scatter_tensor_coalesced_": CommRule(
             "_reduce_scatter_tensor_coalesced", (("outputs", "list"), ("inputs", "list")),
-            reduce_op="reduce_op", harness=True),
+            reduce_op="reduce_op", harness=True, group_size=("inputs", "outputs")),
         "c10d::alltoall_": CommRule(
             "all_to_all", (("output_tensors", "list"), ("input_tensors", "list"))),
         "c10d::alltoall_base_": CommRule(

@@ -42,6 +42,7 @@ from mystique_gen.passes.ranks import (
     dist_info,
     group_index,
     is_int,
+    recorded_groups,
     scan_trace,
     world_size,
 )
@@ -50,9 +51,12 @@ from mystique_gen.sources.et import RawArg, RawTrace
 
 
 def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
-               groups: list[ProcessGroupSpec], default_group: int) -> Op | Diagnostic:
+               groups: list[ProcessGroupSpec], default_group: int,
+               member_of: frozenset[str] = frozenset()) -> Op | Diagnostic:
     """One c10d op as an :class:`Op` carrying a :class:`CommInfo`; tensors stay IR values
-    so the tensor pass gives them real dataflow bindings."""
+    so the tensor pass gives them real dataflow bindings. ``member_of``: the names of
+    the groups this trace's rank is in (for ops whose group is implied by their sizes:
+    :func:`group_by_size`)."""
     node = sel.node
     name = sig.qualified_name
     if name in oprules.COMM_NOT_REPLAYED:
@@ -79,6 +83,11 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
 
     facts = scan.ops.get(node.id)
     group = group_index(facts, groups)
+    if group is None and rule.group_size is not None:
+        by_name = {a.spec.name: a.value for a in args}
+        group = group_by_size(by_name.get(rule.group_size[0]),
+                              by_name.get(rule.group_size[1]), groups, default_group,
+                              member_of)
     root = _int_arg(raw, rule.root, node.id) if rule.root else None
     tag = _int_arg(raw, "tag", node.id) if rule.tag else None
     recorded_async = any(raw[a][2].value is True for a in oprules.ASYNC_ARGS if a in raw)
@@ -101,6 +110,25 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
     )
     return Op(index=index, node_id=node.id, signature=sig, args=args, outputs=[],
               thread=node.tid, scope=sel.scope, comm=info)
+
+
+def group_by_size(larger: Value | None, smaller: Value | None,
+                  groups: list[ProcessGroupSpec], default_group: int,
+                  member_of: frozenset[str]) -> int | None:
+    """The group an all-gather or reduce-scatter ran on, where the trace does not record
+    it: the ratio of its tensors' element counts is the group's size. The default group
+    where it has that size, else the first group of that size this rank is in (in
+    creation order: a device mesh creates its groups dimension by dimension, so every
+    rank picks the same dimension); None where no group fits."""
+    big = [t.meta.numel for t in iter_tensors(larger)] if larger is not None else []
+    small = [t.meta.numel for t in iter_tensors(smaller)] if smaller is not None else []
+    if not big or not small or small[0] <= 0 or big[0] % small[0]:
+        return None
+    size = big[0] // small[0]
+    if groups[default_group].size == size:
+        return default_group
+    fits = [g.index for g in groups if g.size == size and g.name in member_of]
+    return fits[0] if fits else None
 
 
 def _none(value: Any) -> bool:
@@ -304,10 +332,17 @@ class CommLowering:
         self.default_group = default_group_index(self.groups) if self.groups else 0
         self.world_size = world_size(self.scan.groups, list(self.scan.ops.values())) or 1
         self.nested_waits = _nested_functional_waits(trace)
+        self.member_of = frozenset(g.name for g in recorded_groups(trace) or [])
+        self.sized = 0  # collectives on the group their sizes imply
 
     def lower(self, sel: Selected, sig: Signature, index: int) -> Op | Diagnostic:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
-        op = lower_comm(sel, sig, index, self.scan, groups, self.default_group)
+        op = lower_comm(sel, sig, index, self.scan, groups, self.default_group,
+                        self.member_of)
+        if (isinstance(op, Op) and op.comm is not None
+                and group_index(self.scan.ops.get(op.node_id), groups) is None
+                and op.comm.group != self.default_group):
+            self.sized += 1
         if (isinstance(op, Op) and op.comm is not None and op.comm.group < len(self.groups)
                 and not replayable(self.groups[op.comm.group], self.world_size)):
             op.comm.group = self.default_group
@@ -336,8 +371,11 @@ class CommLowering:
             unknown = sum(1 for op in comm_ops if group_index(self.scan.ops.get(op.node_id),
                                                                info.groups) is None)
             if unknown and info.groups_recorded and len(info.groups) > 1:
-                info.notes.append(f"{unknown} collectives do not record their process group "
-                                  "(no record_param_comms): they run on the default group")
+                info.notes.append(
+                    f"{unknown} collectives do not record their process group (no "
+                    f"record_param_comms): {self.sized} run on the group their sizes "
+                    "imply (the first of that size this rank is in), the others on the "
+                    "default group")
             unrecorded = _counts(op.name for op in comm_ops if op.comm is not None
                                  and oprules.COMM_OPS[op.name].reduce_op
                                  and op.comm.reduce_op is None)
