@@ -134,6 +134,31 @@ def test_selection_replays_what_a_tensor_subclass_ran():
     program = _program(b)
     assert all(tv.meta.shape == (4, 4) for op in program.ops for tv in _tensor_args(op))
 
+def test_an_async_scope_inside_an_op_shifts_nothing_after_it():
+    """A backend's async scope (``gloo:all_reduce``) opened inside an ordinary op and
+    closed on another thread: the observer then recorded every later op one level too
+    deep, which hid one rank's all-gather inside FSDP2's copy-in op (its peers
+    replayed theirs, and the replay deadlocked). What follows the scope goes back up
+    a level; the ops inside the scope belong to the op it opened in."""
+    b = TraceBuilder()
+    gather = b.annotation("FSDP::all_gather (1)")
+    copy_in = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))], parent=gather)
+    split = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))], parent=copy_in)
+    scope = b.annotation("gloo:all_reduce", parent=split)
+    inside = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))], parent=scope)
+    copies = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))], parent=split)  # copy_in's
+    allgather = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))], parent=copy_in)  # gather's
+    later = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))], parent=gather)  # top level
+    trace = trace_from_document(b.doc(), name="t", sha256="0")
+    first = [s.node.id for s in select_ops(trace).ops]
+    assert first == [copy_in, allgather, later]
+    parents = {n.id: n.parent for n in trace.nodes}
+    assert (parents[inside], parents[copies], parents[allgather]) == (split, copy_in, gather)
+    assert parents[later] == parents[gather]  # the thread's top level
+    # Selections run many times per trace (compare, comms): the repair happens once.
+    assert [s.node.id for s in select_ops(trace).ops] == first
+
+
 def test_parent_cycle_is_an_error_with_node_and_field():
     b = TraceBuilder()
     a = b.annotation("a")

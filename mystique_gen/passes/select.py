@@ -54,12 +54,21 @@ def repair_async_nesting(trace: RawTrace) -> None:
     communication op really contains: whatever runs before its own c10d call (a
     functional collective copies its input first), that call, and the bookkeeping
     right after it (``_wrap_tensor_autograd``); a c10d op runs no other collective.
-    From the first child that is not its own, the children belong to its parent."""
+    From the first child that is not its own, the children belong to its parent.
+    In place, once per trace (:func:`_repair_stale_scopes` would shift twice)."""
+    if trace.nesting_repaired:
+        return
+    trace.nesting_repaired = True
     children: dict[int, list[RawNode]] = {}
     for node in trace.nodes:
         if node.parent != node.id:
             children.setdefault(node.parent, []).append(node)
     by_id = {n.id: n for n in trace.nodes}
+    _repair_stale_scopes(trace, by_id)
+    children = {}
+    for node in trace.nodes:
+        if node.parent != node.id:
+            children.setdefault(node.parent, []).append(node)
     for node in trace.nodes:
         namespace = node.name.partition("::")[0]
         if not node.op_schema or namespace not in oprules.COMMUNICATION_NAMESPACES:
@@ -80,6 +89,41 @@ def repair_async_nesting(trace: RawTrace) -> None:
                 for later in kids[kids.index(kid) + 1:]:
                     later.parent = outer
                 break
+
+
+def _repair_stale_scopes(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
+    """Undo the shift a backend's async scope leaves in the observer's stack where it
+    opened inside an ordinary op.
+
+    A ``gloo:all_reduce`` scope (an earlier async collective's work) can open on the
+    issuing thread inside any op and close on the backend's thread; each later end on
+    the issuing thread then pops the entry above its own, so the op it opened in, and
+    that op's ancestors in turn, stay open one op too long. Every node recorded after
+    the scope with one of them as its parent really belongs one level up (FSDP2's
+    ``_foreach_copy_`` under ``split_with_sizes``, its all-gather under
+    ``all_gather_copy_in``: one rank hid a collective its peers replayed, and the
+    replay deadlocked). Ops recorded inside the scope belong to the op it opened in.
+    The shift ends where a node is recorded at the thread's top level again."""
+    for scope in trace.nodes:
+        opened_in = by_id.get(scope.parent)
+        if (not oprules.ASYNC_SCOPE.match(scope.name) or opened_in is None
+                or not opened_in.op_schema
+                or opened_in.name.partition("::")[0] in oprules.COMMUNICATION_NAMESPACES):
+            continue
+        stale: set[int] = set()
+        cur: RawNode | None = opened_in
+        while cur is not None and cur.parent != cur.id and not is_root(cur):
+            stale.add(cur.id)
+            cur = by_id.get(cur.parent)
+        for node in trace.nodes:
+            if node.id <= scope.id or node.tid != scope.tid:
+                continue
+            if node.parent == scope.id:
+                node.parent = opened_in.id
+            elif node.parent in stale:
+                node.parent = by_id[node.parent].parent
+            elif node.parent in by_id and is_root(by_id[node.parent]):
+                break  # back at the top level: the stack is whole again
 
 
 def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],

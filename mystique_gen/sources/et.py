@@ -65,6 +65,8 @@ class RawTrace:
     # trace lists only the groups it is a member of). Set by the driver; None: the
     # trace's own list (passes/ranks.py ``read_groups``).
     job_groups: list[ProcessGroupSpec] | None = None
+    # passes/select.py repairs the observer's nesting in place, once.
+    nesting_repaired: bool = False
 
     @property
     def node_count(self) -> int:
