@@ -21,10 +21,9 @@ overflows what it scales or divides; the trace records no float values.
 from __future__ import annotations
 
 from mystique_gen.ir import Literal, Op, TensorValue, iter_tensors
+from mystique_gen.ir.dtypes import FLOATING, INTEGRAL
 
-_FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
-_INTEGRAL = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16",
-                       "uint32", "uint64"})
+_BOOL_OR_INTEGRAL = INTEGRAL | {"bool"}
 
 
 def replay_wrapped_numbers(ops: list[Op]) -> int:
@@ -52,6 +51,6 @@ def _wrapped(tv: TensorValue, op: Op, outputs: list[TensorValue], made: set[int]
         return False
     others = [t.meta.dtype for arg in op.args for t in iter_tensors(arg.value)
               if t is not tv and t.meta.shape != ()]
-    if not others or any(d not in _INTEGRAL for d in others):
+    if not others or any(d not in _BOOL_OR_INTEGRAL for d in others):
         return False
-    return any(t.meta.dtype in _FLOATING and t.meta.dtype != "float64" for t in outputs)
+    return any(t.meta.dtype in FLOATING and t.meta.dtype != "float64" for t in outputs)

@@ -59,13 +59,9 @@ def repair_async_nesting(trace: RawTrace) -> None:
     if trace.nesting_repaired:
         return
     trace.nesting_repaired = True
-    children: dict[int, list[RawNode]] = {}
-    for node in trace.nodes:
-        if node.parent != node.id:
-            children.setdefault(node.parent, []).append(node)
     by_id = {n.id: n for n in trace.nodes}
     _repair_stale_scopes(trace, by_id)
-    children = {}
+    children: dict[int, list[RawNode]] = {}
     for node in trace.nodes:
         if node.parent != node.id:
             children.setdefault(node.parent, []).append(node)

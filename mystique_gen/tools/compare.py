@@ -334,18 +334,19 @@ def compare_traces(original: str | Path, replay: str | Path, *,
 
 def _replay_times(path: str | Path, iterations: int | None, original: KinetoTimes,
                   notes: list[str]) -> KinetoTimes:
+    trace = load_kineto(path)  # read once, whichever way it is divided
     if iterations is not None:
-        return kineto_times(path, iterations)
-    stepped = kineto_times(path, None)
+        return kineto_times(trace, iterations)
+    stepped = kineto_times(trace, None)
     if stepped.step_spans_ms:
         dropped = " (the first, cold, left out)" if stepped.cold_steps_dropped else ""
         notes.append(f"replay: medians over {stepped.iterations} profiled steps{dropped}")
         return stepped
-    once = kineto_times(path)
-    iters = max(1, round(once.ops / max(original.ops, 1)))
+    # No step annotations: ``stepped`` is the whole trace as one iteration.
+    iters = max(1, round(stepped.ops / max(original.ops, 1)))
     notes.append(f"replay Kineto trace taken as {iters} iteration(s) "
                  "(ratio of top-level op counts)")
-    return kineto_times(path, iters)
+    return kineto_times(trace, iters)
 
 
 def read_clock(path: str | Path, key: str) -> float:
