@@ -17,6 +17,7 @@ from mystique_gen.sources.et import load_trace, trace_from_document
 from tests.conftest import run_benchmark
 from tests.tracebuilder import (
     ADD_,
+    ALLREDUCE_,
     EMBEDDING,
     EMPTY,
     MM,
@@ -24,6 +25,7 @@ from tests.tracebuilder import (
     T_OP,
     VIEW,
     Device,
+    Object,
     T,
     TraceBuilder,
 )
@@ -157,6 +159,78 @@ def test_an_async_scope_inside_an_op_shifts_nothing_after_it():
     assert parents[later] == parents[gather]  # the thread's top level
     # Selections run many times per trace (compare, comms): the repair happens once.
     assert [s.node.id for s in select_ops(trace).ops] == first
+
+
+REDUCE_SCATTER_ = ("c10d::_reduce_scatter_base_(Tensor output_tensor, Tensor input_tensor, "
+                   "__torch__.torch.classes.c10d.ProcessGroup process_group, "
+                   "__torch__.torch.classes.c10d.ReduceOp reduce_op, bool async_op=True, "
+                   "int timeout=-1) -> (Tensor, __torch__.torch.classes.c10d.Work)")
+MONITORED_BARRIER_ = ("c10d::monitored_barrier_(Tensor tensor, __torch__.torch.classes.c10d."
+                      "ProcessGroup process_group, int[] device_ids, int timeout, "
+                      "bool wait_all_ranks) -> ()")
+CLONE = "aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor"
+CHUNK = "aten::chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"
+COPY_ = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
+
+
+def _thread(b: TraceBuilder, tid: int) -> int:
+    return b._node("[pytorch|profiler|execution_trace|thread]", b.process, tid=tid)
+
+
+def test_what_a_backend_thread_ran_for_a_collective_is_not_replayed():
+    """gloo copies an all-reduce's result on a worker thread of its own, recorded as
+    ops of that thread: the replayed collective runs them again, so they are listed,
+    not replayed. A thread of the program's own (one that ran before any collective,
+    or works on other tensors) is replayed."""
+    b = TraceBuilder()
+    x, other = b.tensor((8,)), b.tensor((8,))
+    early = b.op(RELU, [other], [b.tensor((8,))], tid=3, parent=_thread(b, 3))
+    allreduce = b.op(ALLREDUCE_, [[x], Object(), Object(), None, True, -1], [[x], Object()])
+    worker = _thread(b, 2)
+    flat = b.op(VIEW, [b.view(x, (2, 4)), [8]], [b.view(x, (8,))], tid=2, parent=worker)
+    user = _thread(b, 4)
+    mine = b.op(RELU, [other], [b.tensor((8,))], tid=4, parent=user)
+    late = b.op(RELU, [other], [b.tensor((8,))], tid=3, parent=early - 1)
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [early, allreduce, mine, late]
+    assert [(d.node_id, d.name) for d in sel.not_replayed] == [(flat, "aten::view")]
+    assert "backend's worker thread" in sel.not_replayed[0].reason
+
+
+def test_a_collectives_completion_work_is_its_own():
+    """gloo's reduce-scatter reduces a private clone, then chunks it and copies this
+    rank's part into the output on the waiting thread, after its async scope: those
+    ops read a buffer no program code can reach, so they are the collective's (the
+    replayed one runs them again). The next op, on the output, is the program's."""
+    b = TraceBuilder()
+    out, grads = b.tensor((4,)), b.tensor((8,))
+    rs = b.op(REDUCE_SCATTER_, [out, grads, Object(), Object(), True, -1], [out, Object()])
+    private = b.tensor((8,))
+    b.op(CLONE, [grads, None], [private], parent=rs)
+    b.annotation("gloo:all_reduce")
+    parts = [b.view(private, (4,)), b.view(private, (4,), offset=4)]
+    chunk = b.op(CHUNK, [private, 2, 0], [parts])
+    copy = b.op(COPY_, [out, parts[0], False], [out])
+    after = b.op(RELU, [out], [b.tensor((4,))])
+    trace = trace_from_document(b.doc(), name="t", sha256="0")
+    assert [s.node.id for s in select_ops(trace).ops] == [rs, after]
+    parents = {n.id: n.parent for n in trace.nodes}
+    assert parents[chunk] == parents[copy] == rs
+
+
+def test_the_tensor_a_barrier_is_given_is_the_barriers():
+    """A barrier's call takes no tensor: the process group makes an empty one just
+    before its c10d op, and the replayed call makes its own. An empty tensor the
+    program made and used elsewhere stays."""
+    b = TraceBuilder()
+    kept = b.tensor((0,))
+    mine = b.op(EMPTY, [[0], 6, 0, Device("cpu"), False, None], [kept])
+    use = b.op(RELU, [kept], [b.tensor((0,))])
+    token = b.tensor((0,))
+    b.op(EMPTY, [[0], 6, 0, Device("cpu"), False, None], [token])
+    barrier = b.op(MONITORED_BARRIER_, [token, Object(), [], 1000, False], [])
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [mine, use, barrier]
 
 
 def test_parent_cycle_is_an_error_with_node_and_field():

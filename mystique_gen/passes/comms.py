@@ -34,7 +34,6 @@ from mystique_gen.ir import (
 )
 from mystique_gen.ir.dist import CommInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import Signature
-from mystique_gen.passes.compose import raw_storage_ids
 from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
 from mystique_gen.passes.ranks import (
     CommScan,
@@ -47,7 +46,7 @@ from mystique_gen.passes.ranks import (
     world_size,
 )
 from mystique_gen.passes.select import Selected, select_ops, subclass_dispatches
-from mystique_gen.sources.et import RawArg, RawTrace
+from mystique_gen.sources.et import RawArg, RawTrace, raw_storage_ids
 
 
 def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,

@@ -27,7 +27,7 @@ from mystique_gen.passes.lower import list_element_types
 from mystique_gen.passes.select import Selected
 from mystique_gen.passes.tensors import output_paths
 from mystique_gen.passes.values import _parse_range
-from mystique_gen.sources.et import RawArg
+from mystique_gen.sources.et import RawArg, raw_storage_ids
 
 
 def place_in_parallel(op_lists: list[list[Op]]) -> None:
@@ -43,22 +43,6 @@ def place_in_parallel(op_lists: list[list[Op]]) -> None:
 # -- storage lifetimes ---------------------------------------------------------------
 
 Lifetimes = dict[int, tuple[dict[int, int], dict[int, int]]]
-
-
-def raw_storage_ids(raw: RawArg) -> Iterator[int]:
-    """Storage ids of the tensors in one recorded argument (nested lists included)."""
-
-    def walk(value: object) -> Iterator[int]:
-        if not isinstance(value, list):
-            return
-        if len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str):
-            yield value[1]  # [tensor id, storage id, offset, numel, itemsize, device]
-        else:
-            for item in value:
-                yield from walk(item)
-
-    if "Tensor" in raw.type:
-        yield from walk(raw.value)
 
 
 RawView = tuple[int, tuple, tuple, str]  # offset, shape, strides, element type

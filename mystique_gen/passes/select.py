@@ -11,6 +11,12 @@ AsyncCollectiveTensor; the observer records a ``PythonSubclass`` node below it) 
 on wrappers that hold no data, at their global shape; what the process really ran
 is below it, on the plain tensors the subclass holds (a rank's local shard), and
 that is what is replayed (:func:`subclass_dispatches`).
+
+And one more: a communication backend's worker thread (gloo copies an all-gather's
+result out of its buffer, divides a reduce-scatter's by the group size) records the
+ops of a collective's implementation on a thread of its own. The replayed collective
+runs them again on the replay's own backend threads, so they are not replayed
+(:func:`backend_worker_threads`).
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, not_replayed
 from mystique_gen.ir.schema import is_op_name
-from mystique_gen.sources.et import RawNode, RawTrace
+from mystique_gen.sources.et import RawNode, RawTrace, raw_storage_ids
 
 ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
 SUBCLASS_DISPATCH = "PythonSubclass"  # the observer's node for __torch_dispatch__
+BACKEND_THREAD_NOTE = ("a communication backend's worker thread ran it for a collective; "
+                       "the replayed collective runs it again")
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,7 @@ def repair_async_nesting(trace: RawTrace) -> None:
                 for later in kids[kids.index(kid) + 1:]:
                     later.parent = outer
                 break
+    _adopt_completion_work(trace, by_id)
 
 
 def _repair_stale_scopes(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
@@ -120,6 +129,71 @@ def _repair_stale_scopes(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
                 node.parent = by_id[node.parent].parent
             elif node.parent in by_id and is_root(by_id[node.parent]):
                 break  # back at the top level: the stack is whole again
+
+
+def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
+    """Give back to a c10d collective the ops its completion ran on the issuing thread.
+
+    A backend may finish a collective on the thread that waits for it (gloo's
+    reduce-scatter reduces a private clone of its input, then chunks it and copies
+    the rank's part into the output), recorded after the collective's own node or
+    after its async scope. Those ops read a buffer the collective made and never
+    returned, which no program code can reach: every op right after the collective
+    on its thread (or inside the async scope the backend opened there) that reads one
+    is its implementation, and the replayed collective runs it again."""
+    children: dict[int, list[RawNode]] = {}
+    for node in trace.nodes:
+        if node.parent != node.id:
+            children.setdefault(node.parent, []).append(node)
+
+    def outputs_below(node: RawNode) -> set[int]:
+        found: set[int] = set()
+        stack = list(children.get(node.id, []))
+        while stack:
+            cur = stack.pop()
+            found.update(sid for arg in cur.outputs for sid in raw_storage_ids(arg))
+            stack.extend(children.get(cur.id, []))
+        return found
+
+    for k, node in enumerate(trace.nodes):
+        if node.name.partition("::")[0] != "c10d" or not _is_collective(node):
+            continue
+        own = {sid for arg in (*node.inputs, *node.outputs) for sid in raw_storage_ids(arg)}
+        rule = oprules.COMM_OPS.get(node.name)
+        if rule is not None and not rule.tensors:
+            _adopt_front_end_tensor(trace.nodes, k, own)
+        private = outputs_below(node) - own
+        if not private:
+            continue
+        levels = {node.parent}  # its parent, and async scopes opened after it there
+        for later in trace.nodes[k + 1:]:
+            if later.tid != node.tid or later.parent not in levels:
+                continue  # another thread's, or inside an op already seen
+            if oprules.ASYNC_SCOPE.match(later.name):
+                levels.add(later.id)
+                continue
+            if not later.op_schema or not any(
+                    sid in private for arg in later.inputs for sid in raw_storage_ids(arg)):
+                break
+            later.parent = node.id
+            private.update(sid for arg in later.outputs for sid in raw_storage_ids(arg)
+                           if sid not in own)
+
+
+def _adopt_front_end_tensor(nodes: list[RawNode], k: int, own: set[int]) -> None:
+    """A collective whose call takes no tensor (``barrier``, ``monitored_barrier``) gets
+    one from the process group's front end, made just before its c10d op (an
+    ``aten::empty`` of no elements); the replayed call makes its own, so the op that
+    made it belongs to the collective."""
+    node = nodes[k]
+    for before in reversed(nodes[:k]):
+        if before.tid != node.tid or before.parent != node.parent:
+            continue
+        made = {sid for arg in before.outputs for sid in raw_storage_ids(arg)}
+        reads = {sid for arg in before.inputs for sid in raw_storage_ids(arg)}
+        if before.op_schema and made and made <= own and not reads:
+            before.parent = node.id
+        return
 
 
 def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
@@ -183,10 +257,57 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
     return found
 
 
+def _is_collective(node: RawNode) -> bool:
+    namespace, _, name = node.name.partition("::")
+    return (bool(node.op_schema) and namespace in oprules.COMMUNICATION_NAMESPACES
+            and name not in oprules.COLLECTIVE_HELPERS)
+
+
+def backend_worker_threads(trace: RawTrace) -> set[int]:
+    """Host threads on which a communication backend ran parts of collectives that
+    other threads issued.
+
+    Such a thread issues no collective and opens no annotation of its own; it records
+    nothing before the process's first collective; and its ops work on the tensors of
+    collectives issued elsewhere (at least one of its ops reads or writes a storage
+    that such a collective took or returned). A user's own thread (a pin-memory
+    thread, the autograd engine's device threads, ``--compose parallel``) fails one of
+    these, and is replayed."""
+    by_id = {n.id: n for n in trace.nodes}
+    issuing: set[int] = set()
+    comm_storages: dict[int, set[int]] = {}  # storage id -> threads whose collectives use it
+    for node in trace.nodes:
+        if _is_collective(node):
+            issuing.add(node.tid)
+            for arg in (*node.inputs, *node.outputs):
+                for sid in raw_storage_ids(arg):
+                    comm_storages.setdefault(sid, set()).add(node.tid)
+    if not issuing:
+        return set()
+    first = next(n.id for n in trace.nodes if _is_collective(n))
+    disqualified = set(issuing)
+    touches: set[int] = set()
+    for node in trace.nodes:
+        tid = node.tid
+        if tid in disqualified or is_root(node):
+            continue
+        parent = by_id.get(node.parent)
+        top_level = parent is None or is_root(parent)
+        if not node.op_schema and node.name != "record_param_comms":
+            disqualified.add(tid)  # an annotation: the program's own code
+        elif top_level and node.id < first:
+            disqualified.add(tid)  # ran before any collective existed
+        elif any(sid in comm_storages and comm_storages[sid] - {tid}
+                 for arg in (*node.inputs, *node.outputs) for sid in raw_storage_ids(arg)):
+            touches.add(tid)
+    return touches - disqualified
+
+
 def select_ops(trace: RawTrace) -> Selection:
     repair_async_nesting(trace)
     by_id = {n.id: n for n in trace.nodes}
     dispatched = subclass_dispatches(trace)
+    backend_threads = backend_worker_threads(trace)
     # scope_of[id] is None when an ancestor (or the node) is selected, else the annotation path.
     scope_of: dict[int, tuple[str, ...] | None] = {}
 
@@ -225,6 +346,10 @@ def select_ops(trace: RawTrace) -> Selection:
             covered.append(node)  # inside a selected op: its implementation
             continue
         resolve(node)
+        if node.tid in backend_threads:
+            if node.op_schema:
+                skipped.append(not_replayed(node.id, node.name, BACKEND_THREAD_NOTE))
+            continue
         if node.op_schema and node.id not in dispatched:
             selected.append(Selected(node, outer))
             threads.add(node.tid)

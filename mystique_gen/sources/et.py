@@ -17,7 +17,7 @@ import json
 import os
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from sys import intern
@@ -39,6 +39,22 @@ class RawArg:
     shape: Any
     type: str
     strides: Any | None  # None where the trace predates strides
+
+
+def raw_storage_ids(raw: RawArg) -> Iterator[int]:
+    """Storage ids of the tensors in one recorded argument (nested lists included)."""
+
+    def walk(value: object) -> Iterator[int]:
+        if not isinstance(value, list):
+            return
+        if len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str):
+            yield value[1]  # [tensor id, storage id, offset, numel, itemsize, device]
+        else:
+            for item in value:
+                yield from walk(item)
+
+    if "Tensor" in raw.type:
+        yield from walk(raw.value)
 
 
 @dataclass(slots=True)
