@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from mystique_gen.passes.comms import collective_sequence
+from mystique_gen.sources.et import load_trace
+from mystique_gen.tools.compare import op_multiset
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
@@ -37,3 +41,21 @@ def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():
         pytest.skip(f"shared traces not found at {SHARED_TRACES} (they sit beside the repo)")
     return SHARED_TRACES
+
+
+def assert_rank_replays(original: Path, replay: Path) -> None:
+    """One rank's replay against its original (issue 13): the same collectives (c10d
+    and _c10d_functional) in the same order, with the same sizes and groups, and the
+    same top-level ops. Neither side counts what gloo ran for a collective (its worker
+    threads' copies, the chunk and copy_ that finish a reduce-scatter, the empty
+    tensor a barrier is given): each collective runs those itself. Waits are compared
+    in the sequence, not as ops: how many a wait on an AsyncCollectiveTensor records
+    at top level depends on where the observer nested a gloo scope, run to run."""
+    traces = [load_trace(original), load_trace(replay)]
+    recorded = collective_sequence(traces[0])
+    assert recorded and collective_sequence(traces[1]) == recorded, replay.name
+    ops = [op_multiset(trace, by_overload=True) for trace in traces]
+    for counts in ops:
+        counts.pop("_c10d_functional::wait_tensor.default", None)
+    assert ops[1] == ops[0], (replay.name, ops[0] - ops[1], ops[1] - ops[0])
+

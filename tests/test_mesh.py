@@ -18,10 +18,9 @@ import pytest
 import torch
 
 from mystique_gen.cli import main as cli_main
-from mystique_gen.passes.comms import collective_sequence
 from mystique_gen.passes.ranks import is_multi_rank_set, recorded_groups
 from mystique_gen.sources.et import load_trace
-from tests.conftest import ROOT, last_json
+from tests.conftest import ROOT, assert_rank_replays, last_json
 from tests.test_distributed import _env
 
 pytestmark = pytest.mark.slow
@@ -81,10 +80,7 @@ def test_fsdp2_with_tensor_parallel_on_a_mesh(mesh, tmp_path):
 
 def _check_replay(traces: list[Path], replay_dir: Path) -> None:
     for r, original in enumerate(traces):
-        recorded = collective_sequence(load_trace(original))
-        assert recorded, original
-        assert collective_sequence(load_trace(replay_dir / f"replay.rank{r}.json")) == \
-            recorded, f"rank {r}"
+        assert_rank_replays(original, replay_dir / f"replay.rank{r}.json")
 
 
 def test_each_rank_lists_its_own_groups_and_they_merge(mesh):

@@ -18,19 +18,21 @@ from mystique_gen.cli import main as cli_main
 from mystique_gen.passes.comms import collective_sequence
 from mystique_gen.passes.select import BACKEND_THREAD_NOTE, select_ops
 from mystique_gen.sources.et import load_trace
-from mystique_gen.tools.compare import op_multiset
-from tests.conftest import ROOT, last_json
+from tests.conftest import ROOT, assert_rank_replays, last_json
 from tests.test_distributed import _torchrun
 
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
-MODES = ["tp", "fsdp2", "coalesced", "reductions", "pipeline"]
+MODES = ["tp", "fsdp2", "functional", "coalesced", "reductions", "pipeline"]
 # What each mode's benchmark must call or say (header notes wrap, so whitespace is
 # compared loosely): functional collectives; FSDP2's own ops, with the import of the
 # torch module that registers them; coalesced collectives as one call each; the c10d
 # reductions that replay as SUM; sends and recvs issued async.
 CALLS = {
     "tp": ["torch.ops._c10d_functional."],
+    # Issued back to back, each on the last one's result, waited once at the end.
+    "functional": [f"torch.ops._c10d_functional.{name}.default" for name in
+                   ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")],
     "fsdp2": ['_load_namespace("torch.distributed.fsdp._fully_shard._fsdp_collectives")',
               "torch.ops.fsdp.all_gather_copy_in.", "torch.ops.fsdp.split_with_sizes_copy.",
               "torch.ops.fsdp.chunk_cat."],
@@ -84,26 +86,15 @@ def test_replays_the_same_collectives_on_every_rank(captured, mode, tmp_path):
     assert result["distributed"] and result["world_size"] == 2
     assert result["skipped_at_runtime"] == []
     for r, original in enumerate(ranks):
-        replay = load_trace(tmp_path / f"replay.rank{r}.json")
-        recorded = collective_sequence(load_trace(original))
-        assert recorded and collective_sequence(replay) == recorded
+        assert_rank_replays(original, tmp_path / f"replay.rank{r}.json")
+        replay, recorded = load_trace(tmp_path / f"replay.rank{r}.json"), load_trace(original)
         if mode == "reductions":  # the functional ones name theirs: compared above
-            assert {"max", "min"} <= {s for *_, strings in recorded for s in strings}
+            assert {"max", "min"} <= {s for *_, strings in collective_sequence(recorded)
+                                      for s in strings}
         # fsdp:: ops ran as themselves, not as stand-ins (skipped_at_runtime is empty).
         fsdp = [Counter(s.node.name for s in select_ops(trace).ops
-                        if s.node.name.startswith("fsdp::"))
-                for trace in (load_trace(original), replay)]
+                        if s.node.name.startswith("fsdp::")) for trace in (recorded, replay)]
         assert fsdp[0] == fsdp[1] and bool(fsdp[0]) == (mode == "fsdp2")
-        # And the rank's whole step: the same top-level ops. Neither side counts what
-        # gloo ran for a collective (its worker threads' copies, the chunk and copy_
-        # that finish a reduce-scatter, the empty tensor a barrier is given): each
-        # collective runs those itself. Waits are compared above, where they matter:
-        # how many a wait on an AsyncCollectiveTensor records at top level depends on
-        # where the observer nested a gloo scope, which varies from run to run.
-        ops = [op_multiset(trace, by_overload=True) for trace in (replay, original)]
-        for counts in ops:
-            counts.pop("_c10d_functional::wait_tensor.default", None)
-        assert ops[0] == ops[1]
 
 
 def test_per_rank_kineto_timing_replays_every_ranks_host_gaps(tmp_path):
