@@ -9,8 +9,10 @@ generated with every rank's Kineto trace (``--kineto`` per rank), and it runs un
 torchrun with host gaps off and ``recorded``. Eager = the slowest rank's median
 captured step; replay = the benchmark's ``iter_ms_median`` (each iteration timed to
 its slowest rank); error = replay / eager - 1. ``collectives``: ranks whose replay
-issues the recorded collectives in order with the recorded sizes (``--et``), of all.
-One trial per mode (each is a torchrun job); reported, not judged.
+issues the recorded collectives in order with the recorded sizes (``--et``), of all
+trials. Eager steps are timed over 20 steps per rank and gaps taken from 5 profiled
+steps; each trial captures, generates and replays afresh (PARALLEL_TRIALS, default 3),
+and the table prints the median error with its range. Reported, not judged.
 Run alone: `python scripts/bench.py parallel` (PARALLEL_ONLY=tp,fsdp2).
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +37,8 @@ CASES = {"tp": 2, "fsdp2": 2, "pipeline": 2, "coalesced": 2, "mesh2d": 4, "fsdp2
 
 
 def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORKLOAD_TIMING_ITERS": "20",
+           "WORKLOAD_PROFILE_STEPS": "5"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return env
@@ -85,31 +89,51 @@ def run_case(mode: str, ranks: int, work: Path) -> dict[str, object]:
     return row
 
 
+def _median(rows: list[dict[str, object]], key: str) -> float:
+    return statistics.median(float(r[key]) for r in rows)  # type: ignore[arg-type]
+
+
+def _cell(values: list[float]) -> str:
+    """Median error with its range over the trials, in percent."""
+    if len(values) == 1:
+        return f"{values[0] * 100:+.1f}%"
+    return (f"{statistics.median(values) * 100:+.1f}% "
+            f"[{min(values) * 100:+.0f},{max(values) * 100:+.0f}]")
+
+
 def main() -> int:
     only = [m for m in os.environ.get("PARALLEL_ONLY", "").split(",") if m]
-    print(f"{'mode':<10} {'ranks':>5} {'eager ms':>9} {'off ms':>8} {'err off':>8} "
-          f"{'gaps ms':>8} {'err gaps':>8} {'collectives':>11}", flush=True)
+    trials = max(1, int(os.environ.get("PARALLEL_TRIALS", "3")))
+    print(f"{'mode':<10} {'ranks':>5} {'eager ms':>9} {'off ms':>8} {'err off':>19} "
+          f"{'gaps ms':>8} {'err gaps':>19} {'collectives':>11}", flush=True)
     failed = []
     with tempfile.TemporaryDirectory(prefix="parallel-") as tmp:
         for mode, ranks in CASES.items():
             if only and mode not in only:
                 continue
+            rows = []
             try:
-                r = run_case(mode, ranks, Path(tmp))
+                for t in range(trials):
+                    work = Path(tmp) / f"trial{t}"
+                    work.mkdir(exist_ok=True)
+                    rows.append(run_case(mode, ranks, work))
             except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
                 failed.append(mode)
                 print(f"{mode:<10} {ranks:>5} FAILED {exc}"[:200], flush=True)
                 continue
-            print(f"{mode:<10} {ranks:>5} {r['eager_ms']:>9.3f} {r['off_ms']:>8.3f} "
-                  f"{r['off_error'] * 100:>+7.1f}% {r['recorded_ms']:>8.3f} "
-                  f"{r['recorded_error'] * 100:>+7.1f}% {r['matched']:>7}/{ranks}",
-                  flush=True)
-    print("eager: the slowest rank's median captured step; off/gaps: the benchmark under "
-          "torchrun, host gaps off / recorded per rank; error = replay / eager - 1; "
-          "collectives: ranks replaying the recorded collective sequence")
+            matched = sum(int(r["matched"]) for r in rows)  # type: ignore[call-overload]
+            print(f"{mode:<10} {ranks:>5} {_median(rows, 'eager_ms'):>9.3f} "
+                  f"{_median(rows, 'off_ms'):>8.3f} "
+                  f"{_cell([float(r['off_error']) for r in rows]):>19} "  # type: ignore[arg-type]
+                  f"{_median(rows, 'recorded_ms'):>8.3f} "
+                  f"{_cell([float(r['recorded_error']) for r in rows]):>19} "  # type: ignore[arg-type]
+                  f"{matched:>7}/{ranks * trials}", flush=True)
+    print(f"eager: the slowest rank's median captured step (20 steps); off/gaps: the "
+          f"benchmark under torchrun, host gaps off / recorded per rank; error = replay / "
+          f"eager - 1, median [range] over {trials} trials; collectives: ranks replaying "
+          f"the recorded collective sequence, over all trials")
     print(f"failed: {len(failed)}" + (f" ({', '.join(failed)})" if failed else ""))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

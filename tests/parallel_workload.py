@@ -25,7 +25,9 @@ Writes ``OUT_DIR/<mode>-rank-<N>.json``. With ``--kineto`` before the modes, eac
 captures its step as :func:`mystique_gen.tools.capture.capture` captures one process:
 ``<mode>-rank-<N>.et.json`` with the Kineto trace of the same step
 (``.kineto.json``, linked by rf_id, recording the rank in ``distributedInfo``), three
-steps profiled without the observer (``.profile.json``) and the ``.step.json`` sidecar.
+steps profiled without the observer (``.profile.json``) and the ``.step.json`` sidecar
+(eager step times over ``WORKLOAD_TIMING_ITERS`` steps, default 2: tests need the
+trace, the bench the time; ``WORKLOAD_PROFILE_STEPS`` profiled steps, default 3).
 """
 
 from __future__ import annotations
@@ -210,8 +212,9 @@ def main(out_dir: str, modes: list[str]) -> int:
         torch.manual_seed(0)
         step = MODES[mode]()
         if kineto:  # every rank runs the same steps: the collectives meet
-            capture(step, out_dir, name=f"{mode}-rank-{rank}", warmup=2, timing_iters=2,
-                    profile_steps=3)
+            capture(step, out_dir, name=f"{mode}-rank-{rank}", warmup=2,
+                    timing_iters=int(os.environ.get("WORKLOAD_TIMING_ITERS", "2")),
+                    profile_steps=int(os.environ.get("WORKLOAD_PROFILE_STEPS", "3")))
             continue
         for _ in range(2):  # warm up: lazy initialisation is not part of the step
             step()
