@@ -368,6 +368,12 @@ def test_fill_kinds_produce_the_sizes_they_promise():
     assert list(fitted.shape) == [5, 2] and fitted.stride() == (1, 5)
     assert set(map(tuple, fitted.tolist())) <= set(map(tuple, rows.tolist()))
     assert fit(rows, [3, 2], [2, 1]) is rows
+    # Cut: a view of the replay's rows where the layout agrees (no kernel in the step).
+    cut = fit(rows, [2, 2], [2, 1])
+    assert cut.tolist() == rows[:2].tolist() and cut.data_ptr() == rows.data_ptr()
+    assert fit(rows, [2, 2], [1, 2]).stride() == (1, 2)  # laid out as recorded
+    again = fit(rows[:1], [3, 2], [2, 1])
+    assert again.tolist() == [[0, 1]] * 3
     assert [list(t.shape) for t in fit([rows[:, 0]], [[1]], [[1]])] == [[1]]
 
 

@@ -474,7 +474,11 @@ def _data(hex_values, width, dtype, device):
 
 def _fit(value, shape, strides):
     """A data-dependent output at its recorded size: rows cut or repeated (so indices
-    stay valid), laid out as recorded. Already the right size: returned as it is."""
+    stay valid), laid out as recorded. Already the right size: returned as it is.
+
+    It runs inside the timed step (a mixture of experts fits every expert's token list,
+    every iteration), so it adds as little as it can: a cut is a view, the indices of a
+    repeat are made once per size, and a copy is made only where the layout differs."""
     if isinstance(value, (list, tuple)):
         return type(value)(
             _fit(v, s, st) for v, s, st in zip(value, shape, strides, strict=False)
@@ -484,13 +488,30 @@ def _fit(value, shape, strides):
     with _harness():
         rows = value.shape[0] if value.dim() else 0
         if shape and rows and list(value.shape[1:]) == shape[1:]:
-            pick = torch.arange(shape[0], device=value.device) % rows
-            value = value.index_select(0, pick)
+            if rows >= shape[0]:
+                value = value.narrow(0, 0, shape[0])
+            else:
+                pick = _repeated_rows(shape[0], rows, value.device)
+                value = value.index_select(0, pick)
         else:
             value = torch.zeros(shape, dtype=value.dtype, device=value.device)
+        if list(value.stride()) == list(strides):
+            return value
         dtype, where = value.dtype, value.device
         out = torch.empty_strided(shape, strides, dtype=dtype, device=where)
         return out.copy_(value)
+
+
+_ROW_PICKS = {}
+
+
+def _repeated_rows(count, rows, device):
+    """Row indices 0, 1, .., rows - 1, 0, 1, .. (count of them), made once per size."""
+    key = (count, rows, str(device))
+    pick = _ROW_PICKS.get(key)
+    if pick is None:
+        pick = _ROW_PICKS[key] = torch.arange(count, device=device) % rows
+    return pick
 
 
 def _sync(device):
