@@ -374,6 +374,16 @@ def test_fill_kinds_produce_the_sizes_they_promise():
     assert fit(rows, [2, 2], [1, 2]).stride() == (1, 2)  # laid out as recorded
     again = fit(rows[:1], [3, 2], [2, 1])
     assert again.tolist() == [[0, 1]] * 3
+    # torch.where's index tensors stay rows of one buffer, paired, whether cut or
+    # repeated: a view the file derives from the second (offset 0 of its storage, as
+    # the original laid it out) reads the first (switch_transformers' routing).
+    mask = torch.tensor([[True, False], [True, True], [False, True]])
+    for n in (2, 5):
+        first, second = fit(torch.where(mask), [[n], [n]], [[1], [1]])
+        assert second.as_strided([n], [1], 0).tolist() == first.tolist()
+        pairs = set(zip(*torch.where(mask), strict=True))
+        assert set(zip(first.tolist(), second.tolist(), strict=True)) <= \
+            {(int(a), int(b)) for a, b in pairs}
     assert [list(t.shape) for t in fit([rows[:, 0]], [[1]], [[1]])] == [[1]]
 
 

@@ -497,9 +497,16 @@ def _fit(value, shape, strides):
     every iteration), so it adds as little as it can: a cut is a view, the indices of a
     repeat are made once per size, and a copy is made only where the layout differs."""
     if isinstance(value, (list, tuple)):
-        return type(value)(
+        fitted = [
             _fit(v, s, st) for v, s, st in zip(value, shape, strides, strict=False)
-        )
+        ]
+        changed = any(f is not v for f, v in zip(fitted, value, strict=False))
+        if changed and _rows_of_one(value):
+            # torch.where's index tensors are the rows of one nonzero result, and a
+            # view this file derives from one of them reads the others by offset.
+            with _harness():
+                fitted = list(torch.stack(fitted).unbind(0))
+        return type(value)(fitted)
     if list(value.shape) == shape:
         return value
     with _harness():
@@ -517,6 +524,18 @@ def _fit(value, shape, strides):
         dtype, where = value.dtype, value.device
         out = torch.empty_strided(shape, strides, dtype=dtype, device=where)
         return out.copy_(value)
+
+
+def _rows_of_one(values):
+    """Whether tensors of one shape are laid out as the rows of one buffer."""
+    if len(values) < 2 or not all(isinstance(v, torch.Tensor) for v in values):
+        return False
+    first = values[0]
+    return all(
+        v.shape == first.shape
+        and v.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        for v in values
+    )
 
 
 _ROW_PICKS = {}
