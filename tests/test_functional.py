@@ -80,3 +80,34 @@ def test_reset_inputs_starts_every_iteration_from_the_same_values(tmp_path):
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert last_json(proc.stdout)["reset_inputs"] is True
+
+
+def test_ops_under_vmap_replay_as_the_ops_on_real_tensors(tmp_path):
+    """transformers builds attention masks under nested vmap: the observer records each
+    op once per vmap level on a batched wrapper with no storage, each calling the level
+    below, down to the op on real tensors. That innermost op is what ran, and what the
+    benchmark replays (it was listed as not replayed: "a tensor without storage")."""
+    torch.set_num_threads(1)
+    pos = torch.arange(16)
+
+    def allowed(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return (k <= q) & (q - k < 4)  # causal, sliding window of 4
+
+    mask_fn = torch.vmap(torch.vmap(allowed, in_dims=(None, 0)), in_dims=(0, None))
+    scores = torch.randn(16, 16)
+
+    def step() -> None:
+        mask = mask_fn(pos, pos)
+        scores.masked_fill(~mask, float("-inf")).softmax(-1)
+
+    result = capture(step, tmp_path, name="vmap", kineto=False, timing_iters=1)
+    bench = tmp_path / "vmap_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "without storage" not in text
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    original = op_multiset(result.et_path, by_overload=True)
+    assert {"aten::le.Tensor", "aten::bitwise_and.Tensor"} & set(original), original
+    assert op_multiset(replay_et, by_overload=True) == original

@@ -241,11 +241,19 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
     every one above a ``PythonSubclass`` node (``aten::view_as`` on a DTensor calls
     ``aten::view``, which DTensor dispatches). Their arguments are wrappers without data
     (every one on the null pointer's storage id) at the global shape; the ops below
-    ran on the local tensors. The selection descends into them."""
+    ran on the local tensors. The selection descends into them.
+
+    The same holds for an op on functorch's batched tensors (``vmap``, which
+    transformers builds attention masks with): the observer records it on a wrapper
+    with no storage (device ""), once per vmap level, each level calling the op on
+    the level below, down to the one on real tensors."""
     by_id = {n.id: n for n in trace.nodes}
     found: set[int] = set()
     walked: set[int] = set()
+    has_op_child = {n.parent for n in trace.nodes if n.op_schema and n.parent != n.id}
     for node in trace.nodes:
+        if node.op_schema and node.id in has_op_child and _on_storageless(node):
+            found.add(node.id)  # a vmap level: the op below ran one level down
         if node.name != SUBCLASS_DISPATCH:
             continue
         cur = by_id.get(node.parent) if node.parent != node.id else None
@@ -255,6 +263,20 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
                 found.add(cur.id)
             cur = by_id.get(cur.parent) if cur.parent != cur.id else None
     return found
+
+
+def _on_storageless(node: RawNode) -> bool:
+    """Whether a tensor argument of the node has no storage (recorded device "")."""
+
+    def walk(value: object) -> bool:
+        if not isinstance(value, list):
+            return False
+        if len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str):
+            return value[5] == ""
+        return any(walk(item) for item in value)
+
+    return any("Tensor" in arg.type and walk(arg.value)
+               for arg in (*node.inputs, *node.outputs))
 
 
 def _is_collective(node: RawNode) -> bool:
