@@ -288,6 +288,28 @@ def test_too_many_recorded_inputs_is_not_replayed():
 # -- tensors ----------------------------------------------------------------------
 
 
+def test_outputs_of_one_op_on_one_storage_are_each_read_as_returned():
+    """torch.where returns its index tensors as rows of one buffer (one storage id).
+    Each is its own output: a reader of the first reads ``where[0]``, not a view the
+    harness derives by storage offset from the second (which broke when the buffer was
+    fitted to its recorded size, and cost a harness op per reader)."""
+    b = TraceBuilder()
+    mask = b.tensor((6, 2), dtype="bool")
+    rows = b.tensor((4,), dtype="int64")
+    cols = b.view(rows, (4,), offset=4)
+    where = "aten::where(Tensor condition) -> Tensor[]"
+    b.op(where, [mask], [[rows, cols]])
+    x = b.tensor((6, 8))
+    b.op("aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", [x, [rows]],
+         [b.tensor((4, 8))])
+    b.op("aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", [x, [cols]],
+         [b.tensor((4, 8))])
+    ops = _program(b).ops
+    read = [next(iter_tensors(op.args[1].value)).binding for op in ops[1:]]
+    assert read == [OpOutput(0, (0, 0)), OpOutput(0, (0, 1))]
+    assert not any(op.derive_before for op in ops)
+
+
 def test_dataflow_aliasing_and_id_reuse():
     b = TraceBuilder()
     x, w = b.tensor((4, 4)), b.tensor((4, 4))

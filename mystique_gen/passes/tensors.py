@@ -271,10 +271,14 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
                     life.views[key] = binding
                 tv.binding = binding
 
+        made_here: set[int] = set()  # storages this op's earlier outputs made
         for path, tv in output_paths(op.outputs):
             life = current.get(tv.storage_id)
+            # Outputs on one storage share it: an input's (an in-place op, a view), or
+            # one this op made for several of them (torch.where's index tensors are the
+            # rows of one buffer, and each reader must read its own row).
             aliasing = (
-                tv.storage_id in input_sids
+                (tv.storage_id in input_sids or tv.storage_id in made_here)
                 and life is not None
                 and (life.storage.dtype, life.storage.device) == (tv.meta.dtype, tv.meta.device)
             )
@@ -287,6 +291,7 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
                 continue
             if not aliasing:
                 life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=False)
+                made_here.add(tv.storage_id)
             assert life is not None
             key = view_key(tv.meta)
             tv.storage = life.storage
