@@ -576,8 +576,12 @@ def test_plot_draws_categories(tmp_path):
 
     times = KinetoTimes({"matmul": 2.0, "memory": 0.5}, 3.0, 10, 1, False)
     c = Comparison(1.0, 10, 10, [], times, KinetoTimes({"matmul": 1.8}, 2.7, 10, 5, False))
-    plot_comparison(c, tmp_path / "x.png")
+    assert plot_comparison(c, tmp_path / "x.png") == ["op-multiset match 100.0%"]
     assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
+    c.original_peak_bytes, c.replay_peak_bytes = 2.0 * 2**20, 2.1 * 2**20
+    titles = plot_comparison(c, tmp_path / "y.png")
+    assert titles[1] == "peak memory of one step"
+    assert (tmp_path / "y.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_op_categories():

@@ -430,8 +430,9 @@ def format_comparison(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def plot_comparison(c: Comparison, out: str | Path) -> None:
-    """Side-by-side bars of per-category time, original vs replay (needs matplotlib)."""
+def plot_comparison(c: Comparison, out: str | Path) -> list[str]:
+    """Side-by-side bars of per-category time, original vs replay, and of one step's
+    peak memory where both are known (needs matplotlib). Returns the panels' titles."""
     try:
         import matplotlib
 
@@ -445,7 +446,12 @@ def plot_comparison(c: Comparison, out: str | Path) -> None:
     cats = [k for k in _categories(c)
             if c.original_times.categories.get(k) or c.replay_times.categories.get(k)]
     xs = range(len(cats))
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats)), 4))
+    memory = c.original_peak_bytes is not None and c.replay_peak_bytes is not None
+    fig, axes = plt.subplots(1, 2 if memory else 1, squeeze=False,
+                             figsize=(max(6, 1.2 * len(cats)) + (2.5 if memory else 0), 4),
+                             gridspec_kw={"width_ratios": [max(len(cats), 1), 1.5]}
+                             if memory else None)
+    ax = axes[0][0]
     ax.bar([x - 0.2 for x in xs], [c.original_times.categories.get(k, 0) for k in cats],
            width=0.4, label=f"original ({c.original_times.span_ms:.2f} ms)")
     ax.bar([x + 0.2 for x in xs], [c.replay_times.categories.get(k, 0) for k in cats],
@@ -453,7 +459,17 @@ def plot_comparison(c: Comparison, out: str | Path) -> None:
     ax.set_xticks(list(xs), cats)
     ax.set_ylabel("ms per iteration")
     ax.set_title(f"op-multiset match {c.match * 100:.1f}%")
+    if memory:  # one step's peak above its inputs, side by side
+        mem = axes[0][1]
+        peaks = [float(c.original_peak_bytes or 0) / 2**20,
+                 float(c.replay_peak_bytes or 0) / 2**20]
+        mem.bar([0, 1], peaks, color=["C0", "C1"], width=0.6)
+        mem.set_xticks([0, 1], ["original", "replay"])
+        mem.set_ylabel("MiB")
+        mem.set_title("peak memory of one step")
     ax.legend()
     fig.tight_layout()
     fig.savefig(str(out))
+    titles = [a.get_title() for a in axes[0]]
     plt.close(fig)
+    return titles
