@@ -293,7 +293,9 @@ def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
         steps["off"].prepare()
         steps["off"].run()
     runtime["host_gaps"] = True
-    g["_calibrate_gaps"](inputs, device, host, snapshot)
+    # As main() does: the recorded gaps' facts say whether the ET observer's cost is in
+    # them (a same-session pair), and then the calibration attaches one too.
+    g["_calibrate_gaps"](inputs, device, host, snapshot, original=g["_JOB"].original())
     runtime["host_gaps"] = False
     return steps, {"g": g, "inputs": inputs, "own_us": runtime["gap_own_us"],
                    "event_us": runtime["gap_event_us"],
