@@ -28,6 +28,7 @@ from tests.tracebuilder import (
     Object,
     T,
     TraceBuilder,
+    Undefined,
 )
 
 
@@ -231,6 +232,24 @@ def test_the_tensor_a_barrier_is_given_is_the_barriers():
     barrier = b.op(MONITORED_BARRIER_, [token, Object(), [], 1000, False], [])
     sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
     assert [s.node.id for s in sel.ops] == [mine, use, barrier]
+
+
+def test_an_op_with_an_undefined_optional_tensor_is_replayed_whole():
+    """An undefined tensor (nll_loss_backward's weight=None) is recorded like vmap's
+    batched wrappers, with no storage and device "": only its type tells them apart.
+    The op is replayed whole, not descended into as a vmap level."""
+    b = TraceBuilder()
+    nll_backward = ("aten::nll_loss_backward(Tensor grad_output, Tensor self, Tensor "
+                    "target, Tensor? weight, int reduction, SymInt ignore_index, Tensor "
+                    "total_weight) -> Tensor")
+    grad, logp, total = b.tensor(()), b.tensor((8, 5)), b.tensor(())
+    out = b.tensor((8, 5))
+    target = b.tensor((8,), dtype="int64")
+    undefined = Undefined(b.new_id())
+    op = b.op(nll_backward, [grad, logp, target, undefined, 1, -100, total], [out])
+    b.op("aten::zero_(Tensor(a!) self) -> Tensor(a!)", [out], [out], parent=op)
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [op]
 
 
 def test_parent_cycle_is_an_error_with_node_and_field():

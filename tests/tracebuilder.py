@@ -52,6 +52,15 @@ class T:
 
 
 @dataclass(frozen=True)
+class Undefined:
+    """An undefined tensor (an optional one left out), as the observer writes it: a
+    tensor id, no storage, device "" (the same record as a vmap wrapper's) and the
+    type ``Tensor(nullptr (uninitialized))``."""
+
+    tensor_id: int
+
+
+@dataclass(frozen=True)
 class Device:
     name: str
 
@@ -138,6 +147,8 @@ def _encode(value: Any) -> tuple[Any, Any, Any, str]:
     """(value, shape, strides, type) of one argument as the ET observer writes it."""
     if isinstance(value, T):
         return value.value(), list(value.shape), list(value.strides), value.type()
+    if isinstance(value, Undefined):
+        return [value.tensor_id, 0, 0, 0, 0, ""], [], [], "Tensor(nullptr (uninitialized))"
     if value is None:
         return "<None>", [], [], "None"
     if isinstance(value, bool):

@@ -275,7 +275,9 @@ def _on_storageless(node: RawNode) -> bool:
             return value[5] == ""
         return any(walk(item) for item in value)
 
-    return any("Tensor" in arg.type and walk(arg.value)
+    # An undefined tensor (an optional weight left out) is recorded the same way; only
+    # its type tells it apart ("Tensor(nullptr (uninitialized))").
+    return any("Tensor" in arg.type and "nullptr" not in arg.type and walk(arg.value)
                for arg in (*node.inputs, *node.outputs))
 
 
