@@ -5,7 +5,7 @@ Source trace: mlp_sgd.et.json.gz
   schema: 1.1.1-chakra.0.0.4
   nodes: 199
 Command: mystique-gen examples/traces/mlp_sgd.et.json.gz -o generated/mlp_sgd.py
-Replayed ops: 57 on 1 host thread(s) in node order
+Replayed ops: 58 on 1 host thread(s) in node order
 Recorded devices: cpu (--device replaces cpu)
 Estimated peak memory: 1.7 MiB
 
@@ -42,10 +42,10 @@ TRACE = {
     "schema": "1.1.1-chakra.0.0.4",
     "nodes": 199,
 }
-OPS = 57
+OPS = 58
 RECORDED_DEVICE = "cpu"
 DEFAULT_DEVICE = None
-REQUIRED_BYTES = 1746600
+REQUIRED_BYTES = 1741480
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = None
 
@@ -892,14 +892,17 @@ aten__log_softmax_backward_data = _op(
     lambda: torch._log_softmax_backward_data, "aten::_log_softmax_backward_data.default"
 )
 aten_add__Tensor = _op(lambda: torch.Tensor.add_, "aten::add_.Tensor")
-aten_cross_entropy_loss = _op(
-    lambda: torch.ops.aten.cross_entropy_loss.default,
-    "aten::cross_entropy_loss.default",
-)
 aten_detach = _op(lambda: torch.detach, "aten::detach.default")
 aten_linear = _op(lambda: torch.nn.functional.linear, "aten::linear.default")
+aten_log_softmax_int = _op(lambda: torch.log_softmax, "aten::log_softmax.int")
 aten_mm = _op(lambda: torch.mm, "aten::mm.default")
 aten_mul__Tensor = _op(lambda: torch.Tensor.mul_, "aten::mul_.Tensor")
+aten_nll_loss_backward = _op(
+    lambda: torch.ops.aten.nll_loss_backward.default, "aten::nll_loss_backward.default"
+)
+aten_nll_loss_forward = _op(
+    lambda: torch.ops.aten.nll_loss_forward.default, "aten::nll_loss_forward.default"
+)
 aten_ones_like = _op(lambda: torch.ones_like, "aten::ones_like.default")
 aten_relu = _op(lambda: torch.relu, "aten::relu.default")
 aten_sum_dim_IntList = _op(lambda: torch.sum, "aten::sum.dim_IntList")
@@ -909,7 +912,6 @@ aten_threshold_backward = _op(
     "aten::threshold_backward.default",
 )
 aten_view = _op(lambda: torch.Tensor.view, "aten::view.default")
-aten_zero_ = _op(lambda: torch.zero_, "aten::zero_.default")
 
 # Recorded outputs of guarded ops: [dtype, shape, strides, device] per tensor.
 _FALLBACKS = []
@@ -944,26 +946,6 @@ def make_inputs(device, host, gens):
     linear_b_10.requires_grad_()
     target_buf = _fill(64, torch.int64, device, "span", 0, 9, gens)
     target = target_buf.as_strided([64], [1], 0)
-    zero_x_buf = _fill(
-        640,
-        torch.float32,
-        device,
-        "uniform",
-        -0.31622776601683794,
-        0.31622776601683794,
-        gens,
-    )
-    zero_x = zero_x_buf.as_strided([64, 10], [10, 1], 0)
-    output_buf = _fill(
-        640,
-        torch.float32,
-        device,
-        "uniform",
-        -0.31622776601683794,
-        0.31622776601683794,
-        gens,
-    )
-    output = output_buf.as_strided([64, 10], [10, 1], 0)
     t_x = linear_w_10x256_buf.as_strided([256, 10], [1, 256], 0)
     t_x.requires_grad_()
     t_x_256x256 = linear_w_256x256_buf.as_strided([256, 256], [1, 256], 0)
@@ -1005,8 +987,6 @@ def make_inputs(device, host, gens):
         "linear_w_10x256": linear_w_10x256,
         "linear_b_10": linear_b_10,
         "target": target,
-        "zero_x": zero_x,
-        "output": output,
         "t_x": t_x,
         "t_x_256x256": t_x_256x256,
         "mul_x": mul_x,
@@ -1034,8 +1014,6 @@ def replay(inputs, device, host):
     linear_w_10x256 = inputs["linear_w_10x256"]
     linear_b_10 = inputs["linear_b_10"]
     target = inputs["target"]
-    zero_x = inputs["zero_x"]
-    output = inputs["output"]
     t_x = inputs["t_x"]
     t_x_256x256 = inputs["t_x_256x256"]
     mul_x = inputs["mul_x"]
@@ -1058,31 +1036,38 @@ def replay(inputs, device, host):
     relu_256x256 = aten_relu(linear)
     del linear
     linear = aten_linear(relu_256x256, linear_w_10x256, linear_b_10)
-    cross_entropy_loss = aten_cross_entropy_loss(linear, target, None, 1, -100, 0.0)
+    log_softmax = aten_log_softmax_int(linear, 1, torch.float32)
     del linear
+    nll_loss_forward, nll_loss_forward_1 = aten_nll_loss_forward(
+        log_softmax, target, None, 1, -100
+    )
     torch.set_grad_enabled(False)
-    aten_ones_like(
-        cross_entropy_loss,
+    ones_like = aten_ones_like(
+        nll_loss_forward,
         dtype=None,
         layout=None,
         device=None,
         pin_memory=False,
         memory_format=torch.preserve_format,
     )
-    del cross_entropy_loss
+    del nll_loss_forward
     # NllLossBackward0
-    aten_zero_(zero_x)
+    nll_loss_backward = aten_nll_loss_backward(
+        ones_like, log_softmax, target, None, 1, -100, nll_loss_forward_1
+    )
+    del nll_loss_forward_1, ones_like
     # LogSoftmaxBackward0
     log_softmax_backward_data = aten__log_softmax_backward_data(
-        zero_x, output, 1, torch.float32
+        nll_loss_backward, log_softmax, 1, torch.float32
     )
+    del log_softmax, nll_loss_backward
     # AddmmBackward0
     aten_t(t_x)
     mm = aten_mm(log_softmax_backward_data, linear_w_10x256)
     t = aten_t(log_softmax_backward_data)
-    mm_64x10 = aten_mm(t, relu_256x256)
+    mm_10x256 = aten_mm(t, relu_256x256)
     del t
-    t = aten_t(mm_64x10)
+    t = aten_t(mm_10x256)
     # autograd::engine::evaluate_function: AddmmBackward0
     sum_ = aten_sum_dim_IntList(log_softmax_backward_data, [0], True, dtype=None)
     del log_softmax_backward_data
@@ -1094,7 +1079,7 @@ def replay(inputs, device, host):
     aten_t(t)
     del t
     # torch::autograd::AccumulateGrad
-    aten_detach(mm_64x10)
+    aten_detach(mm_10x256)
     # ReluBackward0
     threshold_backward = aten_threshold_backward(mm, relu_256x256, 0)
     del relu_256x256, mm
@@ -1102,9 +1087,9 @@ def replay(inputs, device, host):
     aten_t(t_x_256x256)
     mm = aten_mm(threshold_backward, linear_w_256x256)
     t = aten_t(threshold_backward)
-    mm_10x256 = aten_mm(t, relu)
+    mm_10x256_1 = aten_mm(t, relu)
     del t
-    t = aten_t(mm_10x256)
+    t = aten_t(mm_10x256_1)
     # autograd::engine::evaluate_function: AddmmBackward0
     sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
     del threshold_backward
@@ -1116,7 +1101,7 @@ def replay(inputs, device, host):
     aten_t(t)
     del t
     # torch::autograd::AccumulateGrad
-    aten_detach(mm_10x256)
+    aten_detach(mm_10x256_1)
     # ReluBackward0
     threshold_backward = aten_threshold_backward(mm, relu, 0)
     del relu, mm
@@ -1147,16 +1132,16 @@ def replay(inputs, device, host):
     del view_256x256
     aten_add__Tensor(linear_b, mul_x_256, alpha=-0.01)
     aten_mul__Tensor(mul_x_256x256, mul_other_256x256)
-    aten_add__Tensor(mul_x_256x256, mm_10x256, alpha=1)
-    del mm_10x256
+    aten_add__Tensor(mul_x_256x256, mm_10x256_1, alpha=1)
+    del mm_10x256_1
     aten_add__Tensor(linear_w_256x256, mul_x_256x256, alpha=-0.01)
     aten_mul__Tensor(mul_x_256_1, mul_other_256_1)
     aten_add__Tensor(mul_x_256_1, view_10x256, alpha=1)
     del view_10x256
     aten_add__Tensor(linear_b_256, mul_x_256_1, alpha=-0.01)
     aten_mul__Tensor(mul_x_10x256, mul_other_10x256)
-    aten_add__Tensor(mul_x_10x256, mm_64x10, alpha=1)
-    del mm_64x10
+    aten_add__Tensor(mul_x_10x256, mm_10x256, alpha=1)
+    del mm_10x256
     aten_add__Tensor(linear_w_10x256, mul_x_10x256, alpha=-0.01)
     aten_mul__Tensor(mul_x_10, mul_other_10)
     aten_add__Tensor(mul_x_10, view, alpha=1)

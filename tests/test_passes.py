@@ -252,6 +252,38 @@ def test_an_op_with_an_undefined_optional_tensor_is_replayed_whole():
     assert [s.node.id for s in sel.ops] == [op]
 
 
+def test_a_composite_whose_inner_result_is_read_later_replays_as_its_children():
+    """cross_entropy_loss keeps log_softmax's result for the backward: replayed whole,
+    it would compute and drop it, and the backward would read a buffer made before
+    timing (other values, memory the step never allocates). It is replayed as its
+    children. Views of what an op read (linear's t() of its weight) and a later
+    tensor that only reuses an inner result's addresses (a wrapped double scalar where
+    a float temporary was) are not inner results."""
+    b = TraceBuilder()
+    ce = ("aten::cross_entropy_loss(Tensor self, Tensor target, Tensor? weight=None, int "
+          "reduction=Mean, SymInt ignore_index=-100, float label_smoothing=0.0) -> Tensor")
+    log_softmax = "aten::log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor"
+    logits, target, loss = b.tensor((8, 5)), b.tensor((8,), dtype="int64"), b.tensor(())
+    kept = b.tensor((8, 5))
+    composite = b.op(ce, [logits, target, None, 1, -100, 0.0], [loss])
+    inner = b.op(log_softmax, [logits, 1, None], [kept], parent=composite)
+    temp = b.tensor(())  # a float temporary inside, its addresses reused below
+    inner_relu = b.op(RELU, [loss], [temp], parent=composite)
+    w = b.tensor((4, 4))
+    linear = b.op("aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor",
+                  [b.tensor((2, 4)), w, None], [b.tensor((2, 4))])
+    wt = b.view(w, (4, 4), strides=(1, 4))
+    b.op(T_OP, [w], [wt], parent=linear)
+    backward = b.op(RELU, [kept], [b.tensor((8, 5))])
+    b.op(RELU, [wt], [b.tensor((4, 4))])  # reads the view: the weight's storage
+    wrapped = T(temp.tensor_id, temp.storage_id, (), (), dtype="float64")
+    b.op(RELU, [wrapped], [b.tensor(())])
+    ids = [s.node.id for s in select_ops(trace_from_document(b.doc(), name="t",
+                                                             sha256="0")).ops]
+    assert ids[:3] == [inner, inner_relu, linear] and backward in ids
+    assert composite not in ids
+
+
 def test_parent_cycle_is_an_error_with_node_and_field():
     b = TraceBuilder()
     a = b.annotation("a")

@@ -27,7 +27,7 @@ from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, not_replayed
 from mystique_gen.ir.schema import is_op_name
-from mystique_gen.sources.et import RawNode, RawTrace, raw_storage_ids
+from mystique_gen.sources.et import RawArg, RawNode, RawTrace, raw_storage_ids
 
 ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
 SUBCLASS_DISPATCH = "PythonSubclass"  # the observer's node for __torch_dispatch__
@@ -330,8 +330,88 @@ def backend_worker_threads(trace: RawTrace) -> set[int]:
 def select_ops(trace: RawTrace) -> Selection:
     repair_async_nesting(trace)
     by_id = {n.id: n for n in trace.nodes}
-    dispatched = subclass_dispatches(trace)
     backend_threads = backend_worker_threads(trace)
+    if trace.descended is None:
+        descend = subclass_dispatches(trace)
+        while True:
+            selection = _select(trace, by_id, descend, backend_threads)
+            more = escaping_composites(trace, selection.ops) - descend
+            if not more:
+                break
+            descend |= more
+        trace.descended = descend
+        return selection
+    return _select(trace, by_id, trace.descended, backend_threads)
+
+
+def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
+    """Selected ops with a result of their own implementation that a later op reads.
+
+    A composite op returns some of what its children computed and keeps the rest,
+    yet autograd saves some of that rest for the backward: ``cross_entropy_loss``'s
+    ``log_softmax`` result and ``nll_loss_forward``'s total weight, ``layer_norm``'s
+    mean and rstd, ``dropout``'s mask, attention's logsumexp. Replayed whole, the op
+    computes them and drops them, and the backward reads a buffer made before timing:
+    not the values the forward computed, and memory the step never allocates. Such an
+    op is replayed as its children (:func:`select_ops` descends into it), which return
+    those tensors. Collectives are kept whole (their insides are the backend's).
+    A tensor is known by (tensor id, storage id, element size); one that an op returns
+    later under the same key is a new tensor (the allocator reused both), so it no
+    longer counts."""
+    children: dict[int, list[RawNode]] = {}
+    for node in trace.nodes:
+        if node.parent != node.id:
+            children.setdefault(node.parent, []).append(node)
+    owner: dict[tuple[int, int, int], int] = {}  # inner result -> the op that kept it
+    found: set[int] = set()
+    for sel in ops:
+        node = sel.node
+        reads = {key for arg in node.inputs for key in _tensor_keys(arg)}
+        found.update(owner[key] for key in reads if key in owner)
+        own = reads | {key for arg in node.outputs for key in _tensor_keys(arg)}
+        for key in own:
+            owner.pop(key, None)
+        if node.name.partition("::")[0] in oprules.COMMUNICATION_NAMESPACES:
+            continue
+        # Views of what the op read or returned (linear's t() of its weight) are not
+        # results of its own: a later read of one reads that storage, as it is.
+        storages = {key[1] for key in own}
+        stack = list(children.get(node.id, []))
+        while stack:
+            inner = stack.pop()
+            stack.extend(children.get(inner.id, []))
+            for arg in inner.outputs:
+                for key in _tensor_keys(arg):
+                    if key[1] not in storages:
+                        owner[key] = node.id
+    return {i for i in found if any(k.op_schema for k in children.get(i, []))}
+
+
+def _tensor_keys(arg: RawArg) -> list[tuple[int, int, int]]:
+    """(tensor id, storage id, element size) of the tensors of one recorded argument:
+    the allocator reuses a small temporary's TensorImpl and data addresses together,
+    for a wrapped Python scalar too (a double where the temporary was a float)."""
+    if "Tensor" not in arg.type:
+        return []
+    keys: list[tuple[int, int, int]] = []
+
+    def walk(value: object) -> None:
+        if not isinstance(value, list):
+            return
+        if len(value) >= 6 and isinstance(value[0], int) and isinstance(value[1], int) \
+                and isinstance(value[5], str):
+            if value[1]:  # a storage: not an undefined tensor or a wrapper
+                keys.append((value[0], value[1], value[4]))
+        else:
+            for item in value:
+                walk(item)
+
+    walk(arg.value)
+    return keys
+
+
+def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
+            backend_threads: set[int]) -> Selection:
     # scope_of[id] is None when an ancestor (or the node) is selected, else the annotation path.
     scope_of: dict[int, tuple[str, ...] | None] = {}
 

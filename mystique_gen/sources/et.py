@@ -83,6 +83,9 @@ class RawTrace:
     job_groups: list[ProcessGroupSpec] | None = None
     # passes/select.py repairs the observer's nesting in place, once.
     nesting_repaired: bool = False
+    # passes/select.py: ops replayed as their children (their inner results are read
+    # by later ops), found on the first selection, before covered arguments go.
+    descended: set[int] | None = None
 
     @property
     def node_count(self) -> int:
