@@ -472,9 +472,11 @@ def _data(hex_values, width, dtype, device):
     return torch.tensor(values, dtype=torch.int64).to(device=device, dtype=dtype)
 
 
-def _fit(value, shape, strides):
+def _fit(value, shape, strides, rows_of_one=False):
     """A data-dependent output at its recorded size: rows cut or repeated (so indices
     stay valid), laid out as recorded. Already the right size: returned as it is.
+    `rows_of_one`: the file derives views from a list result by storage offset, so
+    its tensors stay the rows of one buffer, as the original's were.
 
     It runs inside the timed step (a mixture of experts fits every expert's token list,
     every iteration), so it adds as little as it can: one harness scope per call, a cut
@@ -486,7 +488,7 @@ def _fit(value, shape, strides):
             return value
         with _harness():
             fitted = [_fit_one(v, s, st) for v, s, st in pairs]
-            if _rows_of_one(value):
+            if rows_of_one and _rows_of_one(value):
                 # torch.where's index tensors are the rows of one nonzero result, and a
                 # view this file derives from one of them reads the others by offset.
                 fitted = list(torch.stack(fitted).unbind(0))

@@ -379,7 +379,7 @@ def test_fill_kinds_produce_the_sizes_they_promise():
     # the original laid it out) reads the first (switch_transformers' routing).
     mask = torch.tensor([[True, False], [True, True], [False, True]])
     for n in (2, 5):
-        first, second = fit(torch.where(mask), [[n], [n]], [[1], [1]])
+        first, second = fit(torch.where(mask), [[n], [n]], [[1], [1]], True)
         assert second.as_strided([n], [1], 0).tolist() == first.tolist()
         pairs = set(zip(*torch.where(mask), strict=True))
         assert set(zip(first.tolist(), second.tolist(), strict=True)) <= \

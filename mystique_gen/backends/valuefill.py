@@ -45,5 +45,8 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
         rows = _shape_rows(value)
         if target == "_" or rows is None:
             continue
-        lines.extend(lay_out(f"{target} = ", exprs.call("_fit", [Atom(target), *rows]), depth))
+        joined = [Atom("True")] if op.outputs_viewed_by_offset and \
+            isinstance(value, ListValue) else []
+        lines.extend(lay_out(f"{target} = ",
+                             exprs.call("_fit", [Atom(target), *rows, *joined]), depth))
     return lines

@@ -174,6 +174,9 @@ class Op:
     scope: tuple[str, ...]  # names of the enclosing annotations, outermost first
     guard: str | None = None  # why this op may be unavailable at run time
     derive_before: list[DerivedView] = field(default_factory=list)  # views made just before
+    # A later view is derived from this op's outputs by storage offset (passes/tensors.py):
+    # a data-dependent list result keeps its tensors as rows of one buffer when fitted.
+    outputs_viewed_by_offset: bool = False
     free_after: list[Binding] = field(default_factory=list)  # variables last read here
     # Schedule (passes/streams.py; issue 6's --compose sets ``thread``/``stream`` too):
     # ``thread`` above is the host thread that issues the op (one replay unit per thread

@@ -320,6 +320,11 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
     if overruns:
         notes.append(f"{overruns} views reach past the tensor their producer returned; they "
                      "read a buffer of their own (no aliasing)")
+    for op in ops:
+        for view in op.derive_before:
+            base = view.base
+            if isinstance(base, OpOutput):
+                ops[base.op_index].outputs_viewed_by_offset = True
     _plan_frees(ops)
     return TensorPlan(storages=storages, notes=notes, peak_bytes=_peak_bytes(ops, storages))
 
