@@ -21,7 +21,6 @@ benchmark subtracts them at its measured cost per recorded event.
 from __future__ import annotations
 
 import statistics
-from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -29,7 +28,7 @@ from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.ir import Program
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace
-from mystique_gen.sources.kineto import CpuEvent, KinetoTrace
+from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, begun_between
 
 
 def _steps(events: list[CpuEvent], scopes: list[CpuEvent]) -> list[list[CpuEvent]]:
@@ -107,13 +106,13 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]) -> ProfileGaps
         for run, starts in zip(matched, step_starts, strict=True):
             for node, prev, ev in zip(nodes[1:], run[:-1], run[1:], strict=True):
                 samples[node.id].append(max(0.0, ev.ts - prev.end))
-                counts[node.id].append(_begun(starts, prev.end, ev.ts))
+                counts[node.id].append(begun_between(starts, prev.end, ev.ts))
         if scopes and all(scope.tid == matched_tid for scope in scopes):
             for scope, run, starts in zip(scopes, matched, step_starts, strict=True):
                 samples[nodes[0].id].append(max(0.0, run[0].ts - scope.ts))
-                counts[nodes[0].id].append(_begun(starts, scope.ts, run[0].ts))
+                counts[nodes[0].id].append(begun_between(starts, scope.ts, run[0].ts))
                 tails.append((max(0.0, scope.end - run[-1].end),
-                              _begun(starts, run[-1].end, scope.end + 1e-3)))
+                              begun_between(starts, run[-1].end, scope.end + 1e-3)))
     return ProfileGaps(
         gaps={nid: statistics.median(v) for nid, v in samples.items()},
         events={nid: round(statistics.median(v)) for nid, v in counts.items()},
@@ -121,11 +120,6 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]) -> ProfileGaps
         tail=statistics.median(t for t, _ in tails) if tails else None,
         tail_events=round(statistics.median(k for _, k in tails)) if tails else 0,
     )
-
-
-def _begun(starts: list[float], begin: float, end: float) -> int:
-    """How many of the sorted start times lie in [begin, end)."""
-    return bisect_left(starts, end) - bisect_left(starts, begin)
 
 
 def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) -> None:

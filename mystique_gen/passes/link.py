@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from mystique_gen.ir import KernelRecord, OpTiming, Program, ProgramTiming
 from mystique_gen.passes.select import is_root, select_ops
 from mystique_gen.sources.et import RawNode, RawTrace
-from mystique_gen.sources.kineto import CpuEvent, GpuEvent, KinetoTrace
+from mystique_gen.sources.kineto import CpuEvent, GpuEvent, KinetoTrace, begun_between
 
 METHODS = ("record_function_id", "external_id", "external_id_offset", "order")
 
@@ -159,8 +159,7 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
             # Scopes begun in the gap (autograd's, an optimizer's): recording them is in
             # the gap, and the benchmark subtracts it per event (_calibrate_gaps).
             thread = starts.get((ev.pid, ev.tid), [])
-            gap_events[node.id] = (bisect.bisect_left(thread, ev.ts)
-                                   - bisect.bisect_right(thread, prev.end))
+            gap_events[node.id] = begun_between(thread, prev.end, ev.ts)
         previous[node.tid] = ev
 
     linked = 0

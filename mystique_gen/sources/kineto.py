@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,3 +174,9 @@ def profile_beside(kineto: str | Path) -> Path | None:
         return None
     path = kineto.with_name(name)
     return path if path.is_file() else None
+
+
+def begun_between(starts: list[float], begin: float, end: float) -> int:
+    """How many of the sorted start times lie in [begin, end): the scopes begun in a
+    host gap (passes/link.py, passes/hostgaps.py count them the same way)."""
+    return bisect_left(starts, end) - bisect_left(starts, begin)
