@@ -23,6 +23,8 @@ model runs in a process of its own, so a crash or a hang costs one row.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -79,52 +81,119 @@ _TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start
                   "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
 
 
-def _shrink(cfg: Any, depth: int = 0) -> None:
-    """Shrink a config in place: widths, depths, heads, experts, vocabulary, per-layer
-    lists; sub-configs (text_config, encoder, ...) likewise."""
-    old_layers = next((getattr(cfg, k) for k in _LAYER_COUNT_KEYS
-                       if isinstance(getattr(cfg, k, None), int)), None)
-    for key, small in _SMALL.items():
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > small:
-            with contextlib.suppress(AttributeError, TypeError, ValueError):
-                setattr(cfg, key, small)
+def _names(cls: type, name: str) -> set[str]:
+    """The names a config attribute answers to: its own and its attribute_map aliases
+    (GPT-2's n_embd is hidden_size, ConvNeXt's num_stages is num_hidden_layers)."""
+    return {name, *(alias for alias, target in getattr(cls, "attribute_map", {}).items()
+                    if target == name)}
+
+
+def _small_for(cls: type, name: str) -> int | None:
+    return next((_SMALL[n] for n in sorted(_names(cls, name)) if n in _SMALL), None)
+
+
+def _smaller(cls: type, name: str, value: object, keep: frozenset[str]) -> int | None:
+    """The shrunk value of a config attribute, or None where it stays as it is."""
+    small = _small_for(cls, name)
+    if small is None or not _is_int(value) or value <= small or _names(cls, name) & keep:
+        return None
+    return small
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), depth: int = 0) -> Any:
+    """A shrunk copy of a config: widths, depths, heads, experts, vocabulary, per-layer
+    lists; sub-configs (text_config, encoder, ...) likewise. Attributes named in keep
+    stay as they are.
+
+    The copy is built through the config's constructor with the shrunk values as
+    arguments, so that what the config derives from them in __post_init__ (a latent
+    attention's head_dim from its rope part, Swin's hidden_size from embed_dim and the
+    stage count, default layer_types) follows, instead of staying derived from the
+    defaults."""
+    cls = type(cfg)
+    raw = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
+    new: dict[str, Any] = {}
+    stages = raw.get("depths")  # per-stage block counts of a vision backbone (a tuple or a list)
+    layer_key = next((k for k, v in raw.items() if _is_int(v)
+                      and _names(cls, k) & set(_LAYER_COUNT_KEYS)), None)
+    for key, value in raw.items():
+        if key == layer_key and isinstance(stages, (list, tuple)) and value == len(stages):
+            continue  # a count of stages, each with its own width: depths shrinks them
+        if (small := _smaller(cls, key, value, keep)) is not None:
+            new[key] = small
     for key in _TOKEN_ID_KEYS:
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and value >= VOCAB:
-            setattr(cfg, key, VOCAB - 1 - _TOKEN_ID_KEYS.index(key))
-    if isinstance(getattr(cfg, "max_position_embeddings", None), int):
-        cfg.max_position_embeddings = min(cfg.max_position_embeddings, 512)
-    new_layers = next((getattr(cfg, k) for k in _LAYER_COUNT_KEYS
-                       if isinstance(getattr(cfg, k, None), int)), None)
-    per_layer = [k for k, v in vars(cfg).items() if not k.startswith("_")
-                 and isinstance(v, list) and old_layers and new_layers
-                 and len(v) == old_layers != new_layers]
-    if per_layer and new_layers:
+        if _is_int(raw.get(key)) and raw[key] >= VOCAB:
+            new[key] = VOCAB - 1 - _TOKEN_ID_KEYS.index(key)
+    for key, value in raw.items():
+        if _names(cls, key) & {"max_position_embeddings"} and _is_int(value) and value > 512:
+            new[key] = 512
+    old_layers = raw.get(layer_key) if layer_key else None
+    new_layers = new.get(layer_key, old_layers) if layer_key else None
+    per_layer = [k for k, v in raw.items() if isinstance(v, (list, tuple)) and old_layers
+                 and new_layers and len(v) == old_layers != new_layers]
+    # Heterogeneous configs keep per-layer overrides (a head_dim of every sixth layer)
+    # apart from the global values: they are one more per-layer column.
+    spec = vars(cfg).get("_heterogeneity_spec")
+    overrides = getattr(spec, "per_layer_overrides", None) or {}
+    if old_layers and new_layers and new_layers != old_layers and (per_layer or overrides):
         # Keep layers of every kind a hybrid model has (attention and linear/SSM
-        # layers), the first of each distinct combination, in order.
-        rows = list(zip(*(getattr(cfg, k) for k in per_layer), strict=True))
-        firsts = sorted({rows.index(row) for row in rows})[:new_layers]
-        keep = sorted(firsts + [i for i in range(len(rows)) if i not in firsts]
-                      [:new_layers - len(firsts)])
+        # layers): the first layer with each value of each per-layer list in turn (so
+        # that variations of a later list do not crowd out a full-attention layer),
+        # then the first layers; in order.
+        columns = [[repr(v) for v in raw[k]] for k in per_layer]
+        columns.append([repr(sorted(overrides.get(i, {}).items())) for i in range(old_layers)])
+        chosen: set[int] = set()
+        for column in columns:
+            seen = {column[i] for i in chosen}
+            for i, value in enumerate(column):
+                if len(chosen) < new_layers and value not in seen:
+                    chosen.add(i)
+                    seen.add(value)
+        for i in range(old_layers):
+            if len(chosen) < new_layers:
+                chosen.add(i)
+        kept = sorted(chosen)
         for k in per_layer:
-            value = getattr(cfg, k)
-            setattr(cfg, k, [value[i] for i in keep])
-    for key, value in list(vars(cfg).items()):
-        if key.startswith("_") or key in per_layer:
+            new[k] = [raw[k][i] for i in kept]
+        if overrides:
+            new["per_layer_config"] = {
+                j: {a: v if (small := _smaller(cls, a, v, keep)) is None else small
+                    for a, v in overrides[i].items()}
+                for j, i in enumerate(kept) if i in overrides}
+    for key, value in raw.items():
+        if key in per_layer:
             continue
-        elif isinstance(value, list) and key in ("depths", "num_layers_per_stage"):
-            setattr(cfg, key, [min(v, 1) if isinstance(v, int) else v for v in value])
+        if isinstance(value, (list, tuple)) and key in ("depths", "num_layers_per_stage"):
+            new[key] = [min(v, 1) if _is_int(v) else v for v in value]
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
-            _shrink(value, depth + 1)
-    if hasattr(cfg, "use_cache"):
-        cfg.use_cache = False  # a step of training or scoring, not generation
+            new[key] = _shrunk(value, keep, depth + 1)
+    if "use_cache" in raw:
+        new["use_cache"] = False  # a step of training or scoring, not generation
     for key in ("image_size", "img_size"):
-        if isinstance(getattr(cfg, key, None), int):
-            setattr(cfg, key, IMAGE)
+        if _is_int(raw.get(key)):
+            new[key] = IMAGE
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    args = {k: v for k, v in new.items() if k in fields or k == "per_layer_config"}
+    try:
+        out = cls(**args, attn_implementation="eager")
+    except Exception:  # noqa: BLE001 - a config that cannot be rebuilt is set in place
+        out, fields = copy.deepcopy(cfg), set()
+    for key, value in new.items():
+        if key in fields or key == "per_layer_config":
+            continue
+        now = vars(out).get(key)
+        if _is_int(value) and _is_int(now) and now <= value:
+            continue  # derived from shrunk arguments already: leave it consistent
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            setattr(out, key, value)
     for key in ("attn_implementation", "_attn_implementation"):
         with contextlib.suppress(AttributeError, TypeError, ValueError):
-            setattr(cfg, key, "eager")
+            setattr(out, key, "eager")
+    return out
 
 
 def _mapping(kind: str) -> dict[str, str]:
@@ -153,8 +222,7 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
         class_name = class_name[0]
     try:
         cls = getattr(transformers, class_name)
-        cfg = CONFIG_MAPPING[arch]()
-        _shrink(cfg)
+        cfg = _shrunk(CONFIG_MAPPING[arch]())
         if kind == "image":
             cfg.num_labels = 4
         torch.manual_seed(0)
