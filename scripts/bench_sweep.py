@@ -56,19 +56,24 @@ _SMALL: dict[str, int] = {
     **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers",
                      "encoder_layers", "decoder_layers", "num_decoder_layers",
                      "num_encoder_layers"), 2),
-    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads",
-                     "encoder_attention_heads", "decoder_attention_heads"), 4),
-    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads",
-                     "multi_query_group_num"), 2),
+    **dict.fromkeys(_HEADS := ("num_attention_heads", "n_head", "n_heads", "num_heads",
+                               "encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(_KV_HEADS := ("num_key_value_heads", "n_kv_heads", "num_kv_heads",
+                                  "multi_query_group_num"), 2),
     **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
                      "d_ff", "n_inner", "ffn_hidden_size", "mlp_dim", "inner_hidden_size"),
                     128),
     **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size",
-                     "expert_intermediate_size", "moe_ffn_hidden_size"), 32),
-    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
-                     "num_routed_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts",
-                     "moe_k"), 2),
+                     "expert_intermediate_size", "moe_ffn_hidden_size", "expert_ffn_hidden_size",
+                     "moe_shared_expert_intermediate_size", "shared_experts_intermediate_size"),
+                    32),
+    **dict.fromkeys(_EXPERTS := ("num_experts", "num_local_experts", "n_routed_experts",
+                                 "moe_num_experts", "num_routed_experts"), 4),
+    **dict.fromkeys(_TOP_K := ("num_experts_per_tok", "num_experts_per_token", "moe_topk",
+                               "top_k", "num_selected_experts", "moe_k"), 2),
+    # Group-limited routing (DeepSeek): 4 experts in 2 groups of 2, the best group.
+    **dict.fromkeys(("n_group", "num_expert_group"), 2),
+    **dict.fromkeys(("topk_group",), 1),
     **dict.fromkeys(("head_dim", "attention_head_size", "d_kv", "kv_channels"), 16),
     **dict.fromkeys(("vocab_size", "n_vocab"), VOCAB),
     # Multi-head latent attention and partial rotary embeddings: parts of a head.
@@ -125,6 +130,17 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), depth: int = 0) -> Any
             continue  # a count of stages, each with its own width: depths shrinks them
         if (small := _smaller(cls, key, value, keep)) is not None:
             new[key] = small
+    heads = [k for k in raw if _names(cls, k) & set(_HEADS[:4])]
+    kv_heads = [k for k in raw if _names(cls, k) & set(_KV_HEADS)]
+    if heads and kv_heads and heads[0] in new and kv_heads[0] in new \
+            and raw[heads[0]] == raw[kv_heads[0]]:
+        # No grouped queries: latent attention (DeepSeek's MLA) expands keys to every
+        # head and some configs reject fewer key/value heads; keep them equal.
+        new[kv_heads[0]] = new[heads[0]]
+    experts = any(_is_int(v) and v > 0 and _names(cls, k) & set(_EXPERTS) for k, v in raw.items())
+    for key in [k for k, v in raw.items() if v is None and _names(cls, k) & set(_TOP_K)]:
+        if experts:  # DeepSeek-V2 leaves top-k unset by default: its router cannot run
+            new[key] = _SMALL[_TOP_K[0]]
     for key in _TOKEN_ID_KEYS:
         if _is_int(raw.get(key)) and raw[key] >= VOCAB:
             new[key] = VOCAB - 1 - _TOKEN_ID_KEYS.index(key)
