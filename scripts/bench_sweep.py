@@ -109,6 +109,22 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _given(cfg: Any) -> dict[str, Any]:
+    """What a sub-config was presumably built with: the fields that differ from their
+    class defaults. Fields that default to None are left out: __post_init__ derives
+    those (head_dim, layer_types), and they must follow the shrunk values."""
+    given: dict[str, Any] = {}
+    for field in dataclasses.fields(type(cfg)) if dataclasses.is_dataclass(cfg) else ():
+        default = field.default
+        if default is dataclasses.MISSING and field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        value = vars(cfg).get(field.name, default)
+        if default not in (None, dataclasses.MISSING) and value != default \
+                and not hasattr(value, "to_dict") and not field.name.startswith("_"):
+            given[field.name] = value
+    return given
+
+
 def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), depth: int = 0) -> Any:
     """A shrunk copy of a config: widths, depths, heads, experts, vocabulary, per-layer
     lists; sub-configs (text_config, encoder, ...) likewise. Attributes named in keep
@@ -118,7 +134,9 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), depth: int = 0) -> Any
     arguments, so that what the config derives from them in __post_init__ (a latent
     attention's head_dim from its rope part, Swin's hidden_size from embed_dim and the
     stage count, default layer_types) follows, instead of staying derived from the
-    defaults."""
+    defaults. A top-level config must be a default one (built without arguments); a
+    sub-config keeps what its parent built it with (an encoder-decoder's decoder has
+    cross-attention, an audio model's text_config its own sizes) as arguments too."""
     cls = type(cfg)
     raw = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
     new: dict[str, Any] = {}
@@ -194,6 +212,8 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), depth: int = 0) -> Any
             new[key] = IMAGE
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     args = {k: v for k, v in new.items() if k in fields or k == "per_layer_config"}
+    if depth:
+        args = {**_given(cfg), **args}
     try:
         out = cls(**args, attn_implementation="eager")
     except Exception:  # noqa: BLE001 - a config that cannot be rebuilt is set in place
