@@ -51,8 +51,9 @@ VOCAB = 256
 # are set; names differ between model families, so each family's spelling is listed.
 _WIDTH = 64
 _SMALL: dict[str, int] = {
-    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "n_embed", "dim", "embed_dim",
-                     "word_embed_proj_dim", "model_dim", "hidden_dim"), _WIDTH),
+    **dict.fromkeys(_WIDTHS := ("hidden_size", "d_model", "n_embd", "n_embed", "dim",
+                                "embed_dim", "word_embed_proj_dim", "model_dim", "hidden_dim"),
+                    _WIDTH),
     **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers",
                      "encoder_layers", "decoder_layers", "num_decoder_layers",
                      "num_encoder_layers"), 2),
@@ -74,12 +75,25 @@ _SMALL: dict[str, int] = {
     # Group-limited routing (DeepSeek): 4 experts in 2 groups of 2, the best group.
     **dict.fromkeys(("n_group", "num_expert_group"), 2),
     **dict.fromkeys(("topk_group",), 1),
-    **dict.fromkeys(("head_dim", "attention_head_size", "d_kv", "kv_channels"), 16),
+    **dict.fromkeys(_HEAD_SIZES := ("head_dim", "attention_head_size", "d_kv", "kv_channels"),
+                    16),
     **dict.fromkeys(("vocab_size", "n_vocab"), VOCAB),
     # Multi-head latent attention and partial rotary embeddings: parts of a head.
-    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim", "rope_dim"), 8),
-    **dict.fromkeys(("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
+    **dict.fromkeys(_HEAD_PARTS := ("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim",
+                                    "rope_dim"), 8),
+    **dict.fromkeys(_LATENTS := ("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
 }
+# Where a model does not build or run from the shrunk config, build() retries with
+# fewer attributes shrunk, rung by rung: (attributes left at their defaults, whether to
+# fill sizes the default config leaves unset). Head sizes first (a model may derive them
+# its own way), then widths too (Swin V2's embed_dim must stay a multiple of its stages'
+# head counts), last filling unset sizes (Hunyuan's head_dim, Nemotron's kv heads).
+_LADDER: tuple[tuple[frozenset[str], bool], ...] = (
+    (frozenset(), False),
+    (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS), False),
+    (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS), False),
+    (frozenset(), True),
+)
 # Per-layer lists (layer_types, mlp_only_layers, ...) are cut to the new layer count.
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
@@ -125,10 +139,11 @@ def _given(cfg: Any) -> dict[str, Any]:
     return given
 
 
-def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), depth: int = 0) -> Any:
+def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
+            depth: int = 0) -> Any:
     """A shrunk copy of a config: widths, depths, heads, experts, vocabulary, per-layer
     lists; sub-configs (text_config, encoder, ...) likewise. Attributes named in keep
-    stay as they are.
+    stay as they are; with fill, sizes left unset (None) get their small value.
 
     The copy is built through the config's constructor with the shrunk values as
     arguments, so that what the config derives from them in __post_init__ (a latent
@@ -159,6 +174,10 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), depth: int = 0) -> Any
     for key in [k for k, v in raw.items() if v is None and _names(cls, k) & set(_TOP_K)]:
         if experts:  # DeepSeek-V2 leaves top-k unset by default: its router cannot run
             new[key] = _SMALL[_TOP_K[0]]
+    for key in [k for k, v in raw.items() if v is None and fill and _small_for(cls, k)]:
+        # unset key/value heads mean as many as heads (no grouped queries)
+        new[key] = new.get(heads[0], raw[heads[0]]) if key in kv_heads and heads \
+            else _small_for(cls, key)
     for key in _TOKEN_ID_KEYS:
         if _is_int(raw.get(key)) and raw[key] >= VOCAB:
             new[key] = VOCAB - 1 - _TOKEN_ID_KEYS.index(key)
@@ -204,12 +223,14 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), depth: int = 0) -> Any
         if isinstance(value, (list, tuple)) and key in ("depths", "num_layers_per_stage"):
             new[key] = [min(v, 1) if _is_int(v) else v for v in value]
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
-            new[key] = _shrunk(value, keep, depth + 1)
+            new[key] = _shrunk(value, keep, fill, depth + 1)
     if "use_cache" in raw:
         new["use_cache"] = False  # a step of training or scoring, not generation
     for key in ("image_size", "img_size"):
         if _is_int(raw.get(key)):
             new[key] = IMAGE
+        elif isinstance(raw.get(key), (list, tuple)) and len(raw[key]) == 2:
+            new[key] = type(raw[key])((IMAGE, IMAGE))  # Hiera's and PVTv2's (height, width)
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     args = {k: v for k, v in new.items() if k in fields or k == "per_layer_config"}
     if depth:
@@ -248,7 +269,11 @@ class Skip(Exception):
 
 
 def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], Any]]:
-    """The model and two forward functions: one returning a loss, one for inference."""
+    """The model and two forward functions: one returning a loss, one for inference.
+
+    The config is shrunk as far as the model still builds and runs a step eagerly: where
+    it does not, each rung of _LADDER leaves more of it as it was. The skip reason is
+    the failure of the first rung, the most shrunk."""
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -256,26 +281,55 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
     class_name = _mapping(kind)[arch]
     if isinstance(class_name, (tuple, list)):
         class_name = class_name[0]
+    failure = ""
+    for keep, fill in _LADDER:
+        try:
+            cls = getattr(transformers, class_name)
+            cfg = _shrunk(CONFIG_MAPPING[arch](), keep, fill)
+            if kind == "image":
+                cfg.num_labels = 4
+            params = _parameters(cls, cfg)
+            if params > 30_000_000:
+                failure = failure or f"{params / 1e6:.0f}M parameters after shrinking"
+                continue
+            torch.manual_seed(0)
+            model = cls(cfg)
+        except ImportError as exc:  # a library the model needs is missing: no rung helps
+            raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - any build failure is a skip
+            failure = failure or f"build: {type(exc).__name__}: {_first_line(exc)}"
+            continue
+        loss_fn, infer_fn = _forwards(kind, cfg, model)
+        try:
+            _probe(model, loss_fn, infer_fn)
+        except Exception as exc:  # noqa: BLE001
+            failure = failure or f"eager: {type(exc).__name__}: {_first_line(exc)}"
+            continue
+        return model, loss_fn, infer_fn
+    raise Skip(failure)
+
+
+def _parameters(cls: Any, cfg: Any) -> int:
+    """The model's parameter count, from a build on the meta device (no memory, no
+    initialization), so that a rung that leaves a model too big costs nothing."""
+    import torch
+
     try:
-        cls = getattr(transformers, class_name)
-        cfg = _shrunk(CONFIG_MAPPING[arch]())
-        if kind == "image":
-            cfg.num_labels = 4
-        torch.manual_seed(0)
-        model = cls(cfg)
-    except Exception as exc:  # noqa: BLE001 - any build failure is a skip
-        raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
-    params = sum(p.numel() for p in model.parameters())
-    if params > 30_000_000:
-        raise Skip(f"{params / 1e6:.0f}M parameters after shrinking")
+        with torch.device("meta"):
+            return sum(p.numel() for p in cls(cfg).parameters())
+    except Exception:  # noqa: BLE001 - the real build will say what fails
+        return 0
+
+
+def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    import torch
+
     g = torch.Generator().manual_seed(0)
     if kind == "image":
         channels = getattr(cfg, "num_channels", 3) or 3
-        size = getattr(cfg, "image_size", IMAGE)
-        size = size if isinstance(size, int) else IMAGE
-        x = torch.randn(BATCH, channels, size, size, generator=g)
+        x = torch.randn(BATCH, channels, IMAGE, IMAGE, generator=g)
         labels = torch.randint(0, 4, (BATCH,), generator=g)
-        return model, (lambda: model(pixel_values=x, labels=labels).loss), \
+        return (lambda: model(pixel_values=x, labels=labels).loss), \
             (lambda: model(pixel_values=x))
     vocab = getattr(cfg, "vocab_size", None) or getattr(
         getattr(cfg, "text_config", None), "vocab_size", VOCAB)
@@ -284,7 +338,22 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
     inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if kind == "seq2seq":
         inputs["decoder_input_ids"] = ids
-    return model, (lambda: model(**inputs, labels=ids).loss), (lambda: model(**inputs))
+    return (lambda: model(**inputs, labels=ids).loss), (lambda: model(**inputs))
+
+
+def _probe(model: Any, loss_fn: Callable[[], Any], infer_fn: Callable[[], Any]) -> None:
+    """A training forward and backward and an inference forward: a config a model
+    builds from may still not run (shapes that disagree only show in forward)."""
+    import torch
+
+    model.train()
+    loss = loss_fn()
+    if loss is not None:  # run_step says so: a skip of its own
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad():
+        infer_fn()
 
 
 def _first_line(exc: BaseException | str) -> str:
