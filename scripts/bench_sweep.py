@@ -70,6 +70,7 @@ _SMALL: dict[str, int] = {
                     32),
     **dict.fromkeys(_EXPERTS := ("num_experts", "num_local_experts", "n_routed_experts",
                                  "moe_num_experts", "num_routed_experts"), 4),
+    **dict.fromkeys(("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"), 1),
     **dict.fromkeys(_TOP_K := ("num_experts_per_tok", "num_experts_per_token", "moe_topk",
                                "top_k", "num_selected_experts", "moe_k"), 2),
     # Group-limited routing (DeepSeek): 4 experts in 2 groups of 2, the best group.
@@ -108,7 +109,12 @@ def _names(cls: type, name: str) -> set[str]:
 
 
 def _small_for(cls: type, name: str) -> int | None:
-    return next((_SMALL[n] for n in sorted(_names(cls, name)) if n in _SMALL), None)
+    small = next((_SMALL[n] for n in sorted(_names(cls, name)) if n in _SMALL), None)
+    if small is None and (name.endswith(("vocab_size", "_vocab")) or name.startswith("vocab_size")):
+        # every family names its other vocabularies its own way: LUKE's entities,
+        # Gemma's per-layer inputs, BLT's byte-group hashes, FSMT's source and target
+        small = VOCAB
+    return small
 
 
 def _smaller(cls: type, name: str, value: object, keep: frozenset[str]) -> int | None:
@@ -285,7 +291,12 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
     for keep, fill in _LADDER:
         try:
             cls = getattr(transformers, class_name)
-            cfg = _shrunk(CONFIG_MAPPING[arch](), keep, fill)
+            cfg = CONFIG_MAPPING[arch]()
+            # A composite (multimodal) architecture's causal LM is its text model: build it
+            # from the composite's text_config, as the composite would.
+            sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
+                        and type(v) is getattr(cls, "config_class", None)), None)
+            cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
             if kind == "image":
                 cfg.num_labels = 4
             params = _parameters(cls, cfg)
