@@ -249,8 +249,8 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         if key in fields or key == "per_layer_config":
             continue
         now = vars(out).get(key)
-        if _is_int(value) and _is_int(now) and now <= value:
-            continue  # derived from shrunk arguments already: leave it consistent
+        if fields and (now != raw.get(key) or _is_int(now) and now <= value):
+            continue  # derived from the shrunk arguments (Swin's hidden_size): it follows them
         with contextlib.suppress(AttributeError, TypeError, ValueError):
             setattr(out, key, value)
     for key in ("attn_implementation", "_attn_implementation"):
