@@ -84,15 +84,18 @@ _SMALL: dict[str, int] = {
                                     "rope_dim"), 8),
     **dict.fromkeys(_LATENTS := ("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
 }
+_IMAGE_SIZES = ("image_size", "img_size")  # shrunk to IMAGE
 # Where a model does not build or run from the shrunk config, build() retries with
 # fewer attributes shrunk, rung by rung: (attributes left at their defaults, whether to
 # fill sizes the default config leaves unset). Head sizes first (a model may derive them
-# its own way), then widths too (Swin V2's embed_dim must stay a multiple of its stages'
-# head counts), last filling unset sizes (Hunyuan's head_dim, Nemotron's kv heads).
+# its own way), then widths and the image size too (Swin V2's embed_dim must stay a
+# multiple of its stages' head counts; Swin's windows must fit its last stage's grid,
+# MobileViTV2 downsamples 32 times), last filling unset sizes (Hunyuan's head_dim,
+# Nemotron's key/value heads).
 _LADDER: tuple[tuple[frozenset[str], bool], ...] = (
     (frozenset(), False),
     (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS), False),
-    (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS), False),
+    (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS + _IMAGE_SIZES), False),
     (frozenset(), True),
 )
 # Per-layer lists (layer_types, mlp_only_layers, ...) are cut to the new layer count.
@@ -232,7 +235,7 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
             new[key] = _shrunk(value, keep, fill, depth + 1)
     if "use_cache" in raw:
         new["use_cache"] = False  # a step of training or scoring, not generation
-    for key in ("image_size", "img_size"):
+    for key in [k for k in _IMAGE_SIZES if k not in keep]:
         if _is_int(raw.get(key)):
             new[key] = IMAGE
         elif isinstance(raw.get(key), (list, tuple)) and len(raw[key]) == 2:
@@ -338,7 +341,10 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
     g = torch.Generator().manual_seed(0)
     if kind == "image":
         channels = getattr(cfg, "num_channels", 3) or 3
-        x = torch.randn(BATCH, channels, IMAGE, IMAGE, generator=g)
+        size = getattr(cfg, "image_size", IMAGE)  # IMAGE, unless a rung of _LADDER kept it
+        height, width = (size, size) if _is_int(size) else tuple(size)[:2] \
+            if isinstance(size, (list, tuple)) and len(size) == 2 else (IMAGE, IMAGE)
+        x = torch.randn(BATCH, channels, height, width, generator=g)
         labels = torch.randint(0, 4, (BATCH,), generator=g)
         return (lambda: model(pixel_values=x, labels=labels).loss), \
             (lambda: model(pixel_values=x))
