@@ -85,6 +85,8 @@ _SMALL: dict[str, int] = {
     **dict.fromkeys(_LATENTS := ("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
 }
 _IMAGE_SIZES = ("image_size", "img_size")  # shrunk to IMAGE
+# Blocks per stage of a vision backbone, each shrunk to 1.
+_STAGE_DEPTHS = ("depths", "num_layers_per_stage")
 # Where a model does not build or run from the shrunk config, build() retries with
 # fewer attributes shrunk, rung by rung: (attributes left at their defaults, whether to
 # fill sizes the default config leaves unset). Head sizes first (a model may derive them
@@ -229,7 +231,7 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
     for key, value in raw.items():
         if key in per_layer:
             continue
-        if isinstance(value, (list, tuple)) and key in ("depths", "num_layers_per_stage"):
+        if isinstance(value, (list, tuple)) and key in _STAGE_DEPTHS:
             new[key] = [min(v, 1) if _is_int(v) else v for v in value]
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
             new[key] = _shrunk(value, keep, fill, depth + 1)
