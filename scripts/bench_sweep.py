@@ -86,7 +86,7 @@ _SMALL: dict[str, int] = {
 }
 _IMAGE_SIZES = ("image_size", "img_size")  # shrunk to IMAGE
 # Blocks per stage of a vision backbone, each shrunk to 1.
-_STAGE_DEPTHS = ("depths", "num_layers_per_stage")
+_STAGE_DEPTHS = ("depths", "num_layers_per_stage", "num_block_repeats")
 # Where a model does not build or run from the shrunk config, build() retries with
 # fewer attributes shrunk, rung by rung: (attributes left at their defaults, whether to
 # fill sizes the default config leaves unset). Head sizes first (a model may derive them
@@ -233,6 +233,8 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
             continue
         if isinstance(value, (list, tuple)) and key in _STAGE_DEPTHS:
             new[key] = [min(v, 1) if _is_int(v) else v for v in value]
+        elif key == "depth_coefficient" and isinstance(value, float) and value > 1:
+            new[key] = 1.0  # EfficientNet's compound scaling multiplies the stage depths
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
             new[key] = _shrunk(value, keep, fill, depth + 1)
     if "use_cache" in raw:
