@@ -181,6 +181,17 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         # No grouped queries: latent attention (DeepSeek's MLA) expands keys to every
         # head and some configs reject fewer key/value heads; keep them equal.
         new[kv_heads[0]] = new[heads[0]]
+    sizes = [k for k in raw if _names(cls, k) & set(_HEAD_SIZES)]
+    width = next((k for k in raw if _names(cls, k) & {"hidden_size"}), None)
+    expand = raw.get("expand")
+    if heads and sizes and width and _is_int(expand) and heads[0] in new \
+            and all(_is_int(raw[k]) for k in (heads[0], sizes[0], width)) \
+            and raw[heads[0]] * raw[sizes[0]] == expand * raw[width]:
+        # A state-space model (Mamba-2) splits its inner width, expand x hidden_size,
+        # into heads: the head count follows the shrunk widths, as in the default.
+        inner = expand * new.get(width, raw[width])
+        if inner % new.get(sizes[0], raw[sizes[0]]) == 0:
+            new[heads[0]] = inner // new.get(sizes[0], raw[sizes[0]])
     experts = any(_is_int(v) and v > 0 and _names(cls, k) & set(_EXPERTS) for k, v in raw.items())
     for key in [k for k, v in raw.items() if v is None and _names(cls, k) & set(_TOP_K)]:
         if experts:  # DeepSeek-V2 leaves top-k unset by default: its router cannot run
