@@ -52,11 +52,14 @@ VOCAB = 256
 _WIDTH = 64
 _SMALL: dict[str, int] = {
     **dict.fromkeys(_WIDTHS := ("hidden_size", "d_model", "n_embd", "n_embed", "dim",
-                                "embed_dim", "word_embed_proj_dim", "model_dim", "hidden_dim"),
-                    _WIDTH),
+                                "embed_dim", "word_embed_proj_dim", "model_dim", "hidden_dim",
+                                "hidden_size_global", "d_latents"), _WIDTH),
     **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers",
                      "encoder_layers", "decoder_layers", "num_decoder_layers",
-                     "num_encoder_layers"), 2),
+                     "num_encoder_layers", "num_self_attends_per_block"), 2),
+    # Layers that reuse an earlier layer's keys and values (Gemma 3n): with two layers,
+    # one of each attention type, none is left to reuse.
+    "num_kv_shared_layers": 0,
     **dict.fromkeys(_HEADS := ("num_attention_heads", "n_head", "n_heads", "num_heads",
                                "encoder_attention_heads", "decoder_attention_heads"), 4),
     **dict.fromkeys(_KV_HEADS := ("num_key_value_heads", "n_kv_heads", "num_kv_heads",
