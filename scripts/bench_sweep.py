@@ -204,7 +204,8 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         new[key] = new.get(heads[0], raw[heads[0]]) if key in kv_heads and heads \
             else _small_for(cls, key)
     for key in _TOKEN_ID_KEYS:
-        if _is_int(raw.get(key)) and raw[key] >= VOCAB:
+        # (with fill, unset ones too: ESM's embeddings need a padding id)
+        if _is_int(raw.get(key)) and raw[key] >= VOCAB or fill and key in raw and raw[key] is None:
             new[key] = VOCAB - 1 - _TOKEN_ID_KEYS.index(key)
     for key, value in raw.items():
         if _names(cls, key) & {"max_position_embeddings"} and _is_int(value) and value > 512:
