@@ -185,6 +185,12 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         # head and some configs reject fewer key/value heads; keep them equal.
         new[kv_heads[0]] = new[heads[0]]
     sizes = [k for k in raw if _names(cls, k) & set(_HEAD_SIZES)]
+    parts = [k for k in raw if _names(cls, k) & set(_HEAD_PARTS)]
+    for size, part in [(a, b) for a in sizes for b in parts if a in new and b in new]:
+        if raw[size] == raw[part]:
+            # A head_dim that is the rotary part's size (LongCat computes its rotary
+            # embedding for head_dim and applies it to the qk_rope_head_dim part).
+            new[size] = new[part]
     width = next((k for k in raw if _names(cls, k) & {"hidden_size"}), None)
     expand = raw.get("expand")
     if heads and sizes and width and _is_int(expand) and heads[0] in new \
