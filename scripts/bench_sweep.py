@@ -4,7 +4,8 @@ A vendor gets whatever trace a customer captured, so the benchmark must replay m
 nobody here tried. This section builds every architecture the installed
 ``transformers`` registers for causal LM, masked LM, seq2seq LM and image
 classification, from its default config shrunk generically (no weights are
-downloaded), captures one training step (loss, backward, AdamW) and one inference
+downloaded; where the model does not build or run eagerly from that, with fewer
+attributes shrunk), captures one training step (loss, backward, AdamW) and one inference
 step each, generates a benchmark with the CLI, replays it standalone
 (``--warmup 0 --iters 1 --et replay.json``, with ``mystique_gen`` unimportable) and
 compares the top-level op multisets by overload.
@@ -60,8 +61,8 @@ _SMALL: dict[str, int] = {
     # Layers that reuse an earlier layer's keys and values (Gemma 3n): with two layers,
     # one of each attention type, none is left to reuse.
     "num_kv_shared_layers": 0,
-    **dict.fromkeys(_HEADS := ("num_attention_heads", "n_head", "n_heads", "num_heads",
-                               "encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(_HEADS := ("num_attention_heads", "n_head", "n_heads", "num_heads"), 4),
+    **dict.fromkeys(("encoder_attention_heads", "decoder_attention_heads"), 4),
     **dict.fromkeys(_KV_HEADS := ("num_key_value_heads", "n_kv_heads", "num_kv_heads",
                                   "multi_query_group_num"), 2),
     **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
@@ -169,7 +170,7 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
     cls = type(cfg)
     raw = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
     new: dict[str, Any] = {}
-    stages = raw.get("depths")  # per-stage block counts of a vision backbone (a tuple or a list)
+    stages = raw.get("depths")  # blocks per stage of a vision backbone (a tuple or a list)
     layer_key = next((k for k, v in raw.items() if _is_int(v)
                       and _names(cls, k) & set(_LAYER_COUNT_KEYS)), None)
     for key, value in raw.items():
@@ -177,7 +178,7 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
             continue  # a count of stages, each with its own width: depths shrinks them
         if (small := _smaller(cls, key, value, keep)) is not None:
             new[key] = small
-    heads = [k for k in raw if _names(cls, k) & set(_HEADS[:4])]
+    heads = [k for k in raw if _names(cls, k) & set(_HEADS)]
     kv_heads = [k for k in raw if _names(cls, k) & set(_KV_HEADS)]
     if heads and kv_heads and heads[0] in new and kv_heads[0] in new \
             and raw[heads[0]] == raw[kv_heads[0]]:
@@ -277,7 +278,7 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         if key in fields or key == "per_layer_config":
             continue
         now = vars(out).get(key)
-        if fields and (now != raw.get(key) or _is_int(now) and now <= value):
+        if fields and (now != raw.get(key) or _is_int(now) and _is_int(value) and now <= value):
             continue  # derived from the shrunk arguments (Swin's hidden_size): it follows them
         with contextlib.suppress(AttributeError, TypeError, ValueError):
             setattr(out, key, value)
