@@ -4,7 +4,8 @@ A vendor gets whatever trace a customer captured, so the benchmark must replay m
 nobody here tried. This section builds every architecture the installed
 ``transformers`` registers for causal LM, masked LM, seq2seq LM and image
 classification, from its default config shrunk generically (no weights are
-downloaded), captures one training step (loss, backward, AdamW) and one inference
+downloaded; where the model does not build or run eagerly from that, with fewer
+attributes shrunk), captures one training step (loss, backward, AdamW) and one inference
 step each, generates a benchmark with the CLI, replays it standalone
 (``--warmup 0 --iters 1 --et replay.json``, with ``mystique_gen`` unimportable) and
 compares the top-level op multisets by overload.
@@ -23,6 +24,8 @@ model runs in a process of its own, so a crash or a hang costs one row.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -49,82 +52,240 @@ VOCAB = 256
 # are set; names differ between model families, so each family's spelling is listed.
 _WIDTH = 64
 _SMALL: dict[str, int] = {
-    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "n_embed", "dim", "embed_dim",
-                     "word_embed_proj_dim", "model_dim", "hidden_dim"), _WIDTH),
+    **dict.fromkeys(_WIDTHS := ("hidden_size", "d_model", "n_embd", "n_embed", "dim",
+                                "embed_dim", "word_embed_proj_dim", "model_dim", "hidden_dim",
+                                "hidden_size_global", "d_latents"), _WIDTH),
     **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers",
                      "encoder_layers", "decoder_layers", "num_decoder_layers",
-                     "num_encoder_layers"), 2),
-    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads",
-                     "encoder_attention_heads", "decoder_attention_heads"), 4),
-    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads",
-                     "multi_query_group_num"), 2),
+                     "num_encoder_layers", "num_self_attends_per_block"), 2),
+    # Layers that reuse an earlier layer's keys and values (Gemma 3n): with two layers,
+    # one of each attention type, none is left to reuse.
+    "num_kv_shared_layers": 0,
+    **dict.fromkeys(_HEADS := ("num_attention_heads", "n_head", "n_heads", "num_heads"), 4),
+    **dict.fromkeys(("encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(_KV_HEADS := ("num_key_value_heads", "n_kv_heads", "num_kv_heads",
+                                  "multi_query_group_num"), 2),
     **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
                      "d_ff", "n_inner", "ffn_hidden_size", "mlp_dim", "inner_hidden_size"),
                     128),
     **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size",
-                     "expert_intermediate_size", "moe_ffn_hidden_size"), 32),
-    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
-                     "num_routed_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts",
-                     "moe_k"), 2),
-    **dict.fromkeys(("head_dim", "attention_head_size", "d_kv", "kv_channels"), 16),
+                     "expert_intermediate_size", "moe_ffn_hidden_size", "expert_ffn_hidden_size",
+                     "moe_shared_expert_intermediate_size", "shared_experts_intermediate_size"),
+                    32),
+    **dict.fromkeys(_EXPERTS := ("num_experts", "num_local_experts", "n_routed_experts",
+                                 "moe_num_experts", "num_routed_experts"), 4),
+    **dict.fromkeys(("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"), 1),
+    **dict.fromkeys(_TOP_K := ("num_experts_per_tok", "num_experts_per_token", "moe_topk",
+                               "top_k", "num_selected_experts", "moe_k"), 2),
+    # Group-limited routing (DeepSeek): 4 experts in 2 groups of 2, the best group.
+    **dict.fromkeys(("n_group", "num_expert_group"), 2),
+    **dict.fromkeys(("topk_group",), 1),
+    **dict.fromkeys(_HEAD_SIZES := ("head_dim", "attention_head_size", "d_kv", "kv_channels"),
+                    16),
     **dict.fromkeys(("vocab_size", "n_vocab"), VOCAB),
     # Multi-head latent attention and partial rotary embeddings: parts of a head.
-    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim", "rope_dim"), 8),
-    **dict.fromkeys(("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
+    **dict.fromkeys(_HEAD_PARTS := ("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim",
+                                    "rope_dim"), 8),
+    **dict.fromkeys(_LATENTS := ("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
 }
+_IMAGE_SIZES = ("image_size", "img_size")  # shrunk to IMAGE
+# Blocks per stage of a vision backbone, each shrunk to 1.
+_STAGE_DEPTHS = ("depths", "num_layers_per_stage", "num_block_repeats")
+# Where a model does not build or run from the shrunk config, build() retries with
+# fewer attributes shrunk, rung by rung: (attributes left at their defaults, whether to
+# fill sizes the default config leaves unset). Head sizes first (a model may derive them
+# its own way), then widths and the image size too (Swin V2's embed_dim must stay a
+# multiple of its stages' head counts; Swin's windows must fit its last stage's grid,
+# MobileViTV2 downsamples 32 times), last filling unset sizes (Hunyuan's head_dim,
+# Nemotron's key/value heads).
+_LADDER: tuple[tuple[frozenset[str], bool], ...] = (
+    (frozenset(), False),
+    (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS), False),
+    (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS + _IMAGE_SIZES), False),
+    (frozenset(), True),
+)
 # Per-layer lists (layer_types, mlp_only_layers, ...) are cut to the new layer count.
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
                   "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
 
 
-def _shrink(cfg: Any, depth: int = 0) -> None:
-    """Shrink a config in place: widths, depths, heads, experts, vocabulary, per-layer
-    lists; sub-configs (text_config, encoder, ...) likewise."""
-    old_layers = next((getattr(cfg, k) for k in _LAYER_COUNT_KEYS
-                       if isinstance(getattr(cfg, k, None), int)), None)
-    for key, small in _SMALL.items():
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > small:
-            with contextlib.suppress(AttributeError, TypeError, ValueError):
-                setattr(cfg, key, small)
+def _names(cls: type, name: str) -> set[str]:
+    """The names a config attribute answers to: its own and its attribute_map aliases
+    (GPT-2's n_embd is hidden_size, ConvNeXt's num_stages is num_hidden_layers)."""
+    return {name, *(alias for alias, target in getattr(cls, "attribute_map", {}).items()
+                    if target == name)}
+
+
+def _small_for(cls: type, name: str) -> int | None:
+    small = next((_SMALL[n] for n in sorted(_names(cls, name)) if n in _SMALL), None)
+    if small is None and (name.endswith(("vocab_size", "_vocab")) or name.startswith("vocab_size")):
+        # every family names its other vocabularies its own way: LUKE's entities,
+        # Gemma's per-layer inputs, BLT's byte-group hashes, FSMT's source and target
+        small = VOCAB
+    return small
+
+
+def _smaller(cls: type, name: str, value: object, keep: frozenset[str]) -> int | None:
+    """The shrunk value of a config attribute, or None where it stays as it is."""
+    small = _small_for(cls, name)
+    if small is None or not _is_int(value) or value <= small or _names(cls, name) & keep:
+        return None
+    return small
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _given(cfg: Any) -> dict[str, Any]:
+    """What a sub-config was presumably built with: the fields that differ from their
+    class defaults. Fields that default to None are left out: __post_init__ derives
+    those (head_dim, layer_types), and they must follow the shrunk values."""
+    given: dict[str, Any] = {}
+    for field in dataclasses.fields(type(cfg)) if dataclasses.is_dataclass(cfg) else ():
+        default = field.default
+        if default is dataclasses.MISSING and field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        value = vars(cfg).get(field.name, default)
+        if default not in (None, dataclasses.MISSING) and value != default \
+                and not hasattr(value, "to_dict") and not field.name.startswith("_"):
+            given[field.name] = value
+    return given
+
+
+def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
+            depth: int = 0) -> Any:
+    """A shrunk copy of a config: widths, depths, heads, experts, vocabulary, per-layer
+    lists; sub-configs (text_config, encoder, ...) likewise. Attributes named in keep
+    stay as they are; with fill, sizes left unset (None) get their small value.
+
+    The copy is built through the config's constructor with the shrunk values as
+    arguments, so that what the config derives from them in __post_init__ (a latent
+    attention's head_dim from its rope part, Swin's hidden_size from embed_dim and the
+    stage count, default layer_types) follows, instead of staying derived from the
+    defaults. A top-level config must be a default one (built without arguments); a
+    sub-config keeps what its parent built it with (an encoder-decoder's decoder has
+    cross-attention, an audio model's text_config its own sizes) as arguments too."""
+    cls = type(cfg)
+    raw = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
+    new: dict[str, Any] = {}
+    stages = raw.get("depths")  # blocks per stage of a vision backbone (a tuple or a list)
+    layer_key = next((k for k, v in raw.items() if _is_int(v)
+                      and _names(cls, k) & set(_LAYER_COUNT_KEYS)), None)
+    for key, value in raw.items():
+        if key == layer_key and isinstance(stages, (list, tuple)) and value == len(stages):
+            continue  # a count of stages, each with its own width: depths shrinks them
+        if (small := _smaller(cls, key, value, keep)) is not None:
+            new[key] = small
+    heads = [k for k in raw if _names(cls, k) & set(_HEADS)]
+    kv_heads = [k for k in raw if _names(cls, k) & set(_KV_HEADS)]
+    if heads and kv_heads and heads[0] in new and kv_heads[0] in new \
+            and raw[heads[0]] == raw[kv_heads[0]]:
+        # No grouped queries: latent attention (DeepSeek's MLA) expands keys to every
+        # head and some configs reject fewer key/value heads; keep them equal.
+        new[kv_heads[0]] = new[heads[0]]
+    sizes = [k for k in raw if _names(cls, k) & set(_HEAD_SIZES)]
+    parts = [k for k in raw if _names(cls, k) & set(_HEAD_PARTS)]
+    for size, part in [(a, b) for a in sizes for b in parts if a in new and b in new]:
+        if raw[size] == raw[part]:
+            # A head_dim that is the rotary part's size (LongCat computes its rotary
+            # embedding for head_dim and applies it to the qk_rope_head_dim part).
+            new[size] = new[part]
+    width = next((k for k in raw if _names(cls, k) & {"hidden_size"}), None)
+    expand = raw.get("expand")
+    if heads and sizes and width and _is_int(expand) and heads[0] in new \
+            and all(_is_int(raw[k]) for k in (heads[0], sizes[0], width)) \
+            and raw[heads[0]] * raw[sizes[0]] == expand * raw[width]:
+        # A state-space model (Mamba-2) splits its inner width, expand x hidden_size,
+        # into heads: the head count follows the shrunk widths, as in the default.
+        inner = expand * new.get(width, raw[width])
+        if inner % new.get(sizes[0], raw[sizes[0]]) == 0:
+            new[heads[0]] = inner // new.get(sizes[0], raw[sizes[0]])
+    experts = any(_is_int(v) and v > 0 and _names(cls, k) & set(_EXPERTS) for k, v in raw.items())
+    for key in [k for k, v in raw.items() if v is None and _names(cls, k) & set(_TOP_K)]:
+        if experts:  # DeepSeek-V2 leaves top-k unset by default: its router cannot run
+            new[key] = _SMALL[_TOP_K[0]]
+    for key in [k for k, v in raw.items() if v is None and fill and _small_for(cls, k)]:
+        # unset key/value heads mean as many as heads (no grouped queries)
+        new[key] = new.get(heads[0], raw[heads[0]]) if key in kv_heads and heads \
+            else _small_for(cls, key)
     for key in _TOKEN_ID_KEYS:
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and value >= VOCAB:
-            setattr(cfg, key, VOCAB - 1 - _TOKEN_ID_KEYS.index(key))
-    if isinstance(getattr(cfg, "max_position_embeddings", None), int):
-        cfg.max_position_embeddings = min(cfg.max_position_embeddings, 512)
-    new_layers = next((getattr(cfg, k) for k in _LAYER_COUNT_KEYS
-                       if isinstance(getattr(cfg, k, None), int)), None)
-    per_layer = [k for k, v in vars(cfg).items() if not k.startswith("_")
-                 and isinstance(v, list) and old_layers and new_layers
-                 and len(v) == old_layers != new_layers]
-    if per_layer and new_layers:
+        # (with fill, unset ones too: ESM's embeddings need a padding id)
+        if _is_int(raw.get(key)) and raw[key] >= VOCAB or fill and key in raw and raw[key] is None:
+            new[key] = VOCAB - 1 - _TOKEN_ID_KEYS.index(key)
+    for key, value in raw.items():
+        if _names(cls, key) & {"max_position_embeddings"} and _is_int(value) and value > 512:
+            new[key] = 512
+    old_layers = raw.get(layer_key) if layer_key else None
+    new_layers = new.get(layer_key, old_layers) if layer_key else None
+    per_layer = [k for k, v in raw.items() if isinstance(v, (list, tuple)) and old_layers
+                 and new_layers and len(v) == old_layers != new_layers]
+    # Heterogeneous configs keep per-layer overrides (a head_dim of every sixth layer)
+    # apart from the global values: they are one more per-layer column.
+    spec = vars(cfg).get("_heterogeneity_spec")
+    overrides = getattr(spec, "per_layer_overrides", None) or {}
+    if old_layers and new_layers and new_layers != old_layers and (per_layer or overrides):
         # Keep layers of every kind a hybrid model has (attention and linear/SSM
-        # layers), the first of each distinct combination, in order.
-        rows = list(zip(*(getattr(cfg, k) for k in per_layer), strict=True))
-        firsts = sorted({rows.index(row) for row in rows})[:new_layers]
-        keep = sorted(firsts + [i for i in range(len(rows)) if i not in firsts]
-                      [:new_layers - len(firsts)])
+        # layers): the first layer with each value of each per-layer list in turn (so
+        # that variations of a later list do not crowd out a full-attention layer),
+        # then the first layers; in order.
+        columns = [[repr(v) for v in raw[k]] for k in per_layer]
+        columns.append([repr(sorted(overrides.get(i, {}).items())) for i in range(old_layers)])
+        chosen: set[int] = set()
+        for column in columns:
+            seen = {column[i] for i in chosen}
+            for i, value in enumerate(column):
+                if len(chosen) < new_layers and value not in seen:
+                    chosen.add(i)
+                    seen.add(value)
+        for i in range(old_layers):
+            if len(chosen) < new_layers:
+                chosen.add(i)
+        kept = sorted(chosen)
         for k in per_layer:
-            value = getattr(cfg, k)
-            setattr(cfg, k, [value[i] for i in keep])
-    for key, value in list(vars(cfg).items()):
-        if key.startswith("_") or key in per_layer:
+            new[k] = [raw[k][i] for i in kept]
+        if overrides:
+            new["per_layer_config"] = {
+                j: {a: v if (small := _smaller(cls, a, v, keep)) is None else small
+                    for a, v in overrides[i].items()}
+                for j, i in enumerate(kept) if i in overrides}
+    for key, value in raw.items():
+        if key in per_layer:
             continue
-        elif isinstance(value, list) and key in ("depths", "num_layers_per_stage"):
-            setattr(cfg, key, [min(v, 1) if isinstance(v, int) else v for v in value])
+        if isinstance(value, (list, tuple)) and key in _STAGE_DEPTHS:
+            new[key] = [min(v, 1) if _is_int(v) else v for v in value]
+        elif key == "depth_coefficient" and isinstance(value, float) and value > 1:
+            new[key] = 1.0  # EfficientNet's compound scaling multiplies the stage depths
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
-            _shrink(value, depth + 1)
-    if hasattr(cfg, "use_cache"):
-        cfg.use_cache = False  # a step of training or scoring, not generation
-    for key in ("image_size", "img_size"):
-        if isinstance(getattr(cfg, key, None), int):
-            setattr(cfg, key, IMAGE)
+            new[key] = _shrunk(value, keep, fill, depth + 1)
+    if "use_cache" in raw:
+        new["use_cache"] = False  # a step of training or scoring, not generation
+    for key in [k for k in _IMAGE_SIZES if k not in keep]:
+        if _is_int(raw.get(key)):
+            new[key] = IMAGE
+        elif isinstance(raw.get(key), (list, tuple)) and len(raw[key]) == 2:
+            new[key] = type(raw[key])((IMAGE, IMAGE))  # Hiera's and PVTv2's (height, width)
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    args = {k: v for k, v in new.items() if k in fields or k == "per_layer_config"}
+    if depth:
+        args = {**_given(cfg), **args}
+    try:
+        out = cls(**args, attn_implementation="eager")
+    except Exception:  # noqa: BLE001 - a config that cannot be rebuilt is set in place
+        out, fields = copy.deepcopy(cfg), set()
+    for key, value in new.items():
+        if key in fields or key == "per_layer_config":
+            continue
+        now = vars(out).get(key)
+        if fields and (now != raw.get(key) or _is_int(now) and _is_int(value) and now <= value):
+            continue  # derived from the shrunk arguments (Swin's hidden_size): it follows them
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            setattr(out, key, value)
     for key in ("attn_implementation", "_attn_implementation"):
         with contextlib.suppress(AttributeError, TypeError, ValueError):
-            setattr(cfg, key, "eager")
+            setattr(out, key, "eager")
+    return out
 
 
 def _mapping(kind: str) -> dict[str, str]:
@@ -143,7 +304,11 @@ class Skip(Exception):
 
 
 def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], Any]]:
-    """The model and two forward functions: one returning a loss, one for inference."""
+    """The model and two forward functions: one returning a loss, one for inference.
+
+    The config is shrunk as far as the model still builds and runs a step eagerly: where
+    it does not, each rung of _LADDER leaves more of it as it was. The skip reason is
+    the failure of the first rung, the most shrunk."""
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -151,27 +316,63 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
     class_name = _mapping(kind)[arch]
     if isinstance(class_name, (tuple, list)):
         class_name = class_name[0]
+    failure = ""
+    for keep, fill in _LADDER:
+        try:
+            cls = getattr(transformers, class_name)
+            cfg = CONFIG_MAPPING[arch]()
+            # A composite (multimodal) architecture's causal LM is its text model: build it
+            # from the composite's text_config, as the composite would.
+            sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
+                        and type(v) is getattr(cls, "config_class", None)), None)
+            cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
+            if kind == "image":
+                cfg.num_labels = 4
+            params = _parameters(cls, cfg)
+            if params > 30_000_000:
+                failure = failure or f"{params / 1e6:.0f}M parameters after shrinking"
+                continue
+            torch.manual_seed(0)
+            model = cls(cfg)
+        except ImportError as exc:  # a library the model needs is missing: no rung helps
+            raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - any build failure is a skip
+            failure = failure or f"build: {type(exc).__name__}: {_first_line(exc)}"
+            continue
+        loss_fn, infer_fn = _forwards(kind, cfg, model)
+        try:
+            _probe(model, loss_fn, infer_fn)
+        except Exception as exc:  # noqa: BLE001
+            failure = failure or f"eager: {type(exc).__name__}: {_first_line(exc)}"
+            continue
+        return model, loss_fn, infer_fn
+    raise Skip(failure)
+
+
+def _parameters(cls: Any, cfg: Any) -> int:
+    """The model's parameter count, from a build on the meta device (no memory, no
+    initialization), so that a rung that leaves a model too big costs nothing."""
+    import torch
+
     try:
-        cls = getattr(transformers, class_name)
-        cfg = CONFIG_MAPPING[arch]()
-        _shrink(cfg)
-        if kind == "image":
-            cfg.num_labels = 4
-        torch.manual_seed(0)
-        model = cls(cfg)
-    except Exception as exc:  # noqa: BLE001 - any build failure is a skip
-        raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
-    params = sum(p.numel() for p in model.parameters())
-    if params > 30_000_000:
-        raise Skip(f"{params / 1e6:.0f}M parameters after shrinking")
+        with torch.device("meta"):
+            return sum(p.numel() for p in cls(cfg).parameters())
+    except Exception:  # noqa: BLE001 - the real build will say what fails
+        return 0
+
+
+def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    import torch
+
     g = torch.Generator().manual_seed(0)
     if kind == "image":
         channels = getattr(cfg, "num_channels", 3) or 3
-        size = getattr(cfg, "image_size", IMAGE)
-        size = size if isinstance(size, int) else IMAGE
-        x = torch.randn(BATCH, channels, size, size, generator=g)
+        size = getattr(cfg, "image_size", IMAGE)  # IMAGE, unless a rung of _LADDER kept it
+        height, width = (size, size) if _is_int(size) else tuple(size)[:2] \
+            if isinstance(size, (list, tuple)) and len(size) == 2 else (IMAGE, IMAGE)
+        x = torch.randn(BATCH, channels, height, width, generator=g)
         labels = torch.randint(0, 4, (BATCH,), generator=g)
-        return model, (lambda: model(pixel_values=x, labels=labels).loss), \
+        return (lambda: model(pixel_values=x, labels=labels).loss), \
             (lambda: model(pixel_values=x))
     vocab = getattr(cfg, "vocab_size", None) or getattr(
         getattr(cfg, "text_config", None), "vocab_size", VOCAB)
@@ -180,7 +381,22 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
     inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if kind == "seq2seq":
         inputs["decoder_input_ids"] = ids
-    return model, (lambda: model(**inputs, labels=ids).loss), (lambda: model(**inputs))
+    return (lambda: model(**inputs, labels=ids).loss), (lambda: model(**inputs))
+
+
+def _probe(model: Any, loss_fn: Callable[[], Any], infer_fn: Callable[[], Any]) -> None:
+    """A training forward and backward and an inference forward: a config a model
+    builds from may still not run (shapes that disagree only show in forward)."""
+    import torch
+
+    model.train()
+    loss = loss_fn()
+    if loss is not None:  # run_step says so: a skip of its own
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad():
+        infer_fn()
 
 
 def _first_line(exc: BaseException | str) -> str:
