@@ -15,10 +15,12 @@ our failure), ``gen error``, ``run error``, ``op mismatch``, ``pass``. Each fail
 prints the first line of its error.
 
 Environment: SWEEP_ONLY=substr,... (architecture names containing any), SWEEP_KINDS=
-causal,masked,seq2seq,image, SWEEP_LIMIT=N (first N per kind), SWEEP_JOBS=N (models at
-once; default 1), SWEEP_STEPS=train,infer, SWEEP_TIMEOUT=seconds per model (default
-900). Traces go to a temporary directory (SWEEP_KEEP=DIR keeps them in DIR/ARCH). Each
-model runs in a process of its own, so a crash or a hang costs one row.
+causal,masked,seq2seq,image, SWEEP_LIMIT=N (first N per kind), SWEEP_SAMPLE=K/N (the
+architectures whose place in the sorted list is K modulo N: a sweep in N parts, each a
+spread of every kind and family), SWEEP_JOBS=N (models at once; default 1),
+SWEEP_STEPS=train,infer, SWEEP_TIMEOUT=seconds per model (default 900). Traces go to a
+temporary directory (SWEEP_KEEP=DIR keeps them in DIR/ARCH). Each model runs in a
+process of its own, so a crash or a hang costs one row.
 """
 
 from __future__ import annotations
@@ -541,6 +543,10 @@ def main() -> int:
     timeout = float(os.environ.get("SWEEP_TIMEOUT", "900"))
     work = [(k, a) for k in kinds for a in
             [a for a in sorted(_mapping(k)) if not only or any(s in a for s in only)][:limit]]
+    sample = os.environ.get("SWEEP_SAMPLE")
+    if sample:
+        part, parts = (int(x) for x in sample.split("/"))
+        work = [w for i, w in enumerate(work) if i % parts == part]
     print(f"{len(work)} architectures x {len(steps)} steps, {jobs} at a time", flush=True)
     print(f"{'kind':<8} {'arch':<28} {'step':<6} {'outcome':<12} {'ops':>5} {'s':>5}  error",
           flush=True)
