@@ -126,3 +126,33 @@ def test_per_rank_kineto_timing_replays_every_ranks_host_gaps(tmp_path):
     originals = [r["original_ms"] for r in per_rank]
     assert all(ms > 0 for ms in originals) and result["original_ms"] == max(originals)
     assert result["original_ratio"] == pytest.approx(result["iter_ms_median"] / max(originals))
+
+
+def test_fsdp2_replays_without_the_module_that_registers_its_ops(captured, tmp_path):
+    """On a torch without FSDP2's module the fsdp:: ops do not resolve: the benchmark
+    runs the harness's equivalents in torch ops (the same copies into the same
+    buffers), says so on stderr and in --json, and every rank still replays its
+    recorded collectives and ops."""
+    ranks = [captured / f"fsdp2-rank-{r}.json" for r in (0, 1)]
+    bench = tmp_path / "bench.py"
+    assert cli_main([str(p) for p in ranks] + ["-o", str(bench)]) == 0
+    runner = tmp_path / "without_fsdp.py"
+    runner.write_text(
+        "import runpy, sys\n"
+        "sys.modules['torch.distributed.fsdp._fully_shard._fsdp_collectives'] = None\n"
+        "sys.modules['mystique_gen'] = None\n"
+        "path = sys.argv[1]\nsys.argv = sys.argv[1:]\n"
+        "runpy.run_path(path, run_name='__main__')\n")
+    proc = _torchrun(str(runner), str(bench), "--device", "cpu", "--warmup", "1", "--iters",
+                     "2", "--json", "--et", str(tmp_path / "replay.json"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = last_json(proc.stdout)
+    assert result["skipped_at_runtime"] == []
+    assert result["equivalents_at_runtime"] == [
+        "fsdp::all_gather_copy_in.default", "fsdp::chunk_cat.default",
+        "fsdp::split_with_sizes_copy.default"]
+    assert "running its equivalent in torch ops" in proc.stderr
+    for r, original in enumerate(ranks):
+        replay = tmp_path / f"replay.rank{r}.json"
+        recorded = collective_sequence(load_trace(original))
+        assert recorded and collective_sequence(load_trace(replay)) == recorded

@@ -127,10 +127,66 @@ def _load_namespace(module):
 
 
 def _op(resolve, name):
+    """The operator `resolve()` names; where this torch lacks it, its equivalent in
+    torch ops if the harness has one (said on stderr and in --json), else a stand-in
+    that makes the call's guard skip it."""
     try:
         return resolve()
     except (AttributeError, RuntimeError) as exc:
-        return _Unavailable(name, str(exc).splitlines()[0] if str(exc) else name)
+        why = str(exc).splitlines()[0] if str(exc) else name
+        equivalent = _EQUIVALENTS.get(name)
+        if equivalent is None:
+            return _Unavailable(name, why)
+        _RUNTIME["equivalents"].append(name)
+        print(
+            f"mystique: {name} is unavailable here ({why[:120]}): running its "
+            "equivalent in torch ops",
+            file=sys.stderr,
+        )
+        return equivalent
+
+
+# FSDP2's operators (fsdp::, registered by the torch module that defines them), written
+# with torch ops for a torch without that module: the same copies, on the same buffers.
+def _fsdp_all_gather_copy_in(
+    all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank
+):
+    """This rank's shards, copied into its part of the all-gather buffer."""
+    all_gather_input = all_gather_output.narrow(
+        0, all_gather_input_numel * rank, all_gather_input_numel
+    )
+    destinations = list(torch.split(all_gather_input, list(inp_split_sizes)))
+    with torch.no_grad():
+        if hasattr(torch, "_foreach_copy_"):
+            torch._foreach_copy_(destinations, list(all_gather_inputs))
+        else:
+            for destination, source in zip(
+                destinations, all_gather_inputs, strict=True
+            ):
+                destination.copy_(source)
+    return all_gather_input, all_gather_output
+
+
+def _fsdp_split_with_sizes_copy(
+    all_gather_output, all_gather_input_split_sizes, dim=0, *, out
+):
+    """The all-gathered buffer, split along `dim` and copied into `out`."""
+    parts = torch.split(all_gather_output, list(all_gather_input_split_sizes), dim=dim)
+    for destination, part in zip(out, parts, strict=True):
+        destination.copy_(part)
+
+
+def _fsdp_chunk_cat(tensors, dim, num_chunks, *, out):
+    """Each tensor cut in `num_chunks` chunks along `dim`, chunk k of all of them
+    concatenated as row k of `out` (torch._chunk_cat, which pads uneven chunks)."""
+    torch._chunk_cat(tensors, dim, num_chunks, out=out)
+
+
+_EQUIVALENTS = {
+    "fsdp::all_gather_copy_in.default": _fsdp_all_gather_copy_in,
+    "fsdp::split_with_sizes_copy.default": _fsdp_split_with_sizes_copy,
+    "fsdp::chunk_cat.default": _fsdp_chunk_cat,
+}
 
 
 _RUNTIME = {
@@ -146,6 +202,7 @@ _RUNTIME = {
     "gap_carry": {},
     "threads": None,
     "et_observer": False,  # an ExecutionTraceObserver is attached (see _harness)
+    "equivalents": [],  # ops run as the harness's equivalents (see _op)
 }
 
 
@@ -841,6 +898,7 @@ def main(argv=None):
             "device": str(device),
             "ops": OPS,
             "skipped_at_runtime": sorted(_RUNTIME["skipped"]),
+            "equivalents_at_runtime": sorted(_RUNTIME["equivalents"]),
             "trace": TRACE["name"],
             "trace_sha256": TRACE["sha256"],
             "generator": GENERATOR,
