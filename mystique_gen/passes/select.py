@@ -166,7 +166,8 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
         if not private:
             continue
         levels = {node.parent}  # its parent, and async scopes opened after it there
-        for later in trace.nodes[k + 1:]:
+        for j in range(k + 1, len(trace.nodes)):  # (no slice: a copy per collective)
+            later = trace.nodes[j]
             if later.tid != node.tid or later.parent not in levels:
                 continue  # another thread's, or inside an op already seen
             if oprules.ASYNC_SCOPE.match(later.name):
@@ -186,7 +187,8 @@ def _adopt_front_end_tensor(nodes: list[RawNode], k: int, own: set[int]) -> None
     ``aten::empty`` of no elements); the replayed call makes its own, so the op that
     made it belongs to the collective."""
     node = nodes[k]
-    for before in reversed(nodes[:k]):
+    for j in range(k - 1, -1, -1):
+        before = nodes[j]
         if before.tid != node.tid or before.parent != node.parent:
             continue
         made = {sid for arg in before.outputs for sid in raw_storage_ids(arg)}
