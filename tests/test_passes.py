@@ -284,6 +284,25 @@ def test_a_composite_whose_inner_result_is_read_later_replays_as_its_children():
     assert composite not in ids
 
 
+def test_a_composite_stays_whole_where_its_children_are_a_backends_kernels():
+    """Attention keeps its logsumexp for the backward too, but its child is CUDA's
+    flash kernel: descending would make a CUDA trace's replay skip attention on any
+    other device, so the portable composite is replayed whole."""
+    b = TraceBuilder()
+    sdpa = ("aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
+            "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, "
+            "float? scale=None, bool enable_gqa=False) -> Tensor")
+    flash = ("aten::_scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor "
+             "value, float dropout_p=0.0, bool is_causal=False, bool return_debug_mask="
+             "False, *, float? scale=None) -> (Tensor output, Tensor logsumexp)")
+    q, out, lse = b.tensor((1, 2, 4, 8)), b.tensor((1, 2, 4, 8)), b.tensor((1, 2, 4))
+    whole = b.op(sdpa, [q, q, q, None, 0.0, False, None, False], [out])
+    b.op(flash, [q, q, q, 0.0, False, False, None], [out, lse], parent=whole)
+    backward = b.op(RELU, [lse], [b.tensor((1, 2, 4))])
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [whole, backward]
+
+
 def test_parent_cycle_is_an_error_with_node_and_field():
     b = TraceBuilder()
     a = b.annotation("a")

@@ -356,7 +356,8 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
     computes them and drops them, and the backward reads a buffer made before timing:
     not the values the forward computed, and memory the step never allocates. Such an
     op is replayed as its children (:func:`select_ops` descends into it), which return
-    those tensors. Collectives are kept whole (their insides are the backend's).
+    those tensors, where they can run wherever the op can (:func:`_portable_children`).
+    Collectives are kept whole (their insides are the backend's).
     A tensor is known by (tensor id, storage id, element size); one that an op returns
     later under the same key is a new tensor (the allocator reused both), so it no
     longer counts."""
@@ -386,7 +387,16 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
                 for key in _tensor_keys(arg):
                     if key[1] not in storages:
                         owner[key] = node.id
-    return {i for i in found if any(k.op_schema for k in children.get(i, []))}
+    return {i for i in found if _portable_children(children.get(i, []))}
+
+
+def _portable_children(kids: list[RawNode]) -> bool:
+    """Whether an op's children can replay wherever the op can: descending into
+    attention would trade a portable composite for a backend's kernel
+    (``_scaled_dot_product_flash_attention``, CUDA only), so such an op stays whole."""
+    ops = [k for k in kids if k.op_schema]
+    return bool(ops) and all(
+        oprules.guard_reason(*k.name.split("::", 1)) is None for k in ops if "::" in k.name)
 
 
 def _tensor_keys(arg: RawArg) -> list[tuple[int, int, int]]:
