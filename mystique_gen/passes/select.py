@@ -27,7 +27,13 @@ from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, not_replayed
 from mystique_gen.ir.schema import is_op_name
-from mystique_gen.sources.et import RawArg, RawNode, RawTrace, raw_storage_ids
+from mystique_gen.sources.et import (
+    RawArg,
+    RawNode,
+    RawTrace,
+    raw_storage_ids,
+    tensor_records,
+)
 
 ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
 SUBCLASS_DISPATCH = "PythonSubclass"  # the observer's node for __torch_dispatch__
@@ -268,19 +274,11 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
 
 
 def _on_storageless(node: RawNode) -> bool:
-    """Whether a tensor argument of the node has no storage (recorded device "")."""
-
-    def walk(value: object) -> bool:
-        if not isinstance(value, list):
-            return False
-        if len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str):
-            return value[5] == ""
-        return any(walk(item) for item in value)
-
-    # An undefined tensor (an optional weight left out) is recorded the same way; only
-    # its type tells it apart ("Tensor(nullptr (uninitialized))").
-    return any("Tensor" in arg.type and "nullptr" not in arg.type and walk(arg.value)
-               for arg in (*node.inputs, *node.outputs))
+    """Whether a tensor argument of the node has no storage (recorded device "").
+    An undefined tensor (an optional weight left out) is recorded the same way; only
+    its type tells it apart ("Tensor(nullptr (uninitialized))")."""
+    return any(record[5] == "" for arg in (*node.inputs, *node.outputs)
+               if "nullptr" not in arg.type for record in tensor_records(arg))
 
 
 def _is_collective(node: RawNode) -> bool:
@@ -400,26 +398,11 @@ def _portable_children(kids: list[RawNode]) -> bool:
 
 
 def _tensor_keys(arg: RawArg) -> list[tuple[int, int, int]]:
-    """(tensor id, storage id, element size) of the tensors of one recorded argument:
-    the allocator reuses a small temporary's TensorImpl and data addresses together,
-    for a wrapped Python scalar too (a double where the temporary was a float)."""
-    if "Tensor" not in arg.type:
-        return []
-    keys: list[tuple[int, int, int]] = []
-
-    def walk(value: object) -> None:
-        if not isinstance(value, list):
-            return
-        if len(value) >= 6 and isinstance(value[0], int) and isinstance(value[1], int) \
-                and isinstance(value[5], str):
-            if value[1]:  # a storage: not an undefined tensor or a wrapper
-                keys.append((value[0], value[1], value[4]))
-        else:
-            for item in value:
-                walk(item)
-
-    walk(arg.value)
-    return keys
+    """(tensor id, storage id, element size) of the tensors of one recorded argument
+    that have a storage: the allocator reuses a small temporary's TensorImpl and data
+    addresses together, for a wrapped Python scalar too (a double where the temporary
+    was a float)."""
+    return [(r[0], r[1], r[4]) for r in tensor_records(arg) if r[1] and isinstance(r[0], int)]
 
 
 def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],

@@ -41,20 +41,26 @@ class RawArg:
     strides: Any | None  # None where the trace predates strides
 
 
-def raw_storage_ids(raw: RawArg) -> Iterator[int]:
-    """Storage ids of the tensors in one recorded argument (nested lists included)."""
+def tensor_records(raw: RawArg) -> Iterator[list]:
+    """The tensor records of one recorded argument, nested lists included: each
+    ``[tensor id, storage id, offset, numel, itemsize, device]``."""
 
-    def walk(value: object) -> Iterator[int]:
+    def walk(value: object) -> Iterator[list]:
         if not isinstance(value, list):
             return
         if len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str):
-            yield value[1]  # [tensor id, storage id, offset, numel, itemsize, device]
+            yield value
         else:
             for item in value:
                 yield from walk(item)
 
     if "Tensor" in raw.type:
         yield from walk(raw.value)
+
+
+def raw_storage_ids(raw: RawArg) -> Iterator[int]:
+    """Storage ids of the tensors in one recorded argument (nested lists included)."""
+    return (record[1] for record in tensor_records(raw))
 
 
 @dataclass(slots=True)
