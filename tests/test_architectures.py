@@ -4,8 +4,9 @@ Each exercises a mechanism the issue-12 sweep (scripts/bench_sweep.py) found fra
 relative position buckets from wrapped Python scalars (T5: storage ids reused by
 scalars of other values), mixture-of-experts routing (top-k, data-dependent expert
 batches; Llama 4's router starts from full_like(logits, -inf), recorded as "-inf"),
-rotary embeddings and cache positions (Llama: arange plus a wrapped offset), and a
-state-space layer (Mamba). One training step (loss, backward, AdamW) is captured,
+rotary embeddings and cache positions (Llama: arange plus a wrapped offset), a
+state-space layer (Mamba), and routing read through torch.where's index tensors
+(Switch Transformers). One training step (loss, backward, AdamW) is captured,
 compiled, replayed standalone, and must replay the same multiset of top-level op
 overloads. transformers is in the ``test`` extra; where it is missing these tests are
 skipped.
@@ -76,6 +77,20 @@ def mamba() -> tuple[torch.nn.Module, dict[str, Any]]:
     return transformers.MambaForCausalLM(cfg), _lm_inputs()
 
 
+def switch_transformers() -> tuple[torch.nn.Module, dict[str, Any]]:
+    # Top-1 routing read through torch.where's two index tensors, rows of one buffer:
+    # the reader of the first was given a view derived by offset from the second,
+    # which read token indices as top-k slots once fitted (IndexError).
+    cfg = transformers.SwitchTransformersConfig(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=2, num_experts=4, expert_capacity=8, num_sparse_encoder_layers=1,
+        num_sparse_decoder_layers=1, relative_attention_num_buckets=8,
+        decoder_start_token_id=0)
+    ids = torch.randint(1, VOCAB, (2, 12))
+    return transformers.SwitchTransformersForConditionalGeneration(cfg), \
+        {"input_ids": ids, "labels": ids}
+
+
 def _lm_inputs() -> dict[str, Any]:
     ids = torch.randint(1, VOCAB, (2, 12))
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
@@ -83,7 +98,7 @@ def _lm_inputs() -> dict[str, Any]:
 
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, dict[str, Any]]]] = {
     "t5": t5, "mixtral": mixtral, "qwen2_moe": qwen2_moe, "llama4_text": llama4_text,
-    "llama": llama, "mamba": mamba,
+    "llama": llama, "mamba": mamba, "switch_transformers": switch_transformers,
 }
 
 
