@@ -21,6 +21,7 @@ runs them again on the replay's own backend threads, so they are not replayed
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from mystique_gen import oprules
@@ -59,6 +60,24 @@ def is_root(node: RawNode) -> bool:
     return node.name.startswith(ROOT_PREFIXES)
 
 
+def children_of(trace: RawTrace) -> dict[int, list[RawNode]]:
+    """Each node's children, in node order, as the parent links stand now."""
+    children: dict[int, list[RawNode]] = {}
+    for node in trace.nodes:
+        if node.parent != node.id:
+            children.setdefault(node.parent, []).append(node)
+    return children
+
+
+def _below(node_id: int, children: dict[int, list[RawNode]]) -> Iterator[RawNode]:
+    """Every node under ``node_id`` (its implementation), in no particular order."""
+    stack = list(children.get(node_id, []))
+    while stack:
+        node = stack.pop()
+        stack.extend(children.get(node.id, []))
+        yield node
+
+
 def repair_async_nesting(trace: RawTrace) -> None:
     """Give back to their real parent the ops an async collective's scope swallowed.
 
@@ -75,10 +94,7 @@ def repair_async_nesting(trace: RawTrace) -> None:
     trace.nesting_repaired = True
     by_id = {n.id: n for n in trace.nodes}
     _repair_stale_scopes(trace, by_id)
-    children: dict[int, list[RawNode]] = {}
-    for node in trace.nodes:
-        if node.parent != node.id:
-            children.setdefault(node.parent, []).append(node)
+    children = children_of(trace)
     for node in trace.nodes:
         namespace = node.name.partition("::")[0]
         if not node.op_schema or namespace not in oprules.COMMUNICATION_NAMESPACES:
@@ -147,19 +163,7 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
     returned, which no program code can reach: every op right after the collective
     on its thread (or inside the async scope the backend opened there) that reads one
     is its implementation, and the replayed collective runs it again."""
-    children: dict[int, list[RawNode]] = {}
-    for node in trace.nodes:
-        if node.parent != node.id:
-            children.setdefault(node.parent, []).append(node)
-
-    def outputs_below(node: RawNode) -> set[int]:
-        found: set[int] = set()
-        stack = list(children.get(node.id, []))
-        while stack:
-            cur = stack.pop()
-            found.update(sid for arg in cur.outputs for sid in raw_storage_ids(arg))
-            stack.extend(children.get(cur.id, []))
-        return found
+    children = children_of(trace)
 
     for k, node in enumerate(trace.nodes):
         if node.name.partition("::")[0] != "c10d" or not _is_collective(node):
@@ -168,7 +172,8 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
         rule = oprules.COMM_OPS.get(node.name)
         if rule is not None and not rule.tensors:
             _adopt_front_end_tensor(trace.nodes, k, own)
-        private = outputs_below(node) - own
+        private = {sid for inner in _below(node.id, children) for arg in inner.outputs
+                   for sid in raw_storage_ids(arg)} - own
         if not private:
             continue
         levels = {node.parent}  # its parent, and async scopes opened after it there
@@ -300,15 +305,16 @@ def backend_worker_threads(trace: RawTrace) -> set[int]:
     by_id = {n.id: n for n in trace.nodes}
     issuing: set[int] = set()
     comm_storages: dict[int, set[int]] = {}  # storage id -> threads whose collectives use it
+    first: int | None = None  # the first collective's node id
     for node in trace.nodes:
         if _is_collective(node):
             issuing.add(node.tid)
+            first = node.id if first is None else first
             for arg in (*node.inputs, *node.outputs):
                 for sid in raw_storage_ids(arg):
                     comm_storages.setdefault(sid, set()).add(node.tid)
-    if not issuing:
+    if first is None:
         return set()
-    first = next(n.id for n in trace.nodes if _is_collective(n))
     disqualified = set(issuing)
     touches: set[int] = set()
     for node in trace.nodes:
@@ -330,18 +336,21 @@ def backend_worker_threads(trace: RawTrace) -> set[int]:
 def select_ops(trace: RawTrace) -> Selection:
     repair_async_nesting(trace)
     by_id = {n.id: n for n in trace.nodes}
-    backend_threads = backend_worker_threads(trace)
-    if trace.descended is None:
+    if trace.descended is None or trace.backend_threads is None:
+        # Once per trace, while every node still has its arguments (the driver
+        # releases covered ones after the first selection): later selections of the
+        # same trace (comms, link, compare) then select the same ops.
+        trace.backend_threads = backend_worker_threads(trace)
         descend = subclass_dispatches(trace)
         while True:
-            selection = _select(trace, by_id, descend, backend_threads)
+            selection = _select(trace, by_id, descend, trace.backend_threads)
             more = escaping_composites(trace, selection.ops) - descend
             if not more:
                 break
             descend |= more
         trace.descended = descend
         return selection
-    return _select(trace, by_id, trace.descended, backend_threads)
+    return _select(trace, by_id, trace.descended, trace.backend_threads)
 
 
 def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
@@ -359,10 +368,7 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
     A tensor is known by (tensor id, storage id, element size); one that an op returns
     later under the same key is a new tensor (the allocator reused both), so it no
     longer counts."""
-    children: dict[int, list[RawNode]] = {}
-    for node in trace.nodes:
-        if node.parent != node.id:
-            children.setdefault(node.parent, []).append(node)
+    children = children_of(trace)
     owner: dict[tuple[int, int, int], int] = {}  # inner result -> the op that kept it
     found: set[int] = set()
     for sel in ops:
@@ -377,10 +383,7 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
         # Views of what the op read or returned (linear's t() of its weight) are not
         # results of its own: a later read of one reads that storage, as it is.
         storages = {key[1] for key in own}
-        stack = list(children.get(node.id, []))
-        while stack:
-            inner = stack.pop()
-            stack.extend(children.get(inner.id, []))
+        for inner in _below(node.id, children):
             for arg in inner.outputs:
                 for key in _tensor_keys(arg):
                     if key[1] not in storages:

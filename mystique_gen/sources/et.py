@@ -89,9 +89,11 @@ class RawTrace:
     job_groups: list[ProcessGroupSpec] | None = None
     # passes/select.py repairs the observer's nesting in place, once.
     nesting_repaired: bool = False
-    # passes/select.py: ops replayed as their children (their inner results are read
-    # by later ops), found on the first selection, before covered arguments go.
+    # passes/select.py, found on the first selection, before covered arguments go: ops
+    # replayed as their children (their inner results are read by later ops), and the
+    # host threads a communication backend ran collectives' work on.
     descended: set[int] | None = None
+    backend_threads: set[int] | None = None
 
     @property
     def node_count(self) -> int:
