@@ -38,7 +38,7 @@ from mystique_gen.ir import (
     note,
 )
 from mystique_gen.options import BuildOptions
-from mystique_gen.passes import autograd, hostgaps, link, public_calls, streams
+from mystique_gen.passes import autograd, frees, hostgaps, link, public_calls, streams
 from mystique_gen.passes.comms import CommLowering
 from mystique_gen.passes.compose import (
     combined_info,
@@ -155,6 +155,7 @@ class Build:
     parts: list[Part] = field(default_factory=list)
     # (part, ops) in replay order: the parts, then their copies for --repeat
     blocks: list[tuple[Part, list[Op]]] = field(default_factory=list)
+    links: link.Links | None = None  # ET node -> Kineto event (link_kineto)
 
 
 Pass = Callable[[Program, Build], Program]
@@ -293,8 +294,21 @@ def link_kineto(program: Program, build: Build) -> Program:
     """Per-op timing, kernels and host gaps from the Kineto trace (passes/link.py)."""
     source = build.sources[0]
     if source.kineto is not None:
-        link.attach_timing(program, source.trace, source.kineto)
+        build.links = link.attach_timing(program, source.trace, source.kineto)
     return program
+
+
+def recorded_frees(program: Program, build: Build) -> Program:
+    """Frees where the original's memory events put them (passes/frees.py)."""
+    kineto = build.sources[0].kineto
+    if kineto is None or build.links is None or not kineto.memory:
+        return program
+    held = frees.follow_recorded_frees(program, build.links.events, kineto.memory)
+    if not held:
+        return program
+    return replace(program, diagnostics=program.diagnostics + [note(
+        f"frees as recorded: {held} values are held past their last read until the op "
+        f"after which the original freed them ({kineto.name}'s memory events)")])
 
 
 def profiled_host_gaps(program: Program, build: Build) -> Program:
@@ -332,6 +346,7 @@ PASSES: tuple[Pass, ...] = (
     call_public_functions,
     place_comm_waits,
     link_kineto,
+    recorded_frees,
     profiled_host_gaps,
     assign_streams,
     plan_schedule,

@@ -279,3 +279,59 @@ def test_generation_is_deterministic(tmp_path):
     first = generate(et, tmp_path / "a.py", kineto=kineto)
     second = generate(copy.copy(et), tmp_path / "b.py", kineto=kineto)
     assert first == second
+
+
+# -- frees as recorded (passes/frees.py) ---------------------------------------------
+def _memory(ts: float, addr: int, nbytes: int) -> dict:
+    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+            "ts": ts, "args": {"Addr": addr, "Bytes": nbytes, "Device Type": 0,
+                               "Device Id": -1, "Total Allocated": 0}}
+
+
+def _held_locals(tmp_path, memory: list[dict]):
+    """``a = relu(x)``, ``d = relu(a)`` (never read), ``b = relu(a)``, ``c = relu(b)``,
+    each made in its op's span; ops begin at 0, 20, 40 and 60."""
+    tb = TraceBuilder()
+    x, a, d, b, c = (tb.tensor((4, 4)) for _ in range(5))
+    nodes = [tb.op(RELU, [x], [a]), tb.op(RELU, [a], [d]), tb.op(RELU, [a], [b]),
+             tb.op(RELU, [b], [c])]
+    et = tb.write(tmp_path / "held.et.json")
+    doc = kineto_doc(tb, {n: (20.0 * k, 10.0, []) for k, n in enumerate(nodes)})
+    tid = doc["traceEvents"][0]["tid"]
+    doc["traceEvents"] += [{**m, "tid": tid} for m in memory]
+    kineto = tmp_path / "held.kineto.json"
+    kineto.write_text(json.dumps(doc))
+    return et, kineto
+
+
+def test_memory_events_are_read_and_paired_by_address(tmp_path):
+    from mystique_gen.passes.frees import NEVER, allocations
+
+    _, kineto = _held_locals(tmp_path, [_memory(5, 1, 64), _memory(25, 2, 64),
+                                        _memory(30, 1, -64), _memory(45, 1, 64)])
+    trace = load_kineto(kineto)
+    assert [(m.ts, m.addr, m.nbytes) for m in trace.memory] == [
+        (5, 1, 64), (25, 2, 64), (30, 1, -64), (45, 1, 64)]
+    # Address 1 is freed and taken again: two allocations, the second never freed.
+    assert [(a.ts, a.freed) for a in allocations(trace.memory)] == [
+        (5, 30), (25, NEVER), (45, NEVER)]
+
+
+def test_values_are_held_until_the_op_after_which_the_original_freed_them(tmp_path):
+    """``a`` is last read by the third op, but the original freed it after the fourth
+    began (a local variable); ``d`` nobody reads, and the original kept it to the end.
+    The replay frees both after the fourth op, and names ``d`` instead of dropping it."""
+    et, kineto = _held_locals(tmp_path, [
+        _memory(5, 1, 64), _memory(25, 2, 64), _memory(45, 3, 64), _memory(65, 4, 64),
+        _memory(70, 3, -64),  # b: at its last read
+        _memory(75, 1, -64)])  # a: after the fourth op began; d, c: never
+    program = compile_trace(et, kineto=kineto)
+    freed = {op.index: [root.op_index for root in op.free_after] for op in program.ops}
+    assert freed == {0: [], 1: [], 2: [], 3: [2, 3, 1, 0]}, freed
+    assert any("frees as recorded: 2 values" in d.reason for d in program.diagnostics)
+    text = generate(et, tmp_path / "held_bench.py", kineto=kineto)
+    assert "relu_1 = aten_relu(relu)" in text  # d is held, so named
+    # Without memory events, every value is freed at its last read.
+    plain = compile_trace(et, kineto=_held_locals(tmp_path, [])[1])
+    assert {op.index: [r.op_index for r in op.free_after] for op in plain.ops} == {
+        0: [], 1: [1], 2: [0], 3: [2, 3]}

@@ -155,6 +155,9 @@ class CodeGen:
                 roots.add(binding_key(OpOutput(op.index, (0,))))
             for view in op.derive_before:
                 roots.add(binding_key(binding_root(view.base)))
+            # Held until a later op, as the original held it (passes/frees.py).
+            roots.update(binding_key(root) for root in op.free_after
+                         if isinstance(root, OpOutput) and root.op_index != op.index)
             for arg in op.args:
                 for tv in iter_tensors(arg.value):
                     if tv.binding is not None:
@@ -351,14 +354,21 @@ class CodeGen:
         return found
 
     def _frees(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
-        """``del`` of the values last read here; their names are free again after."""
+        """``del`` of the values freed here; their names are free again after. Values
+        last read here but held on (passes/frees.py) first drop their history."""
+        lines = []
+        for root in op.drop_history_after:
+            key = binding_key(root)
+            if key in self.ns:
+                name = self.ns.get(key)
+                lines.append(f"{INDENT * depth}{name} = {exprs.without_history(name)}")
         names = []
         for root in op.free_after:
             key = binding_key(root)
             if key in self.ns and (key in self.read_roots or isinstance(root, DerivedView)):
                 names.append(self.ns.get(key))
                 self.ns.release(key)
-        return names_statement("del", names, depth)
+        return lines + names_statement("del", names, depth)
 
     def _fallback_row(self, op: Op) -> Node:
         """Recorded outputs of a guarded op, to stand in for them if it cannot run."""

@@ -85,3 +85,9 @@ def docstring_line(text: str, limit: int = 84) -> str:
     if len(clean) > limit:
         clean = clean[: limit - 3] + "..."
     return clean.rstrip()
+
+
+def without_history(name: str) -> str:
+    """The same tensor without its autograd history: ``.data`` records no op (a
+    ``detach()`` would add one to the replay's trace)."""
+    return f"{name}.data"

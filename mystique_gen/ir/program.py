@@ -178,6 +178,10 @@ class Op:
     # a data-dependent list result keeps its tensors as rows of one buffer when fitted.
     outputs_viewed_by_offset: bool = False
     free_after: list[Binding] = field(default_factory=list)  # variables last read here
+    # Variables last read here that stay alive (the original freed them later,
+    # passes/frees.py) but whose autograd history goes: the replay's forward records a
+    # graph its explicit backward never consumes, which would keep every saved tensor.
+    drop_history_after: list[Binding] = field(default_factory=list)
     # Schedule (passes/streams.py; issue 6's --compose sets ``thread``/``stream`` too):
     # ``thread`` above is the host thread that issues the op (one replay unit per thread
     # when Program.threaded); ``stream`` the recorded stream its device work ran on, None

@@ -10,6 +10,9 @@ Only the facts the linker needs are kept. Field names follow what
 * runtime calls (``cuda_runtime``, ``cuda_driver``, ...) and GPU activity
   (``kernel``, ``gpu_memcpy``, ``gpu_memset``, ...) share ``args["correlation"]``;
   GPU activity names its ``args["stream"]``;
+* with ``profile_memory=True``, every allocation and free is an instant event named
+  ``[memory]`` (``ph`` ``i``) with ``args["Addr"]``, ``args["Bytes"]`` (negative for a
+  free) and ``args["Device Type"]``/``args["Device Id"]``;
 * a trace recorded while torch.distributed was initialised names its process's rank
   in the top-level ``distributedInfo`` metadata (``{"rank": 0, "world_size": 2, ...}``),
   which matches the Kineto traces of a job to their ranks' execution traces.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +75,17 @@ class GpuEvent:
     correlation: int
 
 
+@dataclass(frozen=True)
+class MemoryEvent:
+    """One allocation (``nbytes`` > 0) or free (< 0) the profiler recorded."""
+
+    tid: int | str
+    ts: float
+    addr: int
+    nbytes: int
+    device: tuple[int, int]  # (Device Type, Device Id)
+
+
 @dataclass
 class KinetoTrace:
     name: str
@@ -80,6 +94,7 @@ class KinetoTrace:
     runtime: list[RuntimeEvent]
     gpu: list[GpuEvent]
     rank: int | None = None  # distributedInfo.rank, where recorded
+    memory: list[MemoryEvent] = field(default_factory=list)  # by time; profile_memory only
 
 
 def load_kineto(path: str | Path) -> KinetoTrace:
@@ -101,7 +116,12 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
     cpu: list[CpuEvent] = []
     runtime: list[RuntimeEvent] = []
     gpu: list[GpuEvent] = []
+    memory: list[MemoryEvent] = []
     for i, ev in enumerate(events):
+        if isinstance(ev, dict) and ev.get("ph") == "i" and ev.get("name") == "[memory]":
+            found = _memory_event(ev, f"traceEvents[{i}]")
+            if found is not None:
+                memory.append(found)
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue  # metadata, flow arrows, counters
         cat = str(ev.get("cat", "")).lower()
@@ -127,8 +147,20 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
                                     _number(ev, "ts", where), _number(ev, "dur", where), corr))
     cpu.sort(key=lambda e: (e.ts, -e.dur, e.index))
     runtime.sort(key=lambda e: e.ts)
+    memory.sort(key=lambda e: e.ts)
     return KinetoTrace(name=name, sha256=sha256, cpu_ops=cpu, runtime=runtime, gpu=gpu,
-                       rank=_recorded_rank(doc))
+                       rank=_recorded_rank(doc), memory=memory)
+
+
+def _memory_event(ev: dict[str, Any], where: str) -> MemoryEvent | None:
+    """A ``[memory]`` instant event, or None where it lacks an address or a size."""
+    args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+    addr, nbytes = _optional_int(args.get("Addr")), _optional_int(args.get("Bytes"))
+    if addr is None or not nbytes:
+        return None
+    device = (_optional_int(args.get("Device Type")) or 0,
+              _optional_int(args.get("Device Id")) or 0)
+    return MemoryEvent(ev.get("tid", 0), _number(ev, "ts", where), addr, nbytes, device)
 
 
 def _recorded_rank(doc: Any) -> int | None:
