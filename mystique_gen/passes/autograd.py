@@ -7,7 +7,9 @@ host time per op and changes some kernels (``max_pool2d`` also computes indices,
 without autograd would be faster than the original. This pass:
 
 * marks as parameters the materialised floating storages that ops with a ``seq_id``
-  read and never write (their views become leaves that require grad);
+  read and never write (their views become leaves that require grad), but not Python
+  numbers the op wrapped (``0.5 * x``): marked, each made autograd save the tensor it
+  scaled, a GPT-2 training step held 13 % more memory at its peak;
 * follows, statically, which values require grad (parameters, and the floating results
   of ops recorded with grad that read such values);
 * gives each op a grad mode: on where the original recorded a node; off where it did
@@ -21,6 +23,7 @@ from __future__ import annotations
 from mystique_gen import oprules
 from mystique_gen.ir import Binding, DerivedView, InputView, Op, OpOutput, iter_tensors
 from mystique_gen.ir.dtypes import FLOATING
+from mystique_gen.passes.numbers import scalar_beside
 from mystique_gen.passes.tensors import output_paths
 
 
@@ -70,7 +73,8 @@ def _mark_parameters(ops: list[Op]) -> None:
                 s = tv.storage
                 if s is None or not s.materialised or s.dtype not in FLOATING:
                     continue
-                if arg.spec.writes or not oprules.differentiable(op.name, arg.spec.name):
+                if arg.spec.writes or not oprules.differentiable(op.name, arg.spec.name) \
+                        or scalar_beside(tv, op):
                     written.add(s.index)  # never a parameter
                 else:
                     read.add(s.index)

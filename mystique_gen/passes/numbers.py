@@ -54,3 +54,18 @@ def _wrapped(tv: TensorValue, op: Op, outputs: list[TensorValue], made: set[int]
     if not others or any(d not in _BOOL_OR_INTEGRAL for d in others):
         return False
     return any(t.meta.dtype in FLOATING and t.meta.dtype != "float64" for t in outputs)
+
+
+def scalar_beside(tv: TensorValue, op: Op) -> bool:
+    """``tv`` looks like a wrapped Python float next to tensors of another dtype or
+    device: a 0-d CPU float64 tensor where the op's other floating tensors are not
+    float64 CPU tensors (``0.5 * x`` on a float32 or CUDA ``x``). Whether the number was
+    wrapped or a 0-d tensor its dtype cannot tell (both promote alike), but a model's
+    parameters share their module's dtype and device, so it is a constant of the step,
+    never a parameter (passes/autograd.py)."""
+    meta = tv.meta
+    if meta.dtype != "float64" or meta.shape != () or meta.device != "cpu":
+        return False
+    others = [t.meta for arg in op.args for t in iter_tensors(arg.value)
+              if t is not tv and t.meta.dtype in FLOATING]
+    return bool(others) and all(m.dtype != "float64" or m.device != "cpu" for m in others)
