@@ -317,6 +317,12 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
     if source.profile is not None:
         hostgaps.apply_profile_gaps(program, source.trace, source.profile)
     if program.timing is not None and program.timing.observer_in_gaps:
+        damped = hostgaps.damp_spikes(program)
+        if damped:
+            program = replace(program, diagnostics=program.diagnostics + [note(
+                f"host gaps of one recorded step: {damped} above {hostgaps.SPIKE_RATIO:g}x "
+                "the median of their kind (the same two ops, seen 3 times or more) are "
+                "replayed at that median, as the machine's, not the program's")])
         program = replace(program, diagnostics=program.diagnostics + [note(
             f"host gaps from {program.timing.kineto}, recorded with the ET observer "
             "attached (linked by id; no profile-only steps beside it): with --host-gaps "

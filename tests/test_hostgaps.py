@@ -164,3 +164,33 @@ def test_compare_reads_the_profile_per_step(captured):
     # Three profiled steps: medians over the two warm ones.
     assert (per_step.iterations, per_step.cold_steps_dropped) == (2, 1)
     assert whole.ops == 3 * per_step.ops and len(per_step.step_spans_ms) == 2
+
+
+def test_a_single_steps_spikes_are_replayed_at_their_kinds_median(tmp_path):
+    """Gaps of one recorded step (a same-session pair, no profile-only steps) keep the
+    machine's spikes. Six relu -> relu gaps of 10 us and one of 2 ms: the 2 ms one is
+    the machine's and replays at 10 us; the one mm -> relu gap of 500 us has no kind to
+    compare with and stays."""
+    from tests.golden_cases import kineto_doc
+    from tests.tracebuilder import MM, RELU, TraceBuilder
+
+    tb = TraceBuilder()
+    x, w = tb.tensor((4, 4)), tb.tensor((4, 4))
+    values = [tb.tensor((4, 4)) for _ in range(9)]
+    nodes = [tb.op(MM, [x, w], [values[0]])]
+    nodes += [tb.op(RELU, [values[k]], [values[k + 1]]) for k in range(8)]
+    gaps = [None, 500.0, 10.0, 10.0, 2000.0, 10.0, 10.0, 10.0, 10.0]
+    spans, ts = {}, 0.0
+    for node, gap in zip(nodes, gaps, strict=True):
+        ts += gap or 0.0
+        spans[node] = (ts, 5.0, [])
+        ts += 5.0
+    et = tb.write(tmp_path / "spiky.et.json")
+    kineto = tmp_path / "spiky.kineto.json"
+    kineto.write_text(json.dumps(kineto_doc(tb, spans)))
+    program = compile_trace(et, kineto=kineto)
+    assert program.timing is not None and program.timing.observer_in_gaps
+    assert [op.timing.gap_us for op in program.ops] == [
+        None, 500.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0]
+    assert any("1 above 4x the median of their kind" in d.reason
+               for d in program.diagnostics)

@@ -140,3 +140,44 @@ def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) 
     program.timing.host_gaps = (f"{profile.name} (median of {steps} profiled "
                                 f"step{'s' if steps != 1 else ''})")
 
+
+
+# A gap of one recorded step this far above the median of its kind is taken for the
+# machine's (preemption, an interrupt), not the program's: the scheduler's time slices
+# are milliseconds, the Python between two given ops is not.
+SPIKE_RATIO = 4.0
+SPIKE_MIN_US = 200.0
+SPIKE_KIND_MIN = 3
+
+
+def damp_spikes(program: Program) -> int:
+    """Replay at their kind's median the gaps of a single recorded step that are
+    spikes; returns how many.
+
+    Gaps taken from one step (the ET-linked trace itself, with no profile-only steps
+    beside it) keep every spike of the machine it ran on: one 4 ms gap doubled a 2 ms
+    inference step's replay. A gap's kind is its pair of ops on its thread (the op
+    before, the op after, by name); a kind seen at least ``SPIKE_KIND_MIN`` times (the
+    layers of a model repeat it) has a median, and a gap above ``SPIKE_RATIO`` times that
+    median and ``SPIKE_MIN_US`` above it is a spike. Kinds seen fewer times keep their
+    gaps: nothing tells their noise from their work."""
+    kinds: dict[tuple[int, str, str], list[int]] = defaultdict(list)
+    previous: dict[int, str] = {}
+    ops = program.ops
+    for k, op in enumerate(ops):
+        if op.timing is not None and op.timing.gap_us is not None and op.thread in previous:
+            kinds[(op.thread, previous[op.thread], op.name)].append(k)
+        previous[op.thread] = op.name
+    damped = 0
+    for members in kinds.values():
+        if len(members) < SPIKE_KIND_MIN:
+            continue
+        gaps = [ops[k].timing.gap_us for k in members]  # type: ignore[union-attr]
+        median = statistics.median(gaps)  # type: ignore[type-var]
+        for k, gap in zip(members, gaps, strict=True):
+            timing = ops[k].timing
+            assert timing is not None and gap is not None
+            if gap > SPIKE_RATIO * median and gap > median + SPIKE_MIN_US:
+                ops[k].timing = replace(timing, gap_us=median)
+                damped += 1
+    return damped
