@@ -705,19 +705,47 @@ def _cpu_allocated_peak(run):
 
 def _allocated_peak(prof, device_type):
     """The most memory of `device_type` held at once above what was live when `prof`
-    (a finished profile with profile_memory=True) started: its allocations and frees
-    in time order, added up (a free only of memory allocated while profiling, so what
-    was live before counts 0). They are read from the profiler's raw results
-    (kineto_results): prof.events() folds the allocations made inside an op into that
-    op's total, which loses their order against the frees."""
-    events = [
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and e.device_type() == device_type
-    ]
+    (a finished profile with profile_memory=True) started (`_trace_peak` of its
+    exported trace)."""
+    with tempfile.TemporaryDirectory(prefix="mystique-memory-") as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        return _trace_peak(path, device_type)
+
+
+def _trace_peak(path, device_type):
+    """The most memory of `device_type` held at once in an exported profiler trace
+    recorded with profile_memory=True: its allocations and frees in time order,
+    added up, a free counted only where its address was allocated while profiling
+    (`_held_peak`). Read from the exported trace, the only place that names each
+    event's address: prof.events() folds an op's allocations into the op, which
+    loses their order against the frees, and the raw results carry no address."""
+    with open(path) as f:
+        events = json.load(f).get("traceEvents", [])
+    code = int(device_type)
+    return _held_peak(
+        (e["ts"], e["args"]["Addr"], e["args"]["Bytes"])
+        for e in events
+        if e.get("name") == "[memory]"
+        and e.get("args", {}).get("Device Type") == code
+        and "Addr" in e["args"]
+    )
+
+
+def _held_peak(events):
+    """The running maximum of bytes held, over (time, address, bytes) allocations
+    (bytes > 0) and frees (< 0). A free of memory allocated before profiling is
+    left out: the profiler reports one wherever it learnt the block's size, even in
+    an earlier profiling session of the process, so counting it made the same
+    step's peak differ by a whole embedding table's gradient between captures."""
+    held = {}
     live = peak = 0
-    for _, nbytes in sorted(events):
-        live += nbytes
+    for _, addr, nbytes in sorted(events, key=lambda e: e[0]):
+        if nbytes > 0:
+            live += nbytes - held.get(addr, 0)
+            held[addr] = nbytes
+        elif addr in held:
+            live -= held.pop(addr)
         peak = max(peak, live)
     return peak
 

@@ -211,3 +211,15 @@ def test_collective_helpers_on_a_one_rank_group(monkeypatch):
         assert torch.equal(results[1], inputs[1])
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_held_peak_leaves_out_frees_of_memory_allocated_before_profiling():
+    """The profiler reports the free of a block allocated before it started wherever it
+    learnt the block's size (in an earlier profiling session of the process): counted,
+    it lowered one capture's step peak by a gradient's size and not another's."""
+    events = [(0, 7, -640), (1, 1, 100), (2, 2, 50), (3, 1, -100), (4, 3, 80),
+              (5, 1, 30), (6, 9, -1000)]
+    # 7 and 9 were allocated before: their frees count nothing. Live: 100, 150, 50,
+    # 130, 160.
+    assert runtime._held_peak(events) == 160
+    assert runtime._held_peak(reversed(events)) == 160  # taken in time order

@@ -37,7 +37,7 @@ from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, re
 
 from mystique_gen import oprules
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
-from mystique_gen.harness.runtime import _allocated_peak
+from mystique_gen.harness.runtime import _trace_peak
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
@@ -156,7 +156,7 @@ class _Recorder:
                 self.prof.stop()
                 assert self.kineto_path is not None
                 self.prof.export_chrome_trace(str(self.kineto_path))
-                self.step_peak_bytes = _step_peak(self.prof)
+                self.step_peak_bytes = _step_peak(self.kineto_path)
             else:
                 self.observer.stop()
             self.observer.unregister_callback()
@@ -164,12 +164,12 @@ class _Recorder:
             self.env.__exit__(None, None, None)
 
 
-def _step_peak(prof: profile) -> int:
+def _step_peak(trace: Path) -> int:
     """What the recorded step allocated at once above what was live before it, on the
     accelerator where it allocated any, else on the CPU: the original's side of the
     benchmark's ``peak_step_bytes`` (the same measure, harness/runtime.py)."""
-    cuda = _allocated_peak(prof, torch.autograd.DeviceType.CUDA)
-    return cuda or _allocated_peak(prof, torch.autograd.DeviceType.CPU)
+    cuda = _trace_peak(trace, torch.autograd.DeviceType.CUDA)
+    return cuda or _trace_peak(trace, torch.autograd.DeviceType.CPU)
 
 
 def _write_sidecar(out: Path, name: str, times: list[float], warmup: int,
