@@ -325,15 +325,12 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     observer's share cancels as well; if it cannot, the recorded gaps are not replayed
     (they would be inflated).
 
-    gap_event_us: what the profiler costs per event it records, from the same
-    iterations timed without it (host time, medians)."""
+    gap_event_us: what recording one scope costs the recorders the gaps were
+    recorded under (`_scope_cost`)."""
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
-    plain = []
-    for _ in range(iters):
+    for _ in range(2):  # warm, untimed
         _reset(snapshot)
-        start = time.perf_counter()
         replay(inputs, device, host)
-        plain.append((time.perf_counter() - start) * 1e6)
         _sync(device)
     observed = bool(original and original.get("observer_in_gaps"))
     handle, et_path = tempfile.mkstemp(prefix="mystique-calibrate-", suffix=".json")
@@ -383,7 +380,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         if name not in scopes
         and not any(a <= start < b for a, b in scopes[HARNESS_SCOPE])
     )
-    means, recorded = [], []
+    means = []
     for start, stop in scopes["mystique::calibrate"]:
         last, total, count = {}, 0.0, 0
         for ts, neg_end, tid in ops:
@@ -396,14 +393,41 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
             last[tid] = -neg_end
         if count:
             means.append(total / count)
-        recorded.append(sum(1 for _, ts, _, _ in events if start < ts < stop))
     _RUNTIME["gap_own_us"] = statistics.median(means) if means else 0.0
-    profiled = [stop - start for start, stop in scopes["mystique::calibrate"]]
-    if profiled and plain and max(recorded, default=0):
-        # With the observer attached, what each recorded event costs both recorders:
-        # the recorded gaps hold the observer's cost of every scope begun in them.
-        extra = statistics.median(profiled) - statistics.median(plain)
-        _RUNTIME["gap_event_us"] = max(0.0, extra / statistics.median(recorded))
+    _RUNTIME["gap_event_us"] = _scope_cost(observed)
+
+
+def _scope_cost(observed, scopes=1000, rounds=5):
+    """What recording one scope costs: a loop of empty record_function scopes timed
+    under the profiler (and an ET observer where `observed`), less the same loop
+    timed without (medians over rounds). The recorded gaps hold this cost for every
+    scope begun in them that only the original had (the autograd engine's around
+    each backward op), and the replay has none of them to measure it on. (An
+    average over everything a replay iteration records counts its ops' children
+    too: 28 us per event against 4 us per scope here, with the observer.)"""
+
+    def loop():
+        start = time.perf_counter()
+        for _ in range(scopes):
+            with record_function("mystique::scope"):
+                pass
+        return (time.perf_counter() - start) * 1e6 / scopes
+
+    plain = statistics.median(loop() for _ in range(rounds))
+    handle, et_path = tempfile.mkstemp(prefix="mystique-scopes-", suffix=".json")
+    os.close(handle)
+    observer = None
+    if observed:
+        observer = ExecutionTraceObserver()
+        observer.register_callback(et_path)
+    try:
+        with profile(
+            activities=[ProfilerActivity.CPU], execution_trace_observer=observer
+        ):
+            recorded = statistics.median(loop() for _ in range(rounds))
+    finally:
+        os.remove(et_path)
+    return max(0.0, recorded - plain)
 
 
 def _run_threads(flags, *bodies):
