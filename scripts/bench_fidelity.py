@@ -275,9 +275,9 @@ MODELS: dict[str, Callable[[bool], Step]] = {
 
 def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
     """The generated file as a module: one replay iteration per host-gap mode, as
-    callables, run as its main() runs them: inputs restored before every iteration
-    (``--reset-inputs auto``, untimed: see ``Timed``), the replay's own per-op host
-    time calibrated after warm-up."""
+    callables, run as its main() runs them: the inputs it writes restored before every
+    iteration (``--reset-inputs auto``, untimed: see ``Timed``), the replay's own
+    per-op host time calibrated after warm-up."""
     g = runpy.run_path(str(path), run_name="mystique_benchmark")
     device = host = torch.device("cpu")
     runtime = g["_RUNTIME"]
@@ -294,9 +294,11 @@ def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
         return Timed(run, lambda: g["_reset"](snapshot))
 
     steps = {"off": mode(False), "recorded": mode(True)}
+    versions = g["_versions"](inputs)
     for _ in range(2):  # warm, as main() does before calibrating
         steps["off"].prepare()
         steps["off"].run()
+    snapshot = g["_written_only"](snapshot, inputs, versions)  # as main() does
     runtime["host_gaps"] = True
     # As main() does: the recorded gaps' facts say whether the ET observer's cost is in
     # them (a same-session pair), and then the calibration attaches one too.

@@ -223,3 +223,22 @@ def test_held_peak_leaves_out_frees_of_memory_allocated_before_profiling():
     # 130, 160.
     assert runtime._held_peak(events) == 160
     assert runtime._held_peak(reversed(events)) == 160  # taken in time order
+
+
+def test_only_the_inputs_an_iteration_writes_are_reset():
+    """Restoring every input before each iteration read an inference replay's weights
+    from cold caches; only what an iteration writes (version counters) is restored."""
+    cpu = torch.device("cpu")
+    weight_buf, state_buf = torch.ones(16), torch.zeros(16)
+    inputs = {"weight": weight_buf.as_strided([4, 4], [4, 1], 0),
+              "state": state_buf.as_strided([16], [1], 0),
+              "state_view": state_buf.as_strided([2, 8], [8, 1], 0)}
+    snapshot = runtime._snapshot(inputs, cpu, "on")
+    assert len(snapshot) == 2
+    versions = runtime._versions(inputs)
+    assert runtime._written_only(snapshot, inputs, versions) == []
+    inputs["state_view"][1].add_(inputs["weight"].sum())  # an optimizer's update
+    kept = runtime._written_only(snapshot, inputs, versions)
+    assert [s.data_ptr() for s, _ in kept] == [state_buf.untyped_storage().data_ptr()]
+    runtime._reset(kept)
+    assert state_buf.eq(0).all()
