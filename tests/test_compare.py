@@ -129,3 +129,26 @@ def test_format_shows_the_measured_errors(tmp_path):
     assert "measured: eager step 2.000 ms, benchmark 2.100 ms, error +5.0%" in text
     assert ("peak memory of one step above its inputs: original 2.00 MiB, replay "
             "1.00 MiB, error -50.0%") in text
+
+
+def test_categories_count_what_ran_at_any_granularity(tmp_path):
+    """A composite op the original ran whole and the replay as its children (attention
+    whose softmax a backward reads) is categorised by what ran on both sides: each
+    op's exclusive time, not the outermost op's name."""
+    def trace(path: Path, whole: bool) -> Path:
+        ops = [("aten::bmm", 10, 40), ("aten::_softmax", 50, 30), ("aten::bmm", 80, 20)]
+        events = [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1,
+                   "ts": ts, "dur": dur, "args": {}} for name, ts, dur in ops]
+        if whole:  # the composite around them, 10 us of its own
+            events.append({"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 5,
+                           "name": "aten::scaled_dot_product_attention", "dur": 100,
+                           "args": {}})
+        path.write_text(json.dumps({"traceEvents": events}))
+        return path
+
+    original = kineto_times(trace(tmp_path / "o.json", whole=True), 1)
+    replay = kineto_times(trace(tmp_path / "r.json", whole=False), 1)
+    assert original.categories["matmul"] == pytest.approx((60 + 10) / 1000)
+    assert original.categories["reduction"] == pytest.approx(30 / 1000)
+    assert replay.categories["matmul"] == pytest.approx(60 / 1000)
+    assert replay.categories["reduction"] == pytest.approx(30 / 1000)

@@ -21,7 +21,7 @@ from mystique_gen.errors import MystiqueError
 from mystique_gen.passes.filters import STEP_RE
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
-from mystique_gen.sources.kineto import KinetoTrace, load_kineto
+from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, load_kineto
 
 
 def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False) -> Counter[str]:
@@ -130,9 +130,45 @@ def _harness_correlations(trace: KinetoTrace) -> set[int]:
     return inside
 
 
-def _category_times(ops: list, gpu: list) -> dict[str, float]:
+def _self_times(events: list[CpuEvent]) -> list[tuple[CpuEvent, float]]:
+    """(op, exclusive microseconds) for every op (``ns::name``) outside the harness's
+    scope, at every depth: its duration less its child ops'.
+
+    Time is categorised by what ran, not by the outermost op's name: a replay runs a
+    composite op as its children where later ops read its inner results
+    (``scaled_dot_product_attention``'s softmax, ``dropout``'s mask), and an inclusive
+    time per top-level op put the whole attention under matmul in the original and
+    a third of it under elementwise in the replay (17 points apart on one encoder's
+    training step). Exclusive times agree at any granularity."""
+    found: list[tuple[CpuEvent, float]] = []
+    by_thread: dict[tuple, list] = defaultdict(list)
+    for e in events:
+        by_thread[(e.pid, e.tid)].append(e)
+    for evs in by_thread.values():
+        stack: list[list] = []  # [event, child op time]
+        harness_end = float("-inf")
+        for e in evs:  # sorted by (ts, -dur): parents first
+            if e.name == HARNESS_SCOPE:
+                harness_end = max(harness_end, e.end)
+                continue
+            if e.ts < harness_end or "::" not in e.name or " " in e.name:
+                continue
+            while stack and e.ts >= stack[-1][0].end:
+                done, children = stack.pop()
+                found.append((done, max(0.0, done.dur - children)))
+            if stack:
+                stack[-1][1] += e.dur
+            stack.append([e, 0.0])
+        while stack:
+            done, children = stack.pop()
+            found.append((done, max(0.0, done.dur - children)))
+    return found
+
+
+def _category_times(ops: list[tuple[CpuEvent, float]], gpu: list) -> dict[str, float]:
     """Microseconds by category: GPU activity where there is any (annotations left
-    out: ``ProfilerStep#N`` spans a whole step on the device too), else host op time."""
+    out: ``ProfilerStep#N`` spans a whole step on the device too), else host ops'
+    exclusive time (:func:`_self_times`)."""
     categories = dict.fromkeys(oprules.CATEGORY_ORDER, 0.0)
     if gpu:
         for g in gpu:
@@ -141,9 +177,9 @@ def _category_times(ops: list, gpu: list) -> dict[str, float]:
             cat = "memory" if "mem" in g.category else oprules.op_category(g.name)
             categories[cat] = categories.get(cat, 0.0) + g.dur
     else:
-        for e in ops:
+        for e, self_us in ops:
             cat = oprules.op_category(e.name)
-            categories[cat] = categories.get(cat, 0.0) + e.dur
+            categories[cat] = categories.get(cat, 0.0) + self_us
     return categories
 
 
@@ -162,12 +198,13 @@ def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> 
     """
     trace = path if isinstance(path, KinetoTrace) else load_kineto(path)
     top = _top_level(trace.cpu_ops)
+    timed = _self_times(trace.cpu_ops)
     harness = _harness_correlations(trace) if trace.gpu else set()
     workload = [g for g in trace.gpu if g.correlation not in harness]
     windows, cold = step_windows(trace.cpu_ops) if iterations is None else ([], False)
     if not windows:
         n = max(iterations or 1, 1)
-        categories = _category_times(top, workload)
+        categories = _category_times(timed, workload)
         return KinetoTimes(
             categories={k: v / 1000.0 / n for k, v in categories.items()},
             span_ms=_span(top) / 1000.0 / n, ops=len(top) // n, iterations=n,
@@ -179,7 +216,8 @@ def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> 
     for start, end in windows:
         ops = [e for e in top if start <= e.ts < end]
         gpu = [g for g in workload if start <= launched.get(g.correlation, -1.0) < end]
-        steps.append((ops, _category_times(ops, gpu)))
+        inside = [(e, t) for e, t in timed if start <= e.ts < end]
+        steps.append((ops, _category_times(inside, gpu)))
     names = {k for _ops, cats in steps for k in cats}
     return KinetoTimes(
         categories={k: statistics.median(c.get(k, 0.0) for _o, c in steps) / 1000.0
