@@ -203,3 +203,32 @@ def test_python_numbers_in_a_training_step_are_not_parameters(tmp_path):
     assert replay == pytest.approx(original, rel=0.05), (replay, original)
     assert ".requires_grad_()" not in "".join(
         line for line in text.splitlines() if "_other_" in line)
+
+
+def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
+    """Under no_grad a model's parameters still require grad, and embedding_bag takes
+    ``_embedding_bag`` for them, not its forward-only kernel (24 us a call against 9
+    here). The recorded child shows which; the replay's weight requires grad too."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    table = torch.nn.EmbeddingBag(1000, 16, mode="sum")
+    indices, offsets = torch.randint(0, 1000, (64,)), torch.arange(0, 64, 8)
+
+    def step() -> None:
+        with torch.no_grad():
+            table(indices, offsets)
+
+    result = capture(step, tmp_path, name="bags", kineto=False, timing_iters=1)
+    bench = tmp_path / "bags_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    replay_et = tmp_path / "bags_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def names(path) -> set[str]:
+        return {n["name"] for n in json.loads(path.read_text())["nodes"]}
+
+    assert "aten::_embedding_bag" in names(result.et_path)
+    assert "aten::_embedding_bag" in names(replay_et)
+    assert "aten::_embedding_bag_forward_only" not in names(replay_et)

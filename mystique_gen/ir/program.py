@@ -200,6 +200,9 @@ class Op:
     # (None: whichever is current).
     records_grad: bool | None = None
     grad_mode: bool | None = None
+    # Arguments that required grad although the op recorded no node (their kernel
+    # depends on it: oprules.GRAD_REVEALED_BY); passes/autograd.py makes them leaves.
+    requires_grad_args: tuple[str, ...] = ()
     # The public function that dispatches exactly this overload ("torch.add"), where
     # probing proved one (passes/public_calls.py); None: call it through torch.ops.
     public_call: str | None = None

@@ -100,6 +100,7 @@ SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
 SAVED_WORKSPACES: dict[str, tuple[str, ...]] = merged("saved_workspaces")
 NOT_DIFFERENTIABLE_BY_OP: dict[str, tuple[str, ...]] = merged("not_differentiable")
+GRAD_REVEALED_BY: dict[str, tuple[str, tuple[str, ...]]] = merged("grad_revealed_by")
 COMM_OPS: dict[str, CommRule] = merged("comm_ops")
 COMM_NOT_REPLAYED: dict[str, str] = merged("comm_not_replayed")
 NOT_REPLAYED: dict[str, str] = merged("not_replayed")
@@ -125,6 +126,7 @@ __all__ = [
     "ASYNC_SCOPE",
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
+    "GRAD_REVEALED_BY",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES", "FUNCTIONAL_GUARD",

@@ -169,6 +169,9 @@ class OpFamily:
     saved_workspaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Floating inputs that must not require grad although an autograd op reads them.
     not_differentiable: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Ops that take another kernel where these inputs require grad, grad mode on or off,
+    # and the child op that shows they did: {op: (child op, (argument, ...))}.
+    grad_revealed_by: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     # Communication: how each c10d op replays, and those that do not, with the reason.
     comm_ops: dict[str, CommRule] = field(default_factory=dict)
     comm_not_replayed: dict[str, str] = field(default_factory=dict)

@@ -28,6 +28,7 @@ from mystique_gen.passes.tensors import output_paths
 
 
 def plan_autograd(ops: list[Op]) -> None:
+    _mark_revealed(ops)
     if all(op.records_grad is None for op in ops):
         return  # the trace recorded no seq_ids: nothing is known about autograd
     if not any(op.records_grad for op in ops):
@@ -56,6 +57,21 @@ def plan_autograd(ops: list[Op]) -> None:
         for _path, tv in output_paths(op.outputs):
             if tv.meta.dtype in FLOATING and isinstance(tv.binding, (OpOutput, DerivedView)):
                 requiring.add(id(tv.binding))
+
+
+def _mark_revealed(ops: list[Op]) -> None:
+    """Arguments a recorded child shows required grad (an inference step of a model's
+    own parameters, under no_grad) become leaves that require grad, so the op takes
+    the kernel it took (``embedding_bag``: ``_embedding_bag``, not the forward-only
+    one); in grad mode off they record nothing."""
+    for op in ops:
+        for arg in op.args:
+            if arg.spec.name not in op.requires_grad_args:
+                continue
+            for tv in iter_tensors(arg.value):
+                s = tv.storage
+                if s is not None and s.materialised and s.dtype in FLOATING:
+                    s.requires_grad = True
 
 
 def _mark_parameters(ops: list[Op]) -> None:

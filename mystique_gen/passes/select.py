@@ -46,6 +46,8 @@ BACKEND_THREAD_NOTE = ("a communication backend's worker thread ran it for a col
 class Selected:
     node: RawNode
     scope: tuple[str, ...]  # enclosing annotation names, outermost first
+    # Arguments that required grad, as a recorded child showed (oprules.GRAD_REVEALED_BY).
+    requires_grad_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -464,7 +466,23 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
             pass  # metadata of the enclosing communication op
         elif is_op_name(node.name) and node.id not in has_children:
             skipped.append(not_replayed(node.id, node.name, "no operator schema recorded"))
+    _reveal_grad(selected, covered)
     return Selection(selected, skipped, sorted(threads), covered)
+
+
+def _reveal_grad(selected: list[Selected], covered: list[RawNode]) -> None:
+    """Mark the arguments of ops whose recorded child shows they required grad."""
+    revealing = {sel.node.id: k for k, sel in enumerate(selected)
+                 if sel.node.name in oprules.GRAD_REVEALED_BY}
+    if not revealing:
+        return
+    for node in covered:
+        k = revealing.get(node.parent)
+        if k is None:
+            continue
+        child, args = oprules.GRAD_REVEALED_BY[selected[k].node.name]
+        if node.name == child:
+            selected[k] = Selected(selected[k].node, selected[k].scope, args)
 
 
 # Covered nodes whose arguments later passes read (passes/comms.py): collectives'
