@@ -103,7 +103,7 @@ def _common_offset(nodes: list[RawNode], events: list[CpuEvent]) -> int | None:
     return offset if count >= 2 and count * 2 > sum(diffs.values()) else None
 
 
-def _exclusive(cpu_ops: list[CpuEvent]) -> dict[int, float]:
+def exclusive_times(cpu_ops: list[CpuEvent]) -> dict[int, float]:
     """Event index -> duration minus its direct child CPU events (same pid and tid)."""
     children: dict[int, float] = defaultdict(float)
     stacks: dict[tuple[object, object], list[CpuEvent]] = defaultdict(list)
@@ -143,7 +143,7 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
     links = link_nodes(trace, kineto)
     selected = [s.node for s in select_ops(trace).ops]
     launchers = [links.events[n.id] for n in selected if n.id in links.events]
-    exclusive = _exclusive(kineto.cpu_ops)
+    exclusive = exclusive_times(kineto.cpu_ops)
     kernels = _kernels_by_event(kineto, launchers)
 
     gaps: dict[int, float | None] = {}

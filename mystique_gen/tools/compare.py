@@ -19,6 +19,7 @@ from mystique_gen import oprules
 from mystique_gen.constants import HARNESS_SCOPE, STEP_SCOPE
 from mystique_gen.errors import MystiqueError
 from mystique_gen.passes.filters import STEP_RE
+from mystique_gen.passes.link import exclusive_times
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
 from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, load_kineto
@@ -68,25 +69,29 @@ class KinetoTimes:
     cold_steps_dropped: int = 0
 
 
-def _top_level(events: list) -> list:
-    """Outermost ops (``ns::name``) per thread, leaving out the harness's scope."""
-    by_thread: dict[tuple, list] = {}
-    for e in events:
-        by_thread.setdefault((e.pid, e.tid), []).append(e)
+def _workload_ops(events: list[CpuEvent]) -> list[CpuEvent]:
+    """Ops (``ns::name``) outside the harness's scope, in the events' order.
+    Annotations ("autograd::engine::evaluate_function: MmBackward0", "ProfilerStep#3")
+    are not ops; their ops count instead."""
+    harness_end: dict[tuple, float] = defaultdict(lambda: float("-inf"))
+    found = []
+    for e in events:  # sorted by (ts, -dur): parents first
+        thread = (e.pid, e.tid)
+        if e.name == HARNESS_SCOPE:
+            harness_end[thread] = max(harness_end[thread], e.end)
+        elif "::" in e.name and " " not in e.name and e.ts >= harness_end[thread]:
+            found.append(e)
+    return found
+
+
+def _top_level(ops: list[CpuEvent]) -> list[CpuEvent]:
+    """The outermost of ``ops`` (:func:`_workload_ops`) per thread."""
+    end: dict[tuple, float] = defaultdict(lambda: float("-inf"))
     top = []
-    for evs in by_thread.values():
-        end = float("-inf")
-        harness_end = float("-inf")
-        for e in evs:  # sorted by (ts, -dur): parents first
-            if e.name == HARNESS_SCOPE:
-                harness_end = max(harness_end, e.end)
-                continue
-            # Ops are "ns::name"; annotations ("autograd::engine::evaluate_function:
-            # MmBackward0", "ProfilerStep#3") are not, and their ops count instead.
-            if "::" not in e.name or " " in e.name or e.ts < end or e.ts < harness_end:
-                continue
+    for e in ops:
+        if e.ts >= end[(e.pid, e.tid)]:
             top.append(e)
-            end = e.end
+            end[(e.pid, e.tid)] = e.end
     return top
 
 
@@ -130,9 +135,10 @@ def _harness_correlations(trace: KinetoTrace) -> set[int]:
     return inside
 
 
-def _self_times(events: list[CpuEvent]) -> list[tuple[CpuEvent, float]]:
-    """(op, exclusive microseconds) for every op (``ns::name``) outside the harness's
-    scope, at every depth: its duration less its child ops'.
+def _self_times(ops: list[CpuEvent]) -> list[tuple[CpuEvent, float]]:
+    """(op, exclusive microseconds) for every one of ``ops`` (:func:`_workload_ops`), at
+    every depth: its duration less its child ops' (passes/link.py's
+    :func:`exclusive_times`).
 
     Time is categorised by what ran, not by the outermost op's name: a replay runs a
     composite op as its children where later ops read its inner results
@@ -140,29 +146,8 @@ def _self_times(events: list[CpuEvent]) -> list[tuple[CpuEvent, float]]:
     time per top-level op put the whole attention under matmul in the original and
     a third of it under elementwise in the replay (17 points apart on one encoder's
     training step). Exclusive times agree at any granularity."""
-    found: list[tuple[CpuEvent, float]] = []
-    by_thread: dict[tuple, list] = defaultdict(list)
-    for e in events:
-        by_thread[(e.pid, e.tid)].append(e)
-    for evs in by_thread.values():
-        stack: list[list] = []  # [event, child op time]
-        harness_end = float("-inf")
-        for e in evs:  # sorted by (ts, -dur): parents first
-            if e.name == HARNESS_SCOPE:
-                harness_end = max(harness_end, e.end)
-                continue
-            if e.ts < harness_end or "::" not in e.name or " " in e.name:
-                continue
-            while stack and e.ts >= stack[-1][0].end:
-                done, children = stack.pop()
-                found.append((done, max(0.0, done.dur - children)))
-            if stack:
-                stack[-1][1] += e.dur
-            stack.append([e, 0.0])
-        while stack:
-            done, children = stack.pop()
-            found.append((done, max(0.0, done.dur - children)))
-    return found
+    exclusive = exclusive_times(ops)
+    return [(e, exclusive[e.index]) for e in ops]
 
 
 def _category_times(ops: list[tuple[CpuEvent, float]], gpu: list) -> dict[str, float]:
@@ -197,8 +182,9 @@ def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> 
     a trace without step annotations is one iteration. A number: totals divided by it.
     """
     trace = path if isinstance(path, KinetoTrace) else load_kineto(path)
-    top = _top_level(trace.cpu_ops)
-    timed = _self_times(trace.cpu_ops)
+    ops = _workload_ops(trace.cpu_ops)
+    top = _top_level(ops)
+    timed = [] if trace.gpu else _self_times(ops)  # host time only where no device time
     harness = _harness_correlations(trace) if trace.gpu else set()
     workload = [g for g in trace.gpu if g.correlation not in harness]
     windows, cold = step_windows(trace.cpu_ops) if iterations is None else ([], False)
@@ -214,10 +200,10 @@ def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> 
     launched = {r.correlation: r.ts for r in trace.runtime}
     steps = []
     for start, end in windows:
-        ops = [e for e in top if start <= e.ts < end]
+        outer = [e for e in top if start <= e.ts < end]
         gpu = [g for g in workload if start <= launched.get(g.correlation, -1.0) < end]
         inside = [(e, t) for e, t in timed if start <= e.ts < end]
-        steps.append((ops, _category_times(inside, gpu)))
+        steps.append((outer, _category_times(inside, gpu)))
     names = {k for _ops, cats in steps for k in cats}
     return KinetoTimes(
         categories={k: statistics.median(c.get(k, 0.0) for _o, c in steps) / 1000.0
