@@ -37,7 +37,7 @@ from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, re
 
 from mystique_gen import oprules
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
-from mystique_gen.harness.runtime import _trace_peak
+from mystique_gen.harness.runtime import _trace_peaks
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
@@ -168,8 +168,9 @@ def _step_peak(trace: Path) -> int:
     """What the recorded step allocated at once above what was live before it, on the
     accelerator where it allocated any, else on the CPU: the original's side of the
     benchmark's ``peak_step_bytes`` (the same measure, harness/runtime.py)."""
-    cuda = _trace_peak(trace, torch.autograd.DeviceType.CUDA)
-    return cuda or _trace_peak(trace, torch.autograd.DeviceType.CPU)
+    peaks = _trace_peaks(trace)  # one read of the trace for both devices
+    return peaks.get(int(torch.autograd.DeviceType.CUDA)) or \
+        peaks.get(int(torch.autograd.DeviceType.CPU), 0)
 
 
 def _write_sidecar(out: Path, name: str, times: list[float], warmup: int,

@@ -415,19 +415,15 @@ def _scope_cost(observed, scopes=1000, rounds=5):
         return (time.perf_counter() - start) * 1e6 / scopes
 
     plain = statistics.median(loop() for _ in range(rounds))
-    handle, et_path = tempfile.mkstemp(prefix="mystique-scopes-", suffix=".json")
-    os.close(handle)
-    observer = None
-    if observed:
-        observer = ExecutionTraceObserver()
-        observer.register_callback(et_path)
-    try:
+    with tempfile.TemporaryDirectory(prefix="mystique-scopes-") as tmp:
+        observer = None
+        if observed:
+            observer = ExecutionTraceObserver()
+            observer.register_callback(os.path.join(tmp, "scopes.et.json"))
         with profile(
             activities=[ProfilerActivity.CPU], execution_trace_observer=observer
         ):
             recorded = statistics.median(loop() for _ in range(rounds))
-    finally:
-        os.remove(et_path)
     return max(0.0, recorded - plain)
 
 
@@ -766,31 +762,31 @@ def _cpu_allocated_peak(run):
 
 def _allocated_peak(prof, device_type):
     """The most memory of `device_type` held at once above what was live when `prof`
-    (a finished profile with profile_memory=True) started (`_trace_peak` of its
+    (a finished profile with profile_memory=True) started (`_trace_peaks` of its
     exported trace)."""
     with tempfile.TemporaryDirectory(prefix="mystique-memory-") as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
-        return _trace_peak(path, device_type)
+        return _trace_peaks(path).get(int(device_type), 0)
 
 
-def _trace_peak(path, device_type):
-    """The most memory of `device_type` held at once in an exported profiler trace
-    recorded with profile_memory=True: its allocations and frees in time order,
-    added up, a free counted only where its address was allocated while profiling
-    (`_held_peak`). Read from the exported trace, the only place that names each
-    event's address: prof.events() folds an op's allocations into the op, which
+def _trace_peaks(path):
+    """Per device type (its int code), the most memory held at once in an exported
+    profiler trace recorded with profile_memory=True: its allocations and frees in
+    time order, added up, a free counted only where its address was allocated while
+    profiling (`_held_peak`). Read from the exported trace, the only place that names
+    each event's address: prof.events() folds an op's allocations into the op, which
     loses their order against the frees, and the raw results carry no address."""
     with open(path) as f:
         events = json.load(f).get("traceEvents", [])
-    code = int(device_type)
-    return _held_peak(
-        (e["ts"], e["args"]["Addr"], e["args"]["Bytes"])
-        for e in events
-        if e.get("name") == "[memory]"
-        and e.get("args", {}).get("Device Type") == code
-        and "Addr" in e["args"]
-    )
+    by_device = {}
+    for e in events:
+        args = e.get("args", {})
+        if e.get("name") == "[memory]" and "Addr" in args:
+            by_device.setdefault(args.get("Device Type"), []).append(
+                (e["ts"], args["Addr"], args["Bytes"])
+            )
+    return {device: _held_peak(found) for device, found in by_device.items()}
 
 
 def _held_peak(events):
