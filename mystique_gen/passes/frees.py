@@ -57,7 +57,7 @@ def allocations(memory: Iterable[MemoryEvent]) -> list[Allocation]:
     for ev in sorted(memory, key=lambda e: e.ts):
         key = (ev.device, ev.addr)
         if ev.nbytes > 0:
-            if key in open_:  # freed where the trace does not say: drop the older one
+            if key in open_:  # its free went unrecorded: take it as freed here
                 old = open_[key]
                 found.append(Allocation(old.tid, old.ts, old.nbytes, ev.ts))
             open_[key] = ev

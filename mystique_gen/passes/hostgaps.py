@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from mystique_gen.constants import STEP_SCOPE
-from mystique_gen.ir import Program
+from mystique_gen.ir import Op, OpTiming, Program
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace
 from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, begun_between
@@ -141,7 +141,6 @@ def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) 
                                 f"step{'s' if steps != 1 else ''})")
 
 
-
 # A gap of one recorded step this far above the median of its kind is taken for the
 # machine's (preemption, an interrupt), not the program's: the scheduler's time slices
 # are milliseconds, the Python between two given ops is not.
@@ -161,23 +160,20 @@ def damp_spikes(program: Program) -> int:
     layers of a model repeat it) has a median, and a gap above ``SPIKE_RATIO`` times that
     median and ``SPIKE_MIN_US`` above it is a spike. Kinds seen fewer times keep their
     gaps: nothing tells their noise from their work."""
-    kinds: dict[tuple[int, str, str], list[int]] = defaultdict(list)
+    kinds: dict[tuple[int, str, str], list[tuple[Op, OpTiming, float]]] = defaultdict(list)
     previous: dict[int, str] = {}
-    ops = program.ops
-    for k, op in enumerate(ops):
-        if op.timing is not None and op.timing.gap_us is not None and op.thread in previous:
-            kinds[(op.thread, previous[op.thread], op.name)].append(k)
+    for op in program.ops:
+        timing = op.timing
+        if timing is not None and timing.gap_us is not None and op.thread in previous:
+            kinds[(op.thread, previous[op.thread], op.name)].append((op, timing, timing.gap_us))
         previous[op.thread] = op.name
     damped = 0
     for members in kinds.values():
         if len(members) < SPIKE_KIND_MIN:
             continue
-        gaps = [ops[k].timing.gap_us for k in members]  # type: ignore[union-attr]
-        median = statistics.median(gaps)  # type: ignore[type-var]
-        for k, gap in zip(members, gaps, strict=True):
-            timing = ops[k].timing
-            assert timing is not None and gap is not None
+        median = statistics.median(gap for _op, _timing, gap in members)
+        for op, timing, gap in members:
             if gap > SPIKE_RATIO * median and gap > median + SPIKE_MIN_US:
-                ops[k].timing = replace(timing, gap_us=median)
+                op.timing = replace(timing, gap_us=median)
                 damped += 1
     return damped
