@@ -15,8 +15,11 @@ from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace
 from mystique_gen.sources.kineto import CpuEvent, profile_beside
 from mystique_gen.tools.capture import capture
+from mystique_gen.tools.compare import kineto_times
 from tests.conftest import last_json, run_benchmark
+from tests.golden_cases import kineto_doc
 from tests.models import MODELS
+from tests.tracebuilder import MM, RELU, TraceBuilder
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +159,6 @@ def test_recorded_gaps_subtract_the_replays_own_host_time(captured, tmp_path):
 
 
 def test_compare_reads_the_profile_per_step(captured):
-    from mystique_gen.tools.compare import kineto_times
 
     profile = profile_beside(captured.kineto_path)
     assert profile is not None
@@ -171,9 +173,6 @@ def test_a_single_steps_spikes_are_replayed_at_their_kinds_median(tmp_path):
     machine's spikes. Six relu -> relu gaps of 10 us and one of 2 ms: the 2 ms one is
     the machine's and replays at 10 us; the one mm -> relu gap of 500 us has no kind to
     compare with and stays."""
-    from tests.golden_cases import kineto_doc
-    from tests.tracebuilder import MM, RELU, TraceBuilder
-
     tb = TraceBuilder()
     x, w = tb.tensor((4, 4)), tb.tensor((4, 4))
     values = [tb.tensor((4, 4)) for _ in range(9)]

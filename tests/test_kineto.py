@@ -16,6 +16,7 @@ from mystique_gen.cli import main as cli_main
 from mystique_gen.driver import compile_trace, generate
 from mystique_gen.errors import TraceError
 from mystique_gen.options import BuildOptions
+from mystique_gen.passes.frees import NEVER, allocations
 from mystique_gen.passes.link import link_nodes
 from mystique_gen.passes.streams import plan_schedule
 from mystique_gen.sources.et import load_trace
@@ -305,8 +306,6 @@ def _held_locals(tmp_path, memory: list[dict]):
 
 
 def test_memory_events_are_read_and_paired_by_address(tmp_path):
-    from mystique_gen.passes.frees import NEVER, allocations
-
     _, kineto = _held_locals(tmp_path, [_memory(5, 1, 64), _memory(25, 2, 64),
                                         _memory(30, 1, -64), _memory(45, 1, 64)])
     trace = load_kineto(kineto)
