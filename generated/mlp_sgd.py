@@ -1053,13 +1053,13 @@ _FALLBACKS = []
 
 def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
-    linear_x_buf = _fill(16384, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
+    linear_x_buf = _fill(16384, torch.float32, device, "uniform", -1.0, 1.0, gens)
     linear_x = linear_x_buf.as_strided([64, 256], [256, 1], 0)
     linear_x.requires_grad_()
     linear_w_buf = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     linear_w = linear_w_buf.as_strided([256, 256], [256, 1], 0)
     linear_w.requires_grad_()
-    linear_b_buf = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    linear_b_buf = _fill(256, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     linear_b = linear_b_buf.as_strided([256], [1], 0)
     linear_b.requires_grad_()
     linear_w_256x256_buf = _fill(
@@ -1067,7 +1067,9 @@ def make_inputs(device, host, gens):
     )
     linear_w_256x256 = linear_w_256x256_buf.as_strided([256, 256], [256, 1], 0)
     linear_w_256x256.requires_grad_()
-    linear_b_256_buf = _fill(256, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    linear_b_256_buf = _fill(
+        256, torch.float32, device, "uniform", -0.0625, 0.0625, gens
+    )
     linear_b_256 = linear_b_256_buf.as_strided([256], [1], 0)
     linear_b_256.requires_grad_()
     linear_w_10x256_buf = _fill(
@@ -1075,7 +1077,7 @@ def make_inputs(device, host, gens):
     )
     linear_w_10x256 = linear_w_10x256_buf.as_strided([10, 256], [256, 1], 0)
     linear_w_10x256.requires_grad_()
-    linear_b_10_buf = _fill(10, torch.float32, device, "uniform", -1.0, 1.0, gens)
+    linear_b_10_buf = _fill(10, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     linear_b_10 = linear_b_10_buf.as_strided([10], [1], 0)
     linear_b_10.requires_grad_()
     target_buf = _fill(64, torch.int64, device, "span", 0, 9, gens)

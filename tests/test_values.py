@@ -171,6 +171,20 @@ def test_float_rules_keep_values_finite():
     assert inits["float64"].low > 0
 
 
+LINEAR = "aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"
+
+
+def test_a_layer_is_filled_as_its_module_initialises_it():
+    """nn.Linear's weight and bias within 1/sqrt(fan-in); the input it multiplies is an
+    activation, filled like data (U(-1, 1)), not within a fan-in of its own."""
+    b = TraceBuilder()
+    x, w, bias = b.tensor((4, 64)), b.tensor((16, 64)), b.tensor((16,))
+    b.op(LINEAR, [x, w, bias], [b.tensor((4, 16))])
+    inits = {s.index: s.init for s in _program(b).storages if s.materialised}
+    bounds = sorted((init.low, init.high) for init in inits.values())
+    assert bounds == [(-1.0, 1.0), (-0.125, 0.125), (-0.125, 0.125)]
+
+
 def test_saved_workspaces_are_zeros_not_random_bytes():
     """An RNN backward reads its forward's gates from a byte workspace: random bytes read
     as floats hold NaN and inf, which made every gradient NaN (and the LSTM training
@@ -598,3 +612,42 @@ def test_data_fill_needs_a_width():
 
     with pytest.raises(ValueError):
         data_call(Init("data", 3, 1, "", b"\x00"), "int64", "device")
+
+
+def test_normalised_activations_keep_both_signs(tmp_path):
+    """BatchNorm's parameters and running statistics are filled as the module starts
+    them (weight 1, bias 0, mean 0, variance 1), so that what a ReLU after it passes
+    is half of every channel, as in the original, not whole channels shifted to one
+    sign by a random mean or bias: kernels downstream (a max_pool2d: 500 against
+    250 us) branch on those values."""
+    import runpy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16),
+                                torch.nn.ReLU(), torch.nn.MaxPool2d(2)).eval()
+    x = torch.randn(2, 3, 16, 16)
+
+    def step() -> None:
+        with torch.no_grad():
+            model(x)
+
+    result = capture(step, tmp_path, name="cnn", kineto=False, timing_iters=1)
+    bench = tmp_path / "cnn_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    g = runpy.run_path(str(bench), run_name="cnn_bench")
+    cpu = torch.device("cpu")
+    g["_RUNTIME"]["device"] = g["_RUNTIME"]["host"] = cpu
+    inputs = g["make_inputs"](cpu, cpu, {"cpu": torch.Generator().manual_seed(0)})
+    scope = g["replay"].__globals__
+    relu, seen = scope["aten_relu"], []
+
+    def spy(*args):
+        out = relu(*args)
+        seen.append(out)
+        return out
+
+    scope["aten_relu"] = spy
+    g["replay"](inputs, cpu, cpu)
+    (out,) = seen
+    zeros = (out == 0).float().mean(dim=(0, 2, 3))  # per channel
+    assert float(zeros.min()) > 0.2 and float(zeros.max()) < 0.8

@@ -195,6 +195,8 @@ class _Facts:
         self.positive: dict[int, str] = {}
         self.float_range: dict[int, tuple[float, float, str]] = {}
         self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
+        self.bias_fan_in: dict[int, int] = {}  # a bias: its weight's fan-in
+        self.activation: set[int] = set()  # the input a weight multiplies: not a weight
         self.scalar: set[int] = set()  # storages viewed as 0-d tensors
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
         self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
@@ -265,6 +267,22 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
     for arg in op.args:
         for tv in iter_tensors(arg.value):
             facts.view(tv)
+    # A bias beside a weight of 2+ dims (linear, convolutions) is bounded by that
+    # weight's fan-in, as nn.Linear and nn.Conv initialise it: a U(-1, 1) bias
+    # outweighs the small products of fan-in scaled weights, fixes each feature's sign,
+    # and a ReLU after it then passes or zeroes whole channels.
+    # The input such a weight multiplies is an activation, not a weight: it is filled
+    # like data, U(-1, 1), not within its own "fan-in" (an image of 3x16x16 got
+    # +-0.036, and the bias then decided every output's sign).
+    named = {a.spec.name: a.value for a in op.args}
+    weight, bias = named.get("weight"), named.get("bias")
+    if isinstance(weight, TensorValue) and len(weight.meta.shape) >= 2:
+        fan_in = prod(weight.meta.shape[1:])
+        if isinstance(bias, TensorValue) and bias.storage is not None:
+            facts.bias_fan_in.setdefault(bias.storage.index, fan_in)
+        data = named.get("input")
+        if isinstance(data, TensorValue) and data.storage is not None:
+            facts.activation.add(data.storage.index)
     ordinals = recorded.ordinals.get(op.node_id)
     if ordinals is not None:
         for i, arg in enumerate(op.args):
@@ -425,12 +443,16 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         if s.extent == 1 and i in facts.scalar:
             kind, low, high = oprules.SCALAR_FLOATING
             return Init(kind, low, high, "0-d tensor (a wrapped Python scalar)")
-        if i in facts.fan_in:
+        if i in facts.fan_in and i not in facts.activation:
             # Like nn.Linear / nn.Conv's default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
             # so that activations and gradients stay finite over many training
             # iterations (with U(-1, 1) weights they overflow to inf/NaN within a few).
             bound = 1.0 / math.sqrt(facts.fan_in[i])
             return Init(FillKind.UNIFORM, -bound, bound, f"fan-in {facts.fan_in[i]}")
+        if i in facts.bias_fan_in:
+            bound = 1.0 / math.sqrt(facts.bias_fan_in[i])
+            return Init(FillKind.UNIFORM, -bound, bound,
+                        f"bias, fan-in {facts.bias_fan_in[i]}")
         kind, low, high = oprules.DEFAULT_FLOATING
         return Init(kind, low, high)
     return Init(FillKind.ZEROS)
