@@ -327,7 +327,8 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             f"host gaps from {program.timing.kineto}, recorded with the ET observer "
             "attached (linked by id; no profile-only steps beside it): with --host-gaps "
             "recorded the benchmark calibrates the observer's cost out, or replays no "
-            "gaps where it cannot")])
+            "gaps where it cannot (no observer there, or one that writes another schema "
+            f"than the trace's {program.timing.observer_schema or 'unknown'})")])
     return program
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 
 import pytest
 import torch
@@ -242,3 +243,63 @@ def test_only_the_inputs_an_iteration_writes_are_reset():
     assert [s.data_ptr() for s, _ in kept] == [state_buf.untyped_storage().data_ptr()]
     runtime._reset(kept)
     assert state_buf.eq(0).all()
+
+
+class _Event:
+    """What `_own_gaps` reads of a profiler event (torch's FunctionEvent)."""
+
+    def __init__(self, name: str, start: float, end: float, thread: int = 1):
+        self.name, self.thread = name, thread
+        self.time_range = type("Range", (), {"start": start, "end": end})()
+        self.device_type = torch.autograd.DeviceType.CPU
+
+
+def test_own_gaps_are_measured_gap_by_gap_and_as_a_mean():
+    """Two calibration iterations of a replay with ops 0..2 and a tail: the own gap
+    before op 1 is 3 us, before op 2 is 9 us (a long argument list), and the tail
+    2 us; op 0's gap runs from the iteration's start. Children of an op and the
+    harness's own work are not ops. Marks are wall times; the profiler's zero is at
+    1000 ns."""
+    events, marks = [], []
+    for start in (0.0, 100.0):
+        events.append(_Event("mystique::calibrate", start, start + 40.0))
+        ops = [(start + 1.0, start + 6.0), (start + 9.0, start + 14.0),
+               (start + 23.0, start + 38.0)]
+        for k, (a, b) in enumerate(ops):
+            events.append(_Event(f"aten::op{k}", a, b))
+            marks.append((k, int(a * 1000 - 500 + 1000)))  # 0.5 us before its op
+        events.append(_Event("aten::child", start + 24.0, start + 30.0))
+        events.append(_Event(runtime.HARNESS_SCOPE, start + 15.0, start + 16.0))
+        events.append(_Event("aten::fill_", start + 15.2, start + 15.8))
+        marks.append((3, int((start + 39.0) * 1000 + 1000)))
+    mean, per_gap = runtime._own_gaps(events, marks, trace_start_ns=1000)
+    assert mean == pytest.approx(6.0)  # (3 + 9) / 2 per iteration
+    assert per_gap == pytest.approx({0: 1.0, 1: 3.0, 2: 9.0, 3: 2.0})
+    # Without the profiler's zero in wall time, gaps cannot be placed: the mean only.
+    assert runtime._own_gaps(events, marks, trace_start_ns=None) == (mean, {})
+
+
+def test_calibration_records_as_the_original_recorders_did(tmp_path):
+    """The recorded gaps hold the recorders' own costs: the calibration profiles under
+    the same, memory events and an ET observer computing integral tensors' ranges
+    (14 us before an embedding_bag here) included, as the original's facts say."""
+    indices = torch.randint(0, 10, (8,))
+    cases = {
+        "ranges": ({"observer_in_gaps": True, "memory_in_gaps": True,
+                    "observer_ranges": True}, True, True),
+        "observer": ({"observer_in_gaps": True}, False, False),
+        "profile-only": (None, False, None),
+    }
+    for name, (original, memory, ranges) in cases.items():
+        et_path = tmp_path / f"{name}.json"
+        with runtime._recorded_as(original, str(et_path)) as prof:
+            torch.ones(4).add(indices.float().sum())
+        assert ("[memory]" in {e.name for e in prof.events()}) is memory, name
+        if ranges is None:  # no observer attached
+            assert not et_path.exists(), name
+            continue
+        nodes = json.loads(et_path.read_text())["nodes"]
+        found = [a["value"] for n in nodes for a in n.get("attrs", [])
+                 if a["name"] == "tensor_range"]
+        assert any(found) is ranges, name  # an observer without them writes ""
+    assert runtime._RANGE_ENV not in os.environ

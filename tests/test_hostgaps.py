@@ -10,7 +10,7 @@ import torch
 
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.driver import compile_trace, generate
-from mystique_gen.passes.hostgaps import _match, profile_gaps
+from mystique_gen.passes.hostgaps import _match, _typical_step_scale, profile_gaps
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace
 from mystique_gen.sources.kineto import CpuEvent, profile_beside
@@ -32,6 +32,17 @@ def captured(tmp_path_factory):
 
 def _ev(index: int, name: str, ts: float, dur: float, tid: int = 1) -> CpuEvent:
     return CpuEvent(index, name, 0, tid, ts, dur, None, None)
+
+
+def test_gaps_add_up_to_a_median_steps_host_time():
+    """Three steps, each slow in a different gap: every gap's median is 2 us, but a
+    typical step spends 2 + 2 + 8 = 12 us between its ops, not 6."""
+    samples = [[2.0, 2.0, 8.0], [2.0, 8.0, 2.0], [8.0, 2.0, 2.0]]
+    assert _typical_step_scale(samples, 3) == pytest.approx(2.0)
+    # Steady gaps need no scaling; nor can gaps be scaled that some step lacks.
+    assert _typical_step_scale([[3.0, 3.0, 3.0], [1.0, 1.0, 1.0]], 3) == 1.0
+    assert _typical_step_scale([[2.0, 2.0, 8.0], [2.0, 8.0]], 3) == 1.0
+    assert _typical_step_scale([[5.0]], 1) == 1.0
 
 
 def test_match_skips_children_and_needs_every_name():
@@ -122,6 +133,9 @@ def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
     bench = tmp_path / "bench.py"
     text = generate(captured.et_path, bench, kineto=kineto)
     assert '"observer_in_gaps": True' in text
+    # Calibrated under the same recorders: the capture records memory events beside
+    # the ET, and its observer computes integral tensors' ranges.
+    assert '"memory_in_gaps": True' in text and '"observer_ranges": True' in text
     assert "with the ET observer attached (linked by id" in " ".join(text.split())
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
                          "--json", "--host-gaps", "recorded")
@@ -137,8 +151,23 @@ def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
     assert max(counted) > 0
     assert out["host_gap_event_us"] > 0
 
+    # Gaps recorded under another observer (another schema: another implementation,
+    # as a trace from an older torch has) are not corrected with this one's cost:
+    # the benchmark says so and replays no gaps rather than inflated ones.
+    schema = load_trace(captured.et_path).schema
+    assert f'"observer_schema": "{schema}"' in text
+    other = tmp_path / "other_observer.py"
+    other.write_text(text.replace(f'"observer_schema": "{schema}"', '"observer_schema": "1.0.1"'))
+    proc = run_benchmark(other, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--host-gaps", "recorded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["host_gaps_replayed"] is False
+    assert f"writes schema {schema}, not the trace's 1.0.1" in proc.stderr
+    assert "host gaps off" in proc.stderr
+
     beside = generate(captured.et_path, tmp_path / "b2.py", kineto=captured.kineto_path)
     assert '"observer_in_gaps": False' in beside
+    assert '"memory_in_gaps": False' in beside and '"observer_ranges": False' in beside
     assert "with the ET observer attached (linked by id" not in " ".join(beside.split())
 
 
@@ -155,6 +184,9 @@ def test_recorded_gaps_subtract_the_replays_own_host_time(captured, tmp_path):
         own[mode] = (out["host_gap_own_us"], out["host_gap_event_us"])
     assert own["off"] == (0.0, 0.0)  # no calibration without recorded gaps
     assert 0.0 < own["recorded"][0] < 1000.0
+    # The replay's own time was measured in each gap (the profiler's clock placed
+    # every `_host_gap` mark in its iteration), not only as a mean.
+    assert out["host_gaps_measured"] == text.count("_host_gap(") - text.count("def _host_gap(")
     assert 0.0 <= own["recorded"][1] < 100.0  # the profiler's cost per recorded event
 
 

@@ -166,18 +166,18 @@ TWO_STREAM_REPLAY = """\
     mm = aten_mm(mm_x, mm_mat2)
     ev0 = _record()
     with _on(st0):
-        _host_gap(10.0)
+        _host_gap(10.0, before=1)
         _wait(ev0)
         relu = aten_relu(mm)
-        _host_gap(10.0)
+        _host_gap(10.0, before=2)
         mm_1 = aten_mm(relu, mm_mat2)
         del relu
         ev1 = _record()
-    _host_gap(10.0)
+    _host_gap(10.0, before=3)
     _wait(ev1)
     aten_add__Tensor(mm, mm_1, alpha=1)
     del mm_1
-    _host_gap(10.0)
+    _host_gap(10.0, before=4)
     aten_relu(mm)
     del mm
     _join(st0)

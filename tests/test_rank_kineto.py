@@ -58,8 +58,9 @@ def test_each_rank_links_its_own_kineto_trace(tmp_path):
     assert "matched to ranks by the rank each records (distributedInfo)" in compiled.rank_source
 
     text = render(compiled)
-    assert re.findall(r"_host_gap\(([\d.]+)\)", _replay_body(text, 0)) == ["20.0", "20.0"]
-    assert re.findall(r"_host_gap\(([\d.]+)\)", _replay_body(text, 1)) == ["40.0", "40.0"]
+    gap = r"_host_gap\(([\d.]+), before=\d+\)"
+    assert re.findall(gap, _replay_body(text, 0)) == ["20.0", "20.0"]
+    assert re.findall(gap, _replay_body(text, 1)) == ["40.0", "40.0"]
     for rank in (0, 1):
         facts = text.split(f"ORIGINAL_RANK{rank} = ")[1].split("}")[0]
         assert f'"kineto": "rank-{rank}.kineto.json"' in facts

@@ -12,8 +12,9 @@ into statements that call the template's schedule helpers:
 * threaded: one nested function per host thread, ``_signal(i)`` after an op another
   thread waits for and ``_await(i)`` before the waiting op, all run by
   ``_run_threads``; values that cross threads are bound in ``replay`` (``nonlocal``);
-* ``_host_gap(12.5)`` before an op with a recorded host gap (microseconds);
-  ``_host_gap(12.5, 2)`` where the profiler recorded two scopes of its own in it.
+* ``_host_gap(12.5, before=7)`` before op 7 where a host gap was recorded
+  (microseconds); ``_host_gap(12.5, 2, before=7)`` where the profiler recorded two
+  scopes of its own in it.
 
 On CPU every helper is a no-op except the threads and the (opt-in) host gaps.
 """
@@ -88,14 +89,17 @@ def replay_lines(b: Builder) -> list[str]:
     tail = _tail_gap(program)
     if tail is not None:  # the step's host time after its last op
         assert program.timing is not None
-        lines += helper_call("_host_gap", gap_args(tail, program.timing.tail_gap_events), 1)
+        lines += helper_call(
+            "_host_gap", gap_args(tail, program.timing.tail_gap_events, len(program.ops)), 1)
     return lines
 
 
-def gap_args(gap: str, events: int) -> list[str]:
-    """``_host_gap``'s arguments: the gap, and the profiler-only scopes recorded in it
-    where there were any (the benchmark subtracts their recording cost)."""
-    return [gap, str(int(events))] if events > 0 else [gap]
+def gap_args(gap: str, events: int, before: int) -> list[str]:
+    """``_host_gap``'s arguments: the gap, the profiler-only scopes recorded in it where
+    there were any (the benchmark subtracts their recording cost), and the index of the
+    op it precedes (the op count for the step's tail), by which the benchmark measures
+    its own time in this very gap."""
+    return [gap, *([str(int(events))] if events > 0 else []), f"before={int(before)}"]
 
 
 def _threads(b: Builder, streams: dict[int, str], events: set[int],
@@ -167,7 +171,8 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
         gap = gap_literal(op.timing.gap_us) if op.timing is not None else None
         if gap is not None:
             assert op.timing is not None
-            lines += helper_call("_host_gap", gap_args(gap, op.timing.gap_events), inner)
+            lines += helper_call("_host_gap", gap_args(gap, op.timing.gap_events, op.index),
+                                 inner)
         for p in op.stream_waits:
             lines += helper_call("_wait", [b.ns.get(("event", p))], inner)
         lines += b.op_statement(op, inner)
@@ -198,6 +203,9 @@ def original_lines(program: Program, rank: int | None = None) -> list[str]:
         ("linked_ops", str(timing.linked_ops)),
         ("host_gaps", exprs.str_literal(exprs.docstring_line(timing.host_gaps, 200))),
         ("observer_in_gaps", str(timing.observer_in_gaps)),
+        ("memory_in_gaps", str(timing.memory_in_gaps)),
+        ("observer_ranges", str(timing.observer_ranges)),
+        ("observer_schema", exprs.str_literal(timing.observer_schema)),
     )
     items = [Atom(f"{exprs.str_literal(k)}: {v}") for k, v in fields]
     lines = [ORIGINAL_COMMENT if rank is None else

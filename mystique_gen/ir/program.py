@@ -259,6 +259,15 @@ class ProgramTiming:
     # The gaps come from a Kineto trace recorded with the ET observer attached (one
     # profiler session, linked by id): the benchmark calibrates the observer's cost out.
     observer_in_gaps: bool = False
+    # How the gaps' recorders were set, for the benchmark to calibrate under the same:
+    # the profiler recorded memory events (profile_memory), and the ET observer whose
+    # work is in the gaps computed each integral tensor's range (both cost host time
+    # in the gaps: 14 us before each embedding_bag, measured here, for the ranges).
+    memory_in_gaps: bool = False
+    observer_ranges: bool = False
+    # The schema that observer wrote: only an observer writing the same one (the same
+    # implementation) measures the same cost at run time.
+    observer_schema: str = ""
     tail_gap_us: float | None = None  # host time after the last op, to the step's end
     tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
 

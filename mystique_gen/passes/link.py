@@ -183,10 +183,14 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
     # Ids agree only within one process and profiler session: a trace linked mostly by
     # id was recorded together with the ET, so the observer's work is in its gaps.
     by_id = sum(used_methods[m] for m in METHODS if m != "order")
+    observed = by_id * 2 > linked
     program.timing = ProgramTiming(
         kineto=kineto.name, sha256=kineto.sha256, original_ms=original_ms, linked_ops=linked,
         link_methods={m: used_methods[m] for m in METHODS if used_methods[m]},
-        observer_in_gaps=by_id * 2 > linked,
+        observer_in_gaps=observed, memory_in_gaps=bool(kineto.memory),
+        # (An observer that computes no ranges still writes the attribute, empty.)
+        observer_ranges=observed and any(n.attrs.get("tensor_range") for n in trace.nodes),
+        observer_schema=trace.schema if observed else "",
     )
     return links
 

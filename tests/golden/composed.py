@@ -25,9 +25,12 @@ Ops not replayed:
 """
 
 import argparse
+import bisect
+import contextlib
 import importlib
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -204,7 +207,9 @@ _RUNTIME = {
     "skipped": {},
     "streams": {},
     "host_gaps": False,
-    "gap_own_us": 0.0,
+    "gap_own_us": 0.0,  # the mean of gap_own, for gaps it does not know
+    "gap_own": {},  # op index -> this replay's own host time in the gap before it
+    "gap_marks": None,  # while calibrating: (op index, time.time_ns()) per gap
     "gap_event_us": 0.0,
     "gap_observer": False,  # the calibration ran with the ET observer attached
     "peak_step_bytes": None,  # what one step allocates above its inputs, at most
@@ -289,40 +294,46 @@ def _join(stream):
         torch.cuda.current_stream(torch.device(_RUNTIME["device"])).wait_stream(stream)
 
 
-def _host_gap(us, events=0):
-    """With --host-gaps recorded: busy-wait the host time recorded before an op, less
-    this replay's own host time per op and the recording cost of the `events` scopes
-    only the profiler made in that gap (`_calibrate_gaps`). Where the replay's own time
-    exceeds a recorded gap, the excess is taken from the next gaps on this thread."""
+def _host_gap(us, events=0, before=None):
+    """With --host-gaps recorded: busy-wait the host time recorded before op `before`
+    (its index; the op count for the step's tail), less this replay's own host time
+    in that gap and the recording cost of the `events` scopes only the profiler made
+    in it (`_calibrate_gaps`). Where the replay's own time exceeds a recorded gap, the
+    excess is taken from the next gaps on this thread."""
     if _RUNTIME["host_gaps"]:
         carry = _RUNTIME["gap_carry"]
         thread = threading.get_ident()
-        own = _RUNTIME["gap_own_us"] + events * _RUNTIME["gap_event_us"]
-        wait = carry.get(thread, 0.0) + us - own
+        own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
+        wait = carry.get(thread, 0.0) + us - own - events * _RUNTIME["gap_event_us"]
         carry[thread] = min(wait, 0.0)
         if wait > 0:
             end = time.perf_counter() + wait * 1e-6
             while time.perf_counter() < end:
                 pass
+        marks = _RUNTIME["gap_marks"]
+        if marks is not None:  # last: the op after this gap starts right after it
+            marks.append((before, time.time_ns()))
 
 
 def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     """Measure, into _RUNTIME, what `_host_gap` subtracts from the recorded gaps.
 
-    gap_own_us: this replay's own host time between two top-level ops, measured as the
-    recorded gaps were: in a Kineto trace of whole iterations, with the harness's work
-    counted as host time. Subtracting it cancels the profiler's share of the recorded
-    gaps and the time this file itself spends between ops. The median over iterations
-    of each iteration's mean: the first profiled iterations run cold, and a shared
-    machine slows a few. Where the gaps were recorded with the ET observer attached
-    (`original`, this process's ORIGINAL, says "observer_in_gaps": an ET and a Kineto
-    trace from one profiler session), the calibration attaches one too, so the
-    observer's share cancels as well; if it cannot, the recorded gaps are not replayed
-    (they would be inflated).
+    gap_own: this replay's own host time in each gap (`_own_gaps`), and gap_own_us,
+    their mean for gaps not placed: measured as the recorded gaps were, in a Kineto
+    trace of whole iterations under the same recorders (`_recorded_as`), with the
+    harness's work counted as host time. Subtracting it cancels the recorders' share
+    of the recorded gaps and the time this file itself spends between ops. Medians over
+    iterations: the first profiled iterations run cold, and a shared machine slows a
+    few. Where the gaps were recorded with the ET observer attached (`original`, this
+    process's ORIGINAL, says "observer_in_gaps": an ET and a Kineto trace from one
+    profiler session), the calibration attaches one too, so the observer's share
+    cancels as well; if it cannot, the recorded gaps are not replayed (they would be
+    inflated).
 
     gap_event_us: what recording one scope costs the recorders the gaps were
     recorded under (`_scope_cost`)."""
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
+    _RUNTIME["gap_own"] = {}
     for _ in range(2):  # warm, untimed
         _reset(snapshot)
         replay(inputs, device, host)
@@ -330,71 +341,137 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     observed = bool(original and original.get("observer_in_gaps"))
     handle, et_path = tempfile.mkstemp(prefix="mystique-calibrate-", suffix=".json")
     os.close(handle)
-    observer = None
-    if observed:
-        observer = ExecutionTraceObserver()
-        observer.register_callback(et_path)
     _RUNTIME["et_observer"] = observed
     try:
-        with profile(
-            activities=[ProfilerActivity.CPU], execution_trace_observer=observer
-        ) as prof:
+        with _recorded_as(original, et_path) as prof:
+            marks = _RUNTIME["gap_marks"] = []
             for _ in range(iters):
                 _reset(snapshot)  # outside the scope: not the replay's own time
                 with record_function("mystique::calibrate"):
                     replay(inputs, device, host)
                 _sync(device)
+            _RUNTIME["gap_marks"] = None
         # (The profiler's exit unregistered the observer.)
-        recorded_et = os.path.getsize(et_path) > 0
+        schema = _et_schema(et_path)
     finally:
         _RUNTIME["et_observer"] = False
+        _RUNTIME["gap_marks"] = None
         os.remove(et_path)
     _RUNTIME["gap_carry"].clear()
-    if observed and not recorded_et:
+    if observed and schema != original.get("observer_schema"):
         _RUNTIME["gap_own_us"] = 0.0
         _RUNTIME["host_gaps"] = False
+        why = (
+            "no ET observer could be attached here"
+            if schema is None
+            else f"the observer here writes schema {schema}, not the trace's "
+            f"{original.get('observer_schema') or 'unknown'}: its cost does not "
+            "stand for the other's"
+        )
         print(
             "mystique: the recorded host gaps include the ET observer's cost, and it "
-            "could not be calibrated here: host gaps off",
+            f"cannot be calibrated out ({why}): host gaps off",
             file=sys.stderr,
         )
         return
     _RUNTIME["gap_observer"] = observed
-    events = [
+    try:  # the profiler's zero in wall time, to place each gap's mark
+        zero_ns = prof.profiler.kineto_results.trace_start_ns()
+    except AttributeError:  # another torch: the mean only
+        zero_ns = None
+    mean, per_gap = _own_gaps(prof.events(), marks, zero_ns)
+    _RUNTIME["gap_own_us"], _RUNTIME["gap_own"] = mean, per_gap
+    _RUNTIME["gap_event_us"] = _scope_cost(original)
+
+
+def _et_schema(path):
+    """The schema an execution trace file says it has (None: no trace written)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = f.read(512)
+    found = re.search(r'"schema"\s*:\s*"([^"]*)"', head)
+    return found.group(1) if found else None
+
+
+def _own_gaps(events, marks=(), trace_start_ns=None):
+    """This replay's own host time between top-level ops in the profiled calibration
+    iterations (`events`, each inside a "mystique::calibrate" scope): the median over
+    iterations of each iteration's mean, and per gap (by `_host_gap`'s `before`), the
+    median over iterations of that very gap.
+
+    Gaps differ: one op takes a long list of arguments to build, another is recorded
+    by an ET observer with many tensors, and the recorded gaps hold the same costs of
+    the original's same ops. A `_host_gap` mark (`marks`: op index and wall time in
+    ns, taken right before its op) finds its op as the first top-level op to start
+    after it, in the profiler's clock (`trace_start_ns`, its zero in wall time); the
+    gap is from the end of the top-level op before (or the iteration's start) to that
+    op's start (or the iteration's end, for the step's tail). Without the profiler's
+    zero, only the mean is known."""
+    cpu = [
         (e.name, e.time_range.start, e.time_range.end, e.thread)
-        for e in prof.events()
+        for e in events
         if e.device_type == torch.autograd.DeviceType.CPU
     ]
     scopes = {"mystique::calibrate": [], HARNESS_SCOPE: []}
-    for name, start, end, _ in events:
+    for name, start, end, _ in cpu:
         if name in scopes:
             scopes[name].append((start, end))
     ops = sorted(
         (start, -end, thread)
-        for name, start, end, thread in events
+        for name, start, end, thread in cpu
         if name not in scopes
         and not any(a <= start < b for a, b in scopes[HARNESS_SCOPE])
     )
-    means = []
-    for start, stop in scopes["mystique::calibrate"]:
-        last, total, count = {}, 0.0, 0
+    iterations = []  # per iteration: its span, and per thread its top-level ops
+    for start, stop in sorted(scopes["mystique::calibrate"]):
+        top = {}
         for ts, neg_end, tid in ops:
-            prev = last.get(tid)
-            if not start <= ts < stop or (prev is not None and ts < prev):
-                continue  # another iteration, or inside the previous top-level op
-            if prev is not None:
-                total += ts - prev
-                count += 1
-            last[tid] = -neg_end
-        if count:
-            means.append(total / count)
-    _RUNTIME["gap_own_us"] = statistics.median(means) if means else 0.0
-    _RUNTIME["gap_event_us"] = _scope_cost(observed)
+            spans = top.setdefault(tid, [])
+            if start <= ts < stop and (not spans or ts >= spans[-1][1]):
+                spans.append((ts, -neg_end))  # not inside the previous top-level op
+        iterations.append((start, stop, {t: v for t, v in top.items() if v}))
+    means = []
+    for _, _, top in iterations:
+        gaps = [
+            b[0] - a[1]
+            for spans in top.values()
+            for a, b in zip(spans, spans[1:], strict=False)
+        ]
+        if gaps:
+            means.append(sum(gaps) / len(gaps))
+    samples = {}
+    if trace_start_ns is not None:
+        starts = [start for start, _, _ in iterations]
+        for before, wall_ns in marks:
+            at = (wall_ns - trace_start_ns) / 1000.0
+            k = bisect.bisect_right(starts, at) - 1
+            own = _gap_at(at, *iterations[k]) if k >= 0 else None
+            if own is not None:
+                samples.setdefault(before, []).append(own)
+    per_gap = {k: statistics.median(v) for k, v in samples.items()}
+    return (statistics.median(means) if means else 0.0), per_gap
 
 
-def _scope_cost(observed, scopes=1000, rounds=5):
+def _gap_at(at, start, stop, top):
+    """The replay's own gap around the mark at profiler time `at` in the iteration
+    from `start` to `stop` (see `_own_gaps`), on the thread whose top-level op starts
+    soonest after it (Python's thread ids are not the profiler's); None outside it."""
+    if not start <= at < stop:
+        return None
+    best = None
+    for spans in top.values():
+        after = bisect.bisect_left(spans, (at, float("-inf")))
+        if after > 0 and spans[after - 1][1] > at:
+            continue  # the mark fell inside an op of this thread: not its thread
+        nxt = spans[after][0] if after < len(spans) else stop
+        prev = spans[after - 1][1] if after > 0 else start
+        if best is None or nxt - at < best[0]:
+            best = (nxt - at, nxt - prev)
+    return None if best is None else best[1]
+
+
+def _scope_cost(original, scopes=1000, rounds=5):
     """What recording one scope costs: a loop of empty record_function scopes timed
-    under the profiler (and an ET observer where `observed`), less the same loop
+    under the recorders of `original`'s gaps (`_recorded_as`), less the same loop
     timed without (medians over rounds). The recorded gaps hold this cost for every
     scope begun in them that only the original had (the autograd engine's around
     each backward op), and the replay has none of them to measure it on. (An
@@ -409,16 +486,42 @@ def _scope_cost(observed, scopes=1000, rounds=5):
         return (time.perf_counter() - start) * 1e6 / scopes
 
     plain = statistics.median(loop() for _ in range(rounds))
-    with tempfile.TemporaryDirectory(prefix="mystique-scopes-") as tmp:
-        observer = None
-        if observed:
-            observer = ExecutionTraceObserver()
-            observer.register_callback(os.path.join(tmp, "scopes.et.json"))
-        with profile(
-            activities=[ProfilerActivity.CPU], execution_trace_observer=observer
-        ):
-            recorded = statistics.median(loop() for _ in range(rounds))
+    with (
+        tempfile.TemporaryDirectory(prefix="mystique-scopes-") as tmp,
+        _recorded_as(original, os.path.join(tmp, "scopes.et.json")),
+    ):
+        recorded = statistics.median(loop() for _ in range(rounds))
     return max(0.0, recorded - plain)
+
+
+_RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
+
+
+@contextlib.contextmanager
+def _recorded_as(original, et_path):
+    """A CPU profile set as the recorders of `original`'s gaps were (this process's
+    ORIGINAL): with memory events where they were recorded, and where the gaps hold
+    an ET observer's work, with one attached, writing to `et_path`, computing integral
+    tensors' ranges where the original's did. Each costs host time in the gaps."""
+    facts = original or {}
+    observer, saved = None, os.environ.get(_RANGE_ENV)
+    if facts.get("observer_in_gaps"):
+        if facts.get("observer_ranges"):
+            os.environ[_RANGE_ENV] = "1"  # read as the observer starts
+        observer = ExecutionTraceObserver()
+        observer.register_callback(et_path)
+    try:
+        with profile(
+            activities=[ProfilerActivity.CPU],
+            execution_trace_observer=observer,
+            profile_memory=bool(facts.get("memory_in_gaps")),
+        ) as prof:
+            yield prof
+    finally:
+        if saved is None:
+            os.environ.pop(_RANGE_ENV, None)
+        else:
+            os.environ[_RANGE_ENV] = saved
 
 
 def _run_threads(flags, *bodies):
@@ -987,6 +1090,7 @@ def main(argv=None):
             "host_gaps": args.host_gaps,
             "host_gap_own_us": _RUNTIME["gap_own_us"],
             "host_gap_event_us": _RUNTIME["gap_event_us"],
+            "host_gaps_measured": len(_RUNTIME["gap_own"]),
             "host_gap_observer": _RUNTIME["gap_observer"],
             "host_gaps_replayed": _RUNTIME["host_gaps"],
             "cuda_graph": args.cuda_graph,
