@@ -342,7 +342,6 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
                 with record_function("mystique::calibrate"):
                     replay(inputs, device, host)
                 _sync(device)
-            _RUNTIME["gap_marks"] = None
         # (The profiler's exit unregistered the observer.)
         schema = _et_schema(et_path)
     finally:
