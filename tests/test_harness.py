@@ -51,6 +51,22 @@ def test_fillers_give_what_their_kind_promises():
     assert torch.all(_fill("ones", 4, 0, 0) == 1) and torch.all(_fill("zeros", 4, 0, 0) == 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16,
+                                   torch.float16, torch.float8_e4m3fn, torch.int32])
+def test_uniform_fill_is_in_range_in_every_dtype_and_seeded(dtype):
+    """Filled in place in its own dtype where it can be (no float32 temporaries for a
+    large table), through float32 where it cannot (float8 has no uniform_)."""
+    def fill():
+        gens = {"cpu": torch.Generator().manual_seed(3)}
+        return runtime._fill(4096, dtype, "cpu", "uniform", -2.0, 3.0, gens)
+
+    first = fill()
+    assert first.dtype == dtype and first.shape == (4096,)
+    values = first.float()
+    assert values.min() >= -2.0 and values.max() <= 3.0 and values.std() > 0.5
+    assert torch.equal(first.view(torch.uint8), fill().view(torch.uint8))
+
+
 def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
     """runtime.main as a generated file runs it: its inputs, replay and job."""
     calls = []
