@@ -205,6 +205,6 @@ def test_legacy_dlrm_ranks_generate_from_a_directory(shared_traces, tmp_path):
     assert "no process_group:init node" in text  # the header says what was dropped
     assert "ranks as recorded by record_param_comms" in text
     assert "torch.distributed.all_to_all_single(" in text
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1", "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["distributed"] is False
+    # (Rank 0's compute runs alone in test_conformance; a multi-rank file without a
+    # launcher in test_without_a_launcher_rank_zero_compute_runs_alone.)
+    compile(text, str(bench), "exec")
