@@ -312,20 +312,26 @@ def recorded_frees(program: Program, build: Build) -> Program:
 
 
 def profiled_host_gaps(program: Program, build: Build) -> Program:
-    """Host gaps from the capture's profile-only steps, where present (passes/hostgaps.py)."""
+    """Host gaps from the capture's profile-only steps where present, else, for a
+    same-session pair, from all its steps the observer recorded (passes/hostgaps.py)."""
     source = build.sources[0]
     if source.profile is not None:
         hostgaps.apply_profile_gaps(program, source.trace, source.profile)
+    steps = 0
+    if source.kineto is not None and source.profile is None:
+        steps = hostgaps.apply_session_steps(program, source.trace, source.kineto,
+                                             build.links.offset if build.links else None)
     if program.timing is not None and program.timing.observer_in_gaps:
-        damped = hostgaps.damp_spikes(program)
+        damped = hostgaps.damp_spikes(program) if steps < 2 else 0  # (medians need none)
         if damped:
             program = replace(program, diagnostics=program.diagnostics + [note(
                 f"host gaps of one recorded step: {damped} above {hostgaps.SPIKE_RATIO:g}x "
                 "the median of their kind (the same two ops, seen 3 times or more) are "
                 "replayed at that median, as the machine's, not the program's")])
         program = replace(program, diagnostics=program.diagnostics + [note(
-            f"host gaps from {program.timing.kineto}, recorded with the ET observer "
-            "attached (linked by id; no profile-only steps beside it): with --host-gaps "
+            f"host gaps from {program.timing.host_gaps if steps else program.timing.kineto}, "
+            "recorded with the ET observer attached (linked by id; no profile-only steps "
+            "beside it): with --host-gaps "
             "recorded the benchmark calibrates the observer's cost out, or replays no "
             "gaps where it cannot (no observer there, or one that writes another schema "
             f"than the trace's {program.timing.observer_schema or 'unknown'})")])

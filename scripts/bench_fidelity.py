@@ -16,10 +16,12 @@ taken from the capture's profile-only steps, less the replay's own per-op host t
 which the benchmark measures once, as ``--host-gaps recorded`` does; see
 passes/hostgaps.py). Error = benchmark / eager - 1, medians over all timed steps.
 
-A third timing, ``session``, replays the gaps of the ET-linked Kineto trace itself, as
-a pair recorded in one profiler session gives them (PARAM, Chakra, HTA): no
-profile-only steps, the ET observer's work in every gap, calibrated out by the
-benchmark (``observer_in_gaps``).
+A third timing, ``session``, replays a benchmark generated from an ET and a Kineto
+trace recorded in one profiler session, as PyTorch's tests and HTA record them
+(torch.profiler's schedule with ``execution_trace_observer``, ``SESSION_STEPS`` active
+steps; FIDELITY_SESSION_STEPS=1 for a single-step pair): no profile-only steps, the
+ET observer's work in every gap, calibrated out by the benchmark
+(``observer_in_gaps``), each gap its median over the recorded steps.
 
 Beside time (issue 14): one step's peak memory above its inputs, original against
 replay, and each op category's share of the step (``compare``'s categories).
@@ -46,13 +48,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mystique_gen.backends.base import GenerateOptions  # noqa: E402
 from mystique_gen.driver import generate  # noqa: E402
-from mystique_gen.tools.capture import CaptureResult, capture  # noqa: E402
+from mystique_gen.tools.capture import RANGE_ENV, CaptureResult, capture  # noqa: E402
 from mystique_gen.tools.compare import compare_traces, multiset_match, op_multiset  # noqa: E402
 
 Step = Callable[[], object]
@@ -65,6 +68,8 @@ PROFILE_STEPS = 9
 # error of one trial moves by several points with the machine's load.
 TRIALS = int(os.environ.get("FIDELITY_TRIALS", "3"))
 MODES = ("off", "recorded", "session")
+# Active steps of the same-session pair (`_session_pair`): each gap replays its median.
+SESSION_STEPS = int(os.environ.get("FIDELITY_SESSION_STEPS", "3"))
 
 
 class TrainStep:
@@ -357,12 +362,9 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
     generate(result.et_path, bench_path, GenerateOptions(command_line="bench_fidelity"),
              kineto=result.kineto_path)
     benches, state = _load_benchmark(bench_path)
-    # The same pair as one profiler session leaves it: no profile-only steps beside.
-    assert result.kineto_path is not None
-    session_kineto = work / f"{stem}.session.json"
-    session_kineto.write_bytes(result.kineto_path.read_bytes())
+    session_et, session_kineto = _session_pair(step, work, stem)
     session_path = work / f"{stem}_session_bench.py"
-    generate(result.et_path, session_path, GenerateOptions(command_line="bench_fidelity"),
+    generate(session_et, session_path, GenerateOptions(command_line="bench_fidelity"),
              kineto=session_kineto)
     session, session_state = _load_benchmark(session_path)
     benches["session"] = session["recorded"]
@@ -388,6 +390,32 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
         row[f"{mode}_ms"] = ms[mode]
         row[f"{mode}_error"] = (ms[mode] - ms["eager"]) / ms["eager"]
     return row
+
+
+def _session_pair(step: Step, work: Path, stem: str) -> tuple[Path, Path]:
+    """An ET and a Kineto trace from one profiler session, the way PyTorch's own tests
+    and HTA record them: torch.profiler's schedule, ``execution_trace_observer``, one
+    warm-up step, ``SESSION_STEPS`` active steps, each ``ProfilerStep#N``; no
+    profile-only steps beside them. (Integral tensors' ranges on, as the capture's.)"""
+    et_path, kineto = work / f"{stem}.session.et.json", work / f"{stem}.session.json"
+    observer = ExecutionTraceObserver()
+    observer.register_callback(str(et_path))
+    saved = os.environ.get(RANGE_ENV)
+    os.environ[RANGE_ENV] = "1"
+    try:
+        with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
+                     profile_memory=True, acc_events=True,
+                     schedule=schedule(wait=0, warmup=1, active=SESSION_STEPS),
+                     on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof:
+            for _ in range(1 + SESSION_STEPS):
+                step()
+                prof.step()
+    finally:
+        if saved is None:
+            os.environ.pop(RANGE_ENV, None)
+        else:
+            os.environ[RANGE_ENV] = saved
+    return et_path, kineto
 
 
 def _system_metrics(result: CaptureResult, replay_et: Path, state: dict,

@@ -225,3 +225,54 @@ def test_a_single_steps_spikes_are_replayed_at_their_kinds_median(tmp_path):
         None, 500.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0]
     assert any("1 above 4x the median of their kind" in d.reason
                for d in program.diagnostics)
+
+
+def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
+    """torch.profiler's schedule with the ET observer (as PyTorch documents it) records
+    every active step, each a ``ProfilerStep#N``, in both traces: each gap is its
+    median over those steps, and the step's own host time before its first op and
+    after its last is replayed too."""
+    from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
+
+    torch.set_num_threads(1)
+    step = MODELS["mlp_sgd"]()
+    et_path, kineto = tmp_path / "pair.et.json", tmp_path / "pair.json"
+    observer = ExecutionTraceObserver()
+    observer.register_callback(str(et_path))
+    with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
+                 schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof:
+        for _ in range(4):
+            step()
+            prof.step()
+    program = compile_trace(et_path, kineto=kineto)
+    timing = program.timing
+    assert timing is not None and timing.observer_in_gaps
+    assert timing.host_gaps == "pair.json (median of 3 recorded steps)"
+    assert timing.tail_gap_us is not None
+    gaps = [op.timing.gap_us for op in program.ops if op.timing is not None]
+    assert gaps[0] is not None and all(g is not None and g >= 0 for g in gaps)
+    text = generate(et_path, tmp_path / "bench.py", kineto=kineto)
+    assert "median of 3 recorded steps" in " ".join(text.split())
+
+
+def test_a_step_counts_where_the_observer_recorded_its_ops():
+    """Steps of a longer profile that the ET observer did not record (started and
+    stopped by hand inside it) have smaller gaps: their ops' ids are none of the
+    ET's, and they are left out of the medians."""
+    from mystique_gen.passes.hostgaps import _observed
+
+    def ev(index, ts, rf_id):
+        return CpuEvent(index, "aten::mm", 0, 1, ts, 1.0, rf_id, None)
+
+    step_a = CpuEvent(0, "ProfilerStep#1", 0, 1, 0.0, 10.0, None, None)
+    step_b = CpuEvent(10, "ProfilerStep#2", 0, 1, 20.0, 10.0, None, None)
+    events = [step_a, ev(1, 1.0, 101), ev(2, 3.0, 102), ev(3, 5.0, 999),
+              step_b, ev(11, 21.0, 201), ev(12, 23.0, 202)]
+    ids = {101, 102, 103}
+    assert _observed(step_a, events, ids, 0)
+    assert not _observed(step_b, events, ids, 0)
+    # Linked by a constant External id offset: the ids are the ET's plus that offset.
+    shifted = [CpuEvent(e.index, e.name, 0, 1, e.ts, e.dur, None, (e.rf_id or 0) + 50)
+               for e in events]
+    assert _observed(step_a, shifted, ids, 50) and not _observed(step_a, shifted, ids, 0)

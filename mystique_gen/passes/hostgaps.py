@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.ir import Op, OpTiming, Program
+from mystique_gen.passes.filters import STEP_RE
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace
 from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, begun_between
@@ -66,9 +67,14 @@ class ProfileGaps:
     tail_events: int = 0
 
 
-def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]) -> ProfileGaps | None:
+def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
+                 scopes: list[CpuEvent] | None = None,
+                 span: tuple[int, int] | None = None) -> ProfileGaps | None:
     """Gaps before each selected op over the profiled steps; None unless every
-    thread's selected ops are found in every step.
+    thread's selected ops are found in every step. The steps are the ``scopes`` given,
+    else the capture's ``MystiqueProfiledStep`` annotations; the ops, the ET's selected
+    ops, within the node ids ``span`` where given (the one step the program replays of
+    an ET that recorded several).
 
     On the thread that ran the step itself, the first op's gap is the host time from
     the step's start (the step function's own Python before its first op) and the
@@ -81,11 +87,14 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent]) -> ProfileGaps
     own measured cost per event (``_calibrate_gaps``)."""
     per_tid: dict[int, list] = defaultdict(list)
     for s in select_ops(trace).ops:
-        per_tid[s.node.tid].append(s.node)
-    scopes = [e for e in profile_events if e.name == STEP_SCOPE]
+        if span is None or span[0] <= s.node.id <= span[1]:
+            per_tid[s.node.tid].append(s.node)
+    if scopes is None:
+        scopes = [e for e in profile_events if e.name == STEP_SCOPE]
+    scope_ids = {e.index for e in scopes}
     by_thread: dict[object, list[CpuEvent]] = defaultdict(list)
     for e in profile_events:
-        if e.name != STEP_SCOPE:
+        if e.index not in scope_ids and e.name != STEP_SCOPE:
             by_thread[e.tid].append(e)
     samples: dict[int, list[float]] = defaultdict(list)
     counts: dict[int, list[int]] = defaultdict(list)
@@ -162,6 +171,56 @@ def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) 
     steps = found.steps
     program.timing.host_gaps = (f"{profile.name} (median of {steps} profiled "
                                 f"step{'s' if steps != 1 else ''})")
+
+
+def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
+                        id_offset: int | None = None) -> int:
+    """Host gaps of a same-session pair (``observer_in_gaps``) from every step of its
+    Kineto trace that the ET observer recorded; returns how many (0: none annotated,
+    the linked gaps stay).
+
+    torch.profiler's schedule marks each step ``ProfilerStep#N``, and a profiler with
+    ``execution_trace_observer`` records the observer in all its active steps. One
+    step's gaps moved by a quarter between captures on a shared machine, and by twice
+    that where the whole step ran slow; each gap's median over the steps is what
+    :func:`profile_gaps` takes from a capture's profile-only steps. A step counts
+    where most of its ops carry ids of the ET's nodes: a step profiled without the
+    observer (started or stopped by hand inside a longer profile) has smaller gaps
+    (``id_offset``: the constant External id - rf_id that linked the trace, if any).
+    With one step, the gaps before its first op and after its last (its own Python
+    at either end) are the step's as well, as in a profile-only capture."""
+    if program.timing is None or not program.timing.observer_in_gaps:
+        return 0
+    ids = {n.rf_id for n in trace.nodes if n.rf_id is not None}
+    offset = id_offset or 0
+    steps = [e for e in kineto.cpu_ops if STEP_RE.fullmatch(e.name)]
+    observed = [s for s in steps if _observed(s, kineto.cpu_ops, ids, offset)]
+    if not observed:
+        return 0
+    replayed = [op.node_id for op in program.ops]
+    found = profile_gaps(trace, kineto.cpu_ops, observed,
+                         (min(replayed), max(replayed)) if replayed else None)
+    if found is None:
+        return 0
+    for op in program.ops:
+        if op.timing is not None:
+            op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
+                                gap_events=found.events.get(op.node_id, 0))
+    program.timing = replace(program.timing, tail_gap_us=found.tail,
+                             tail_gap_events=found.tail_events)
+    program.timing.host_gaps = (
+        f"{kineto.name} (median of {found.steps} recorded steps)" if found.steps > 1
+        else f"{kineto.name} (its one recorded step, from the step's start to its end)")
+    return found.steps
+
+
+def _observed(step: CpuEvent, events: list[CpuEvent], ids: set[int], offset: int) -> bool:
+    """Whether most ops in ``step`` (on its thread) are nodes of the ET, by id."""
+    inside = [e for e in events if e.tid == step.tid and step.ts <= e.ts
+              and e.end <= step.end and e.index != step.index]
+    known = sum(1 for e in inside if e.rf_id in ids or e.external_id in ids
+                or (e.external_id is not None and e.external_id - offset in ids))
+    return bool(inside) and known * 2 > len(inside)
 
 
 # A gap of one recorded step this far above the median of its kind is taken for the
