@@ -262,17 +262,18 @@ def test_a_step_counts_where_the_observer_recorded_its_ops():
     ET's, and they are left out of the medians."""
     from mystique_gen.passes.hostgaps import _observed
 
-    def ev(index, ts, rf_id):
-        return CpuEvent(index, "aten::mm", 0, 1, ts, 1.0, rf_id, None)
+    def ev(index, ts, rf_id, external_id=None):
+        return CpuEvent(index, "aten::mm", 0, 1, ts, 1.0, rf_id, external_id)
 
     step_a = CpuEvent(0, "ProfilerStep#1", 0, 1, 0.0, 10.0, None, None)
     step_b = CpuEvent(10, "ProfilerStep#2", 0, 1, 20.0, 10.0, None, None)
     events = [step_a, ev(1, 1.0, 101), ev(2, 3.0, 102), ev(3, 5.0, 999),
-              step_b, ev(11, 21.0, 201), ev(12, 23.0, 202)]
+              step_b, ev(11, 21.0, 201, 101), ev(12, 23.0, 202, 102)]
     ids = {101, 102, 103}
     assert _observed(step_a, events, ids, 0)
+    # (Where a record function id is written, an External id counts something else.)
     assert not _observed(step_b, events, ids, 0)
     # Linked by a constant External id offset: the ids are the ET's plus that offset.
     shifted = [CpuEvent(e.index, e.name, 0, 1, e.ts, e.dur, None, (e.rf_id or 0) + 50)
-               for e in events]
+               for e in events if e.index < 10]
     assert _observed(step_a, shifted, ids, 50) and not _observed(step_a, shifted, ids, 0)

@@ -215,11 +215,14 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
 
 
 def _observed(step: CpuEvent, events: list[CpuEvent], ids: set[int], offset: int) -> bool:
-    """Whether most ops in ``step`` (on its thread) are nodes of the ET, by id."""
+    """Whether most ops in ``step`` (on its thread) are nodes of the ET, by id: the
+    record function id where the trace writes one (torch >= 2.4; its External ids
+    count something else), else the External id less ``offset``."""
     inside = [e for e in events if e.tid == step.tid and step.ts <= e.ts
               and e.end <= step.end and e.index != step.index]
-    known = sum(1 for e in inside if e.rf_id in ids or e.external_id in ids
-                or (e.external_id is not None and e.external_id - offset in ids))
+    known = sum(1 for e in inside
+                if (e.rf_id in ids if e.rf_id is not None
+                    else e.external_id is not None and e.external_id - offset in ids))
     return bool(inside) and known * 2 > len(inside)
 
 
