@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import statistics
 import sys
@@ -384,12 +385,31 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "eager_ms": ms["eager"], "own_us": state["own_us"],
                               "event_us": state["event_us"],
                               "session_own_us": session_state["own_us"],
+                              # The two ways of capturing, compared on their gaps alone.
+                              "wait_ratio": _planned_wait_us(session_path, session_state)
+                              / max(_planned_wait_us(bench_path, state), 1e-9),
                               "match": match, "memory_error": memory_error,
                               "share_pp": share_pp}
     for mode in MODES:
         row[f"{mode}_ms"] = ms[mode]
         row[f"{mode}_error"] = (ms[mode] - ms["eager"]) / ms["eager"]
     return row
+
+
+_GAP_CALL = re.compile(r"_host_gap\(([\d.e+-]+)(?:,\s*(\d+))?,\s*before=(\d+)\)")
+
+
+def _planned_wait_us(path: Path, state: dict) -> float:
+    """What one iteration of the benchmark at ``path`` busy-waits in its host gaps, as
+    its ``_host_gap`` calls and its calibration (``state``) make it: each recorded gap
+    less the replay's own time there and the recording cost of its scopes (without
+    the carry of one gap's excess into the next)."""
+    runtime = state["g"]["_RUNTIME"]
+    total = 0.0
+    for m in _GAP_CALL.finditer(path.read_text()):
+        own = runtime["gap_own"].get(int(m[3]), runtime["gap_own_us"])
+        total += max(0.0, float(m[1]) - own - int(m[2] or 0) * runtime["gap_event_us"])
+    return total
 
 
 def _session_pair(step: Step, work: Path, stem: str) -> tuple[Path, Path]:
@@ -465,7 +485,8 @@ def main() -> int:
     rows, crashes = [], []
     header = (f"{'model':<22} {'ops':>5} {'eager ms':>9} {'off ms':>8} {'err off':>8} "
               f"{'gaps ms':>8} {'err gaps':>8} {'trials':>15} {'own us':>6} {'ev us':>5} "
-              f"{'err sess':>8} {'trials':>15} {'sess us':>7} {'match':>8} {'mem err':>7} "
+              f"{'err sess':>8} {'trials':>15} {'sess us':>7} {'wait s/r':>8} "
+              f"{'match':>8} {'mem err':>7} "
               f"{'share pp':>8}")
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
@@ -491,16 +512,18 @@ def main() -> int:
                       f"{row['own_us']:>6.2f} {row['event_us']:>5.2f} "
                       f"{row['session_error'] * 100:>+7.1f}% "
                       f"{min(session):>+6.1f}..{max(session):>+5.1f}% "
-                      f"{row['session_own_us']:>7.2f} "
+                      f"{row['session_own_us']:>7.2f} {row['wait_ratio']:>8.2f} "
                       f"{row['match'] * 100:>7.2f}% {row['memory_error'] * 100:>+6.1f}% "
                       f"{row['share_pp']:>8.1f}", flush=True)
     print("off: operators only; gaps: --host-gaps recorded (profile-only gaps less the "
           "replay's own host time per op, 'own us', and the profiler's cost per scope it "
           "recorded in them, 'ev us'); error = benchmark / eager - 1, the median of "
           f"{TRIALS} independent trials (their range under 'trials'); sess: the gaps of "
-          "the ET-linked Kineto trace (one profiler session), the observer's cost "
-          "calibrated out ('sess us': the replay's own per-op time with an observer "
-          "attached); match: the lowest; mem err: one step's peak memory above its "
+          f"an ET + Kineto pair from one profiler session ({SESSION_STEPS} steps), the "
+          "observer's cost calibrated out ('sess us': the replay's own per-op time with "
+          "an observer attached; 'wait s/r': what its gaps wait in an iteration over what "
+          "the recorded gaps wait, 1 where the two captures agree); match: the lowest; "
+          "mem err: one step's peak memory above its "
           "inputs, replay / original - 1; share pp: the largest difference between an op "
           "category's share of the step in the original and in the replay (points)")
     for mode in MODES if rows else ():
@@ -510,6 +533,9 @@ def main() -> int:
               f"(target <= 3%), worst {abs(worst[f'{mode}_error']) * 100:.1f}% "
               f"({worst['model']}, target <= 8%)")
     if rows:
+        ratios = sorted(float(r["wait_ratio"]) for r in rows)  # type: ignore[arg-type]
+        print(f"same-session gaps wait {statistics.median(ratios):.2f}x the recorded ones "
+              f"(median over models; {ratios[0]:.2f}..{ratios[-1]:.2f})")
         memory = [r for r in rows if abs(r["memory_error"]) <= 0.05]
         worst = max(rows, key=lambda r: abs(r["memory_error"])
                     if r["memory_error"] == r["memory_error"] else float("inf"))
