@@ -1,4 +1,5 @@
-"""Host gaps from the profile-only steps of a capture, not from the ET-linked trace.
+"""Host gaps as medians over recorded steps: a capture's profile-only steps, else the
+steps of a same-session pair.
 
 The Kineto trace recorded beside the execution trace times every op with the ET
 observer attached, and the observer's per-op work lands in the gaps between ops too
@@ -17,6 +18,12 @@ at run time (``_calibrate_gaps`` in the template), so the profiler's share cance
 Scopes that only the profiler records (the autograd engine's, around every backward
 op) also cost recording time inside the gaps; each gap carries their count, and the
 benchmark subtracts them at its measured cost per recorded event.
+
+A pair recorded in one profiler session (no profile-only steps beside it) keeps the
+observer's work in its gaps, and the benchmark calibrates it out under an observer of
+its own; where its Kineto trace marks several steps the observer recorded, each gap is
+its median over them (:func:`apply_session_steps`), and a single step's spikes are
+damped (:func:`damp_spikes`).
 """
 
 from __future__ import annotations
