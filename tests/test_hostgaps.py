@@ -240,7 +240,7 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     observer = ExecutionTraceObserver()
     observer.register_callback(str(et_path))
     with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
-                 schedule=schedule(wait=0, warmup=1, active=3),
+                 schedule=schedule(wait=0, warmup=1, active=3), acc_events=True,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof:
         for _ in range(4):
             step()
