@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from mystique_gen.backends.base import GenerateOptions  # noqa: E402
 from mystique_gen.driver import generate  # noqa: E402
 from mystique_gen.tools.capture import RANGE_ENV, CaptureResult, capture  # noqa: E402
+from mystique_gen.tools.capture import _env as capture_env  # noqa: E402
 from mystique_gen.tools.compare import compare_traces, multiset_match, op_multiset  # noqa: E402
 
 Step = Callable[[], object]
@@ -420,21 +421,16 @@ def _session_pair(step: Step, work: Path, stem: str) -> tuple[Path, Path]:
     et_path, kineto = work / f"{stem}.session.et.json", work / f"{stem}.session.json"
     observer = ExecutionTraceObserver()
     observer.register_callback(str(et_path))
-    saved = os.environ.get(RANGE_ENV)
-    os.environ[RANGE_ENV] = "1"
-    try:
-        with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
-                     profile_memory=True, acc_events=True,
-                     schedule=schedule(wait=0, warmup=1, active=SESSION_STEPS),
-                     on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof:
-            for _ in range(1 + SESSION_STEPS):
-                step()
-                prof.step()
-    finally:
-        if saved is None:
-            os.environ.pop(RANGE_ENV, None)
-        else:
-            os.environ[RANGE_ENV] = saved
+    with (
+        capture_env({RANGE_ENV: "1"}),
+        profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
+                profile_memory=True, acc_events=True,
+                schedule=schedule(wait=0, warmup=1, active=SESSION_STEPS),
+                on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof,
+    ):
+        for _ in range(1 + SESSION_STEPS):
+            step()
+            prof.step()
     return et_path, kineto
 
 

@@ -7,10 +7,11 @@ import json
 
 import pytest
 import torch
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
 
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.driver import compile_trace, generate
-from mystique_gen.passes.hostgaps import _match, _typical_step_scale, profile_gaps
+from mystique_gen.passes.hostgaps import _match, _observed, _typical_step_scale, profile_gaps
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace
 from mystique_gen.sources.kineto import CpuEvent, profile_beside
@@ -232,8 +233,6 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     every active step, each a ``ProfilerStep#N``, in both traces: each gap is its
     median over those steps, and the step's own host time before its first op and
     after its last is replayed too."""
-    from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
-
     torch.set_num_threads(1)
     step = MODELS["mlp_sgd"]()
     et_path, kineto = tmp_path / "pair.et.json", tmp_path / "pair.json"
@@ -260,8 +259,6 @@ def test_a_step_counts_where_the_observer_recorded_its_ops():
     """Steps of a longer profile that the ET observer did not record (started and
     stopped by hand inside it) have smaller gaps: their ops' ids are none of the
     ET's, and they are left out of the medians."""
-    from mystique_gen.passes.hostgaps import _observed
-
     def ev(index, ts, rf_id, external_id=None):
         return CpuEvent(index, "aten::mm", 0, 1, ts, 1.0, rf_id, external_id)
 

@@ -167,17 +167,25 @@ def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) 
     found = profile_gaps(trace, profile.cpu_ops)
     if found is None:
         return
-    for op in program.ops:
-        if op.timing is not None:  # unlinked ops have no recorded facts to amend
-            op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
-                                gap_events=found.events.get(op.node_id, 0))
-    program.timing = replace(program.timing, tail_gap_us=found.tail,
-                             tail_gap_events=found.tail_events, observer_in_gaps=False,
+    _replace_gaps(program, found)
+    assert program.timing is not None
+    program.timing = replace(program.timing, observer_in_gaps=False,
                              memory_in_gaps=bool(profile.memory), observer_ranges=False,
                              observer_schema="")
     steps = found.steps
     program.timing.host_gaps = (f"{profile.name} (median of {steps} profiled "
                                 f"step{'s' if steps != 1 else ''})")
+
+
+def _replace_gaps(program: Program, found: ProfileGaps) -> None:
+    """Each linked op's gap (and scopes begun in it) and the step's tail from ``found``."""
+    for op in program.ops:
+        if op.timing is not None:  # unlinked ops have no recorded facts to amend
+            op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
+                                gap_events=found.events.get(op.node_id, 0))
+    assert program.timing is not None
+    program.timing = replace(program.timing, tail_gap_us=found.tail,
+                             tail_gap_events=found.tail_events)
 
 
 def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
@@ -209,12 +217,7 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
                          (min(replayed), max(replayed)) if replayed else None)
     if found is None:
         return 0
-    for op in program.ops:
-        if op.timing is not None:
-            op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
-                                gap_events=found.events.get(op.node_id, 0))
-    program.timing = replace(program.timing, tail_gap_us=found.tail,
-                             tail_gap_events=found.tail_events)
+    _replace_gaps(program, found)
     program.timing.host_gaps = (
         f"{kineto.name} (median of {found.steps} recorded steps)" if found.steps > 1
         else f"{kineto.name} (its one recorded step, from the step's start to its end)")
