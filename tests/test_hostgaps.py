@@ -14,7 +14,7 @@ from mystique_gen.driver import compile_trace, generate
 from mystique_gen.passes.hostgaps import _match, _observed, _typical_step_scale, profile_gaps
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace
-from mystique_gen.sources.kineto import CpuEvent, profile_beside
+from mystique_gen.sources.kineto import CpuEvent, load_kineto, profile_beside
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import kineto_times
 from tests.conftest import last_json, run_benchmark
@@ -253,6 +253,48 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     assert gaps[0] is not None and all(g is not None and g >= 0 for g in gaps)
     text = generate(et_path, tmp_path / "bench.py", kineto=kineto)
     assert "median of 3 recorded steps" in " ".join(text.split())
+
+
+def test_steps_profiled_without_the_observer_serve_as_profile_only_steps(tmp_path):
+    """Chakra's and PARAM's collection scripts start and stop the ET observer by hand
+    for one step inside a longer profile: the profile's other steps hold the same ops
+    without the observer's 10-20 us per op, so the gaps come from them and there is
+    nothing to calibrate out."""
+    torch.set_num_threads(1)
+    step = MODELS["mlp_sgd"]()
+    et_path, kineto = tmp_path / "manual.et.json", tmp_path / "manual.json"
+    observer = ExecutionTraceObserver()
+    observer.register_callback(str(et_path))
+    with profile(activities=[ProfilerActivity.CPU], acc_events=True,
+                 schedule=schedule(wait=0, warmup=1, active=5),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof:
+        for k in range(6):
+            if k == 3:
+                observer.start()
+            step()
+            if k == 3:
+                observer.stop()
+            prof.step()
+    observer.unregister_callback()
+    program = compile_trace(et_path, kineto=kineto)
+    timing = program.timing
+    assert timing is not None and not timing.observer_in_gaps
+    assert timing.host_gaps == "manual.json (median of 4 steps profiled without the ET observer)"
+    gaps = [op.timing.gap_us for op in program.ops if op.timing is not None]
+    assert all(g is not None and g >= 0 for g in gaps)
+    # The observer's own work is gone from the gaps: the step it recorded has more.
+    trace, events = load_trace(et_path), load_kineto(kineto).cpu_ops
+    ids = {n.rf_id for n in trace.nodes if n.rf_id}
+    recorded = [e for e in events if e.name.startswith("ProfilerStep#")
+                and _observed(e, events, ids, 0)]
+    assert len(recorded) == 1
+    observed = profile_gaps(trace, events, recorded)
+    assert observed is not None
+    assert sum(gaps) < sum(observed.gaps[op.node_id] for op in program.ops
+                           if op.node_id in observed.gaps)
+    text = generate(et_path, tmp_path / "bench.py", kineto=kineto)
+    assert "steps profiled without the ET observer" in " ".join(text.split())
+    assert '"observer_in_gaps": False' in text
 
 
 def test_a_step_counts_where_the_observer_recorded_its_ops():

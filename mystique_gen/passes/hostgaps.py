@@ -23,7 +23,8 @@ A pair recorded in one profiler session (no profile-only steps beside it) keeps 
 observer's work in its gaps, and the benchmark calibrates it out under an observer of
 its own; where its Kineto trace marks several steps the observer recorded, each gap is
 its median over them (:func:`apply_session_steps`), and a single step's spikes are
-damped (:func:`damp_spikes`).
+damped (:func:`damp_spikes`). Where the same Kineto trace also holds steps the observer
+did not record, those serve as the profile-only steps.
 """
 
 from __future__ import annotations
@@ -167,14 +168,20 @@ def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) 
     found = profile_gaps(trace, profile.cpu_ops)
     if found is None:
         return
+    _replace_observer_free(program, found, profile,
+                           f"profiled step{'s' if found.steps != 1 else ''}")
+
+
+def _replace_observer_free(program: Program, found: ProfileGaps, profile: KinetoTrace,
+                           what: str) -> None:
+    """Gaps from steps profiled without the ET observer: nothing of it to calibrate
+    out, only the profiler's own share (and its memory events, where recorded)."""
     _replace_gaps(program, found)
     assert program.timing is not None
     program.timing = replace(program.timing, observer_in_gaps=False,
                              memory_in_gaps=bool(profile.memory), observer_ranges=False,
                              observer_schema="")
-    steps = found.steps
-    program.timing.host_gaps = (f"{profile.name} (median of {steps} profiled "
-                                f"step{'s' if steps != 1 else ''})")
+    program.timing.host_gaps = f"{profile.name} (median of {found.steps} {what})"
 
 
 def _replace_gaps(program: Program, found: ProfileGaps) -> None:
@@ -199,22 +206,37 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
     step's gaps moved by a quarter between captures on a shared machine, and by twice
     that where the whole step ran slow; each gap's median over the steps is what
     :func:`profile_gaps` takes from a capture's profile-only steps. A step counts
-    where most of its ops carry ids of the ET's nodes: a step profiled without the
-    observer (started or stopped by hand inside a longer profile) has smaller gaps
-    (``id_offset``: the constant External id - rf_id that linked the trace, if any).
-    With one step, the gaps before its first op and after its last (its own Python
-    at either end) are the step's as well, as in a profile-only capture."""
+    where most of its ops carry ids of the ET's nodes (``id_offset``: the constant
+    External id - rf_id that linked the trace, if any). With one step, the gaps before
+    its first op and after its last (its own Python at either end) are the step's as
+    well, as in a profile-only capture.
+
+    Steps the observer did not record (it was started and stopped by hand inside a
+    longer profile, as Chakra's and PARAM's collection scripts do) are profile-only
+    steps of the same process: where they hold the replayed ops, the gaps come from
+    them instead, with no observer's cost to calibrate out (``observer_in_gaps``
+    off; the observer costs 10-20 us per op on CPU, far more than what remains of a
+    gap once it is subtracted)."""
     if program.timing is None or not program.timing.observer_in_gaps:
         return 0
-    ids = {n.rf_id for n in trace.nodes if n.rf_id is not None}
+    # Record functions get ids only while a callback asks for them (the observer's);
+    # the profiler writes 0 for the rest, and the ET's root nodes carry 0 as well.
+    ids = {n.rf_id for n in trace.nodes if n.rf_id}
     offset = id_offset or 0
     steps = [e for e in kineto.cpu_ops if STEP_RE.fullmatch(e.name)]
     observed = [s for s in steps if _observed(s, kineto.cpu_ops, ids, offset)]
     if not observed:
         return 0
     replayed = [op.node_id for op in program.ops]
-    found = profile_gaps(trace, kineto.cpu_ops, observed,
-                         (min(replayed), max(replayed)) if replayed else None)
+    span = (min(replayed), max(replayed)) if replayed else None
+    unobserved = [s for s in steps if s not in observed]
+    free = profile_gaps(trace, kineto.cpu_ops, unobserved, span) if unobserved else None
+    if free is not None:
+        _replace_observer_free(program, free, kineto, "steps profiled without the ET "
+                               "observer" if free.steps > 1 else
+                               "step profiled without the ET observer")
+        return free.steps
+    found = profile_gaps(trace, kineto.cpu_ops, observed, span)
     if found is None:
         return 0
     _replace_gaps(program, found)
