@@ -68,7 +68,12 @@ from mystique_gen.passes.values import (
     resources_dir,
 )
 from mystique_gen.sources.et import RawTrace, load_trace
-from mystique_gen.sources.kineto import KinetoTrace, load_kineto, profile_beside
+from mystique_gen.sources.kineto import (
+    KinetoTrace,
+    host_probe_beside,
+    load_kineto,
+    profile_beside,
+)
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -82,6 +87,7 @@ class Source:
     resources: Path | None = None  # <name>_resources/: saved integral data
     kineto: KinetoTrace | None = None  # the profiler trace of the same run (--kineto)
     profile: KinetoTrace | None = None  # profile-only steps beside it (host gaps)
+    host_probe_us: float | None = None  # the capture host's speed while profiling them
 
 
 def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
@@ -99,6 +105,7 @@ def link_source(source: Source, kineto: KinetoTrace, path: str | Path) -> None:
     profile = profile_beside(path)
     source.kineto = kineto
     source.profile = load_kineto(profile) if profile is not None else None
+    source.host_probe_us = host_probe_beside(path) if profile is not None else None
 
 
 KinetoPaths = str | Path | Sequence[str | Path] | None
@@ -316,7 +323,8 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
     same-session pair, from all its steps the observer recorded (passes/hostgaps.py)."""
     source = build.sources[0]
     if source.profile is not None:
-        hostgaps.apply_profile_gaps(program, source.trace, source.profile)
+        hostgaps.apply_profile_gaps(program, source.trace, source.profile,
+                                    source.host_probe_us)
     steps = 0
     if source.kineto is not None and source.profile is None:
         steps = hostgaps.apply_session_steps(program, source.trace, source.kineto,

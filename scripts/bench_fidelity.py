@@ -69,7 +69,7 @@ PROFILE_STEPS = 9
 # Independent trials per model (capture, generate, time), reported by their median: the
 # error of one trial moves by several points with the machine's load.
 TRIALS = int(os.environ.get("FIDELITY_TRIALS", "3"))
-MODES = ("off", "recorded", "session")
+MODES = ("off", "recorded", "scaled", "session")
 # Active steps of the same-session pair (`_session_pair`): each gap replays its median.
 SESSION_STEPS = int(os.environ.get("FIDELITY_SESSION_STEPS", "3"))
 
@@ -294,13 +294,22 @@ def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
     snapshot = g["_snapshot"](inputs, device, "auto")
     replay = g["replay"]
 
-    def mode(gaps: bool) -> Timed:
+    recorded_probe = (g["_JOB"].original() or {}).get("host_probe_us")
+
+    def mode(gaps: bool, scaled: bool = False) -> Timed:
         def run() -> None:
             runtime["host_gaps"] = gaps
             replay(inputs, device, host)
-        return Timed(run, lambda: g["_reset"](snapshot))
 
-    steps = {"off": mode(False), "recorded": mode(True)}
+        def prepare() -> None:  # as main() does before each iteration, untimed
+            g["_reset"](snapshot)
+            runtime["gap_scale"] = runtime["own_scale"] = 1.0
+            if scaled:
+                runtime["host_gaps"], runtime["probe_recorded_us"] = True, recorded_probe
+                g["_track_host_speed"]()
+        return Timed(run, prepare)
+
+    steps = {"off": mode(False), "recorded": mode(True), "scaled": mode(True, True)}
     versions = g["_versions"](inputs)
     for _ in range(2):  # warm, as main() does before calibrating
         steps["off"].prepare()
@@ -480,7 +489,8 @@ def main() -> int:
     names = [m for m in MODELS if not only or m in only]
     rows, crashes = [], []
     header = (f"{'model':<22} {'ops':>5} {'eager ms':>9} {'off ms':>8} {'err off':>8} "
-              f"{'gaps ms':>8} {'err gaps':>8} {'trials':>15} {'own us':>6} {'ev us':>5} "
+              f"{'gaps ms':>8} {'err gaps':>8} {'trials':>15} {'err scal':>8} {'trials':>15} "
+              f"{'own us':>6} {'ev us':>5} "
               f"{'err sess':>8} {'trials':>15} {'sess us':>7} {'wait s/r':>8} "
               f"{'match':>8} {'mem err':>7} "
               f"{'share pp':>8}")
@@ -501,10 +511,13 @@ def main() -> int:
                 rows.append(row)
                 spread = [t["recorded_error"] * 100 for t in trials]
                 session = [t["session_error"] * 100 for t in trials]
+                scaled = [t["scaled_error"] * 100 for t in trials]
                 print(f"{row['model']:<22} {row['ops']:>5} {row['eager_ms']:>9.3f} "
                       f"{row['off_ms']:>8.3f} {row['off_error'] * 100:>+7.1f}% "
                       f"{row['recorded_ms']:>8.3f} {row['recorded_error'] * 100:>+7.1f}% "
                       f"{min(spread):>+6.1f}..{max(spread):>+5.1f}% "
+                      f"{row['scaled_error'] * 100:>+7.1f}% "
+                      f"{min(scaled):>+6.1f}..{max(scaled):>+5.1f}% "
                       f"{row['own_us']:>6.2f} {row['event_us']:>5.2f} "
                       f"{row['session_error'] * 100:>+7.1f}% "
                       f"{min(session):>+6.1f}..{max(session):>+5.1f}% "
@@ -514,7 +527,9 @@ def main() -> int:
     print("off: operators only; gaps: --host-gaps recorded (profile-only gaps less the "
           "replay's own host time per op, 'own us', and the profiler's cost per scope it "
           "recorded in them, 'ev us'); error = benchmark / eager - 1, the median of "
-          f"{TRIALS} independent trials (their range under 'trials'); sess: the gaps of "
+          f"{TRIALS} independent trials (their range under 'trials'); scal: --host-gaps "
+          "scaled (the same gaps, scaled by this host's Python speed before each "
+          "iteration over the capture's); sess: the gaps of "
           f"an ET + Kineto pair from one profiler session ({SESSION_STEPS} steps), the "
           "observer's cost calibrated out ('sess us': the replay's own per-op time with "
           "an observer attached; 'wait s/r': what its gaps wait in an iteration over what "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import threading
 
 import pytest
 import torch
@@ -293,6 +294,34 @@ def test_own_gaps_are_measured_gap_by_gap_and_as_a_mean():
     assert per_gap == pytest.approx({0: 1.0, 1: 3.0, 2: 9.0, 3: 2.0})
     # Without the profiler's zero in wall time, gaps cannot be placed: the mean only.
     assert runtime._own_gaps(events, marks, trace_start_ns=None) == (mean, {})
+
+
+def test_scaled_gaps_scale_the_recorded_time_and_the_calibrated_costs(monkeypatch):
+    """--host-gaps scaled: a gap recorded at a probe time of 8 us, replayed where the
+    probe now takes 4 us (a host, or a phase, twice as fast), waits half the recorded
+    time, less its own time calibrated at 5 us scaled by 4 / 5. The wait shows as the
+    carry where it is negative (nothing to wait: the excess goes to the next gap)."""
+    state = {k: runtime._RUNTIME[k] for k in (
+        "host_gaps", "gap_own", "gap_own_us", "gap_event_us", "probe_recorded_us",
+        "probe_calibrated_us", "gap_scale", "own_scale", "gap_scales")}
+    monkeypatch.setattr(runtime, "_host_probe_us", lambda runs=9: 4.0)
+    try:
+        runtime._RUNTIME.update(host_gaps=True, gap_own={7: 30.0}, gap_own_us=0.0,
+                                gap_event_us=10.0, probe_recorded_us=8.0,
+                                probe_calibrated_us=5.0, gap_scales=[])
+        runtime._track_host_speed()
+        assert (runtime._RUNTIME["gap_scale"], runtime._RUNTIME["own_scale"]) == (0.5, 0.8)
+        carry = runtime._RUNTIME["gap_carry"]
+        carry.clear()
+        runtime._host_gap(40.0, 2, before=7)  # 40 * 0.5 - (30 + 2 * 10) * 0.8
+        assert carry[threading.get_ident()] == pytest.approx(-20.0)
+        carry.clear()
+        runtime._RUNTIME["probe_recorded_us"] = None  # not scaling: nothing changes
+        runtime._track_host_speed()
+        assert runtime._RUNTIME["gap_scales"] == [0.5]
+    finally:
+        runtime._RUNTIME.update(state)
+        runtime._RUNTIME["gap_carry"].clear()
 
 
 def test_calibration_records_as_the_original_recorders_did(tmp_path):

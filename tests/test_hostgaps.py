@@ -191,6 +191,34 @@ def test_recorded_gaps_subtract_the_replays_own_host_time(captured, tmp_path):
     assert 0.0 <= own["recorded"][1] < 100.0  # the profiler's cost per recorded event
 
 
+def test_scaled_gaps_follow_the_hosts_speed_over_the_captures(captured, tmp_path):
+    """The capture times the harness's Python probe beside its profile-only steps; the
+    benchmark embeds it, and with --host-gaps scaled times the same probe before each
+    iteration and scales the recorded gaps by the ratio. A trace with no probe (another
+    tool's, a same-session pair) replays its gaps unscaled, and says so."""
+    probe = json.loads(captured.sidecar_path.read_text())["host_probe_us"]
+    assert probe > 0
+    bench = tmp_path / "bench.py"
+    text = generate(captured.et_path, bench, kineto=captured.kineto_path)
+    assert f'"host_probe_us": {round(probe, 3)!r}' in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3",
+                         "--json", "--host-gaps", "scaled")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json(proc.stdout)
+    assert out["host_gaps_replayed"] is True and out["host_probe_us"] > 0
+    assert out["host_gap_scale"] is not None and out["host_gap_scale"] > 0
+
+    session = tmp_path / "session.json"
+    session.write_bytes(captured.kineto_path.read_bytes())
+    unscaled = tmp_path / "unscaled.py"
+    assert '"host_probe_us": None' in generate(captured.et_path, unscaled, kineto=session)
+    proc = run_benchmark(unscaled, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--host-gaps", "scaled")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["host_gap_scale"] is None
+    assert "records no host speed" in proc.stderr
+
+
 def test_compare_reads_the_profile_per_step(captured):
 
     profile = profile_beside(captured.kineto_path)

@@ -206,6 +206,8 @@ def original_lines(program: Program, rank: int | None = None) -> list[str]:
         ("memory_in_gaps", str(timing.memory_in_gaps)),
         ("observer_ranges", str(timing.observer_ranges)),
         ("observer_schema", exprs.str_literal(timing.observer_schema)),
+        ("host_probe_us", "None" if timing.host_probe_us is None
+         else exprs.float_literal(round(timing.host_probe_us, 3))),
     )
     items = [Atom(f"{exprs.str_literal(k)}: {v}") for k, v in fields]
     lines = [ORIGINAL_COMMENT if rank is None else

@@ -269,6 +269,9 @@ class ProgramTiming:
     # implementation) measures the same cost at run time.
     observer_schema: str = ""
     tail_gap_us: float | None = None  # host time after the last op, to the step's end
+    # The capture host's Python speed (``_host_probe_us``, harness/runtime.py) while it
+    # recorded the gaps: ``--host-gaps scaled`` scales them by its own over this.
+    host_probe_us: float | None = None
     tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
 
 

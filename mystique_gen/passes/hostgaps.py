@@ -160,9 +160,12 @@ def _typical_step_scale(samples: list[list[float]], steps: int) -> float:
     return statistics.median(totals) / medians if medians > 0 else 1.0
 
 
-def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) -> None:
+def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace,
+                       host_probe_us: float | None = None) -> None:
     """Replace the linked host gaps by the profile-only ones of ``profile`` (the capture's
-    ``<name>.profile.json``) and say so in ``program.timing.host_gaps``."""
+    ``<name>.profile.json``) and say so in ``program.timing.host_gaps``;
+    ``host_probe_us``: the capture host's Python speed while it profiled them, which
+    ``--host-gaps scaled`` compares its own with."""
     if program.timing is None:
         return
     found = profile_gaps(trace, profile.cpu_ops)
@@ -170,6 +173,8 @@ def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace) 
         return
     _replace_observer_free(program, found, profile,
                            f"profiled step{'s' if found.steps != 1 else ''}")
+    assert program.timing is not None
+    program.timing.host_probe_us = host_probe_us
 
 
 def _replace_observer_free(program: Program, found: ProfileGaps, profile: KinetoTrace,

@@ -192,20 +192,34 @@ def _optional_int(value: Any) -> int | None:
     return None
 
 
-def profile_beside(kineto: str | Path) -> Path | None:
-    """The profile-only trace named by the capture sidecar next to ``kineto``, if any."""
+def sidecar_beside(kineto: str | Path) -> dict[str, Any]:
+    """The capture's ``<name>.step.json`` next to ``kineto`` (``<name>.kineto.json``),
+    or an empty dict where there is none (another tool's trace)."""
     kineto = Path(kineto)
     if not kineto.name.endswith(KINETO_SUFFIX):
-        return None
+        return {}
     sidecar = kineto.with_name(kineto.name[: -len(KINETO_SUFFIX)] + SIDECAR_SUFFIX)
     try:
-        name = json.loads(sidecar.read_text()).get("profile")
-    except (OSError, ValueError, AttributeError):
-        return None
+        doc = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def profile_beside(kineto: str | Path) -> Path | None:
+    """The profile-only trace named by the capture sidecar next to ``kineto``, if any."""
+    name = sidecar_beside(kineto).get("profile")
     if not isinstance(name, str):
         return None
-    path = kineto.with_name(name)
+    path = Path(kineto).with_name(name)
     return path if path.is_file() else None
+
+
+def host_probe_beside(kineto: str | Path) -> float | None:
+    """The capture host's Python speed while it profiled its profile-only steps (the
+    sidecar's ``host_probe_us``: ``_host_probe_us`` of harness/runtime.py), if any."""
+    value = sidecar_beside(kineto).get("host_probe_us")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def begun_between(starts: list[float], begin: float, end: float) -> int:

@@ -37,7 +37,7 @@ from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, re
 
 from mystique_gen import oprules
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
-from mystique_gen.harness.runtime import _trace_peaks
+from mystique_gen.harness.runtime import _host_probe_us, _trace_peaks
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
@@ -114,6 +114,12 @@ class _Recorder:
         self.prof = None
         self.observer = None
         self.step_peak_bytes: int | None = None
+        self.probes: list[float] = []  # the host's speed beside each profile-only step
+
+    def probe(self) -> None:
+        """Time the harness's Python probe next to a profile-only step (outside its
+        scope): what ``--host-gaps scaled`` compares its own host's speed with."""
+        self.probes.append(_host_probe_us())
 
     def start(self) -> None:
 
@@ -188,6 +194,7 @@ def _write_sidecar(out: Path, name: str, times: list[float], warmup: int,
         "kineto": recorder.kineto_path.name if recorder.kineto_path else None,
         "profile": recorder.profile_path.name if recorder.profile_path else None,
         "step_peak_bytes": recorder.step_peak_bytes,
+        "host_probe_us": statistics.median(recorder.probes) if recorder.probes else None,
         **extra,
     }
     sidecar.write_text(json.dumps(summary, indent=2) + "\n")
@@ -232,6 +239,7 @@ def capture(
         recorder.start_profile()
         try:
             for _ in range(max(1, profile_steps)):
+                recorder.probe()
                 with record_function(STEP_SCOPE):
                     step_fn()
         finally:
@@ -282,6 +290,7 @@ class _StepClock:
             if self.profiled >= self.profile_steps:
                 self.finish_profile()
                 raise CaptureDone
+            self.recorder.probe()
             self._open_scope()
             return
         if self.recording:
@@ -291,6 +300,7 @@ class _StepClock:
                 raise CaptureDone
             self.recorder.start_profile()
             self.profiling = True
+            self.recorder.probe()
             self._open_scope()
             return
         if self.steps > self.warmup and self.last is not None:

@@ -85,9 +85,11 @@ def _parse_args(argv=None):
     )
     parser.add_argument(
         "--host-gaps",
-        choices=("recorded", "off"),
+        choices=("recorded", "scaled", "off"),
         default="off",
-        help="recorded: busy-wait the host time recorded between ops (needs --kineto)",
+        help="recorded: busy-wait the host time recorded between ops (needs --kineto); "
+        "scaled: the same, scaled by this host's Python speed over the capture host's, "
+        "measured before every iteration",
     )
     parser.add_argument(
         "--cuda-graph",
@@ -204,6 +206,13 @@ _RUNTIME = {
     "gap_marks": None,  # while calibrating: (op index, time.time_ns()) per gap
     "gap_event_us": 0.0,
     "gap_observer": False,  # the calibration ran with the ET observer attached
+    # --host-gaps scaled (`_track_host_speed`): the capture host's probe time, the
+    # calibration's, and what the recorded gaps and the calibrated costs are scaled by.
+    "probe_recorded_us": None,
+    "probe_calibrated_us": None,
+    "gap_scale": 1.0,
+    "own_scale": 1.0,
+    "gap_scales": [],
     "peak_step_bytes": None,  # what one step allocates above its inputs, at most
     "gap_carry": {},
     "threads": None,
@@ -291,12 +300,18 @@ def _host_gap(us, events=0, before=None):
     (its index; the op count for the step's tail), less this replay's own host time
     in that gap and the recording cost of the `events` scopes only the profiler made
     in it (`_calibrate_gaps`). Where the replay's own time exceeds a recorded gap, the
-    excess is taken from the next gaps on this thread."""
+    excess is taken from the next gaps on this thread. With --host-gaps scaled, both
+    follow this host's speed now (`_track_host_speed`)."""
     if _RUNTIME["host_gaps"]:
         carry = _RUNTIME["gap_carry"]
         thread = threading.get_ident()
         own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
-        wait = carry.get(thread, 0.0) + us - own - events * _RUNTIME["gap_event_us"]
+        own += events * _RUNTIME["gap_event_us"]
+        wait = (
+            carry.get(thread, 0.0)
+            + us * _RUNTIME["gap_scale"]
+            - own * _RUNTIME["own_scale"]
+        )
         carry[thread] = min(wait, 0.0)
         if wait > 0:
             end = time.perf_counter() + wait * 1e-6
@@ -305,6 +320,70 @@ def _host_gap(us, events=0, before=None):
         marks = _RUNTIME["gap_marks"]
         if marks is not None:  # last: the op after this gap starts right after it
             marks.append((before, time.time_ns()))
+
+
+class _ProbeLayer:
+    """A stand-in for a model layer in `_host_probe_us`: a call and attribute reads."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def __call__(self, x):
+        return x + self.step
+
+
+_PROBE_LAYERS = [_ProbeLayer(k) for k in range(8)]
+
+
+def _host_probe_us(runs=9):
+    """This host's Python speed now: the median time, in microseconds, of a fixed piece
+    of interpreter work like the host time between a model's ops (calls, attribute
+    reads, small-integer arithmetic; 64 calls, a few microseconds).
+
+    The capture times it beside its profile-only steps (`host_probe_us` of the
+    recorded facts), and --host-gaps scaled before every iteration: a shared machine
+    runs Python at two speeds, switching over seconds (measured here: a model's eager
+    step at 85 or 133 us, this probe at 8.7 or 16 us, in step), and a gap recorded in
+    one runs long or short in the other; on another host, the original's Python
+    would run at that host's speed too."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter_ns()
+        x = 0
+        for _ in range(8):
+            for layer in _PROBE_LAYERS:
+                x = layer(x)
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times) / 1000.0
+
+
+def _track_host_speed():
+    """With --host-gaps scaled, before each iteration (untimed): the recorded gaps scale
+    by this host's probe time now over the capture host's, and the calibrated costs
+    subtracted from them by it over the calibration's."""
+    recorded = _RUNTIME["probe_recorded_us"]
+    calibrated = _RUNTIME["probe_calibrated_us"]
+    if not (_RUNTIME["host_gaps"] and recorded and calibrated):
+        return
+    now = _host_probe_us()
+    _RUNTIME["gap_scale"] = now / recorded
+    _RUNTIME["own_scale"] = now / calibrated
+    _RUNTIME["gap_scales"].append(_RUNTIME["gap_scale"])
+
+
+def _scale_host_gaps(original):
+    """Turn --host-gaps scaled on, from the recorded facts' `host_probe_us`; without it
+    (a trace from another tool), the gaps replay as recorded, and stderr says so."""
+    recorded = (original or {}).get("host_probe_us")
+    if not recorded:
+        print(
+            "mystique: the trace records no host speed (host_probe_us): the gaps "
+            "replay as recorded, unscaled",
+            file=sys.stderr,
+        )
+        return
+    _RUNTIME["probe_recorded_us"] = recorded
+    _track_host_speed()
 
 
 def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
@@ -323,9 +402,12 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     inflated).
 
     gap_event_us: what recording one scope costs the recorders the gaps were
-    recorded under (`_scope_cost`)."""
+    recorded under (`_scope_cost`). probe_calibrated_us: this host's speed meanwhile
+    (`_host_probe_us`), for --host-gaps scaled."""
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
     _RUNTIME["gap_own"] = {}
+    _RUNTIME["gap_scale"] = _RUNTIME["own_scale"] = 1.0
+    probes = []
     for _ in range(2):  # warm, untimed
         _reset(snapshot)
         replay(inputs, device, host)
@@ -339,6 +421,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
             marks = _RUNTIME["gap_marks"] = []
             for _ in range(iters):
                 _reset(snapshot)  # outside the scope: not the replay's own time
+                probes.append(_host_probe_us())
                 with record_function("mystique::calibrate"):
                     replay(inputs, device, host)
                 _sync(device)
@@ -373,6 +456,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     mean, per_gap = _own_gaps(prof.events(), marks, zero_ns)
     _RUNTIME["gap_own_us"], _RUNTIME["gap_own"] = mean, per_gap
     _RUNTIME["gap_event_us"] = _scope_cost(original)
+    _RUNTIME["probe_calibrated_us"] = statistics.median(probes)
 
 
 def _et_schema(path):
@@ -1035,10 +1119,10 @@ def main(argv=None):
     host = torch.device("cpu")
     _RUNTIME["device"] = device
     _RUNTIME["host"] = host
-    _RUNTIME["host_gaps"] = args.host_gaps == "recorded"
+    _RUNTIME["host_gaps"] = args.host_gaps in ("recorded", "scaled")
     job.start(args, device)
     original = job.original()
-    if args.host_gaps == "recorded" and original is None:
+    if _RUNTIME["host_gaps"] and original is None:
         print("mystique: no host gaps recorded (use --kineto)", file=sys.stderr)
     _check_memory(device)
     torch.manual_seed(args.seed)
@@ -1058,10 +1142,13 @@ def main(argv=None):
         snapshot = _written_only(snapshot, inputs, versions)
     if _RUNTIME["host_gaps"] and original is not None and not args.cuda_graph:
         _calibrate_gaps(inputs, device, host, snapshot, original=original)
+        if args.host_gaps == "scaled":
+            _scale_host_gaps(original)
     times = []
     for _ in range(args.iters):
         _reset(snapshot)
         job.before_iteration()
+        _track_host_speed()
         _sync(device)
         start = time.perf_counter()
         step(inputs, device, host)
@@ -1089,6 +1176,12 @@ def main(argv=None):
             "host_gaps_measured": len(_RUNTIME["gap_own"]),
             "host_gap_observer": _RUNTIME["gap_observer"],
             "host_gaps_replayed": _RUNTIME["host_gaps"],
+            "host_probe_us": _RUNTIME["probe_calibrated_us"],
+            "host_gap_scale": (
+                statistics.median(_RUNTIME["gap_scales"])
+                if _RUNTIME["gap_scales"]
+                else None
+            ),
             "cuda_graph": args.cuda_graph,
             "reset_inputs": bool(snapshot),
             "peak_bytes": peak,
