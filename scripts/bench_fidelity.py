@@ -10,11 +10,13 @@ process and time the eager step and the benchmark iteration side by side, in rot
 blocks of consecutive steps; then compare the op multisets of the original and the
 replay's execution traces.
 
-Each benchmark is generated with ``--kineto`` and timed twice per round: host gaps off
-(the operators alone) and ``recorded`` (the original's host time between operators,
-taken from the capture's profile-only steps, less the replay's own per-op host time,
-which the benchmark measures once, as ``--host-gaps recorded`` does; see
-passes/hostgaps.py). Error = benchmark / eager - 1, medians over all timed steps.
+Each benchmark is generated with ``--kineto`` and timed three times per round: host
+gaps off (the operators alone), ``recorded`` (the original's host time between
+operators, taken from the capture's profile-only steps, less the replay's own per-op
+host time, which the benchmark measures once, as ``--host-gaps recorded`` does; see
+passes/hostgaps.py) and ``scaled`` (the same at this host's Python speed before each
+iteration, as ``--host-gaps scaled`` does). Error = benchmark / eager - 1: the median
+over rounds of the ratio of the two blocks timed in one round (``_side_by_side``).
 
 A third timing, ``session``, replays a benchmark generated from an ET and a Kineto
 trace recorded in one profiler session, as PyTorch's tests and HTA record them
@@ -46,6 +48,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -335,31 +338,55 @@ class Timed:
         self.prepare = prepare or (lambda: None)
 
 
-def _side_by_side(fns: dict[str, Timed], rounds: int, block: int = BLOCK) -> dict[str, float]:
-    """Median ms of each, timed side by side: every round runs each function (order
-    rotated) for one untimed step and then ``block`` timed steps back to back.
+@dataclass
+class SideBySide:
+    """Times of functions run side by side: each one's median step (ms) and, against a
+    reference, the median over rounds of the ratio of its block to the reference's
+    block in the same round."""
+
+    ms: dict[str, float]
+    ratio: dict[str, float]
+
+
+def _side_by_side(fns: dict[str, Timed], rounds: int, block: int = BLOCK,
+                  reference: str = "eager") -> SideBySide:
+    """Each function's median ms, timed side by side: every round runs each function
+    (order rotated) for one untimed step and then ``block`` timed steps back to back.
 
     Blocks, not strict alternation: a training loop runs its steps back to back, and a
     step timed right after the other function ran finds the caches full of the other's
     tensors, which costs the eager step (more memory touched) more than the replay;
-    rotating whole blocks still spreads machine drift over both."""
+    rotating whole blocks still spreads machine drift over both.
+
+    The ratios pair the blocks of one round: this VM runs at two speeds, switching
+    over seconds (the same step at 85 or 133 us), and one round's blocks run within
+    milliseconds of each other, mostly in one of them; two medians over all rounds
+    can each fall in another."""
     names = list(fns)
     for _ in range(3):
         for fn in fns.values():
             fn.prepare()
             fn.run()
     times: dict[str, list[float]] = {n: [] for n in names}
+    per_round: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn = fns[name]
             fn.prepare()
             fn.run()
+            this_block = []
             for _ in range(block):
                 fn.prepare()
                 start = time.perf_counter()
                 fn.run()
-                times[name].append((time.perf_counter() - start) * 1000.0)
-    return {n: statistics.median(t) for n, t in times.items()}
+                this_block.append((time.perf_counter() - start) * 1000.0)
+            times[name] += this_block
+            per_round[name].append(statistics.median(this_block))
+    base = per_round[reference]
+    return SideBySide(
+        ms={n: statistics.median(t) for n, t in times.items()},
+        ratio={n: statistics.median(b / a for a, b in zip(base, per_round[n], strict=True))
+               for n in names})
 
 
 def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, object]:
@@ -383,7 +410,8 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
     if isinstance(step, TrainStep):
         step.save()
         eager = Timed(step, step.restore)
-    ms = _side_by_side({"eager": eager, **benches}, ROUNDS)
+    timed = _side_by_side({"eager": eager, **benches}, ROUNDS)
+    ms = timed.ms
     replay_et = work / f"{stem}_replay.et.json"
     g = state["g"]
     g["_reset"](state["snapshot"])
@@ -402,7 +430,7 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "share_pp": share_pp}
     for mode in MODES:
         row[f"{mode}_ms"] = ms[mode]
-        row[f"{mode}_error"] = (ms[mode] - ms["eager"]) / ms["eager"]
+        row[f"{mode}_error"] = timed.ratio[mode] - 1.0
     return row
 
 
@@ -526,7 +554,8 @@ def main() -> int:
                       f"{row['share_pp']:>8.1f}", flush=True)
     print("off: operators only; gaps: --host-gaps recorded (profile-only gaps less the "
           "replay's own host time per op, 'own us', and the profiler's cost per scope it "
-          "recorded in them, 'ev us'); error = benchmark / eager - 1, the median of "
+          "recorded in them, 'ev us'); error = benchmark / eager - 1 (per round, blocks "
+          "timed side by side; the median over rounds), the median of "
           f"{TRIALS} independent trials (their range under 'trials'); scal: --host-gaps "
           "scaled (the same gaps, scaled by this host's Python speed before each "
           "iteration over the capture's); sess: the gaps of "

@@ -256,22 +256,38 @@ def test_a_single_steps_spikes_are_replayed_at_their_kinds_median(tmp_path):
                for d in program.diagnostics)
 
 
+def _profiled_pair(tmp_path, stem: str, active: int, observed_step: int | None = None):
+    """An ET and a Kineto trace of mlp_sgd steps under torch.profiler's schedule (one
+    warm-up step, ``active`` recorded ones): the observer attached to the profiler, or
+    started and stopped by hand around step ``observed_step`` alone."""
+    torch.set_num_threads(1)
+    step = MODELS["mlp_sgd"]()
+    et_path, kineto = tmp_path / f"{stem}.et.json", tmp_path / f"{stem}.json"
+    observer = ExecutionTraceObserver()
+    observer.register_callback(str(et_path))
+    attached = {"execution_trace_observer": observer} if observed_step is None else {}
+    with profile(activities=[ProfilerActivity.CPU], acc_events=True,
+                 schedule=schedule(wait=0, warmup=1, active=active),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(kineto)),
+                 **attached) as prof:
+        for k in range(active + 1):
+            if k == observed_step:
+                observer.start()
+            step()
+            if k == observed_step:
+                observer.stop()
+            prof.step()
+    if observed_step is not None:
+        observer.unregister_callback()
+    return et_path, kineto
+
+
 def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     """torch.profiler's schedule with the ET observer (as PyTorch documents it) records
     every active step, each a ``ProfilerStep#N``, in both traces: each gap is its
     median over those steps, and the step's own host time before its first op and
     after its last is replayed too."""
-    torch.set_num_threads(1)
-    step = MODELS["mlp_sgd"]()
-    et_path, kineto = tmp_path / "pair.et.json", tmp_path / "pair.json"
-    observer = ExecutionTraceObserver()
-    observer.register_callback(str(et_path))
-    with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
-                 schedule=schedule(wait=0, warmup=1, active=3), acc_events=True,
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof:
-        for _ in range(4):
-            step()
-            prof.step()
+    et_path, kineto = _profiled_pair(tmp_path, "pair", active=3)
     program = compile_trace(et_path, kineto=kineto)
     timing = program.timing
     assert timing is not None and timing.observer_in_gaps
@@ -288,22 +304,7 @@ def test_steps_profiled_without_the_observer_serve_as_profile_only_steps(tmp_pat
     for one step inside a longer profile: the profile's other steps hold the same ops
     without the observer's 10-20 us per op, so the gaps come from them and there is
     nothing to calibrate out."""
-    torch.set_num_threads(1)
-    step = MODELS["mlp_sgd"]()
-    et_path, kineto = tmp_path / "manual.et.json", tmp_path / "manual.json"
-    observer = ExecutionTraceObserver()
-    observer.register_callback(str(et_path))
-    with profile(activities=[ProfilerActivity.CPU], acc_events=True,
-                 schedule=schedule(wait=0, warmup=1, active=5),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof:
-        for k in range(6):
-            if k == 3:
-                observer.start()
-            step()
-            if k == 3:
-                observer.stop()
-            prof.step()
-    observer.unregister_callback()
+    et_path, kineto = _profiled_pair(tmp_path, "manual", active=5, observed_step=3)
     program = compile_trace(et_path, kineto=kineto)
     timing = program.timing
     assert timing is not None and not timing.observer_in_gaps
