@@ -298,17 +298,19 @@ def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
     replay = g["replay"]
 
     recorded_probe = (g["_JOB"].original() or {}).get("host_probe_us")
+    calibrated = {"replayed": True}  # whether the calibration kept the gaps
 
     def mode(gaps: bool, scaled: bool = False) -> Timed:
         def run() -> None:
-            runtime["host_gaps"] = gaps
+            runtime["host_gaps"] = gaps and calibrated["replayed"]
             replay(inputs, device, host)
 
         def prepare() -> None:  # as main() does before each iteration, untimed
             g["_reset"](snapshot)
             runtime["gap_scale"] = runtime["own_scale"] = 1.0
             if scaled:
-                runtime["host_gaps"], runtime["probe_recorded_us"] = True, recorded_probe
+                runtime["host_gaps"] = calibrated["replayed"]
+                runtime["probe_recorded_us"] = recorded_probe
                 g["_track_host_speed"]()
         return Timed(run, prepare)
 
@@ -322,10 +324,13 @@ def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
     # As main() does: the recorded gaps' facts say whether the ET observer's cost is in
     # them (a same-session pair), and then the calibration attaches one too.
     g["_calibrate_gaps"](inputs, device, host, snapshot, original=g["_JOB"].original())
+    calibrated["replayed"] = runtime["host_gaps"]  # (off: the correction is not trusted)
     runtime["host_gaps"] = False
+    observer, wait = runtime["gap_observer_us"], runtime["gap_wait_us"]
     return steps, {"g": g, "inputs": inputs, "own_us": runtime["gap_own_us"],
                    "event_us": runtime["gap_event_us"],
-                   "snapshot": snapshot}
+                   "observer_per_wait": observer / max(wait, 1e-9) if observer else 0.0,
+                   "replayed": calibrated["replayed"], "snapshot": snapshot}
 
 
 class Timed:
@@ -423,6 +428,8 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "eager_ms": ms["eager"], "own_us": state["own_us"],
                               "event_us": state["event_us"],
                               "session_own_us": session_state["own_us"],
+                              "observer_per_wait": session_state["observer_per_wait"],
+                              "session_replayed": float(session_state["replayed"]),
                               # The two ways of capturing, compared on their gaps alone.
                               "wait_ratio": _planned_wait_us(session_path, session_state)
                               / max(_planned_wait_us(bench_path, state), 1e-9),
@@ -519,7 +526,8 @@ def main() -> int:
     header = (f"{'model':<22} {'ops':>5} {'eager ms':>9} {'off ms':>8} {'err off':>8} "
               f"{'gaps ms':>8} {'err gaps':>8} {'trials':>15} {'err scal':>8} {'trials':>15} "
               f"{'own us':>6} {'ev us':>5} "
-              f"{'err sess':>8} {'trials':>15} {'sess us':>7} {'wait s/r':>8} "
+              f"{'err sess':>8} {'trials':>15} {'sess us':>7} {'obs/w':>6} {'kept':>4} "
+              f"{'wait s/r':>8} "
               f"{'match':>8} {'mem err':>7} "
               f"{'share pp':>8}")
     print(header, flush=True)
@@ -549,7 +557,9 @@ def main() -> int:
                       f"{row['own_us']:>6.2f} {row['event_us']:>5.2f} "
                       f"{row['session_error'] * 100:>+7.1f}% "
                       f"{min(session):>+6.1f}..{max(session):>+5.1f}% "
-                      f"{row['session_own_us']:>7.2f} {row['wait_ratio']:>8.2f} "
+                      f"{row['session_own_us']:>7.2f} {row['observer_per_wait']:>6.2f} "
+                      f"{sum(bool(t['session_replayed']) for t in trials):>2}/{len(trials)} "
+                      f"{row['wait_ratio']:>8.2f} "
                       f"{row['match'] * 100:>7.2f}% {row['memory_error'] * 100:>+6.1f}% "
                       f"{row['share_pp']:>8.1f}", flush=True)
     print("off: operators only; gaps: --host-gaps recorded (profile-only gaps less the "
@@ -561,7 +571,9 @@ def main() -> int:
           "iteration over the capture's); sess: the gaps of "
           f"an ET + Kineto pair from one profiler session ({SESSION_STEPS} steps), the "
           "observer's cost calibrated out ('sess us': the replay's own per-op time with "
-          "an observer attached; 'wait s/r': what its gaps wait in an iteration over what "
+          "an observer attached; 'obs/w': the observer's cost in the replay's gaps over "
+          "what is left to wait, 'kept': trials whose calibration trusted the correction "
+          "(obs/w <= 2; else no gaps); 'wait s/r': what its gaps wait in an iteration over what "
           "the recorded gaps wait, 1 where the two captures agree); match: the lowest; "
           "mem err: one step's peak memory above its "
           "inputs, replay / original - 1; share pp: the largest difference between an op "

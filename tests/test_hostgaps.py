@@ -4,6 +4,7 @@ benchmark's subtraction of its own per-op host time (``_calibrate_gaps``)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -144,6 +145,19 @@ def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
     out = last_json(proc.stdout)
     assert out["host_gap_observer"] is True and out["host_gaps_replayed"] is True
     assert out["host_gap_own_us"] > 0
+    # The observer's own cost in the replay's gaps, measured against a pass without it.
+    assert out["host_gap_observer_us"] > 0 and out["host_gap_wait_us"] >= 0
+
+    # Where that cost dwarfs what is left to wait, the correction is mostly the
+    # observer's (which costs the original more than the replay): no gaps, and why.
+    tiny = tmp_path / "tiny_gaps.py"
+    tiny.write_text(re.sub(r"_host_gap\([\d.e+-]+", "_host_gap(0.0", text))
+    proc = run_benchmark(tiny, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--host-gaps", "recorded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused = last_json(proc.stdout)
+    assert refused["host_gaps_replayed"] is False and refused["host_gap_wait_us"] == 0
+    assert "left to wait" in proc.stderr and "host gaps off" in proc.stderr
 
     # The scopes begun in each linked gap (autograd's around backward ops): the
     # benchmark subtracts their recording cost, measured with the observer attached.
