@@ -230,14 +230,15 @@ _RUNTIME = {
     "host_gaps": False,
     "gap_own_us": 0.0,  # the mean of gap_own, for gaps it does not know
     "gap_own": {},  # op index -> this replay's own host time in the gap before it
-    "gap_marks": None,  # while calibrating: (op index, time.time_ns()) per gap
+    # While calibrating: (op index, time.time_ns(), recorded us, scopes) per gap.
+    "gap_marks": None,
     "gap_event_us": 0.0,
     "gap_observer": False,  # the calibration ran with the ET observer attached
     # Same-session gaps (`_observer_share`): per iteration, the ET observer's cost in
     # this replay's own gaps, and what is left to wait once it is subtracted.
     "gap_observer_us": None,
     "gap_wait_us": None,
-    "gap_planned": {},  # while calibrating: op index -> (recorded us, scopes) of its gap
+    "gap_planned": {},  # op index -> (recorded us, scopes) of its gap, as calibrated
     # --host-gaps scaled (`_track_host_speed`): the capture host's probe time, the
     # calibration's, and what the recorded gaps and the calibrated costs are scaled by.
     "probe_recorded_us": None,
@@ -351,8 +352,7 @@ def _host_gap(us, events=0, before=None):
                 pass
         marks = _RUNTIME["gap_marks"]
         if marks is not None:  # last: the op after this gap starts right after it
-            _RUNTIME["gap_planned"][before] = (us, events)
-            marks.append((before, time.time_ns()))
+            marks.append((before, time.time_ns(), us, events))
 
 
 class _ProbeLayer:
@@ -441,7 +441,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     recorded under (`_scope_cost`). probe_calibrated_us: this host's speed meanwhile
     (`_host_probe_us`), for --host-gaps scaled."""
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
-    _RUNTIME["gap_own"], _RUNTIME["gap_planned"] = {}, {}
+    _RUNTIME["gap_own"] = {}
     _RUNTIME["gap_scale"] = _RUNTIME["own_scale"] = 1.0
     probes = []
     for _ in range(2):  # warm, untimed
@@ -525,6 +525,7 @@ def _profile_own(inputs, device, host, snapshot, iters, facts, probes):
         _RUNTIME["et_observer"] = False
         _RUNTIME["gap_marks"] = None
         os.remove(et_path)
+    _RUNTIME["gap_planned"] = {m[0]: (m[2], m[3]) for m in marks}
     try:  # the profiler's zero in wall time, to place each gap's mark
         zero_ns = prof.profiler.kineto_results.trace_start_ns()
     except AttributeError:  # another torch: the mean only
@@ -602,7 +603,7 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
     samples = {}
     if trace_start_ns is not None:
         starts = [start for start, _, _ in iterations]
-        for before, wall_ns in marks:
+        for before, wall_ns, *_ in marks:
             at = (wall_ns - trace_start_ns) / 1000.0
             k = bisect.bisect_right(starts, at) - 1
             own = _gap_at(at, *iterations[k]) if k >= 0 else None
