@@ -289,11 +289,13 @@ def test_own_gaps_are_measured_gap_by_gap_and_as_a_mean():
         events.append(_Event(runtime.HARNESS_SCOPE, start + 15.0, start + 16.0))
         events.append(_Event("aten::fill_", start + 15.2, start + 15.8))
         marks.append((3, int((start + 39.0) * 1000 + 1000)))
-    mean, per_gap = runtime._own_gaps(events, marks, trace_start_ns=1000)
+    mean, per_gap, busy = runtime._own_gaps(events, marks, trace_start_ns=1000)
     assert mean == pytest.approx(6.0)  # (3 + 9) / 2 per iteration
     assert per_gap == pytest.approx({0: 1.0, 1: 3.0, 2: 9.0, 3: 2.0})
     # Without the profiler's zero in wall time, gaps cannot be placed: the mean only.
-    assert runtime._own_gaps(events, marks, trace_start_ns=None) == (mean, {})
+    # The top-level ops' own time per iteration, and how many (children not counted).
+    assert busy == (pytest.approx(25.0), 3)
+    assert runtime._own_gaps(events, marks, trace_start_ns=None)[:2] == (mean, {})
 
 
 def test_scaled_gaps_scale_the_recorded_time_and_the_calibrated_costs(monkeypatch):
@@ -322,6 +324,28 @@ def test_scaled_gaps_scale_the_recorded_time_and_the_calibrated_costs(monkeypatc
     finally:
         runtime._RUNTIME.update(state)
         runtime._RUNTIME["gap_carry"].clear()
+
+
+def test_the_observers_ratio_comes_from_the_ops_and_scales_its_share_of_the_gaps():
+    """The observer cost the original's ops 60 us (100 recorded, 40 without it) and the
+    replay's 30 (70 with it): it is taken to cost the original's gaps twice what it
+    costs the replay's. Gaps own 10 us with the observer, 4 without: 4 + 2 x 6 = 16."""
+    facts = {"op_cpu_us": 100.0, "linked_ops": 3}
+    assert runtime._observer_ratio(facts, (70.0, 3), (40.0, 3)) == 2.0
+    # Ops that do not pair up, or an observer too cheap to divide by: no ratio.
+    assert runtime._observer_ratio(facts, (70.0, 4), (40.0, 4)) == 1.0
+    assert runtime._observer_ratio(facts, (40.5, 3), (40.0, 3)) == 1.0
+    assert runtime._observer_ratio({**facts, "op_cpu_us": 1000.0}, (70.0, 3), (40.0, 3)) == 4.0
+    state = {k: runtime._RUNTIME[k] for k in ("gap_own", "gap_own_us", "gap_planned",
+                                              "gap_event_us")}
+    try:
+        runtime._RUNTIME.update(gap_own={1: 10.0}, gap_own_us=10.0,
+                                gap_planned={1: (30.0, 0)}, gap_event_us=0.0)
+        cost, wait = runtime._observer_share(4.0, {1: 4.0}, 2.0)
+        assert runtime._RUNTIME["gap_own"] == {1: 16.0} and (cost, wait) == (12.0, 14.0)
+        assert runtime._RUNTIME["gap_own_us"] == 16.0
+    finally:
+        runtime._RUNTIME.update(state)
 
 
 def test_calibration_records_as_the_original_recorders_did(tmp_path):

@@ -206,6 +206,10 @@ def original_lines(program: Program, rank: int | None = None) -> list[str]:
         ("memory_in_gaps", str(timing.memory_in_gaps)),
         ("observer_ranges", str(timing.observer_ranges)),
         ("observer_schema", exprs.str_literal(timing.observer_schema)),
+        # The linked ops' recorded time: what the observer cost them, against its
+        # cost to the replay's, calibrates its share of same-session gaps.
+        ("op_cpu_us", _us(sum(op.timing.cpu_us for op in program.ops
+                              if op.timing is not None))),
         ("host_probe_us", "None" if timing.host_probe_us is None
          else exprs.float_literal(round(timing.host_probe_us, 3))),
     )
