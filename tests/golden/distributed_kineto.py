@@ -438,10 +438,11 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     process's ORIGINAL, says "observer_in_gaps": an ET and a Kineto trace from one
     profiler session), the calibration attaches one too, so the observer's share
     cancels as well; if it cannot, the recorded gaps are not replayed (they would be
-    inflated). Nor are they where the observer's cost in this replay's gaps (measured
-    by a second pass without it) exceeds OBSERVER_TRUST times what is left to wait:
-    the correction would then be mostly the observer's, which differs between the
-    original and the replay.
+    inflated). The observer costs the original more than the replay: a second pass
+    without it measures its cost in this replay's gaps, scaled by how much more it
+    cost the original's ops (`_observer_ratio`, `_observer_share`). Where that
+    estimate exceeds OBSERVER_TRUST times what is left to wait, no gaps are replayed:
+    the correction would be mostly the estimate.
 
     gap_event_us: what recording one scope costs the recorders the gaps were
     recorded under (`_scope_cost`). probe_calibrated_us: this host's speed meanwhile
