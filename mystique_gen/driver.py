@@ -70,9 +70,10 @@ from mystique_gen.passes.values import (
 from mystique_gen.sources.et import RawTrace, load_trace
 from mystique_gen.sources.kineto import (
     KinetoTrace,
-    host_probe_beside,
+    host_probe_of,
     load_kineto,
     profile_beside,
+    sidecar_beside,
 )
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -102,10 +103,11 @@ def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
 def link_source(source: Source, kineto: KinetoTrace, path: str | Path) -> None:
     """Give ``source`` its Kineto trace (read from ``path``) and the profile-only trace
     named beside that file, if any."""
-    profile = profile_beside(path)
+    sidecar = sidecar_beside(path)
+    profile = profile_beside(path, sidecar)
     source.kineto = kineto
     source.profile = load_kineto(profile) if profile is not None else None
-    source.host_probe_us = host_probe_beside(path) if profile is not None else None
+    source.host_probe_us = host_probe_of(sidecar) if profile is not None else None
 
 
 KinetoPaths = str | Path | Sequence[str | Path] | None

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import runpy
 import statistics
 import sys
@@ -330,7 +329,9 @@ def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
     return steps, {"g": g, "inputs": inputs, "own_us": runtime["gap_own_us"],
                    "event_us": runtime["gap_event_us"],
                    "observer_per_wait": observer / max(wait, 1e-9) if observer else 0.0,
-                   "replayed": calibrated["replayed"], "snapshot": snapshot}
+                   "replayed": calibrated["replayed"], "snapshot": snapshot,
+                   # What its gaps wait in an iteration, as calibrated.
+                   "wait_us": g["_planned_wait_us"]()}
 
 
 class Timed:
@@ -431,30 +432,14 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "observer_per_wait": session_state["observer_per_wait"],
                               "session_replayed": float(session_state["replayed"]),
                               # The two ways of capturing, compared on their gaps alone.
-                              "wait_ratio": _planned_wait_us(session_path, session_state)
-                              / max(_planned_wait_us(bench_path, state), 1e-9),
+                              "wait_ratio": session_state["wait_us"]
+                              / max(state["wait_us"], 1e-9),
                               "match": match, "memory_error": memory_error,
                               "share_pp": share_pp}
     for mode in MODES:
         row[f"{mode}_ms"] = ms[mode]
         row[f"{mode}_error"] = timed.ratio[mode] - 1.0
     return row
-
-
-_GAP_CALL = re.compile(r"_host_gap\(([\d.e+-]+)(?:,\s*(\d+))?,\s*before=(\d+)\)")
-
-
-def _planned_wait_us(path: Path, state: dict) -> float:
-    """What one iteration of the benchmark at ``path`` busy-waits in its host gaps, as
-    its ``_host_gap`` calls and its calibration (``state``) make it: each recorded gap
-    less the replay's own time there and the recording cost of its scopes (without
-    the carry of one gap's excess into the next)."""
-    runtime = state["g"]["_RUNTIME"]
-    total = 0.0
-    for m in _GAP_CALL.finditer(path.read_text()):
-        own = runtime["gap_own"].get(int(m[3]), runtime["gap_own_us"])
-        total += max(0.0, float(m[1]) - own - int(m[2] or 0) * runtime["gap_event_us"])
-    return total
 
 
 def _session_pair(step: Step, work: Path, stem: str) -> tuple[Path, Path]:

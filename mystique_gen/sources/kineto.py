@@ -206,19 +206,20 @@ def sidecar_beside(kineto: str | Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def profile_beside(kineto: str | Path) -> Path | None:
-    """The profile-only trace named by the capture sidecar next to ``kineto``, if any."""
-    name = sidecar_beside(kineto).get("profile")
+def profile_beside(kineto: str | Path, sidecar: dict[str, Any] | None = None) -> Path | None:
+    """The profile-only trace named by the capture sidecar next to ``kineto`` (read
+    here unless given), if any."""
+    name = (sidecar_beside(kineto) if sidecar is None else sidecar).get("profile")
     if not isinstance(name, str):
         return None
     path = Path(kineto).with_name(name)
     return path if path.is_file() else None
 
 
-def host_probe_beside(kineto: str | Path) -> float | None:
+def host_probe_of(sidecar: dict[str, Any]) -> float | None:
     """The capture host's Python speed while it profiled its profile-only steps (the
     sidecar's ``host_probe_us``: ``_host_probe_us`` of harness/runtime.py), if any."""
-    value = sidecar_beside(kineto).get("host_probe_us")
+    value = sidecar.get("host_probe_us")
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 

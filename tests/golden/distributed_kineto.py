@@ -456,9 +456,10 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         replay(inputs, device, host)
         _sync(device)
     observed = bool(original and original.get("observer_in_gaps"))
-    profiled = _profile_own(inputs, device, host, snapshot, iters, original, probes)
+    own_mean, own_gaps, schema, busy = _profile_own(
+        inputs, device, host, snapshot, iters, original, probes
+    )
     _RUNTIME["gap_carry"].clear()
-    schema = profiled[2]
     if observed and schema != original.get("observer_schema"):
         why = (
             "no ET observer could be attached here"
@@ -471,16 +472,18 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         return
     if observed:  # (still bookkeeping only: gap_own_us is infinite)
         without = {**original, "observer_in_gaps": False}
-        plain = _profile_own(inputs, device, host, snapshot, iters, without, [])
+        plain_mean, plain_gaps, _, plain_busy = _profile_own(
+            inputs, device, host, snapshot, iters, without, []
+        )
         _RUNTIME["gap_carry"].clear()
     _RUNTIME["gap_observer"] = observed
-    _RUNTIME["gap_own_us"], _RUNTIME["gap_own"] = profiled[0], profiled[1]
+    _RUNTIME["gap_own_us"], _RUNTIME["gap_own"] = own_mean, own_gaps
     _RUNTIME["gap_event_us"] = _scope_cost(original)
     _RUNTIME["probe_calibrated_us"] = statistics.median(probes)
     if observed:
-        ratio = _observer_ratio(original, profiled[3], plain[3])
+        ratio = _observer_ratio(original, busy, plain_busy)
         _RUNTIME["gap_observer_ratio"] = ratio
-        cost, wait = _observer_share(plain[0], plain[1], ratio)
+        cost, wait = _observer_share(plain_mean, plain_gaps, ratio)
         _RUNTIME["gap_observer_us"], _RUNTIME["gap_wait_us"] = cost, wait
         if cost > OBSERVER_TRUST * wait:
             _gaps_off(
@@ -548,18 +551,26 @@ def _observer_share(plain_mean, plain_gaps, ratio=1.0):
     once that and the replay's own time are subtracted. With a ratio, the calibrated
     own time in each gap (gap_own, gap_own_us) becomes its own time without the
     observer plus that estimate, which is what `_host_gap` subtracts."""
-    cost = wait = 0.0
+    cost = 0.0
     for before in set(_RUNTIME["gap_own"]) | set(_RUNTIME["gap_planned"]):
         plain = plain_gaps.get(before, plain_mean)
         own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
         _RUNTIME["gap_own"][before] = own = plain + ratio * (own - plain)
-        us, events = _RUNTIME["gap_planned"].get(before, (None, 0))
         cost += max(0.0, own - plain)
-        if us is not None:
-            wait += max(0.0, us - own - events * _RUNTIME["gap_event_us"])
     mean = _RUNTIME["gap_own_us"]
     _RUNTIME["gap_own_us"] = plain_mean + ratio * (mean - plain_mean)
-    return cost, wait
+    return cost, _planned_wait_us()
+
+
+def _planned_wait_us():
+    """What one iteration busy-waits in its gaps as calibrated: each recorded gap less
+    this replay's own time there and its scopes' recording cost (without the carry of
+    one gap's excess into the next)."""
+    total = 0.0
+    for before, (us, events) in _RUNTIME["gap_planned"].items():
+        own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
+        total += max(0.0, us - own - events * _RUNTIME["gap_event_us"])
+    return total
 
 
 def _observer_ratio(original, observed, plain):
