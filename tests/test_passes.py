@@ -284,6 +284,32 @@ def test_a_composite_whose_inner_result_is_read_later_replays_as_its_children():
     assert composite not in ids
 
 
+def test_an_inner_results_addresses_allocated_anew_are_not_that_result():
+    """A composite's temporary is freed, and a later op allocates at its storage; the
+    backward then unpacks that new tensor into a TensorImpl at the temporary's old
+    address, so the read carries the temporary's very key. It is not the composite's
+    result: the composite stays whole (the selection flipped between captures of one
+    training step with its allocations)."""
+    b = TraceBuilder()
+    bce = ("aten::binary_cross_entropy_with_logits(Tensor self, Tensor target, Tensor? "
+           "weight=None, Tensor? pos_weight=None, int reduction=1) -> Tensor")
+    exp = "aten::exp(Tensor self) -> Tensor"
+    poisson = ("aten::poisson_nll_loss(Tensor input, Tensor target, bool log_input, bool "
+               "full, float eps, int reduction) -> Tensor")
+    logits, target = b.tensor((16, 4)), b.tensor((16, 4))
+    loss, buffer = b.tensor(()), b.tensor((16, 4))
+    composite = b.op(bce, [logits, target, None, None, 1], [loss])
+    b.op(RELU, [logits], [buffer], parent=composite)  # its temporary, then freed
+    at_buffer = T(b.new_id(), buffer.storage_id, (16, 4), (4, 1))
+    later = b.op(poisson, [logits, target, True, False, 1e-8, 1], [b.tensor(())])
+    b.op(exp, [logits], [at_buffer], parent=later)  # allocates at the freed storage
+    unpacked = T(buffer.tensor_id, buffer.storage_id, (16, 4), (4, 1))
+    backward = b.op(RELU, [unpacked], [b.tensor((16, 4))])
+    ids = [s.node.id for s in select_ops(trace_from_document(b.doc(), name="t",
+                                                             sha256="0")).ops]
+    assert ids == [composite, later, backward]
+
+
 def test_a_composite_stays_whole_where_its_children_are_a_backends_kernels():
     """Attention keeps its logsumexp for the backward too, but its child is CUDA's
     flash kernel: descending would make a CUDA trace's replay skip attention on any

@@ -367,11 +367,26 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
     op is replayed as its children (:func:`select_ops` descends into it), which return
     those tensors, where they can run wherever the op can (:func:`_portable_children`).
     Collectives are kept whole (their insides are the backend's).
-    A tensor is known by (tensor id, storage id, element size); one that an op returns
-    later under the same key is a new tensor (the allocator reused both), so it no
-    longer counts."""
+    A tensor is known by (tensor id, storage id, element size), and the allocator
+    reuses both addresses: a later key is the inner result only while its storage
+    lives. A node that allocates at a storage id (an output on no storage it read)
+    shows that whatever was there before is gone, even where the key returns later on
+    another new tensor (a saved result unpacked for the backward, a TensorImpl at the
+    address of a freed inner one: a BCE's buffer, read back as a Poisson loss's exp,
+    flipped between captures of one step)."""
     children = children_of(trace)
     owner: dict[tuple[int, int, int], int] = {}  # inner result -> the op that kept it
+    at_storage: dict[int, set[tuple[int, int, int]]] = {}  # storage id -> owned keys
+
+    def allocated(node: RawNode) -> None:
+        """Forget the inner results at the storages that `node` allocates anew."""
+        read = {key[1] for arg in node.inputs for key in _tensor_keys(arg)}
+        for arg in node.outputs:
+            for key in _tensor_keys(arg):
+                if key[1] not in read:
+                    for gone in at_storage.pop(key[1], ()):
+                        owner.pop(gone, None)
+
     found: set[int] = set()
     for sel in ops:
         node = sel.node
@@ -380,16 +395,20 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
         own = reads | {key for arg in node.outputs for key in _tensor_keys(arg)}
         for key in own:
             owner.pop(key, None)
+        inside = list(_below(node.id, children))
+        for allocating in (node, *inside):
+            allocated(allocating)
         if node.name.partition("::")[0] in oprules.COMMUNICATION_NAMESPACES:
             continue
         # Views of what the op read or returned (linear's t() of its weight) are not
         # results of its own: a later read of one reads that storage, as it is.
         storages = {key[1] for key in own}
-        for inner in _below(node.id, children):
+        for inner in inside:
             for arg in inner.outputs:
                 for key in _tensor_keys(arg):
                     if key[1] not in storages:
                         owner[key] = node.id
+                        at_storage.setdefault(key[1], set()).add(key)
     return {i for i in found if _portable_children(children.get(i, []))}
 
 
