@@ -174,6 +174,42 @@ def test_float_rules_keep_values_finite():
 LINEAR = "aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"
 
 
+def test_loss_targets_in_their_domains_keep_a_training_replay_finite(tmp_path):
+    """Probability targets (BCE with logits, KL divergence) in [0, 1] and counts
+    (Poisson NLL) non-negative: filled U(-1, 1), KL's log of a negative target made
+    every weight NaN in one step, and an EmbeddingBag recommender's BCE drove its
+    weights to NaN within a hundred iterations without --reset-inputs."""
+    import torch.nn.functional as F
+
+    from mystique_gen.sources.et import load_trace
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(8, 4)
+    x, labels = torch.randn(16, 8), torch.rand(16, 4)
+    probs, counts = torch.softmax(torch.randn(16, 4), -1), torch.poisson(torch.ones(16, 4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        out = net(x)
+        loss = (F.binary_cross_entropy_with_logits(out, labels)
+                + F.kl_div(out.log_softmax(-1), probs, reduction="batchmean")
+                + F.poisson_nll_loss(out, counts))
+        loss.backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="losses", kineto=False, timing_iters=1)
+    program = build_program(load_trace(result.et_path))
+    ranges = [(s.init.low, s.init.high) for s in program.storages if s.materialised]
+    assert ranges.count((0.0, 1.0)) >= 2 and (0.0, 2.0) in ranges, ranges
+    bench = tmp_path / "losses_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "20",
+                         "--reset-inputs", "off", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+
+
 def test_a_layer_is_filled_as_its_module_initialises_it():
     """nn.Linear's weight and bias within 1/sqrt(fan-in); the input it multiplies is an
     activation, filled like data (U(-1, 1)), not within a fan-in of its own."""

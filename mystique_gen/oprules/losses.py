@@ -1,4 +1,11 @@
-"""Losses: class-index targets below the class count; class weights not differentiable."""
+"""Losses: class-index targets below the class count, probability and count targets in
+their domains, class weights not differentiable.
+
+A target outside its loss's domain (a probability below 0, a negative count) makes the
+loss unbounded below or NaN: a training replay then drives its weights to inf and NaN,
+within one step (KL divergence's log of a negative target) or over a hundred (an
+EmbeddingBag recommender's BCE-with-logits on U(-1, 1) targets, without --reset-inputs).
+NaN and inf change what value-dependent kernels do, so the replay times another step."""
 
 from __future__ import annotations
 
@@ -23,6 +30,12 @@ FAMILY = OpFamily(
     float_ranges={
         "aten::binary_cross_entropy": {"self": (0.05, 0.95), "target": (0.0, 1.0)},
         "aten::binary_cross_entropy_backward": {"self": (0.05, 0.95), "target": (0.0, 1.0)},
+        "aten::binary_cross_entropy_with_logits": {"target": (0.0, 1.0),
+                                                   "pos_weight": (0.5, 1.5)},
+        # Probabilities, or with log_target log-probabilities: (0, 1) is finite for both.
+        "aten::kl_div": {"target": (0.0, 1.0)},
+        # Counts; the input is a rate where log_input is off (positive either way).
+        "aten::poisson_nll_loss": {"input": (0.05, 1.5), "target": (0.0, 2.0)},
     },
     not_differentiable={
         "aten::nll_loss": _CLASS_WEIGHTS,
