@@ -88,8 +88,32 @@ def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
     # One warm-up, three timed, and one untimed step that measures peak_bytes.
     assert len(calls) == 5 and result["iters"] == 3 and result["ops"] == 1
     assert result["reset_inputs"] is True and result["device"] == "cpu"
+    assert result["nonfinite_inputs"] == []
     for key in ("iter_ms_median", "iter_ms_mean", "iter_ms_min"):
         assert result[key] > 0
+
+
+def test_main_names_the_inputs_an_iteration_left_nan_or_inf(monkeypatch, capsys):
+    """A replay that carries NaN into the inputs it writes (a training step on values
+    outside some op's domain) says so, by name, in --json and on stderr, though the
+    inputs are reset before each iteration. Inputs it only reads are not checked."""
+
+    def make_inputs(device, host, gens):
+        return {"weight": torch.ones(4), "data": torch.ones(4),
+                "constant": torch.full((4,), float("inf"))}
+
+    def replay(inputs, device, host):
+        inputs["weight"].add_(inputs["data"].sub(2.0).sqrt())  # sqrt(-1): NaN
+
+    monkeypatch.setattr(runtime, "make_inputs", make_inputs)
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setattr(runtime, "OPS", 2)
+    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    argv = ["--device", "cpu", "--warmup", "1", "--iters", "2", "--json"]
+    assert runtime.main([*argv, "--reset-inputs", "on"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["nonfinite_inputs"] == ["weight"]
+    assert "1 input(s) this replay writes hold NaN or inf (weight)" in captured.err
 
 
 def test_the_distributed_job_replays_its_rank_alone_without_a_launcher(monkeypatch):

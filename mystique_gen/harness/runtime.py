@@ -984,6 +984,22 @@ def _written_only(snapshot, inputs, versions):
     ]
 
 
+def _nonfinite_written(inputs, versions):
+    """The floating inputs that an iteration wrote (their version moved since
+    `versions`) and that now hold NaN or inf. The fills are finite, so these came from
+    the replay: a value outside some op's domain (a loss's target, say) that a training
+    replay carried into its weights. NaN and inf change what value-dependent kernels
+    do (a router's top-k, a mask, a sort), so the iterations after it may not time as
+    the original's did."""
+    return sorted(
+        name
+        for name, t in inputs.items()
+        if t._version != versions.get(name)
+        and (t.is_floating_point() or t.is_complex())
+        and not bool(torch.isfinite(t).all())
+    )
+
+
 def _cuda_graph(inputs, device, host):
     """Capture one iteration into a CUDA graph; return a step that replays it.
 
@@ -1260,6 +1276,15 @@ def main(argv=None):
         _sync(device)
         times.append((time.perf_counter() - start) * 1000.0)
     times = job.iteration_times(times)
+    nonfinite = _nonfinite_written(inputs, versions)
+    if nonfinite:
+        shown = ", ".join(nonfinite[:5]) + (", ..." if len(nonfinite) > 5 else "")
+        print(
+            f"mystique: after the timed iterations, {len(nonfinite)} input(s) this "
+            f"replay writes hold NaN or inf ({shown}): value-dependent kernels may "
+            "not have timed as the original's",
+            file=sys.stderr,
+        )
     _reset(snapshot)
     job.before_iteration()
     peak = job.peak_bytes(_peak_bytes(inputs, device, host))
@@ -1292,6 +1317,7 @@ def main(argv=None):
             ),
             "cuda_graph": args.cuda_graph,
             "reset_inputs": bool(snapshot),
+            "nonfinite_inputs": nonfinite,
             "peak_bytes": peak,
             "peak_step_bytes": _RUNTIME["peak_step_bytes"],
             "estimated_peak_bytes": REQUIRED_BYTES,
