@@ -1225,6 +1225,10 @@ class _Local:
         """Whether this process prints the result."""
         return True
 
+    def leave(self, code):
+        """The exit status, once the result is out."""
+        return code
+
     def where(self, device):
         return f"on {device}"
 
@@ -1342,7 +1346,7 @@ def main(argv=None):
     result.update(job.facts())
     job.finish()
     if not job.reports():
-        return 0
+        return job.leave(0)
     if args.json:
         print(json.dumps(result))
     elif times:
@@ -1353,7 +1357,7 @@ def main(argv=None):
         )
     else:
         print(f"{TRACE['name']}: no timed iterations")
-    return 0
+    return job.leave(0)
 
 
 # Operators, resolved once; every call below goes straight to the dispatcher.
