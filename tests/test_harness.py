@@ -133,6 +133,22 @@ def test_the_distributed_job_replays_its_rank_alone_without_a_launcher(monkeypat
     assert job.et_path("out/replay.json") == "out/replay.rank0.json"
 
 
+def test_a_rank_that_communicated_leaves_without_interpreter_teardown(monkeypatch, capsys):
+    """A profile keeps the process group's gloo threads alive past
+    destroy_process_group, and one still freeing a collective's tensors during
+    interpreter teardown aborts the process: a rank that communicated flushes its
+    output and leaves with os._exit; one that did not returns its status."""
+    left = []
+    monkeypatch.setattr(dist.os, "_exit", left.append)
+    job = dist._Ranks()
+    job.comm = False
+    assert job.leave(3) == 3 and left == []
+    job.comm = True
+    print("result")
+    job.leave(0)
+    assert left == [0] and capsys.readouterr().out == "result\n"
+
+
 def test_each_rank_replays_with_its_own_original(monkeypatch):
     """The job picks its rank's Kineto facts from RANKS (its gaps' calibration reads
     them); the result reports the slowest rank's original step, as iterations are
