@@ -22,11 +22,15 @@ demo: install
 	$(BIN)/mystique-gen examples/traces/mlp_sgd.et.json.gz -o generated/mlp_sgd.py
 	$(BIN)/python generated/mlp_sgd.py --device cpu --warmup 5 --iters 50
 
+# Two pytest workers (pytest-xdist): most tests wait on subprocesses, and two of them
+# run in about half the time on two cores. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 lint: install
 	$(BIN)/ruff check mystique_gen tests scripts examples
