@@ -7,11 +7,12 @@ classification, from its default config shrunk generically (no weights are
 downloaded; where the model does not build or run eagerly from that, with fewer
 attributes shrunk), captures one training step (loss, backward, AdamW) and one inference
 step each, generates a benchmark with the CLI, replays it standalone
-(``--warmup 0 --iters 1 --et replay.json``, with ``mystique_gen`` unimportable) and
-compares the top-level op multisets by overload.
+(``--warmup 0 --iters 3 --reset-inputs off --json --et replay.json``, with
+``mystique_gen`` unimportable), compares the top-level op multisets by overload, and
+checks that no input the replay writes ends NaN or inf (``nonfinite_inputs``).
 
 Outcomes: ``skip`` (the model cannot be built or run eagerly from a tiny config: not
-our failure), ``gen error``, ``run error``, ``op mismatch``, ``pass``. Each failure
+our failure), ``gen error``, ``run error``, ``op mismatch``, ``nonfinite``, ``pass``. Each failure
 prints the first line of its error.
 
 Environment: SWEEP_ONLY=substr,... (architecture names containing any), SWEEP_KINDS=
@@ -46,7 +47,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("causal", "masked", "seq2seq", "image")
-OUTCOMES = ("skip", "capture error", "gen error", "run error", "op mismatch", "pass")
+OUTCOMES = ("skip", "capture error", "gen error", "run error", "op mismatch", "nonfinite",
+            "pass")
+# Timed iterations of each replay, without --reset-inputs: a training replay that
+# carries NaN or inf into its weights (a value outside some op's domain) shows it in
+# --json's nonfinite_inputs (the outcome ``nonfinite``).
+REPLAY_ITERS = 3
 BATCH, SEQ, IMAGE = 2, 16, 32
 VOCAB = 256
 
@@ -462,10 +468,12 @@ def run_step(kind: str, arch: str, train: bool, work: Path) -> dict[str, object]
               "sys.argv = sys.argv[1:]; runpy.run_path(path, run_name='__main__')")
     env.pop("PYTHONPATH", None)
     run = subprocess.run([sys.executable, "-c", runner, str(bench), "--device", "cpu",
-                          "--warmup", "0", "--iters", "1", "--et", str(replay_et)],
+                          "--warmup", "0", "--iters", str(REPLAY_ITERS), "--reset-inputs",
+                          "off", "--json", "--et", str(replay_et)],
                          capture_output=True, text=True, env=env, check=False, cwd=work)
     if run.returncode != 0:
         return {"outcome": "run error", "error": _stderr_error(run.stderr)}
+    nonfinite = json.loads(run.stdout.strip().splitlines()[-1]).get("nonfinite_inputs")
     original = op_multiset(result.et_path, by_overload=True)
     replayed = op_multiset(replay_et, by_overload=True)
     match = multiset_match(original, replayed)
@@ -475,6 +483,9 @@ def run_step(kind: str, arch: str, train: bool, work: Path) -> dict[str, object]
         row.update(outcome="op mismatch",
                    error=f"missing {dict(missing.most_common(3))} extra "
                          f"{dict(extra.most_common(3))}")
+    elif nonfinite:
+        row.update(outcome="nonfinite", error=f"NaN or inf after {REPLAY_ITERS} iterations "
+                                              f"in {', '.join(nonfinite[:3])}")
     else:
         row["outcome"] = "pass"
     return row
