@@ -68,6 +68,14 @@ def test_uniform_fill_is_in_range_in_every_dtype_and_seeded(dtype):
     assert torch.equal(first.view(torch.uint8), fill().view(torch.uint8))
 
 
+def _main_replaying(monkeypatch, make_inputs, replay, ops):
+    """runtime.main's module set as a generated file sets it, for one local process."""
+    monkeypatch.setattr(runtime, "make_inputs", make_inputs)
+    monkeypatch.setattr(runtime, "replay", replay)
+    monkeypatch.setattr(runtime, "OPS", ops)
+    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+
+
 def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
     """runtime.main as a generated file runs it: its inputs, replay and job."""
     calls = []
@@ -79,10 +87,7 @@ def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
         calls.append(1)
         inputs["x"].mul_(2.0)  # a training step updates its inputs in place
 
-    monkeypatch.setattr(runtime, "make_inputs", make_inputs)
-    monkeypatch.setattr(runtime, "replay", replay)
-    monkeypatch.setattr(runtime, "OPS", 1)
-    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    _main_replaying(monkeypatch, make_inputs, replay, 1)
     assert runtime.main(["--device", "cpu", "--warmup", "1", "--iters", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # One warm-up, three timed, and one untimed step that measures peak_bytes.
@@ -105,10 +110,7 @@ def test_main_names_the_inputs_an_iteration_left_nan_or_inf(monkeypatch, capsys)
     def replay(inputs, device, host):
         inputs["weight"].add_(inputs["data"].sub(2.0).sqrt())  # sqrt(-1): NaN
 
-    monkeypatch.setattr(runtime, "make_inputs", make_inputs)
-    monkeypatch.setattr(runtime, "replay", replay)
-    monkeypatch.setattr(runtime, "OPS", 2)
-    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    _main_replaying(monkeypatch, make_inputs, replay, 2)
     argv = ["--device", "cpu", "--warmup", "1", "--iters", "2", "--json"]
     assert runtime.main([*argv, "--reset-inputs", "on"]) == 0
     captured = capsys.readouterr()
@@ -229,9 +231,7 @@ def test_main_reports_peak_bytes_and_profiles_one_step_per_iteration(
     def replay(inputs, device, host):
         inputs["x"].add_(torch.ones(1000))
 
-    monkeypatch.setattr(runtime, "make_inputs", lambda d, h, g: {"x": torch.ones(1000)})
-    monkeypatch.setattr(runtime, "replay", replay)
-    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    _main_replaying(monkeypatch, lambda d, h, g: {"x": torch.ones(1000)}, replay, 1)
     argv = ["--device", "cpu", "--warmup", "1", "--iters", "4", "--json",
             "--profile", str(tmp_path)]
     assert runtime.main(argv) == 0

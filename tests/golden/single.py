@@ -607,8 +607,8 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
         iterations.append((start, stop, {t: v for t, v in top.items() if v}))
     means, busy = [], []
     for _, _, top in iterations:
-        spans = [span for spans in top.values() for span in spans]
-        busy.append((sum(b - a for a, b in spans), len(spans)))
+        all_spans = [span for spans in top.values() for span in spans]
+        busy.append((sum(b - a for a, b in all_spans), len(all_spans)))
         gaps = [
             b[0] - a[1]
             for spans in top.values()
@@ -968,6 +968,11 @@ def _versions(inputs):
     return {name: t._version for name, t in inputs.items()}
 
 
+def _written(inputs, versions):
+    """The names of the inputs written since `versions` (`_versions`)."""
+    return [name for name, t in inputs.items() if t._version != versions.get(name)]
+
+
 def _written_only(snapshot, inputs, versions):
     """The snapshot's storages that some iteration since `versions` wrote (a weight, an
     optimizer state); the others need no reset. Restoring every input before each
@@ -975,9 +980,7 @@ def _written_only(snapshot, inputs, versions):
     EmbeddingBag model's four 640 KB tables: 68 us a replay without the reset, 200 us
     with it) where the original step found them warm."""
     written = {
-        inputs[name].untyped_storage().data_ptr()
-        for name, version in versions.items()
-        if inputs[name]._version != version
+        inputs[name].untyped_storage().data_ptr() for name in _written(inputs, versions)
     }
     return [
         (storage, saved) for storage, saved in snapshot if storage.data_ptr() in written
@@ -993,10 +996,9 @@ def _nonfinite_written(inputs, versions):
     the original's did."""
     return sorted(
         name
-        for name, t in inputs.items()
-        if t._version != versions.get(name)
-        and (t.is_floating_point() or t.is_complex())
-        and not bool(torch.isfinite(t).all())
+        for name in _written(inputs, versions)
+        if (inputs[name].is_floating_point() or inputs[name].is_complex())
+        and not bool(torch.isfinite(inputs[name]).all())
     )
 
 
