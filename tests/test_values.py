@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.render import format_with_black
@@ -15,7 +16,7 @@ from mystique_gen.driver import build_program, generate, generate_source
 from mystique_gen.ir import Init
 from mystique_gen.oprules import op_category
 from mystique_gen.passes.values import recorded_values
-from mystique_gen.sources.et import trace_from_document
+from mystique_gen.sources.et import load_trace, trace_from_document
 from mystique_gen.tools.capture import capture, capture_script
 from mystique_gen.tools.compare import (
     compare_traces,
@@ -179,10 +180,6 @@ def test_loss_targets_in_their_domains_keep_a_training_replay_finite(tmp_path):
     (Poisson NLL) non-negative: filled U(-1, 1), KL's log of a negative target made
     every weight NaN in one step, and an EmbeddingBag recommender's BCE drove its
     weights to NaN within a hundred iterations without --reset-inputs."""
-    import torch.nn.functional as F
-
-    from mystique_gen.sources.et import load_trace
-
     torch.manual_seed(0)
     net = torch.nn.Linear(8, 4)
     x, labels = torch.randn(16, 8), torch.rand(16, 4)
