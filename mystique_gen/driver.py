@@ -74,6 +74,7 @@ from mystique_gen.sources.kineto import (
     load_kineto,
     profile_beside,
     sidecar_beside,
+    step_ms_of,
 )
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -89,6 +90,7 @@ class Source:
     kineto: KinetoTrace | None = None  # the profiler trace of the same run (--kineto)
     profile: KinetoTrace | None = None  # profile-only steps beside it (host gaps)
     host_probe_us: float | None = None  # the capture host's speed while profiling them
+    step_ms: float | None = None  # the eager step the capture timed (its step.json)
 
 
 def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
@@ -108,6 +110,7 @@ def link_source(source: Source, kineto: KinetoTrace, path: str | Path) -> None:
     source.kineto = kineto
     source.profile = load_kineto(profile) if profile is not None else None
     source.host_probe_us = host_probe_of(sidecar) if profile is not None else None
+    source.step_ms = step_ms_of(sidecar)
 
 
 KinetoPaths = str | Path | Sequence[str | Path] | None
@@ -304,6 +307,8 @@ def link_kineto(program: Program, build: Build) -> Program:
     source = build.sources[0]
     if source.kineto is not None:
         build.links = link.attach_timing(program, source.trace, source.kineto)
+        if program.timing is not None:
+            program.timing.measured_step_ms = source.step_ms
     return program
 
 

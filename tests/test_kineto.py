@@ -123,8 +123,25 @@ def test_linked_cpu_replay_runs_and_reports_original(pair, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = last_json(proc.stdout)
         assert out["host_gaps"] == mode
-        assert out["original_ms"] > 0
+        # The clock: the eager step the capture timed, not the span of the step it
+        # recorded under the profiler and the ET observer (several times longer).
+        sidecar = json.loads(pair[1].with_name("mlp.step.json").read_text())
+        assert out["original_ms"] == pytest.approx(sidecar["step_ms_median"], abs=1e-4)
+        assert "step.json" in out["original_ms_from"]
         assert out["original_ratio"] == pytest.approx(out["iter_ms_median"] / out["original_ms"])
+
+
+def test_original_step_without_a_capture_sidecar_is_the_profiled_span(pair, tmp_path):
+    """A Kineto trace from another tool has no measured step beside it: the benchmark
+    reports the recorded step's span and says that it was profiled."""
+    kineto = tmp_path / "other.kineto.json"
+    kineto.write_bytes(pair[1].read_bytes())  # no other.step.json beside it
+    program = compile_trace(pair[0], kineto=kineto)
+    timing = program.timing
+    assert timing is not None and timing.measured_step_ms is None
+    assert timing.step_ms == timing.original_ms and "ET observer" in timing.step_ms_from
+    with_sidecar = compile_trace(pair[0], kineto=pair[1]).timing
+    assert with_sidecar is not None and with_sidecar.step_ms < timing.step_ms
 
 
 def test_hta_pair_links(shared_traces):
@@ -197,7 +214,9 @@ def test_two_stream_trace_emits_streams_and_events(tmp_path):
     assert TWO_STREAM_REPLAY in text
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["original_ms"] == pytest.approx(0.094)
+    out = last_json(proc.stdout)
+    assert out["original_ms"] == pytest.approx(0.094)
+    assert "Kineto span" in out["original_ms_from"]
 
 
 def test_stream_waits_follow_in_place_writes(tmp_path):

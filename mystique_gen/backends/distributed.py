@@ -107,7 +107,8 @@ def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
         if timing is not None:
             lines.append(f"    Kineto {d(timing.kineto, 60)} (sha256 {timing.sha256}): "
                          f"{timing.linked_ops} ops linked, step "
-                         f"{round(timing.original_ms, 4)} ms; host gaps: "
+                         f"{round(timing.step_ms, 4)} ms ({d(timing.step_ms_from, 80)}); "
+                         "host gaps: "
                          f"{d(timing.host_gaps, 80)}"
                          + (" (with the ET observer attached)" if timing.observer_in_gaps
                             else ""))

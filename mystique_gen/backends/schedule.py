@@ -199,7 +199,8 @@ def original_lines(program: Program, rank: int | None = None) -> list[str]:
     fields = (
         ("kineto", exprs.str_literal(exprs.docstring_line(timing.kineto, 200))),
         ("sha256", exprs.str_literal(timing.sha256)),
-        ("step_ms", exprs.float_literal(round(timing.original_ms, 4))),
+        ("step_ms", exprs.float_literal(round(timing.step_ms, 4))),
+        ("step_ms_from", exprs.str_literal(timing.step_ms_from)),
         ("linked_ops", str(timing.linked_ops)),
         ("host_gaps", exprs.str_literal(exprs.docstring_line(timing.host_gaps, 200))),
         ("observer_in_gaps", str(timing.observer_in_gaps)),

@@ -273,6 +273,27 @@ class ProgramTiming:
     # recorded the gaps: ``--host-gaps scaled`` scales them by its own over this.
     host_probe_us: float | None = None
     tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
+    # The eager step the capture timed with no recorder attached (its step.json), where
+    # one is beside the Kineto trace. The Kineto span above is a profiled step, with the
+    # ET observer attached where linked by id: 10x the eager step, measured on an
+    # embedding model's training step.
+    measured_step_ms: float | None = None
+
+    @property
+    def step_ms(self) -> float:
+        """The original step time a replay is compared with: the measured eager step
+        where known, else the Kineto span (see :attr:`step_ms_from`)."""
+        return self.measured_step_ms if self.measured_step_ms is not None \
+            else self.original_ms
+
+    @property
+    def step_ms_from(self) -> str:
+        """Where :attr:`step_ms` comes from, in words."""
+        if self.measured_step_ms is not None:
+            return "eager steps, measured (the capture's step.json)"
+        if self.observer_in_gaps:
+            return "Kineto span of the recorded step, ET observer attached"
+        return "Kineto span of the recorded step, profiled"
 
 
 @dataclass

@@ -223,6 +223,13 @@ def host_probe_of(sidecar: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
+def step_ms_of(sidecar: dict[str, Any]) -> float | None:
+    """The eager step time the capture measured without any recorder attached (the
+    sidecar's ``step_ms_median``), if any: the clock a replay is compared with."""
+    value = sidecar.get("step_ms_median")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
 def begun_between(starts: list[float], begin: float, end: float) -> int:
     """How many of the sorted start times lie in [begin, end): the scopes begun in a
     host gap (passes/link.py, passes/hostgaps.py count them the same way)."""

@@ -1340,6 +1340,8 @@ def main(argv=None):
     original_ms = job.original_ms()
     if original_ms is not None:
         result["original_ms"] = original_ms
+        # A profiled step, where no measured one was beside the trace: say which.
+        result["original_ms_from"] = (job.original() or {}).get("step_ms_from")
         if times and original_ms:
             result["original_ratio"] = result["iter_ms_median"] / original_ms
     if args.et:

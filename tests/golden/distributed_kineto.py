@@ -36,14 +36,16 @@ Distributed: recorded on 2 rank(s); this file replays rank(s) 0, 1
     3 replayed ops (1 collectives), 0 not replayed
     Kineto rank-0.kineto.json (sha256
       96ea05cd2b22d74522bbcbb60ed76c2c36357a6a4a303fe54b522fb62dd4e388): 3 ops
-      linked, step 0.085 ms; host gaps: linked (with the ET observer attached)
+      linked, step 0.085 ms (Kineto span of the recorded step, ET observer
+      attached); host gaps: linked (with the ET observer attached)
   rank 1: rank-1.json
     sha256 2f37c9784e30662c9d6895f9264c9956fb62fc56a06e9f85b043f58fc4e1bea1, schema
       1.1.1-chakra.0.0.4, 7 nodes
     3 replayed ops (1 collectives), 0 not replayed
     Kineto rank-1.kineto.json (sha256
       f87cf5cbb6b068ea60c216a16478f2134c2155a1dfffb823eefbc450a8a27a57): 3 ops
-      linked, step 0.125 ms; host gaps: linked (with the ET observer attached)
+      linked, step 0.125 ms (Kineto span of the recorded step, ET observer
+      attached); host gaps: linked (with the ET observer attached)
 Process groups (new_group on every rank, in this order):
   - 0 (default_pg): 2 rank(s), members not listed
 """
@@ -1364,6 +1366,8 @@ def main(argv=None):
     original_ms = job.original_ms()
     if original_ms is not None:
         result["original_ms"] = original_ms
+        # A profiled step, where no measured one was beside the trace: say which.
+        result["original_ms_from"] = (job.original() or {}).get("step_ms_from")
         if times and original_ms:
             result["original_ratio"] = result["iter_ms_median"] / original_ms
     if args.et:
@@ -1724,6 +1728,7 @@ ORIGINAL_RANK0 = {
     "kineto": "rank-0.kineto.json",
     "sha256": "96ea05cd2b22d74522bbcbb60ed76c2c36357a6a4a303fe54b522fb62dd4e388",
     "step_ms": 0.085,
+    "step_ms_from": "Kineto span of the recorded step, ET observer attached",
     "linked_ops": 3,
     "host_gaps": "linked",
     "observer_in_gaps": True,
@@ -1769,6 +1774,7 @@ ORIGINAL_RANK1 = {
     "kineto": "rank-1.kineto.json",
     "sha256": "f87cf5cbb6b068ea60c216a16478f2134c2155a1dfffb823eefbc450a8a27a57",
     "step_ms": 0.125,
+    "step_ms_from": "Kineto span of the recorded step, ET observer attached",
     "linked_ops": 3,
     "host_gaps": "linked",
     "observer_in_gaps": True,

@@ -61,6 +61,7 @@ ORIGINAL = {
     "kineto": "gaps.kineto.json",
     "sha256": "3da92845eca9f9d96e498c8e27f703e94612a5ae3e927e091c9f61eaeada3d49",
     "step_ms": 0.0665,
+    "step_ms_from": "Kineto span of the recorded step, ET observer attached",
     "linked_ops": 3,
     "host_gaps": "linked",
     "observer_in_gaps": True,
@@ -1353,6 +1354,8 @@ def main(argv=None):
     original_ms = job.original_ms()
     if original_ms is not None:
         result["original_ms"] = original_ms
+        # A profiled step, where no measured one was beside the trace: say which.
+        result["original_ms_from"] = (job.original() or {}).get("step_ms_from")
         if times and original_ms:
             result["original_ratio"] = result["iter_ms_median"] / original_ms
     if args.et:

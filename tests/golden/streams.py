@@ -62,6 +62,7 @@ ORIGINAL = {
     "kineto": "two_stream.kineto.json",
     "sha256": "53af376ec5d221f4d2cbd99c543098d4f7eb8875271b1a09c9269ee2b109cbcc",
     "step_ms": 0.094,
+    "step_ms_from": "Kineto span of the recorded step, ET observer attached",
     "linked_ops": 5,
     "host_gaps": "linked",
     "observer_in_gaps": True,
@@ -1360,6 +1361,8 @@ def main(argv=None):
     original_ms = job.original_ms()
     if original_ms is not None:
         result["original_ms"] = original_ms
+        # A profiled step, where no measured one was beside the trace: say which.
+        result["original_ms_from"] = (job.original() or {}).get("step_ms_from")
         if times and original_ms:
             result["original_ratio"] = result["iter_ms_median"] / original_ms
     if args.et:
