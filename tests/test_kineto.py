@@ -165,6 +165,8 @@ def test_inspect_kineto_json(shared_traces, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["linked_ops"] == out["selected_ops"] == 10
     assert out["streams"] == [{"stream": 7, "ops": 4, "kernels": 4, "main": True}]
+    # No capture sidecar beside HTA's pair: the step is the recorded span, so named.
+    assert out["step_ms"] == out["original_ms"] and "Kineto span" in out["step_ms_from"]
 
 
 def test_kineto_loader_errors_are_clean():

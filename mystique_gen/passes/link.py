@@ -213,6 +213,9 @@ def timing_summary(program: Program) -> dict[str, object]:
         "linked_ops": timing.linked_ops if timing else 0,
         "link_methods": timing.link_methods if timing else {},
         "original_ms": timing.original_ms if timing else None,
+        # What a benchmark's original_ratio divides by, and where it comes from.
+        "step_ms": timing.step_ms if timing else None,
+        "step_ms_from": timing.step_ms_from if timing else None,
         "kernels": kernels,
         "streams": [{"stream": s.stream, "ops": s.ops, "kernels": s.kernels, "main": s.main}
                     for s in program.streams],
