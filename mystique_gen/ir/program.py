@@ -290,7 +290,7 @@ class ProgramTiming:
     def step_ms_from(self) -> str:
         """Where :attr:`step_ms` comes from, in words."""
         if self.measured_step_ms is not None:
-            return "eager steps, measured (the capture's step.json)"
+            return "eager steps the capture measured, its step.json"
         if self.observer_in_gaps:
             return "Kineto span of the recorded step, ET observer attached"
         return "Kineto span of the recorded step, profiled"

@@ -219,14 +219,17 @@ def profile_beside(kineto: str | Path, sidecar: dict[str, Any] | None = None) ->
 def host_probe_of(sidecar: dict[str, Any]) -> float | None:
     """The capture host's Python speed while it profiled its profile-only steps (the
     sidecar's ``host_probe_us``: ``_host_probe_us`` of harness/runtime.py), if any."""
-    value = sidecar.get("host_probe_us")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+    return _positive(sidecar, "host_probe_us")
 
 
 def step_ms_of(sidecar: dict[str, Any]) -> float | None:
     """The eager step time the capture measured without any recorder attached (the
     sidecar's ``step_ms_median``), if any: the clock a replay is compared with."""
-    value = sidecar.get("step_ms_median")
+    return _positive(sidecar, "step_ms_median")
+
+
+def _positive(sidecar: dict[str, Any], key: str) -> float | None:
+    value = sidecar.get(key)
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
