@@ -63,6 +63,7 @@ from mystique_gen.passes.select import release_covered_arguments, select_ops
 from mystique_gen.passes.tensors import plan_tensors
 from mystique_gen.passes.values import (
     RecordedValues,
+    ScalarRecord,
     assign_values,
     recorded_values,
     resources_dir,
@@ -73,6 +74,7 @@ from mystique_gen.sources.kineto import (
     host_probe_of,
     load_kineto,
     profile_beside,
+    scalars_of,
     sidecar_beside,
     step_ms_of,
 )
@@ -91,12 +93,15 @@ class Source:
     profile: KinetoTrace | None = None  # profile-only steps beside it (host gaps)
     host_probe_us: float | None = None  # the capture host's speed while profiling them
     step_ms: float | None = None  # the eager step the capture timed (its step.json)
+    # 0-d floating argument values the capture recorded beside the trace (step.json)
+    scalars: ScalarRecord = field(default_factory=dict)
 
 
 def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
     """A trace file, its resources folder and, with ``kineto``, the Kineto trace and the
     capture's profile-only trace named beside it."""
-    source = Source(load_trace(path), resources_dir(path))
+    source = Source(load_trace(path), resources_dir(path),
+                    scalars=scalars_of(sidecar_beside(path)))
     if kineto is not None:
         link_source(source, load_kineto(kineto), kineto)
     return source
@@ -178,7 +183,7 @@ def lower_sources(program: Program, build: Build) -> Program:
     """Select, filter, lower, rename and retarget every trace; compose and repeat."""
     options = build.options
     names: dict[tuple[int, int, int], int] = {}
-    parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume)
+    parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume, s.scalars)
              for k, s in enumerate(build.sources)]
     lines: list[str] = []
     if len(parts) > 1:
@@ -222,7 +227,8 @@ def lower_sources(program: Program, build: Build) -> Program:
 
 
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
-                names: dict[tuple[int, int, int], int], consume: bool) -> Part:
+                names: dict[tuple[int, int, int], int], consume: bool,
+                scalars: ScalarRecord | None = None) -> Part:
     """``consume``: the caller no longer needs the trace's recorded arguments, so
     lowering may release them as it goes."""
     selection = select_ops(trace)
@@ -230,12 +236,12 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     kept, lines = filter_selection(trace, selection, options)
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops)
-    recorded = recorded_values(trace, resources)
+    recorded = recorded_values(trace, resources, scalars)
     comm = CommLowering(trace)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume)
     rename_storages(ops, lifetimes, k, names)
     part_notes = []
-    numbers = replay_wrapped_numbers(ops)
+    numbers = replay_wrapped_numbers(ops, recorded)
     if numbers:
         part_notes.append(f"{numbers} wrapped Python numbers (0-d tensor arguments whose "
                           "recorded result dtype shows scalar type promotion) replay as "

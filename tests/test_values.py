@@ -207,6 +207,40 @@ def test_loss_targets_in_their_domains_keep_a_training_replay_finite(tmp_path):
     assert last_json(proc.stdout)["nonfinite_inputs"] == []
 
 
+def test_recorded_constants_keep_a_gated_recurrence_finite(tmp_path):
+    """RecurrentGemma's gate, exp(-8.0 * sigmoid(x) * softplus(a)): the ET records the
+    wrapped -8.0 as a 0-d tensor without its value, and a stand-in near 1 made
+    sqrt(1 - gate^2) NaN in the first iteration. The capture records such values
+    (step.json's scalars) and the replay fills them; where the recorded calls do not
+    pair up with the trace's one for one, it keeps the stand-in."""
+    torch.manual_seed(0)
+    lin, gate = torch.nn.Linear(8, 8), torch.nn.Parameter(torch.randn(8))
+    x = torch.randn(4, 8)
+    opt = torch.optim.SGD([*lin.parameters(), gate], lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        log_gate = -8.0 * torch.sigmoid(lin(x)) * F.softplus(gate)
+        (torch.sqrt(1 - torch.exp(2 * log_gate)) * x).sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="gate", kineto=False, timing_iters=1)
+    sidecar = json.loads(result.sidecar_path.read_text())
+    assert -8.0 in sidecar["scalars"]["aten::mul.Tensor"]["1"]
+    bench = tmp_path / "gate_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert '"uniform", -8.0, -8.0' in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "3",
+                         "--reset-inputs", "off", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+    # One value more than the trace has calls: none is trusted.
+    sidecar["scalars"]["aten::mul.Tensor"]["1"].append(-8.0)
+    result.sidecar_path.write_text(json.dumps(sidecar))
+    assert '"uniform", -8.0, -8.0' not in generate(result.et_path, bench,
+                                                   GenerateOptions(command_line="test"))
+
+
 def test_a_layer_is_filled_as_its_module_initialises_it():
     """nn.Linear's weight and bias within 1/sqrt(fan-in); the input it multiplies is an
     activation, filled like data (U(-1, 1)), not within a fan-in of its own."""
@@ -541,6 +575,8 @@ def test_capture_script_then_compare_replay(tmp_path, capsys):
     assert (profiled.iterations, profiled.cold_steps_dropped) == (8, 1)
     assert sidecar["step_ms_median"] > 0
     assert "tensor_range" in (out / "tr.et.json").read_text()
+    # The step after the recorded one records 0-d values (Adam's, as wrapped numbers).
+    assert sidecar["scalars"] and all(sidecar["scalars"].values())
     bench = out / "bench.py"
     generate(out / "tr.et.json", bench, GenerateOptions(command_line="test"))
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3",

@@ -14,29 +14,35 @@ tensor, no recorded op made or wrote its storage before, every dimensioned tenso
 argument is boolean or integral, and the op returned a floating tensor of another
 dtype, which a 0-d float64 tensor argument could not have produced. (Wrapped integers
 and booleans promote as 0-d tensors of their dtype would: nothing to tell apart.
-Complex numbers are left as they are.) The number is 1.0, which neither zeroes nor
-overflows what it scales or divides; the trace records no float values.
+Complex numbers are left as they are.) The number is the value the capture recorded
+(``mystique_gen.tools.capture``), else 1.0, which neither zeroes nor overflows what it
+scales or divides: the trace itself records no float values.
 """
 
 from __future__ import annotations
 
 from mystique_gen.ir import Literal, Op, TensorValue, iter_tensors
 from mystique_gen.ir.dtypes import FLOATING, INTEGRAL
+from mystique_gen.passes.values import RecordedValues
 
 _BOOL_OR_INTEGRAL = INTEGRAL | {"bool"}
 
 
-def replay_wrapped_numbers(ops: list[Op]) -> int:
+def replay_wrapped_numbers(ops: list[Op], recorded: RecordedValues | None = None) -> int:
     """Turn the wrapped-number inputs of ``ops`` (one trace, in order) into Python
-    numbers; returns how many."""
+    numbers, each its ``recorded`` value where the capture recorded one
+    (passes/values.py), else 1.0; returns how many."""
     made: set[int] = set()  # storage ids a recorded op returned or wrote
     changed = 0
     for op in ops:
         outputs = [tv for value in op.outputs for tv in iter_tensors(value)]
-        for arg in op.args:
+        rows = recorded.ordinals.get(op.node_id, []) if recorded else []
+        for i, arg in enumerate(op.args):
             tv = arg.value
             if isinstance(tv, TensorValue) and _wrapped(tv, op, outputs, made):
-                arg.value = Literal(1.0)
+                k = rows[i][0] if i < len(rows) and rows[i] else None
+                value = recorded.scalars.get((op.node_id, k)) if recorded else None
+                arg.value = Literal(1.0 if value is None else value)
                 changed += 1
         made.update(tv.storage_id for tv in outputs)
         made.update(tv.storage_id for arg in op.args if arg.spec.writes

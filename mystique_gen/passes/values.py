@@ -3,7 +3,10 @@
 Sources, strongest first:
 
 1. integral data the trace saved in ``<trace>_resources/nid_<node>_tid_<k>.dat``
-   (``ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA``), embedded when small;
+   (``ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA``), embedded when small,
+   and the values of 0-d floating arguments (wrapped Python numbers, mostly) that
+   ``mystique_gen.tools.capture`` recorded in its ``<name>.step.json`` (``scalars``),
+   where every op reading the storage recorded the same value;
 2. data-dependent output sizes (:data:`oprules.SHAPE_RULES`): a mask with the recorded
    number of true values, as many distinct values as ``unique`` returned, repeats that
    add up to the recorded output, jagged lengths that add up to the values;
@@ -62,6 +65,13 @@ class RecordedValues:
     ranges: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     data: dict[tuple[int, int], Path] = field(default_factory=dict)
     ordinals: dict[int, list[list[int | None]]] = field(default_factory=dict)
+    scalars: dict[tuple[int, int], float] = field(default_factory=dict)  # 0-d values
+
+
+# Recorded values per op overload and tensor ordinal, in call order: the capture
+# sidecar's ``scalars`` (mystique_gen.tools.capture.record_scalars).
+ScalarRecord = dict[str, dict[str, list[float]]]
+_FLOAT_TYPES = ("float", "double", "Half", "BFloat16", "Float8")
 
 
 def resources_dir(trace_path: str | Path) -> Path | None:
@@ -106,9 +116,15 @@ def _parse_range(text: object, node_id: int) -> dict[int, tuple[int, int]]:
                          field="tensor_range") from None
 
 
-def recorded_values(trace: RawTrace, resources: Path | None = None) -> RecordedValues:
-    """Ranges and saved data of every node that has them."""
+def recorded_values(trace: RawTrace, resources: Path | None = None,
+                    scalars: ScalarRecord | None = None) -> RecordedValues:
+    """Ranges and saved data of every node that has them, and the recorded values of
+    0-d floating inputs (:func:`match_scalars`)."""
     found = RecordedValues()
+    if scalars:
+        found.scalars = match_scalars(trace, scalars)
+        for node_id, _ in found.scalars:
+            found.ordinals.setdefault(node_id, [])
     saved: dict[tuple[int, int], Path] = {}
     if resources is not None:
         for f in resources.glob("nid_*_tid_*.dat"):
@@ -126,7 +142,47 @@ def recorded_values(trace: RawTrace, resources: Path | None = None) -> RecordedV
     for key, f in saved.items():
         if key[0] in found.ordinals:
             found.data[key] = f
+    by_id = {node.id: node for node in trace.nodes}
+    for node_id, row in found.ordinals.items():
+        if not row:
+            found.ordinals[node_id] = _ordinals(by_id[node_id].inputs)
     return found
+
+
+def match_scalars(trace: RawTrace, recorded: ScalarRecord) -> dict[tuple[int, int], float]:
+    """(node id, tensor ordinal) -> value: the k-th recorded value of an op overload's
+    ordinal is its k-th node (in id order, the call order) whose input at that ordinal
+    is a 0-d floating CPU tensor. Where the counts differ (the recorded step ran other
+    ops), that overload and ordinal get no values: better a stand-in than a value
+    from another call."""
+    sites: dict[tuple[str, int], list[int]] = {}
+    for node in trace.nodes:
+        op = node.op_schema.split("(", 1)[0].strip()
+        if op not in recorded:
+            continue
+        k = 0
+        for raw in node.inputs:
+            if raw.type.startswith("Tensor"):
+                if _scalar_tensor(raw):
+                    sites.setdefault((op, k), []).append(node.id)
+                k += 1
+            elif "List[" in raw.type and isinstance(raw.value, list):
+                k += sum(1 for t in list_element_types(raw.type, len(raw.value))
+                         if t.startswith("Tensor"))
+    found: dict[tuple[int, int], float] = {}
+    for (op, k), node_ids in sites.items():
+        values = recorded[op].get(str(k), [])
+        if len(values) == len(node_ids):
+            found.update(((nid, k), float(v)) for nid, v in zip(node_ids, values, strict=True))
+    return found
+
+
+def _scalar_tensor(raw: RawArg) -> bool:
+    """A 0-d floating CPU tensor, as the ET records one."""
+    record = raw.value
+    device = record[5] if isinstance(record, list) and len(record) > 5 else None
+    return raw.shape == [] and device in ("cpu", None) and \
+        any(t in raw.type for t in _FLOAT_TYPES)
 
 
 def _arg_facts(op: Op) -> dict[str, object]:
@@ -198,6 +254,7 @@ class _Facts:
         self.bias_fan_in: dict[int, int] = {}  # a bias: its weight's fan-in
         self.activation: set[int] = set()  # the input a weight multiplies: not a weight
         self.scalar: set[int] = set()  # storages viewed as 0-d tensors
+        self.scalar_values: dict[int, list[float]] = {}  # recorded values of 0-d views
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
         self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
 
@@ -293,6 +350,10 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
                 if isinstance(item, TensorValue) and k is not None:
                     facts.recorded(item, recorded.ranges.get((op.node_id, k)),
                                    recorded.data.get((op.node_id, k)))
+                    value = recorded.scalars.get((op.node_id, k))
+                    if value is not None and item.storage is not None \
+                            and not item.meta.shape:
+                        facts.scalar_values.setdefault(item.storage.index, []).append(value)
 
     for arg in op.args:
         if arg.spec.name in oprules.INTEGER_DIVISORS.get(op.name, ()):
@@ -389,6 +450,15 @@ def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object
         facts.bound(item, shape[dim], f"{op.name} {arg_name}[{dim}]")
 
 
+def _one_value(values: list[float]) -> float | None:
+    """The value every op recorded for one storage, if they agree (one 0-d storage may
+    serve several wrapped numbers in turn: then none of them is its value)."""
+    if not values or not all(math.isfinite(v) for v in values):
+        return None
+    low, high = min(values), max(values)
+    return values[0] if high - low <= 1e-12 * max(1.0, abs(high)) else None
+
+
 def _choose(s: Storage, facts: _Facts) -> Init:
     init = _choose_any(s, facts)
     if s.index in facts.divisor and init.kind in ("span", "randint") and init.low <= 0:
@@ -434,6 +504,9 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         kind, low, high = oprules.DEFAULT_INTEGRAL
         return Init(kind, low, high)
     if s.dtype in FLOATING or s.dtype.startswith("complex"):
+        value = _one_value(facts.scalar_values.get(i, []))
+        if value is not None and s.extent == 1 and not s.dtype.startswith("complex"):
+            return Init(FillKind.UNIFORM, value, value, "recorded value")
         if i in facts.float_range:
             low, high, why = facts.float_range[i]
             return Init(FillKind.UNIFORM, low, high, why)

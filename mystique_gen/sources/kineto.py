@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mystique_gen.constants import KINETO_SUFFIX, SIDECAR_SUFFIX
+from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, SIDECAR_SUFFIX
 from mystique_gen.errors import TraceError
 from mystique_gen.sources.et import parse_json_bytes
 
@@ -192,13 +192,15 @@ def _optional_int(value: Any) -> int | None:
     return None
 
 
-def sidecar_beside(kineto: str | Path) -> dict[str, Any]:
-    """The capture's ``<name>.step.json`` next to ``kineto`` (``<name>.kineto.json``),
-    or an empty dict where there is none (another tool's trace)."""
-    kineto = Path(kineto)
-    if not kineto.name.endswith(KINETO_SUFFIX):
+def sidecar_beside(trace: str | Path) -> dict[str, Any]:
+    """The capture's ``<name>.step.json`` next to ``trace`` (its ``<name>.kineto.json``
+    or ``<name>.et.json``), or an empty dict where there is none (another tool's
+    trace)."""
+    trace = Path(trace)
+    suffix = next((s for s in (KINETO_SUFFIX, ET_SUFFIX) if trace.name.endswith(s)), None)
+    if suffix is None:
         return {}
-    sidecar = kineto.with_name(kineto.name[: -len(KINETO_SUFFIX)] + SIDECAR_SUFFIX)
+    sidecar = trace.with_name(trace.name[: -len(suffix)] + SIDECAR_SUFFIX)
     try:
         doc = json.loads(sidecar.read_text())
     except (OSError, ValueError):
@@ -226,6 +228,17 @@ def step_ms_of(sidecar: dict[str, Any]) -> float | None:
     """The eager step time the capture measured without any recorder attached (the
     sidecar's ``step_ms_median``), if any: the clock a replay is compared with."""
     return _positive(sidecar, "step_ms_median")
+
+
+def scalars_of(sidecar: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """The values of 0-d floating arguments the capture recorded (the sidecar's
+    ``scalars``: op overload -> tensor ordinal -> values in call order), if any."""
+    found = sidecar.get("scalars")
+    if not isinstance(found, dict):
+        return {}
+    return {op: {str(k): [float(v) for v in values if isinstance(v, (int, float))]
+                 for k, values in by.items() if isinstance(values, list)}
+            for op, by in found.items() if isinstance(op, str) and isinstance(by, dict)}
 
 
 def _positive(sidecar: dict[str, Any], key: str) -> float | None:

@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +34,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mystique_gen import oprules
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
@@ -170,6 +171,66 @@ class _Recorder:
             self.env.__exit__(None, None, None)
 
 
+class _ScalarRecorder(TorchDispatchMode):
+    """Records the value of every 0-d floating tensor argument of every op, by op
+    overload and tensor ordinal (the ET's: every tensor among the inputs, list elements
+    included, in schema order), in call order.
+
+    The ET records a tensor's metadata, not its values, and 0-d floating tensors are
+    mostly Python numbers wrapped by the argument parser: model constants (the -8.0 of
+    RecurrentGemma's gate, ``-8.0 * gate * softplus(a)``, whose square root of ``1 -
+    exp(2x)`` a positive stand-in turns to NaN), optimizer betas and step sizes. The
+    values pass fills them with these (passes/values.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, dict[int, list[float]]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        with suppress(Exception):  # recording never fails the step it watches
+            self._record(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _record(self, func, args, kwargs) -> None:  # noqa: ANN001
+        schema = func._schema
+        key = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        ordinal = 0
+        for i, spec in enumerate(schema.arguments):
+            value = args[i] if i < len(args) else kwargs.get(spec.name)
+            if "Tensor" not in str(spec.type):
+                continue
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                # A wrapped number reaches __torch_dispatch__ as the Python number;
+                # the ET records it as a 0-d tensor, at this ordinal.
+                number = isinstance(item, float) or (
+                    isinstance(item, torch.Tensor) and item.dim() == 0
+                    and item.is_floating_point() and item.device.type == "cpu")
+                if number:
+                    self.values.setdefault(key, {}).setdefault(ordinal, []).append(
+                        float(item.detach() if isinstance(item, torch.Tensor) else item))
+                if number or isinstance(item, (torch.Tensor, int, bool, complex)):
+                    ordinal += 1
+
+
+    def recorded(self) -> dict[str, dict[str, list[float]]]:
+        """What was recorded, as the sidecar stores it:
+        ``{"aten::mul.Tensor": {"1": [values...]}}``."""
+        return {op: {str(k): v for k, v in sorted(by.items())}
+                for op, by in sorted(self.values.items())}
+
+
+def record_scalars(step_fn: Callable[[], object]) -> dict[str, dict[str, list[float]]]:
+    """The 0-d floating arguments of one call of ``step_fn`` (:class:`_ScalarRecorder`)."""
+    recorder = _ScalarRecorder()
+    try:
+        with recorder:
+            step_fn()
+    except Exception:  # noqa: BLE001 (a step that cannot run under a mode: no values)
+        return {}
+    return recorder.recorded()
+
+
 def _step_peak(trace: Path) -> int:
     """What the recorded step allocated at once above what was live before it, on the
     accelerator where it allocated any, else on the CPU: the original's side of the
@@ -233,6 +294,8 @@ def capture(
         step_fn()
     finally:
         recorder.stop()
+    # One more step, under a dispatch mode that slows it: the values the ET leaves out.
+    scalars = record_scalars(step_fn)
     if recorder.profile_path is not None:
 
 
@@ -245,7 +308,8 @@ def capture(
         finally:
             recorder.stop_profile()
     return _write_sidecar(out, name, times, warmup, recorder,
-                          {"boundary": "step_fn call", "profile_steps": max(1, profile_steps)})
+                          {"boundary": "step_fn call", "profile_steps": max(1, profile_steps),
+                           "scalars": scalars})
 
 
 class CaptureDone(BaseException):
@@ -261,8 +325,9 @@ class ScriptError(Exception):
 
 @dataclass
 class _StepClock:
-    """Optimizer-step boundaries: warm-up, timed steps, one recorded step, then (with
-    Kineto) ``profile_steps`` steps profiled without the ET observer, each in a
+    """Optimizer-step boundaries: warm-up, timed steps, one recorded step, one under
+    the scalar recorder (:func:`record_scalars`), then (with Kineto) ``profile_steps``
+    steps profiled without the ET observer, each in a
     ``MystiqueProfiledStep`` annotation as :func:`capture` profiles them, so that
     ``compare`` and the host gaps see warm steps one by one."""
 
@@ -279,6 +344,9 @@ class _StepClock:
     def __post_init__(self) -> None:
         self.times: list[float] = []
         self.scope: record_function | None = None
+        # The step after the recorded one runs under it (record_scalars).
+        self.scalar_mode: _ScalarRecorder | None = None
+        self.scalars: dict[str, dict[str, list[float]]] = {}
 
     def on_step(self) -> None:
         _sync()
@@ -296,6 +364,11 @@ class _StepClock:
         if self.recording:
             self.recorder.stop()
             self.recording = False
+            self.scalar_mode = _ScalarRecorder()
+            self.scalar_mode.__enter__()
+            return
+        if self.scalar_mode is not None:
+            self.finish_scalars()
             if self.recorder.profile_path is None:
                 raise CaptureDone
             self.recorder.start_profile()
@@ -309,6 +382,13 @@ class _StepClock:
             self.recorder.start()
             self.recording = True
         self.last = time.perf_counter()
+
+    def finish_scalars(self) -> None:
+        """Leave the scalar recorder's mode and keep what it recorded."""
+        if self.scalar_mode is not None:
+            self.scalar_mode.__exit__(None, None, None)
+            self.scalars = self.scalar_mode.recorded()
+            self.scalar_mode = None
 
     def finish_profile(self) -> None:
         """Stop profiling; a step the script did not finish is not annotated."""
@@ -421,16 +501,19 @@ def capture_script(
         sys.argv, sys.path[:] = saved_argv, saved_path
         if clock.recording:
             recorder.stop()
+        clock.finish_scalars()
         if clock.profiling:
             clock.finish_profile()
-    # With Kineto, at least one profiled step; the script may end before all of them.
-    recorded = 2 if kineto else 1
+    # The recorded step, one for the scalars' values and, with Kineto, at least one
+    # profiled step; the script may end before all of those.
+    recorded = 3 if kineto else 2
     needed = warmup + timing_iters + recorded
     if clock.steps < needed:
         raise ScriptError(
             f"the script made {clock.steps} optimizer steps; capture needs {needed} "
             f"(--warmup {warmup} + --timing-iters {timing_iters} + {recorded} recorded)")
-    extra: dict[str, object] = {"boundary": "optimizer step", "command": argv}
+    extra: dict[str, object] = {"boundary": "optimizer step", "command": argv,
+                                "scalars": clock.scalars}
     if kineto:
         extra["profile_steps"] = clock.profiled
     return _write_sidecar(out, name, clock.times, warmup, recorder, extra)
