@@ -212,7 +212,6 @@ class _ScalarRecorder(TorchDispatchMode):
                 if number or isinstance(item, (torch.Tensor, int, bool, complex)):
                     ordinal += 1
 
-
     def recorded(self) -> dict[str, dict[str, list[float]]]:
         """What was recorded, as the sidecar stores it:
         ``{"aten::mul.Tensor": {"1": [values...]}}``."""
