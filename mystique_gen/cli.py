@@ -169,8 +169,9 @@ def capture_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing-iters", type=int, default=5,
                    help="timed steps for the eager step time")
     p.add_argument("--profile-steps", type=int, default=9,
-                   help="warm steps profiled after the recorded one, each annotated, "
-                   "into <name>.profile.json (host gaps, compare); fewer if the script "
+                   help="warm steps profiled after the recorded one and the one that "
+                   "records 0-d argument values, each annotated, into "
+                   "<name>.profile.json (host gaps, compare); fewer if the script "
                    "ends first (default: 9)")
     p.add_argument("--no-kineto", action="store_true", help="record the ET only")
     p.add_argument("--no-ranges", action="store_true",
