@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import main as tools_main
-from mystique_gen.driver import build_program, generate, generate_source
+from mystique_gen.driver import Source, build_program, generate, generate_source, run_passes
 from mystique_gen.ir import Init
 from mystique_gen.oprules import op_category
+from mystique_gen.options import BuildOptions
 from mystique_gen.passes.values import recorded_values
 from mystique_gen.sources.et import load_trace, trace_from_document
 from mystique_gen.tools.capture import capture, capture_script
@@ -239,6 +240,25 @@ def test_recorded_constants_keep_a_gated_recurrence_finite(tmp_path):
     result.sidecar_path.write_text(json.dumps(sidecar))
     assert '"uniform", -8.0, -8.0' not in generate(result.et_path, bench,
                                                    GenerateOptions(command_line="test"))
+
+
+MUL = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+
+
+@pytest.mark.parametrize("values", [[-8.0, -8.0], [-8.0, 2.0]])
+def test_each_reader_of_a_recorded_scalar_replays_its_own_value(values):
+    """Two ops read one 0-d storage of the trace (a storage that served two wrapped
+    numbers in turn): each replays the value the capture recorded for it."""
+    b = TraceBuilder()
+    x, scale = b.tensor((4,)), b.tensor(())
+    b.op(MUL, [x, scale], [b.tensor((4,))])
+    b.op(MUL, [x, scale], [b.tensor((4,))])
+    trace = trace_from_document(b.doc(), name="t.json", sha256="0")
+    source = Source(trace, scalars={"aten::mul.Tensor": {"1": values}})
+    program = run_passes([source], BuildOptions())
+    read = [op.args[1].value.storage.init for op in program.ops]
+    assert [(init.low, init.high, init.why) for init in read] == \
+        [(v, v, "recorded value") for v in values]
 
 
 def test_a_layer_is_filled_as_its_module_initialises_it():
