@@ -123,8 +123,7 @@ def recorded_values(trace: RawTrace, resources: Path | None = None,
     found = RecordedValues()
     if scalars:
         found.scalars = match_scalars(trace, scalars)
-        for node_id, _ in found.scalars:
-            found.ordinals.setdefault(node_id, [])
+    with_scalars = {node_id for node_id, _ in found.scalars}
     saved: dict[tuple[int, int], Path] = {}
     if resources is not None:
         for f in resources.glob("nid_*_tid_*.dat"):
@@ -134,7 +133,7 @@ def recorded_values(trace: RawTrace, resources: Path | None = None,
     for node in trace.nodes:
         ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
         has_data = any(key[0] == node.id for key in saved) if saved else False
-        if not ranges and not has_data:
+        if not ranges and not has_data and node.id not in with_scalars:
             continue
         found.ordinals[node.id] = _ordinals(node.inputs)
         for k, r in ranges.items():
@@ -142,10 +141,6 @@ def recorded_values(trace: RawTrace, resources: Path | None = None,
     for key, f in saved.items():
         if key[0] in found.ordinals:
             found.data[key] = f
-    by_id = {node.id: node for node in trace.nodes}
-    for node_id, row in found.ordinals.items():
-        if not row:
-            found.ordinals[node_id] = _ordinals(by_id[node_id].inputs)
     return found
 
 
@@ -160,15 +155,9 @@ def match_scalars(trace: RawTrace, recorded: ScalarRecord) -> dict[tuple[int, in
         op = node.op_schema.split("(", 1)[0].strip()
         if op not in recorded:
             continue
-        k = 0
-        for raw in node.inputs:
-            if raw.type.startswith("Tensor"):
-                if _scalar_tensor(raw):
-                    sites.setdefault((op, k), []).append(node.id)
-                k += 1
-            elif "List[" in raw.type and isinstance(raw.value, list):
-                k += sum(1 for t in list_element_types(raw.type, len(raw.value))
-                         if t.startswith("Tensor"))
+        for raw, row in zip(node.inputs, _ordinals(node.inputs), strict=True):
+            if raw.type.startswith("Tensor") and _scalar_tensor(raw):
+                sites.setdefault((op, row[0]), []).append(node.id)
     found: dict[tuple[int, int], float] = {}
     for (op, k), node_ids in sites.items():
         values = recorded[op].get(str(k), [])
