@@ -19,7 +19,18 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
   dimension's subgroup, functional and c10d, as 2-D parallel training issues them;
 * ``fsdp2_tp``: 2-D parallel training on that mesh (4 ranks): tensor parallel
-  (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, AdamW foreach.
+  (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, AdamW foreach;
+* ``seqpar``: sequence parallel on DTensor (a LayerNorm sharded on the sequence, then
+  Colwise/Rowwise with sharded input and output): functional all-gathers and
+  reduce-scatters whose AsyncCollectiveTensor results are viewed before they are
+  waited for, gloo finishing each reduce-scatter inside the wait;
+* ``expert``: expert parallel as mixture-of-experts code writes it: top-2 routing,
+  token counts exchanged and read back (``.tolist()``), tokens dispatched and combined
+  by ``all_to_all_single`` with uneven splits inside an autograd Function, each
+  rank's experts run per received chunk;
+* ``rooted``: collectives with a root, as evaluation and logging code calls them:
+  gather and scatter (a non-root rank passes no list), a list all_gather and a
+  broadcast from rank 1 of a strided slice.
 
 Writes ``OUT_DIR/<mode>-rank-<N>.json``. With ``--kineto`` before the modes, each rank
 captures its step as :func:`mystique_gen.tools.capture.capture` captures one process:
@@ -42,9 +53,11 @@ import torch.distributed._functional_collectives as fc
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 from torch.profiler import ExecutionTraceObserver
@@ -198,9 +211,101 @@ def fsdp2_tp() -> Callable[[], object]:
     return step
 
 
+def seqpar() -> Callable[[], object]:
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 32),
+                                torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    parallelize_module(model, mesh, {"0": SequenceParallel(sequence_dim=0),
+                                     "1": ColwiseParallel(input_layouts=Shard(0)),
+                                     "3": RowwiseParallel(output_layouts=Shard(0))})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    return step
+
+
+class _AllToAll(torch.autograd.Function):
+    """Tokens to the ranks that hold their experts; the gradient goes back the same way."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int],  # type: ignore[override]
+                in_splits: list[int]) -> torch.Tensor:
+        ctx.splits = (out_splits, in_splits)
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
+        return back, None, None
+
+
+def expert() -> Callable[[], object]:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    per_rank, dim = 2, 16
+    experts = torch.nn.ModuleList(torch.nn.Sequential(
+        torch.nn.Linear(dim, 32), torch.nn.GELU(), torch.nn.Linear(32, dim))
+        for _ in range(per_rank))
+    gate = torch.nn.Linear(dim, per_rank * world)
+    opt = torch.optim.AdamW([*experts.parameters(), *gate.parameters()], lr=1e-3)
+    torch.manual_seed(rank)  # each rank routes its own tokens: uneven splits
+    x = torch.randn(24, dim)
+
+    def step() -> None:
+        opt.zero_grad()
+        weights, chosen = gate(x).softmax(-1).topk(2, dim=-1)
+        order = chosen.flatten().argsort()
+        tokens = x.repeat_interleave(2, dim=0)[order]
+        counts = torch.bincount(chosen.flatten(), minlength=per_rank * world)
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts)
+        send = counts.view(world, -1).sum(1).tolist()
+        per_expert = received.view(world, per_rank).tolist()
+        got = _AllToAll.apply(tokens, [sum(row) for row in per_expert], send)
+        outputs, start = [], 0
+        for row in per_expert:
+            for e, n in enumerate(row):
+                outputs.append(experts[e](got[start:start + n]))
+                start += n
+        back = _AllToAll.apply(torch.cat(outputs), send, [sum(r) for r in per_expert])
+        combined = torch.empty_like(back)
+        combined[order] = back
+        (combined.view(-1, 2, dim) * weights.unsqueeze(-1)).sum(1).pow(2).mean().backward()
+        opt.step()
+
+    return step
+
+
+def rooted() -> Callable[[], object]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.arange(4.0) + rank
+
+    def step() -> object:
+        gathered = [torch.empty(4) for _ in range(world)] if rank == 0 else None
+        dist.gather(x, gathered, dst=0)
+        part = torch.empty(4)
+        dist.scatter(part, [x * r for r in range(world)] if rank == 0 else None, src=0)
+        every = [torch.empty(4) for _ in range(world)]
+        dist.all_gather(every, part)
+        strided = x[::2].clone()
+        dist.broadcast(strided, 1)
+        return sum(t.sum() for t in every) + strided.sum()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
-         "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp}
+         "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
+         "rooted": rooted}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

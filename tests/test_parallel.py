@@ -23,7 +23,8 @@ from tests.test_distributed import _torchrun
 
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
-MODES = ["tp", "fsdp2", "functional", "coalesced", "reductions", "pipeline"]
+MODES = ["tp", "fsdp2", "functional", "coalesced", "reductions", "pipeline", "seqpar",
+         "expert", "rooted"]
 # What each mode's benchmark must call or say (header notes wrap, so whitespace is
 # compared loosely): functional collectives; FSDP2's own ops, with the import of the
 # torch module that registers them; coalesced collectives as one call each; the c10d
@@ -47,6 +48,15 @@ CALLS = {
     # 1F1B crosses sends: blocking calls in recorded order would wait on each other.
     "pipeline": ["torch.distributed.isend(", "torch.distributed.irecv(",
                  "8 sends and recvs run as isend/irecv in recorded order"],
+    # Views of an AsyncCollectiveTensor wait for nothing: the trace's waits are the
+    # only ones (a wait added before the view ran gloo's completion twice).
+    "seqpar": ["torch.ops._c10d_functional.reduce_scatter_tensor.",
+               "torch.ops._c10d_functional.all_gather_into_tensor."],
+    # The token counts, then tokens out and back, forward and backward.
+    "expert": ["torch.distributed.all_to_all_single("],
+    # Rank 1 gathers and scatters too, with no list (it hung rank 0 when it did not).
+    "rooted": ["torch.distributed.gather(", "torch.distributed.scatter(",
+               "torch.distributed.all_gather(", "torch.distributed.broadcast("],
 }
 
 
@@ -73,6 +83,13 @@ def test_replays_the_same_collectives_on_every_rank(captured, mode, tmp_path):
     text = bench.read_text()
     flat = " ".join(text.split())
     assert all(" ".join(call.split()) in flat for call in CALLS[mode]), CALLS[mode]
+    if mode == "rooted":  # on every rank, root or not
+        for r in (0, 1):
+            body = text.split(f"def replay_rank{r}(")[1].split("\ndef ")[0]
+            assert all(call in body for call in CALLS[mode]), r
+    if mode == "seqpar":  # every wait is one the trace recorded
+        body = text.split("def replay_rank0(")[1].split("\ndef ")[0]
+        assert "_wait_tensor(" not in body
     # Every op with a schema replays; what is left are record_function labels that
     # look like op names and ran nothing (FSDP::root_pre_forward), and what gloo's
     # worker threads ran for a collective (FSDP2's all-gather copies).

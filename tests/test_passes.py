@@ -11,6 +11,7 @@ from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import build_program, generate
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import DerivedView, InputView, OpOutput, TensorValue, iter_tensors
+from mystique_gen.ir.schema import parse_signature
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace, trace_from_document
@@ -160,6 +161,22 @@ def test_an_async_scope_inside_an_op_shifts_nothing_after_it():
     assert parents[later] == parents[gather]  # the thread's top level
     # Selections run many times per trace (compare, comms): the repair happens once.
     assert [s.node.id for s in select_ops(trace).ops] == first
+
+
+def test_an_async_scope_whose_recorded_parent_started_after_it_shifts_nothing():
+    """The observer can name as a scope's parent an op that started after the scope
+    (DDP's bucket views right after a comm hook's all-reduce): every later op of the
+    step was recorded inside that first view op and went unreplayed. That op is
+    stale as well; what follows it is back at the top level."""
+    b = TraceBuilder()
+    b.op(RELU, [b.tensor((8,))], [b.tensor((8,))])  # the all-reduce's stand-in
+    scope = b.annotation("gloo:all_reduce")
+    first = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))])
+    later = [b.op(RELU, [b.tensor((8,))], [b.tensor((8,))], parent=first) for _ in range(3)]
+    doc = b.doc()
+    next(n for n in doc["nodes"] if n["id"] == scope)["ctrl_deps"] = first
+    selected = [s.node.id for s in select_ops(trace_from_document(doc, name="t", sha256="0")).ops]
+    assert selected[-4:] == [first, *later]
 
 
 REDUCE_SCATTER_ = ("c10d::_reduce_scatter_base_(Tensor output_tensor, Tensor input_tensor, "
@@ -671,3 +688,17 @@ def test_trace_without_seq_ids_leaves_grad_mode_alone():
     b = TraceBuilder()
     b.op(RELU, [b.tensor((2, 2))], [b.tensor((2, 2))])
     assert [op.grad_mode for op in _program(b).ops] == [None]
+
+
+@pytest.mark.parametrize("schema, view", [
+    ("aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)", True),
+    ("aten::split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]",
+     True),
+    ("aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
+     False),
+    ("aten::sum(Tensor self, *, ScalarType? dtype=None) -> Tensor", False),
+    ("aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)", False),
+])
+def test_signature_knows_views(schema, view):
+    """A view reads no data: an AsyncCollectiveTensor's view does not wait."""
+    assert parse_signature(schema).is_view is view

@@ -35,6 +35,9 @@ class Signature:
     overload: str  # "default" where the schema names none
     args: tuple[ArgSpec, ...]
     returns: tuple[str, ...]
+    # Every return aliases an argument it does not write (``Tensor(a) self ->
+    # Tensor(a)``): a view, which reads no data.
+    is_view: bool = False
 
     @property
     def qualified_name(self) -> str:
@@ -107,4 +110,6 @@ def parse_signature(schema: str) -> Signature:
         if not re.fullmatch(IDENT, a.name):
             raise SchemaError(f"argument name {a.name[:40]!r} is not an identifier")
     returns = tuple(str(r.real_type) for r in parsed.returns)
-    return Signature(namespace, name, overload or "default", args, returns)
+    is_view = bool(parsed.returns) and not any(a.writes for a in args) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in parsed.returns)
+    return Signature(namespace, name, overload or "default", args, returns, is_view)

@@ -160,6 +160,8 @@ def _check_form(value: Value, form: str) -> None:
         raise Unsupported("expected a tensor list")
     if form == "one" and len(value.items) != 1:
         raise Unsupported(f"{len(value.items)} tensors in one call; torch.distributed takes one")
+    if form == "inner_or_none" and not value.items:
+        return  # a non-root rank's gather or scatter list: torch 2.x records []
     if form in ("inner", "inner_or_none") and len(value.items) != 1:
         raise Unsupported(f"{len(value.items)} tensor lists in one call; "
                           "torch.distributed takes one")
@@ -285,7 +287,8 @@ def _nested_functional_waits(trace: RawTrace) -> dict[int, set[int]]:
 def place_functional_waits(ops: list[Op], nested: dict[int, set[int]]) -> None:
     """Wait for a functional collective's result where the original did: before the
     op that waited for it inside its own dispatch (``nested``), else before the first
-    op that reads it, unless that op is the trace's own wait_tensor."""
+    op that reads its data (views and the autograd wrap do not), unless that op is the
+    trace's own wait_tensor."""
     index_of = {op.node_id: op.index for op in ops}
     for op in ops:
         for producer in sorted(nested.get(op.node_id, ())):
@@ -301,6 +304,10 @@ def place_functional_waits(ops: list[Op], nested: dict[int, set[int]]) -> None:
                 break
             if any(tv.storage_id in storages
                    for arg in later.args for tv in iter_tensors(arg.value)):
+                if later.signature.is_view or later.signature.name == "_wrap_tensor_autograd":
+                    # Neither reads the result: an AsyncCollectiveTensor makes views
+                    # without waiting, and the wrap is what makes one.
+                    continue
                 if later.signature.name != "wait_tensor":
                     later.waits_on.append(op.index)
                 break

@@ -21,6 +21,7 @@ runs them again on the replay's own backend threads, so they are not replayed
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -87,8 +88,8 @@ def repair_async_nesting(trace: RawTrace) -> None:
     thread and closes on the backend's, so the observer's stack keeps it, or the
     collective itself, open: later ops of the step are then recorded inside it. What a
     communication op really contains: whatever runs before its own c10d call (a
-    functional collective copies its input first), that call, and the bookkeeping
-    right after it (``_wrap_tensor_autograd``); a c10d op runs no other collective.
+    functional collective copies its input first) and that call; a c10d op runs no
+    other collective.
     From the first child that is not its own, the children belong to its parent.
     In place, once per trace (:func:`_repair_stale_scopes` would shift twice)."""
     if trace.nesting_repaired:
@@ -132,7 +133,10 @@ def _repair_stale_scopes(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
     ``_foreach_copy_`` under ``split_with_sizes``, its all-gather under
     ``all_gather_copy_in``: one rank hid a collective its peers replayed, and the
     replay deadlocked). Ops recorded inside the scope belong to the op it opened in.
-    The shift ends where a node is recorded at the thread's top level again."""
+    The shift ends where a node is recorded at the thread's top level again. The op
+    the scope names as its parent may have started after the scope did (DDP's
+    bucket views after a comm hook's all-reduce: every later op of the step sat
+    inside the first ``as_strided``); it is stale too, not the end of the shift."""
     for scope in trace.nodes:
         opened_in = by_id.get(scope.parent)
         if (not oprules.ASYNC_SCOPE.match(scope.name) or opened_in is None
@@ -145,7 +149,7 @@ def _repair_stale_scopes(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
             stale.add(cur.id)
             cur = by_id.get(cur.parent)
         for node in trace.nodes:
-            if node.id <= scope.id or node.tid != scope.tid:
+            if node.id <= scope.id or node.tid != scope.tid or node.id in stale:
                 continue
             if node.parent == scope.id:
                 node.parent = opened_in.id
@@ -160,13 +164,13 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
 
     A backend may finish a collective on the thread that waits for it (gloo's
     reduce-scatter reduces a private clone of its input, then chunks it and copies
-    the rank's part into the output), recorded after the collective's own node or
-    after its async scope. Those ops read a buffer the collective made and never
-    returned, which no program code can reach: every op right after the collective
-    on its thread (or inside the async scope the backend opened there) that reads one
-    is its implementation, and the replayed collective runs it again."""
+    the rank's part into the output). Those ops read a buffer the collective made and
+    never returned, which no program code can reach: they are its implementation,
+    and the replayed collective runs them again. They are recorded after the
+    collective's own node or after its async scope, or, for a functional collective,
+    inside the wait_tensor that waits for its result (:func:`_completion_in_wait`)."""
     children = children_of(trace)
-
+    waits = _functional_waits(trace)
     for k, node in enumerate(trace.nodes):
         if node.name.partition("::")[0] != "c10d" or not _is_collective(node):
             continue
@@ -186,12 +190,63 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
             if oprules.ASYNC_SCOPE.match(later.name):
                 levels.add(later.id)
                 continue
-            if not later.op_schema or not any(
-                    sid in private for arg in later.inputs for sid in raw_storage_ids(arg)):
+            if not _reads(later, private):
                 break
             later.parent = node.id
-            private.update(sid for arg in later.outputs for sid in raw_storage_ids(arg)
-                           if sid not in own)
+            private.update(_made(later, own))
+        issuer = by_id.get(node.parent)
+        if issuer is None or issuer.name.partition("::")[0] \
+                not in oprules.FUNCTIONAL_NAMESPACES:
+            continue  # only a functional collective's result is waited for by an op
+        ranked = waits.get(node.tid, [])
+        for w in ranked[bisect.bisect_right(ranked, k):]:
+            if any(sid in own for arg in trace.nodes[w].inputs
+                   for sid in raw_storage_ids(arg)):
+                _completion_in_wait(trace.nodes, w, node, private, own)
+                break
+
+
+def _functional_waits(trace: RawTrace) -> dict[int, list[int]]:
+    """Positions in ``trace.nodes`` of the functional wait_tensor ops, per thread."""
+    found: dict[int, list[int]] = {}
+    for k, node in enumerate(trace.nodes):
+        namespace, _, name = node.name.partition("::")
+        if name == "wait_tensor" and namespace in oprules.FUNCTIONAL_NAMESPACES:
+            found.setdefault(node.tid, []).append(k)
+    return found
+
+
+def _completion_in_wait(nodes: list[RawNode], wait: int, collective: RawNode,
+                        private: set[int], own: set[int]) -> None:
+    """Adopt the ops that finish ``collective`` inside its wait (at position ``wait``):
+    they start right after the wait does, each reading the collective's private
+    buffers. The observer's stack is shifted by the backend's scope there, so their
+    recorded parent is any level; the first other op on the thread ends them."""
+    adopted: set[int] = set()
+    for j in range(wait + 1, len(nodes)):
+        later = nodes[j]
+        if later.tid != collective.tid:
+            continue
+        if later.parent in adopted:
+            adopted.add(later.id)  # inside an adopted op: its own implementation
+            continue
+        if oprules.ASYNC_SCOPE.match(later.name):
+            continue
+        if not later.op_schema or not _reads(later, private):
+            return
+        later.parent = collective.id
+        adopted.add(later.id)
+        private.update(_made(later, own))
+
+
+def _reads(node: RawNode, storages: set[int]) -> bool:
+    return bool(node.op_schema) and any(
+        sid in storages for arg in node.inputs for sid in raw_storage_ids(arg))
+
+
+def _made(node: RawNode, own: set[int]) -> set[int]:
+    """The storages an op returned that are not the collective's own."""
+    return {sid for arg in node.outputs for sid in raw_storage_ids(arg)} - own
 
 
 def _adopt_front_end_tensor(nodes: list[RawNode], k: int, own: set[int]) -> None:
@@ -223,11 +278,12 @@ def _lift_foreign(node: RawNode, to: int, children: dict[int, list[RawNode]],
             called = called or (functional and _holds_c10d(kid, children))
             continue
         namespace, _, name = kid.name.partition("::")
-        if functional:  # owns what precedes its c10d call, the call, then bookkeeping
-            # (_wrap_tensor_autograd). It never waits for itself: a wait_tensor after the
-            # call is the program's later wait (an AsyncCollectiveTensor's, whose
-            # PythonSubclass dispatch must not pass for the collective's own).
-            foreign = called and name != "_wrap_tensor_autograd"
+        if functional:  # owns what precedes its c10d call and the call. The rest is
+            # the program's: _wrap_tensor_autograd is a Python op that funcol calls on
+            # the result, and a wait_tensor after the call is the program's later wait
+            # (an AsyncCollectiveTensor's, whose PythonSubclass dispatch must not pass
+            # for the collective's own).
+            foreign = called
             called = called or namespace == "c10d"
         else:  # a c10d op (or a scope inside one) runs no other collective
             foreign = (namespace in oprules.COMMUNICATION_NAMESPACES
