@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,7 +40,7 @@ from mystique_gen.ir import (
 )
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes import autograd, frees, hostgaps, link, public_calls, streams
-from mystique_gen.passes.comms import CommLowering
+from mystique_gen.passes.comms import CommLowering, rank_disagreements
 from mystique_gen.passes.compose import (
     combined_info,
     place_in_parallel,
@@ -484,6 +485,10 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     programs = [run_passes([s], options, consume=consume) for s in sources]
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")
+    for first, other, message in rank_disagreements(programs, ranks):
+        warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
+        for k in (first, other):
+            programs[k].diagnostics.append(note(message))
     order = sorted(range(len(ranks)), key=lambda k: ranks[k])
     return Compiled([programs[k] for k in order], [ranks[k] for k in order], how)
 

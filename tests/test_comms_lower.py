@@ -12,9 +12,10 @@ import pytest
 from mystique_gen import oprules
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import generate
-from mystique_gen.ir import TensorMeta, TensorValue
-from mystique_gen.ir.dist import ProcessGroupSpec
-from mystique_gen.passes.comms import collective_sequence, group_by_size
+from mystique_gen.ir import Op, Program, TensorMeta, TensorValue
+from mystique_gen.ir.dist import CommInfo, DistInfo, ProcessGroupSpec
+from mystique_gen.ir.schema import parse_signature
+from mystique_gen.passes.comms import collective_sequence, group_by_size, rank_disagreements
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
 from tests.tracebuilder import ADD_, RELU, Object, TraceBuilder
@@ -169,3 +170,36 @@ def test_a_gathers_group_is_the_one_its_sizes_imply():
     assert group_by_size(tensor(32), tensor(8), groups, 0, member) == 0  # the world
     assert group_by_size(tensor(24), tensor(8), groups, 0, member) is None  # no such group
     assert group_by_size(tensor(16), tensor(8), groups, 0, frozenset({"0", "2"})) == 2
+
+
+def _rank_program(rank: int, calls: list[str], members: tuple[int, ...] | None = None):
+    """A rank's program of collectives ``calls`` on group 1 (``members``), and one
+    all_reduce on the default group."""
+    signature = parse_signature(ALLREDUCE_INT)
+    ops = [Op(index=i, node_id=10 + i, signature=signature, args=[], outputs=[], thread=1,
+              scope=(), comm=CommInfo(call=call, group=1 if i else 0))
+           for i, call in enumerate(["all_reduce", *calls])]
+    program = Program.empty()
+    program.ops = ops
+    program.distributed = DistInfo(world_size=3, rank=rank, groups=[
+        ProcessGroupSpec(0, "0", "default", None, 3),
+        ProcessGroupSpec(1, "1", "sub", members, 2 if members else 3)], groups_recorded=True)
+    return program
+
+
+def test_ranks_that_would_not_meet_on_a_group_are_named():
+    """One rank that could not replay a collective its peers replay would hang them
+    all: the generator says which ranks, which group and where they part."""
+    agree = [_rank_program(r, ["broadcast", "all_reduce"]) for r in range(3)]
+    assert rank_disagreements(agree, [0, 1, 2]) == []
+    apart = [_rank_program(0, ["broadcast", "all_reduce"]),
+             _rank_program(1, ["broadcast", "all_reduce"]),
+             _rank_program(2, ["all_reduce"])]
+    ((first, other, message),) = rank_disagreements(apart, [0, 1, 2])
+    assert (first, other) == (0, 2)
+    assert "ranks 0 and 2" in message and "process group 1" in message
+    assert "#1: broadcast, node 11 against all_reduce, node 11" in message
+    # Rank 2 is not in the sub-group: its collectives there are not expected.
+    subgroup = [_rank_program(0, ["broadcast"], (0, 1)), _rank_program(1, ["broadcast"], (0, 1)),
+                _rank_program(2, [], (0, 1))]
+    assert rank_disagreements(subgroup, [0, 1, 2]) == []

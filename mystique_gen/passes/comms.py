@@ -15,7 +15,7 @@ tensors need them done, so that ranks pair them up in recorded order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mystique_gen import oprules
@@ -24,9 +24,11 @@ from mystique_gen.errors import TraceError
 from mystique_gen.ir import (
     Arg,
     Diagnostic,
+    GroupName,
     ListValue,
     Literal,
     Op,
+    Program,
     Value,
     iter_leaves,
     iter_tensors,
@@ -412,6 +414,70 @@ class CommLowering:
                                   "but no member list: its collectives run on the default group")
         program_notes.extend(info.notes)
         return info
+
+
+def rank_disagreements(programs: Sequence[Program],
+                       ranks: Sequence[int]) -> list[tuple[int, int, str]]:
+    """Where the ranks of one benchmark would not meet: on a process group, the member
+    ranks' replayed collectives (c10d and functional; sends and recvs pair apart) must
+    be the same calls in the same order, or each waits for the others forever. Per
+    group that differs: (program index, program index, message) of the first two
+    members that part, and where (an op one rank could not replay is named in its
+    "Ops not replayed")."""
+    sequences = [_collectives_by_group(p) for p in programs]
+    found = []
+    groups = sorted({g for seq in sequences for g in seq})
+    for g in groups:
+        members = [k for k, p in enumerate(programs) if _member(p, g, ranks[k])]
+        if len(members) < 2:
+            continue
+        first = members[0]
+        for k in members[1:]:
+            a, b = sequences[first].get(g, []), sequences[k].get(g, [])
+            if [call for call, _ in a] == [call for call, _ in b]:
+                continue
+            at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False))
+                       if x[0] != y[0]),
+                      min(len(a), len(b)))
+            found.append((first, k, (
+                f"ranks {ranks[first]} and {ranks[k]} replay different collectives on "
+                f"process group {g} ({len(a)} against {len(b)}; collective "
+                f"#{at + 1}: {_which(a, at)} against {_which(b, at)}): the benchmark "
+                "would hang there; see each rank's ops not replayed")))
+            break
+    return found
+
+
+def _collectives_by_group(program: Program) -> dict[int, list[tuple[str, int]]]:
+    """(call, node id) of each replayed collective, by process group index."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    for op in program.ops:
+        if op.comm is not None:
+            if oprules.COMM_OPS[op.name].point_to_point:
+                continue
+            out.setdefault(op.comm.group, []).append((op.comm.call, op.node_id))
+        elif (op.signature.namespace in oprules.FUNCTIONAL_NAMESPACES
+              and op.signature.name not in oprules.COLLECTIVE_HELPERS):
+            group = next((a.value.index for a in op.args if isinstance(a.value, GroupName)),
+                         None)
+            if group is not None:
+                out.setdefault(group, []).append((op.signature.name, op.node_id))
+    return out
+
+
+def _member(program: Program, group: int, rank: int) -> bool:
+    info = program.distributed
+    if info is None or group >= len(info.groups):
+        return False
+    members = info.groups[group].ranks
+    return members is None or rank in members
+
+
+def _which(sequence: list[tuple[str, int]], at: int) -> str:
+    if at >= len(sequence):
+        return "none"
+    call, node_id = sequence[at]
+    return f"{call}, node {node_id}"
 
 
 def _counts(names: Iterable[str]) -> str:
