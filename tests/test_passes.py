@@ -179,6 +179,37 @@ def test_an_async_scope_whose_recorded_parent_started_after_it_shifts_nothing():
     assert selected[-4:] == [first, *later]
 
 
+def test_nesting_comes_from_when_ops_started_and_ended():
+    """The observer numbers a node when it starts and writes it when it ends. An async
+    scope's shift once recorded FSDP2's copy-in op inside the autograd wrap that ended
+    before it started, and its ``_foreach_copy_`` beside it (replayed twice). In a file
+    in the observer's order, each node's parent is the innermost node that started
+    before it and ended after it, whatever parent was recorded."""
+    b = TraceBuilder()
+    # A step's other ops, each with one inside it: what tells the file's order.
+    layers = [b.op(RELU, [b.tensor((8,))], [b.tensor((8,))]) for _ in range(12)]
+    inner = [b.op(RELU, [b.tensor((8,))], [b.tensor((8,))], parent=op) for op in layers]
+    reduce = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))])
+    scope = b.annotation("gloo:all_reduce")
+    wrap = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))])
+    copy_in = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))])
+    split = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))])
+    foreach = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))])
+    after = b.op(RELU, [b.tensor((8,))], [b.tensor((8,))])
+    doc = b.doc()
+    nodes = {n["id"]: n for n in doc["nodes"]}
+    for node, recorded in ((scope, wrap), (copy_in, wrap), (split, copy_in), (foreach, wrap)):
+        nodes[node]["ctrl_deps"] = recorded
+    # Roots first, then each node as it ended (the scope ended on gloo's thread, late).
+    ended = [i for pair in zip(inner, layers, strict=True) for i in pair]
+    ended += [reduce, wrap, split, foreach, copy_in, after, scope]
+    doc["nodes"] = [n for n in doc["nodes"] if n["id"] not in ended] + [nodes[i] for i in ended]
+    trace = trace_from_document(doc, name="t", sha256="0")
+    assert [s.node.id for s in select_ops(trace).ops] == [*layers, reduce, wrap, copy_in, after]
+    parents = {n.id: n.parent for n in trace.nodes}
+    assert (parents[split], parents[foreach], parents[scope]) == (copy_in, copy_in, b.thread)
+
+
 REDUCE_SCATTER_ = ("c10d::_reduce_scatter_base_(Tensor output_tensor, Tensor input_tensor, "
                    "__torch__.torch.classes.c10d.ProcessGroup process_group, "
                    "__torch__.torch.classes.c10d.ReduceOp reduce_op, bool async_op=True, "

@@ -96,6 +96,9 @@ def repair_async_nesting(trace: RawTrace) -> None:
         return
     trace.nesting_repaired = True
     by_id = {n.id: n for n in trace.nodes}
+    if restore_nesting(trace):  # every parent is right: what follows has nothing to undo
+        _adopt_completion_work(trace, by_id)
+        return
     _repair_stale_scopes(trace, by_id)
     children = children_of(trace)
     for node in trace.nodes:
@@ -119,6 +122,76 @@ def repair_async_nesting(trace: RawTrace) -> None:
                     later.parent = outer
                 break
     _adopt_completion_work(trace, by_id)
+
+
+def restore_nesting(trace: RawTrace) -> bool:
+    """Rebuild every node's parent from when it started and when it ended; returns
+    whether the trace allowed it.
+
+    The observer numbers a node when it starts and writes it when it ends, so on one
+    host thread, where ops nest properly, a node lies inside every earlier-numbered
+    node written after it, and its parent is the innermost of those. The parents it
+    records are only as good as its stack, which a backend's async scope
+    (``gloo:all_reduce``: opened on this thread, closed on the backend's) shifts, so
+    that ops of the step are recorded one level too deep or too shallow, differently
+    run to run (FSDP2's ``_foreach_copy_`` once came out of its copy-in op and was
+    replayed twice). An async scope is no one's parent: it belongs to the innermost op
+    open when it started and still open at the next node.
+
+    Only a file in the observer's order tells when nodes ended
+    (:func:`_written_in_end_order`); another tool's rewrite (nodes sorted by id) keeps
+    its recorded parents, and the repairs below make what they can of them."""
+    if not _written_in_end_order(trace):
+        return False
+    roots = {n.tid: n.id for n in trace.nodes
+             if is_root(n) and "thread" in n.name and n.parent != n.id}
+    by_thread: dict[int, list[RawNode]] = {}
+    for node in trace.nodes:  # id order: the order they started
+        if not is_root(node) and node.tid in roots:
+            by_thread.setdefault(node.tid, []).append(node)
+    for tid, nodes in by_thread.items():
+        open_ops: list[RawNode] = []
+        scopes: list[RawNode] = []  # async scopes started since the last node
+        for node in nodes:
+            if oprules.ASYNC_SCOPE.match(node.name):
+                scopes.append(node)
+                continue
+            while open_ops and open_ops[-1].written < node.written:
+                open_ops.pop()  # ended before this one did, so before it started
+            parent = open_ops[-1].id if open_ops else roots[tid]
+            for scope in scopes:
+                scope.parent = parent
+            scopes.clear()
+            node.parent = parent
+            open_ops.append(node)
+        for scope in scopes:
+            scope.parent = open_ops[-1].id if open_ops else roots[tid]
+    return True
+
+
+def _written_in_end_order(trace: RawTrace) -> bool:
+    """Whether the file lists nodes as the observer ends them: of the recorded
+    parent-child pairs on one thread (below its root), most have the child written
+    first, and of consecutive siblings (top-level ops too), most are written in the
+    order they started. A file sorted by id has no child first, a reversed one no
+    sibling in order; a shifted stack leaves a few of each."""
+    by_id = {n.id: n for n in trace.nodes}
+    pairs = children_first = siblings = in_order = 0
+    last_child: dict[int, RawNode] = {}
+    for node in trace.nodes:
+        parent = by_id.get(node.parent)
+        if node.written < 0 or parent is None or parent is node or is_root(node):
+            continue
+        if not is_root(parent) and parent.tid == node.tid:  # roots are written first
+            pairs += 1
+            children_first += node.written < parent.written
+        before = last_child.get(parent.id)
+        if before is not None:
+            siblings += 1
+            in_order += before.written < node.written
+        last_child[parent.id] = node
+    return (pairs > 0 and children_first * 2 > pairs
+            and (siblings == 0 or in_order * 2 > siblings))
 
 
 def _repair_stale_scopes(trace: RawTrace, by_id: dict[int, RawNode]) -> None:

@@ -74,6 +74,9 @@ class RawNode:
     inputs: list[RawArg]
     outputs: list[RawArg]
     attrs: dict[str, Any] = field(default_factory=dict)
+    # Position in the file: torch's observer writes a node when it ends, so on one host
+    # thread this is the order in which its ops ended (-1: not read from a file).
+    written: int = -1
 
 
 @dataclass
@@ -252,7 +255,8 @@ def _node(obj: Any, index: int) -> RawNode:
     rf_id = attrs.get("rf_id")
     rf_id = _int(rf_id, node_id, "rf_id") if rf_id is not None else None
     return RawNode(id=node_id, name=name, parent=parent, tid=tid, rf_id=rf_id,
-                   op_schema=op_schema, inputs=inputs, outputs=outputs, attrs=attrs)
+                   op_schema=op_schema, inputs=inputs, outputs=outputs, attrs=attrs,
+                   written=index)
 
 
 def _nested_args(obj: Any, node_id: int, field_name: str) -> list[RawArg]:
