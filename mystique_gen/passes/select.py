@@ -147,8 +147,10 @@ def restore_nesting(trace: RawTrace) -> bool:
              if is_root(n) and "thread" in n.name and n.parent != n.id}
     by_thread: dict[int, list[RawNode]] = {}
     for node in trace.nodes:  # id order: the order they started
-        if not is_root(node) and node.tid in roots:
+        if not is_root(node):
             by_thread.setdefault(node.tid, []).append(node)
+    if any(tid not in roots for tid in by_thread):
+        return False  # a thread without its root node: not the observer's layout
     for tid, nodes in by_thread.items():
         open_ops: list[RawNode] = []
         scopes: list[RawNode] = []  # async scopes started since the last node
