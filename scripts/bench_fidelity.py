@@ -38,6 +38,7 @@ FIDELITY_ONLY=gpt2,bert to pick models).
 from __future__ import annotations
 
 import json
+import math
 import os
 import runpy
 import statistics
@@ -71,7 +72,11 @@ from mystique_gen.tools.compare import compare_traces, multiset_match, op_multis
 
 Step = Callable[[], object]
 ROUNDS = int(os.environ.get("FIDELITY_ROUNDS", "8"))
-BLOCK = 5  # timed steps per function per round
+BLOCK = 5  # timed steps per function per round, at least
+# ... and as many more as make a block last this long: five steps of the recommender's
+# 0.1 ms inference step made 0.5 ms blocks, whose ratio moved -17%..+16% trial to
+# trial with the scheduler's ticks.
+BLOCK_MS = float(os.environ.get("FIDELITY_BLOCK_MS", "20"))
 # Profile-only steps per capture: each op's host gap is the median over them, and a
 # shared machine's noise moves single steps' gaps by a quarter.
 PROFILE_STEPS = 9
@@ -361,10 +366,12 @@ class SideBySide:
     ratio: dict[str, float]
 
 
-def _side_by_side(fns: dict[str, Timed], rounds: int, block: int = BLOCK,
+def _side_by_side(fns: dict[str, Timed], rounds: int, block: int | None = None,
                   reference: str = "eager") -> SideBySide:
     """Each function's median ms, timed side by side: every round runs each function
-    (order rotated) for one untimed step and then ``block`` timed steps back to back.
+    (order rotated) for one untimed step and then ``block`` timed steps back to back
+    (by default ``BLOCK``, or more where the fastest function's step is short: a block
+    lasts ``BLOCK_MS`` at least).
 
     Blocks, not strict alternation: a training loop runs its steps back to back, and a
     step timed right after the other function ran finds the caches full of the other's
@@ -376,10 +383,15 @@ def _side_by_side(fns: dict[str, Timed], rounds: int, block: int = BLOCK,
     milliseconds of each other, mostly in one of them; two medians over all rounds
     can each fall in another."""
     names = list(fns)
+    fastest = float("inf")
     for _ in range(3):
         for fn in fns.values():
             fn.prepare()
+            start = time.perf_counter()
             fn.run()
+            fastest = min(fastest, (time.perf_counter() - start) * 1000.0)
+    if block is None:
+        block = max(BLOCK, min(200, math.ceil(BLOCK_MS / max(fastest, 1e-3))))
     times: dict[str, list[float]] = {n: [] for n in names}
     per_round: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
