@@ -30,7 +30,10 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   rank's experts run per received chunk;
 * ``rooted``: collectives with a root, as evaluation and logging code calls them:
   gather and scatter (a non-root rank passes no list), a list all_gather and a
-  broadcast from rank 1 of a strided slice.
+  broadcast from rank 1 of a strided slice;
+* ``objects``: Python objects exchanged as training loops log and configure:
+  ``all_gather_object`` and ``broadcast_object_list`` (pickles in byte tensors, which
+  ``aten::set_`` puts on a storage of the pickle's bytes).
 
 Writes ``OUT_DIR/<mode>-rank-<N>.json``. With ``--kineto`` before the modes, each rank
 captures its step as :func:`mystique_gen.tools.capture.capture` captures one process:
@@ -302,10 +305,24 @@ def rooted() -> Callable[[], object]:
     return step
 
 
+def objects() -> Callable[[], object]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loss = torch.randn(8)
+
+    def step() -> object:
+        logged: list[object] = [None] * world
+        dist.all_gather_object(logged, {"rank": rank, "loss": float(loss.sum())})
+        config = [{"lr": 0.1, "step": 3}] if rank == 0 else [None]
+        dist.broadcast_object_list(config, 0)
+        return loss * len(logged)
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
-         "rooted": rooted}
+         "rooted": rooted, "objects": objects}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

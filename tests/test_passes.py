@@ -10,7 +10,14 @@ import pytest
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import build_program, generate
 from mystique_gen.errors import TraceError
-from mystique_gen.ir import DerivedView, InputView, OpOutput, TensorValue, iter_tensors
+from mystique_gen.ir import (
+    DerivedView,
+    FreshStorage,
+    InputView,
+    OpOutput,
+    TensorValue,
+    iter_tensors,
+)
 from mystique_gen.ir.schema import parse_signature
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops
@@ -391,6 +398,33 @@ def test_parent_cycle_is_an_error_with_node_and_field():
 
 
 # -- lower --------------------------------------------------------------------------
+
+
+SET_STORAGE = ("aten::set_.source_Storage_storage_offset(Tensor(a!) self, Storage source, "
+               "SymInt storage_offset, SymInt[] size, SymInt[] stride=[]) -> Tensor(a!)")
+
+
+def test_a_storage_argument_is_a_new_storage_as_large_as_the_result(tmp_path):
+    """The observer writes a Storage argument as "<Storage>" (all_gather_object's
+    set_ of a pickle's bytes); the result it made says how large it is: here 3 floats
+    from element 4 on, 28 bytes. The benchmark runs the set_ onto a new storage."""
+    b = TraceBuilder()
+    empty = b.tensor((0,))
+    result = b.tensor((3,), offset=4)
+    b.op(SET_STORAGE, [empty, "<Storage>", 4, [3], []],
+         [T(empty.tensor_id, result.storage_id, (3,), (1,), 4, "float32", "cpu")])
+    doc = b.doc()
+    doc["nodes"][0]["inputs"]["types"][1] = "Storage"
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(doc))
+    program = build_program(load_trace(trace))
+    (op,) = program.ops
+    assert op.args[1].value == FreshStorage(nbytes=28, kind="cpu")
+    bench = tmp_path / "bench.py"
+    generate(trace, bench, GenerateOptions(command_line="test"))
+    assert "_storage(28, device)" in bench.read_text()
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_lowering_decodes_by_schema_type():

@@ -21,6 +21,7 @@ from mystique_gen.ir import (
     Binding,
     DerivedView,
     DeviceValue,
+    FreshStorage,
     GroupName,
     InputView,
     Level,
@@ -243,6 +244,9 @@ class CodeGen:
             return Atom(self.device_expr(value.kind))
         if isinstance(value, GroupName):
             return Atom(f"_group_name({int(value.index)})")
+        if isinstance(value, FreshStorage):
+            return exprs.call("_storage", [Atom(str(int(value.nbytes))),
+                                           Atom(self.device_expr(value.kind))])
         if isinstance(value, ListValue):
             return exprs.list_display([self.value(v) for v in value.items])
         if isinstance(value, TensorValue):

@@ -154,7 +154,18 @@ class GroupName:
     index: int
 
 
-Value = Literal | TorchConstant | DeviceValue | ListValue | TensorValue | GroupName
+@dataclass(frozen=True, slots=True)
+class FreshStorage:
+    """A ``Storage`` argument, which the trace writes as ``"<Storage>"``: a new untyped
+    storage of ``nbytes`` on a device of ``kind``, what the op's result then lies on
+    (``aten::set_`` wrapping a pickle's bytes in ``all_gather_object``)."""
+
+    nbytes: int
+    kind: str
+
+
+Value = (Literal | TorchConstant | DeviceValue | ListValue | TensorValue | GroupName
+         | FreshStorage)
 
 
 @dataclass(eq=False, slots=True)
@@ -365,6 +376,7 @@ __all__ = [
     "Binding",
     "DerivedView",
     "DeviceValue",
+    "FreshStorage",
     "GroupName",
     "Init",
     "InputView",

@@ -24,6 +24,7 @@ from mystique_gen.ir import (
     Arg,
     DeviceValue,
     Diagnostic,
+    FreshStorage,
     GroupName,
     ListValue,
     Literal,
@@ -36,6 +37,7 @@ from mystique_gen.ir import (
     not_replayed,
 )
 from mystique_gen.ir.dtypes import (
+    ITEM_SIZES,
     LAYOUT_CODES,
     MEMORY_FORMAT_CODES,
     SCALAR_TYPE_CODES,
@@ -90,9 +92,9 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
             skipped.append(not_replayed(node.id, sig.qualified_name, reason))
             continue
         try:
-            args = _decode_args(sig, node.inputs, node.id,
-                                comm.group_of if functional and comm else None)
             outputs = _decode_outputs(sig, node.outputs, node.id)
+            args = _decode_args(sig, node.inputs, node.id,
+                                comm.group_of if functional and comm else None, outputs)
         except Unsupported as exc:
             skipped.append(not_replayed(node.id, sig.qualified_name, str(exc)))
             continue
@@ -125,6 +127,8 @@ def _not_replayed_reason(sig: Signature) -> str | None:
     if sig.namespace in oprules.COMMUNICATION_NAMESPACES:
         return "communication op: run the benchmark under torch.distributed (not yet supported)"
     for spec in sig.args:
+        if spec.type == "Storage" and sig.returns[:1] == ("Tensor",):
+            continue  # a new one, as large as the result needs (_fresh_storage)
         if any(bad in spec.type for bad in oprules.UNSUPPORTED_ARG_TYPES):
             return f"argument {spec.name!r} of type {spec.type} cannot be rebuilt from a trace"
     return None
@@ -147,9 +151,11 @@ def _guard(sig: Signature) -> str | None:
 
 
 def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
-                 group_of: Callable[[object], int] | None = None) -> list[Arg]:
+                 group_of: Callable[[object], int] | None = None,
+                 outputs: list[Value] | None = None) -> list[Arg]:
     """Arguments by schema type; with ``group_of``, a process group's recorded name
-    becomes that group at run time (functional collectives)."""
+    becomes that group at run time (functional collectives); a ``Storage`` one, a new
+    storage for the result in ``outputs`` (:func:`_fresh_storage`)."""
     if len(recorded) > len(sig.args):
         raise Unsupported(
             f"{len(recorded)} inputs recorded but the schema takes {len(sig.args)}")
@@ -158,12 +164,25 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
         if group_of is not None and spec.name in oprules.GROUP_NAME_ARGS:
             args.append(Arg(spec, GroupName(group_of(raw.value))))
             continue
+        if spec.type == "Storage":
+            args.append(Arg(spec, _fresh_storage(outputs or [], node_id, f"inputs[{i}]")))
+            continue
         value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]")
         args.append(Arg(spec, value))
     missing = [s.name for s in sig.args[len(recorded):] if not s.has_default]
     if missing:
         raise Unsupported(f"required arguments not recorded: {', '.join(missing)}")
     return args
+
+
+def _fresh_storage(outputs: list[Value], node_id: int, where: str) -> FreshStorage:
+    """The storage an op (``set_``) puts its result on, which the trace does not
+    record: one as large as the recorded result reaches, on its device."""
+    result = outputs[0] if outputs else None
+    if not isinstance(result, TensorValue):
+        raise Unsupported(f"{where}: a Storage argument, and no recorded result to size it")
+    meta = result.meta
+    return FreshStorage(nbytes=meta.extent * ITEM_SIZES.get(meta.dtype, 4), kind=meta.device)
 
 
 def _decode_outputs(sig: Signature, recorded: list[RawArg], node_id: int) -> list[Value]:

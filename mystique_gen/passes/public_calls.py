@@ -42,6 +42,7 @@ from torch.autograd.profiler import profile
 from mystique_gen import oprules
 from mystique_gen.ir import (
     DeviceValue,
+    FreshStorage,
     Literal,
     Op,
     TensorValue,
@@ -140,6 +141,8 @@ def _kind(value: Value) -> object:
         return ("constant", value.name)
     if isinstance(value, DeviceValue):
         return "device"
+    if isinstance(value, FreshStorage):
+        return "storage"
     return ("list", tuple(sorted({repr(_kind(v)) for v in value.items})))
 
 
@@ -158,6 +161,8 @@ def _probe_value(value: Value) -> Any:
         return getattr(torch, value.name)
     if isinstance(value, DeviceValue):
         return torch.device("cpu")
+    if isinstance(value, FreshStorage):
+        return torch.UntypedStorage(0)
     items = value.items
     if any(isinstance(v, TensorValue) for v in items):
         items = items[:2]  # the parser reads the items' types; an optimizer's 150 are slow

@@ -864,6 +864,13 @@ _FILLS = {
 }
 
 
+def _storage(nbytes, device):
+    """A new untyped storage, for an op given one (`set_` wrapping a pickle's bytes):
+    the trace records no storage argument, only the result it made. (No aten op
+    makes it, as none made the original's: it came from Python's bytes.)"""
+    return torch.UntypedStorage(nbytes, device=device)
+
+
 def _fill(numel, dtype, device, kind, low, high, gens):
     """A flat buffer of `numel` elements filled by `kind` from the seeded generator."""
     gen = gens[torch.device(device).type]
