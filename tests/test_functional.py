@@ -232,3 +232,33 @@ def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
     assert "aten::_embedding_bag" in names(result.et_path)
     assert "aten::_embedding_bag" in names(replay_et)
     assert "aten::_embedding_bag_forward_only" not in names(replay_et)
+
+
+def test_a_packed_sequence_replays_with_lengths_that_pack_the_same_shapes(tmp_path):
+    """pack_padded_sequence takes lengths sorted longest first, none longer than the
+    batch's steps: filled at random they made the replay fail. They are filled so
+    that they pack the recorded rows over the recorded steps (a bidirectional GRU
+    over three padded sequences, trained)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(8, 16, num_layers=2, bidirectional=True, batch_first=True)
+    opt = torch.optim.RMSprop(gru.parameters())
+    x, lengths = torch.randn(3, 12, 8), torch.tensor([12, 9, 5])
+
+    def step() -> None:
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
+        out, _ = torch.nn.utils.rnn.pad_packed_sequence(gru(packed)[0], batch_first=True)
+        opt.zero_grad()
+        out.sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="gru", kineto=False, timing_iters=1)
+    bench = tmp_path / "gru_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert '"descending", 26, 12' in text  # 26 rows over 12 steps, 3 sequences
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--et",
+                         str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert op_multiset(replay_et, by_overload=True) == op_multiset(result.et_path,
+                                                                   by_overload=True)

@@ -18,6 +18,8 @@ class FillKind(str, Enum):
     RUNS = "runs"  # low distinct values in sorted runs (unique_consecutive)
     DISTINCT = "distinct"  # low distinct values, shuffled (unique)
     SUM = "sum"  # non-negative parts adding up to low (repeats, lengths)
+    DESCENDING = "descending"  # parts in [1, high], non-increasing, the first high,
+    # adding up to low (a padded batch's sequence lengths)
     BOOL = "bool"  # booleans, half true
     UNIFORM = "uniform"  # floats uniform in [low, high)
     ONES = "ones"

@@ -97,27 +97,26 @@ class LengthsOf(Fill):
         return (FillKind.CUTS, 0, total) if self.cuts else (FillKind.SUM, total, 0)
 
 
+class PackedLengths(Fill):
+    """``_pack_padded_sequence``: lengths that pack as many rows as the recorded data
+    (output 0) over as many steps as the recorded batch sizes (output 1): the longest
+    sequence as long as those steps, the others as even as they can be, sorted
+    longest first (``enforce_sorted``). The same shapes, whatever the original's
+    lengths were."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        data, steps, lengths = _out(outputs, 0), _out(outputs, 1), args.get("lengths")
+        count = _numel(lengths) if isinstance(lengths, tuple) else None
+        if not data or not steps or not count:
+            return None
+        rows, longest = data[0], steps[0]
+        if not (longest + count - 1 <= rows <= longest * count):
+            return None  # no lengths in [1, longest] add up to it
+        return (FillKind.DESCENDING, rows, longest)
+
+
 _UNIQUE = {"self": DistinctCount()}
 _SEGMENTS = {"lengths": LengthsOf("data", "axis"), "offsets": LengthsOf("data", "axis", True)}
-
-# op -> {input argument: Fill}
-SHAPE_RULES: dict[str, dict[str, Fill]] = {
-    "aten::nonzero": {"self": TrueCount()},
-    "aten::argwhere": {"self": TrueCount()},
-    "aten::nonzero_numpy": {"self": TrueCount(0, 0)},
-    "aten::where": {"condition": TrueCount(0, 0)},
-    "aten::masked_select": {"mask": MaskedCount()},
-    "aten::_unique": _UNIQUE,
-    "aten::_unique2": _UNIQUE,
-    "aten::unique_consecutive": {"self": RunCount()},
-    "aten::repeat_interleave": {"repeats": RepeatsSum()},
-    "aten::bincount": {"self": MaxIsLast()},
-    "aten::segment_reduce": _SEGMENTS,
-    "aten::_segment_reduce_backward": _SEGMENTS,
-    "aten::_jagged_to_padded_dense_forward": {"offsets": LengthsOf("values", 0, True)},
-    "aten::_padded_dense_to_jagged_forward": {"offsets": LengthsOf("dense", 0, True)},
-}
-
 
 FAMILY = OpFamily(
     name="data-dependent shapes",
@@ -136,6 +135,7 @@ FAMILY = OpFamily(
         "aten::_segment_reduce_backward": _SEGMENTS,
         "aten::_jagged_to_padded_dense_forward": {"offsets": LengthsOf("values", 0, True)},
         "aten::_padded_dense_to_jagged_forward": {"offsets": LengthsOf("dense", 0, True)},
+        "aten::_pack_padded_sequence": {"lengths": PackedLengths()},
     },
     data_dependent_outputs=frozenset({
         "aten::nonzero", "aten::argwhere", "aten::nonzero_numpy", "aten::where",

@@ -806,6 +806,15 @@ def _fill_sum(numel, low, high, gen, device, gens, dtype):
     return (edges[1:] - edges[:-1])[:numel].to(device)
 
 
+def _fill_descending(numel, low, high, gen, device, gens, dtype):
+    # `numel` lengths adding up to `low`: the first `high` (the longest sequence), the
+    # rest as even as they can be, non-increasing (pack_padded_sequence's order).
+    rest, count = low - high, max(numel - 1, 0)
+    base, extra = divmod(rest, count) if count else (0, 0)
+    parts = [high] + [base + 1] * extra + [base] * (count - extra)
+    return torch.tensor(parts[:numel], dtype=dtype, device=device)
+
+
 def _fill_bool(numel, low, high, gen, device, gens, dtype):
     return torch.rand(numel, generator=gen, device=device) < 0.5
 
@@ -837,6 +846,7 @@ _FILLS = {
     "runs": _fill_runs,
     "distinct": _fill_distinct,
     "sum": _fill_sum,
+    "descending": _fill_descending,
     "bool": _fill_bool,
     "uniform": _fill_uniform,
     "ones": _fill_ones,
