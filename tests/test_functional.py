@@ -262,3 +262,30 @@ def test_a_packed_sequence_replays_with_lengths_that_pack_the_same_shapes(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert op_multiset(replay_et, by_overload=True) == op_multiset(result.et_path,
                                                                    by_overload=True)
+
+
+def test_adams_state_of_a_complex_parameter_replays_finite(tmp_path):
+    """Adam keeps a complex parameter's state as complex tensors and reads them through
+    view_as_real; the square root of the second moment needs that complex storage
+    filled non-negative, or the parameter turned NaN in the first iteration (a
+    spectral layer, as Fourier neural operators train)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(4, 4, 5, dtype=torch.cfloat) * 0.1)
+    opt = torch.optim.Adam([weight], lr=1e-3)
+    x = torch.randn(2, 4, 16)
+
+    def step() -> None:
+        spectrum = torch.fft.rfft(x)[..., :5]
+        mixed = torch.einsum("bix,iox->box", spectrum, weight)
+        out = torch.fft.irfft(torch.nn.functional.pad(mixed, (0, 4)), n=16)
+        opt.zero_grad()
+        out.pow(2).mean().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="spectral", kineto=False, timing_iters=1)
+    bench = tmp_path / "spectral_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["nonfinite_inputs"] == []

@@ -304,6 +304,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for op in ops:
         _collect(op, facts, recorded)
     _propagate_bounds(ops, facts)
+    _propagate_through_views(ops, facts)
     for s in storages:
         if s.materialised:
             s.init = _choose(s, facts)
@@ -419,6 +420,30 @@ def _propagate_bounds(ops: list[Op], facts: _Facts) -> None:
             if arg.spec.name in sources:
                 for tv in iter_tensors(arg.value):
                     facts.bound(tv, high, f"{why} (via {op.name})")
+
+
+def _propagate_through_views(ops: list[Op], facts: _Facts) -> None:
+    """Carry a view's positive or ranged floats back to the tensor it views: Adam's
+    state of a complex parameter is a complex tensor the step reads through
+    ``view_as_real``, and its square root needs the complex storage filled
+    non-negative (a view of another dtype is another storage here)."""
+    for op in reversed(ops):
+        if not op.signature.is_view:
+            continue
+        outputs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
+                   if tv.storage is not None]
+        positive = next((facts.positive[i] for i in outputs if i in facts.positive), None)
+        ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
+        if positive is None and ranged is None:
+            continue
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                if tv.storage is None or tv.storage.index in outputs:
+                    continue
+                if positive is not None:
+                    facts.positive.setdefault(tv.storage.index, f"{positive} (via {op.name})")
+                if ranged is not None:
+                    facts.float_range.setdefault(tv.storage.index, ranged)
 
 
 def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],
