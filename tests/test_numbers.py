@@ -64,3 +64,18 @@ def test_a_scalar_some_op_made_stays_a_tensor():
     mask = b.tensor((4,), dtype="int64")
     b.op(MUL, [mask, made], [b.tensor((4,), dtype="float32")])
     assert isinstance(_other(_program(b)), TensorValue)
+
+
+@pytest.mark.parametrize("result_dtype,wrapped", [
+    ("float32", True),  # a wrapped float beside a 0-d float32 tensor keeps float32
+    ("float64", False),  # a real 0-d float64 tensor won
+])
+def test_a_float_times_a_0d_tensor_keeps_the_tensors_dtype(tmp_path, result_dtype, wrapped):
+    """All tensors 0-d (a loss term times -0.5): they promote among themselves, so a
+    float32 result proves the float64 one was a Python number. As a tensor it made the
+    loss float64, and the backward then refused a float32 gradient beside it."""
+    b = TraceBuilder()
+    loss = b.tensor((), dtype="float32")
+    b.op(MUL, [loss, b.tensor((), dtype="float64")], [b.tensor((), dtype=result_dtype)])
+    other = _other(_program(b))
+    assert isinstance(other, Literal) is wrapped

@@ -12,7 +12,10 @@ mask made the next matmul fail on float64 against float32).
 So an input is replayed as a number where all of these hold: it is a 0-d CPU float64
 tensor, no recorded op made or wrote its storage before, every dimensioned tensor
 argument is boolean or integral, and the op returned a floating tensor of another
-dtype, which a 0-d float64 tensor argument could not have produced. (Wrapped integers
+dtype, which a 0-d float64 tensor argument could not have produced; or, where every
+tensor argument is 0-d, the op returned the floating dtype (not float64) of another
+0-d tensor it read (a VAE's KL term times -0.5: replayed as a tensor, the loss became
+float64 and the backward refused it). (Wrapped integers
 and booleans promote as 0-d tensors of their dtype would: nothing to tell apart.
 Complex numbers are left as they are.) The number is the value the capture recorded
 (``mystique_gen.tools.capture``), else 1.0, which neither zeroes nor overflows what it
@@ -57,9 +60,18 @@ def _wrapped(tv: TensorValue, op: Op, outputs: list[TensorValue], made: set[int]
         return False
     others = [t.meta.dtype for arg in op.args for t in iter_tensors(arg.value)
               if t is not tv and t.meta.shape != ()]
-    if not others or any(d not in _BOOL_OR_INTEGRAL for d in others):
+    results = {t.meta.dtype for t in outputs} & FLOATING - {"float64"}
+    if not others:
+        # Every other tensor is 0-d too, and 0-d tensors promote among themselves: a
+        # 0-d float64 tensor beside a 0-d float32 one it reads makes float64, a wrapped
+        # float does not (a loss term times -0.5). Written tensors say nothing (an
+        # in-place op keeps its dtype).
+        read = {t.meta.dtype for arg in op.args if not arg.spec.writes
+                for t in iter_tensors(arg.value) if t is not tv}
+        return bool(results & read)
+    if any(d not in _BOOL_OR_INTEGRAL for d in others):
         return False
-    return any(t.meta.dtype in FLOATING and t.meta.dtype != "float64" for t in outputs)
+    return bool(results)
 
 
 def scalar_beside(tv: TensorValue, op: Op) -> bool:
