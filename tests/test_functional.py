@@ -289,3 +289,26 @@ def test_adams_state_of_a_complex_parameter_replays_finite(tmp_path):
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert last_json(proc.stdout)["nonfinite_inputs"] == []
+
+
+def test_a_covariance_input_replays_positive_definite(tmp_path):
+    """A step that factors or inverts a matrix it is given (a covariance, a kernel
+    matrix): filled at random it is not positive-definite, and cholesky failed. The
+    linear algebra family fills such inputs symmetric positive-definite."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    a = torch.randn(3, 5, 5)
+    cov = a @ a.mT + 5 * torch.eye(5)
+    rhs = torch.randn(3, 5, 2)
+
+    def step() -> None:
+        factor = torch.linalg.cholesky(cov)
+        (factor.sum() + torch.linalg.inv(cov).sum() + torch.linalg.solve(cov, rhs).sum()).item()
+
+    result = capture(step, tmp_path, name="cov", kineto=False, timing_iters=1)
+    bench = tmp_path / "cov_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert '"spd", 5, 0' in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["nonfinite_inputs"] == []

@@ -20,6 +20,7 @@ class FillKind(str, Enum):
     SUM = "sum"  # non-negative parts adding up to low (repeats, lengths)
     DESCENDING = "descending"  # parts in [1, high], non-increasing, the first high,
     # adding up to low (a padded batch's sequence lengths)
+    SPD = "spd"  # low x low symmetric positive-definite matrices, one after another
     BOOL = "bool"  # booleans, half true
     UNIFORM = "uniform"  # floats uniform in [low, high)
     ONES = "ones"

@@ -835,6 +835,15 @@ def _fill_descending(numel, low, high, gen, device, gens, dtype):
     return torch.tensor(parts[:numel], dtype=dtype, device=device)
 
 
+def _fill_spd(numel, low, high, gen, device, gens, dtype):
+    # Matrices of `low` x `low`, each a a^T / low + I for a uniform in [-1, 1):
+    # symmetric, eigenvalues in [1, 1 + low], so factorisations and inverses exist.
+    n = low
+    a = torch.rand(numel // (n * n), n, n, generator=gen, device=device) * 2 - 1
+    eye = torch.eye(n, device=device)
+    return (a @ a.mT / n + eye).reshape(-1)
+
+
 def _fill_bool(numel, low, high, gen, device, gens, dtype):
     return torch.rand(numel, generator=gen, device=device) < 0.5
 
@@ -867,6 +876,7 @@ _FILLS = {
     "distinct": _fill_distinct,
     "sum": _fill_sum,
     "descending": _fill_descending,
+    "spd": _fill_spd,
     "bool": _fill_bool,
     "uniform": _fill_uniform,
     "ones": _fill_ones,

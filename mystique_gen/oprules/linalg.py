@@ -1,0 +1,41 @@
+"""Linear algebra: matrices a factorisation or an inverse needs to exist."""
+
+from __future__ import annotations
+
+from mystique_gen.harness.fills import FillKind
+from mystique_gen.oprules.base import Facts, Fill, OpFamily, OutShapes
+
+
+class PositiveDefinite(Fill):
+    """Square matrices (a batch of them) that are symmetric positive-definite, so that
+    a Cholesky factorisation exists and every inverse or solve is well conditioned:
+    random ones fail ("the input is not positive-definite") or return inf."""
+
+    def __init__(self, arg: str):
+        self.arg = arg
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        shape = args.get(self.arg)
+        if not isinstance(shape, tuple) or len(shape) < 2 or shape[-1] != shape[-2] \
+                or not shape[-1]:
+            return None
+        return (FillKind.SPD, shape[-1], 0)
+
+
+_SELF, _A = {"self": PositiveDefinite("self")}, {"A": PositiveDefinite("A")}
+
+FAMILY = OpFamily(
+    name="linear algebra",
+    shape_rules={
+        "aten::linalg_cholesky": _SELF,
+        "aten::linalg_cholesky_ex": _SELF,
+        "aten::cholesky": _SELF,
+        "aten::inverse": _SELF,
+        "aten::linalg_inv": _A,
+        "aten::linalg_inv_ex": _A,
+        "aten::linalg_solve": _A,
+        "aten::linalg_solve_ex": _A,
+        "aten::_linalg_solve_ex": _A,
+        "aten::linalg_lu_factor_ex": _A,
+    },
+)
