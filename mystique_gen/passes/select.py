@@ -96,7 +96,7 @@ def repair_async_nesting(trace: RawTrace) -> None:
         return
     trace.nesting_repaired = True
     by_id = {n.id: n for n in trace.nodes}
-    if restore_nesting(trace):  # every parent is right: what follows has nothing to undo
+    if restore_nesting(trace, by_id):  # every parent is right: what follows has nothing to undo
         _adopt_completion_work(trace, by_id)
         return
     _repair_stale_scopes(trace, by_id)
@@ -124,7 +124,7 @@ def repair_async_nesting(trace: RawTrace) -> None:
     _adopt_completion_work(trace, by_id)
 
 
-def restore_nesting(trace: RawTrace) -> bool:
+def restore_nesting(trace: RawTrace, by_id: dict[int, RawNode]) -> bool:
     """Rebuild every node's parent from when it started and when it ended; returns
     whether the trace allowed it.
 
@@ -141,7 +141,7 @@ def restore_nesting(trace: RawTrace) -> bool:
     Only a file in the observer's order tells when nodes ended
     (:func:`_written_in_end_order`); another tool's rewrite (nodes sorted by id) keeps
     its recorded parents, and the repairs below make what they can of them."""
-    if not _written_in_end_order(trace):
+    if not _written_in_end_order(trace, by_id):
         return False
     roots = {n.tid: n.id for n in trace.nodes
              if is_root(n) and "thread" in n.name and n.parent != n.id}
@@ -171,13 +171,12 @@ def restore_nesting(trace: RawTrace) -> bool:
     return True
 
 
-def _written_in_end_order(trace: RawTrace) -> bool:
+def _written_in_end_order(trace: RawTrace, by_id: dict[int, RawNode]) -> bool:
     """Whether the file lists nodes as the observer ends them: of the recorded
     parent-child pairs on one thread (below its root), most have the child written
     first, and of consecutive siblings (top-level ops too), most are written in the
     order they started. A file sorted by id has no child first, a reversed one no
     sibling in order; a shifted stack leaves a few of each."""
-    by_id = {n.id: n for n in trace.nodes}
     pairs = children_first = siblings = in_order = 0
     last_child: dict[int, RawNode] = {}
     for node in trace.nodes:

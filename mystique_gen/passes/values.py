@@ -42,7 +42,7 @@ from mystique_gen.ir import (
     contiguous_strides,
     iter_tensors,
 )
-from mystique_gen.ir.dtypes import FLOATING, INTEGRAL, ITEM_SIZES
+from mystique_gen.ir.dtypes import FLOATING, INTEGRAL, ITEM_SIZES, dtype_from_type_string
 from mystique_gen.passes.lower import list_element_types
 from mystique_gen.sources.et import RawArg, RawTrace
 
@@ -71,7 +71,6 @@ class RecordedValues:
 # Recorded values per op overload and tensor ordinal, in call order: the capture
 # sidecar's ``scalars`` (mystique_gen.tools.capture.record_scalars).
 ScalarRecord = dict[str, dict[str, list[float]]]
-_FLOAT_TYPES = ("float", "double", "Half", "BFloat16", "Float8")
 
 
 def resources_dir(trace_path: str | Path) -> Path | None:
@@ -171,7 +170,7 @@ def _scalar_tensor(raw: RawArg) -> bool:
     record = raw.value
     device = record[5] if isinstance(record, list) and len(record) > 5 else None
     return raw.shape == [] and device in ("cpu", None) and \
-        any(t in raw.type for t in _FLOAT_TYPES)
+        dtype_from_type_string(raw.type) in FLOATING
 
 
 def _arg_facts(op: Op) -> dict[str, object]:
