@@ -31,6 +31,11 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``rooted``: collectives with a root, as evaluation and logging code calls them:
   gather and scatter (a non-root rank passes no list), a list all_gather and a
   broadcast from rank 1 of a strided slice;
+* ``vocab``: tensor parallel as LLM training shards its ends: a vocabulary-parallel
+  embedding (RowwiseParallel on nn.Embedding: each rank masks the ids outside its rows
+  and shifts the rest by its first row, a Python int the trace holds no value of) and
+  a class-sharded cross entropy under ``loss_parallel`` (the same masking for the
+  targets);
 * ``objects``: Python objects exchanged as training loops log and configure:
   ``all_gather_object`` and ``broadcast_object_list`` (pickles in byte tensors, which
   ``aten::set_`` puts on a storage of the pickle's bytes).
@@ -56,11 +61,12 @@ import torch.distributed._functional_collectives as fc
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 from torch.profiler import ExecutionTraceObserver
@@ -319,10 +325,32 @@ def objects() -> Callable[[], object]:
     return step
 
 
+def vocab() -> Callable[[], object]:
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 32),
+                                torch.nn.ReLU(), torch.nn.Linear(32, 64))
+    parallelize_module(model, mesh, {
+        "0": RowwiseParallel(input_layouts=Replicate()),
+        "1": ColwiseParallel(),
+        "3": RowwiseParallel(output_layouts=Shard(-1), use_local_output=False)})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (4, 8))
+    target = torch.randint(0, 64, (4 * 8,))
+
+    def step() -> None:
+        opt.zero_grad()
+        with loss_parallel():
+            logits = model(ids).flatten(0, 1)
+            torch.nn.functional.cross_entropy(logits, target).backward()
+        opt.step()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
-         "rooted": rooted, "objects": objects}
+         "rooted": rooted, "objects": objects, "vocab": vocab}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

@@ -740,3 +740,72 @@ def test_normalised_activations_keep_both_signs(tmp_path):
     (out,) = seen
     zeros = (out == 0).float().mean(dim=(0, 2, 3))  # per channel
     assert float(zeros.min()) > 0.2 and float(zeros.max()) < 0.8
+
+
+class _VocabShard(torch.nn.Module):
+    """One rank's shard of a vocabulary-parallel embedding, as Megatron and DTensor's
+    _MaskPartial write it: the ids outside rows [start, end) are masked, the rest
+    shifted by ``start`` (a Python int) to the shard's own rows."""
+
+    def __init__(self, start: int, end: int):
+        super().__init__()
+        self.start, self.end = start, end
+        self.weight = torch.nn.Parameter(torch.randn(end - start, 8))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = (ids < self.start) | (ids >= self.end)
+        local = ids.clone() - self.start
+        local[mask] = 0
+        out = F.embedding(local, self.weight)
+        out[mask] = 0.0
+        return out
+
+
+@pytest.mark.parametrize("start", [0, 24])
+def test_a_shard_offset_the_trace_holds_no_value_of_is_its_windows_low_bound(
+        tmp_path, start):
+    """The offset reaches the trace as a 0-d int64 tensor without a value; filled at
+    random, the shifted ids left the shard's rows and the embedding raised "index out
+    of range" (rank 1 of tensor parallel with a vocabulary-parallel embedding)."""
+    torch.manual_seed(0)
+    shard = _VocabShard(start, start + 24)
+    ids = torch.randint(0, 48, (4, 6))
+    opt = torch.optim.SGD(shard.parameters(), lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        shard(ids).sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="vocab", kineto=False, timing_iters=1,
+                     integral_ranges=False)
+    bench = tmp_path / "vocab_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert f'"span", {start}, {start}' in text
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert op_multiset(result.et_path, by_overload=True) == op_multiset(replay_et, by_overload=True)
+
+
+LT = "aten::lt.Scalar(Tensor self, Scalar other) -> Tensor"
+GE = "aten::ge.Scalar(Tensor self, Scalar other) -> Tensor"
+SUB = "aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+
+
+@pytest.mark.parametrize("lows,high,expected", [
+    ([4], 8, ("span", 4, 4)),
+    ([4, 0], 8, ("randint", 0, 8)),  # two windows over the same values: none is known
+    ([4], None, ("randint", 0, 8)),  # no high bound: a compare, not a window
+])
+def test_only_one_agreed_window_fixes_an_offset(lows, high, expected):
+    b = TraceBuilder()
+    ids = b.tensor((6,), dtype="int64")
+    offset = b.tensor((), dtype="int64")
+    for low in lows:
+        b.op(LT, [ids, low], [b.tensor((6,), dtype="bool")])
+    if high is not None:
+        b.op(GE, [ids, high], [b.tensor((6,), dtype="bool")])
+    b.op(SUB, [ids, offset, 1], [b.tensor((6,), dtype="int64")])
+    assert (_scalar_inits(_program(b))) == [expected]

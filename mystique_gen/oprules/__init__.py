@@ -107,6 +107,8 @@ COMM_OPS: dict[str, CommRule] = merged("comm_ops")
 COMM_NOT_REPLAYED: dict[str, str] = merged("comm_not_replayed")
 NOT_REPLAYED: dict[str, str] = merged("not_replayed")
 INTEGER_DIVISORS: dict[str, tuple[str, ...]] = merged("integer_divisors")
+WINDOW_BOUNDS: dict[str, str] = merged("window_bounds")
+WINDOW_SHIFTS: dict[str, tuple[str, str]] = merged("window_shifts")
 
 
 def _union(field_name: str) -> frozenset[str]:
@@ -137,6 +139,7 @@ __all__ = [
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",
     "REFUSED_ARGS", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES", "SizeOf",
-    "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "differentiable",
+    "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "WINDOW_BOUNDS",
+    "WINDOW_SHIFTS", "differentiable",
     "guard_reason", "merged", "op_category", "reduce_op_name",
 ]

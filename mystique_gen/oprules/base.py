@@ -185,3 +185,9 @@ class OpFamily:
     refuses_views: frozenset[str] = frozenset()
     # Integral divisors, never filled with 0: {op: (argument, ...)}.
     integer_divisors: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Compares of an integral tensor with a recorded Scalar that bound a shard's index
+    # window: {op: "low" or "high"} (t < low | t >= high masks other shards' rows).
+    window_bounds: dict[str, str] = field(default_factory=dict)
+    # Ops that shift a windowed tensor to shard-local indices: {op: (tensor, offset)};
+    # an offset the trace holds no value of is the window's low bound.
+    window_shifts: dict[str, tuple[str, str]] = field(default_factory=dict)

@@ -72,5 +72,20 @@ FAMILY = OpFamily(
         "aten::concat": ("tensors",),
         "aten::stack": ("tensors",),
         "aten::tile": ("self",),
+        # Writes: the values put into an index tensor become its values.
+        "aten::index_put_": ("values",),
+        "aten::index_put": ("self", "values"),
+        "aten::masked_fill_": ("value",),
+        "aten::masked_fill": ("self", "value"),
+        "aten::where": ("self", "other"),
+        "aten::lift_fresh": ("self",),
     },
+    # A dimension sharded over ranks (a vocabulary-parallel embedding, loss parallel,
+    # DTensor's _MaskPartial): each rank masks the indices outside its window,
+    # ``mask = (t < low) | (t >= high)``, shifts the rest to its own rows,
+    # ``t.clone() - low``, and puts 0 where masked. ``low`` is a Python int there,
+    # recorded as a 0-d tensor without its value: filled at random, the shifted
+    # indices leave the window and the embedding or gather after it fails.
+    window_bounds={"aten::lt": "low", "aten::ge": "high"},
+    window_shifts={"aten::sub": ("self", "other")},
 )

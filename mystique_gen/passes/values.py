@@ -245,6 +245,7 @@ class _Facts:
         self.scalar_values: dict[int, list[float]] = {}  # recorded values of 0-d views
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
         self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
+        self.window_low: dict[int, tuple[int, str]] = {}  # a shard's offset (WINDOW_SHIFTS)
 
     def view(self, tv: TensorValue) -> None:
         s = tv.storage
@@ -304,6 +305,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
         _collect(op, facts, recorded)
     _propagate_bounds(ops, facts)
     _propagate_through_views(ops, facts)
+    _shift_windows(ops, facts)
     for s in storages:
         if s.materialised:
             s.init = _choose(s, facts)
@@ -445,6 +447,65 @@ def _propagate_through_views(ops: list[Op], facts: _Facts) -> None:
                     facts.float_range.setdefault(tv.storage.index, ranged)
 
 
+def _shift_windows(ops: list[Op], facts: _Facts) -> None:
+    """An unrecorded offset that shifts windowed indices is the window's low bound.
+
+    A sharded dimension's indices are masked outside ``[low, high)`` by compares with
+    recorded Scalars (:data:`oprules.WINDOW_BOUNDS`) and shifted by ``low``
+    (:data:`oprules.WINDOW_SHIFTS`), a Python int the trace records as a 0-d tensor
+    with no value. The compares may read the tensor before it is copied (``clone``,
+    ``where``): storages whose values one copies from another count as one. Applied
+    only where every compare of those values agrees on one low bound and a high bound
+    exists, and no recorded value or range fills the offset."""
+    parent: dict[int, int] = {}
+
+    def root(i: int) -> int:
+        while parent.get(i, i) != i:
+            i = parent[i]
+        return i
+
+    for op in ops:  # values copied from one storage to another: one class
+        sources = oprules.VALUE_PRESERVING.get(op.name, ())
+        outs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
+                if tv.storage is not None]
+        for arg in op.args:
+            if arg.spec.name in sources:
+                for tv in iter_tensors(arg.value):
+                    for out in outs if tv.storage is not None else ():
+                        parent[root(out)] = root(tv.storage.index)
+    lows: dict[int, set[int]] = {}
+    highs: set[int] = set()
+    for op in ops:
+        side = oprules.WINDOW_BOUNDS.get(op.name)
+        named = {a.spec.name: a.value for a in op.args}
+        tensor, bound = named.get("self"), named.get("other")
+        if side is None or not isinstance(tensor, TensorValue) or tensor.storage is None \
+                or tensor.meta.dtype not in INTEGRAL or not isinstance(bound, Literal) \
+                or type(bound.value) is not int:
+            continue
+        if side == "low":
+            lows.setdefault(root(tensor.storage.index), set()).add(bound.value)
+        else:
+            highs.add(root(tensor.storage.index))
+    for op in ops:
+        shift = oprules.WINDOW_SHIFTS.get(op.name)
+        if shift is None:
+            continue
+        named = {a.spec.name: a.value for a in op.args}
+        tensor, offset = named.get(shift[0]), named.get(shift[1])
+        if not (isinstance(tensor, TensorValue) and isinstance(offset, TensorValue)):
+            continue
+        s, cls = offset.storage, root(tensor.storage.index) if tensor.storage else None
+        if s is None or not s.materialised or s.dtype not in INTEGRAL or s.extent != 1 \
+                or s.index in facts.data or s.index in facts.ranges:
+            continue
+        window = lows.get(cls, set()) if cls is not None else set()
+        if len(window) == 1 and cls in highs:
+            low = next(iter(window))
+            facts.window_low.setdefault(s.index, (low, f"{op.name} {shift[1]}: the low "
+                                                       f"bound {low} of its index window"))
+
+
 def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],
              facts: _Facts, arg_name: str) -> None:
     """``aten::index``: ``indices[k]`` indexes dim k; a bool mask selects recorded rows."""
@@ -492,6 +553,9 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         packed = _narrow(values)
         if packed and (high is None or all(0 <= v < high for v in values)):
             return Init(FillKind.DATA, packed[0], len(values), "recorded data", packed[1])
+    if i in facts.window_low:
+        low, why = facts.window_low[i]
+        return Init(FillKind.SPAN, low, low, why)
     if i in facts.shape:
         (kind, low, high), why = facts.shape[i]
         return Init(kind, low, high, why)
