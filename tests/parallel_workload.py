@@ -19,7 +19,8 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
   dimension's subgroup, functional and c10d, as 2-D parallel training issues them;
 * ``fsdp2_tp``: 2-D parallel training on that mesh (4 ranks): tensor parallel
-  (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, AdamW foreach;
+  (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, gradients clipped by their total
+  norm, AdamW foreach;
 * ``seqpar``: sequence parallel on DTensor (a LayerNorm sharded on the sequence, then
   Colwise/Rowwise with sharded input and output): functional all-gathers and
   reduce-scatters whose AsyncCollectiveTensor results are viewed before they are
@@ -215,6 +216,8 @@ def fsdp2_tp() -> Callable[[], object]:
     def step() -> None:
         opt.zero_grad()
         model(x).sum().backward()
+        # The total norm over both mesh dimensions: DTensor all-reduces on each.
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
     return step

@@ -13,7 +13,7 @@ from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import main as tools_main
 from mystique_gen.driver import Source, build_program, generate, generate_source, run_passes
-from mystique_gen.ir import Init
+from mystique_gen.ir import Init, Literal
 from mystique_gen.oprules import op_category
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.values import recorded_values
@@ -410,6 +410,28 @@ def test_a_scalar_at_a_returned_tensors_addresses_is_a_new_tensor(ranges):
     assert tv.storage.materialised, "the divisor must not read the view's live buffer"
     expected = ("span", 8192, 8192) if ranges else ("randint", 1, 8)
     assert (tv.storage.init.kind, tv.storage.init.low, tv.storage.init.high) == expected
+
+
+DIV = "aten::div.Tensor(Tensor self, Tensor other) -> Tensor"
+
+
+def test_a_scalar_at_an_inputs_address_read_as_another_dtype_is_a_new_number():
+    """2-D parallel training's gradient clipping divided a 0-d float32 norm by a wrapped
+    Python float whose storage id was a freed FSDP2 all-gather buffer's, an input the
+    step only viewed: read as that buffer, it stayed a float64 tensor on one rank, its
+    stacked norms became float64, and the ranks' all_reduce dtypes disagreed."""
+    from dataclasses import replace
+
+    b = TraceBuilder()
+    buffer = b.tensor((32,))  # an input: no recorded op allocates it
+    b.op(VIEW, [buffer, [4, 8]], [b.view(buffer, (4, 8))])
+    norm = b.tensor(())
+    b.op(ADD, [b.tensor(()), b.tensor(())], [norm])
+    scalar = replace(b.tensor((), dtype="float64"), storage_id=buffer.storage_id)
+    b.op(DIV, [norm, scalar], [b.tensor(())])
+    program = _program(b)
+    divide = next(op for op in program.ops if op.name.startswith("aten::div"))
+    assert divide.args[1].value == Literal(1.0)
 
 
 def test_malformed_range_names_node_and_field():

@@ -111,6 +111,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     # Per tensor id a recorded op returned: the storage id and view it returned it on.
     returned: dict[int, tuple[int, RawView]] = {}
     allocated: set[int] = set()  # storage ids whose lifetime a recorded op's output began
+    dtypes: dict[int, set[str]] = {}  # per storage id: the tensor types it was seen as
     result: Lifetimes = {}
     for s in selected:
         node = s.node
@@ -129,15 +130,20 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
             if view[1] != () or sid in made_here:
                 continue
             if sid in defined:
-                if sid not in allocated or returned.get(record[0]) == (sid, view):
+                if returned.get(record[0]) == (sid, view) or (
+                        sid not in allocated and view[3] in dtypes.get(sid, ())):
                     continue
                 # No recorded op returned this tensor as it is read now (same storage,
-                # same view), yet its storage id is one a recorded op allocated: a
-                # wrapped number whose TensorImpl and data both reused freed addresses.
+                # same view), yet its storage id is one a recorded op allocated, or its
+                # bytes were only ever read as another dtype (a reinterpretation is a
+                # recorded view op): a wrapped number whose TensorImpl and data both
+                # reused freed addresses (a clipped gradient norm's divisor, at the
+                # address of a freed FSDP2 all-gather buffer).
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
                 defined.discard(sid)
                 allocated.discard(sid)
+                dtypes.pop(sid, None)
             elif scalars.get(sid, node.id) != node.id:
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
@@ -153,6 +159,9 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     current[sid] = current.get(sid, 0) + 1
                     seen[sid] = {}
                 seen[sid][view] = span
+        for raws in (node.inputs, node.outputs):
+            for _k, record, view in _input_tensors(raws):
+                dtypes.setdefault(record[1], set()).add(view[3])
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
         returned.update((record[0], (record[1], view))
                         for _k, record, view in _input_tensors(node.outputs))
@@ -162,6 +171,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 if sid not in reads_ids and sid not in writes:
                     current[sid] = current.get(sid, 0) + 1
                     allocated.add(sid)
+                    dtypes[sid] = set()
                 writes[sid] = current.get(sid, 0)
                 seen.pop(sid, None)
                 scalars.pop(sid, None)
