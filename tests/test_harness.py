@@ -179,6 +179,36 @@ def test_each_rank_replays_with_its_own_original(monkeypatch):
     assert "original_ms" not in job.facts()["per_rank"][0]
 
 
+class _FailingOp:
+    def __init__(self, namespace: str):
+        self.namespace = namespace
+
+    def __call__(self, *args):
+        raise RuntimeError("Detected mismatch between collectives on ranks")
+
+    def __str__(self) -> str:
+        return f"{self.namespace}.op.default"
+
+
+@pytest.mark.parametrize("comm", [False, True])
+def test_a_failing_collective_stands_in_only_where_no_job_runs(monkeypatch, comm):
+    """Without torchrun a functional collective cannot run and stands in; under it, a
+    failure means the ranks are out of step, and it must stop the job where it
+    happened, not at a later collective."""
+    monkeypatch.setattr(runtime, "_FALLBACKS", [[(torch.float32, [2], [1], "device")]])
+    monkeypatch.setitem(runtime._RUNTIME, "comm", comm)
+    monkeypatch.setitem(runtime._RUNTIME, "skipped", {})
+    monkeypatch.setitem(runtime._RUNTIME, "device", torch.device("cpu"))
+    collective = _FailingOp("_c10d_functional")
+    if comm:
+        with pytest.raises(RuntimeError, match="mismatch"):
+            runtime._guarded(0, collective)
+    else:
+        assert runtime._guarded(0, collective).shape == (2,)
+    # Ops that may be missing on this device still stand in, job or not.
+    assert runtime._guarded(0, _FailingOp("fsdp")).shape == (2,)
+
+
 def test_inlined_source_is_the_modules_less_what_the_file_provides():
     source = harness_source()
     runtime_text = "\n".join(source.runtime)
