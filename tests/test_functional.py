@@ -312,3 +312,28 @@ def test_a_covariance_input_replays_positive_definite(tmp_path):
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert last_json(proc.stdout)["nonfinite_inputs"] == []
+
+
+@torch.library.custom_op("mystique_test::scale_add", mutates_args=())
+def _scale_add(x: torch.Tensor, y: torch.Tensor, s: float) -> torch.Tensor:
+    return x * s + y
+
+
+def test_a_models_own_op_replays_as_what_it_ran(tmp_path):
+    """The benchmark runs without the model's code, so a ``torch.library`` op it
+    defined is not there: it replays as the ops it recorded below it."""
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    result = capture(lambda: torch.mm(_scale_add(a, b, 0.5), a).sum(), tmp_path,
+                     name="custom", kineto=False, timing_iters=1)
+    bench = tmp_path / "custom_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "mystique_test::scale_add" in text.split('"""')[1]  # the header says why
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["skipped_at_runtime"] == []
+    replayed = op_multiset(replay_et, by_overload=True)
+    assert replayed == op_multiset(result.et_path, by_overload=True)
+    assert replayed["aten::mul.Tensor"] == 1 and replayed["aten::add.Tensor"] == 1

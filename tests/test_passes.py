@@ -384,6 +384,34 @@ def test_a_composite_stays_whole_where_its_children_are_a_backends_kernels():
     assert [s.node.id for s in sel.ops] == [whole, backward]
 
 
+MUL = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+EMPTY_LIKE = ("aten::empty_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, "
+              "Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None)"
+              " -> Tensor")
+
+
+@pytest.mark.parametrize("namespace,child,descends", [
+    ("mylib", MUL, True),  # a model's own op: replayed as what it ran
+    ("mylib", EMPTY_LIKE, False),  # its own kernel did the work: kept whole, guarded
+    ("fsdp", MUL, False),  # torch registers it when the benchmark imports its module
+    ("aten", MUL, False),  # a composite of torch's own: whole, as ever
+])
+def test_an_op_the_benchmark_cannot_load_replays_as_its_recorded_children(
+        namespace, child, descends):
+    """A model's ``torch.library`` op (the benchmark imports torch alone, never the
+    model) stood in for with an empty result: its compute was lost. Its recorded
+    children are the compute it ran, on torch's own kernels."""
+    b = TraceBuilder()
+    x, out = b.tensor((4, 4)), b.tensor((4, 4))
+    op = b.op(f"{namespace}::scale(Tensor x) -> Tensor", [x], [out])
+    inner = b.op(child, [x, x] if child == MUL else [x, None, None, None, None, None],
+                 [out], parent=op)
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == ([inner] if descends else [op])
+    notes = [d.reason for d in sel.not_replayed]
+    assert any("replayed as its recorded children" in n for n in notes) == descends
+
+
 def test_parent_cycle_is_an_error_with_node_and_field():
     b = TraceBuilder()
     a = b.annotation("a")

@@ -39,6 +39,8 @@ from mystique_gen.sources.et import (
 
 ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
 SUBCLASS_DISPATCH = "PythonSubclass"  # the observer's node for __torch_dispatch__
+FOREIGN_NOTE = ("its namespace is not loaded by the benchmark (torch alone): replayed as "
+                "its recorded children")
 BACKEND_THREAD_NOTE = ("a communication backend's worker thread ran it for a collective; "
                        "the replayed collective runs it again")
 
@@ -473,7 +475,7 @@ def select_ops(trace: RawTrace) -> Selection:
         # releases covered ones after the first selection): later selections of the
         # same trace (comms, link, compare) then select the same ops.
         trace.backend_threads = backend_worker_threads(trace)
-        descend = subclass_dispatches(trace)
+        descend = subclass_dispatches(trace) | foreign_composites(trace)
         while True:
             selection = _select(trace, by_id, descend, trace.backend_threads)
             more = escaping_composites(trace, selection.ops) - descend
@@ -542,6 +544,32 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
     return {i for i in found if _portable_children(children.get(i, []))}
 
 
+def foreign_composites(trace: RawTrace) -> set[int]:
+    """Ops of a namespace the benchmark does not load (a model's own ``torch.library``
+    ops, an extension's: the file imports torch alone) whose recorded children all
+    run on torch's own kernels, and compute: they are replayed as those children,
+    which are what the op ran. Ops without such children (a C++ or Triton kernel of
+    their own) stay whole, guarded: they run where their library is loaded, and stand
+    in elsewhere."""
+    children = children_of(trace)
+    return {node.id for node in trace.nodes
+            if _foreign(node) and _portable_children(children.get(node.id, []))
+            and any(_computes(kid) for kid in children.get(node.id, []))}
+
+
+def _foreign(node: RawNode) -> bool:
+    namespace, _, rest = node.name.partition("::")
+    return bool(node.op_schema and rest) and namespace not in oprules.CORE_NAMESPACES \
+        and namespace not in oprules.COMMUNICATION_NAMESPACES \
+        and namespace not in oprules.NAMESPACE_MODULES
+
+
+def _computes(node: RawNode) -> bool:
+    """Whether a recorded op computes values: not an allocation, a view or an alias."""
+    return bool(node.op_schema) and node.name not in oprules.UNINITIALISED_OUTPUTS \
+        and "-> Tensor(a" not in node.op_schema
+
+
 def _portable_children(kids: list[RawNode]) -> bool:
     """Whether an op's children can replay wherever the op can: descending into
     attention would trade a portable composite for a backend's kernel
@@ -606,6 +634,8 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
         if node.op_schema and node.id not in dispatched:
             selected.append(Selected(node, outer))
             threads.add(node.tid)
+        elif node.op_schema and _foreign(node):
+            skipped.append(not_replayed(node.id, node.name, FOREIGN_NOTE))
         elif node.attrs.get("kernel_backend"):
             backend = str(node.attrs.get("kernel_backend"))[:40]
             skipped.append(not_replayed(
