@@ -322,6 +322,7 @@ def test_a_composite_whose_inner_result_is_read_later_replays_as_its_children():
     kept = b.tensor((8, 5))
     composite = b.op(ce, [logits, target, None, 1, -100, 0.0], [loss])
     inner = b.op(log_softmax, [logits, 1, None], [kept], parent=composite)
+    nll = b.op(RELU, [kept], [loss], parent=composite)  # (nll_loss_forward) the loss
     temp = b.tensor(())  # a float temporary inside, its addresses reused below
     inner_relu = b.op(RELU, [loss], [temp], parent=composite)
     w = b.tensor((4, 4))
@@ -335,8 +336,27 @@ def test_a_composite_whose_inner_result_is_read_later_replays_as_its_children():
     b.op(RELU, [wrapped], [b.tensor(())])
     ids = [s.node.id for s in select_ops(trace_from_document(b.doc(), name="t",
                                                              sha256="0")).ops]
-    assert ids[:3] == [inner, inner_relu, linear] and backward in ids
+    assert ids[:4] == [inner, nll, inner_relu, linear] and backward in ids
     assert composite not in ids
+
+
+def test_an_op_whose_own_kernel_makes_its_result_stays_whole():
+    """Adam's ``exp_avg_sq.mul_(beta2)`` on a 0-d parameter's state records only the
+    cast of the wrapped float below it; when a later tensor reuses that cast's
+    addresses (a capture in three, here), it looked like an escaping inner result, and
+    the replay ran the cast alone: the multiply was lost."""
+    b = TraceBuilder()
+    mul_ = "aten::mul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)"
+    to = ("aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, "
+          "bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)")
+    state, beta = b.tensor(()), b.tensor((), dtype="float64")
+    op = b.op(mul_, [state, beta], [state])
+    cast = b.tensor(())
+    b.op(to, [beta, 6, False, False, None], [cast], parent=op)
+    later = b.op(RELU, [cast], [b.tensor(())])  # the cast's addresses, reused
+    ids = [s.node.id for s in select_ops(trace_from_document(b.doc(), name="t",
+                                                             sha256="0")).ops]
+    assert ids == [op, later]
 
 
 def test_an_inner_results_addresses_allocated_anew_are_not_that_result():

@@ -541,7 +541,9 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
                     if key[1] not in storages:
                         owner[key] = node.id
                         at_storage.setdefault(key[1], set()).add(key)
-    return {i for i in found if _portable_children(children.get(i, []))}
+    by_id = {n.id: n for n in trace.nodes}
+    return {i for i in found if _portable_children(children.get(i, []))
+            and _children_return_its_results(by_id[i], children)}
 
 
 def foreign_composites(trace: RawTrace) -> set[int]:
@@ -554,7 +556,17 @@ def foreign_composites(trace: RawTrace) -> set[int]:
     children = children_of(trace)
     return {node.id for node in trace.nodes
             if _foreign(node) and _portable_children(children.get(node.id, []))
-            and any(_computes(kid) for kid in children.get(node.id, []))}
+            and any(_computes(kid) for kid in children.get(node.id, []))
+            and _children_return_its_results(node, children)}
+
+
+def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode]]) -> bool:
+    """Whether every result of ``node`` is one its recorded children returned: else its
+    own kernel made it (``mul_`` by a wrapped Python float records only the float's
+    cast below it), and its children alone would not compute the op."""
+    made = {sid for inner in _below(node.id, children) for arg in inner.outputs
+            for sid in raw_storage_ids(arg)}
+    return all(sid in made for arg in node.outputs for sid in raw_storage_ids(arg) if sid)
 
 
 def _foreign(node: RawNode) -> bool:
