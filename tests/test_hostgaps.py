@@ -313,6 +313,34 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     assert "median of 3 recorded steps" in " ".join(text.split())
 
 
+def test_a_profile_of_other_steps_is_not_taken_for_a_same_session_pair(tmp_path):
+    """An ET of one step and, after it, a plain torch.profiler session of three more:
+    the profile's External ids count from 1 as the ET's rf_ids do, so the first
+    profiled step links by id, and was taken for a same-session pair. Its gaps hold
+    no observer's work (every "Record function id" is 0: none was attached), and
+    calibrating one out shrank them or turned them off."""
+    torch.set_num_threads(1)
+    step = MODELS["mlp_sgd"]()
+    for _ in range(2):
+        step()
+    et_path, kineto = tmp_path / "apart.et.json", tmp_path / "apart.json"
+    observer = ExecutionTraceObserver()
+    observer.register_callback(str(et_path))
+    observer.start()
+    step()
+    observer.stop()
+    observer.unregister_callback()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            step()
+    prof.export_chrome_trace(str(kineto))
+    assert load_kineto(kineto).without_observer
+    program = compile_trace(et_path, kineto=kineto)
+    timing = program.timing
+    assert timing is not None and not timing.observer_in_gaps and timing.linked_ops
+    assert any(op.timing is not None and op.timing.gap_us for op in program.ops)
+
+
 def test_steps_profiled_without_the_observer_serve_as_profile_only_steps(tmp_path):
     """Chakra's and PARAM's collection scripts start and stop the ET observer by hand
     for one step inside a longer profile: the profile's other steps hold the same ops

@@ -181,9 +181,11 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
     used_methods = Counter(links.methods[op.node_id] for op in program.ops
                            if op.node_id in links.methods)
     # Ids agree only within one process and profiler session: a trace linked mostly by
-    # id was recorded together with the ET, so the observer's work is in its gaps.
+    # id was recorded together with the ET, so the observer's work is in its gaps;
+    # unless the Kineto trace shows no observer was attached (a profile of other steps
+    # whose External ids, counted from 1 as the ET's rf_ids are, matched by chance).
     by_id = sum(used_methods[m] for m in METHODS if m != "order")
-    observed = by_id * 2 > linked
+    observed = by_id * 2 > linked and not kineto.without_observer
     program.timing = ProgramTiming(
         kineto=kineto.name, sha256=kineto.sha256, original_ms=original_ms, linked_ops=linked,
         link_methods={m: used_methods[m] for m in METHODS if used_methods[m]},

@@ -96,6 +96,13 @@ class KinetoTrace:
     rank: int | None = None  # distributedInfo.rank, where recorded
     memory: list[MemoryEvent] = field(default_factory=list)  # by time; profile_memory only
 
+    @property
+    def without_observer(self) -> bool:
+        """Recorded without an ET observer: every CPU op writes "Record function id"
+        as 0. Torch draws those ids only for a callback that asks for them, as the
+        observer does; a trace of an older torch (no such field) cannot tell."""
+        return bool(self.cpu_ops) and all(e.rf_id == 0 for e in self.cpu_ops)
+
 
 def load_kineto(path: str | Path) -> KinetoTrace:
     path = Path(path)
