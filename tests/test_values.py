@@ -26,7 +26,7 @@ from mystique_gen.tools.compare import (
     op_multiset,
 )
 from tests.conftest import last_json, run_benchmark
-from tests.tracebuilder import EMBEDDING, VIEW, TraceBuilder
+from tests.tracebuilder import EMBEDDING, VIEW, T, TraceBuilder
 
 INDEX_SELECT = "aten::index_select(Tensor self, int dim, Tensor index) -> Tensor"
 GATHER = ("aten::gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) "
@@ -831,3 +831,28 @@ def test_only_one_agreed_window_fixes_an_offset(lows, high, expected):
         b.op(GE, [ids, high], [b.tensor((6,), dtype="bool")])
     b.op(SUB, [ids, offset, 1], [b.tensor((6,), dtype="int64")])
     assert (_scalar_inits(_program(b))) == [expected]
+
+
+LIFT_FRESH = "aten::lift_fresh(Tensor(a) self) -> Tensor(a)"
+INDEX_PUT_ = ("aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, "
+              "bool accumulate=False) -> Tensor(a!)")
+
+
+def test_a_scalar_an_op_returns_as_it_is_is_still_a_new_number():
+    """``t.clone() - 32`` read a wrapped 32, and the ``torch.tensor(0)`` put at the
+    masked ids later came at its freed address; lift_fresh returns its input, and
+    counted as having made it, so the two shared one fill: 32, out of the shard's 32
+    rows (a flaky rank-1 failure of vocabulary-parallel replays)."""
+    b = TraceBuilder()
+    ids = b.tensor((6,), dtype="int64")
+    mask = b.tensor((6,), dtype="bool")
+    b.op(LT, [ids, 32], [mask])
+    b.op(GE, [ids, 64], [b.tensor((6,), dtype="bool")])
+    offset = b.tensor((), dtype="int64")
+    local = b.tensor((6,), dtype="int64")
+    b.op(SUB, [ids, offset, 1], [local])
+    zero = T(b.new_id(), offset.storage_id, (), (), dtype="int64")  # the freed address
+    b.op(LIFT_FRESH, [zero], [zero])
+    b.op(INDEX_PUT_, [local, [mask], zero, False], [local])
+    b.op(EMBEDDING, [b.tensor((32, 4)), local], [b.tensor((6, 4))])
+    assert sorted(_scalar_inits(_program(b))) == [("randint", 0, 32), ("span", 32, 32)]

@@ -124,7 +124,10 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
         # varies from capture to capture, so each call's scalar is a lifetime of its own.
         made_here = {sid for i in range(len(node.inputs)) if written is None or i in written
                      for sid in raw_storage_ids(node.inputs[i])}
-        made_here.update(sid for raw in node.outputs for sid in raw_storage_ids(raw))
+        # (An op returning its input, lift_fresh's or a view's, did not make it: the
+        # scalar it reads is still the number some call wrapped.)
+        made_here.update(sid for raw in node.outputs for sid in raw_storage_ids(raw)
+                         if sid not in reads_ids)
         for _k, record, view in _input_tensors(node.inputs):
             sid = record[1]
             if view[1] != () or sid in made_here:
