@@ -856,3 +856,27 @@ def test_a_scalar_an_op_returns_as_it_is_is_still_a_new_number():
     b.op(INDEX_PUT_, [local, [mask], zero, False], [local])
     b.op(EMBEDDING, [b.tensor((32, 4)), local], [b.tensor((6, 4))])
     assert sorted(_scalar_inits(_program(b))) == [("randint", 0, 32), ("span", 32, 32)]
+
+
+def test_a_number_at_the_address_an_earlier_shard_put_is_a_new_number():
+    """The other order, from a CI run: the first shard's ``torch.tensor(0)``
+    (lift_fresh returns it, which defines nothing new) was freed, and the next shard's
+    wrapped offset 32 came at its address, as another tensor. One fill served both,
+    32: the first shard's masked ids read row 32 of 32."""
+    b = TraceBuilder()
+    zero = b.tensor((), dtype="int64")
+    for table in range(2):
+        ids = b.tensor((6,), dtype="int64")
+        mask = b.tensor((6,), dtype="bool")
+        b.op(LT, [ids, 32], [mask])
+        b.op(GE, [ids, 64], [b.tensor((6,), dtype="bool")])
+        offset = T(b.new_id(), zero.storage_id, (), (), dtype="int64") if table else \
+            b.tensor((), dtype="int64")
+        local = b.tensor((6,), dtype="int64")
+        b.op(SUB, [ids, offset, 1], [local])
+        if not table:
+            b.op(LIFT_FRESH, [zero], [zero])
+            b.op(INDEX_PUT_, [local, [mask], zero, False], [local])
+        b.op(EMBEDDING, [b.tensor((32, 4)), local], [b.tensor((6, 4))])
+    assert sorted(_scalar_inits(_program(b))) == [
+        ("randint", 0, 32), ("span", 32, 32), ("span", 32, 32)]

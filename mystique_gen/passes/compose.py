@@ -112,6 +112,8 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     returned: dict[int, tuple[int, RawView]] = {}
     allocated: set[int] = set()  # storage ids whose lifetime a recorded op's output began
     dtypes: dict[int, set[str]] = {}  # per storage id: the tensor types it was seen as
+    tensors: dict[int, set[int]] = {}  # per storage id: the tensor ids seen on it
+    wrote: set[int] = set()  # storage ids a recorded op wrote in place
     result: Lifetimes = {}
     for s in selected:
         node = s.node
@@ -134,19 +136,24 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 continue
             if sid in defined:
                 if returned.get(record[0]) == (sid, view) or (
-                        sid not in allocated and view[3] in dtypes.get(sid, ())):
+                        sid not in allocated and view[3] in dtypes.get(sid, ())
+                        and (sid in wrote or record[0] in tensors.get(sid, ()))):
                     continue
                 # No recorded op returned this tensor as it is read now (same storage,
                 # same view), yet its storage id is one a recorded op allocated, or its
-                # bytes were only ever read as another dtype (a reinterpretation is a
-                # recorded view op): a wrapped number whose TensorImpl and data both
-                # reused freed addresses (a clipped gradient norm's divisor, at the
-                # address of a freed FSDP2 all-gather buffer).
+                # bytes, which no recorded op wrote, were never seen as this tensor or
+                # only as another dtype (a reinterpretation or a view is a recorded
+                # op): a wrapped number whose data reused a freed address (a clipped
+                # gradient norm's divisor, at a freed FSDP2 all-gather buffer's; a
+                # shard's offset, at the torch.tensor(0) an earlier shard put at its
+                # masked ids).
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
                 defined.discard(sid)
                 allocated.discard(sid)
+                wrote.discard(sid)
                 dtypes.pop(sid, None)
+                tensors.pop(sid, None)
             elif scalars.get(sid, node.id) != node.id:
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
@@ -165,6 +172,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
         for raws in (node.inputs, node.outputs):
             for _k, record, view in _input_tensors(raws):
                 dtypes.setdefault(record[1], set()).add(view[3])
+                tensors.setdefault(record[1], set()).add(record[0])
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
         returned.update((record[0], (record[1], view))
                         for _k, record, view in _input_tensors(node.outputs))
@@ -174,7 +182,9 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 if sid not in reads_ids and sid not in writes:
                     current[sid] = current.get(sid, 0) + 1
                     allocated.add(sid)
+                    wrote.discard(sid)
                     dtypes[sid] = set()
+                    tensors[sid] = set()
                 writes[sid] = current.get(sid, 0)
                 seen.pop(sid, None)
                 scalars.pop(sid, None)
@@ -187,6 +197,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     seen.pop(sid, None)
                     scalars.pop(sid, None)
                     defined.add(sid)
+                    wrote.add(sid)
         result[node.id] = (reads, writes)
     return result
 
