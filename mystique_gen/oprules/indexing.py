@@ -78,7 +78,6 @@ FAMILY = OpFamily(
         "aten::masked_fill_": ("value",),
         "aten::masked_fill": ("self", "value"),
         "aten::where": ("self", "other"),
-        "aten::lift_fresh": ("self",),
     },
     # A dimension sharded over ranks (a vocabulary-parallel embedding, loss parallel,
     # DTensor's _MaskPartial): each rank masks the indices outside its window,

@@ -182,9 +182,6 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 if sid not in reads_ids and sid not in writes:
                     current[sid] = current.get(sid, 0) + 1
                     allocated.add(sid)
-                    wrote.discard(sid)
-                    dtypes[sid] = set()
-                    tensors[sid] = set()
                 writes[sid] = current.get(sid, 0)
                 seen.pop(sid, None)
                 scalars.pop(sid, None)

@@ -478,7 +478,7 @@ def select_ops(trace: RawTrace) -> Selection:
         descend = subclass_dispatches(trace) | foreign_composites(trace)
         while True:
             selection = _select(trace, by_id, descend, trace.backend_threads)
-            more = escaping_composites(trace, selection.ops) - descend
+            more = escaping_composites(trace, selection.ops, by_id) - descend
             if not more:
                 break
             descend |= more
@@ -487,7 +487,8 @@ def select_ops(trace: RawTrace) -> Selection:
     return _select(trace, by_id, trace.descended, trace.backend_threads)
 
 
-def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
+def escaping_composites(trace: RawTrace, ops: list[Selected],
+                        by_id: dict[int, RawNode]) -> set[int]:
     """Selected ops with a result of their own implementation that a later op reads.
 
     A composite op returns some of what its children computed and keeps the rest,
@@ -541,7 +542,6 @@ def escaping_composites(trace: RawTrace, ops: list[Selected]) -> set[int]:
                     if key[1] not in storages:
                         owner[key] = node.id
                         at_storage.setdefault(key[1], set()).add(key)
-    by_id = {n.id: n for n in trace.nodes}
     return {i for i in found if _portable_children(children.get(i, []))
             and _children_return_its_results(by_id[i], children)}
 

@@ -477,9 +477,11 @@ def _shift_windows(ops: list[Op], facts: _Facts) -> None:
     highs: set[int] = set()
     for op in ops:
         side = oprules.WINDOW_BOUNDS.get(op.name)
+        if side is None:
+            continue
         named = {a.spec.name: a.value for a in op.args}
         tensor, bound = named.get("self"), named.get("other")
-        if side is None or not isinstance(tensor, TensorValue) or tensor.storage is None \
+        if not isinstance(tensor, TensorValue) or tensor.storage is None \
                 or tensor.meta.dtype not in INTEGRAL or not isinstance(bound, Literal) \
                 or type(bound.value) is not int:
             continue
