@@ -1585,12 +1585,14 @@ def replay(inputs, device, host):
     view = aten_view(sum_, [10])
     del sum_
     # torch::autograd::AccumulateGrad
-    aten_detach(view)
+    detach = aten_detach(view)
+    del view
     # TBackward0
     aten_t(t)
     del t
     # torch::autograd::AccumulateGrad
-    aten_detach(mm_10x256)
+    detach_10x256 = aten_detach(mm_10x256)
+    del mm_10x256
     # ReluBackward0
     threshold_backward = aten_threshold_backward(mm, relu_256x256, 0)
     del relu_256x256, mm
@@ -1598,21 +1600,23 @@ def replay(inputs, device, host):
     aten_t(t_x_256x256)
     mm = aten_mm(threshold_backward, linear_w_256x256)
     t = aten_t(threshold_backward)
-    mm_10x256_1 = aten_mm(t, relu)
+    mm_10x256 = aten_mm(t, relu)
     del t
-    t = aten_t(mm_10x256_1)
+    t = aten_t(mm_10x256)
     # autograd::engine::evaluate_function: AddmmBackward0
     sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
     del threshold_backward
-    view_10x256 = aten_view(sum_, [256])
+    view = aten_view(sum_, [256])
     del sum_
     # torch::autograd::AccumulateGrad
-    aten_detach(view_10x256)
+    detach_10x256_1 = aten_detach(view)
+    del view
     # TBackward0
     aten_t(t)
     del t
     # torch::autograd::AccumulateGrad
-    aten_detach(mm_10x256_1)
+    detach_10x256_2 = aten_detach(mm_10x256)
+    del mm_10x256
     # ReluBackward0
     threshold_backward = aten_threshold_backward(mm, relu, 0)
     del relu, mm
@@ -1624,39 +1628,41 @@ def replay(inputs, device, host):
     # autograd::engine::evaluate_function: AddmmBackward0
     sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
     del threshold_backward
-    view_256x256 = aten_view(sum_, [256])
+    view = aten_view(sum_, [256])
     del sum_
     # torch::autograd::AccumulateGrad
-    aten_detach(view_256x256)
+    detach_256x256 = aten_detach(view)
+    del view
     # TBackward0
     aten_t(t)
     del t
     # torch::autograd::AccumulateGrad
-    aten_detach(mm)
+    detach_1 = aten_detach(mm)
+    del mm
     # Optimizer.step#SGD.step
     aten_mul__Tensor(mul_x, mul_other)
-    aten_add__Tensor(mul_x, mm, alpha=1)
-    del mm
+    aten_add__Tensor(mul_x, detach_1, alpha=1)
+    del detach_1
     aten_add__Tensor(linear_w, mul_x, alpha=-0.01)
     aten_mul__Tensor(mul_x_256, mul_other_256)
-    aten_add__Tensor(mul_x_256, view_256x256, alpha=1)
-    del view_256x256
+    aten_add__Tensor(mul_x_256, detach_256x256, alpha=1)
+    del detach_256x256
     aten_add__Tensor(linear_b, mul_x_256, alpha=-0.01)
     aten_mul__Tensor(mul_x_256x256, mul_other_256x256)
-    aten_add__Tensor(mul_x_256x256, mm_10x256_1, alpha=1)
-    del mm_10x256_1
+    aten_add__Tensor(mul_x_256x256, detach_10x256_2, alpha=1)
+    del detach_10x256_2
     aten_add__Tensor(linear_w_256x256, mul_x_256x256, alpha=-0.01)
     aten_mul__Tensor(mul_x_256_1, mul_other_256_1)
-    aten_add__Tensor(mul_x_256_1, view_10x256, alpha=1)
-    del view_10x256
+    aten_add__Tensor(mul_x_256_1, detach_10x256_1, alpha=1)
+    del detach_10x256_1
     aten_add__Tensor(linear_b_256, mul_x_256_1, alpha=-0.01)
     aten_mul__Tensor(mul_x_10x256, mul_other_10x256)
-    aten_add__Tensor(mul_x_10x256, mm_10x256, alpha=1)
-    del mm_10x256
+    aten_add__Tensor(mul_x_10x256, detach_10x256, alpha=1)
+    del detach_10x256
     aten_add__Tensor(linear_w_10x256, mul_x_10x256, alpha=-0.01)
     aten_mul__Tensor(mul_x_10, mul_other_10)
-    aten_add__Tensor(mul_x_10, view, alpha=1)
-    del view
+    aten_add__Tensor(mul_x_10, detach, alpha=1)
+    del detach
     aten_add__Tensor(linear_b_10, mul_x_10, alpha=-0.01)
     torch.set_grad_enabled(True)
     return None

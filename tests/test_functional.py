@@ -337,3 +337,34 @@ def test_a_models_own_op_replays_as_what_it_ran(tmp_path):
     replayed = op_multiset(replay_et, by_overload=True)
     assert replayed == op_multiset(result.et_path, by_overload=True)
     assert replayed["aten::mul.Tensor"] == 1 and replayed["aten::add.Tensor"] == 1
+
+
+def test_a_quantization_aware_training_step_replays(tmp_path):
+    """Fake quantization in grad mode: the observer's min/max run on ``x.detach()`` and on
+    buffers, recording autograd numbers but making no nodes, and the scale they compute
+    must not require grad (``_fake_quantize_per_tensor_affine_cachemask_tensor_qparams``
+    refuses one that does). Its buffers are no parameters, its detach no alias of ``x``."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+    fake_quant = torch.ao.quantization.FakeQuantize()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        fake_quant(model(x)).sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="qat", kineto=False, timing_iters=1)
+    bench = tmp_path / "qat_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    replay_et = tmp_path / "qat_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["skipped_at_runtime"] == []
+    original = op_multiset(result.et_path, by_overload=True)
+    replayed = op_multiset(replay_et, by_overload=True)
+    assert "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default" in original
+    assert original == replayed, (original - replayed, replayed - original)

@@ -788,6 +788,44 @@ def test_autograd_modes_follow_the_recorded_seq_ids():
     assert _tensor_args(program.ops[0])[1].storage.requires_grad  # the mm's weight
 
 
+def test_only_ops_that_made_an_autograd_node_mark_parameters():
+    """An op in grad mode records the next autograd number, which moves only when a node
+    is made: of the ops that recorded one number, the last made the node. Ops before it
+    read no tensor that required grad (a quantization observer's buffers): their reads
+    are not parameters, or the scale they compute would require grad."""
+    mul = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+    b = TraceBuilder()
+    running_max, eps = b.tensor((4, 4)), b.tensor((4, 4))
+    x, w, y = b.tensor((4, 4)), b.tensor((4, 4)), b.tensor((4, 4))
+    b.op(mul, [running_max, eps], [b.tensor((4, 4))], attrs={"seq_id": 5})  # no node
+    b.op(MM, [x, w], [y], attrs={"seq_id": 5})                               # node 5
+    b.op(RELU, [y], [b.tensor((4, 4))], attrs={"seq_id": 6})                 # node 6
+    program = _program(b)
+    assert [op.made_grad_node for op in program.ops] == [False, True, True]
+    assert [op.grad_mode for op in program.ops] == [True, True, True]
+    assert not any(t.storage.requires_grad for t in _tensor_args(program.ops[0]))
+    assert _tensor_args(program.ops[1])[1].storage.requires_grad
+
+
+def test_a_detached_tensor_is_read_as_itself_not_as_the_view_it_aliases():
+    """``x.detach()`` has ``x``'s storage and view: bound to ``x``, its readers would
+    record autograd nodes the original did not (and a fake-quantize scale computed from
+    it would require grad, which its kernel refuses)."""
+    detach = "aten::detach(Tensor(a) self) -> Tensor(a)"
+    b = TraceBuilder()
+    x, w, y = b.tensor((4, 4)), b.tensor((4, 4)), b.tensor((4, 4))
+    b.op(MM, [x, w], [y], attrs={"seq_id": 0})
+    loose = b.view(y, (4, 4))
+    b.op(detach, [y], [loose], attrs={"seq_id": 1})
+    b.op(RELU, [loose], [b.tensor((4, 4))], attrs={"seq_id": 1})
+    b.op(RELU, [y], [b.tensor((4, 4))], attrs={"seq_id": 1})
+    program = _program(b)
+    detached = program.ops[1].outputs[0].binding
+    assert isinstance(detached, OpOutput) and detached.op_index == 1
+    assert _tensor_args(program.ops[2])[0].binding == detached
+    assert _tensor_args(program.ops[3])[0].binding == OpOutput(0, (0,))
+
+
 def test_trace_without_autograd_replays_with_grad_off():
     b = TraceBuilder()
     x = b.tensor((2, 2))

@@ -206,10 +206,12 @@ class Op:
     # waited for them inside its dispatch (DTensor, AsyncCollectiveTensor), so the
     # replay waits just before it (passes/comms.py).
     waits_on: list[int] = field(default_factory=list)
-    # Autograd (passes/autograd.py): the original created an autograd node for this op
-    # (its seq_id >= 0; None where no seq_id was recorded); the grad mode to replay it in
-    # (None: whichever is current).
+    # Autograd (passes/autograd.py): the original ran this op in grad mode (its seq_id >=
+    # 0; None where no seq_id was recorded); it, or an op inside it, created an autograd
+    # node (passes/select.py grad_node_makers); the grad mode to replay it in (None:
+    # whichever is current).
     records_grad: bool | None = None
+    made_grad_node: bool | None = None
     grad_mode: bool | None = None
     # Arguments that required grad although the op recorded no node (their kernel
     # depends on it: oprules.GRAD_REVEALED_BY); passes/autograd.py makes them leaves.

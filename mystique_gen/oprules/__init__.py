@@ -119,6 +119,7 @@ DATA_DEPENDENT_OUTPUTS = _union("data_dependent_outputs")
 UNINITIALISED_OUTPUTS = _union("uninitialised_outputs")
 NO_VALUE_WRITES = _union("no_value_writes")
 REFUSES_VIEWS = _union("refuses_views")
+DETACHES = _union("detaches")
 
 
 def differentiable(op_name: str, arg_name: str) -> bool:
@@ -130,6 +131,7 @@ __all__ = [
     "ASYNC_SCOPE",
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
+    "DETACHES",
     "GRAD_REVEALED_BY",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",

@@ -183,6 +183,9 @@ class OpFamily:
     no_value_writes: frozenset[str] = frozenset()
     # In-place ops that refuse a view argument ("Can't detach views in-place").
     refuses_views: frozenset[str] = frozenset()
+    # Ops whose result aliases their input without its autograd history (``detach``):
+    # the same memory and view, yet a tensor of its own that requires no grad.
+    detaches: frozenset[str] = frozenset()
     # Integral divisors, never filled with 0: {op: (argument, ...)}.
     integer_divisors: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Compares of an integral tensor with a recorded Scalar that bound a shard's index

@@ -31,4 +31,7 @@ FAMILY = OpFamily(
     # op reads it, the input is detached from its buffer's view chain (same storage, so
     # aliasing is unchanged).
     refuses_views=frozenset({"aten::detach_"}),
+    # A quantization observer reads ``x.detach()``: bound to ``x`` itself, its min and
+    # max recorded autograd nodes in the replay, and the scale they made required grad.
+    detaches=frozenset({"aten::detach"}),
 )

@@ -6,10 +6,13 @@ host time per op and changes some kernels (``max_pool2d`` also computes indices,
 ``embedding_bag`` leaves its forward-only path), so a replay that ran everything
 without autograd would be faster than the original. This pass:
 
-* marks as parameters the materialised floating storages that ops with a ``seq_id``
-  read and never write (their views become leaves that require grad), but not Python
-  numbers the op wrapped (``0.5 * x``): marked, each made autograd save the tensor it
-  scaled, a GPT-2 training step held 13 % more memory at its peak;
+* marks as parameters the materialised floating storages that ops which created an
+  autograd node read, and that no op in grad mode writes (their views become leaves
+  that require grad), but not Python numbers the op wrapped (``0.5 * x``): marked,
+  each made autograd save the tensor it scaled, a GPT-2 training step held 13 % more
+  memory at its peak. An op in grad mode that made no node read no tensor requiring
+  grad: a fake-quantize observer's buffers, marked, made the replay's scale require
+  grad, which its kernel refuses;
 * follows, statically, which values require grad (parameters, and the floating results
   of ops recorded with grad that read such values);
 * gives each op a grad mode: on where the original recorded a node; off where it did
@@ -92,7 +95,7 @@ def _mark_parameters(ops: list[Op]) -> None:
                 if arg.spec.writes or not oprules.differentiable(op.name, arg.spec.name) \
                         or scalar_beside(tv, op):
                     written.add(s.index)  # never a parameter
-                else:
+                elif op.made_grad_node is not False:
                     read.add(s.index)
     for op in ops:
         for arg in op.args:

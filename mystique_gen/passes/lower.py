@@ -105,6 +105,7 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
             guard=oprules.FUNCTIONAL_GUARD if functional else _guard(sig),
             records_grad=(seq_id >= 0 if isinstance(seq_id, int)
                           and not isinstance(seq_id, bool) else None),
+            made_grad_node=sel.made_grad_node,
             requires_grad_args=sel.requires_grad_args,
         ))
     return ops, skipped

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
@@ -51,6 +51,9 @@ class Selected:
     scope: tuple[str, ...]  # enclosing annotation names, outermost first
     # Arguments that required grad, as a recorded child showed (oprules.GRAD_REVEALED_BY).
     requires_grad_args: tuple[str, ...] = ()
+    # Whether the op (or an op inside it) created an autograd node: None where the trace
+    # records no seq_ids (:func:`grad_node_makers`).
+    made_grad_node: bool | None = None
 
 
 @dataclass
@@ -658,7 +661,51 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
         elif is_op_name(node.name) and node.id not in has_children:
             skipped.append(not_replayed(node.id, node.name, "no operator schema recorded"))
     _reveal_grad(selected, covered)
+    _mark_grad_node_makers(selected, trace, by_id)
     return Selection(selected, skipped, sorted(threads), covered)
+
+
+def grad_node_makers(nodes: list[RawNode]) -> set[int] | None:
+    """Ids of the op nodes whose dispatch created an autograd node; None where no node
+    records a ``seq_id``.
+
+    An op dispatched in grad mode records the next autograd sequence number of its
+    thread (``seq_id``), which only moves when a node is created. So every op that read
+    no tensor requiring grad (a quantization observer's min/max of its buffers, a mask
+    built from ids) records the number the next real node takes, and of the ops that
+    recorded one number, the last to start made the node (a composite's children start
+    after it; a kernel's record -1). The backward's autograd functions record their
+    forward's number (``fw_tid`` set) and are skipped; so are annotations (no schema),
+    which make no nodes."""
+    last: dict[tuple[int, int], int] = {}  # (thread, seq_id) -> last node that recorded it
+    recorded = False
+    for node in nodes:
+        seq = node.attrs.get("seq_id")
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            continue
+        recorded = True
+        if seq >= 0 and node.op_schema and not node.attrs.get("fw_tid"):
+            last[(node.tid, seq)] = node.id
+    return set(last.values()) if recorded else None
+
+
+def _mark_grad_node_makers(selected: list[Selected], trace: RawTrace,
+                           by_id: dict[int, RawNode]) -> None:
+    """Set each selected op's ``made_grad_node``: it, or an op inside it, made one."""
+    makers = grad_node_makers(trace.nodes)
+    if makers is None:
+        return
+    position = {sel.node.id: k for k, sel in enumerate(selected)}
+    made: set[int] = set()
+    for node_id in makers:
+        seen: set[int] = set()
+        while node_id not in position and node_id in by_id and node_id not in seen:
+            seen.add(node_id)
+            node_id = by_id[node_id].parent
+        if node_id in position:
+            made.add(node_id)
+    for node_id, k in position.items():
+        selected[k] = replace(selected[k], made_grad_node=node_id in made)
 
 
 def _reveal_grad(selected: list[Selected], covered: list[RawNode]) -> None:
@@ -673,7 +720,7 @@ def _reveal_grad(selected: list[Selected], covered: list[RawNode]) -> None:
             continue
         child, args = oprules.GRAD_REVEALED_BY[selected[k].node.name]
         if node.name == child:
-            selected[k] = Selected(selected[k].node, selected[k].scope, args)
+            selected[k] = replace(selected[k], requires_grad_args=args)
 
 
 # Covered nodes whose arguments later passes read (passes/comms.py): collectives'

@@ -60,6 +60,9 @@ class _Lifetime:
     views: dict[ViewKey, Binding] = field(default_factory=dict)
     handle: Binding | None = None  # a produced tensor whose storage this is
     known_extent: int = 0  # elements a produced buffer is known to hold
+    # Results of oprules.DETACHES ops, by trace tensor id: (view, binding). A reader of
+    # that tensor reads the detached result, not the view it aliases.
+    detached: dict[int, tuple[ViewKey, Binding]] = field(default_factory=dict)
 
 
 @dataclass
@@ -249,6 +252,10 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
                     life = shadows.get(skey) or shadows.setdefault(
                         skey, new_lifetime(tv.meta, materialised=True))
                 tv.storage = life.storage
+                detached = life.detached.get(tv.trace_id)
+                if detached is not None and detached[0] == view_key(tv.meta):
+                    tv.binding = detached[1]
+                    continue
                 if life.storage.materialised:
                     tv.binding = materialised_view(life, tv)
                     continue
@@ -297,6 +304,10 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
             tv.storage = life.storage
             existing = life.views.get(key)
             if existing is not None and aliasing:
+                if op.name in oprules.DETACHES:  # the same view, without its history
+                    tv.binding = OpOutput(op.index, path)
+                    life.detached[tv.trace_id] = (key, tv.binding)
+                    continue
                 tv.binding = existing  # e.g. an in-place op returning its input
                 continue
             binding = OpOutput(op.index, path)
