@@ -155,6 +155,32 @@ def test_where_mask_masked_select_and_repeats():
     assert (inits["int32"].kind, inits["int32"].low) == ("sum", 17)
 
 
+GT = "aten::gt.Scalar(Tensor self, Scalar other) -> Tensor"
+INDEX_PUT_ = ("aten::_index_put_impl_(Tensor(a!) self, Tensor?[] indices, Tensor values, "
+              "bool accumulate=False, bool unsafe=False) -> Tensor(a!)")
+
+
+def test_a_boolean_index_gets_the_recorded_count_given_or_computed():
+    """x[mask] keeps its recorded rows: a given mask is filled with that many trues; a
+    computed one (``ids > 10``, from replayed ids) is fitted where it is made, so the
+    backward's index_put_ with the same mask takes as many values as the forward made."""
+    b = TraceBuilder()
+    given = b.tensor((6,), dtype="bool")
+    b.op(INDEX, [b.tensor((6, 4)), [given]], [b.tensor((4, 4))])
+    ids = b.tensor((3, 5), dtype="int64")
+    mask = b.tensor((3, 5), dtype="bool")
+    b.op(GT, [ids, 10], [mask])
+    h = b.tensor((3, 5, 8))
+    b.op(INDEX, [h, [mask]], [b.tensor((9, 8))])
+    b.op(INDEX_PUT_, [b.tensor((3, 5, 8)), [mask], b.tensor((9, 8)), True, True],
+         [b.tensor((3, 5, 8))])
+    program = _program(b)
+    assert (_init_of(program, "bool").kind, _init_of(program, "bool").low) == ("mask", 4)
+    assert program.ops[1].true_counts == {0: 9}
+    text = generate_source(program)
+    assert "gt = _fit_mask(gt, 9)" in text
+
+
 def test_jagged_lengths_add_up_to_the_values():
     b = TraceBuilder()
     lengths = b.tensor((4,), dtype="int64")
@@ -508,6 +534,13 @@ def test_fill_kinds_produce_the_sizes_they_promise():
         assert set(zip(first.tolist(), second.tolist(), strict=True)) <= \
             {(int(a), int(b)) for a, b in pairs}
     assert [list(t.shape) for t in fit([rows[:, 0]], [[1]], [[1]])] == [[1]]
+    fit_mask = namespace["_fit_mask"]
+    bools = torch.tensor([[True, False, True], [False, True, False]])
+    assert fit_mask(bools, 3) is bools
+    for count in (0, 1, 5, 6):
+        fitted = fit_mask(bools, count)
+        assert fitted.shape == bools.shape and int(fitted.sum()) == count
+        assert int(bools.sum()) == 3  # the replay's own mask is left as it was
 
 
 # -- functional: captured models replay at the recorded shapes without ranges ----------
@@ -573,6 +606,36 @@ def test_embedding_and_moe_replay_at_recorded_shapes_without_ranges(tmp_path):
                  "aten::log_softmax", "aten::nll_loss_forward"):
         assert recorded.get(name) and recorded.get(name) == replayed.get(name), name
     assert op_multiset(result.et_path, by_overload=True) == op_multiset(replay_et, by_overload=True)
+
+
+@pytest.mark.slow
+def test_a_computed_mask_indexes_forward_and_backward_at_its_recorded_count(tmp_path):
+    """``h[ids > 10]`` with replayed ids: fitting only the forward's rows left the
+    backward's index_put_ with the same mask one value short, and the replay crashed."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    emb, head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 5)
+    opt = torch.optim.Adam([*emb.parameters(), *head.parameters()], lr=1e-3)
+    ids, labels = torch.randint(0, 50, (4, 10)), torch.randint(0, 5, (4, 10))
+
+    def step() -> None:
+        opt.zero_grad()
+        keep = ids > 10
+        F.cross_entropy(head(emb(ids)[keep]), labels[keep]).backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="mask", kineto=False, timing_iters=1)
+    bench = tmp_path / "mask_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "gt = _fit_mask(gt, " in text
+    replay_et = tmp_path / "replay.et.json"
+    for seed in ("0", "1"):
+        proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                             "--seed", seed, "--et", str(replay_et))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    recorded, replayed = _op_shapes(result.et_path), _op_shapes(replay_et)
+    for name in ("aten::index", "aten::_index_put_impl_", "aten::linear"):
+        assert recorded.get(name) and recorded.get(name) == replayed.get(name), name
 
 
 def _op_shapes(path) -> dict[str, list]:

@@ -37,11 +37,12 @@ def _shape_rows(value: object) -> tuple[Node, Node] | None:
 
 
 def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
-    """``t = _fit(t, shape, strides)`` for each named output of a data-dependent op."""
-    if op.name not in oprules.DATA_DEPENDENT_OUTPUTS or op.guard:
-        return []
+    """``t = _fit(t, shape, strides)`` for each named output of a data-dependent op;
+    then ``m = _fit_mask(m, count)`` for each boolean result a data-dependent op reads
+    as its mask."""
     lines: list[str] = []
-    for target, value in zip(targets, op.outputs, strict=False):
+    fitted = op.name in oprules.DATA_DEPENDENT_OUTPUTS and not op.guard
+    for target, value in zip(targets, op.outputs, strict=False) if fitted else ():
         rows = _shape_rows(value)
         if target == "_" or rows is None:
             continue
@@ -49,4 +50,8 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
             isinstance(value, ListValue) else []
         lines.extend(lay_out(f"{target} = ",
                              exprs.call("_fit", [Atom(target), *rows, *joined]), depth))
+    for position, count in sorted(op.true_counts.items()):
+        if position < len(targets) and targets[position] != "_":
+            call = exprs.call("_fit_mask", [Atom(targets[position]), Atom(str(count))])
+            lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines

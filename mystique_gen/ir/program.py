@@ -188,6 +188,11 @@ class Op:
     # A later view is derived from this op's outputs by storage offset (passes/tensors.py):
     # a data-dependent list result keeps its tensors as rows of one buffer when fitted.
     outputs_viewed_by_offset: bool = False
+    # Boolean results a data-dependent op later reads as its mask, by output position: the
+    # true elements that op recorded (passes/values.py). Replayed values decide a
+    # computed mask, so it is fitted to that count where it is made, and every reader
+    # (the forward's x[mask], the backward's index_put_ with it) sees one mask.
+    true_counts: dict[int, int] = field(default_factory=dict)
     free_after: list[Binding] = field(default_factory=list)  # variables last read here
     # Variables last read here that stay alive (the original freed them later,
     # passes/frees.py) but whose autograd history goes: the replay's forward records a

@@ -62,10 +62,12 @@ class IntArg(Bound):
 
 
 class PerDim(Bound):
-    """``indices[k]`` of ``aten::index`` indexes dim k of ``tensor`` (handled by position)."""
+    """``indices[k]`` of ``aten::index`` indexes dim k of ``tensor`` (handled by position).
+    ``selection``: the argument that holds the selected elements (``index_put_``'s
+    ``values``); None: the op's output (``index``)."""
 
-    def __init__(self, tensor: str):
-        self.tensor = tensor
+    def __init__(self, tensor: str, selection: str | None = None):
+        self.tensor, self.selection = tensor, selection
 
     def upper(self, args: dict[str, object]) -> int | None:
         return None  # resolved per list element by the values pass

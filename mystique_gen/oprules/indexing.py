@@ -39,9 +39,9 @@ FAMILY = OpFamily(
         "aten::index_fill_": {"index": _ALONG_DIM},
         "aten::take_along_dim": {"indices": _ALONG_DIM},
         "aten::index": {"indices": PerDim("self")},
-        "aten::index_put": {"indices": PerDim("self")},
-        "aten::index_put_": {"indices": PerDim("self")},
-        "aten::_index_put_impl_": {"indices": PerDim("self")},
+        "aten::index_put": {"indices": PerDim("self", "values")},
+        "aten::index_put_": {"indices": PerDim("self", "values")},
+        "aten::_index_put_impl_": {"indices": PerDim("self", "values")},
     },
     take_rules={
         "aten::take": ("index", "self"),

@@ -36,6 +36,7 @@ from mystique_gen.ir import (
     ListValue,
     Literal,
     Op,
+    OpOutput,
     Storage,
     TensorMeta,
     TensorValue,
@@ -246,6 +247,9 @@ class _Facts:
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
         self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
         self.window_low: dict[int, tuple[int, str]] = {}  # a shard's offset (WINDOW_SHIFTS)
+        # (op index, output position) -> true elements of a computed mask (None: readers
+        # disagree)
+        self.true_counts: dict[tuple[int, int], int | None] = {}
 
     def view(self, tv: TensorValue) -> None:
         s = tv.storage
@@ -276,6 +280,14 @@ class _Facts:
 
     def shape_fill(self, tv: TensorValue, init: tuple[str, int, int] | None, why: str) -> None:
         s = tv.storage
+        if init is not None and init[0] == FillKind.MASK and tv.meta.dtype == "bool" \
+                and isinstance(tv.binding, OpOutput) and len(tv.binding.path) == 1:
+            # A mask a replayed op computed: fitted where it is made (Op.true_counts);
+            # two readers that recorded different counts leave it as it comes.
+            key = (tv.binding.op_index, tv.binding.path[0])
+            self.true_counts[key] = init[1] if self.true_counts.get(key, init[1]) == init[1] \
+                else None
+            return
         if init is None or s is None or not s.materialised:
             return
         if s.dtype.startswith("complex") or not _covers(tv.meta, s):
@@ -306,6 +318,10 @@ def assign_values(ops: list[Op], storages: list[Storage],
     _propagate_bounds(ops, facts)
     _propagate_through_views(ops, facts)
     _shift_windows(ops, facts)
+    by_index = {op.index: op for op in ops}
+    for (index, position), count in facts.true_counts.items():
+        if count is not None and index in by_index:
+            by_index[index].true_counts[position] = count
     for s in storages:
         if s.materialised:
             s.init = _choose(s, facts)
@@ -395,6 +411,7 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             value = by_name.get(arg_name)
             if isinstance(value, TensorValue):
                 facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}")
+
     for arg_name in positive:
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
@@ -510,18 +527,23 @@ def _shift_windows(ops: list[Op], facts: _Facts) -> None:
 
 def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],
              facts: _Facts, arg_name: str) -> None:
-    """``aten::index``: ``indices[k]`` indexes dim k; a bool mask selects recorded rows."""
+    """``aten::index``: ``indices[k]`` indexes dim k; a bool mask selects recorded rows.
+    The selection is the output of ``index`` and the ``values`` of ``index_put_``
+    (:attr:`PerDim.selection`); values that broadcast into it do not give its rows."""
     shape = args.get(rule.tensor)
     if not isinstance(value, ListValue) or not isinstance(shape, tuple):
         return
-    out = _output_shapes(op)[0] if op.outputs else None
+    selected = args.get(rule.selection) if rule.selection else \
+        (_output_shapes(op)[0] if op.outputs else None)
     for dim, item in enumerate(value.items):
         if not isinstance(item, TensorValue) or dim >= len(shape):
             continue
         if item.meta.dtype == "bool":
             # x[mask]: the masked dims collapse into one of (true count) rows at `dim`.
-            if isinstance(out, tuple) and dim < len(out):
-                facts.shape_fill(item, (FillKind.MASK, out[dim], 0), f"{op.name} {arg_name}[{dim}]")
+            collapsed = len(shape) - len(item.meta.shape) + 1
+            if isinstance(selected, tuple) and len(selected) == collapsed and dim < collapsed:
+                facts.shape_fill(item, (FillKind.MASK, selected[dim], 0),
+                                 f"{op.name} {arg_name}[{dim}]")
             continue
         facts.bound(item, shape[dim], f"{op.name} {arg_name}[{dim}]")
 

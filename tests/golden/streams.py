@@ -952,6 +952,25 @@ def _fit_one(value, shape, strides):
     return out.copy_(value)
 
 
+def _fit_mask(mask, count):
+    """A boolean mask the replay computed, with exactly `count` true elements: the
+    trues past the count turned false, or the first falses turned true. Fitted where
+    it is made, so every op reading it (x[mask] in the forward, index_put_ with it in
+    the backward) sees one mask of the recorded size. Already that count: returned as
+    it is."""
+    with _harness():
+        flat = mask.reshape(-1)
+        have = int(flat.sum())
+        if have == count:
+            return mask
+        flat = flat.clone()
+        if have > count:
+            flat[flat.nonzero().squeeze(1)[count:]] = False
+        else:
+            flat[(~flat).nonzero().squeeze(1)[: count - have]] = True
+        return flat.view(mask.shape)
+
+
 def _rows_of_one(values):
     """Whether tensors of one shape are laid out as the rows of one buffer."""
     if len(values) < 2 or not all(isinstance(v, torch.Tensor) for v in values):
