@@ -50,6 +50,7 @@ SEGMENT = ("aten::segment_reduce(Tensor data, str reduce, *, Tensor? lengths=Non
            "Tensor? indices=None, Tensor? offsets=None, int axis=0, bool unsafe=False, "
            "Scalar? initial=None) -> Tensor")
 LOG = "aten::log(Tensor self) -> Tensor"
+MM = "aten::mm(Tensor self, Tensor mat2) -> Tensor"
 BERNOULLI = "aten::bernoulli(Tensor self, *, Generator? generator=None) -> Tensor"
 RNN_BACKWARD = ("aten::mkldnn_rnn_layer_backward(Tensor input, Tensor weight1, Tensor weight2, "
                 "Tensor weight3, Tensor weight4, Tensor hx_, Tensor cx_tmp, Tensor output, "
@@ -187,6 +188,27 @@ def test_jagged_lengths_add_up_to_the_values():
     b.op(SEGMENT, [b.tensor((10, 3)), "sum", lengths, None, None, 0], [b.tensor((4, 3))])
     init = _init_of(_program(b))
     assert (init.kind, init.low) == ("sum", 10)
+
+
+ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+SUB = "aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+
+
+@pytest.mark.parametrize("combine, alpha, positive", [(ADD, 1, True), (ADD, -1, False),
+                                                      (SUB, 1, False)])
+def test_a_log_of_a_product_needs_non_negative_factors(combine, alpha, positive):
+    """``log(mel @ power + eps)``: the filter bank, filled with both signs, took logs of
+    negative numbers and a training replay went NaN. Sums, products and matmuls keep
+    signs, so the log's domain carries back to their inputs; a difference does not."""
+    b = TraceBuilder()
+    bank, power, floor = b.tensor((8, 6)), b.tensor((6, 5)), b.tensor((8, 5))
+    product, total = b.tensor((8, 5)), b.tensor((8, 5))
+    b.op(MM, [bank, power], [product])
+    b.op(combine, [product, floor, alpha], [total])
+    b.op(LOG, [total], [b.tensor((8, 5))])
+    inits = {s.extent: s.init for s in _program(b).storages if s.materialised}
+    assert (inits[48].low >= 0) is positive, inits[48]  # the bank
+    assert (inits[30].low >= 0) is positive, inits[30]  # the power
 
 
 def test_float_rules_keep_values_finite():

@@ -97,6 +97,7 @@ def merged(table: str) -> dict[str, Any]:
 INDEX_RULES: dict[str, dict[str, Bound | str]] = merged("index_rules")
 TAKE_RULES: dict[str, tuple[str, str]] = merged("take_rules")
 POSITIVE_ARGS: dict[str, tuple[str, ...]] = merged("positive_args")
+KEEPS_SIGN: dict[str, tuple[str, ...]] = merged("keeps_sign")
 FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
@@ -137,6 +138,7 @@ __all__ = [
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
+    "KEEPS_SIGN",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",

@@ -159,6 +159,9 @@ class OpFamily:
     take_rules: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Floating arguments that must be positive for the op to stay finite.
     positive_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Ops whose result is non-negative where these floating arguments are: a result that
+    # must be positive (``positive_args`` of its reader) needs them non-negative too.
+    keeps_sign: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Floating arguments that must lie in a range: {op: {argument: (low, high)}}.
     float_ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     # Inputs filled so that a data-dependent output keeps its recorded size.

@@ -26,6 +26,19 @@ _SELF, _A = {"self": PositiveDefinite("self")}, {"A": PositiveDefinite("A")}
 
 FAMILY = OpFamily(
     name="linear algebra",
+    # Products of non-negative matrices are non-negative: log(mel_filters @ power) needs
+    # the filter bank filled non-negative, as the original's was.
+    keeps_sign={
+        "aten::mm": ("self", "mat2"),
+        "aten::bmm": ("self", "mat2"),
+        "aten::matmul": ("self", "other"),
+        "aten::mv": ("self", "vec"),
+        "aten::dot": ("self", "tensor"),
+        "aten::addmm": ("self", "mat1", "mat2"),
+        "aten::baddbmm": ("self", "batch1", "batch2"),
+        "aten::linear": ("input", "weight", "bias"),
+        "aten::einsum": ("operands",),
+    },
     shape_rules={
         "aten::linalg_cholesky": _SELF,
         "aten::linalg_cholesky_ex": _SELF,

@@ -10,9 +10,26 @@ from mystique_gen.oprules.base import OpFamily
 _DIVISIONS = ("aten::div", "aten::div_", "aten::floor_divide", "aten::floor_divide_",
               "aten::remainder", "aten::remainder_", "aten::fmod", "aten::fmod_")
 
+# Non-negative arguments make these non-negative (add's alpha is 1 as the trace records
+# it almost always; a negative one is checked where the rule is applied).
+_BINARY = ("self", "other")
+_KEEPS_SIGN = {
+    **{op: _BINARY for op in ("aten::add", "aten::add_", "aten::mul", "aten::mul_",
+                              "aten::div", "aten::div_", "aten::maximum", "aten::minimum")},
+    **{op: ("self",) for op in ("aten::sum", "aten::mean", "aten::cumsum", "aten::prod",
+                                "aten::amax", "aten::amin", "aten::clone",
+                                "aten::contiguous", "aten::to", "aten::_to_copy",
+                                "aten::avg_pool1d", "aten::avg_pool2d",
+                                "aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d",
+                                "aten::index_select", "aten::gather", "aten::repeat")},
+    "aten::cat": ("tensors",),
+    "aten::stack": ("tensors",),
+}
+
 FAMILY = OpFamily(
     name="math domains",
     integer_divisors={name: ("other",) for name in _DIVISIONS},
+    keeps_sign=_KEEPS_SIGN,
     positive_args={
         "aten::log": ("self",),
         "aten::log2": ("self",),

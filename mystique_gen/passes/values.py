@@ -316,7 +316,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for op in ops:
         _collect(op, facts, recorded)
     _propagate_bounds(ops, facts)
-    _propagate_through_views(ops, facts)
+    _propagate_domains(ops, facts)
     _shift_windows(ops, facts)
     by_index = {op.index: op for op in ops}
     for (index, position), count in facts.true_counts.items():
@@ -440,21 +440,29 @@ def _propagate_bounds(ops: list[Op], facts: _Facts) -> None:
                     facts.bound(tv, high, f"{why} (via {op.name})")
 
 
-def _propagate_through_views(ops: list[Op], facts: _Facts) -> None:
+def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
     """Carry a view's positive or ranged floats back to the tensor it views: Adam's
     state of a complex parameter is a complex tensor the step reads through
     ``view_as_real``, and its square root needs the complex storage filled
-    non-negative (a view of another dtype is another storage here)."""
+    non-negative (a view of another dtype is another storage here). A positive result
+    of an op that keeps signs (:data:`oprules.KEEPS_SIGN`: sums, products, matmuls)
+    carries back to its arguments the same way: ``log(mel @ power + eps)`` with a
+    filter bank filled with both signs took logs of negative numbers."""
     for op in reversed(ops):
-        if not op.signature.is_view:
+        keeps_sign = oprules.KEEPS_SIGN.get(op.name)
+        if not op.signature.is_view and not (keeps_sign and _non_negative_alpha(op)):
             continue
         outputs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
                    if tv.storage is not None]
         positive = next((facts.positive[i] for i in outputs if i in facts.positive), None)
         ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
+        if not op.signature.is_view:
+            ranged = None  # a range is kept only by a view of the same values
         if positive is None and ranged is None:
             continue
         for arg in op.args:
+            if not op.signature.is_view and arg.spec.name not in (keeps_sign or ()):
+                continue
             for tv in iter_tensors(arg.value):
                 if tv.storage is None or tv.storage.index in outputs:
                     continue
@@ -462,6 +470,12 @@ def _propagate_through_views(ops: list[Op], facts: _Facts) -> None:
                     facts.positive.setdefault(tv.storage.index, f"{positive} (via {op.name})")
                 if ranged is not None:
                     facts.float_range.setdefault(tv.storage.index, ranged)
+
+
+def _non_negative_alpha(op: Op) -> bool:
+    alpha = next((a.value for a in op.args if a.spec.name == "alpha"), None)
+    return not (isinstance(alpha, Literal) and isinstance(alpha.value, (int, float))
+                and alpha.value < 0)
 
 
 def _shift_windows(ops: list[Op], facts: _Facts) -> None:
