@@ -7,7 +7,8 @@ use it without pulling in another.
 # The profiler scope around work the generated harness adds: defined by the harness.
 from mystique_gen.harness.runtime import HARNESS_SCOPE
 
-__all__ = ["ET_SUFFIX", "HARNESS_SCOPE", "KINETO_SUFFIX", "SIDECAR_SUFFIX", "STEP_SCOPE"]
+__all__ = ["DEVICE_CATEGORIES", "ET_SUFFIX", "HARNESS_SCOPE", "KINETO_SUFFIX", "SIDECAR_SUFFIX",
+           "STEP_SCOPE"]
 
 # The annotation capture wraps each profiled step in (no "::": compare counts "ns::name"
 # events as ops).
@@ -17,3 +18,8 @@ STEP_SCOPE = "MystiqueProfiledStep"
 ET_SUFFIX = ".et.json"
 KINETO_SUFFIX = ".kineto.json"
 SIDECAR_SUFFIX = ".step.json"
+# Kineto categories of device activity (a kernel, a copy): the Kineto loader's GPU events,
+# and the nodes Chakra's trace_link adds to an execution trace (its "ET+": each a copy
+# of the CPU op that launched it, with the activity's "cat", "ts" and "stream").
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset",
+                               "gpu_user_annotation"})

@@ -247,6 +247,10 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
         part_notes.append(f"{numbers} wrapped Python numbers (0-d tensor arguments whose "
                           "recorded result dtype shows scalar type promotion) replay as "
                           "Python numbers")
+    if trace.device_nodes:
+        part_notes.append(f"an ET+ (Chakra trace_link): {len(trace.device_nodes)} device "
+                          "activities below the ops that launched them are not ops; "
+                          f"--kineto {trace.name} links their times and the ops'")
     if options.dtype is not None:
         lines.append(retarget_dtype(ops, options.dtype))
     not_replayed = sorted(kept.not_replayed + lowering_skips, key=lambda s: s.node_id)

@@ -144,6 +144,66 @@ def test_original_step_without_a_capture_sidecar_is_the_profiled_span(pair, tmp_
     assert with_sidecar is not None and with_sidecar.step_ms < timing.step_ms
 
 
+def _link_like_chakra(et_path, kineto_path, out, kernels: bool = True):
+    """An ET+ as Chakra's trace_link writes one: node ids renumbered from 1 in id order,
+    each op carrying its Kineto event's ts, inclusive_dur and exclusive_dur, and (on a
+    GPU trace) a node per kernel below the op that launched it: a copy of that op,
+    schema and arguments included, with the kernel's name, cat, ts and stream."""
+    doc = json.loads(et_path.read_text())
+    events = {ev["args"]["Record function id"]: ev
+              for ev in json.loads(kineto_path.read_text())["traceEvents"]
+              if ev.get("ph") == "X" and "Record function id" in ev.get("args", {})}
+    nodes = sorted(doc["nodes"], key=lambda n: n["id"])
+    parents = {n["ctrl_deps"] for n in nodes}
+    renumber = {n["id"]: k for k, n in enumerate(nodes, start=1)}
+    device = []
+    for node in nodes:
+        attrs = {a["name"]: a["value"] for a in node["attrs"]}
+        ev = events.get(attrs.get("rf_id"))
+        if ev is not None:
+            node.update(ts=ev["ts"], inclusive_dur=ev["dur"], exclusive_dur=ev["dur"],
+                        inter_thread_dep=None)
+        if kernels and ev is not None and attrs.get("op_schema") and node["id"] not in parents:
+            kernel = copy.deepcopy(node)
+            kernel.update(id=len(nodes) + len(device) + 1, ctrl_deps=renumber[node["id"]],
+                          name="void at::native::vectorized_elementwise_kernel<4>(int)",
+                          cat="kernel", ph="X", ts=ev["ts"] + ev["dur"], inclusive_dur=2,
+                          exclusive_dur=2, stream=7)
+            device.append(kernel)
+    for node in nodes:
+        node["id"], node["ctrl_deps"] = renumber[node["id"]], renumber.get(node["ctrl_deps"], 0)
+    doc["nodes"] = nodes + device
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def test_a_chakra_et_plus_replays_its_ops_and_links_its_own_times(pair, tmp_path):
+    """Chakra's trace_link merges an ET and its Kineto trace into one file. Its kernel
+    nodes copy the launching op's schema and arguments: kept as nodes, they are not
+    ops to replay. Its times link as a Kineto trace would (``--kineto`` on the file)."""
+    et_plus = _link_like_chakra(*pair, tmp_path / "mlp_plus.json")
+    trace = load_trace(et_plus)
+    assert trace.device_nodes and trace.linked_timing
+    assert not any(n.attrs.get("cat") == "kernel" for n in trace.nodes)
+    plain, linked = compile_trace(pair[0]), compile_trace(et_plus)
+    assert [op.name for op in linked.ops] == [op.name for op in plain.ops]
+    timed = compile_trace(et_plus, kineto=et_plus)
+    assert timed.timing is not None and timed.timing.linked_ops >= 0.95 * len(timed.ops)
+    # The kernels' stream, from the device nodes below the ops that launched them.
+    assert [s for s in timed.streams] and all(op.timing is not None for op in timed.ops
+                                              if op.stream is not None)
+    bench = tmp_path / "bench.py"
+    generate(et_plus, bench, kineto=et_plus)
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["ops"] == len(plain.ops)
+
+
+def test_an_execution_trace_without_times_is_no_kineto_trace(pair):
+    with pytest.raises(TraceError, match="without linked Kineto times"):
+        load_kineto(pair[0])
+
+
 def test_hta_pair_links(shared_traces):
     et = shared_traces / "hta" / "simple_add_et.json.gz"
     kineto = shared_traces / "hta" / "simple_add_kineto.json.gz"

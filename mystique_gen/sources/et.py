@@ -24,6 +24,7 @@ from sys import intern
 from typing import Any
 
 from mystique_gen import progress as _progress
+from mystique_gen.constants import DEVICE_CATEGORIES
 from mystique_gen.errors import TraceError
 from mystique_gen.ir.dist import ProcessGroupSpec
 from mystique_gen.sources.jsonstream import HashingReader, JsonStream
@@ -63,6 +64,11 @@ def raw_storage_ids(raw: RawArg) -> Iterator[int]:
     return (record[1] for record in tensor_records(raw))
 
 
+# Top-level node keys of an ET+ (Chakra trace_link): Kineto times, and for device
+# activity its category, phase and stream.
+LINKED_KEYS = ("cat", "ph", "ts", "inclusive_dur", "exclusive_dur", "stream")
+
+
 @dataclass(slots=True)
 class RawNode:
     id: int
@@ -97,6 +103,14 @@ class RawTrace:
     # host threads a communication backend ran collectives' work on.
     descended: set[int] | None = None
     backend_threads: set[int] | None = None
+    # Device activity (kernels, copies) that Chakra's trace_link linked into the trace,
+    # below the ops that launched them; not ops (sources/kineto.py linked_kineto).
+    device_nodes: list[RawNode] = field(default_factory=list)
+
+    @property
+    def linked_timing(self) -> bool:
+        """An ET+: its ops carry the Kineto times trace_link put on them."""
+        return any("ts" in n.attrs and "inclusive_dur" in n.attrs for n in self.nodes)
 
     @property
     def node_count(self) -> int:
@@ -181,7 +195,13 @@ def _assemble(doc: dict[str, Any], parsed: list[RawNode], name: str, sha256: str
         if a.id == b.id:
             raise TraceError("duplicate node id", node_id=a.id, field="id")
     metadata = {k: v for k, v in doc.items() if k != "nodes" and isinstance(v, (str, int, float))}
-    return RawTrace(name=name, sha256=sha256, schema=schema, nodes=parsed, metadata=metadata)
+    # Device activity an ET+ added: each node repeats the schema and arguments of the
+    # op that launched it, so as a node it would replay that op again.
+    device = [n for n in parsed if n.attrs.get("cat") in DEVICE_CATEGORIES]
+    if device:
+        parsed = [n for n in parsed if n.attrs.get("cat") not in DEVICE_CATEGORIES]
+    return RawTrace(name=name, sha256=sha256, schema=schema, nodes=parsed, metadata=metadata,
+                    device_nodes=device)
 
 
 def _int(value: Any, node_id: int | None, field_name: str) -> int:
@@ -228,6 +248,11 @@ def _node(obj: Any, index: int) -> RawNode:
     # Flat layout: the same facts are top-level keys.
     for key in ("rf_id", "tid", "fw_tid", "fw_parent", "seq_id", "scope", "op_schema",
                 "kernel_backend", "kernel_file", "tensor_range"):
+        if key in obj and key not in attrs:
+            attrs[key] = obj[key]
+    # Chakra's trace_link (an "ET+") adds each op's Kineto times, and device activity
+    # nodes with their category and stream, as top-level keys.
+    for key in LINKED_KEYS:
         if key in obj and key not in attrs:
             attrs[key] = obj[key]
 

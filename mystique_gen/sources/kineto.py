@@ -29,15 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, SIDECAR_SUFFIX
+from mystique_gen.constants import DEVICE_CATEGORIES, ET_SUFFIX, KINETO_SUFFIX, SIDECAR_SUFFIX
 from mystique_gen.errors import TraceError
-from mystique_gen.sources.et import parse_json_bytes
+from mystique_gen.sources.et import RawTrace, parse_json_bytes, trace_from_document
 
 CPU_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "hip_runtime",
                                 "privateuse1_runtime", "xpu_runtime"})
-GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset",
-                            "gpu_user_annotation"})
+GPU_CATEGORIES = DEVICE_CATEGORIES
 
 
 @dataclass(frozen=True)
@@ -114,6 +113,8 @@ def load_kineto(path: str | Path) -> KinetoTrace:
 
 
 def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrace:
+    if isinstance(doc, dict) and "nodes" in doc and "traceEvents" not in doc:
+        return linked_kineto(trace_from_document(doc, name=name, sha256=sha256))
     if isinstance(doc, list):  # the bare-array form of the Chrome trace format
         events = doc
     elif isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
@@ -157,6 +158,44 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
     memory.sort(key=lambda e: e.ts)
     return KinetoTrace(name=name, sha256=sha256, cpu_ops=cpu, runtime=runtime, gpu=gpu,
                        rank=_recorded_rank(doc), memory=memory)
+
+
+def linked_kineto(trace: RawTrace) -> KinetoTrace:
+    """The Kineto times an ET+ (Chakra's trace_link) carries, as a Kineto trace: each op
+    node's ``ts`` and ``inclusive_dur`` a CPU event with its ``rf_id``, and each device
+    activity node a GPU event launched from within the op below which trace_link put
+    it (a runtime call at that op's start, on its thread)."""
+    if not trace.linked_timing:
+        raise TraceError(f"{trace.name}: an execution trace without linked Kineto times "
+                         "(no node has 'ts' and 'inclusive_dur'); pass its Kineto trace")
+    by_id = {n.id: n for n in trace.nodes}
+    cpu: list[CpuEvent] = []
+    for i, node in enumerate(trace.nodes):
+        ts, dur = node.attrs.get("ts"), node.attrs.get("inclusive_dur")
+        if _is_number(ts) and _is_number(dur):
+            cpu.append(CpuEvent(index=i, name=node.name, pid=0, tid=node.tid, ts=float(ts),
+                                dur=float(dur), rf_id=node.rf_id, external_id=None))
+    runtime: list[RuntimeEvent] = []
+    gpu: list[GpuEvent] = []
+    for correlation, device in enumerate(trace.device_nodes, start=1):
+        launcher = by_id.get(device.parent)
+        ts, dur = device.attrs.get("ts"), device.attrs.get("inclusive_dur")
+        start = launcher.attrs.get("ts") if launcher is not None else None
+        stream = device.attrs.get("stream")
+        if launcher is None or not (_is_number(ts) and _is_number(dur) and _is_number(start)):
+            continue
+        runtime.append(RuntimeEvent("launch", 0, launcher.tid, float(start), correlation))
+        gpu.append(GpuEvent(device.name, str(device.attrs.get("cat")),
+                            stream if isinstance(stream, int) else 0, float(ts), float(dur),
+                            correlation))
+    cpu.sort(key=lambda e: (e.ts, -e.dur, e.index))
+    runtime.sort(key=lambda e: e.ts)
+    return KinetoTrace(name=trace.name, sha256=trace.sha256, cpu_ops=cpu, runtime=runtime,
+                       gpu=gpu)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _memory_event(ev: dict[str, Any], where: str) -> MemoryEvent | None:
