@@ -166,8 +166,9 @@ def linked_kineto(trace: RawTrace) -> KinetoTrace:
     activity node a GPU event launched from within the op below which trace_link put
     it (a runtime call at that op's start, on its thread)."""
     if not trace.linked_timing:
-        raise TraceError(f"{trace.name}: an execution trace without linked Kineto times "
-                         "(no node has 'ts' and 'inclusive_dur'); pass its Kineto trace")
+        raise TraceError(f"{trace.name}: an execution trace (no 'traceEvents') without "
+                         "linked Kineto times (no node has 'ts' and 'inclusive_dur'); pass "
+                         "its Kineto trace")
     by_id = {n.id: n for n in trace.nodes}
     cpu: list[CpuEvent] = []
     for i, node in enumerate(trace.nodes):
