@@ -157,7 +157,7 @@ def test_where_mask_masked_select_and_repeats():
 
 
 GT = "aten::gt.Scalar(Tensor self, Scalar other) -> Tensor"
-INDEX_PUT_ = ("aten::_index_put_impl_(Tensor(a!) self, Tensor?[] indices, Tensor values, "
+INDEX_PUT_IMPL = ("aten::_index_put_impl_(Tensor(a!) self, Tensor?[] indices, Tensor values, "
               "bool accumulate=False, bool unsafe=False) -> Tensor(a!)")
 
 
@@ -173,13 +173,19 @@ def test_a_boolean_index_gets_the_recorded_count_given_or_computed():
     b.op(GT, [ids, 10], [mask])
     h = b.tensor((3, 5, 8))
     b.op(INDEX, [h, [mask]], [b.tensor((9, 8))])
-    b.op(INDEX_PUT_, [b.tensor((3, 5, 8)), [mask], b.tensor((9, 8)), True, True],
+    b.op(INDEX_PUT_IMPL, [b.tensor((3, 5, 8)), [mask], b.tensor((9, 8)), True, True],
          [b.tensor((3, 5, 8))])
+    # A mask only where reads, as a mixture of experts routes: its result is fitted, and
+    # fitting the mask as well would cost a sync per expert every iteration.
+    routed = b.tensor((3, 5), dtype="bool")
+    b.op(GT, [ids, 20], [routed])
+    b.op(WHERE, [routed], [[b.tensor((4,), dtype="int64"), b.tensor((4,), dtype="int64")]])
     program = _program(b)
     assert (_init_of(program, "bool").kind, _init_of(program, "bool").low) == ("mask", 4)
     assert program.ops[1].true_counts == {0: 9}
+    assert program.ops[4].name == "aten::gt" and program.ops[4].true_counts == {}
     text = generate_source(program)
-    assert "gt = _fit_mask(gt, 9)" in text
+    assert "gt = _fit_mask(gt, 9)" in text and text.count("_fit_mask(gt") == 1
 
 
 def test_jagged_lengths_add_up_to_the_values():
