@@ -40,7 +40,7 @@ from mystique_gen.ir import (
 )
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes import autograd, frees, hostgaps, link, public_calls, streams
-from mystique_gen.passes.comms import CommLowering, rank_disagreements
+from mystique_gen.passes.comms import CommLowering, pair_point_to_point, rank_disagreements
 from mystique_gen.passes.compose import (
     combined_info,
     place_in_parallel,
@@ -489,6 +489,13 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     programs = [run_passes([s], options, consume=consume) for s in sources]
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")
+    moved = pair_point_to_point(programs, ranks)
+    if moved:
+        for program in programs:
+            program.diagnostics.append(note(
+                f"{moved} sends and recvs of this job run on the process group whose "
+                "members name each other at their recorded peers (the trace records no "
+                "group for them): on the default group a peer was another rank"))
     for first, other, message in rank_disagreements(programs, ranks):
         warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
         for k in (first, other):

@@ -18,6 +18,8 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   next forward while its peer sends a backward);
 * ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
   dimension's subgroup, functional and c10d, as 2-D parallel training issues them;
+* ``pipeline_mesh``: pipeline stages over a 2 x 2 mesh's ``pp`` dimension (GPipe) with
+  FSDP2 over ``dp`` (4 ranks): sends and recvs whose peers are pp-group ranks;
 * ``fsdp2_tp``: 2-D parallel training on that mesh (4 ranks): tensor parallel
   (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, gradients clipped by their total
   norm, AdamW foreach;
@@ -61,7 +63,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -176,6 +178,33 @@ def pipeline() -> Callable[[], object]:
     def step() -> None:
         opt.zero_grad()
         if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=target, losses=[])
+        opt.step()
+
+    return step
+
+
+def pipeline_mesh() -> Callable[[], object]:
+    """torchtitan's 2-D layout: pipeline stages over a mesh's ``pp`` dimension (GPipe,
+    2 microbatches), FSDP2 over ``dp``: each send names its peer within the pp group."""
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("pp", "dp"))
+    stage_index = mesh["pp"].get_local_rank()
+    stage_module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                       torch.nn.Linear(16, 16))
+    fully_shard(stage_module, mesh=mesh["dp"])
+    stage = PipelineStage(stage_module, stage_index, 2, torch.device("cpu"),
+                          group=mesh.get_group("pp"))
+    schedule = ScheduleGPipe(stage, n_microbatches=2,
+                             loss_fn=lambda y, target: ((y - target) ** 2).mean())
+    opt = torch.optim.AdamW(stage_module.parameters(), lr=1e-3)
+    x, target = torch.randn(4, 16), torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        if stage_index == 0:
             schedule.step(x)
         else:
             schedule.step(target=target, losses=[])
@@ -353,7 +382,8 @@ def vocab() -> Callable[[], object]:
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
-         "rooted": rooted, "objects": objects, "vocab": vocab}
+         "rooted": rooted, "objects": objects, "vocab": vocab,
+         "pipeline_mesh": pipeline_mesh}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

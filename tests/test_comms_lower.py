@@ -12,10 +12,15 @@ import pytest
 from mystique_gen import oprules
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import generate
-from mystique_gen.ir import Op, Program, TensorMeta, TensorValue
+from mystique_gen.ir import Arg, ListValue, Op, Program, TensorMeta, TensorValue
 from mystique_gen.ir.dist import CommInfo, DistInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import parse_signature
-from mystique_gen.passes.comms import collective_sequence, group_by_size, rank_disagreements
+from mystique_gen.passes.comms import (
+    collective_sequence,
+    group_by_size,
+    pair_point_to_point,
+    rank_disagreements,
+)
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
 from tests.tracebuilder import ADD_, RELU, Object, TraceBuilder
@@ -203,3 +208,44 @@ def test_ranks_that_would_not_meet_on_a_group_are_named():
     subgroup = [_rank_program(0, ["broadcast"], (0, 1)), _rank_program(1, ["broadcast"], (0, 1)),
                 _rank_program(2, [], (0, 1))]
     assert rank_disagreements(subgroup, [0, 1, 2]) == []
+
+
+
+def _pipeline_rank(rank: int, calls: list[tuple[str, int, int]]) -> Program:
+    """A rank of a 2 x 2 mesh (pp groups [0, 2] and [1, 3], dp groups [0, 1] and
+    [2, 3]) whose sends and recvs (kind, recorded peer, elements) all sit on the default
+    group, as a gloo trace leaves them: it records no group."""
+    ops = []
+    for i, (kind, peer, numel) in enumerate(calls):
+        tensor = TensorValue(i, i, TensorMeta((numel,), (1,), 0, "float32", "cpu"))
+        signature = parse_signature(SEND if kind == "send" else RECV)
+        ops.append(Op(index=i, node_id=10 + i, signature=signature,
+                      args=[Arg(signature.args[0], ListValue((tensor,)))], outputs=[],
+                      thread=1, scope=(), comm=CommInfo(call=kind, group=0, root=peer, tag=0)))
+    program = Program.empty()
+    program.ops = ops
+    program.distributed = DistInfo(world_size=4, rank=rank, groups=[
+        ProcessGroupSpec(0, "0", "default", None, 4),
+        ProcessGroupSpec(1, "1", "pp", (0, 2), 2), ProcessGroupSpec(2, "2", "pp", (1, 3), 2),
+        ProcessGroupSpec(3, "3", "dp", (0, 1), 2), ProcessGroupSpec(4, "4", "dp", (2, 3), 2)],
+        groups_recorded=True)
+    return program
+
+
+def test_sends_and_recvs_run_on_the_group_that_pairs_them():
+    """Pipeline stages over a mesh's pp dimension: each send names its peer within the
+    pp group (1), which on the default group is rank 1 for rank 0, and rank 1 itself for
+    rank 1 (gloo: "Pair is not connected"). Each send and its recv move to the group on
+    which both name each other; a peer's recv of another size does not pair."""
+    stage0 = [("send", 1, 8), ("recv", 1, 8)]
+    stage1 = [("recv", 0, 8), ("send", 0, 8)]
+    programs = [_pipeline_rank(r, stage0 if r < 2 else stage1) for r in range(4)]
+    assert pair_point_to_point(programs, [0, 1, 2, 3]) == 8
+    groups = [[op.comm.group for op in p.ops] for p in programs]
+    assert groups == [[1, 1], [2, 2], [1, 1], [2, 2]]
+    # Already paired: nothing moves. A recv of other sizes pairs with no send.
+    assert pair_point_to_point(programs, [0, 1, 2, 3]) == 0
+    odd = [_pipeline_rank(0, [("send", 1, 8)]), _pipeline_rank(1, []),
+           _pipeline_rank(2, [("recv", 0, 4)]), _pipeline_rank(3, [])]
+    assert pair_point_to_point(odd, [0, 1, 2, 3]) == 0
+    assert odd[0].ops[0].comm.group == 0

@@ -51,7 +51,7 @@ def mesh(tmp_path_factory) -> tuple[list[Path], Path]:
         pytest.skip("torch.distributed with gloo is not available in this build")
     out = tmp_path_factory.mktemp("mesh")
     code, _out, err = _finish(_launch(str(WORKLOAD), str(out), "mesh2d", "fsdp2_tp",
-                                      nproc=RANKS, cwd=out))
+                                      "pipeline_mesh", nproc=RANKS, cwd=out))
     assert code == 0, err[-3000:]
     traces = [out / f"mesh2d-rank-{r}.json" for r in range(RANKS)]
     bench = out / "bench.py"
@@ -69,6 +69,26 @@ def test_fsdp2_with_tensor_parallel_on_a_mesh(mesh, tmp_path):
     bench = tmp_path / "bench.py"
     assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
     assert "run on the group their sizes imply" in " ".join(bench.read_text().split())
+    code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
+                                          "--iters", "2", "--json", "--et",
+                                          str(tmp_path / "replay.json"), nproc=RANKS,
+                                          cwd=tmp_path))
+    assert code == 0, err[-3000:]
+    assert last_json(out_text)["skipped_at_runtime"] == []
+    _check_replay(traces, tmp_path)
+
+
+def test_pipeline_stages_over_a_mesh_send_to_their_pp_peers(mesh, tmp_path):
+    """A send names its peer within the pp group, and gloo records no group: on the
+    default group rank 0 sent to rank 1 instead of 2, and rank 1 to itself ("Pair is
+    not connected"). Each send and recv runs on the group where both ends name each
+    other."""
+    out = mesh[1].parent
+    traces = [out / f"pipeline_mesh-rank-{r}.json" for r in range(RANKS)]
+    bench = tmp_path / "bench.py"
+    assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
+    assert "sends and recvs of this job run on the process group whose members" in \
+        " ".join(bench.read_text().split())
     code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
                                           "--iters", "2", "--json", "--et",
                                           str(tmp_path / "replay.json"), nproc=RANKS,

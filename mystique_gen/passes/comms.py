@@ -416,6 +416,67 @@ class CommLowering:
         return info
 
 
+def pair_point_to_point(programs: Sequence[Program], ranks: Sequence[int]) -> int:
+    """Put each send and its recv on one process group whose members pair them.
+
+    A send's peer is a rank within its group (``group_dst``), and a gloo trace records
+    no group: on the default group, a pipeline stage over a device mesh's ``pp``
+    dimension sent to the wrong rank, or to itself. Each rank's sends are matched, in
+    order, with the first unmatched recv of a peer that takes the same tensor and tag
+    on a group holding both ranks where each names the other at its recorded place;
+    the group already given is tried first. Both ends then run on that group. Returns
+    how many sends and recvs moved to another group."""
+    by_rank = dict(zip(ranks, programs, strict=True))
+    p2p = {r: [op for op in prog.ops if op.comm is not None
+               and oprules.COMM_OPS[op.name].point_to_point] for r, prog in by_rank.items()}
+    matched: set[int] = set()  # id() of recvs already paired
+    moved = 0
+    for rank, ops in p2p.items():
+        for send in ops:
+            if oprules.COMM_OPS[send.name].point_to_point != "send":
+                continue
+            for group, peer in _peers(by_rank[rank], rank, send):
+                recv = next((op for op in p2p.get(peer, ()) if id(op) not in matched
+                             and oprules.COMM_OPS[op.name].point_to_point == "recv"
+                             and _carries_the_same(send, op)
+                             and (group, rank) in _peers(by_rank[peer], peer, op)), None)
+                if recv is None:
+                    continue
+                matched.add(id(recv))
+                for op in (send, recv):
+                    assert op.comm is not None
+                    moved += op.comm.group != group
+                    op.comm.group = group
+                break
+    return moved
+
+
+def _peers(program: Program, rank: int, op: Op) -> list[tuple[int, int]]:
+    """(group index, global rank) this send or recv may address: its recorded peer
+    within each group holding ``rank``, never itself, the group it has first."""
+    info, comm = program.distributed, op.comm
+    if info is None or comm is None or comm.root is None:
+        return []
+    found = []
+    for g in info.groups:
+        members = g.ranks if g.ranks is not None else (
+            tuple(range(info.world_size)) if g.size == info.world_size else None)
+        if members and rank in members and 0 <= comm.root < len(members) \
+                and members[comm.root] != rank:
+            found.append((g.index, members[comm.root]))
+    found.sort(key=lambda pair: pair[0] != comm.group)
+    return found
+
+
+def _carries_the_same(send: Op, recv: Op) -> bool:
+    def payload(op: Op) -> list[tuple[int, str]]:
+        return [(tv.meta.numel, tv.meta.dtype) for arg in op.args
+                for tv in iter_tensors(arg.value)]
+
+    assert send.comm is not None and recv.comm is not None
+    return send.comm.tag == recv.comm.tag and payload(send) == payload(recv)
+
+
 def rank_disagreements(programs: Sequence[Program],
                        ranks: Sequence[int]) -> list[tuple[int, int, str]]:
     """Where the ranks of one benchmark would not meet: on a process group, the member
