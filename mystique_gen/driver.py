@@ -40,7 +40,12 @@ from mystique_gen.ir import (
 )
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes import autograd, frees, hostgaps, link, public_calls, streams
-from mystique_gen.passes.comms import CommLowering, pair_point_to_point, rank_disagreements
+from mystique_gen.passes.comms import (
+    CommLowering,
+    pair_point_to_point,
+    rank_disagreements,
+    regroup_sized_collectives,
+)
 from mystique_gen.passes.compose import (
     combined_info,
     place_in_parallel,
@@ -489,6 +494,13 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     programs = [run_passes([s], options, consume=consume) for s in sources]
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")
+    regrouped = regroup_sized_collectives(programs, ranks)
+    if regrouped:
+        for program in programs:
+            program.diagnostics.append(note(
+                f"{regrouped} collectives of this job whose group their sizes imply run on "
+                "the mesh dimension whose ranks issue them with the same sizes (the "
+                "first dimension's did not)"))
     moved = pair_point_to_point(programs, ranks)
     if moved:
         for program in programs:

@@ -19,7 +19,8 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
   dimension's subgroup, functional and c10d, as 2-D parallel training issues them;
 * ``pipeline_mesh``: pipeline stages over a 2 x 2 mesh's ``pp`` dimension (GPipe) with
-  FSDP2 over ``dp`` (4 ranks): sends and recvs whose peers are pp-group ranks;
+  FSDP2 over ``dp`` (4 ranks), torchtitan's layout: sends and recvs whose peers are
+  pp-group ranks, and FSDP2 collectives of different sizes on the two stages;
 * ``fsdp2_tp``: 2-D parallel training on that mesh (4 ranks): tensor parallel
   (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, gradients clipped by their total
   norm, AdamW foreach;
@@ -192,8 +193,11 @@ def pipeline_mesh() -> Callable[[], object]:
     mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
                             mesh_dim_names=("pp", "dp"))
     stage_index = mesh["pp"].get_local_rank()
-    stage_module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(),
-                                       torch.nn.Linear(16, 16))
+    # Stages hold different layers, as a model's first and last stages do: FSDP2's
+    # gathers of the two stages have different sizes.
+    stage_module = (torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                        torch.nn.Linear(32, 16)) if stage_index == 0
+                    else torch.nn.Sequential(torch.nn.Linear(16, 16)))
     fully_shard(stage_module, mesh=mesh["dp"])
     stage = PipelineStage(stage_module, stage_index, 2, torch.device("cpu"),
                           group=mesh.get_group("pp"))

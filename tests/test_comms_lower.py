@@ -20,6 +20,7 @@ from mystique_gen.passes.comms import (
     group_by_size,
     pair_point_to_point,
     rank_disagreements,
+    regroup_sized_collectives,
 )
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
@@ -249,3 +250,26 @@ def test_sends_and_recvs_run_on_the_group_that_pairs_them():
            _pipeline_rank(2, [("recv", 0, 4)]), _pipeline_rank(3, [])]
     assert pair_point_to_point(odd, [0, 1, 2, 3]) == 0
     assert odd[0].ops[0].comm.group == 0
+
+
+def test_sized_collectives_run_on_the_mesh_dimension_whose_ranks_issue_them_alike():
+    """FSDP2 on a ("pp", "dp") mesh: each rank picked the first group of the gathers'
+    size it is in (pp), but the two pipeline stages gather different sizes, which met
+    on a pp group. The dp dimension, whose groups' members gather alike, is chosen."""
+    def rank(r: int, numel: int) -> Program:
+        program = _pipeline_rank(r, [])
+        tensor = TensorValue(0, 0, TensorMeta((numel,), (1,), 0, "float32", "cpu"))
+        signature = parse_signature(ALLREDUCE_INT)
+        program.ops = [Op(index=0, node_id=10, signature=signature,
+                          args=[Arg(signature.args[0], ListValue((tensor,)))], outputs=[],
+                          thread=1, scope=(), comm=CommInfo(
+                              call="all_gather_into_tensor", group=1 if r in (0, 2) else 2,
+                              sized=True))]
+        return program
+
+    stages = [rank(r, 32 if r < 2 else 8) for r in range(4)]  # stage 0: ranks 0, 1
+    assert regroup_sized_collectives(stages, [0, 1, 2, 3]) == 4
+    assert [p.ops[0].comm.group for p in stages] == [3, 3, 4, 4]
+    alike = [rank(r, 16) for r in range(4)]  # the first dimension works: it stays
+    assert regroup_sized_collectives(alike, [0, 1, 2, 3]) == 0
+    assert [p.ops[0].comm.group for p in alike] == [1, 2, 1, 2]

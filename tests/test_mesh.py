@@ -82,13 +82,16 @@ def test_pipeline_stages_over_a_mesh_send_to_their_pp_peers(mesh, tmp_path):
     """A send names its peer within the pp group, and gloo records no group: on the
     default group rank 0 sent to rank 1 instead of 2, and rank 1 to itself ("Pair is
     not connected"). Each send and recv runs on the group where both ends name each
-    other."""
+    other. FSDP2's gathers, whose group only their sizes imply, ran on the first mesh
+    dimension's groups (pp), where the two stages' sizes differ and gloo failed; they
+    run on the dimension whose ranks issue them alike (dp)."""
     out = mesh[1].parent
     traces = [out / f"pipeline_mesh-rank-{r}.json" for r in range(RANKS)]
     bench = tmp_path / "bench.py"
     assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
-    assert "sends and recvs of this job run on the process group whose members" in \
-        " ".join(bench.read_text().split())
+    text = " ".join(bench.read_text().split())
+    assert "sends and recvs of this job run on the process group whose members" in text
+    assert "run on the mesh dimension whose ranks issue them with the same sizes" in text
     code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
                                           "--iters", "2", "--json", "--et",
                                           str(tmp_path / "replay.json"), nproc=RANKS,

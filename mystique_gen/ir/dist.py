@@ -58,6 +58,9 @@ class CommInfo:
     # or the trace does not say which (the call then reduces with SUM).
     reduce_op: str | None = None
     scalars: tuple[tuple[str, bool | int], ...] = ()  # (keyword, recorded value) passed on
+    # The trace records no group: the group is the one its sizes imply (passes/comms.py
+    # group_by_size), of a mesh dimension chosen across ranks (regroup_sized_collectives).
+    sized: bool = False
 
 
 @dataclass

@@ -351,6 +351,7 @@ class CommLowering:
                 and group_index(self.scan.ops.get(op.node_id), groups) is None
                 and op.comm.group != self.default_group):
             self.sized += 1
+            op.comm.sized = True
         if (isinstance(op, Op) and op.comm is not None and op.comm.group < len(self.groups)
                 and not replayable(self.groups[op.comm.group], self.world_size)):
             op.comm.group = self.default_group
@@ -414,6 +415,76 @@ class CommLowering:
                                   "but no member list: its collectives run on the default group")
         program_notes.extend(info.notes)
         return info
+
+
+def regroup_sized_collectives(programs: Sequence[Program], ranks: Sequence[int]) -> int:
+    """Put the collectives whose group only their sizes imply on one mesh dimension
+    whose ranks issue them alike.
+
+    Each rank picked the first group of the implied size it is in: on a device mesh,
+    the first dimension's. Under torchtitan's ``("pp", "dp")`` layout FSDP2 gathers on
+    ``dp``, and pipeline stages hold different parameters, so on the ``pp`` groups the
+    gathers of two stages met with different sizes and gloo failed. The groups of one
+    size form dimensions (disjoint groups covering every rank, created one after
+    another); the first dimension in which every group's members issue the same calls
+    with the same tensor sizes is chosen, the current one where it qualifies. Returns
+    how many collectives moved."""
+    by_rank = dict(zip(ranks, programs, strict=True))
+    info = next((p.distributed for p in programs if p.distributed is not None), None)
+    if info is None:
+        return 0
+    sized: dict[int, dict[int, list[Op]]] = {}  # group size -> rank -> its collectives
+    for rank, program in by_rank.items():
+        for op in program.ops:
+            if op.comm is not None and op.comm.sized and op.comm.group < len(info.groups):
+                size = info.groups[op.comm.group].size
+                sized.setdefault(size, {}).setdefault(rank, []).append(op)
+    moved = 0
+    for size, ops_of in sized.items():
+        dimensions = _dimensions(info.groups, size, info.world_size)
+        current = {op.comm.group for ops in ops_of.values() for op in ops if op.comm}
+        dimensions.sort(key=lambda d: not current <= {g.index for g in d})
+        chosen = next((d for d in dimensions if _issued_alike(d, ops_of)), None)
+        if chosen is None:
+            continue
+        for rank, ops in ops_of.items():
+            group = next(g.index for g in chosen if rank in (g.ranks or ()))
+            for op in ops:
+                assert op.comm is not None
+                moved += op.comm.group != group
+                op.comm.group = group
+    return moved
+
+
+def _issued_alike(dimension: list[ProcessGroupSpec], ops_of: dict[int, list[Op]]) -> bool:
+    """Whether in every group of ``dimension`` the members issue the same collectives
+    with the same tensor sizes."""
+    return all(len({tuple(_signature_of(op) for op in ops_of.get(m, []))
+                    for m in g.ranks or ()}) == 1 for g in dimension)
+
+
+def _dimensions(groups: Sequence[ProcessGroupSpec], size: int,
+                world: int) -> list[list[ProcessGroupSpec]]:
+    """The groups of ``size`` with member lists, as mesh dimensions: runs of disjoint
+    groups, in creation order, that together hold every rank."""
+    found: list[list[ProcessGroupSpec]] = []
+    run: list[ProcessGroupSpec] = []
+    for g in groups:
+        if g.size != size or g.ranks is None:
+            continue
+        if any(set(g.ranks) & set(other.ranks or ()) for other in run):
+            run = []
+        run.append(g)
+        if sum(len(other.ranks or ()) for other in run) == world:
+            found.append(run)
+            run = []
+    return found
+
+
+def _signature_of(op: Op) -> tuple[object, ...]:
+    assert op.comm is not None
+    return (op.comm.call, *((tv.meta.numel, tv.meta.dtype) for arg in op.args
+                            for tv in iter_tensors(arg.value)))
 
 
 def pair_point_to_point(programs: Sequence[Program], ranks: Sequence[int]) -> int:
