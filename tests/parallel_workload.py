@@ -21,6 +21,7 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``pipeline_mesh``: pipeline stages over a 2 x 2 mesh's ``pp`` dimension (GPipe) with
   FSDP2 over ``dp`` (4 ranks), torchtitan's layout: sends and recvs whose peers are
   pp-group ranks, and FSDP2 collectives of different sizes on the two stages;
+* ``hsdp``: FSDP2 on a 2 x 2 (replicate, shard) mesh (4 ranks);
 * ``fsdp2_tp``: 2-D parallel training on that mesh (4 ranks): tensor parallel
   (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, gradients clipped by their total
   norm, AdamW foreach;
@@ -217,6 +218,25 @@ def pipeline_mesh() -> Callable[[], object]:
     return step
 
 
+def hsdp() -> Callable[[], object]:
+    """HSDP: FSDP2 on a 2 x 2 (replicate, shard) mesh: gathers and reduce-scatters on
+    the shard groups, an all-reduce over the replicas."""
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("replicate", "shard"))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 16))
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    return step
+
+
 def mesh2d() -> Callable[[], object]:
     mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
                             mesh_dim_names=("dp", "tp"))
@@ -387,7 +407,7 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
          "rooted": rooted, "objects": objects, "vocab": vocab,
-         "pipeline_mesh": pipeline_mesh}
+         "pipeline_mesh": pipeline_mesh, "hsdp": hsdp}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

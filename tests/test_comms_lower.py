@@ -273,3 +273,10 @@ def test_sized_collectives_run_on_the_mesh_dimension_whose_ranks_issue_them_alik
     alike = [rank(r, 16) for r in range(4)]  # the first dimension works: it stays
     assert regroup_sized_collectives(alike, [0, 1, 2, 3]) == 0
     assert [p.ops[0].comm.group for p in alike] == [1, 2, 1, 2]
+    # Both dimensions gather alike (HSDP), but the copy-in recorded each rank's place
+    # in the gather's group: rank 2 is first in dp's [2, 3], second in pp's [0, 2].
+    hinted = [rank(r, 16) for r in range(4)]
+    for r, program in enumerate(hinted):
+        program.ops[0].comm.group_rank = r % 2
+    assert regroup_sized_collectives(hinted, [0, 1, 2, 3]) == 4
+    assert [p.ops[0].comm.group for p in hinted] == [3, 3, 4, 4]

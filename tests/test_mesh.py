@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from mystique_gen.cli import main as cli_main
+from mystique_gen.driver import compile_paths
 from mystique_gen.passes.ranks import is_multi_rank_set, recorded_groups
 from mystique_gen.sources.et import load_trace
 from tests.conftest import ROOT, assert_rank_replays, last_json
@@ -51,7 +52,7 @@ def mesh(tmp_path_factory) -> tuple[list[Path], Path]:
         pytest.skip("torch.distributed with gloo is not available in this build")
     out = tmp_path_factory.mktemp("mesh")
     code, _out, err = _finish(_launch(str(WORKLOAD), str(out), "mesh2d", "fsdp2_tp",
-                                      "pipeline_mesh", nproc=RANKS, cwd=out))
+                                      "pipeline_mesh", "hsdp", nproc=RANKS, cwd=out))
     assert code == 0, err[-3000:]
     traces = [out / f"mesh2d-rank-{r}.json" for r in range(RANKS)]
     bench = out / "bench.py"
@@ -98,6 +99,29 @@ def test_pipeline_stages_over_a_mesh_send_to_their_pp_peers(mesh, tmp_path):
                                           cwd=tmp_path))
     assert code == 0, err[-3000:]
     assert last_json(out_text)["skipped_at_runtime"] == []
+    _check_replay(traces, tmp_path)
+
+
+def test_hsdp_gathers_on_the_shard_groups(mesh, tmp_path):
+    """HSDP's gathers fit both mesh dimensions alike (every rank gathers the same
+    sizes), so the first, the replicas', was kept; FSDP2's copy-in records the rank
+    within the gather's group, which only the shard groups put each rank at."""
+    out = mesh[1].parent
+    traces = [out / f"hsdp-rank-{r}.json" for r in range(RANKS)]
+    compiled = compile_paths(traces)
+    for program, rank in zip(compiled.programs, compiled.ranks, strict=True):
+        assert program.distributed is not None
+        groups = {op.comm.group for op in program.ops
+                  if op.comm is not None and op.comm.sized}
+        assert [program.distributed.groups[g].ranks for g in groups] == \
+            [(0, 1) if rank < 2 else (2, 3)]
+    bench = tmp_path / "bench.py"
+    assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
+    code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
+                                          "--iters", "2", "--json", "--et",
+                                          str(tmp_path / "replay.json"), nproc=RANKS,
+                                          cwd=tmp_path))
+    assert code == 0, err[-3000:]
     _check_replay(traces, tmp_path)
 
 

@@ -61,6 +61,9 @@ class CommInfo:
     # The trace records no group: the group is the one its sizes imply (passes/comms.py
     # group_by_size), of a mesh dimension chosen across ranks (regroup_sized_collectives).
     sized: bool = False
+    # This rank's place in the group, as an op that made the collective's data recorded
+    # it (oprules.GROUP_RANK_ARGS); None: not recorded.
+    group_rank: int | None = None
 
 
 @dataclass

@@ -110,6 +110,7 @@ NOT_REPLAYED: dict[str, str] = merged("not_replayed")
 INTEGER_DIVISORS: dict[str, tuple[str, ...]] = merged("integer_divisors")
 WINDOW_BOUNDS: dict[str, str] = merged("window_bounds")
 WINDOW_SHIFTS: dict[str, tuple[str, str]] = merged("window_shifts")
+GROUP_RANK_ARGS: dict[str, str] = merged("group_rank_args")
 
 
 def _union(field_name: str) -> frozenset[str]:
@@ -133,7 +134,7 @@ __all__ = [
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
     "DETACHES",
-    "GRAD_REVEALED_BY",
+    "GRAD_REVEALED_BY", "GROUP_RANK_ARGS",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES", "FUNCTIONAL_GUARD",

@@ -180,6 +180,10 @@ class OpFamily:
     # Communication: how each c10d op replays, and those that do not, with the reason.
     comm_ops: dict[str, CommRule] = field(default_factory=dict)
     comm_not_replayed: dict[str, str] = field(default_factory=dict)
+    # Ops that record, for the collective that reads their results, the rank within its
+    # group: {op: argument} (FSDP2's copy-in before its all-gather). Where the trace
+    # records no group, it tells mesh dimensions of one size apart.
+    group_rank_args: dict[str, str] = field(default_factory=dict)
     # Ops never replayed, with the reason shown in the benchmark header.
     not_replayed: dict[str, str] = field(default_factory=dict)
     # Ops whose outputs hold no defined values until something writes them.

@@ -55,6 +55,9 @@ MONITORED_BARRIER_NOTE = ("monitored_barrier on gloo, a plain barrier on other b
 
 FAMILY = OpFamily(
     name="collectives",
+    # HSDP's mesh (replicate, shard): gathers of one size fit both dimensions alike;
+    # the copy-in's rank is the shard group's.
+    group_rank_args={"fsdp::all_gather_copy_in": "rank"},
     comm_ops={
         "c10d::allreduce_": CommRule("all_reduce", (("tensors", "one"),), reduce_op="reduce_op"),
         "c10d::allreduce_coalesced_": CommRule(

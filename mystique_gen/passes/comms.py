@@ -35,7 +35,7 @@ from mystique_gen.ir import (
     not_replayed,
 )
 from mystique_gen.ir.dist import CommInfo, ProcessGroupSpec
-from mystique_gen.ir.schema import Signature
+from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
 from mystique_gen.passes.ranks import (
     CommScan,
@@ -342,6 +342,7 @@ class CommLowering:
         self.nested_waits = _nested_functional_waits(trace)
         self.member_of = frozenset(g.name for g in recorded_groups(trace) or [])
         self.sized = 0  # collectives on the group their sizes imply
+        self.group_ranks = _recorded_group_ranks(trace)
 
     def lower(self, sel: Selected, sig: Signature, index: int) -> Op | Diagnostic:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
@@ -352,6 +353,9 @@ class CommLowering:
                 and op.comm.group != self.default_group):
             self.sized += 1
             op.comm.sized = True
+            op.comm.group_rank = next(
+                (self.group_ranks[tv.storage_id] for arg in op.args
+                 for tv in iter_tensors(arg.value) if tv.storage_id in self.group_ranks), None)
         if (isinstance(op, Op) and op.comm is not None and op.comm.group < len(self.groups)
                 and not replayable(self.groups[op.comm.group], self.world_size)):
             op.comm.group = self.default_group
@@ -417,6 +421,26 @@ class CommLowering:
         return info
 
 
+def _recorded_group_ranks(trace: RawTrace) -> dict[int, int]:
+    """Storage id of each result of an op that records the rank within its group of
+    the collective reading it (oprules.GROUP_RANK_ARGS) -> that rank."""
+    found: dict[int, int] = {}
+    for node in trace.nodes:
+        arg_name = oprules.GROUP_RANK_ARGS.get(node.name)
+        if arg_name is None or not node.op_schema:
+            continue
+        try:
+            names = [a.name for a in parse_signature(node.op_schema).args]
+        except SchemaError:
+            continue
+        k = names.index(arg_name) if arg_name in names else len(node.inputs)
+        value = node.inputs[k].value if k < len(node.inputs) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            for arg in node.outputs:
+                found.update((sid, value) for sid in raw_storage_ids(arg) if sid)
+    return found
+
+
 def regroup_sized_collectives(programs: Sequence[Program], ranks: Sequence[int]) -> int:
     """Put the collectives whose group only their sizes imply on one mesh dimension
     whose ranks issue them alike.
@@ -444,7 +468,8 @@ def regroup_sized_collectives(programs: Sequence[Program], ranks: Sequence[int])
         dimensions = _dimensions(info.groups, size, info.world_size)
         current = {op.comm.group for ops in ops_of.values() for op in ops if op.comm}
         dimensions.sort(key=lambda d: not current <= {g.index for g in d})
-        chosen = next((d for d in dimensions if _issued_alike(d, ops_of)), None)
+        chosen = next((d for d in dimensions if _issued_alike(d, ops_of)
+                       and _at_recorded_places(d, ops_of)), None)
         if chosen is None:
             continue
         for rank, ops in ops_of.items():
@@ -461,6 +486,18 @@ def _issued_alike(dimension: list[ProcessGroupSpec], ops_of: dict[int, list[Op]]
     with the same tensor sizes."""
     return all(len({tuple(_signature_of(op) for op in ops_of.get(m, []))
                     for m in g.ranks or ()}) == 1 for g in dimension)
+
+
+def _at_recorded_places(dimension: list[ProcessGroupSpec],
+                        ops_of: dict[int, list[Op]]) -> bool:
+    """Whether each rank sits in its group of ``dimension`` where its collectives'
+    recorded group ranks (``CommInfo.group_rank``) put it."""
+    for g in dimension:
+        for place, rank in enumerate(g.ranks or ()):
+            if any(op.comm is not None and op.comm.group_rank not in (None, place)
+                   for op in ops_of.get(rank, [])):
+                return False
+    return True
 
 
 def _dimensions(groups: Sequence[ProcessGroupSpec], size: int,
