@@ -495,19 +495,18 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")
     regrouped = regroup_sized_collectives(programs, ranks)
-    if regrouped:
-        for program in programs:
-            program.diagnostics.append(note(
-                f"{regrouped} collectives of this job whose group their sizes imply run on "
-                "the mesh dimension whose ranks issue them with the same sizes (the "
-                "first dimension's did not)"))
     moved = pair_point_to_point(programs, ranks)
+    notes = []
+    if regrouped:
+        notes.append(f"{regrouped} collectives of this job whose group their sizes imply "
+                     "run on the mesh dimension whose ranks issue them with the same sizes "
+                     "(the first dimension's did not)")
     if moved:
-        for program in programs:
-            program.diagnostics.append(note(
-                f"{moved} sends and recvs of this job run on the process group whose "
-                "members name each other at their recorded peers (the trace records no "
-                "group for them): on the default group a peer was another rank"))
+        notes.append(f"{moved} sends and recvs of this job run on the process group whose "
+                     "members name each other at their recorded peers (the trace records "
+                     "no group for them): on the default group a peer was another rank")
+    for program in programs:
+        program.diagnostics.extend(note(n) for n in notes)
     for first, other, message in rank_disagreements(programs, ranks):
         warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
         for k in (first, other):

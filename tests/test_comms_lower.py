@@ -212,19 +212,23 @@ def test_ranks_that_would_not_meet_on_a_group_are_named():
 
 
 
+def _comm_op(index: int, schema: str, numel: int, comm: CommInfo) -> Op:
+    """A communication op of one float32 tensor of ``numel`` elements."""
+    tensor = TensorValue(index, index, TensorMeta((numel,), (1,), 0, "float32", "cpu"))
+    signature = parse_signature(schema)
+    return Op(index=index, node_id=10 + index, signature=signature,
+              args=[Arg(signature.args[0], ListValue((tensor,)))], outputs=[], thread=1,
+              scope=(), comm=comm)
+
+
 def _pipeline_rank(rank: int, calls: list[tuple[str, int, int]]) -> Program:
     """A rank of a 2 x 2 mesh (pp groups [0, 2] and [1, 3], dp groups [0, 1] and
     [2, 3]) whose sends and recvs (kind, recorded peer, elements) all sit on the default
     group, as a gloo trace leaves them: it records no group."""
-    ops = []
-    for i, (kind, peer, numel) in enumerate(calls):
-        tensor = TensorValue(i, i, TensorMeta((numel,), (1,), 0, "float32", "cpu"))
-        signature = parse_signature(SEND if kind == "send" else RECV)
-        ops.append(Op(index=i, node_id=10 + i, signature=signature,
-                      args=[Arg(signature.args[0], ListValue((tensor,)))], outputs=[],
-                      thread=1, scope=(), comm=CommInfo(call=kind, group=0, root=peer, tag=0)))
     program = Program.empty()
-    program.ops = ops
+    program.ops = [_comm_op(i, SEND if kind == "send" else RECV, numel,
+                            CommInfo(call=kind, group=0, root=peer, tag=0))
+                   for i, (kind, peer, numel) in enumerate(calls)]
     program.distributed = DistInfo(world_size=4, rank=rank, groups=[
         ProcessGroupSpec(0, "0", "default", None, 4),
         ProcessGroupSpec(1, "1", "pp", (0, 2), 2), ProcessGroupSpec(2, "2", "pp", (1, 3), 2),
@@ -258,13 +262,8 @@ def test_sized_collectives_run_on_the_mesh_dimension_whose_ranks_issue_them_alik
     on a pp group. The dp dimension, whose groups' members gather alike, is chosen."""
     def rank(r: int, numel: int) -> Program:
         program = _pipeline_rank(r, [])
-        tensor = TensorValue(0, 0, TensorMeta((numel,), (1,), 0, "float32", "cpu"))
-        signature = parse_signature(ALLREDUCE_INT)
-        program.ops = [Op(index=0, node_id=10, signature=signature,
-                          args=[Arg(signature.args[0], ListValue((tensor,)))], outputs=[],
-                          thread=1, scope=(), comm=CommInfo(
-                              call="all_gather_into_tensor", group=1 if r in (0, 2) else 2,
-                              sized=True))]
+        program.ops = [_comm_op(0, ALLREDUCE_INT, numel, CommInfo(
+            call="all_gather_into_tensor", group=1 if r in (0, 2) else 2, sized=True))]
         return program
 
     stages = [rank(r, 32 if r < 2 else 8) for r in range(4)]  # stage 0: ranks 0, 1

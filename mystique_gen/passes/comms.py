@@ -520,8 +520,13 @@ def _dimensions(groups: Sequence[ProcessGroupSpec], size: int,
 
 def _signature_of(op: Op) -> tuple[object, ...]:
     assert op.comm is not None
-    return (op.comm.call, *((tv.meta.numel, tv.meta.dtype) for arg in op.args
-                            for tv in iter_tensors(arg.value)))
+    return (op.comm.call, *_payload(op))
+
+
+def _payload(op: Op) -> list[tuple[int, str]]:
+    """(elements, dtype) of each tensor a communication op sends or receives."""
+    return [(tv.meta.numel, tv.meta.dtype) for arg in op.args
+            for tv in iter_tensors(arg.value)]
 
 
 def pair_point_to_point(programs: Sequence[Program], ranks: Sequence[int]) -> int:
@@ -577,12 +582,8 @@ def _peers(program: Program, rank: int, op: Op) -> list[tuple[int, int]]:
 
 
 def _carries_the_same(send: Op, recv: Op) -> bool:
-    def payload(op: Op) -> list[tuple[int, str]]:
-        return [(tv.meta.numel, tv.meta.dtype) for arg in op.args
-                for tv in iter_tensors(arg.value)]
-
     assert send.comm is not None and recv.comm is not None
-    return send.comm.tag == recv.comm.tag and payload(send) == payload(recv)
+    return send.comm.tag == recv.comm.tag and _payload(send) == _payload(recv)
 
 
 def rank_disagreements(programs: Sequence[Program],

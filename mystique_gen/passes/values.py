@@ -410,7 +410,6 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             value = by_name.get(arg_name)
             if isinstance(value, TensorValue):
                 facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}")
-
     for arg_name in positive:
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:

@@ -36,7 +36,6 @@ from mystique_gen.sources.et import RawTrace, parse_json_bytes, trace_from_docum
 CPU_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "hip_runtime",
                                 "privateuse1_runtime", "xpu_runtime"})
-GPU_CATEGORIES = DEVICE_CATEGORIES
 
 
 @dataclass(frozen=True)
@@ -147,7 +146,7 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
             if corr is not None:
                 runtime.append(RuntimeEvent(str(ev.get("name", "")), ev.get("pid", 0),
                                             ev.get("tid", 0), _number(ev, "ts", where), corr))
-        elif cat in GPU_CATEGORIES:
+        elif cat in DEVICE_CATEGORIES:
             corr = _optional_int(args.get("correlation"))
             stream = _optional_int(args.get("stream"))
             if corr is not None and stream is not None:
