@@ -71,7 +71,8 @@ def _add_kineto_arguments(p: argparse.ArgumentParser, *, generate: bool) -> None
     """--kineto (generation: one per rank trace too) and, for generation, --threads."""
     g = p.add_argument_group("timing, streams and threads")
     what = ("Kineto (profiler) trace of the same run: per-op timing, streams, host gaps "
-            "and the original step time (passes/link.py)")
+            "and the original step time (passes/link.py); a Chakra trace_link ET+ is "
+            "its own Kineto trace (pass the same file)")
     if not generate:
         g.add_argument("--kineto", metavar="KINETO", help=what)
         return
