@@ -65,7 +65,7 @@ from mystique_gen.passes.ranks import (
     order_ranks,
 )
 from mystique_gen.passes.retarget import retarget_dtype
-from mystique_gen.passes.select import release_covered_arguments, select_ops
+from mystique_gen.passes.select import release_covered_arguments, select_ops, sparse_tensors
 from mystique_gen.passes.tensors import plan_tensors
 from mystique_gen.passes.values import (
     RecordedValues,
@@ -238,13 +238,14 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     """``consume``: the caller no longer needs the trace's recorded arguments, so
     lowering may release them as it goes."""
     selection = select_ops(trace)
+    sparse = sparse_tensors(trace.nodes)  # read below ops whose arguments are released
     release_covered_arguments(selection)
     kept, lines = filter_selection(trace, selection, options)
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops)
     recorded = recorded_values(trace, resources, scalars)
     comm = CommLowering(trace)
-    ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume)
+    ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume, sparse=sparse)
     rename_storages(ops, lifetimes, k, names)
     part_notes = []
     numbers = replay_wrapped_numbers(ops, recorded)

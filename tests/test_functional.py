@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -367,4 +368,86 @@ def test_a_quantization_aware_training_step_replays(tmp_path):
     original = op_multiset(result.et_path, by_overload=True)
     replayed = op_multiset(replay_et, by_overload=True)
     assert "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default" in original
+    assert original == replayed, (original - replayed, replayed - original)
+
+
+def _sparse_embedding_adam() -> Callable[[], None]:
+    """Sparse gradients (``sparse=True``) with SparseAdam: coalesce, sparse_mask and
+    sparse adds of COO tensors made in the step."""
+    emb = torch.nn.Embedding(1000, 16, sparse=True)
+    head = torch.nn.Linear(16, 1)
+    sparse_opt = torch.optim.SparseAdam(list(emb.parameters()), lr=1e-3)
+    dense_opt = torch.optim.Adam(head.parameters())
+    ids, y = torch.randint(0, 1000, (64, 5)), torch.randn(64, 1)
+
+    def step() -> None:
+        sparse_opt.zero_grad()
+        dense_opt.zero_grad()
+        torch.nn.functional.mse_loss(head(emb(ids).mean(1)), y).backward()
+        sparse_opt.step()
+        dense_opt.step()
+
+    return step
+
+
+def _sparse_embedding_bag_sgd() -> Callable[[], None]:
+    """DLRM's reference set-up: sparse EmbeddingBag gradients added by plain SGD."""
+    bag = torch.nn.EmbeddingBag(1000, 16, mode="sum", sparse=True)
+    head = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD([*bag.parameters(), *head.parameters()], lr=0.1)
+    flat, offsets, y = torch.randint(0, 1000, (200,)), torch.arange(0, 200, 4), torch.randn(50, 1)
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(head(bag(flat, offsets)), y).backward()
+        opt.step()
+
+    return step
+
+
+def _sparse_adjacency_gcn() -> Callable[[], None]:
+    """A graph convolution on a sparse adjacency: one made before the step (an input of
+    the replay, built from the structure its readers recorded) and one built in it."""
+    n = 40
+    given = torch.randn(n, n).relu().to_sparse()
+    edges = torch.randint(0, n, (2, 120))
+    lin1, lin2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 3)
+    opt = torch.optim.Adam([*lin1.parameters(), *lin2.parameters()])
+    feats, labels = torch.randn(n, 8), torch.randint(0, 3, (n,))
+
+    def step() -> None:
+        opt.zero_grad()
+        deg = torch.bincount(edges[0], minlength=n).float().clamp(min=1)
+        weights = deg[edges[0]].rsqrt() * deg[edges[1]].rsqrt()
+        built = torch.sparse_coo_tensor(edges, weights, (n, n), check_invariants=True)
+        built = built.coalesce()
+        hidden = torch.sparse.mm(given, lin1(feats)).relu()
+        logits = torch.sparse.mm(built, lin2(hidden))
+        torch.nn.functional.cross_entropy(logits, labels).backward()
+        opt.step()
+
+    return step
+
+
+@pytest.mark.parametrize("make_step", [_sparse_embedding_adam, _sparse_embedding_bag_sgd,
+                                       _sparse_adjacency_gcn])
+def test_steps_on_sparse_tensors_replay_their_ops(make_step, tmp_path):
+    """A sparse COO tensor has no storage: the observer records it as it records a vmap
+    wrapper. Its ops replay (none is left out), on sparse tensors made in the step or
+    built before it with the recorded structure, and the weights stay finite."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    result = capture(make_step(), tmp_path, name="sparse", kineto=False, timing_iters=1)
+    bench = tmp_path / "sparse_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "Ops not replayed:\n  - none" in text
+    replay_et = tmp_path / "sparse_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--reset-inputs", "off", "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json(proc.stdout)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    original = op_multiset(result.et_path, by_overload=True)
+    replayed = op_multiset(replay_et, by_overload=True)
+    assert any("sparse" in op or "_nnz" in op for op in original)
     assert original == replayed, (original - replayed, replayed - original)

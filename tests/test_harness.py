@@ -442,3 +442,26 @@ def test_calibration_records_as_the_original_recorders_did(tmp_path):
                  if a["name"] == "tensor_range"]
         assert any(found) is ranges, name  # an observer without them writes ""
     assert runtime._RANGE_ENV not in os.environ
+
+
+@pytest.mark.parametrize("coalesced", [True, False])
+def test_sparse_inputs_have_the_recorded_structure(coalesced):
+    """A sparse input is built on its filled values buffer: its shape, its nonzeros in
+    rows of its dense dimensions, valid indices; distinct and sorted where coalesced."""
+    gens = {"cpu": torch.Generator().manual_seed(0)}
+    values = torch.arange(12 * 4, dtype=torch.float32)
+    hybrid = runtime._sparse_coo(values, [10, 4], 1, coalesced, gens)
+    assert hybrid.layout == torch.sparse_coo and list(hybrid.shape) == [10, 4]
+    assert hybrid.sparse_dim() == 1 and hybrid.dense_dim() == 1
+    assert hybrid.is_coalesced() == coalesced
+    indices = hybrid._indices()
+    assert int(indices.min()) >= 0 and int(indices.max()) < 10
+    if coalesced:  # 12 nonzeros cannot fit 10 distinct rows: as many as there are
+        assert hybrid._nnz() == 10 and bool((indices[0].diff() > 0).all())
+    else:
+        assert hybrid._nnz() == 12
+        assert torch.equal(hybrid._values().flatten(), values)
+    matrix = runtime._sparse_coo(torch.ones(30), [20, 50], 2, coalesced, gens)
+    assert matrix._nnz() == 30 and matrix.sparse_dim() == 2
+    assert torch.equal(matrix.to_dense().sum(), torch.tensor(30.0))
+    assert [p.layout for p in runtime._dense_parts(matrix)] == [torch.strided] * 2

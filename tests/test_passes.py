@@ -15,13 +15,14 @@ from mystique_gen.ir import (
     FreshStorage,
     InputView,
     OpOutput,
+    SparseLayout,
     TensorValue,
     iter_tensors,
 )
 from mystique_gen.ir.schema import parse_signature
 from mystique_gen.passes.lower import lower_ops
-from mystique_gen.passes.select import select_ops
-from mystique_gen.sources.et import load_trace, trace_from_document
+from mystique_gen.passes.select import select_ops, sparse_tensors
+from mystique_gen.sources.et import RawArg, RawNode, load_trace, trace_from_document
 from tests.conftest import run_benchmark
 from tests.tracebuilder import (
     ADD_,
@@ -853,3 +854,37 @@ def test_trace_without_seq_ids_leaves_grad_mode_alone():
 def test_signature_knows_views(schema, view):
     """A view reads no data: an AsyncCollectiveTensor's view does not wait."""
     assert parse_signature(schema).is_view is view
+
+
+def _raw(node_id: int, name: str, inputs: list[RawArg], outputs: list[RawArg]) -> RawNode:
+    return RawNode(node_id, name, 1, 1, None, f"{name}(...) -> ...", inputs, outputs)
+
+
+def test_tensors_without_storage_are_sparse_where_their_parts_are_read():
+    """A sparse COO tensor and a vmap wrapper are both recorded ``[id, 0, 0, 0, 0, ""]``.
+    The ops reading a sparse tensor's parts tell it apart, and state its structure: the
+    first to state a fact wins (the tensor as the step found it)."""
+    no_storage = [7, 0, 0, 0, 0, ""]
+    sparse = RawArg(no_storage, [1000, 16], "Tensor(float)", [0, 0])
+    wrapper = RawArg([9, 0, 0, 0, 0, ""], [4, 4], "Tensor(float)", [0, 0])
+    nodes = [
+        _raw(1, "aten::add", [wrapper, wrapper], [wrapper]),
+        _raw(2, "aten::_nnz", [sparse], [RawArg(269, [], "Int", None)]),
+        _raw(3, "aten::_indices", [sparse],
+             [RawArg([11, 5, 0, 269, 8, "cuda:0"], [1, 269], "Tensor(long int)", [269, 1])]),
+        _raw(4, "aten::is_coalesced", [sparse], [RawArg(True, [], "Bool", None)]),
+        _raw(5, "aten::_nnz", [sparse], [RawArg(300, [], "Int", None)]),  # a later tensor
+    ]
+    found = sparse_tensors(nodes)
+    assert set(found) == {7}
+    meta = found[7].meta((1000, 16), "float32")
+    assert meta.sparse == SparseLayout(sparse_dim=1, nnz=269, coalesced=True)
+    assert meta.device == "cuda" and meta.extent == 269 * 16
+    # Made by a constructor and never read: sparse in every dimension, nnz from indices.
+    made = RawArg([8, 0, 0, 0, 0, ""], [30, 30], "Tensor(float)", [0, 0])
+    indices = RawArg([12, 6, 0, 80, 8, "cpu"], [2, 40], "Tensor(long int)", [40, 1])
+    built = sparse_tensors([_raw(6, "aten::_sparse_coo_tensor_with_dims_and_tensors",
+                                 [RawArg(2, [], "Int", None), RawArg(0, [], "Int", None),
+                                  RawArg([30, 30], [[], []], "GenericList[Int,Int]", None),
+                                  indices], [made])])
+    assert built[8].meta((30, 30), "float32").sparse == SparseLayout(2, 40, False)

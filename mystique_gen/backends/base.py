@@ -217,7 +217,7 @@ class CodeGen:
             if name not in self.input_names:
                 base = self.storage_name(binding.storage, name)
                 self.input_lines.extend(
-                    lay_out(f"{name} = ", _as_strided(base, binding.meta), BODY_DEPTH))
+                    lay_out(f"{name} = ", _input_view(base, binding.meta), BODY_DEPTH))
                 if id(binding) in self.unviewed:
                     self.input_lines.append(f"{INDENT * BODY_DEPTH}{name} = {name}.detach()")
                 if binding.storage.requires_grad:  # a parameter (passes/autograd.py)
@@ -519,6 +519,16 @@ def _functional_collective(op: Op) -> bool:
 
 def _shape_tag(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) or "scalar"
+
+
+def _input_view(base: str, meta: TensorMeta) -> Node:
+    """An input tensor on its flat buffer: a view, or a sparse tensor on its values."""
+    if meta.sparse is None:
+        return _as_strided(base, meta)
+    return exprs.call("_sparse_coo", [
+        Atom(base), exprs.int_list(meta.shape), Atom(str(meta.sparse.sparse_dim)),
+        Atom(str(meta.sparse.coalesced)), Atom("gens"),
+    ])
 
 
 def _as_strided(base: str, meta: TensorMeta) -> Node:

@@ -20,6 +20,17 @@ from mystique_gen.ir.dtypes import ITEM_SIZES
 from mystique_gen.ir.schema import ArgSpec, Signature
 
 
+@dataclass(frozen=True, slots=True)
+class SparseLayout:
+    """A sparse COO tensor's structure, which the observer does not record with it (it
+    has no storage: ``[id, 0, 0, 0, 0, ""]``) but the ops reading its parts do
+    (``_nnz``, ``_indices``, ``sparse_dim``, ``is_coalesced``: passes/lower.py)."""
+
+    sparse_dim: int
+    nnz: int
+    coalesced: bool
+
+
 @dataclass(frozen=True, slots=True)  # slots: a million-op program holds millions
 class TensorMeta:
     shape: tuple[int, ...]
@@ -27,6 +38,7 @@ class TensorMeta:
     offset: int
     dtype: str  # torch attribute name: "float32"
     device: str  # device kind as recorded: "cpu", "cuda", ...
+    sparse: SparseLayout | None = None  # a sparse COO tensor; strides mean nothing then
 
     @property
     def numel(self) -> int:
@@ -34,7 +46,10 @@ class TensorMeta:
 
     @property
     def extent(self) -> int:
-        """Elements of storage this view needs: offset + largest index + 1."""
+        """Elements of storage this view needs: offset + largest index + 1; for a sparse
+        tensor, its values (``nnz`` rows of its dense dimensions)."""
+        if self.sparse is not None:
+            return self.sparse.nnz * prod(self.shape[self.sparse.sparse_dim:])
         if self.numel == 0:
             return self.offset
         spans = zip(self.shape, self.strides, strict=True)
@@ -395,6 +410,7 @@ __all__ = [
     "OpTiming",
     "Program",
     "ProgramTiming",
+    "SparseLayout",
     "Storage",
     "StreamInfo",
     "TensorMeta",

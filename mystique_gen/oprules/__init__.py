@@ -23,6 +23,7 @@ from mystique_gen.oprules import (
     normalization,
     optimizer,
     rnn,
+    sparse,
 )
 from mystique_gen.oprules.availability import (
     BACKEND_SPECIFIC,
@@ -74,6 +75,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     datadep.FAMILY,
     collectives.FAMILY,
     memory.FAMILY,
+    sparse.FAMILY,
 )
 
 # Saved integral data is embedded in the benchmark up to this many elements per
@@ -111,6 +113,7 @@ INTEGER_DIVISORS: dict[str, tuple[str, ...]] = merged("integer_divisors")
 WINDOW_BOUNDS: dict[str, str] = merged("window_bounds")
 WINDOW_SHIFTS: dict[str, tuple[str, str]] = merged("window_shifts")
 GROUP_RANK_ARGS: dict[str, str] = merged("group_rank_args")
+SPARSE_FACTS: dict[str, str] = merged("sparse_facts")
 
 
 def _union(field_name: str) -> frozenset[str]:
@@ -143,7 +146,7 @@ __all__ = [
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",
-    "REFUSED_ARGS", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES", "SizeOf",
+    "REFUSED_ARGS", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES", "SPARSE_FACTS", "SizeOf",
     "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "WINDOW_BOUNDS",
     "WINDOW_SHIFTS", "differentiable",
     "guard_reason", "merged", "op_category", "reduce_op_name",

@@ -195,6 +195,11 @@ class OpFamily:
     # Ops whose result aliases their input without its autograd history (``detach``):
     # the same memory and view, yet a tensor of its own that requires no grad.
     detaches: frozenset[str] = frozenset()
+    # Ops that tell a sparse COO tensor's structure, which the trace records with no
+    # tensor of that layout: {op: what the op says}: "nnz", "sparse_dim", "coalesced",
+    # "indices" or "values" of its first argument (its result), or "made" (it returns
+    # a new sparse tensor; its ``indices`` argument, if any, gives the structure).
+    sparse_facts: dict[str, str] = field(default_factory=dict)
     # Integral divisors, never filled with 0: {op: (argument, ...)}.
     integer_divisors: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Compares of an integral tensor with a recorded Scalar that bound a shard's index

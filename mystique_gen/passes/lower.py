@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -44,7 +44,7 @@ from mystique_gen.ir.dtypes import (
     dtype_from_type_string,
 )
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
-from mystique_gen.passes.select import Selected
+from mystique_gen.passes.select import Selected, SparseTensor
 from mystique_gen.sources.et import RawArg
 
 
@@ -66,10 +66,13 @@ class Unsupported(Exception):
 
 
 def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
-              release: bool = False) -> tuple[list[Op], list[Diagnostic]]:
+              release: bool = False, sparse: Mapping[int, SparseTensor] | None = None,
+              ) -> tuple[list[Op], list[Diagnostic]]:
     """``comm`` lowers ``c10d::`` ops (passes/comms.py); without it they are not replayed.
     ``release``: drop each node's recorded arguments once lowered, so that the trace
-    shrinks while the IR grows (peak memory: about one of them, not both)."""
+    shrinks while the IR grows (peak memory: about one of them, not both).
+    ``sparse``: the trace's sparse COO tensors by tensor id (:func:`sparse_tensors`)."""
+    sparse = sparse or {}
     ops: list[Op] = []
     skipped: list[Diagnostic] = []
     for sel in _consumed(selected, release):
@@ -92,9 +95,10 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
             skipped.append(not_replayed(node.id, sig.qualified_name, reason))
             continue
         try:
-            outputs = _decode_outputs(sig, node.outputs, node.id)
+            outputs = _decode_outputs(sig, node.outputs, node.id, sparse)
             args = _decode_args(sig, node.inputs, node.id,
-                                comm.group_of if functional and comm else None, outputs)
+                                comm.group_of if functional and comm else None, outputs,
+                                sparse)
         except Unsupported as exc:
             skipped.append(not_replayed(node.id, sig.qualified_name, str(exc)))
             continue
@@ -153,7 +157,8 @@ def _guard(sig: Signature) -> str | None:
 
 def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
                  group_of: Callable[[object], int] | None = None,
-                 outputs: list[Value] | None = None) -> list[Arg]:
+                 outputs: list[Value] | None = None,
+                 sparse: Mapping[int, SparseTensor] | None = None) -> list[Arg]:
     """Arguments by schema type; with ``group_of``, a process group's recorded name
     becomes that group at run time (functional collectives); a ``Storage`` one, a new
     storage for the result in ``outputs`` (:func:`_fresh_storage`)."""
@@ -168,7 +173,7 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
         if spec.type == "Storage":
             args.append(Arg(spec, _fresh_storage(outputs or [], node_id, f"inputs[{i}]")))
             continue
-        value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]")
+        value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]", sparse)
         args.append(Arg(spec, value))
     missing = [s.name for s in sig.args[len(recorded):] if not s.has_default]
     if missing:
@@ -186,12 +191,14 @@ def _fresh_storage(outputs: list[Value], node_id: int, where: str) -> FreshStora
     return FreshStorage(nbytes=meta.extent * ITEM_SIZES.get(meta.dtype, 4), kind=meta.device)
 
 
-def _decode_outputs(sig: Signature, recorded: list[RawArg], node_id: int) -> list[Value]:
+def _decode_outputs(sig: Signature, recorded: list[RawArg], node_id: int,
+                    sparse: Mapping[int, SparseTensor]) -> list[Value]:
     outputs: list[Value] = []
     for i, type_str in enumerate(sig.returns):
         if i < len(recorded):
             raw = recorded[i]
-            outputs.append(decode_value(raw.value, type_str, raw, node_id, f"outputs[{i}]"))
+            outputs.append(decode_value(raw.value, type_str, raw, node_id, f"outputs[{i}]",
+                                        sparse))
         else:
             outputs.append(Literal(None))
     return outputs
@@ -201,14 +208,16 @@ def _is_none(value: Any) -> bool:
     return value is None or value == "<None>"
 
 
-def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: str) -> Value:
-    """Decode one recorded value by its schema type."""
+def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: str,
+                 sparse: Mapping[int, SparseTensor] | None = None) -> Value:
+    """Decode one recorded value by its schema type; ``sparse``: the trace's sparse COO
+    tensors by tensor id (:func:`sparse_tensors`)."""
     optional = type_str.startswith("Optional[")
     base = type_str[len("Optional["):-1] if optional else type_str
     if _is_none(value):
         return Literal(None)
     if base == "Tensor":
-        return _tensor(value, raw.shape, raw.strides, raw.type, node_id, where)
+        return _tensor(value, raw.shape, raw.strides, raw.type, node_id, where, sparse)
     if base in ("List[Tensor]", "List[Optional[Tensor]]"):
         if not isinstance(value, list):
             raise TraceError("expected a list of tensors", node_id=node_id, field=where)
@@ -222,7 +231,8 @@ def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: st
                 continue
             shape = shapes[j] if j < len(shapes) else None
             stride = strides[j] if strides is not None and j < len(strides) else None
-            items.append(_tensor(item, shape, stride, element_types[j], node_id, f"{where}[{j}]"))
+            items.append(_tensor(item, shape, stride, element_types[j], node_id,
+                                 f"{where}[{j}]", sparse))
         return ListValue(tuple(items))
     if base == "ScalarType":
         return _code(value, SCALAR_TYPE_CODES, "dtype", node_id, where)
@@ -255,7 +265,8 @@ def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: st
             if not isinstance(value, list):
                 raise TraceError("expected a list", node_id=node_id, field=where)
             return ListValue(tuple(
-                decode_value(v, inner, raw, node_id, f"{where}[{j}]") for j, v in enumerate(value)
+                decode_value(v, inner, raw, node_id, f"{where}[{j}]")
+                for j, v in enumerate(value)
             ))
     raise Unsupported(f"argument type {type_str} is not supported")
 
@@ -325,7 +336,7 @@ def _int_list(value: Any, node_id: int, where: str, *, signed: bool) -> tuple[in
 
 
 def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
-            where: str) -> Value:
+            where: str, sparse: Mapping[int, SparseTensor] | None = None) -> Value:
     """A recorded tensor: ``[tensor_id, storage_id, offset, numel, itemsize, device]``."""
     if not (isinstance(value, list) and len(value) >= 6):
         raise TraceError("expected a tensor record [id, storage, offset, numel, itemsize, "
@@ -341,7 +352,8 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
         raise TraceError("tensor device is not a string", node_id=node_id, field=where)
     if type_str.startswith("Tensor(nullptr"):
         return Literal(None)  # an undefined tensor
-    if device == "":
+    known_sparse = sparse.get(tid) if device == "" and sparse else None
+    if device == "" and known_sparse is None:
         # A defined tensor with no storage: a functorch/vmap wrapper (transformers
         # builds attention masks under vmap) or a tensor subclass. The record holds no
         # shape or device to rebuild it from, and None in its place crashes the op.
@@ -350,6 +362,8 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
     if dtype is None:
         raise Unsupported(f"tensor element type {type_str[:40]!r} is not supported")
     dims = _int_list(shape if shape is not None else [], node_id, f"{where}.shape", signed=False)
+    if known_sparse is not None:
+        return TensorValue(trace_id=tid, storage_id=sid, meta=known_sparse.meta(dims, dtype))
     if strides is None or strides == [] and dims:
         stride_t = contiguous_strides(dims)
     else:

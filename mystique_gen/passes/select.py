@@ -22,12 +22,12 @@ runs them again on the replay's own backend threads, so they are not replayed
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
-from mystique_gen.ir import Diagnostic, not_replayed
+from mystique_gen.ir import Diagnostic, SparseLayout, TensorMeta, not_replayed
 from mystique_gen.ir.schema import is_op_name
 from mystique_gen.sources.et import (
     RawArg,
@@ -401,8 +401,9 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
     found: set[int] = set()
     walked: set[int] = set()
     has_op_child = {n.parent for n in trace.nodes if n.op_schema and n.parent != n.id}
+    sparse = sparse_tensors(trace.nodes)  # without storage too, but no wrappers
     for node in trace.nodes:
-        if node.op_schema and node.id in has_op_child and _on_storageless(node):
+        if node.op_schema and node.id in has_op_child and _on_storageless(node, sparse):
             found.add(node.id)  # a vmap level: the op below ran one level down
         if node.name != SUBCLASS_DISPATCH:
             continue
@@ -415,12 +416,84 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
     return found
 
 
-def _on_storageless(node: RawNode) -> bool:
-    """Whether a tensor argument of the node has no storage (recorded device "").
-    An undefined tensor (an optional weight left out) is recorded the same way; only
-    its type tells it apart ("Tensor(nullptr (uninitialized))")."""
-    return any(record[5] == "" for arg in (*node.inputs, *node.outputs)
+def _on_storageless(node: RawNode, sparse: Mapping[int, object]) -> bool:
+    """Whether a tensor argument of the node has no storage (recorded device "") and is
+    no sparse tensor. An undefined tensor (an optional weight left out) is recorded the
+    same way; only its type tells it apart ("Tensor(nullptr (uninitialized))")."""
+    return any(record[5] == "" and record[0] not in sparse
+               for arg in (*node.inputs, *node.outputs)
                if "nullptr" not in arg.type for record in tensor_records(arg))
+
+
+@dataclass
+class SparseTensor:
+    """What the trace says of one sparse COO tensor id (:func:`sparse_tensors`); facts
+    not recorded take the most common case: sparse in every dimension, uncoalesced."""
+
+    sparse_dim: int | None = None
+    nnz: int | None = None
+    coalesced: bool | None = None
+    device: str | None = None
+
+    def meta(self, shape: tuple[int, ...], dtype: str) -> TensorMeta:
+        sparse_dim = len(shape) if self.sparse_dim is None else min(self.sparse_dim, len(shape))
+        layout = SparseLayout(sparse_dim, self.nnz or 0, bool(self.coalesced))
+        return TensorMeta(shape=shape, strides=(0,) * len(shape), offset=0, dtype=dtype,
+                          device=self.device or "cpu", sparse=layout)
+
+    def learn(self, what: str, node: RawNode) -> None:
+        """Take the facts of one op that read this tensor's parts (oprules.SPARSE_FACTS);
+        the first op to state a fact wins: it saw the tensor as the trace began."""
+        out = node.outputs[0] if node.outputs else None
+        value = out.value if out is not None else None
+        if what == "nnz" and type(value) is int and self.nnz is None:
+            self.nnz = value
+        elif what == "sparse_dim" and type(value) is int and self.sparse_dim is None:
+            self.sparse_dim = value
+        elif what == "coalesced" and isinstance(value, bool) and self.coalesced is None:
+            self.coalesced = value
+        elif what in ("indices", "values") and out is not None:
+            shape = out.shape if isinstance(out.shape, list) else []
+            records = list(tensor_records(out))
+            if records and self.device is None and records[0][5]:
+                self.device = records[0][5].split(":", 1)[0]
+            if what == "indices" and len(shape) == 2 and all(type(n) is int for n in shape):
+                self.sparse_dim = shape[0] if self.sparse_dim is None else self.sparse_dim
+                self.nnz = shape[1] if self.nnz is None else self.nnz
+            elif what == "values" and shape and type(shape[0]) is int and self.nnz is None:
+                self.nnz = shape[0]
+
+
+def sparse_tensors(nodes: list[RawNode]) -> dict[int, SparseTensor]:
+    """Tensor ids of the trace's sparse COO tensors, with their recorded structure.
+
+    A sparse tensor has no storage, so the observer records it as it records a vmap
+    wrapper: ``[id, 0, 0, 0, 0, ""]``. What tells them apart is the ops around it
+    (oprules.SPARSE_FACTS): a sparse kernel reads the tensor's parts (``_nnz``,
+    ``_indices``), and a constructor made it. Their results give its structure."""
+    found: dict[int, SparseTensor] = {}
+    for node in nodes:
+        what = oprules.SPARSE_FACTS.get(node.name)
+        if what is None:
+            continue
+        arg = node.outputs[0] if what == "made" and node.outputs else \
+            node.inputs[0] if node.inputs else None
+        records = list(tensor_records(arg)) if arg is not None else []
+        if len(records) != 1 or records[0][5] != "" or not isinstance(records[0][0], int):
+            continue  # not one tensor without storage
+        facts = found.setdefault(records[0][0], SparseTensor())
+        if what != "made":
+            facts.learn(what, node)
+        elif len(node.inputs) > 3 and type(node.inputs[0].value) is int:
+            # _sparse_coo_tensor_with_dims_and_tensors(sparse_dim, dense_dim, size,
+            # indices, values), where every constructor ends: indices [sparse_dim, nnz].
+            indices = node.inputs[3].shape
+            if facts.sparse_dim is None:
+                facts.sparse_dim = node.inputs[0].value
+            if facts.nnz is None and isinstance(indices, list) and len(indices) == 2 \
+                    and type(indices[1]) is int:
+                facts.nnz = indices[1]
+    return found
 
 
 def _is_collective(node: RawNode) -> bool:

@@ -179,20 +179,23 @@ def split_storages_without_memory(ops: list[Op]) -> int:
     a storage id of its own, per tensor id and lifetime: an op's output whose tensor id
     none of its inputs on that storage carries is a new tensor (the observer's tensor
     ids are TensorImpl addresses, which are reused too). Nothing on such a storage shares
-    memory with anything else in the replay. Returns the number of tensors given one."""
-    flagged = storages_without_memory(ops)
+    memory with anything else in the replay. Sparse tensors have no storage at all (all
+    on id 0) and are split alike. Returns the number of dense tensors given one."""
+    without_memory = storages_without_memory(ops)
+    flagged = without_memory | {tv.storage_id for op in ops for tv in _tensors_of(op)
+                                if tv.meta.sparse is not None}
     if not flagged:
         return 0
-    next_id = 1 + max(tv.storage_id for op in ops
-                      for value in [a.value for a in op.args] + list(op.outputs)
-                      for tv in iter_tensors(value))
-    first = next_id
+    next_id = 1 + max(tv.storage_id for op in ops for tv in _tensors_of(op))
     current: dict[tuple[int, int], int] = {}
+    dense: set[int] = set()  # new ids given to tensors on storages without memory
 
     def assign(tv: TensorValue, key: tuple[int, int]) -> None:
         nonlocal next_id
         if key not in current:
             current[key] = next_id
+            if key[0] in without_memory:
+                dense.add(next_id)
             next_id += 1
         tv.storage_id = current[key]
 
@@ -210,7 +213,12 @@ def split_storages_without_memory(ops: list[Op]) -> int:
                 if key not in read:
                     current.pop(key, None)  # a new tensor that reuses the id
                 assign(tv, key)
-    return next_id - first
+    return len(dense)
+
+
+def _tensors_of(op: Op) -> Iterator[TensorValue]:
+    for value in [a.value for a in op.args] + list(op.outputs):
+        yield from iter_tensors(value)
 
 
 def plan_tensors(ops: list[Op]) -> TensorPlan:

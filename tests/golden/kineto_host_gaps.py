@@ -890,6 +890,49 @@ def _fill(numel, dtype, device, kind, low, high, gens):
     return _FILLS[kind](numel, low, high, gen, device, gens, dtype).to(dtype)
 
 
+def _sparse_coo(values, shape, sparse_dim, coalesced, gens):
+    """A sparse COO tensor of `shape` on the flat buffer `values` (its nonzeros, in
+    rows of its dense dimensions), at random positions: distinct and sorted where the
+    original was coalesced, drawn with repeats (as a sparse gradient's are) where not.
+    """
+    dense = list(shape[sparse_dim:])
+    row = 1
+    for n in dense:
+        row *= n
+    nnz = values.numel() // max(row, 1)
+    places = 1
+    for n in shape[:sparse_dim]:
+        places *= n
+    gen = gens[values.device.type]
+    if coalesced and places <= 1 << 24:
+        flat = torch.randperm(places, generator=gen, device=values.device)[:nnz].sort()[
+            0
+        ]
+    else:
+        flat = torch.randint(places, (nnz,), generator=gen, device=values.device)
+        if coalesced:
+            flat = flat.unique()
+    nnz = flat.numel()
+    indices = torch.stack(torch.unravel_index(flat, list(shape[:sparse_dim])))
+    indices = indices.view(sparse_dim, nnz)
+    # valid by construction: no invariant checks (and no warning that they are off)
+    return torch.sparse_coo_tensor(
+        indices,
+        values[: nnz * row].view([nnz, *dense]),
+        shape,
+        is_coalesced=coalesced,
+        check_invariants=False,
+    )
+
+
+def _dense_parts(tensor):
+    """The strided tensors holding `tensor`'s memory: itself, or a sparse tensor's
+    indices and values (which a sparse tensor reads through; it has no storage)."""
+    if tensor.layout == torch.sparse_coo:
+        return (tensor._indices(), tensor._values())
+    return (tensor,)
+
+
 def _data(hex_values, width, dtype, device):
     """Recorded integral values: little-endian signed ints of `width` bytes, as hex."""
     raw = bytes.fromhex(hex_values)
@@ -1018,8 +1061,9 @@ def _snapshot(inputs, device, mode):
     """
     storages = {}
     for t in inputs.values():
-        storage = t.untyped_storage()
-        storages.setdefault(storage.data_ptr(), storage)
+        for part in _dense_parts(t):
+            storage = part.untyped_storage()
+            storages.setdefault(storage.data_ptr(), storage)
     if mode == "off" or not storages:
         return []
     if mode == "auto":
@@ -1053,7 +1097,9 @@ def _written_only(snapshot, inputs, versions):
     EmbeddingBag model's four 640 KB tables: 68 us a replay without the reset, 200 us
     with it) where the original step found them warm."""
     written = {
-        inputs[name].untyped_storage().data_ptr() for name in _written(inputs, versions)
+        part.untyped_storage().data_ptr()
+        for name in _written(inputs, versions)
+        for part in _dense_parts(inputs[name])
     }
     return [
         (storage, saved) for storage, saved in snapshot if storage.data_ptr() in written
@@ -1071,7 +1117,8 @@ def _nonfinite_written(inputs, versions):
         name
         for name in _written(inputs, versions)
         if (inputs[name].is_floating_point() or inputs[name].is_complex())
-        and not bool(torch.isfinite(inputs[name]).all())
+        # the last part holds the values (a sparse tensor's; a strided one's own)
+        and not bool(torch.isfinite(_dense_parts(inputs[name])[-1]).all())
     )
 
 
@@ -1116,8 +1163,8 @@ def _input_bytes(inputs, device):
     """Bytes of the input storages on `device`, each storage once."""
     storages = {}
     for t in inputs.values():
-        if t.device == device:
-            storage = t.untyped_storage()
+        for part in _dense_parts(t) if t.device == device else ():
+            storage = part.untyped_storage()
             storages.setdefault(storage.data_ptr(), storage.nbytes())
     return sum(storages.values())
 

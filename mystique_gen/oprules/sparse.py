@@ -1,0 +1,45 @@
+"""Sparse COO tensors: how a trace tells them apart from tensors without storage.
+
+The observer records a sparse tensor as ``[id, 0, 0, 0, 0, ""]``: no storage, no
+device, like a functorch wrapper. Every sparse kernel reads the tensor's parts through
+these ops (an ``add_`` of a sparse gradient into a dense weight records ``_nnz``,
+``sparse_dim``, ``_values`` and ``_indices`` below it), and every sparse tensor is
+made by one of the constructors, so a tensor id that they read or return is a sparse
+tensor, with the structure their results state (passes/lower.py ``sparse_tensors``).
+"""
+
+from __future__ import annotations
+
+from mystique_gen.oprules.base import OpFamily
+
+FAMILY = OpFamily(
+    name="sparse",
+    sparse_facts={
+        "aten::_nnz": "nnz",
+        "aten::sparse_dim": "sparse_dim",
+        "aten::is_coalesced": "coalesced",
+        "aten::_indices": "indices",
+        "aten::indices": "indices",
+        "aten::_values": "values",
+        "aten::values": "values",
+        "aten::_sparse_coo_tensor_with_dims_and_tensors": "made",
+        "aten::_sparse_coo_tensor_with_dims": "made",
+        "aten::_sparse_coo_tensor_unsafe": "made",
+        "aten::sparse_coo_tensor": "made",
+        "aten::to_sparse": "made",
+        "aten::_to_sparse": "made",
+        "aten::coalesce": "made",
+        "aten::_coalesce": "made",
+        "aten::sparse_mask": "made",
+    },
+    # A sparse tensor's values are those it was made from or masked out of: SparseAdam's
+    # square root reads its exp_avg_sq through sparse_mask and _values.
+    keeps_sign={
+        "aten::sparse_mask": ("self",),
+        "aten::_values": ("self",),
+        "aten::values": ("self",),
+        "aten::coalesce": ("self",),
+        "aten::sparse_coo_tensor": ("values",),
+        "aten::_sparse_coo_tensor_unsafe": ("values",),
+    },
+)
