@@ -888,3 +888,21 @@ def test_tensors_without_storage_are_sparse_where_their_parts_are_read():
                                   RawArg([30, 30], [[], []], "GenericList[Int,Int]", None),
                                   indices], [made])])
     assert built[8].meta((30, 30), "float32").sparse == SparseLayout(2, 40, False)
+
+
+@pytest.mark.parametrize("kernel", ["", "triton"])
+def test_compiled_regions_say_their_unrecorded_kernels_are_not_replayed(kernel, tmp_path):
+    """On CPU, the observer records a torch.compile'd region's extern calls (``mm``) but
+    not Inductor's own C++ kernels: the header says so. Triton kernels are recorded below
+    it and listed on their own, so then the region adds nothing."""
+    b = TraceBuilder()
+    region = b.annotation("CompiledFunction")
+    x = b.tensor((4, 4))
+    b.op(RELU, [x], [b.tensor((4, 4))], parent=region)
+    if kernel:
+        b.op("", [], [], parent=region, name="triton_poi_fused_0",
+             attrs={"kernel_backend": kernel})
+    program = build_program(load_trace(b.write(tmp_path / "t.json")))
+    assert [op.name for op in program.ops] == ["aten::relu"]
+    listed = {d.name for d in program.diagnostics if "torch.compile's kernels" in d.reason}
+    assert listed == (set() if kernel else {"CompiledFunction"})

@@ -43,6 +43,10 @@ FOREIGN_NOTE = ("its namespace is not loaded by the benchmark (torch alone): rep
                 "its recorded children")
 BACKEND_THREAD_NOTE = ("a communication backend's worker thread ran it for a collective; "
                        "the replayed collective runs it again")
+# AOTAutograd's autograd.Function around a torch.compile'd graph, forward and backward.
+COMPILED_FUNCTIONS = frozenset({"CompiledFunction", "CompiledFunctionBackward"})
+COMPILED_NOTE = ("torch.compile's kernels, not in the trace (the torch ops it called "
+                 "replay); --kineto with --host-gaps recorded replays their time")
 
 
 @dataclass(frozen=True)
@@ -704,6 +708,7 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
         return scope_of[node.id]
 
     has_children = {n.parent for n in trace.nodes if n.parent != n.id}
+    launched = _above_kernels(trace.nodes, by_id)
     selected: list[Selected] = []
     covered: list[RawNode] = []
     skipped: list[Diagnostic] = []
@@ -729,6 +734,9 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
             skipped.append(not_replayed(
                 node.id, _display(node.name),
                 f"{backend} kernel compiled for the recording machine; not portable"))
+        elif node.name in COMPILED_FUNCTIONS and node.id not in launched:
+            # Inductor's C++ kernels (CPU) are not recorded; Triton ones are, below.
+            skipped.append(not_replayed(node.id, node.name, COMPILED_NOTE))
         elif node.name == "record_param_comms":
             pass  # metadata of the enclosing communication op
         elif is_op_name(node.name) and node.id not in has_children:
@@ -736,6 +744,19 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
     _reveal_grad(selected, covered)
     _mark_grad_node_makers(selected, trace, by_id)
     return Selection(selected, skipped, sorted(threads), covered)
+
+
+def _above_kernels(nodes: list[RawNode], by_id: dict[int, RawNode]) -> set[int]:
+    """Ids of the nodes above a recorded compiled kernel (``kernel_backend`` set)."""
+    found: set[int] = set()
+    for node in nodes:
+        if not node.attrs.get("kernel_backend"):
+            continue
+        cur = by_id.get(node.parent) if node.parent != node.id else None
+        while cur is not None and cur.id not in found:
+            found.add(cur.id)
+            cur = by_id.get(cur.parent) if cur.parent != cur.id else None
+    return found
 
 
 def grad_node_makers(nodes: list[RawNode]) -> set[int] | None:
