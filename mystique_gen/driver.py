@@ -244,7 +244,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops)
     recorded = recorded_values(trace, resources, scalars)
-    comm = CommLowering(trace)
+    comm = CommLowering(trace, sparse)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume, sparse=sparse)
     rename_storages(ops, lifetimes, k, names)
     part_notes = []

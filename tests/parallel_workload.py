@@ -41,6 +41,9 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   and shifts the rest by its first row, a Python int the trace holds no value of) and
   a class-sharded cross entropy under ``loss_parallel`` (the same masking for the
   targets);
+* ``sparse``: DDP over a model with a sparse embedding (``sparse=True``), as DLRM's
+  reference trains: its gradient, a sparse COO tensor, is all-reduced as one (gloo
+  coalesces it on its worker thread), the dense ones in buckets; SGD;
 * ``objects``: Python objects exchanged as training loops log and configure:
   ``all_gather_object`` and ``broadcast_object_list`` (pickles in byte tensors, which
   ``aten::set_`` puts on a storage of the pickle's bytes).
@@ -403,11 +406,33 @@ def vocab() -> Callable[[], object]:
     return step
 
 
+def sparse_ddp() -> Callable[[], object]:
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(100, 8, sparse=True)
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embedding(ids).mean(1))
+
+    model = torch.nn.parallel.DistributedDataParallel(Model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 100, (8, 3))
+
+    def step() -> None:
+        opt.zero_grad()
+        model(ids).sum().backward()
+        opt.step()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
          "rooted": rooted, "objects": objects, "vocab": vocab,
-         "pipeline_mesh": pipeline_mesh, "hsdp": hsdp}
+         "pipeline_mesh": pipeline_mesh, "hsdp": hsdp, "sparse": sparse_ddp}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

@@ -24,7 +24,7 @@ from tests.test_distributed import _torchrun
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
 MODES = ["tp", "fsdp2", "functional", "coalesced", "reductions", "pipeline", "seqpar",
-         "expert", "rooted", "objects", "vocab"]
+         "expert", "rooted", "objects", "vocab", "sparse"]
 # What each mode's benchmark must call or say (header notes wrap, so whitespace is
 # compared loosely): functional collectives; FSDP2's own ops, with the import of the
 # torch module that registers them; coalesced collectives as one call each; the c10d
@@ -62,6 +62,8 @@ CALLS = {
     # Each rank's shard offset is its first row (ids outside its rows are masked): at
     # random, the shifted ids left the shard and rank 1's embedding failed.
     "vocab": ['"span", 0, 0', '"span", 32, 32'],
+    # The embedding's sparse gradient, made in the step, all-reduced as itself.
+    "sparse": ["torch.distributed.all_reduce( sparse_coo_tensor_unsafe, group=_GROUPS[0]"],
 }
 
 

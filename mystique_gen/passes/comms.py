@@ -15,7 +15,8 @@ tensors need them done, so that ranks pair them up in recorded order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from mystique_gen import oprules
@@ -47,17 +48,24 @@ from mystique_gen.passes.ranks import (
     scan_trace,
     world_size,
 )
-from mystique_gen.passes.select import Selected, select_ops, subclass_dispatches
+from mystique_gen.passes.select import (
+    Selected,
+    SparseTensor,
+    select_ops,
+    subclass_dispatches,
+)
 from mystique_gen.sources.et import RawArg, RawTrace, raw_storage_ids
 
 
 def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
                groups: list[ProcessGroupSpec], default_group: int,
-               member_of: frozenset[str] = frozenset()) -> Op | Diagnostic:
+               member_of: frozenset[str] = frozenset(),
+               sparse: Mapping[int, SparseTensor] | None = None) -> Op | Diagnostic:
     """One c10d op as an :class:`Op` carrying a :class:`CommInfo`; tensors stay IR values
     so the tensor pass gives them real dataflow bindings. ``member_of``: the names of
     the groups this trace's rank is in (for ops whose group is implied by their sizes:
-    :func:`group_by_size`)."""
+    :func:`group_by_size`); ``sparse``: the trace's sparse tensors (DDP all-reduces a
+    sparse embedding gradient as one)."""
     node = sel.node
     name = sig.qualified_name
     if name in oprules.COMM_NOT_REPLAYED:
@@ -73,7 +81,8 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
             if arg_name not in raw:
                 raise Unsupported(f"tensor argument {arg_name!r} not recorded")
             i, spec, rec = raw[arg_name]
-            value = _decode_tensors(rec, spec.type, node.id, f"inputs[{i}]", decode_value)
+            value = _decode_tensors(rec, spec.type, node.id, f"inputs[{i}]",
+                                    partial(decode_value, sparse=sparse))
             _check_form(value, form)
             args.append(Arg(spec, value))
         for refused, why in oprules.REFUSED_ARGS.items():
@@ -333,8 +342,9 @@ class CommLowering:
     :func:`~mystique_gen.passes.lower.lower_ops` as ``comm=``), then places waits and
     describes ranks and groups."""
 
-    def __init__(self, trace: RawTrace):
+    def __init__(self, trace: RawTrace, sparse: Mapping[int, SparseTensor] | None = None):
         self.trace = trace
+        self.sparse = sparse
         self.scan = scan_trace(trace)
         self.groups = list(self.scan.groups or [])
         self.default_group = default_group_index(self.groups) if self.groups else 0
@@ -347,7 +357,7 @@ class CommLowering:
     def lower(self, sel: Selected, sig: Signature, index: int) -> Op | Diagnostic:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
         op = lower_comm(sel, sig, index, self.scan, groups, self.default_group,
-                        self.member_of)
+                        self.member_of, self.sparse)
         if (isinstance(op, Op) and op.comm is not None
                 and group_index(self.scan.ops.get(op.node_id), groups) is None
                 and op.comm.group != self.default_group):
