@@ -302,9 +302,10 @@ MUL = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
 @pytest.mark.parametrize("values", [[-8.0, -8.0], [-8.0, 2.0]])
 def test_each_reader_of_a_recorded_scalar_replays_its_own_value(values):
     """Two ops read one 0-d storage of the trace (a storage that served two wrapped
-    numbers in turn): each replays the value the capture recorded for it."""
+    numbers in turn): each replays the value the capture recorded for it. Python wraps
+    a float as a double."""
     b = TraceBuilder()
-    x, scale = b.tensor((4,)), b.tensor(())
+    x, scale = b.tensor((4,)), b.tensor((), dtype="float64")
     b.op(MUL, [x, scale], [b.tensor((4,))])
     b.op(MUL, [x, scale], [b.tensor((4,))])
     trace = trace_from_document(b.doc(), name="t.json", sha256="0")
@@ -313,6 +314,20 @@ def test_each_reader_of_a_recorded_scalar_replays_its_own_value(values):
     read = [op.args[1].value.storage.init for op in program.ops]
     assert [(init.low, init.high, init.why) for init in read] == \
         [(v, v, "recorded value") for v in values]
+
+
+def test_a_float32_scalar_read_by_two_ops_is_one_tensor():
+    """A float32 0-d tensor is no wrapped Python number (those are doubles, int64s or
+    bools): two ops reading it (a learnable temperature, a median a backward reads
+    back) read one tensor, not one buffer each."""
+    b = TraceBuilder()
+    x, temperature = b.tensor((4,)), b.tensor(())
+    b.op(MUL, [x, temperature], [b.tensor((4,))])
+    b.op(MUL, [x, temperature], [b.tensor((4,))])
+    trace = trace_from_document(b.doc(), name="t.json", sha256="0")
+    program = run_passes([Source(trace)], BuildOptions())
+    first, second = (op.args[1].value.storage for op in program.ops)
+    assert first is second
 
 
 def test_a_layer_is_filled_as_its_module_initialises_it():

@@ -46,6 +46,11 @@ Lifetimes = dict[int, tuple[dict[int, int], dict[int, int]]]
 
 
 RawView = tuple[int, tuple, tuple, str]  # offset, shape, strides, element type
+# The types the Python argument parser wraps a number as (double, int64, bool, complex
+# double): a 0-d tensor of another type (a float32 median a backward reads back, a
+# learnable temperature) is no wrapped number, whichever tensor id it is read under.
+WRAPPED_NUMBER_TYPES = frozenset({"Tensor(double)", "Tensor(long int)", "Tensor(bool)",
+                                  "Tensor(c10::complex<double>)"})
 
 
 def _input_tensors(raw_inputs: list[RawArg]) -> Iterator[tuple[int, list, RawView]]:
@@ -132,7 +137,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                          if sid not in reads_ids)
         for _k, record, view in _input_tensors(node.inputs):
             sid = record[1]
-            if view[1] != () or sid in made_here:
+            if view[1] != () or sid in made_here or view[3] not in WRAPPED_NUMBER_TYPES:
                 continue
             if sid in defined:
                 if returned.get(record[0]) == (sid, view) or (
