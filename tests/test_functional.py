@@ -451,3 +451,74 @@ def test_steps_on_sparse_tensors_replay_their_ops(make_step, tmp_path):
     replayed = op_multiset(replay_et, by_overload=True)
     assert any("sparse" in op or "_nnz" in op for op in original)
     assert original == replayed, (original - replayed, replayed - original)
+
+
+def _median_backward() -> Callable[[], None]:
+    """MedianBackward compares the input with the median the forward returned, which
+    it reads back under another tensor id: a float32 0-d tensor, no wrapped Python
+    number, so it is the forward's result and not a buffer filled at random (the
+    gradient then divided by zero matches)."""
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+
+    def step() -> None:
+        opt.zero_grad()
+        (lin(x).median() + lin.weight.flatten().kthvalue(5).values).backward()
+        opt.step()
+
+    return step
+
+
+def _index_reduce_without_self() -> Callable[[], None]:
+    """``index_reduce_(..., include_self=False)`` fills the rows it reduces into and
+    keeps a clone for its backward: its own kernel reduces, so it replays whole."""
+    emb = torch.nn.Embedding(10, 4)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    ids = torch.arange(10)
+    rows = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4])
+
+    def step() -> None:
+        opt.zero_grad()
+        target = torch.zeros(5, 4)
+        target.index_reduce_(0, rows, emb(ids), "amax", include_self=False).sum().backward()
+        opt.step()
+
+    return step
+
+
+def _adafactor() -> Callable[[], None]:
+    """Adafactor's factored second moments: ``rsqrt_`` of row @ col / mean(row), the
+    rows and columns running averages (``lerp_``) of squared gradients, and an epsilon
+    clamp the trace records as 0.0: the states are filled non-negative."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.SiLU(),
+                                torch.nn.Linear(32, 8))
+    opt = torch.optim.Adafactor(model.parameters(), lr=1e-2)
+    x = torch.randn(16, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    return step
+
+
+@pytest.mark.parametrize("make_step", [_median_backward, _index_reduce_without_self,
+                                       _adafactor])
+def test_steps_whose_values_meet_again_stay_finite(make_step, tmp_path):
+    """Values the step computes and reads again (a backward's saved results, running
+    statistics) replay as computed, so training on the replay's values stays finite."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    result = capture(make_step(), tmp_path, name="step", kineto=False, timing_iters=1)
+    bench = tmp_path / "step_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    replay_et = tmp_path / "step_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3",
+                         "--reset-inputs", "off", "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+    original = op_multiset(result.et_path, by_overload=True)
+    replayed = op_multiset(replay_et, by_overload=True)
+    assert original == replayed, (original - replayed, replayed - original)

@@ -125,6 +125,7 @@ UNINITIALISED_OUTPUTS = _union("uninitialised_outputs")
 NO_VALUE_WRITES = _union("no_value_writes")
 REFUSES_VIEWS = _union("refuses_views")
 DETACHES = _union("detaches")
+FILLS = _union("fills")
 
 
 def differentiable(op_name: str, arg_name: str) -> bool:
@@ -136,7 +137,7 @@ __all__ = [
     "ASYNC_SCOPE",
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
-    "DETACHES",
+    "DETACHES", "FILLS",
     "GRAD_REVEALED_BY", "GROUP_RANK_ARGS",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",

@@ -190,6 +190,8 @@ class OpFamily:
     uninitialised_outputs: frozenset[str] = frozenset()
     # In-place ops that change only metadata or autograd state, never values.
     no_value_writes: frozenset[str] = frozenset()
+    # In-place ops that write one value given as a Scalar over (part of) a tensor.
+    fills: frozenset[str] = frozenset()
     # In-place ops that refuse a view argument ("Can't detach views in-place").
     refuses_views: frozenset[str] = frozenset()
     # Ops whose result aliases their input without its autograd history (``detach``):

@@ -22,6 +22,11 @@ _KEEPS_SIGN = {
                                 "aten::avg_pool1d", "aten::avg_pool2d",
                                 "aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d",
                                 "aten::index_select", "aten::gather", "aten::repeat")},
+    # A clamp keeps what is already in range; a lerp with a weight in [0, 1] (running
+    # statistics: Adafactor's row and column variances) stays between its ends.
+    **{op: ("self",) for op in ("aten::clamp", "aten::clamp_", "aten::clamp_min",
+                                "aten::clamp_min_")},
+    **{op: ("self", "end") for op in ("aten::lerp", "aten::lerp_")},
     "aten::cat": ("tensors",),
     "aten::stack": ("tensors",),
 }
@@ -38,6 +43,9 @@ FAMILY = OpFamily(
         "aten::sqrt": ("self",),
         "aten::sqrt_": ("self",),
         "aten::rsqrt": ("self",),
+        "aten::rsqrt_": ("self",),
+        "aten::log2_": ("self",),
+        "aten::log10_": ("self",),
     },
     float_ranges={
         "aten::bernoulli": {"self": (0.0, 1.0), "p": (0.0, 1.0)},

@@ -27,6 +27,10 @@ FAMILY = OpFamily(
         "aten::transpose_", "aten::swapdims_", "aten::swapaxes_", "aten::_coalesced_",
         "aten::set_",
     }),
+    # Below another op, a fill prepares that op's result and its kernel computes the
+    # rest (passes/select.py): the op is no composite of its children.
+    fills=frozenset({"aten::fill_", "aten::zero_", "aten::index_fill_",
+                     "aten::masked_fill_"}),
     # An input the replay builds is an ``as_strided`` view of its buffer; where such an
     # op reads it, the input is detached from its buffer's view chain (same storage, so
     # aliasing is unchanged).

@@ -643,9 +643,15 @@ def foreign_composites(trace: RawTrace) -> set[int]:
 def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode]]) -> bool:
     """Whether every result of ``node`` is one its recorded children returned: else its
     own kernel made it (``mul_`` by a wrapped Python float records only the float's
-    cast below it), and its children alone would not compute the op."""
-    made = {sid for inner in _below(node.id, children) for arg in inner.outputs
-            for sid in raw_storage_ids(arg)}
+    cast below it), and its children alone would not compute the op. Views and fills
+    below an op only prepare its result: ``index_reduce_`` with ``include_self=False``
+    fills the rows it reduces into (``index_fill_``) and selects one, then its kernel
+    reduces."""
+    fill = node.name in oprules.FILLS
+    made = {sid for inner in _below(node.id, children)
+            if (_computes(inner) or inner.name in oprules.UNINITIALISED_OUTPUTS)
+            and (fill or inner.name not in oprules.FILLS)
+            for arg in inner.outputs for sid in raw_storage_ids(arg)}
     return all(sid in made for arg in node.outputs for sid in raw_storage_ids(arg) if sid)
 
 
