@@ -681,6 +681,34 @@ def test_a_computed_mask_indexes_forward_and_backward_at_its_recorded_count(tmp_
         assert recorded.get(name) and recorded.get(name) == replayed.get(name), name
 
 
+def test_a_computed_mask_scatters_as_many_values_as_its_source_holds(tmp_path):
+    """``x.masked_scatter(x > 0, src)`` with ``src`` sized by the mask's recorded count
+    (``int(mask.sum())``): the replayed mask, computed from other values, selected more
+    elements than ``src`` held and the replay crashed. The mask is fitted to the count
+    the source implies."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 8)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    ids = torch.randint(0, 50, (20,))
+
+    def step() -> None:
+        opt.zero_grad()
+        h = emb(ids)
+        mask = h > 0
+        h.masked_scatter(mask, torch.randn(int(mask.sum()))).sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="scatter", kineto=False, timing_iters=1)
+    bench = tmp_path / "scatter_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "gt = _fit_mask(gt, " in text
+    for seed in ("0", "1"):
+        proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                             "--seed", seed)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def _op_shapes(path) -> dict[str, list]:
     """Output shapes of every top-level op, by name, in order."""
     from mystique_gen.constants import HARNESS_SCOPE

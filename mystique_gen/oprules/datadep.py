@@ -36,6 +36,19 @@ class MaskedCount(Fill):
         return (FillKind.MASK, out // factor, 0) if out % factor == 0 else None
 
 
+class ScatteredCount(Fill):
+    """``masked_scatter``: the (broadcast) mask selects as many elements as the source
+    holds (it may hold more: then as many as it holds, the most that is valid)."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        source, mask, self_ = _numel(args.get("source")), _numel(args.get("mask")), \
+            _numel(args.get("self"))
+        if source is None or not mask or not self_:
+            return None
+        factor = max(self_ // mask, 1)  # mask broadcast over a larger self
+        return (FillKind.MASK, min(source // factor, mask), 0)
+
+
 class DistinctCount(Fill):
     """``unique`` over all elements: as many distinct values as the recorded output."""
 
@@ -126,6 +139,8 @@ FAMILY = OpFamily(
         "aten::nonzero_numpy": {"self": TrueCount(0, 0)},
         "aten::where": {"condition": TrueCount(0, 0)},
         "aten::masked_select": {"mask": MaskedCount()},
+        "aten::masked_scatter": {"mask": ScatteredCount()},
+        "aten::masked_scatter_": {"mask": ScatteredCount()},
         "aten::_unique": _UNIQUE,
         "aten::_unique2": _UNIQUE,
         "aten::unique_consecutive": {"self": RunCount()},
