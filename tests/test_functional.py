@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -435,22 +437,29 @@ def test_steps_on_sparse_tensors_replay_their_ops(make_step, tmp_path):
     """A sparse COO tensor has no storage: the observer records it as it records a vmap
     wrapper. Its ops replay (none is left out), on sparse tensors made in the step or
     built before it with the recorded structure, and the weights stay finite."""
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    result = capture(make_step(), tmp_path, name="sparse", kineto=False, timing_iters=1)
-    bench = tmp_path / "sparse_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
     assert "Ops not replayed:\n  - none" in text
-    replay_et = tmp_path / "sparse_replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
-                         "--reset-inputs", "off", "--json", "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = last_json(proc.stdout)
     assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
-    original = op_multiset(result.et_path, by_overload=True)
-    replayed = op_multiset(replay_et, by_overload=True)
     assert any("sparse" in op or "_nnz" in op for op in original)
     assert original == replayed, (original - replayed, replayed - original)
+
+
+def _train_on_the_replay(make_step: Callable[[], Callable[[], None]], tmp_path: Path
+                         ) -> tuple[str, dict, Counter, Counter]:
+    """Capture a step, generate, run 3 iterations that train on the replay's own values
+    (no input reset): the file's text, its --json, the original's and the replay's op
+    multisets."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    result = capture(make_step(), tmp_path, name="step", kineto=False, timing_iters=1)
+    bench = tmp_path / "step_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    replay_et = tmp_path / "step_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3",
+                         "--reset-inputs", "off", "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return (text, last_json(proc.stdout), op_multiset(result.et_path, by_overload=True),
+            op_multiset(replay_et, by_overload=True))
 
 
 def _median_backward() -> Callable[[], None]:
@@ -509,16 +518,6 @@ def _adafactor() -> Callable[[], None]:
 def test_steps_whose_values_meet_again_stay_finite(make_step, tmp_path):
     """Values the step computes and reads again (a backward's saved results, running
     statistics) replay as computed, so training on the replay's values stays finite."""
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    result = capture(make_step(), tmp_path, name="step", kineto=False, timing_iters=1)
-    bench = tmp_path / "step_bench.py"
-    generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    replay_et = tmp_path / "step_replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3",
-                         "--reset-inputs", "off", "--json", "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["nonfinite_inputs"] == []
-    original = op_multiset(result.et_path, by_overload=True)
-    replayed = op_multiset(replay_et, by_overload=True)
+    _text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
+    assert out["nonfinite_inputs"] == []
     assert original == replayed, (original - replayed, replayed - original)
