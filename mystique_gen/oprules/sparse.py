@@ -5,7 +5,7 @@ device, like a functorch wrapper. Every sparse kernel reads the tensor's parts t
 these ops (an ``add_`` of a sparse gradient into a dense weight records ``_nnz``,
 ``sparse_dim``, ``_values`` and ``_indices`` below it), and every sparse tensor is
 made by one of the constructors, so a tensor id that they read or return is a sparse
-tensor, with the structure their results state (passes/lower.py ``sparse_tensors``).
+tensor, with the structure their results state (passes/select.py ``sparse_tensors``).
 """
 
 from __future__ import annotations
