@@ -140,8 +140,12 @@ def test_original_step_without_a_capture_sidecar_is_the_profiled_span(pair, tmp_
     timing = program.timing
     assert timing is not None and timing.measured_step_ms is None
     assert timing.step_ms == timing.original_ms and "ET observer" in timing.step_ms_from
+    # With the capture's sidecar, the measured eager step (which timing alone cannot
+    # tell apart from the span on a loaded machine: 3.9 ms against a 2.9 ms span once).
     with_sidecar = compile_trace(pair[0], kineto=pair[1]).timing
-    assert with_sidecar is not None and with_sidecar.step_ms < timing.step_ms
+    assert with_sidecar is not None and with_sidecar.measured_step_ms is not None
+    assert with_sidecar.step_ms == with_sidecar.measured_step_ms
+    assert "step.json" in with_sidecar.step_ms_from
 
 
 def _link_like_chakra(et_path, kineto_path, out, kernels: bool = True):
