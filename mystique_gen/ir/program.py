@@ -24,7 +24,8 @@ from mystique_gen.ir.schema import ArgSpec, Signature
 class SparseLayout:
     """A sparse COO tensor's structure, which the observer does not record with it (it
     has no storage: ``[id, 0, 0, 0, 0, ""]``) but the ops reading its parts do
-    (``_nnz``, ``_indices``, ``sparse_dim``, ``is_coalesced``: passes/lower.py)."""
+    (``_nnz``, ``_indices``, ``sparse_dim``, ``is_coalesced``: passes/select.py
+    ``sparse_tensors``)."""
 
     sparse_dim: int
     nnz: int

@@ -446,11 +446,23 @@ class SparseTensor:
                           device=self.device or "cpu", sparse=layout)
 
     def learn(self, what: str, node: RawNode) -> None:
-        """Take the facts of one op that read this tensor's parts (oprules.SPARSE_FACTS);
-        the first op to state a fact wins: it saw the tensor as the trace began."""
+        """Take the facts of one op that read this tensor's parts or made it
+        (oprules.SPARSE_FACTS); the first op to state a fact wins: it saw the tensor as
+        the trace began."""
         out = node.outputs[0] if node.outputs else None
         value = out.value if out is not None else None
-        if what == "nnz" and type(value) is int and self.nnz is None:
+        if what == "made":
+            if len(node.inputs) > 3 and type(node.inputs[0].value) is int:
+                # _sparse_coo_tensor_with_dims_and_tensors(sparse_dim, dense_dim, size,
+                # indices, values), where every constructor ends: indices [sparse_dim,
+                # nnz].
+                indices = node.inputs[3].shape
+                if self.sparse_dim is None:
+                    self.sparse_dim = node.inputs[0].value
+                if self.nnz is None and isinstance(indices, list) and len(indices) == 2 \
+                        and type(indices[1]) is int:
+                    self.nnz = indices[1]
+        elif what == "nnz" and type(value) is int and self.nnz is None:
             self.nnz = value
         elif what == "sparse_dim" and type(value) is int and self.sparse_dim is None:
             self.sparse_dim = value
@@ -485,18 +497,7 @@ def sparse_tensors(nodes: list[RawNode]) -> dict[int, SparseTensor]:
         records = list(tensor_records(arg)) if arg is not None else []
         if len(records) != 1 or records[0][5] != "" or not isinstance(records[0][0], int):
             continue  # not one tensor without storage
-        facts = found.setdefault(records[0][0], SparseTensor())
-        if what != "made":
-            facts.learn(what, node)
-        elif len(node.inputs) > 3 and type(node.inputs[0].value) is int:
-            # _sparse_coo_tensor_with_dims_and_tensors(sparse_dim, dense_dim, size,
-            # indices, values), where every constructor ends: indices [sparse_dim, nnz].
-            indices = node.inputs[3].shape
-            if facts.sparse_dim is None:
-                facts.sparse_dim = node.inputs[0].value
-            if facts.nnz is None and isinstance(indices, list) and len(indices) == 2 \
-                    and type(indices[1]) is int:
-                facts.nnz = indices[1]
+        found.setdefault(records[0][0], SparseTensor()).learn(what, node)
     return found
 
 
