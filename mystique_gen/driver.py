@@ -44,6 +44,7 @@ from mystique_gen.passes.comms import (
     CommLowering,
     pair_point_to_point,
     rank_disagreements,
+    regroup_second_reductions,
     regroup_sized_collectives,
 )
 from mystique_gen.passes.compose import (
@@ -496,12 +497,18 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")
     regrouped = regroup_sized_collectives(programs, ranks)
+    crossed = regroup_second_reductions(programs, ranks)
     moved = pair_point_to_point(programs, ranks)
     notes = []
     if regrouped:
         notes.append(f"{regrouped} collectives of this job whose group their sizes imply "
                      "run on the mesh dimension whose ranks issue them with the same sizes "
                      "(the first dimension's did not)")
+    if crossed:
+        notes.append(f"{crossed} reductions of this job that record no group, of results "
+                     "another collective reduced (HSDP's all-reduce over the replicas of "
+                     "what it reduce-scattered over the shards), run on the mesh "
+                     "dimension that crosses that collective's group at each rank only")
     if moved:
         notes.append(f"{moved} sends and recvs of this job run on the process group whose "
                      "members name each other at their recorded peers (the trace records "

@@ -20,6 +20,7 @@ from mystique_gen.passes.comms import (
     group_by_size,
     pair_point_to_point,
     rank_disagreements,
+    regroup_second_reductions,
     regroup_sized_collectives,
 )
 from mystique_gen.sources.et import load_trace
@@ -279,3 +280,34 @@ def test_sized_collectives_run_on_the_mesh_dimension_whose_ranks_issue_them_alik
         program.ops[0].comm.group_rank = r % 2
     assert regroup_sized_collectives(hinted, [0, 1, 2, 3]) == 4
     assert [p.ops[0].comm.group for p in hinted] == [3, 3, 4, 4]
+
+
+def test_a_reduction_of_a_reduced_result_crosses_the_first_group():
+    """HSDP on a 2 x 2 mesh: each rank reduce-scatters over its dp group ([0, 1] or
+    [2, 3]), then all-reduces that shard; gloo records the all-reduce's group nowhere,
+    and on the default group it would sum over the dp peers again. It moves to the
+    dimension whose group meets the dp group at the rank alone: pp ([0, 2], [1, 3])."""
+    def rank(r: int, linked: bool) -> Program:
+        program = _pipeline_rank(r, [])
+        scatter = _comm_op(0, ALLREDUCE_INT, 8, CommInfo(
+            call="reduce_scatter_tensor", group=3 if r < 2 else 4, sized=True))
+        second = _comm_op(1, ALLREDUCE_INT, 8, CommInfo(
+            call="all_reduce", group=0, reduces_result_of=scatter.node_id if linked else None))
+        program.ops = [scatter, second]
+        return program
+
+    hsdp = [rank(r, True) for r in range(4)]
+    assert regroup_second_reductions(hsdp, [0, 1, 2, 3]) == 4
+    assert [p.ops[1].comm.group for p in hsdp] == [1, 2, 1, 2]
+    assert [p.ops[0].comm.group for p in hsdp] == [3, 3, 4, 4]  # the first stays
+    unlinked = [rank(r, False) for r in range(4)]
+    assert regroup_second_reductions(unlinked, [0, 1, 2, 3]) == 0
+    assert [p.ops[1].comm.group for p in unlinked] == [0, 0, 0, 0]
+    # A first reduction on the default group: no dimension crosses it at one rank.
+    world = [rank(r, True) for r in range(4)]
+    for program in world:
+        program.ops[0].comm.group = 0
+    assert regroup_second_reductions(world, [0, 1, 2, 3]) == 0
+    # Only some ranks reduce again: the members would not issue the calls alike.
+    partial = [rank(r, r != 3) for r in range(4)]
+    assert regroup_second_reductions(partial, [0, 1, 2, 3]) == 0

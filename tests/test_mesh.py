@@ -115,6 +115,11 @@ def test_hsdp_gathers_on_the_shard_groups(mesh, tmp_path):
                   if op.comm is not None and op.comm.sized}
         assert [program.distributed.groups[g].ranks for g in groups] == \
             [(0, 1) if rank < 2 else (2, 3)]
+        # Its all-reduce of each reduce-scattered shard runs over the replicas, not
+        # over every rank (which would sum the shard groups' results again).
+        reduced = [program.distributed.groups[op.comm.group].ranks for op in program.ops
+                   if op.comm is not None and op.comm.call == "all_reduce"]
+        assert reduced and set(reduced) == {(0, 2) if rank % 2 == 0 else (1, 3)}
     bench = tmp_path / "bench.py"
     assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
     code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",

@@ -64,6 +64,10 @@ class CommInfo:
     # This rank's place in the group, as an op that made the collective's data recorded
     # it (oprules.GROUP_RANK_ARGS); None: not recorded.
     group_rank: int | None = None
+    # An unrecorded group's reduction of a result another collective reduced (node id
+    # of that one): HSDP all-reduces over the replicas what it reduce-scattered over
+    # the shards (passes/comms.py regroup_second_reductions).
+    reduces_result_of: int | None = None
 
 
 @dataclass

@@ -129,7 +129,8 @@ class CommRule:
     async so that ranks pair them up in recorded order without deadlock.
     ``group_size``: (larger, smaller) schema arguments whose element counts' ratio is
     the size of the group the op ran on (all-gather: output over input), for traces
-    that do not record the group (gloo: no record_param_comms)."""
+    that do not record the group (gloo: no record_param_comms). A reducing rule's
+    first tensor argument is what it writes (the reduced result)."""
 
     call: str
     tensors: tuple[tuple[str, str], ...]

@@ -353,6 +353,8 @@ class CommLowering:
         self.member_of = frozenset(g.name for g in recorded_groups(trace) or [])
         self.sized = 0  # collectives on the group their sizes imply
         self.group_ranks = _recorded_group_ranks(trace)
+        # (tensor id, storage id) of each reduced result -> the collective that wrote it
+        self.reduced: dict[tuple[int, int], int] = {}
 
     def lower(self, sel: Selected, sig: Signature, index: int) -> Op | Diagnostic:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
@@ -369,7 +371,25 @@ class CommLowering:
         if (isinstance(op, Op) and op.comm is not None and op.comm.group < len(self.groups)
                 and not replayable(self.groups[op.comm.group], self.world_size)):
             op.comm.group = self.default_group
+        if isinstance(op, Op) and op.comm is not None:
+            self._follow_reductions(op, groups)
         return op
+
+    def _follow_reductions(self, op: Op, groups: list[ProcessGroupSpec]) -> None:
+        """Note which earlier collective reduced what an unrecorded-group reduction
+        reads (``CommInfo.reduces_result_of``), and remember what this one wrote."""
+        assert op.comm is not None
+        rule = oprules.COMM_OPS[op.name]
+        if rule.reduce_op is None or not op.args:
+            return
+        if rule.group_size is None and group_index(self.scan.ops.get(op.node_id),
+                                                   groups) is None:
+            op.comm.reduces_result_of = next(
+                (self.reduced[tv.trace_id, tv.storage_id] for arg in op.args
+                 for tv in iter_tensors(arg.value)
+                 if (tv.trace_id, tv.storage_id) in self.reduced), None)
+        for tv in iter_tensors(op.args[0].value):
+            self.reduced[tv.trace_id, tv.storage_id] = op.node_id
 
     def group_of(self, name: object) -> int:
         """The benchmark's group for a recorded pg_name (functional collectives name
@@ -398,7 +418,8 @@ class CommLowering:
                     f"{unknown} collectives do not record their process group (no "
                     f"record_param_comms): {self.sized} run on the group their sizes "
                     "imply (the first of that size this rank is in), the others on the "
-                    "default group")
+                    "default group, save where the job's ranks show a reduction of "
+                    "another's result to cross its group (below)")
             unrecorded = _counts(op.name for op in comm_ops if op.comm is not None
                                  and oprules.COMM_OPS[op.name].reduce_op
                                  and op.comm.reduce_op is None)
@@ -489,6 +510,60 @@ def regroup_sized_collectives(programs: Sequence[Program], ranks: Sequence[int])
                 moved += op.comm.group != group
                 op.comm.group = group
     return moved
+
+
+def regroup_second_reductions(programs: Sequence[Program], ranks: Sequence[int]) -> int:
+    """Run each reduction that records no group, of a result another collective
+    reduced (``CommInfo.reduces_result_of``), on the mesh dimension that crosses the
+    first one's group at each rank only.
+
+    HSDP reduce-scatters gradients over the shard groups, then all-reduces each shard
+    over the replicas; gloo records neither's group, and the all-reduce has no sizes
+    to imply one, so it ran on the default group, summing the shard groups' results
+    again. A second reduction over ranks that already hold the sum is never what a
+    program means: the first dimension (in creation order) whose group at each rank
+    meets the first reduction's group there only, and whose members issue the calls
+    alike, is chosen. Run after :func:`regroup_sized_collectives`, which settles the
+    first reductions' groups. Returns how many collectives moved."""
+    by_rank = dict(zip(ranks, programs, strict=True))
+    info = next((p.distributed for p in programs if p.distributed is not None), None)
+    if info is None:
+        return 0
+    seconds: dict[int, list[tuple[Op, ProcessGroupSpec]]] = {}  # rank -> (op, first's group)
+    for rank, program in by_rank.items():
+        group_of_node = {op.node_id: op.comm.group for op in program.ops if op.comm}
+        for op in program.ops:
+            first = op.comm.reduces_result_of if op.comm else None
+            if first is None or group_of_node.get(first, len(info.groups)) >= len(info.groups):
+                continue
+            seconds.setdefault(rank, []).append((op, info.groups[group_of_node[first]]))
+    if not seconds:
+        return 0
+    sizes = sorted({g.size for g in info.groups if g.size > 1 and g.ranks is not None})
+    dimensions = [d for size in sizes for d in _dimensions(info.groups, size, info.world_size)]
+    dimensions.sort(key=lambda d: d[0].index)
+    ops_of = {rank: [op for op, _ in pairs] for rank, pairs in seconds.items()}
+
+    def crosses(dimension: list[ProcessGroupSpec]) -> bool:
+        return all(len(set(_group_at(dimension, rank).ranks or ())
+                       & set(first.ranks or ())) == 1
+                   for rank, pairs in seconds.items() for _, first in pairs)
+
+    chosen = next((d for d in dimensions if crosses(d) and _issued_alike(d, ops_of)), None)
+    if chosen is None:
+        return 0
+    moved = 0
+    for rank, ops in ops_of.items():
+        group = _group_at(chosen, rank).index
+        for op in ops:
+            assert op.comm is not None
+            moved += op.comm.group != group
+            op.comm.group = group
+    return moved
+
+
+def _group_at(dimension: list[ProcessGroupSpec], rank: int) -> ProcessGroupSpec:
+    return next(g for g in dimension if rank in (g.ranks or ()))
 
 
 def _issued_alike(dimension: list[ProcessGroupSpec], ops_of: dict[int, list[Op]]) -> bool:
