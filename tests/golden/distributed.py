@@ -671,9 +671,10 @@ def _gap_at(at, start, stop, top):
 def _scope_cost(original, scopes=1000, rounds=5):
     """What recording one scope costs: a loop of empty record_function scopes timed
     under the recorders of `original`'s gaps (`_recorded_as`), less the same loop
-    timed without (medians over rounds). The recorded gaps hold this cost for every
-    scope begun in them that only the original had (the autograd engine's around
-    each backward op), and the replay has none of them to measure it on. (An
+    timed without (the least of each's rounds: load on a shared machine only slows a
+    loop, and a slowed plain round hid the cost). The recorded gaps hold this cost for
+    every scope begun in them that only the original had (the autograd engine's
+    around each backward op), and the replay has none of them to measure it on. (An
     average over everything a replay iteration records counts its ops' children
     too: 28 us per event against 4 us per scope here, with the observer.)"""
 
@@ -684,12 +685,12 @@ def _scope_cost(original, scopes=1000, rounds=5):
                 pass
         return (time.perf_counter() - start) * 1e6 / scopes
 
-    plain = statistics.median(loop() for _ in range(rounds))
+    plain = min(loop() for _ in range(rounds))
     with (
         tempfile.TemporaryDirectory(prefix="mystique-scopes-") as tmp,
         _recorded_as(original, os.path.join(tmp, "scopes.et.json")),
     ):
-        recorded = statistics.median(loop() for _ in range(rounds))
+        recorded = min(loop() for _ in range(rounds))
     return max(0.0, recorded - plain)
 
 
