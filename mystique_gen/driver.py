@@ -46,6 +46,7 @@ from mystique_gen.passes.comms import (
     rank_disagreements,
     regroup_second_reductions,
     regroup_sized_collectives,
+    regroup_unaligned_collectives,
 )
 from mystique_gen.passes.compose import (
     combined_info,
@@ -498,6 +499,7 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
         raise MystiqueError("these traces hold no communication; combine them with --compose")
     regrouped = regroup_sized_collectives(programs, ranks)
     crossed = regroup_second_reductions(programs, ranks)
+    aligned = regroup_unaligned_collectives(programs, ranks)
     moved = pair_point_to_point(programs, ranks)
     notes = []
     if regrouped:
@@ -509,6 +511,11 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
                      "another collective reduced (HSDP's all-reduce over the replicas of "
                      "what it reduce-scattered over the shards), run on the mesh "
                      "dimension that crosses that collective's group at each rank only")
+    if aligned:
+        notes.append(f"{aligned} collectives of this job that record no group, which the "
+                     "ranks do not issue alike (so the default group could not run them), "
+                     "run on the first mesh dimension whose groups' members issue them "
+                     "with the same sizes")
     if moved:
         notes.append(f"{moved} sends and recvs of this job run on the process group whose "
                      "members name each other at their recorded peers (the trace records "

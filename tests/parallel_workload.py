@@ -22,6 +22,8 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   FSDP2 over ``dp`` (4 ranks), torchtitan's layout: sends and recvs whose peers are
   pp-group ranks, and FSDP2 collectives of different sizes on the two stages;
 * ``hsdp``: FSDP2 on a 2 x 2 (replicate, shard) mesh (4 ranks);
+* ``stage_dp``: gradients all-reduced by hand over a (pp, dp) mesh's dp groups, the
+  stages of different sizes (4 ranks);
 * ``fsdp2_tp``: 2-D parallel training on that mesh (4 ranks): tensor parallel
   (Colwise/Rowwise) on ``tp``, FSDP2 on ``dp``, gradients clipped by their total
   norm, AdamW foreach;
@@ -240,6 +242,26 @@ def hsdp() -> Callable[[], object]:
     return step
 
 
+def stage_dp() -> Callable[[], object]:
+    """Data parallel by hand over a 2 x 2 (pp, dp) mesh's ``dp`` groups, the stages of
+    different sizes: each gradient all-reduced on its dp group (gloo records no group)."""
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("pp", "dp"))
+    stage_index = mesh["pp"].get_local_rank()
+    layer = torch.nn.Linear(16, 32 if stage_index == 0 else 8)
+    opt = torch.optim.SGD(layer.parameters(), lr=1e-3)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        layer(x).sum().backward()
+        for p in layer.parameters():
+            dist.all_reduce(p.grad, group=mesh.get_group("dp"))
+        opt.step()
+
+    return step
+
+
 def mesh2d() -> Callable[[], object]:
     mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
                             mesh_dim_names=("dp", "tp"))
@@ -432,7 +454,8 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
          "rooted": rooted, "objects": objects, "vocab": vocab,
-         "pipeline_mesh": pipeline_mesh, "hsdp": hsdp, "sparse": sparse_ddp}
+         "pipeline_mesh": pipeline_mesh, "hsdp": hsdp, "sparse": sparse_ddp,
+         "stage_dp": stage_dp}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

@@ -22,6 +22,7 @@ from mystique_gen.passes.comms import (
     rank_disagreements,
     regroup_second_reductions,
     regroup_sized_collectives,
+    regroup_unaligned_collectives,
 )
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
@@ -45,6 +46,9 @@ ALLREDUCE_INT = (f"c10d::allreduce_(Tensor[] tensors, {PG}, int reduce_op, int t
                  f"(Tensor[], {WORK})")
 MONITORED_BARRIER = (f"c10d::monitored_barrier_(Tensor tensor, {PG}, int[] device_ids, "
                      "int timeout, bool wait_all_ranks) -> ()")
+ALLTOALL_BASE = (f"c10d::alltoall_base_(Tensor output, Tensor input, {PG}, "
+                 "int[] output_split_sizes, int[] input_split_sizes, bool async_op=True, "
+                 f"int timeout=-1) -> {WORK}")
 SEND = f"c10d::send(Tensor[] tensors, {PG}, int dst, int tag) -> {WORK}"
 RECV = f"c10d::recv_(Tensor[] tensors, {PG}, int src, int tag) -> {WORK}"
 
@@ -212,6 +216,22 @@ def test_ranks_that_would_not_meet_on_a_group_are_named():
     assert rank_disagreements(subgroup, [0, 1, 2]) == []
 
 
+def test_ranks_that_pass_other_sizes_to_one_collective_are_named():
+    """gloo fails a collective whose members pass tensors of other sizes: named as
+    ranks that part, where every member must pass the same sizes (not all-to-all)."""
+    def rank(r: int, numel: int, schema: str = ALLREDUCE_INT, call: str = "all_reduce"):
+        program = _pipeline_rank(r, [])
+        program.ops = [_comm_op(0, schema, numel, CommInfo(call=call, group=0))]
+        return program
+
+    apart = [rank(r, 32 if r < 2 else 8) for r in range(4)]
+    ((first, other, message),) = rank_disagreements(apart, [0, 1, 2, 3])
+    assert (first, other) == (0, 2) and "with tensors of other sizes" in message
+    assert rank_disagreements([rank(r, 16) for r in range(4)], [0, 1, 2, 3]) == []
+    uneven = [rank(r, 8 * (r + 1), ALLTOALL_BASE, "all_to_all_single") for r in range(4)]
+    assert rank_disagreements(uneven, [0, 1, 2, 3]) == []
+
+
 
 def _comm_op(index: int, schema: str, numel: int, comm: CommInfo) -> Op:
     """A communication op of one float32 tensor of ``numel`` elements."""
@@ -311,3 +331,28 @@ def test_a_reduction_of_a_reduced_result_crosses_the_first_group():
     # Only some ranks reduce again: the members would not issue the calls alike.
     partial = [rank(r, r != 3) for r in range(4)]
     assert regroup_second_reductions(partial, [0, 1, 2, 3]) == 0
+
+
+def test_unrecorded_collectives_the_ranks_issue_unalike_move_to_a_dimension_that_fits():
+    """Stages of a (pp, dp) mesh all-reduce gradients of their own sizes with no
+    recorded group: on the default group they would meet with different sizes. The
+    first dimension whose members issue them alike (dp) takes them; where every rank
+    issues the same, or no dimension fits, they stay."""
+    def rank(r: int, numel: int) -> Program:
+        program = _pipeline_rank(r, [])
+        program.ops = [_comm_op(0, ALLREDUCE_INT, numel, CommInfo(
+            call="all_reduce", group=0, group_recorded=False))]
+        return program
+
+    stages = [rank(r, 32 if r < 2 else 8) for r in range(4)]
+    assert regroup_unaligned_collectives(stages, [0, 1, 2, 3]) == 4
+    assert [p.ops[0].comm.group for p in stages] == [3, 3, 4, 4]
+    alike = [rank(r, 16) for r in range(4)]
+    assert regroup_unaligned_collectives(alike, [0, 1, 2, 3]) == 0
+    assert [p.ops[0].comm.group for p in alike] == [0, 0, 0, 0]
+    unfit = [rank(r, 8 * (r + 1)) for r in range(4)]
+    assert regroup_unaligned_collectives(unfit, [0, 1, 2, 3]) == 0
+    recorded = [rank(r, 32 if r < 2 else 8) for r in range(4)]
+    for program in recorded:
+        program.ops[0].comm.group_recorded = True  # the trace named the default group
+    assert regroup_unaligned_collectives(recorded, [0, 1, 2, 3]) == 0

@@ -52,7 +52,8 @@ def mesh(tmp_path_factory) -> tuple[list[Path], Path]:
         pytest.skip("torch.distributed with gloo is not available in this build")
     out = tmp_path_factory.mktemp("mesh")
     code, _out, err = _finish(_launch(str(WORKLOAD), str(out), "mesh2d", "fsdp2_tp",
-                                      "pipeline_mesh", "hsdp", nproc=RANKS, cwd=out))
+                                      "pipeline_mesh", "hsdp", "stage_dp", nproc=RANKS,
+                                      cwd=out))
     assert code == 0, err[-3000:]
     traces = [out / f"mesh2d-rank-{r}.json" for r in range(RANKS)]
     bench = out / "bench.py"
@@ -122,6 +123,30 @@ def test_hsdp_gathers_on_the_shard_groups(mesh, tmp_path):
         assert reduced and set(reduced) == {(0, 2) if rank % 2 == 0 else (1, 3)}
     bench = tmp_path / "bench.py"
     assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
+    code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
+                                          "--iters", "2", "--json", "--et",
+                                          str(tmp_path / "replay.json"), nproc=RANKS,
+                                          cwd=tmp_path))
+    assert code == 0, err[-3000:]
+    _check_replay(traces, tmp_path)
+
+
+def test_unrecorded_all_reduces_the_ranks_issue_unalike_run_on_the_dimension_that_fits(
+        mesh, tmp_path):
+    """Two stages of different sizes all-reduce their gradients over the dp groups;
+    gloo records no group, and on the default group the stages' sizes met (gloo
+    aborted). The dp groups' members issue them alike; the pp groups' do not."""
+    out = mesh[1].parent
+    traces = [out / f"stage_dp-rank-{r}.json" for r in range(RANKS)]
+    compiled = compile_paths(traces)
+    for program, rank in zip(compiled.programs, compiled.ranks, strict=True):
+        assert program.distributed is not None
+        reduced = {program.distributed.groups[op.comm.group].ranks for op in program.ops
+                   if op.comm is not None and op.comm.call == "all_reduce"}
+        assert reduced == {(0, 1) if rank < 2 else (2, 3)}
+    bench = tmp_path / "bench.py"
+    assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
+    assert "issue them with the same sizes" in " ".join(bench.read_text().split())
     code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
                                           "--iters", "2", "--json", "--et",
                                           str(tmp_path / "replay.json"), nproc=RANKS,

@@ -58,6 +58,9 @@ class CommInfo:
     # or the trace does not say which (the call then reduces with SUM).
     reduce_op: str | None = None
     scalars: tuple[tuple[str, bool | int], ...] = ()  # (keyword, recorded value) passed on
+    # False where the trace records no group for it (gloo: no record_param_comms); the
+    # passes then place it (passes/comms.py), as ``sized`` and ``reduces_result_of`` say.
+    group_recorded: bool = True
     # The trace records no group: the group is the one its sizes imply (passes/comms.py
     # group_by_size), of a mesh dimension chosen across ranks (regroup_sized_collectives).
     sized: bool = False

@@ -130,7 +130,9 @@ class CommRule:
     ``group_size``: (larger, smaller) schema arguments whose element counts' ratio is
     the size of the group the op ran on (all-gather: output over input), for traces
     that do not record the group (gloo: no record_param_comms). A reducing rule's
-    first tensor argument is what it writes (the reduced result)."""
+    first tensor argument is what it writes (the reduced result). ``same_sizes``: every
+    member of the group passes tensors of the same sizes (not all-to-all, gather,
+    scatter or point-to-point), so members that differ would fail."""
 
     call: str
     tensors: tuple[tuple[str, str], ...]
@@ -146,6 +148,7 @@ class CommRule:
     note: str | None = None
     point_to_point: str | None = None
     group_size: tuple[str, str] | None = None
+    same_sizes: bool = True
 
 
 @dataclass(frozen=True)

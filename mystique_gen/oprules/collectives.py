@@ -88,25 +88,27 @@ FAMILY = OpFamily(
             "_reduce_scatter_tensor_coalesced", (("outputs", "list"), ("inputs", "list")),
             reduce_op="reduce_op", harness=True, group_size=("inputs", "outputs")),
         "c10d::alltoall_": CommRule(
-            "all_to_all", (("output_tensors", "list"), ("input_tensors", "list"))),
+            "all_to_all", (("output_tensors", "list"), ("input_tensors", "list")),
+            same_sizes=False),
         "c10d::alltoall_base_": CommRule(
-            "all_to_all_single", (("output", "tensor"), ("input", "tensor")), splits=True),
+            "all_to_all_single", (("output", "tensor"), ("input", "tensor")), splits=True,
+            same_sizes=False),
         "c10d::gather_": CommRule(
             "gather", (("input_tensors", "one"), ("output_tensors", "inner_or_none")),
-            "root_rank", "group_dst"),
+            "root_rank", "group_dst", same_sizes=False),
         "c10d::scatter_": CommRule(
             "scatter", (("output_tensors", "one"), ("input_tensors", "inner_or_none")),
-            "root_rank", "group_src"),
+            "root_rank", "group_src", same_sizes=False),
         # Point-to-point: the trace cannot say whether the program sent with send or
         # isend (batch_isend_irecv, pipeline schedules); issued in recorded order but
         # async, they pair up across ranks as recorded, where blocking calls could wait
         # on each other (1F1B: a send of the next forward against one of a backward).
         "c10d::send": CommRule("send", (("tensors", "one"),), "dst", "group_dst", tag=True,
                                async_call="isend", has_async_arg=False,
-                               point_to_point="send"),
+                               point_to_point="send", same_sizes=False),
         "c10d::recv_": CommRule("recv", (("tensors", "one"),), "src", "group_src", tag=True,
                                 async_call="irecv", has_async_arg=False,
-                                point_to_point="recv"),
+                                point_to_point="recv", same_sizes=False),
         "c10d::barrier": CommRule("barrier", ()),
         "c10d::monitored_barrier_": CommRule(
             "_monitored_barrier", (), harness=True, has_async_arg=False,

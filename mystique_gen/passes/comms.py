@@ -360,9 +360,11 @@ class CommLowering:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
         op = lower_comm(sel, sig, index, self.scan, groups, self.default_group,
                         self.member_of, self.sparse)
-        if (isinstance(op, Op) and op.comm is not None
-                and group_index(self.scan.ops.get(op.node_id), groups) is None
-                and op.comm.group != self.default_group):
+        unrecorded = (isinstance(op, Op) and op.comm is not None
+                      and group_index(self.scan.ops.get(op.node_id), groups) is None)
+        if unrecorded and op.comm is not None:
+            op.comm.group_recorded = False
+        if unrecorded and op.comm is not None and op.comm.group != self.default_group:
             self.sized += 1
             op.comm.sized = True
             op.comm.group_rank = next(
@@ -418,8 +420,8 @@ class CommLowering:
                     f"{unknown} collectives do not record their process group (no "
                     f"record_param_comms): {self.sized} run on the group their sizes "
                     "imply (the first of that size this rank is in), the others on the "
-                    "default group, save where the job's ranks show a reduction of "
-                    "another's result to cross its group (below)")
+                    "default group, save where the job's ranks place them on a mesh "
+                    "dimension (below)")
             unrecorded = _counts(op.name for op in comm_ops if op.comm is not None
                                  and oprules.COMM_OPS[op.name].reduce_op
                                  and op.comm.reduce_op is None)
@@ -562,6 +564,45 @@ def regroup_second_reductions(programs: Sequence[Program], ranks: Sequence[int])
     return moved
 
 
+def regroup_unaligned_collectives(programs: Sequence[Program],
+                                  ranks: Sequence[int]) -> int:
+    """Move the collectives that record no group and sit on the default group to the
+    first mesh dimension whose groups' members issue them alike, where the job's ranks
+    do not issue them alike.
+
+    Data parallel over a mesh's ``dp`` groups beside pipeline stages of different
+    sizes: gloo records no group for each stage's gradient all-reduce, and on the
+    default group the stages' all-reduces met with different sizes, and gloo aborted.
+    Where every rank issues the same calls with the same sizes, they stay (nothing
+    tells which group was meant, and the default group runs them). Run after the other
+    regroupings. Returns how many collectives moved."""
+    by_rank = dict(zip(ranks, programs, strict=True))
+    info = next((p.distributed for p in programs if p.distributed is not None), None)
+    if info is None:
+        return 0
+    default = default_group_index(info.groups) if info.groups else 0
+    ops_of = {rank: [op for op in program.ops if op.comm is not None
+                     and not op.comm.group_recorded and op.comm.group == default
+                     and not oprules.COMM_OPS[op.name].point_to_point]
+              for rank, program in by_rank.items()}
+    if len({tuple(_signature_of(op) for op in ops) for ops in ops_of.values()}) <= 1:
+        return 0
+    sizes = sorted({g.size for g in info.groups if 1 < g.size < info.world_size})
+    dimensions = [d for size in sizes for d in _dimensions(info.groups, size, info.world_size)]
+    dimensions.sort(key=lambda d: d[0].index)
+    chosen = next((d for d in dimensions if _issued_alike(d, ops_of)), None)
+    if chosen is None:
+        return 0
+    moved = 0
+    for rank, ops in ops_of.items():
+        group = _group_at(chosen, rank).index
+        for op in ops:
+            assert op.comm is not None
+            moved += 1
+            op.comm.group = group
+    return moved
+
+
 def _group_at(dimension: list[ProcessGroupSpec], rank: int) -> ProcessGroupSpec:
     return next(g for g in dimension if rank in (g.ranks or ()))
 
@@ -689,34 +730,44 @@ def rank_disagreements(programs: Sequence[Program],
         first = members[0]
         for k in members[1:]:
             a, b = sequences[first].get(g, []), sequences[k].get(g, [])
-            if [call for call, _ in a] == [call for call, _ in b]:
+            if [(call, sizes) for call, _, sizes in a] == [(call, sizes) for call, _, sizes in b]:
                 continue
             at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False))
-                       if x[0] != y[0]),
+                       if (x[0], x[2]) != (y[0], y[2])),
                       min(len(a), len(b)))
+            sized_apart = at < min(len(a), len(b)) and a[at][0] == b[at][0]
             found.append((first, k, (
                 f"ranks {ranks[first]} and {ranks[k]} replay different collectives on "
                 f"process group {g} ({len(a)} against {len(b)}; collective "
-                f"#{at + 1}: {_which(a, at)} against {_which(b, at)}): the benchmark "
-                "would hang there; see each rank's ops not replayed")))
+                f"#{at + 1}: {_which(a, at)} against {_which(b, at)}"
+                + (", with tensors of other sizes" if sized_apart else "")
+                + "): the benchmark would hang or fail there; see each rank's ops not "
+                "replayed")))
             break
     return found
 
 
-def _collectives_by_group(program: Program) -> dict[int, list[tuple[str, int]]]:
-    """(call, node id) of each replayed collective, by process group index."""
-    out: dict[int, list[tuple[str, int]]] = {}
+Issued = tuple[str, int, tuple[tuple[int, str], ...] | None]
+
+
+def _collectives_by_group(program: Program) -> dict[int, list[Issued]]:
+    """(call, node id, sizes) of each replayed collective, by process group index;
+    sizes: (elements, dtype) of its tensors where every member passes the same
+    (``CommRule.same_sizes``), else None."""
+    out: dict[int, list[Issued]] = {}
     for op in program.ops:
         if op.comm is not None:
-            if oprules.COMM_OPS[op.name].point_to_point:
+            rule = oprules.COMM_OPS[op.name]
+            if rule.point_to_point:
                 continue
-            out.setdefault(op.comm.group, []).append((op.comm.call, op.node_id))
+            sizes = tuple(_payload(op)) if rule.same_sizes else None
+            out.setdefault(op.comm.group, []).append((op.comm.call, op.node_id, sizes))
         elif (op.signature.namespace in oprules.FUNCTIONAL_NAMESPACES
               and op.signature.name not in oprules.COLLECTIVE_HELPERS):
             group = next((a.value.index for a in op.args if isinstance(a.value, GroupName)),
                          None)
             if group is not None:
-                out.setdefault(group, []).append((op.signature.name, op.node_id))
+                out.setdefault(group, []).append((op.signature.name, op.node_id, None))
     return out
 
 
@@ -728,10 +779,10 @@ def _member(program: Program, group: int, rank: int) -> bool:
     return members is None or rank in members
 
 
-def _which(sequence: list[tuple[str, int]], at: int) -> str:
+def _which(sequence: list[Issued], at: int) -> str:
     if at >= len(sequence):
         return "none"
-    call, node_id = sequence[at]
+    call, node_id, _ = sequence[at]
     return f"{call}, node {node_id}"
 
 
