@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from mystique_gen import oprules
 from mystique_gen.backends.base import GenerateOptions
@@ -356,3 +357,52 @@ def test_unrecorded_collectives_the_ranks_issue_unalike_move_to_a_dimension_that
     for program in recorded:
         program.ops[0].comm.group_recorded = True  # the trace named the default group
     assert regroup_unaligned_collectives(recorded, [0, 1, 2, 3]) == 0
+
+
+ALLGATHER_BASE = (f"c10d::_allgather_base_(Tensor output_tensor, Tensor input_tensor, {PG}, "
+                  f"bool async_op=False, int timeout=-1) -> (Tensor, {WORK})")
+BROADCAST = (f"c10d::broadcast_(Tensor[] tensors, {PG}, int root_rank, int root_tensor, "
+             f"bool asyncOp, int timeout=-1) -> (Tensor[], {WORK})")
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "int16", "uint16"])
+def test_collectives_of_dtypes_gloo_cannot_send_move_their_bytes(tmp_path, dtype):
+    """A trace recorded on NCCL (an FP8 all-gather, int16 data), replayed on CPU: gloo
+    sends none of these dtypes ("Invalid scalar type"). Collectives that only move data
+    send the tensors' bytes; the replay runs the recorded collectives with their shapes."""
+    b = TraceBuilder()
+    shard, full = b.tensor((4, 3), dtype=dtype), b.tensor((4, 3), dtype=dtype)
+    single = b.tensor((5,), dtype=dtype)
+    b.op(ALLGATHER_BASE, [full, shard, OBJECT, False, -1], [full, OBJECT])
+    b.op(BROADCAST, [[single], OBJECT, 0, 0, False, -1], [[single], OBJECT])
+    trace = b.write(tmp_path / "comm.json")
+    bench = tmp_path / "bench.py"
+    text = generate(trace, bench, GenerateOptions(command_line="test"))
+    assert text.count("_bytewise(torch.distributed.") == 2
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1", "--json",
+                         "--et", str(tmp_path / "replay.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Each tensor went as its bytes: the recorded shape and a last dimension of them.
+    itemsize = getattr(torch, dtype).itemsize
+    replayed = collective_sequence(load_trace(tmp_path / "replay.rank0.json"))
+    recorded = collective_sequence(load_trace(trace))
+    assert [(name, _bytes_off(shapes)) for name, shapes, _ in replayed] == \
+        [(name, shapes) for name, shapes, _ in recorded]
+    assert _last_dims(tuple(shapes for _, shapes, _ in replayed)) == {itemsize}
+
+
+def _is_shape(value: object) -> bool:
+    return isinstance(value, tuple) and all(isinstance(n, int) for n in value) and bool(value)
+
+
+def _bytes_off(shapes: object) -> object:
+    """Recorded shapes (nested as the arguments' lists are) without their last dimension."""
+    if _is_shape(shapes):
+        return shapes[:-1]
+    return tuple(_bytes_off(s) for s in shapes) if isinstance(shapes, tuple) else shapes
+
+
+def _last_dims(shapes: object) -> set[int]:
+    if _is_shape(shapes):
+        return {shapes[-1]}
+    return set().union(*(_last_dims(s) for s in shapes)) if isinstance(shapes, tuple) else set()

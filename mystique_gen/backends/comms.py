@@ -16,7 +16,7 @@ from typing import Any
 from mystique_gen import oprules
 from mystique_gen.backends import exprs
 from mystique_gen.backends.layout import INDENT, Atom, Group, Node, flat, lay_out
-from mystique_gen.ir import ListValue, Op, Program, Value
+from mystique_gen.ir import ListValue, Op, Program, Value, iter_tensors
 from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
 from mystique_gen.passes.comms import replayable
 
@@ -117,7 +117,12 @@ def call_lines(builder: Any, op: Op, depth: int) -> list[str]:
         if rule.has_async_arg:
             args.append(exprs.keyword("async_op", Atom("True")))
         prefix = f"{_work_name(builder, op)} = "
-    call = exprs.call(name if rule.harness else f"torch.distributed.{name}", args)
+    callee = name if rule.harness else f"torch.distributed.{name}"
+    if rule.reduce_op is None and any(
+            tv.meta.dtype not in oprules.WIRE_DTYPES
+            for arg in op.args for tv in iter_tensors(arg.value)):
+        callee = f"_bytewise({callee})"  # gloo cannot send this dtype: its bytes
+    call = exprs.call(callee, args)
     return [INDENT * depth + GUARD, *lay_out(prefix, call, depth + 1)]
 
 

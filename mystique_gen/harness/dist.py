@@ -83,6 +83,28 @@ def _reduce_scatter_tensor_coalesced(
     return _coalesced(reduce_scatter, outputs, inputs, group, async_op, **options)
 
 
+def _bytewise(collective):
+    """A collective that only moves data, for tensors of a dtype gloo cannot send
+    (float8, int16, uint16, uint32: a trace recorded on NCCL, replayed on CPU): on gloo
+    each tensor goes as its bytes, in a last dimension of itemsize bytes, so that sizes
+    and splits along its other dimensions stay as recorded; elsewhere, as it is."""
+
+    def call(*args, **kwargs):
+        if torch.distributed.get_backend(kwargs.get("group")) != "gloo":
+            return collective(*args, **kwargs)
+        return collective(*[_as_bytes(a) for a in args], **kwargs)
+
+    return call
+
+
+def _as_bytes(value):
+    if isinstance(value, torch.Tensor):
+        return value.unsqueeze(-1).view(torch.uint8)
+    if isinstance(value, (list, tuple)):
+        return [_as_bytes(v) for v in value]
+    return value
+
+
 def _monitored_barrier(*, wait_all_ranks=False, group):
     """c10d::monitored_barrier_: gloo implements it; other backends (nccl) hold the
     same ranks with a plain barrier."""

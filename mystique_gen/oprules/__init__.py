@@ -59,6 +59,7 @@ from mystique_gen.oprules.collectives import (
     GROUP_NAME_ARGS,
     REDUCE_OP_NAMES,
     REFUSED_ARGS,
+    WIRE_DTYPES,
     reduce_op_name,
 )
 from mystique_gen.oprules.normalization import NOT_DIFFERENTIABLE_ARGS
@@ -150,6 +151,6 @@ __all__ = [
     "REFUSED_ARGS", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES", "SPARSE_FACTS",
     "SizeOf",
     "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "WINDOW_BOUNDS",
-    "WINDOW_SHIFTS", "differentiable",
+    "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable",
     "guard_reason", "merged", "op_category", "reduce_op_name",
 ]

@@ -1105,8 +1105,14 @@ def _nonfinite_written(inputs, versions):
         for name in _written(inputs, versions)
         if (inputs[name].is_floating_point() or inputs[name].is_complex())
         # the last part holds the values (a sparse tensor's; a strided one's own)
-        and not bool(torch.isfinite(_dense_parts(inputs[name])[-1]).all())
+        and not _all_finite(_dense_parts(inputs[name])[-1])
     )
+
+
+def _all_finite(values):
+    if values.is_floating_point() and values.dtype.itemsize == 1:
+        values = values.float()  # float8 has no isfinite; widening keeps NaN and inf
+    return bool(torch.isfinite(values).all())
 
 
 def _cuda_graph(inputs, device, host):

@@ -1111,8 +1111,14 @@ def _nonfinite_written(inputs, versions):
         for name in _written(inputs, versions)
         if (inputs[name].is_floating_point() or inputs[name].is_complex())
         # the last part holds the values (a sparse tensor's; a strided one's own)
-        and not bool(torch.isfinite(_dense_parts(inputs[name])[-1]).all())
+        and not _all_finite(_dense_parts(inputs[name])[-1])
     )
+
+
+def _all_finite(values):
+    if values.is_floating_point() and values.dtype.itemsize == 1:
+        values = values.float()  # float8 has no isfinite; widening keeps NaN and inf
+    return bool(torch.isfinite(values).all())
 
 
 def _cuda_graph(inputs, device, host):
@@ -1534,6 +1540,28 @@ def _reduce_scatter_tensor_coalesced(
         getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     )
     return _coalesced(reduce_scatter, outputs, inputs, group, async_op, **options)
+
+
+def _bytewise(collective):
+    """A collective that only moves data, for tensors of a dtype gloo cannot send
+    (float8, int16, uint16, uint32: a trace recorded on NCCL, replayed on CPU): on gloo
+    each tensor goes as its bytes, in a last dimension of itemsize bytes, so that sizes
+    and splits along its other dimensions stay as recorded; elsewhere, as it is."""
+
+    def call(*args, **kwargs):
+        if torch.distributed.get_backend(kwargs.get("group")) != "gloo":
+            return collective(*args, **kwargs)
+        return collective(*[_as_bytes(a) for a in args], **kwargs)
+
+    return call
+
+
+def _as_bytes(value):
+    if isinstance(value, torch.Tensor):
+        return value.unsqueeze(-1).view(torch.uint8)
+    if isinstance(value, (list, tuple)):
+        return [_as_bytes(v) for v in value]
+    return value
 
 
 def _monitored_barrier(*, wait_all_ranks=False, group):
