@@ -68,16 +68,9 @@ def test_fsdp2_with_tensor_parallel_on_a_mesh(mesh, tmp_path):
     them on the world made the replay fail ("invalid tensor size")."""
     out = mesh[1].parent
     traces = [out / f"fsdp2_tp-rank-{r}.json" for r in range(RANKS)]
-    bench = tmp_path / "bench.py"
-    assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
-    assert "run on the group their sizes imply" in " ".join(bench.read_text().split())
-    code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
-                                          "--iters", "2", "--json", "--et",
-                                          str(tmp_path / "replay.json"), nproc=RANKS,
-                                          cwd=tmp_path))
-    assert code == 0, err[-3000:]
-    assert last_json(out_text)["skipped_at_runtime"] == []
-    _check_replay(traces, tmp_path)
+    text, result = _generate_and_run(traces, tmp_path)
+    assert "run on the group their sizes imply" in text
+    assert result["skipped_at_runtime"] == []
 
 
 def test_pipeline_stages_over_a_mesh_send_to_their_pp_peers(mesh, tmp_path):
@@ -89,18 +82,10 @@ def test_pipeline_stages_over_a_mesh_send_to_their_pp_peers(mesh, tmp_path):
     run on the dimension whose ranks issue them alike (dp)."""
     out = mesh[1].parent
     traces = [out / f"pipeline_mesh-rank-{r}.json" for r in range(RANKS)]
-    bench = tmp_path / "bench.py"
-    assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
-    text = " ".join(bench.read_text().split())
+    text, result = _generate_and_run(traces, tmp_path)
     assert "sends and recvs of this job run on the process group whose members" in text
     assert "run on the mesh dimension whose ranks issue them with the same sizes" in text
-    code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
-                                          "--iters", "2", "--json", "--et",
-                                          str(tmp_path / "replay.json"), nproc=RANKS,
-                                          cwd=tmp_path))
-    assert code == 0, err[-3000:]
-    assert last_json(out_text)["skipped_at_runtime"] == []
-    _check_replay(traces, tmp_path)
+    assert result["skipped_at_runtime"] == []
 
 
 def test_hsdp_gathers_on_the_shard_groups(mesh, tmp_path):
@@ -121,14 +106,7 @@ def test_hsdp_gathers_on_the_shard_groups(mesh, tmp_path):
         reduced = [program.distributed.groups[op.comm.group].ranks for op in program.ops
                    if op.comm is not None and op.comm.call == "all_reduce"]
         assert reduced and set(reduced) == {(0, 2) if rank % 2 == 0 else (1, 3)}
-    bench = tmp_path / "bench.py"
-    assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
-    code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
-                                          "--iters", "2", "--json", "--et",
-                                          str(tmp_path / "replay.json"), nproc=RANKS,
-                                          cwd=tmp_path))
-    assert code == 0, err[-3000:]
-    _check_replay(traces, tmp_path)
+    _generate_and_run(traces, tmp_path)
 
 
 def test_unrecorded_all_reduces_the_ranks_issue_unalike_run_on_the_dimension_that_fits(
@@ -144,15 +122,23 @@ def test_unrecorded_all_reduces_the_ranks_issue_unalike_run_on_the_dimension_tha
         reduced = {program.distributed.groups[op.comm.group].ranks for op in program.ops
                    if op.comm is not None and op.comm.call == "all_reduce"}
         assert reduced == {(0, 1) if rank < 2 else (2, 3)}
+    text, _result = _generate_and_run(traces, tmp_path)
+    assert "issue them with the same sizes" in text
+
+
+def _generate_and_run(traces: list[Path], tmp_path: Path) -> tuple[str, dict]:
+    """Generate a benchmark from the rank traces, run it on every rank under torchrun,
+    and check each rank's replay against its trace: (the file's text with its lines
+    joined, rank 0's --json result)."""
     bench = tmp_path / "bench.py"
     assert cli_main([str(p) for p in traces] + ["-o", str(bench)]) == 0
-    assert "issue them with the same sizes" in " ".join(bench.read_text().split())
     code, out_text, err = _finish(_launch(str(bench), "--device", "cpu", "--warmup", "1",
                                           "--iters", "2", "--json", "--et",
                                           str(tmp_path / "replay.json"), nproc=RANKS,
                                           cwd=tmp_path))
     assert code == 0, err[-3000:]
     _check_replay(traces, tmp_path)
+    return " ".join(bench.read_text().split()), last_json(out_text)
 
 
 def _check_replay(traces: list[Path], replay_dir: Path) -> None:

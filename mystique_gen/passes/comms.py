@@ -35,7 +35,7 @@ from mystique_gen.ir import (
     iter_tensors,
     not_replayed,
 )
-from mystique_gen.ir.dist import CommInfo, ProcessGroupSpec
+from mystique_gen.ir.dist import CommInfo, DistInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
 from mystique_gen.passes.ranks import (
@@ -503,14 +503,8 @@ def regroup_sized_collectives(programs: Sequence[Program], ranks: Sequence[int])
         dimensions.sort(key=lambda d: not current <= {g.index for g in d})
         chosen = next((d for d in dimensions if _issued_alike(d, ops_of)
                        and _at_recorded_places(d, ops_of)), None)
-        if chosen is None:
-            continue
-        for rank, ops in ops_of.items():
-            group = next(g.index for g in chosen if rank in (g.ranks or ()))
-            for op in ops:
-                assert op.comm is not None
-                moved += op.comm.group != group
-                op.comm.group = group
+        if chosen is not None:
+            moved += _move(ops_of, chosen)
     return moved
 
 
@@ -541,9 +535,6 @@ def regroup_second_reductions(programs: Sequence[Program], ranks: Sequence[int])
             seconds.setdefault(rank, []).append((op, info.groups[group_of_node[first]]))
     if not seconds:
         return 0
-    sizes = sorted({g.size for g in info.groups if g.size > 1 and g.ranks is not None})
-    dimensions = [d for size in sizes for d in _dimensions(info.groups, size, info.world_size)]
-    dimensions.sort(key=lambda d: d[0].index)
     ops_of = {rank: [op for op, _ in pairs] for rank, pairs in seconds.items()}
 
     def crosses(dimension: list[ProcessGroupSpec]) -> bool:
@@ -551,17 +542,9 @@ def regroup_second_reductions(programs: Sequence[Program], ranks: Sequence[int])
                        & set(first.ranks or ())) == 1
                    for rank, pairs in seconds.items() for _, first in pairs)
 
-    chosen = next((d for d in dimensions if crosses(d) and _issued_alike(d, ops_of)), None)
-    if chosen is None:
-        return 0
-    moved = 0
-    for rank, ops in ops_of.items():
-        group = _group_at(chosen, rank).index
-        for op in ops:
-            assert op.comm is not None
-            moved += op.comm.group != group
-            op.comm.group = group
-    return moved
+    chosen = next((d for d in _mesh_dimensions(info)
+                   if crosses(d) and _issued_alike(d, ops_of)), None)
+    return 0 if chosen is None else _move(ops_of, chosen)
 
 
 def regroup_unaligned_collectives(programs: Sequence[Program],
@@ -587,18 +570,25 @@ def regroup_unaligned_collectives(programs: Sequence[Program],
               for rank, program in by_rank.items()}
     if len({tuple(_signature_of(op) for op in ops) for ops in ops_of.values()}) <= 1:
         return 0
+    chosen = next((d for d in _mesh_dimensions(info) if _issued_alike(d, ops_of)), None)
+    return 0 if chosen is None else _move(ops_of, chosen)
+
+
+def _mesh_dimensions(info: DistInfo) -> list[list[ProcessGroupSpec]]:
+    """Every mesh dimension of the job's groups (:func:`_dimensions`), in creation order."""
     sizes = sorted({g.size for g in info.groups if 1 < g.size < info.world_size})
-    dimensions = [d for size in sizes for d in _dimensions(info.groups, size, info.world_size)]
-    dimensions.sort(key=lambda d: d[0].index)
-    chosen = next((d for d in dimensions if _issued_alike(d, ops_of)), None)
-    if chosen is None:
-        return 0
+    found = [d for size in sizes for d in _dimensions(info.groups, size, info.world_size)]
+    return sorted(found, key=lambda d: d[0].index)
+
+
+def _move(ops_of: dict[int, list[Op]], dimension: list[ProcessGroupSpec]) -> int:
+    """Put each rank's ops on its group of ``dimension``; how many moved."""
     moved = 0
     for rank, ops in ops_of.items():
-        group = _group_at(chosen, rank).index
+        group = _group_at(dimension, rank).index
         for op in ops:
             assert op.comm is not None
-            moved += 1
+            moved += op.comm.group != group
             op.comm.group = group
     return moved
 
