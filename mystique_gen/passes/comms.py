@@ -360,33 +360,33 @@ class CommLowering:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
         op = lower_comm(sel, sig, index, self.scan, groups, self.default_group,
                         self.member_of, self.sparse)
-        unrecorded = (isinstance(op, Op) and op.comm is not None
-                      and group_index(self.scan.ops.get(op.node_id), groups) is None)
-        if unrecorded and op.comm is not None:
-            op.comm.group_recorded = False
-        if unrecorded and op.comm is not None and op.comm.group != self.default_group:
-            self.sized += 1
-            op.comm.sized = True
-            op.comm.group_rank = next(
-                (self.group_ranks[tv.storage_id] for arg in op.args
-                 for tv in iter_tensors(arg.value) if tv.storage_id in self.group_ranks), None)
-        if (isinstance(op, Op) and op.comm is not None and op.comm.group < len(self.groups)
-                and not replayable(self.groups[op.comm.group], self.world_size)):
-            op.comm.group = self.default_group
-        if isinstance(op, Op) and op.comm is not None:
-            self._follow_reductions(op, groups)
+        if not isinstance(op, Op) or op.comm is None:
+            return op
+        comm = op.comm
+        if group_index(self.scan.ops.get(op.node_id), groups) is None:
+            comm.group_recorded = False
+            if comm.group != self.default_group:
+                self.sized += 1
+                comm.sized = True
+                comm.group_rank = next(
+                    (self.group_ranks[tv.storage_id] for arg in op.args
+                     for tv in iter_tensors(arg.value) if tv.storage_id in self.group_ranks),
+                    None)
+        if (comm.group < len(self.groups)
+                and not replayable(self.groups[comm.group], self.world_size)):
+            comm.group = self.default_group
+        self._follow_reductions(op, comm)
         return op
 
-    def _follow_reductions(self, op: Op, groups: list[ProcessGroupSpec]) -> None:
-        """Note which earlier collective reduced what an unrecorded-group reduction
-        reads (``CommInfo.reduces_result_of``), and remember what this one wrote."""
-        assert op.comm is not None
+    def _follow_reductions(self, op: Op, comm: CommInfo) -> None:
+        """Note which earlier collective reduced what a reduction whose group is not
+        recorded reads (``CommInfo.reduces_result_of``), and remember what this one
+        wrote."""
         rule = oprules.COMM_OPS[op.name]
         if rule.reduce_op is None or not op.args:
             return
-        if rule.group_size is None and group_index(self.scan.ops.get(op.node_id),
-                                                   groups) is None:
-            op.comm.reduces_result_of = next(
+        if rule.group_size is None and not comm.group_recorded:
+            comm.reduces_result_of = next(
                 (self.reduced[tv.trace_id, tv.storage_id] for arg in op.args
                  for tv in iter_tensors(arg.value)
                  if (tv.trace_id, tv.storage_id) in self.reduced), None)
