@@ -369,16 +369,19 @@ BROADCAST = (f"c10d::broadcast_(Tensor[] tensors, {PG}, int root_rank, int root_
 def test_collectives_of_dtypes_gloo_cannot_send_move_their_bytes(tmp_path, dtype):
     """A trace recorded on NCCL (an FP8 all-gather, int16 data), replayed on CPU: gloo
     sends none of these dtypes ("Invalid scalar type"). Collectives that only move data
-    send the tensors' bytes; the replay runs the recorded collectives with their shapes."""
+    send the tensors' bytes, and a reduction reduces wider copies (an async one, then
+    waited, included); the replay runs the recorded collectives with their shapes."""
     b = TraceBuilder()
     shard, full = b.tensor((4, 3), dtype=dtype), b.tensor((4, 3), dtype=dtype)
-    single = b.tensor((5,), dtype=dtype)
+    single, summed = b.tensor((5,), dtype=dtype), b.tensor((2, 3), dtype=dtype)
     b.op(ALLGATHER_BASE, [full, shard, OBJECT, False, -1], [full, OBJECT])
     b.op(BROADCAST, [[single], OBJECT, 0, 0, False, -1], [[single], OBJECT])
+    b.op(ALLREDUCE, [[summed], OBJECT, OBJECT, None, True, -1], [[summed], OBJECT])
     trace = b.write(tmp_path / "comm.json")
     bench = tmp_path / "bench.py"
     text = generate(trace, bench, GenerateOptions(command_line="test"))
     assert text.count("_bytewise(torch.distributed.") == 2
+    assert text.count("_widened(torch.distributed.all_reduce)") == 1  # gloo cannot sum it
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1", "--json",
                          "--et", str(tmp_path / "replay.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -386,9 +389,10 @@ def test_collectives_of_dtypes_gloo_cannot_send_move_their_bytes(tmp_path, dtype
     itemsize = getattr(torch, dtype).itemsize
     replayed = collective_sequence(load_trace(tmp_path / "replay.rank0.json"))
     recorded = collective_sequence(load_trace(trace))
-    assert [(name, _bytes_off(shapes)) for name, shapes, _ in replayed] == \
-        [(name, shapes) for name, shapes, _ in recorded]
-    assert _last_dims(tuple(shapes for _, shapes, _ in replayed)) == {itemsize}
+    assert [(name, _bytes_off(shapes)) for name, shapes, _ in replayed[:2]] == \
+        [(name, shapes) for name, shapes, _ in recorded[:2]]
+    assert _last_dims(tuple(shapes for _, shapes, _ in replayed[:2])) == {itemsize}
+    assert replayed[2][:2] == recorded[2][:2]  # the reduction: the shape, wider
 
 
 def _is_shape(value: object) -> bool:

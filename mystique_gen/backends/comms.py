@@ -118,10 +118,10 @@ def call_lines(builder: Any, op: Op, depth: int) -> list[str]:
             args.append(exprs.keyword("async_op", Atom("True")))
         prefix = f"{_work_name(builder, op)} = "
     callee = name if rule.harness else f"torch.distributed.{name}"
-    if rule.reduce_op is None and any(
-            tv.meta.dtype not in oprules.WIRE_DTYPES
-            for arg in op.args for tv in iter_tensors(arg.value)):
-        callee = f"_bytewise({callee})"  # gloo cannot send this dtype: its bytes
+    if any(tv.meta.dtype not in oprules.WIRE_DTYPES
+           for arg in op.args for tv in iter_tensors(arg.value)):
+        # gloo cannot send this dtype: its bytes, or for a reduction a wider copy
+        callee = f"_{'bytewise' if rule.reduce_op is None else 'widened'}({callee})"
     call = exprs.call(callee, args)
     return [INDENT * depth + GUARD, *lay_out(prefix, call, depth + 1)]
 

@@ -105,6 +105,39 @@ def _as_bytes(value):
     return value
 
 
+def _widened(collective):
+    """A reduction of tensors of a dtype gloo cannot reduce (float8, int16, uint16,
+    uint32: a trace recorded on NCCL, replayed on CPU): on gloo each tensor is reduced
+    as a wider copy (float32, complex64, int64) that is copied back, so the call
+    finishes before it returns (there is nothing to wait on); elsewhere, as it is."""
+
+    def call(*args, **kwargs):
+        if torch.distributed.get_backend(kwargs.get("group")) != "gloo":
+            return collective(*args, **kwargs)
+        copies = []
+        work = collective(*[_wide(a, copies) for a in args], **kwargs)
+        if work is not None:
+            work.wait()
+        for narrow, wide in copies:
+            narrow.copy_(wide)
+        return None
+
+    return call
+
+
+def _wide(value, copies):
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            wide = value.float()
+        else:
+            wide = value.to(torch.complex64 if value.is_complex() else torch.int64)
+        copies.append((value, wide))
+        return wide
+    if isinstance(value, (list, tuple)):
+        return [_wide(v, copies) for v in value]
+    return value
+
+
 def _monitored_barrier(*, wait_all_ranks=False, group):
     """c10d::monitored_barrier_: gloo implements it; other backends (nccl) hold the
     same ranks with a plain barrier."""

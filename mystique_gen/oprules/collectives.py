@@ -52,7 +52,8 @@ REFUSED_ARGS = {"sparse_indices": "sparse all_reduce is not replayed"}
 
 # Dtypes every backend moves (gloo too). A collective that only moves data, of tensors
 # of another dtype (float8, int16, uint16, uint32: a trace recorded on NCCL replayed on
-# CPU), sends them as bytes on gloo (harness/dist.py `_bytewise`).
+# CPU), sends them as bytes on gloo (harness/dist.py `_bytewise`); a reduction reduces
+# wider copies (`_widened`).
 WIRE_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "complex64",
                          "complex128", "int64", "int32", "int8", "uint8", "bool"})
 
