@@ -30,6 +30,7 @@ import threading
 import time
 
 import torch
+from torch.autograd import forward_ad
 from torch.profiler import (
     ExecutionTraceObserver,
     ProfilerActivity,
@@ -225,6 +226,7 @@ _RUNTIME = {
     "threads": None,
     "et_observer": False,  # an ExecutionTraceObserver is attached (see _harness)
     "equivalents": [],  # ops run as the harness's equivalents (see _op)
+    "dual_levels": [],  # forward-AD levels entered (`_dual_levels`), innermost last
 }
 
 
@@ -235,6 +237,14 @@ def _stand_in(row):
         return [_stand_in(r) for r in row]
     dtype, shape, strides, where = row
     return torch.empty_strided(shape, strides, dtype=dtype, device=_RUNTIME[where])
+
+
+def _metadata_stand_in(row):
+    """A tensor of the recorded shape, strides and dtype for an op that reads only a
+    tensor's metadata, where the trace recorded that tensor without storage (a vmap
+    wrapper): made as harness work, not as a replayed op."""
+    with _harness():
+        return _stand_in(row)
 
 
 def _guarded(site, op, *args, **kwargs):
@@ -299,6 +309,17 @@ def _wait(event):
     """Make the current stream wait for `event`."""
     if event is not None:
         torch.cuda.current_stream(torch.device(_RUNTIME["device"])).wait_event(event)
+
+
+def _dual_levels(count):
+    """Keep `count` forward-AD dual levels live (0: exit them all): the ops of a step
+    recorded under `forward_ad.dual_level()` name a level, which no trace records
+    entering."""
+    live = _RUNTIME["dual_levels"]
+    while len(live) > count:
+        forward_ad.exit_dual_level(level=live.pop())
+    while len(live) < count:
+        live.append(forward_ad.enter_dual_level())
 
 
 def _join(stream):

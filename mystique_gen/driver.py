@@ -292,6 +292,7 @@ def fill_values(program: Program, build: Build) -> Program:
 
 def replay_autograd(program: Program, build: Build) -> Program:
     autograd.plan_autograd(program.ops)
+    program.dual_levels = autograd.dual_levels(program.ops)
     return program
 
 

@@ -521,3 +521,54 @@ def test_steps_whose_values_meet_again_stay_finite(make_step, tmp_path):
     _text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
     assert out["nonfinite_inputs"] == []
     assert original == replayed, (original - replayed, replayed - original)
+
+
+def _forward_ad_step() -> Callable[[], None]:
+    """A Jacobian-vector product by dual tensors (torch.autograd.forward_ad)."""
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                              torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+
+    def step() -> None:
+        with torch.autograd.forward_ad.dual_level():
+            dual = torch.autograd.forward_ad.make_dual(x, torch.randn_like(x))
+            torch.autograd.forward_ad.unpack_dual(mlp(dual)).tangent.sum()
+
+    return step
+
+
+def _hessian_step() -> Callable[[], None]:
+    """torch.func.hessian: jacfwd over jacrev, the autograd engine under vmap."""
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                              torch.nn.Linear(32, 1))
+    x = torch.randn(16)
+    return lambda: torch.func.hessian(lambda v: mlp(v).squeeze())(x)
+
+
+def _all_ops(path: Path) -> Counter:
+    """Every aten op of a trace, children included."""
+    nodes = json.loads(path.read_text())["nodes"]
+    return Counter(n["name"] for n in nodes if n["name"].startswith("aten::"))
+
+
+@pytest.mark.parametrize("make_step", [_forward_ad_step, _hessian_step],
+                         ids=["forward_ad", "hessian"])
+def test_forward_mode_and_functorch_steps_replay_every_op(make_step, tmp_path):
+    """Forward-mode AD replays inside the dual level its ops name (no trace records
+    entering it), so every op computes its tangent again: the same ops, children
+    included. Under hessian's vmap, the autograd engine's size checks on wrappers
+    without storage run on stand-ins of their recorded shape."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    result = capture(make_step(), tmp_path, name="step", kineto=False, timing_iters=1)
+    bench = tmp_path / "step_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "Ops not replayed:\n  - none" in text
+    replay_et = tmp_path / "step_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert op_multiset(replay_et, by_overload=True) == \
+        op_multiset(result.et_path, by_overload=True)
+    if make_step is _forward_ad_step:
+        assert _all_ops(replay_et) == _all_ops(result.et_path)

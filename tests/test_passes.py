@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections import Counter
 
 import pytest
 
@@ -16,6 +17,8 @@ from mystique_gen.ir import (
     InputView,
     OpOutput,
     SparseLayout,
+    StandInTensor,
+    TensorMeta,
     TensorValue,
     iter_tensors,
 )
@@ -23,6 +26,7 @@ from mystique_gen.ir.schema import parse_signature
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops, sparse_tensors
 from mystique_gen.sources.et import RawArg, RawNode, load_trace, trace_from_document
+from mystique_gen.tools.compare import op_multiset
 from tests.conftest import run_benchmark
 from tests.tracebuilder import (
     ADD_,
@@ -472,6 +476,68 @@ def test_a_storage_argument_is_a_new_storage_as_large_as_the_result(tmp_path):
     bench = tmp_path / "bench.py"
     generate(trace, bench, GenerateOptions(command_line="test"))
     assert "_storage(28, device)" in bench.read_text()
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+IS_SAME_SIZE = "aten::is_same_size(Tensor self, Tensor other) -> bool"
+
+
+def test_an_op_reading_only_metadata_replays_on_a_stand_in_for_a_tensor_without_storage(
+        tmp_path):
+    """Under torch.func's transforms (hessian, jacrev) the autograd engine checks each
+    gradient's size with ``is_same_size`` on a vmap wrapper, which the trace records
+    without storage but with its shape: a third of a hessian step's ops were listed as
+    not replayed. An op that only reads metadata runs on a stand-in of that shape; an
+    op that computes on the wrapper is still not replayed (its values are unknown)."""
+    b = TraceBuilder()
+    x = b.tensor((4, 3))
+    wrapper = T(b.new_id(), 0, (4, 3), (3, 1), device="")
+    b.op(IS_SAME_SIZE, [x, wrapper], [True])
+    b.op(RELU, [wrapper], [b.tensor((4, 3))])
+    trace = b.write(tmp_path / "t.json")
+    program = build_program(load_trace(trace))
+    (op,) = program.ops
+    assert op.args[1].value == StandInTensor(TensorMeta((4, 3), (3, 1), 0, "float32", ""))
+    (skipped,) = program.not_replayed
+    assert skipped.name == "aten::relu" and "without storage" in skipped.reason
+    bench = tmp_path / "bench.py"
+    generate(trace, bench, GenerateOptions(command_line="test"))
+    replay_et = tmp_path / "replay.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # The stand-in is harness work: the replay's ops are the original's, less relu.
+    assert op_multiset(replay_et) == op_multiset(trace) - Counter({"aten::relu": 1})
+
+
+MAKE_DUAL = "aten::_make_dual(Tensor(a) primal, Tensor tangent, int level) -> Tensor(a)"
+UNPACK_DUAL = ("aten::_unpack_dual(Tensor(a) dual, int level) -> "
+               "(Tensor(a) primal, Tensor tangent)")
+
+
+def test_forward_ad_ops_replay_inside_the_dual_level_they_name(tmp_path):
+    """``forward_ad.dual_level()`` enters a level by a call no trace records, and
+    ``_make_dual`` replayed outside it raised ("a forward AD level with an invalid
+    index"). The iteration keeps the levels the ops name live; the dual tensor is read
+    as itself (not as the primal it aliases), so its readers compute tangents again,
+    and the tangent unpacked at the end is defined."""
+    b = TraceBuilder()
+    x, t = b.tensor((4, 4)), b.tensor((4, 4))
+    dual = b.view(x, (4, 4))
+    b.op(MAKE_DUAL, [x, t, 0], [dual])
+    y = b.tensor((4, 4))
+    b.op(RELU, [dual], [y])
+    primal, tangent = b.view(y, (4, 4)), b.tensor((4, 4))
+    b.op(UNPACK_DUAL, [y, 0], [primal, tangent])
+    b.op(RELU, [tangent], [b.tensor((4, 4))])
+    trace = b.write(tmp_path / "t.json")
+    program = build_program(load_trace(trace))
+    assert program.dual_levels == 1
+    assert _tensor_args(program.ops[1])[0].binding == OpOutput(0, (0,))
+    bench = tmp_path / "bench.py"
+    text = generate(trace, bench, GenerateOptions(command_line="test"))
+    assert "_dual_levels(1)" in text
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
 

@@ -30,6 +30,7 @@ from mystique_gen.ir import (
     Op,
     OpOutput,
     Program,
+    StandInTensor,
     Storage,
     TensorMeta,
     TensorValue,
@@ -247,6 +248,8 @@ class CodeGen:
         if isinstance(value, FreshStorage):
             return exprs.call("_storage", [Atom(str(int(value.nbytes))),
                                            Atom(self.device_expr(value.kind))])
+        if isinstance(value, StandInTensor):  # on the benchmark's device
+            return exprs.call("_metadata_stand_in", [_meta_row(value.meta, "device")])
         if isinstance(value, ListValue):
             return exprs.list_display([self.value(v) for v in value.items])
         if isinstance(value, TensorValue):
@@ -406,6 +409,10 @@ class CodeGen:
                 key = binding_key(OpOutput(op.index, (0,)))
                 if _functional_collective(op) and key in self.ns:
                     self.replay_lines.append(f"{INDENT}_wait_tensor({self.ns.get(key)})")
+        if self.program.dual_levels:  # forward-AD levels, live for the iteration only
+            self.replay_lines[:0] = schedule.helper_call(
+                "_dual_levels", [str(int(self.program.dual_levels))], BODY_DEPTH)
+            self.replay_lines.extend(schedule.helper_call("_dual_levels", ["0"], BODY_DEPTH))
         returned = [Atom(f"{exprs.str_literal(n)}: {n}") for n in self.input_names]
         self.input_lines.extend(
             lay_out("return ", Group("{", tuple(returned), "}", literal=True), BODY_DEPTH))

@@ -180,8 +180,18 @@ class FreshStorage:
     kind: str
 
 
+@dataclass(frozen=True, slots=True)
+class StandInTensor:
+    """A tensor the trace recorded without storage (a vmap wrapper, a tensor subclass),
+    read by an op that only asks its metadata (``aten::is_same_size`` in the autograd
+    engine under ``torch.func``): a new tensor of the recorded shape, strides and dtype
+    on the benchmark's device, made at the call."""
+
+    meta: TensorMeta
+
+
 Value = (Literal | TorchConstant | DeviceValue | ListValue | TensorValue | GroupName
-         | FreshStorage)
+         | FreshStorage | StandInTensor)
 
 
 @dataclass(eq=False, slots=True)
@@ -354,6 +364,9 @@ class Program:
     streams: list[StreamInfo] = field(default_factory=list)  # recorded streams, main first
     threaded: bool = False  # replay each distinct Op.thread on its own Python thread
     distributed: DistInfo | None = None  # ranks and process groups (passes/ranks.py)
+    # Forward-AD dual levels live during an iteration: one past the highest level an op
+    # names (oprules/forward_ad.py); 0: no op needs one.
+    dual_levels: int = 0
 
     def reported(self, level: Level) -> list[Diagnostic]:
         return [d for d in self.diagnostics if d.level is level]
@@ -400,6 +413,7 @@ __all__ = [
     "DerivedView",
     "DeviceValue",
     "FreshStorage",
+    "StandInTensor",
     "GroupName",
     "Init",
     "InputView",

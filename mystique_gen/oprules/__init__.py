@@ -15,6 +15,7 @@ from mystique_gen.oprules import (
     availability,
     collectives,
     datadep,
+    forward_ad,
     indexing,
     linalg,
     losses,
@@ -77,6 +78,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     collectives.FAMILY,
     memory.FAMILY,
     sparse.FAMILY,
+    forward_ad.FAMILY,
 )
 
 # Saved integral data is embedded in the benchmark up to this many elements per
@@ -115,6 +117,7 @@ WINDOW_BOUNDS: dict[str, str] = merged("window_bounds")
 WINDOW_SHIFTS: dict[str, tuple[str, str]] = merged("window_shifts")
 GROUP_RANK_ARGS: dict[str, str] = merged("group_rank_args")
 SPARSE_FACTS: dict[str, str] = merged("sparse_facts")
+FORWARD_AD_LEVELS: dict[str, str] = merged("forward_ad_levels")
 
 
 def _union(field_name: str) -> frozenset[str]:
@@ -125,7 +128,7 @@ DATA_DEPENDENT_OUTPUTS = _union("data_dependent_outputs")
 UNINITIALISED_OUTPUTS = _union("uninitialised_outputs")
 NO_VALUE_WRITES = _union("no_value_writes")
 REFUSES_VIEWS = _union("refuses_views")
-DETACHES = _union("detaches")
+DISTINCT_ALIASES = _union("distinct_aliases")
 FILLS = _union("fills")
 
 
@@ -138,11 +141,12 @@ __all__ = [
     "ASYNC_SCOPE",
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
-    "DETACHES", "FILLS",
+    "DISTINCT_ALIASES", "FILLS",
     "GRAD_REVEALED_BY", "GROUP_RANK_ARGS",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
-    "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES", "FUNCTIONAL_GUARD",
+    "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",
+    "FORWARD_AD_LEVELS", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
     "KEEPS_SIGN",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",

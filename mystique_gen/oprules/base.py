@@ -198,9 +198,10 @@ class OpFamily:
     fills: frozenset[str] = frozenset()
     # In-place ops that refuse a view argument ("Can't detach views in-place").
     refuses_views: frozenset[str] = frozenset()
-    # Ops whose result aliases their input without its autograd history (``detach``):
-    # the same memory and view, yet a tensor of its own that requires no grad.
-    detaches: frozenset[str] = frozenset()
+    # Ops whose result is the same view of their input's memory, yet a tensor of its
+    # own: ``detach`` (without autograd history), ``_make_dual`` (with a tangent). A
+    # reader of that tensor reads the result, not the view it aliases.
+    distinct_aliases: frozenset[str] = frozenset()
     # Ops that tell a sparse COO tensor's structure, which the trace records with no
     # tensor of that layout: {op: what the op says}: "nnz", "sparse_dim", "coalesced",
     # "indices" or "values" of its first argument (its result), or "made" (it returns
@@ -214,3 +215,6 @@ class OpFamily:
     # Ops that shift a windowed tensor to shard-local indices: {op: (tensor, offset)};
     # an offset the trace holds no value of is the window's low bound.
     window_shifts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Forward-mode AD ops that name a dual level: {op: argument}. A replay iteration
+    # keeps one level more than the highest named live (oprules/forward_ad.py).
+    forward_ad_levels: dict[str, str] = field(default_factory=dict)

@@ -37,5 +37,5 @@ FAMILY = OpFamily(
     refuses_views=frozenset({"aten::detach_"}),
     # A quantization observer reads ``x.detach()``: bound to ``x`` itself, its min and
     # max recorded autograd nodes in the replay, and the scale they made required grad.
-    detaches=frozenset({"aten::detach"}),
+    distinct_aliases=frozenset({"aten::detach"}),
 )

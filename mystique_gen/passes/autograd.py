@@ -24,10 +24,32 @@ without autograd would be faster than the original. This pass:
 from __future__ import annotations
 
 from mystique_gen import oprules
-from mystique_gen.ir import Binding, DerivedView, InputView, Op, OpOutput, iter_tensors
+from mystique_gen.ir import (
+    Binding,
+    DerivedView,
+    InputView,
+    Literal,
+    Op,
+    OpOutput,
+    iter_tensors,
+)
 from mystique_gen.ir.dtypes import FLOATING
 from mystique_gen.passes.numbers import scalar_beside
 from mystique_gen.passes.tensors import output_paths
+
+
+def dual_levels(ops: list[Op]) -> int:
+    """How many forward-AD levels an iteration keeps live: one past the highest level
+    an op names (oprules.FORWARD_AD_LEVELS; the trace records no level's entry)."""
+    levels = [-1]
+    for op in ops:
+        arg_name = oprules.FORWARD_AD_LEVELS.get(op.name)
+        for arg in op.args if arg_name else ():
+            value = arg.value
+            if (arg.spec.name == arg_name and isinstance(value, Literal)
+                    and type(value.value) is int and value.value >= 0):
+                levels.append(value.value)
+    return max(levels) + 1
 
 
 def plan_autograd(ops: list[Op]) -> None:

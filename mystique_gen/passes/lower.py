@@ -29,6 +29,7 @@ from mystique_gen.ir import (
     ListValue,
     Literal,
     Op,
+    StandInTensor,
     TensorMeta,
     TensorValue,
     TorchConstant,
@@ -63,6 +64,15 @@ INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
 class Unsupported(Exception):
     """This node cannot be replayed; the message is the reason."""
+
+
+class StoragelessTensor(Unsupported):
+    """A recorded tensor without storage: unsupported, except where the op reads only
+    its metadata (:func:`_reads_metadata_only`), which ``stand_in`` then serves."""
+
+    def __init__(self, message: str, stand_in: StandInTensor | None):
+        super().__init__(message)
+        self.stand_in = stand_in
 
 
 def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
@@ -173,12 +183,26 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
         if spec.type == "Storage":
             args.append(Arg(spec, _fresh_storage(outputs or [], node_id, f"inputs[{i}]")))
             continue
-        value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]", sparse)
+        try:
+            value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]", sparse)
+        except StoragelessTensor as exc:
+            if exc.stand_in is None or not _reads_metadata_only(sig) \
+                    or spec.type not in ("Tensor", "Optional[Tensor]"):
+                raise
+            value = exc.stand_in
         args.append(Arg(spec, value))
     missing = [s.name for s in sig.args[len(recorded):] if not s.has_default]
     if missing:
         raise Unsupported(f"required arguments not recorded: {', '.join(missing)}")
     return args
+
+
+def _reads_metadata_only(sig: Signature) -> bool:
+    """The op writes no argument and returns no tensor: what it reads of a tensor is
+    its sizes, strides and dtype (``is_same_size``, ``_has_same_storage_numel``), or a
+    value a stand-in's is as good as for timing."""
+    return not any(spec.writes for spec in sig.args) \
+        and not any("Tensor" in ret for ret in sig.returns)
 
 
 def _fresh_storage(outputs: list[Value], node_id: int, where: str) -> FreshStorage:
@@ -356,8 +380,11 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
     if device == "" and known_sparse is None:
         # A defined tensor with no storage: a functorch/vmap wrapper (transformers
         # builds attention masks under vmap) or a tensor subclass. The record holds no
-        # shape or device to rebuild it from, and None in its place crashes the op.
-        raise Unsupported(f"{where}: a tensor without storage (vmap or a tensor subclass)")
+        # device or values to rebuild it from, and None in its place crashes the op; an
+        # op that reads only its metadata gets a stand-in of the recorded shape.
+        raise StoragelessTensor(
+            f"{where}: a tensor without storage (vmap or a tensor subclass)",
+            _stand_in(shape, strides, type_str, node_id, where))
     dtype = dtype_from_type_string(type_str)
     if dtype is None:
         raise Unsupported(f"tensor element type {type_str[:40]!r} is not supported")
@@ -373,6 +400,26 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
                              node_id=node_id, field=f"{where}.strides")
     meta = _shared_meta(dims, stride_t, offset, dtype, _device_kind(device, node_id, where))
     return TensorValue(trace_id=tid, storage_id=sid, meta=meta)
+
+
+def _stand_in(shape: Any, strides: Any, type_str: str, node_id: int, where: str
+              ) -> StandInTensor | None:
+    """A stand-in for a tensor recorded without storage, from its recorded shape,
+    strides and dtype (its device is the benchmark's); None where they do not make
+    one."""
+    dtype = dtype_from_type_string(type_str)
+    if dtype is None or not isinstance(shape, list):
+        return None
+    try:
+        dims = _int_list(shape, node_id, f"{where}.shape", signed=False)
+        stride_t = _int_list(strides, node_id, f"{where}.strides", signed=True) \
+            if isinstance(strides, list) and len(strides) == len(dims) \
+            else contiguous_strides(dims)
+    except (TraceError, Unsupported):
+        return None
+    if any(stride < 0 for stride in stride_t):
+        stride_t = contiguous_strides(dims)
+    return StandInTensor(_shared_meta(dims, stride_t, 0, dtype, ""))
 
 
 @lru_cache(maxsize=1 << 16)

@@ -45,6 +45,7 @@ from mystique_gen.ir import (
     FreshStorage,
     Literal,
     Op,
+    StandInTensor,
     TensorValue,
     TorchConstant,
     Value,
@@ -133,7 +134,7 @@ def _form_key(op: Op) -> tuple[object, ...]:
 
 
 def _kind(value: Value) -> object:
-    if isinstance(value, TensorValue):
+    if isinstance(value, (TensorValue, StandInTensor)):
         return "tensor0" if not value.meta.shape else "tensor"
     if isinstance(value, Literal):
         return type(value.value).__name__
@@ -151,7 +152,7 @@ def _probe_value(value: Value) -> Any:
     compute: tensors empty (their rank and dtype kept), numbers zero, devices the CPU.
     The parser chooses an overload from types alone, and a probe then allocates
     nothing whatever sizes the trace declares."""
-    if isinstance(value, TensorValue):
+    if isinstance(value, (TensorValue, StandInTensor)):
         shape = (0,) * len(value.meta.shape)  # a 0-d tensor keeps its one element
         return torch.empty(shape, dtype=getattr(torch, value.meta.dtype))
     if isinstance(value, Literal):

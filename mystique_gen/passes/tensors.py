@@ -60,9 +60,9 @@ class _Lifetime:
     views: dict[ViewKey, Binding] = field(default_factory=dict)
     handle: Binding | None = None  # a produced tensor whose storage this is
     known_extent: int = 0  # elements a produced buffer is known to hold
-    # Results of oprules.DETACHES ops, by trace tensor id: (view, binding). A reader of
-    # that tensor reads the detached result, not the view it aliases.
-    detached: dict[int, tuple[ViewKey, Binding]] = field(default_factory=dict)
+    # Results of oprules.DISTINCT_ALIASES ops, by trace tensor id: (view, binding). A
+    # reader of that tensor reads the op's result, not the view it aliases.
+    distinct: dict[int, tuple[ViewKey, Binding]] = field(default_factory=dict)
 
 
 @dataclass
@@ -260,9 +260,9 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
                     life = shadows.get(skey) or shadows.setdefault(
                         skey, new_lifetime(tv.meta, materialised=True))
                 tv.storage = life.storage
-                detached = life.detached.get(tv.trace_id)
-                if detached is not None and detached[0] == view_key(tv.meta):
-                    tv.binding = detached[1]
+                distinct = life.distinct.get(tv.trace_id)
+                if distinct is not None and distinct[0] == view_key(tv.meta):
+                    tv.binding = distinct[1]
                     continue
                 if life.storage.materialised:
                     tv.binding = materialised_view(life, tv)
@@ -312,9 +312,9 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
             tv.storage = life.storage
             existing = life.views.get(key)
             if existing is not None and aliasing:
-                if op.name in oprules.DETACHES:  # the same view, without its history
+                if op.name in oprules.DISTINCT_ALIASES:  # the same view, its own tensor
                     tv.binding = OpOutput(op.index, path)
-                    life.detached[tv.trace_id] = (key, tv.binding)
+                    life.distinct[tv.trace_id] = (key, tv.binding)
                     continue
                 tv.binding = existing  # e.g. an in-place op returning its input
                 continue
