@@ -407,10 +407,11 @@ def test_the_observers_ratio_comes_from_the_ops_and_scales_its_share_of_the_gaps
     assert runtime._observer_ratio(facts, (40.5, 3), (40.0, 3)) == 1.0
     assert runtime._observer_ratio({**facts, "op_cpu_us": 1000.0}, (70.0, 3), (40.0, 3)) == 4.0
     state = {k: runtime._RUNTIME[k] for k in ("gap_own", "gap_own_us", "gap_planned",
-                                              "gap_event_us")}
+                                              "gap_event_us", "gap_call_us")}
     try:
         runtime._RUNTIME.update(gap_own={1: 10.0}, gap_own_us=10.0,
-                                gap_planned={1: (30.0, 0)}, gap_event_us=0.0)
+                                gap_planned={1: (30.0, 0, 0)}, gap_event_us=0.0,
+                                gap_call_us=0.0)
         cost, wait = runtime._observer_share(4.0, {1: 4.0}, 2.0)
         assert runtime._RUNTIME["gap_own"] == {1: 16.0} and (cost, wait) == (12.0, 14.0)
         assert runtime._RUNTIME["gap_own_us"] == 16.0

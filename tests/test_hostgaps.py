@@ -270,10 +270,12 @@ def test_a_single_steps_spikes_are_replayed_at_their_kinds_median(tmp_path):
                for d in program.diagnostics)
 
 
-def _profiled_pair(tmp_path, stem: str, active: int, observed_step: int | None = None):
+def _profiled_pair(tmp_path, stem: str, active: int, observed_step: int | None = None,
+                   **options: bool):
     """An ET and a Kineto trace of mlp_sgd steps under torch.profiler's schedule (one
     warm-up step, ``active`` recorded ones): the observer attached to the profiler, or
-    started and stopped by hand around step ``observed_step`` alone."""
+    started and stopped by hand around step ``observed_step`` alone; ``options``: the
+    profiler's (record_shapes, with_stack)."""
     torch.set_num_threads(1)
     step = MODELS["mlp_sgd"]()
     et_path, kineto = tmp_path / f"{stem}.et.json", tmp_path / f"{stem}.json"
@@ -283,7 +285,7 @@ def _profiled_pair(tmp_path, stem: str, active: int, observed_step: int | None =
     with profile(activities=[ProfilerActivity.CPU], acc_events=True,
                  schedule=schedule(wait=0, warmup=1, active=active),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(kineto)),
-                 **attached) as prof:
+                 **attached, **options) as prof:
         for k in range(active + 1):
             if k == observed_step:
                 observer.start()
@@ -311,6 +313,37 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     assert gaps[0] is not None and all(g is not None and g >= 0 for g in gaps)
     text = generate(et_path, tmp_path / "bench.py", kineto=kineto)
     assert "median of 3 recorded steps" in " ".join(text.split())
+
+
+def test_gaps_recorded_with_shapes_and_stacks_are_calibrated_under_them(tmp_path):
+    """HTA's and PARAM's capture recipes turn on ``record_shapes`` and ``with_stack``:
+    each costs host time in the gaps, and the Python tracer also costs each Python
+    call it records (0.2 us here), which no replayed op makes. The Kineto trace shows
+    both options; the benchmark calibrates under them and subtracts every traced call
+    in a gap at the cost it measures per call."""
+    et_path, kineto = _profiled_pair(tmp_path, "stack", active=2, record_shapes=True,
+                                     with_stack=True)
+    assert load_kineto(kineto).options == {"record_shapes", "with_stack"}
+    program = compile_trace(et_path, kineto=kineto)
+    assert program.timing is not None
+    assert program.timing.profiler_options == ("record_shapes", "with_stack")
+    # The modules' forward calls between ops, counted per gap.
+    assert sum(op.timing.gap_calls for op in program.ops if op.timing is not None) > 0
+    bench = tmp_path / "bench.py"
+    text = generate(et_path, bench, kineto=kineto)
+    assert '"profiler_options": ["record_shapes", "with_stack"]' in text
+    assert re.search(r"_host_gap\([\d.]+[^)]*calls=\d+", text)
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--host-gaps", "recorded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json(proc.stdout)
+    assert out["host_gap_call_us"] > 0 and out["host_gap_own_us"] > 0
+
+    plain_et, plain = _profiled_pair(tmp_path, "plain", active=2)
+    assert load_kineto(plain).options == frozenset()
+    plain_text = generate(plain_et, tmp_path / "plain.py", kineto=plain)
+    assert '"profiler_options": []' in plain_text
+    assert not re.search(r"_host_gap\([\d.]+[^)]*calls=\d+", plain_text)
 
 
 def test_a_profile_of_other_steps_is_not_taken_for_a_same_session_pair(tmp_path):

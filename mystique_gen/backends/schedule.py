@@ -90,16 +90,19 @@ def replay_lines(b: Builder) -> list[str]:
     if tail is not None:  # the step's host time after its last op
         assert program.timing is not None
         lines += helper_call(
-            "_host_gap", gap_args(tail, program.timing.tail_gap_events, len(program.ops)), 1)
+            "_host_gap", gap_args(tail, program.timing.tail_gap_events, len(program.ops),
+                                  program.timing.tail_gap_calls), 1)
     return lines
 
 
-def gap_args(gap: str, events: int, before: int) -> list[str]:
+def gap_args(gap: str, events: int, before: int, calls: int = 0) -> list[str]:
     """``_host_gap``'s arguments: the gap, the profiler-only scopes recorded in it where
-    there were any (the benchmark subtracts their recording cost), and the index of the
-    op it precedes (the op count for the step's tail), by which the benchmark measures
-    its own time in this very gap."""
-    return [gap, *([str(int(events))] if events > 0 else []), f"before={int(before)}"]
+    there were any (the benchmark subtracts their recording cost), the index of the op
+    it precedes (the op count for the step's tail), by which the benchmark measures its
+    own time in this very gap, and the Python calls the profiler traced in it, where
+    any (their tracing cost is subtracted too)."""
+    return [gap, *([str(int(events))] if events > 0 else []), f"before={int(before)}",
+            *([f"calls={int(calls)}"] if calls > 0 else [])]
 
 
 def _threads(b: Builder, streams: dict[int, str], events: set[int],
@@ -171,8 +174,8 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
         gap = gap_literal(op.timing.gap_us) if op.timing is not None else None
         if gap is not None:
             assert op.timing is not None
-            lines += helper_call("_host_gap", gap_args(gap, op.timing.gap_events, op.index),
-                                 inner)
+            lines += helper_call("_host_gap", gap_args(gap, op.timing.gap_events, op.index,
+                                                       op.timing.gap_calls), inner)
         for p in op.stream_waits:
             lines += helper_call("_wait", [b.ns.get(("event", p))], inner)
         lines += b.op_statement(op, inner)
@@ -207,6 +210,8 @@ def original_lines(program: Program, rank: int | None = None) -> list[str]:
         ("memory_in_gaps", str(timing.memory_in_gaps)),
         ("observer_ranges", str(timing.observer_ranges)),
         ("observer_schema", exprs.str_literal(timing.observer_schema)),
+        ("profiler_options",
+         "[" + ", ".join(exprs.str_literal(o) for o in timing.profiler_options) + "]"),
         # The linked ops' recorded time: what the observer cost them, against its
         # cost to the replay's, calibrates its share of same-session gaps.
         ("op_cpu_us", _us(sum(op.timing.cpu_us for op in program.ops

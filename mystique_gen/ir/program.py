@@ -273,6 +273,7 @@ class OpTiming:
     cpu_self_us: float  # exclusive: minus the CPU ops it called
     gap_us: float | None = None  # host time on its thread since the previous top-level op
     gap_events: int = 0  # profiler-only scopes recorded in that gap (passes/hostgaps.py)
+    gap_calls: int = 0  # Python calls the profiler's Python tracer recorded in that gap
     kernels: tuple[KernelRecord, ...] = ()
 
     @property
@@ -312,11 +313,17 @@ class ProgramTiming:
     # The schema that observer wrote: only an observer writing the same one (the same
     # implementation) measures the same cost at run time.
     observer_schema: str = ""
+    # The profiler's other options that cost host time in the gaps (kineto
+    # PROFILER_OPTIONS: record_shapes, with_flops, with_stack), as the trace shows them:
+    # measured here, record_shapes added 0.13 us to a gap, with_stack 0.2 us plus 0.2 us
+    # per Python call it traced (gap_calls), which no replayed op makes.
+    profiler_options: tuple[str, ...] = ()
     tail_gap_us: float | None = None  # host time after the last op, to the step's end
     # The capture host's Python speed (``_host_probe_us``, harness/runtime.py) while it
     # recorded the gaps: ``--host-gaps scaled`` scales them by its own over this.
     host_probe_us: float | None = None
     tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
+    tail_gap_calls: int = 0  # Python calls traced in the tail (with_stack)
     # The eager step the capture timed with no recorder attached (its step.json), where
     # one is beside the Kineto trace. The Kineto span above is a profiled step, with the
     # ET observer attached where linked by id: 10x the eager step, measured on an

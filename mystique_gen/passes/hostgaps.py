@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.ir import Op, OpTiming, Program
@@ -73,11 +73,14 @@ class ProfileGaps:
     steps: int
     tail: float | None  # host time after the last op to the step's end
     tail_events: int = 0
+    calls: dict[int, int] = field(default_factory=dict)  # ET node id -> Python calls traced
+    tail_calls: int = 0
 
 
 def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
                  scopes: list[CpuEvent] | None = None,
-                 span: tuple[int, int] | None = None) -> ProfileGaps | None:
+                 span: tuple[int, int] | None = None,
+                 python_calls: list[CpuEvent] | None = None) -> ProfileGaps | None:
     """Gaps before each selected op over the profiled steps; None unless every
     thread's selected ops are found in every step. The steps are the ``scopes`` given,
     else the capture's ``MystiqueProfiledStep`` annotations; the ops, the ET's selected
@@ -92,7 +95,8 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
     profiler records (the autograd engine's ``evaluate_function`` and node scopes
     around every backward op, an optimizer's step annotation). Their recording cost is
     part of the gap but not of an unprofiled step; the benchmark subtracts it at its
-    own measured cost per event (``_calibrate_gaps``)."""
+    own measured cost per event (``_calibrate_gaps``). So does each Python call that
+    the profiler's Python tracer recorded (``python_calls``, with ``with_stack``)."""
     per_tid: dict[int, list] = defaultdict(list)
     for s in select_ops(trace).ops:
         if span is None or span[0] <= s.node.id <= span[1]:
@@ -106,7 +110,12 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
             by_thread[e.tid].append(e)
     samples: dict[int, list[float]] = defaultdict(list)
     counts: dict[int, list[int]] = defaultdict(list)
+    calls: dict[int, list[int]] = defaultdict(list)
     tails: list[tuple[float, int]] = []
+    tail_calls: list[int] = []
+    call_starts: dict[object, list[float]] = defaultdict(list)
+    for e in python_calls or []:
+        call_starts[e.tid].append(e.ts)
     steps = 0
     for nodes in per_tid.values():
         names = [n.name for n in nodes]
@@ -121,16 +130,20 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
             return None
         steps = len(matched)
         step_starts = [sorted(e.ts for e in step) for step in matched_steps]
+        traced = call_starts.get(matched_tid, [])
         for run, starts in zip(matched, step_starts, strict=True):
             for node, prev, ev in zip(nodes[1:], run[:-1], run[1:], strict=True):
                 samples[node.id].append(max(0.0, ev.ts - prev.end))
                 counts[node.id].append(begun_between(starts, prev.end, ev.ts))
+                calls[node.id].append(begun_between(traced, prev.end, ev.ts))
         if scopes and all(scope.tid == matched_tid for scope in scopes):
             for scope, run, starts in zip(scopes, matched, step_starts, strict=True):
                 samples[nodes[0].id].append(max(0.0, run[0].ts - scope.ts))
                 counts[nodes[0].id].append(begun_between(starts, scope.ts, run[0].ts))
+                calls[nodes[0].id].append(begun_between(traced, scope.ts, run[0].ts))
                 tails.append((max(0.0, scope.end - run[-1].end),
                               begun_between(starts, run[-1].end, scope.end + 1e-3)))
+                tail_calls.append(begun_between(traced, run[-1].end, scope.end + 1e-3))
     gaps = {nid: statistics.median(v) for nid, v in samples.items()}
     tail = statistics.median(t for t, _ in tails) if tails else None
     scale = _typical_step_scale(list(samples.values()) + [[t for t, _ in tails]], steps)
@@ -140,6 +153,8 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
         steps=steps,
         tail=None if tail is None else tail * scale,
         tail_events=round(statistics.median(k for _, k in tails)) if tails else 0,
+        calls={nid: round(statistics.median(v)) for nid, v in calls.items() if any(v)},
+        tail_calls=round(statistics.median(tail_calls)) if tail_calls else 0,
     )
 
 
@@ -168,7 +183,7 @@ def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace,
     ``--host-gaps scaled`` compares its own with."""
     if program.timing is None:
         return
-    found = profile_gaps(trace, profile.cpu_ops)
+    found = profile_gaps(trace, profile.cpu_ops, python_calls=profile.python_calls)
     if found is None:
         return
     _replace_observer_free(program, found, profile,
@@ -185,7 +200,8 @@ def _replace_observer_free(program: Program, found: ProfileGaps, profile: Kineto
     assert program.timing is not None
     program.timing = replace(program.timing, observer_in_gaps=False,
                              memory_in_gaps=bool(profile.memory), observer_ranges=False,
-                             observer_schema="")
+                             observer_schema="",
+                             profiler_options=tuple(sorted(profile.options)))
     program.timing.host_gaps = f"{profile.name} (median of {found.steps} {what})"
 
 
@@ -194,10 +210,12 @@ def _replace_gaps(program: Program, found: ProfileGaps) -> None:
     for op in program.ops:
         if op.timing is not None:  # unlinked ops have no recorded facts to amend
             op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
-                                gap_events=found.events.get(op.node_id, 0))
+                                gap_events=found.events.get(op.node_id, 0),
+                                gap_calls=found.calls.get(op.node_id, 0))
     assert program.timing is not None
     program.timing = replace(program.timing, tail_gap_us=found.tail,
-                             tail_gap_events=found.tail_events)
+                             tail_gap_events=found.tail_events,
+                             tail_gap_calls=found.tail_calls)
 
 
 def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
@@ -235,13 +253,14 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
     replayed = [op.node_id for op in program.ops]
     span = (min(replayed), max(replayed)) if replayed else None
     unobserved = [s for s in steps if s not in observed]
-    free = profile_gaps(trace, kineto.cpu_ops, unobserved, span) if unobserved else None
+    free = profile_gaps(trace, kineto.cpu_ops, unobserved, span, kineto.python_calls) \
+        if unobserved else None
     if free is not None:
         _replace_observer_free(program, free, kineto, "steps profiled without the ET "
                                "observer" if free.steps > 1 else
                                "step profiled without the ET observer")
         return free.steps
-    found = profile_gaps(trace, kineto.cpu_ops, observed, span)
+    found = profile_gaps(trace, kineto.cpu_ops, observed, span, kineto.python_calls)
     if found is None:
         return 0
     _replace_gaps(program, found)

@@ -148,8 +148,10 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
 
     gaps: dict[int, float | None] = {}
     gap_events: dict[int, int] = {}
+    gap_calls: dict[int, int] = {}
     previous: dict[int, CpuEvent | None] = {}
     starts = _starts_by_thread(kineto.cpu_ops)
+    call_starts = _starts_by_thread(kineto.python_calls)
     for node in selected:  # node-id order is start order on each thread
         ev = links.events.get(node.id)
         prev = previous.get(node.tid)
@@ -160,6 +162,10 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
             # the gap, and the benchmark subtracts it per event (_calibrate_gaps).
             thread = starts.get((ev.pid, ev.tid), [])
             gap_events[node.id] = begun_between(thread, prev.end, ev.ts)
+            # Python calls the profiler traced (with_stack): each costs the tracer's
+            # recording in the gap, which the benchmark subtracts per call as well.
+            gap_calls[node.id] = begun_between(call_starts.get((ev.pid, ev.tid), []),
+                                               prev.end, ev.ts)
         previous[node.tid] = ev
 
     linked = 0
@@ -171,6 +177,7 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
         op.timing = OpTiming(
             cpu_us=ev.dur, cpu_self_us=exclusive.get(ev.index, ev.dur),
             gap_us=gaps.get(op.node_id), gap_events=gap_events.get(op.node_id, 0),
+            gap_calls=gap_calls.get(op.node_id, 0),
             kernels=tuple(KernelRecord(g.name, g.stream, g.dur)
                           for g in sorted(kernels.get(ev.index, []), key=lambda g: g.ts)),
         )
@@ -193,6 +200,7 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
         # (An observer that computes no ranges still writes the attribute, empty.)
         observer_ranges=observed and any(n.attrs.get("tensor_range") for n in trace.nodes),
         observer_schema=trace.schema if observed else "",
+        profiler_options=tuple(sorted(kineto.options)),
     )
     return links
 

@@ -13,6 +13,10 @@ Only the facts the linker needs are kept. Field names follow what
 * with ``profile_memory=True``, every allocation and free is an instant event named
   ``[memory]`` (``ph`` ``i``) with ``args["Addr"]``, ``args["Bytes"]`` (negative for a
   free) and ``args["Device Type"]``/``args["Device Id"]``;
+* with ``record_shapes=True`` (or ``with_flops``, which implies it), CPU ops carry
+  ``args["Input Dims"]``; with ``with_flops``, some carry ``args["flops"]``;
+* with ``with_stack=True``, the Python tracer records every Python call as an event
+  of category ``python_function``;
 * a trace recorded while torch.distributed was initialised names its process's rank
   in the top-level ``distributedInfo`` metadata (``{"rank": 0, "world_size": 2, ...}``),
   which matches the Kineto traces of a job to their ranks' execution traces.
@@ -34,6 +38,11 @@ from mystique_gen.errors import TraceError
 from mystique_gen.sources.et import RawTrace, parse_json_bytes, trace_from_document
 
 CPU_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation"})
+PYTHON_CATEGORY = "python_function"
+# torch.profiler.profile options a replay's calibration can set as the original's
+# recorders were (harness _recorded_as), and the CPU-op argument that shows each.
+PROFILER_OPTIONS = ("record_shapes", "with_flops", "with_stack")
+_OPTION_ARGS = {"Input Dims": "record_shapes", "flops": "with_flops"}
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "hip_runtime",
                                 "privateuse1_runtime", "xpu_runtime"})
 
@@ -93,6 +102,10 @@ class KinetoTrace:
     gpu: list[GpuEvent]
     rank: int | None = None  # distributedInfo.rank, where recorded
     memory: list[MemoryEvent] = field(default_factory=list)  # by time; profile_memory only
+    # The torch.profiler.profile options the trace shows were on, beside memory
+    # (PROFILER_OPTIONS): each costs host time per op or per Python call in its gaps.
+    options: frozenset[str] = frozenset()
+    python_calls: list[CpuEvent] = field(default_factory=list)  # with_stack: by start
 
     @property
     def without_observer(self) -> bool:
@@ -124,6 +137,8 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
     runtime: list[RuntimeEvent] = []
     gpu: list[GpuEvent] = []
     memory: list[MemoryEvent] = []
+    python: list[CpuEvent] = []
+    options: set[str] = set()
     for i, ev in enumerate(events):
         if isinstance(ev, dict) and ev.get("ph") == "i" and ev.get("name") == "[memory]":
             found = _memory_event(ev, f"traceEvents[{i}]")
@@ -134,7 +149,14 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
         cat = str(ev.get("cat", "")).lower()
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
         where = f"traceEvents[{i}]"
+        if cat == PYTHON_CATEGORY:
+            python.append(CpuEvent(
+                index=i, name=str(ev.get("name", "")), pid=ev.get("pid", 0),
+                tid=ev.get("tid", 0), ts=_number(ev, "ts", where), dur=_number(ev, "dur", where),
+                rf_id=None, external_id=None))
+            continue
         if cat in CPU_CATEGORIES:
+            options.update(opt for key, opt in _OPTION_ARGS.items() if key in args)
             cpu.append(CpuEvent(
                 index=i, name=str(ev.get("name", "")), pid=ev.get("pid", 0),
                 tid=ev.get("tid", 0), ts=_number(ev, "ts", where), dur=_number(ev, "dur", where),
@@ -155,8 +177,12 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
     cpu.sort(key=lambda e: (e.ts, -e.dur, e.index))
     runtime.sort(key=lambda e: e.ts)
     memory.sort(key=lambda e: e.ts)
+    python.sort(key=lambda e: (e.ts, e.index))
+    if python:
+        options.add("with_stack")
     return KinetoTrace(name=name, sha256=sha256, cpu_ops=cpu, runtime=runtime, gpu=gpu,
-                       rank=_recorded_rank(doc), memory=memory)
+                       rank=_recorded_rank(doc), memory=memory, options=frozenset(options),
+                       python_calls=python)
 
 
 def linked_kineto(trace: RawTrace) -> KinetoTrace:

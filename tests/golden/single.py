@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 import torch
 from torch.autograd import forward_ad
@@ -207,6 +208,8 @@ _RUNTIME = {
     # While calibrating: (op index, time.time_ns(), recorded us, scopes) per gap.
     "gap_marks": None,
     "gap_event_us": 0.0,
+    # What the profiler's Python tracer (with_stack) costs per Python call it records.
+    "gap_call_us": 0.0,
     "gap_observer": False,  # the calibration ran with the ET observer attached
     # Same-session gaps (`_observer_share`): per iteration, the ET observer's cost in
     # this replay's own gaps, and what is left to wait once it is subtracted.
@@ -328,18 +331,19 @@ def _join(stream):
         torch.cuda.current_stream(torch.device(_RUNTIME["device"])).wait_stream(stream)
 
 
-def _host_gap(us, events=0, before=None):
+def _host_gap(us, events=0, before=None, calls=0):
     """With --host-gaps recorded: busy-wait the host time recorded before op `before`
     (its index; the op count for the step's tail), less this replay's own host time
     in that gap and the recording cost of the `events` scopes only the profiler made
-    in it (`_calibrate_gaps`). Where the replay's own time exceeds a recorded gap, the
+    in it and of the `calls` Python calls its Python tracer recorded there
+    (`_calibrate_gaps`). Where the replay's own time exceeds a recorded gap, the
     excess is taken from the next gaps on this thread. With --host-gaps scaled, both
     follow this host's speed now (`_track_host_speed`)."""
     if _RUNTIME["host_gaps"]:
         carry = _RUNTIME["gap_carry"]
         thread = threading.get_ident()
         own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
-        own += events * _RUNTIME["gap_event_us"]
+        own += events * _RUNTIME["gap_event_us"] + calls * _RUNTIME["gap_call_us"]
         wait = (
             carry.get(thread, 0.0)
             + us * _RUNTIME["gap_scale"]
@@ -352,7 +356,7 @@ def _host_gap(us, events=0, before=None):
                 pass
         marks = _RUNTIME["gap_marks"]
         if marks is not None:  # last: the op after this gap starts right after it
-            marks.append((before, time.time_ns(), us, events))
+            marks.append((before, time.time_ns(), us, events, calls))
 
 
 class _ProbeLayer:
@@ -473,6 +477,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     _RUNTIME["gap_observer"] = observed
     _RUNTIME["gap_own_us"], _RUNTIME["gap_own"] = own_mean, own_gaps
     _RUNTIME["gap_event_us"] = _scope_cost(original)
+    _RUNTIME["gap_call_us"] = _python_call_cost(original)
     _RUNTIME["probe_calibrated_us"] = statistics.median(probes)
     if observed:
         ratio = _observer_ratio(original, busy, plain_busy)
@@ -529,13 +534,49 @@ def _profile_own(inputs, device, host, snapshot, iters, facts, probes):
         _RUNTIME["et_observer"] = False
         _RUNTIME["gap_marks"] = None
         os.remove(et_path)
-    _RUNTIME["gap_planned"] = {m[0]: (m[2], m[3]) for m in marks}
+    _RUNTIME["gap_planned"] = {m[0]: (m[2], m[3], m[4]) for m in marks}
     try:  # the profiler's zero in wall time, to place each gap's mark
         zero_ns = prof.profiler.kineto_results.trace_start_ns()
     except AttributeError:  # another torch: the mean only
         zero_ns = None
-    mean, per_gap, busy = _own_gaps(prof.events(), marks, zero_ns)
+    traced = "with_stack" in ((facts or {}).get("profiler_options") or ())
+    events = _untraced_events(prof, zero_ns) if traced else None
+    mean, per_gap, busy = _own_gaps(
+        prof.events() if events is None else events, marks, zero_ns
+    )
     return mean, per_gap, schema, busy
+
+
+class _Span:
+    """What `_own_gaps` reads of a profiler event, for `_untraced_events`."""
+
+    def __init__(self, name, start, end, thread, device_type):
+        self.name, self.thread, self.device_type = name, thread, device_type
+        self.time_range = types.SimpleNamespace(start=start, end=end)
+
+
+def _untraced_events(prof, zero_ns):
+    """The profile's events without the Python tracer's (with_stack), in microseconds
+    from the profiler's zero, or None where this torch does not say which those are.
+    Its calls are not ops, and torch 2.13 sometimes fails to decode their names
+    (UnicodeDecodeError in `prof.events()`)."""
+    if zero_ns is None:
+        return None
+    try:
+        raw = prof.profiler.kineto_results.events()
+        return [
+            _Span(
+                e.name(),
+                (e.start_ns() - zero_ns) / 1000.0,
+                (e.end_ns() - zero_ns) / 1000.0,
+                e.start_thread_id(),
+                e.device_type(),
+            )
+            for e in raw
+            if not e.is_python_function()
+        ]
+    except AttributeError:
+        return None
 
 
 def _observer_share(plain_mean, plain_gaps, ratio=1.0):
@@ -561,9 +602,10 @@ def _planned_wait_us():
     this replay's own time there and its scopes' recording cost (without the carry of
     one gap's excess into the next)."""
     total = 0.0
-    for before, (us, events) in _RUNTIME["gap_planned"].items():
+    for before, (us, events, calls) in _RUNTIME["gap_planned"].items():
         own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
-        total += max(0.0, us - own - events * _RUNTIME["gap_event_us"])
+        own += events * _RUNTIME["gap_event_us"] + calls * _RUNTIME["gap_call_us"]
+        total += max(0.0, us - own)
     return total
 
 
@@ -701,6 +743,38 @@ def _scope_cost(original, scopes=1000, rounds=5):
     return max(0.0, recorded - plain)
 
 
+def _traced_call():
+    return None
+
+
+def _python_call_cost(original, calls=2000, rounds=5):
+    """What the profiler's Python tracer costs per Python call, where `original`'s gaps
+    were recorded with it (`profiler_options` holds "with_stack"; else 0): a loop of
+    calls timed under the recorders of `original`'s gaps, less the same loop without
+    (the least of each's rounds, as `_scope_cost`). The original's gaps hold this cost
+    for every call of its own Python the tracer recorded (`_host_gap`'s `calls`),
+    which the replay does not make (measured here: 0.2 us a call)."""
+    if "with_stack" not in ((original or {}).get("profiler_options") or ()):
+        return 0.0
+
+    def loop():
+        start = time.perf_counter()
+        for _ in range(calls):
+            _traced_call()
+        return (time.perf_counter() - start) * 1e6 / calls
+
+    plain = min(loop() for _ in range(rounds))
+    with (
+        tempfile.TemporaryDirectory(prefix="mystique-calls-") as tmp,
+        _recorded_as(original, os.path.join(tmp, "calls.et.json")),
+    ):
+        recorded = min(loop() for _ in range(rounds))
+    return max(0.0, recorded - plain)
+
+
+# The profiler options `_recorded_as` sets as the original's recorders had them.
+_PROFILER_OPTIONS = ("record_shapes", "with_flops", "with_stack")
+
 _RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 
 
@@ -709,7 +783,9 @@ def _recorded_as(original, et_path):
     """A CPU profile set as the recorders of `original`'s gaps were (this process's
     ORIGINAL): with memory events where they were recorded, and where the gaps hold
     an ET observer's work, with one attached, writing to `et_path`, computing integral
-    tensors' ranges where the original's did. Each costs host time in the gaps."""
+    tensors' ranges where the original's did; with the options of `profiler_options`
+    (recording shapes, FLOPs, Python calls) it shows on. Each costs host time in the
+    gaps."""
     facts = original or {}
     observer, saved = None, os.environ.get(_RANGE_ENV)
     if facts.get("observer_in_gaps"):
@@ -722,6 +798,11 @@ def _recorded_as(original, et_path):
             activities=[ProfilerActivity.CPU],
             execution_trace_observer=observer,
             profile_memory=bool(facts.get("memory_in_gaps")),
+            **{
+                option: True
+                for option in facts.get("profiler_options") or ()
+                if option in _PROFILER_OPTIONS
+            },
         ) as prof:
             yield prof
     finally:
@@ -1435,6 +1516,7 @@ def main(argv=None):
             "host_gaps": args.host_gaps,
             "host_gap_own_us": _RUNTIME["gap_own_us"],
             "host_gap_event_us": _RUNTIME["gap_event_us"],
+            "host_gap_call_us": _RUNTIME["gap_call_us"],
             "host_gaps_measured": len(_RUNTIME["gap_own"]),
             "host_gap_observer": _RUNTIME["gap_observer"],
             "host_gap_observer_us": _RUNTIME["gap_observer_us"],
