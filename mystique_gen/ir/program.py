@@ -353,6 +353,9 @@ class TraceInfo:
     sha256: str
     schema: str
     node_count: int
+    # Intra-op CPU threads the capture ran with (its step.json), where known: the
+    # benchmark says so where it runs with another count.
+    threads: int | None = None
 
 
 @dataclass

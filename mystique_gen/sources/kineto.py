@@ -296,6 +296,13 @@ def host_probe_of(sidecar: dict[str, Any]) -> float | None:
     return _positive(sidecar, "host_probe_us")
 
 
+def threads_of(sidecar: dict[str, Any]) -> int | None:
+    """The intra-op CPU threads the capture ran with (the sidecar's ``threads``), if
+    recorded."""
+    value = sidecar.get("threads")
+    return value if type(value) is int and value > 0 else None
+
+
 def step_ms_of(sidecar: dict[str, Any]) -> float | None:
     """The eager step time the capture measured without any recorder attached (the
     sidecar's ``step_ms_median``), if any: the clock a replay is compared with."""
