@@ -169,11 +169,13 @@ def test_each_rank_replays_with_its_own_original(monkeypatch):
     assert mine["original_ms"] == 3.0 and mine["host_gaps_replayed"] is True
     assert mine["host_gap_own_us"] == 4.5
     job.comm = True  # launched: every rank of the job, without gathering here
-    job.per_rank, job.per_rank_gaps = [[1.0], [2.0]], [[4.5, 0.0, 1.0], [6.0, 0.0, 0.0]]
+    job.per_rank = [[1.0], [2.0]]
+    job.per_rank_gaps = [[4.5, 0.0, 1.0, 0.2], [6.0, 0.0, 0.0, 0.0]]
     assert job.original_ms() == 3.0
     per_rank = job.facts()["per_rank"]
     assert [r["original_ms"] for r in per_rank] == [2.0, 3.0]
     assert [r["host_gaps_replayed"] for r in per_rank] == [True, False]
+    assert [r["host_gap_call_us"] for r in per_rank] == [0.2, 0.0]
     monkeypatch.setattr(dist, "RANKS", {r: (None, None, 3, None) for r in (0, 1)})
     assert job.original() is None and job.original_ms() is None
     assert "original_ms" not in job.facts()["per_rank"][0]

@@ -285,8 +285,8 @@ def _stand_in(row):
 
 def _metadata_stand_in(row):
     """A tensor of the recorded shape, strides and dtype for an op that reads only a
-    tensor's metadata, where the trace recorded that tensor without storage (a vmap
-    wrapper): made as harness work, not as a replayed op."""
+    tensor's metadata, where the trace recorded no storage for it (a vmap wrapper):
+    made as harness work, not as a replayed op."""
     with _harness():
         return _stand_in(row)
 
