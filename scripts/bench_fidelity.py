@@ -21,7 +21,8 @@ over rounds of the ratio of the two blocks timed in one round (``_side_by_side``
 A third timing, ``session``, replays a benchmark generated from an ET and a Kineto
 trace recorded in one profiler session, as PyTorch's tests and HTA record them
 (torch.profiler's schedule with ``execution_trace_observer``, ``SESSION_STEPS`` active
-steps; FIDELITY_SESSION_STEPS=1 for a single-step pair): no profile-only steps, the
+steps; FIDELITY_SESSION_STEPS=1 for a single-step pair; FIDELITY_SESSION_OPTIONS=
+record_shapes,with_stack to record it as HTA's recipe does): no profile-only steps, the
 ET observer's work in every gap, calibrated out by the benchmark
 (``observer_in_gaps``), each gap its median over the recorded steps.
 
@@ -86,6 +87,10 @@ TRIALS = int(os.environ.get("FIDELITY_TRIALS", "3"))
 MODES = ("off", "recorded", "scaled", "session")
 # Active steps of the same-session pair (`_session_pair`): each gap replays its median.
 SESSION_STEPS = int(os.environ.get("FIDELITY_SESSION_STEPS", "3"))
+# Profiler options of the same-session pair beside memory, e.g. "record_shapes,with_stack"
+# as HTA's and PARAM's recipes record (each costs host time in the gaps).
+SESSION_OPTIONS = {name: True for name in
+                   os.environ.get("FIDELITY_SESSION_OPTIONS", "").split(",") if name}
 
 
 class TrainStep:
@@ -475,7 +480,8 @@ def _session_pair(step: Step, work: Path, stem: str) -> tuple[Path, Path]:
         profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
                 profile_memory=True, acc_events=True,
                 schedule=schedule(wait=0, warmup=1, active=SESSION_STEPS),
-                on_trace_ready=lambda p: p.export_chrome_trace(str(kineto))) as prof,
+                on_trace_ready=lambda p: p.export_chrome_trace(str(kineto)),
+                **SESSION_OPTIONS) as prof,
     ):
         for _ in range(1 + SESSION_STEPS):
             step()
