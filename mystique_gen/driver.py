@@ -102,7 +102,7 @@ class Source:
     profile: KinetoTrace | None = None  # profile-only steps beside it (host gaps)
     host_probe_us: float | None = None  # the capture host's speed while profiling them
     step_ms: float | None = None  # the eager step the capture timed (its step.json)
-    threads: int | None = None  # intra-op CPU threads the capture ran with (its step.json)
+    num_threads: int | None = None  # intra-op CPU threads the capture ran with (step.json)
     # 0-d floating argument values the capture recorded beside the trace (step.json)
     scalars: ScalarRecord = field(default_factory=dict)
 
@@ -112,7 +112,7 @@ def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
     capture's profile-only trace named beside it."""
     sidecar = sidecar_beside(path)
     source = Source(load_trace(path), resources_dir(path), scalars=scalars_of(sidecar),
-                    threads=threads_of(sidecar))
+                    num_threads=threads_of(sidecar))
     if kineto is not None:
         link_source(source, load_kineto(kineto), kineto)
     return source
@@ -229,9 +229,9 @@ def lower_sources(program: Program, build: Build) -> Program:
     else:
         threads = sorted({t for p in parts for t in p.threads})
     info = parts[0].info if len(parts) == 1 else combined_info([p.info for p in parts])
-    captured_threads = {s.threads for s in build.sources}
+    captured_threads = {s.num_threads for s in build.sources}
     if len(captured_threads) == 1:  # the benchmark runs one count for all of them
-        info = replace(info, threads=captured_threads.pop())
+        info = replace(info, num_threads=captured_threads.pop())
     reported = [filter_applied(line) for line in lines]
     reported += [s for p in parts for s in p.not_replayed]
     reported += [guarded(op.node_id, op.name, op.guard) for op in ops if op.guard]

@@ -57,7 +57,7 @@ def test_command_line_strips_absolute_paths():
 def test_the_benchmark_runs_the_threads_asked_and_names_the_captures(tmp_path):
     """An ET does not record the intra-op threads its CPU ops ran with; the capture's
     step.json does. The benchmark keeps torch's default count unless --threads says
-    otherwise, and says on stderr where a CPU run's count differs from the capture's
+    (--num-threads) otherwise, and says on stderr where a CPU run's count differs from the capture's
     (its ops' times follow it)."""
     b = TraceBuilder()
     x, w = b.tensor((4, 4)), b.tensor((4, 4))
@@ -66,15 +66,15 @@ def test_the_benchmark_runs_the_threads_asked_and_names_the_captures(tmp_path):
     (tmp_path / "tiny.step.json").write_text(json.dumps({"threads": 3}))
     bench = tmp_path / "bench.py"
     assert main([str(trace), "-o", str(bench)]) == 0
-    assert '"threads": 3' in bench.read_text()
+    assert '"num_threads": 3' in bench.read_text()
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
                          "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert last_json(proc.stdout)["threads"] == 1  # OMP_NUM_THREADS=1, as run here
+    assert last_json(proc.stdout)["num_threads"] == 1  # OMP_NUM_THREADS=1, as run here
     assert "the capture ran with 3 intra-op CPU threads, this run with 1: " \
-        "--threads 3 to match" in proc.stderr
+        "--num-threads 3 to match" in proc.stderr
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
-                         "--json", "--threads", "2")
+                         "--json", "--num-threads", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert last_json(proc.stdout)["threads"] == 2
+    assert last_json(proc.stdout)["num_threads"] == 2
     assert "intra-op" not in proc.stderr

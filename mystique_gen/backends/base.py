@@ -453,7 +453,7 @@ class CodeGen:
                 ("sha256", exprs.str_literal(t.sha256)),
                 ("schema", exprs.str_literal(exprs.docstring_line(t.schema, 60))),
                 ("nodes", str(t.node_count)),
-                ("threads", "None" if t.threads is None else str(int(t.threads))),
+                ("num_threads", "None" if t.num_threads is None else str(int(t.num_threads))),
             )
         ]
         return lay_out("TRACE = ", Group("{", tuple(items), "}", literal=True), 0)

@@ -355,7 +355,7 @@ class TraceInfo:
     node_count: int
     # Intra-op CPU threads the capture ran with (its step.json), where known: the
     # benchmark says so where it runs with another count.
-    threads: int | None = None
+    num_threads: int | None = None
 
 
 @dataclass

@@ -54,7 +54,7 @@ TRACE = {
     "sha256": "284f14ffa3ab33f0b38250948cbede0dd7c833f4e453456abe269c93fbde449a",
     "schema": "1.1.1-chakra.0.0.4",
     "nodes": 14,
-    "threads": None,
+    "num_threads": None,
 }
 OPS = 10
 RECORDED_DEVICE = "cpu"
@@ -88,7 +88,7 @@ def _parse_args(argv=None):
     parser.add_argument("--iters", type=int, default=10, help="timed iterations")
     parser.add_argument("--seed", type=int, default=0, help="seed of every input value")
     parser.add_argument(
-        "--threads",
+        "--num-threads",
         type=int,
         metavar="N",
         help="intra-op CPU threads (torch.set_num_threads; default: torch's)",
@@ -1463,15 +1463,15 @@ def _set_threads(threads, device):
     it: the ET does not record it, the capture's step.json does)."""
     if threads is not None:
         if threads < 1:
-            sys.exit(f"mystique: --threads must be at least 1, not {threads}")
+            sys.exit(f"mystique: --num-threads must be at least 1, not {threads}")
         torch.set_num_threads(threads)
         return
-    captured = TRACE.get("threads")
+    captured = TRACE.get("num_threads")
     if device.type == "cpu" and captured and captured != torch.get_num_threads():
         print(
             f"mystique: the capture ran with {captured} intra-op CPU thread"
             f"{'s' if captured != 1 else ''}, this run with "
-            f"{torch.get_num_threads()}: --threads {captured} to match",
+            f"{torch.get_num_threads()}: --num-threads {captured} to match",
             file=sys.stderr,
         )
 
@@ -1485,7 +1485,7 @@ def main(argv=None):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     host = torch.device("cpu")
-    _set_threads(args.threads, device)
+    _set_threads(args.num_threads, device)
     _RUNTIME["device"] = device
     _RUNTIME["host"] = host
     _RUNTIME["host_gaps"] = args.host_gaps in ("recorded", "scaled")
@@ -1542,7 +1542,7 @@ def main(argv=None):
             "iters": len(times),
             "warmup": args.warmup,
             "device": str(device),
-            "threads": torch.get_num_threads(),
+            "num_threads": torch.get_num_threads(),
             "ops": OPS,
             "skipped_at_runtime": sorted(_RUNTIME["skipped"]),
             "equivalents_at_runtime": sorted(_RUNTIME["equivalents"]),

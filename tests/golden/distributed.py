@@ -60,7 +60,7 @@ TRACE = {
     "sha256": "a208d7989494a4d8345e9b16f7b376dbdc7a2a4cc62397fc0e1be3b048a48b7e",
     "schema": "1.0.2-chakra.0.0.4",
     "nodes": 263,
-    "threads": None,
+    "num_threads": None,
 }
 OPS = 80
 RECORDED_DEVICE = "cuda"
@@ -94,7 +94,7 @@ def _parse_args(argv=None):
     parser.add_argument("--iters", type=int, default=10, help="timed iterations")
     parser.add_argument("--seed", type=int, default=0, help="seed of every input value")
     parser.add_argument(
-        "--threads",
+        "--num-threads",
         type=int,
         metavar="N",
         help="intra-op CPU threads (torch.set_num_threads; default: torch's)",
@@ -1469,15 +1469,15 @@ def _set_threads(threads, device):
     it: the ET does not record it, the capture's step.json does)."""
     if threads is not None:
         if threads < 1:
-            sys.exit(f"mystique: --threads must be at least 1, not {threads}")
+            sys.exit(f"mystique: --num-threads must be at least 1, not {threads}")
         torch.set_num_threads(threads)
         return
-    captured = TRACE.get("threads")
+    captured = TRACE.get("num_threads")
     if device.type == "cpu" and captured and captured != torch.get_num_threads():
         print(
             f"mystique: the capture ran with {captured} intra-op CPU thread"
             f"{'s' if captured != 1 else ''}, this run with "
-            f"{torch.get_num_threads()}: --threads {captured} to match",
+            f"{torch.get_num_threads()}: --num-threads {captured} to match",
             file=sys.stderr,
         )
 
@@ -1491,7 +1491,7 @@ def main(argv=None):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     host = torch.device("cpu")
-    _set_threads(args.threads, device)
+    _set_threads(args.num_threads, device)
     _RUNTIME["device"] = device
     _RUNTIME["host"] = host
     _RUNTIME["host_gaps"] = args.host_gaps in ("recorded", "scaled")
@@ -1548,7 +1548,7 @@ def main(argv=None):
             "iters": len(times),
             "warmup": args.warmup,
             "device": str(device),
-            "threads": torch.get_num_threads(),
+            "num_threads": torch.get_num_threads(),
             "ops": OPS,
             "skipped_at_runtime": sorted(_RUNTIME["skipped"]),
             "equivalents_at_runtime": sorted(_RUNTIME["equivalents"]),
