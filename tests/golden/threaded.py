@@ -724,59 +724,55 @@ def _gap_at(at, start, stop, top):
     return None if best is None else best[1]
 
 
-def _scope_cost(original, scopes=1000, rounds=5):
-    """What recording one scope costs: a loop of empty record_function scopes timed
-    under the recorders of `original`'s gaps (`_recorded_as`), less the same loop
-    timed without (the least of each's rounds: load on a shared machine only slows a
-    loop, and a slowed plain round hid the cost). The recorded gaps hold this cost for
-    every scope begun in them that only the original had (the autograd engine's
-    around each backward op), and the replay has none of them to measure it on. (An
-    average over everything a replay iteration records counts its ops' children
-    too: 28 us per event against 4 us per scope here, with the observer.)"""
+def _recording_cost(original, body, count, rounds=5):
+    """What the recorders of `original`'s gaps (`_recorded_as`) add to one run of
+    `body`, in microseconds: a loop of `count` runs timed under them, less the same
+    loop without (the least of each's rounds: load on a shared machine only slows a
+    loop, and a slowed plain round hid the cost)."""
 
     def loop():
         start = time.perf_counter()
-        for _ in range(scopes):
-            with record_function("mystique::scope"):
-                pass
-        return (time.perf_counter() - start) * 1e6 / scopes
+        for _ in range(count):
+            body()
+        return (time.perf_counter() - start) * 1e6 / count
 
     plain = min(loop() for _ in range(rounds))
     with (
-        tempfile.TemporaryDirectory(prefix="mystique-scopes-") as tmp,
-        _recorded_as(original, os.path.join(tmp, "scopes.et.json")),
+        tempfile.TemporaryDirectory(prefix="mystique-recorders-") as tmp,
+        _recorded_as(original, os.path.join(tmp, "recorders.et.json")),
     ):
         recorded = min(loop() for _ in range(rounds))
     return max(0.0, recorded - plain)
+
+
+def _empty_scope():
+    with record_function("mystique::scope"):
+        pass
+
+
+def _scope_cost(original):
+    """What recording one scope costs (`_recording_cost` of an empty record_function
+    scope). The recorded gaps hold this cost for every scope begun in them that only
+    the original had (the autograd engine's around each backward op), and the replay
+    has none of them to measure it on. (An average over everything a replay
+    iteration records counts its ops' children too: 28 us per event against 4 us per
+    scope here, with the observer.)"""
+    return _recording_cost(original, _empty_scope, 1000)
 
 
 def _traced_call():
     return None
 
 
-def _python_call_cost(original, calls=2000, rounds=5):
+def _python_call_cost(original):
     """What the profiler's Python tracer costs per Python call, where `original`'s gaps
-    were recorded with it (`profiler_options` holds "with_stack"; else 0): a loop of
-    calls timed under the recorders of `original`'s gaps, less the same loop without
-    (the least of each's rounds, as `_scope_cost`). The original's gaps hold this cost
-    for every call of its own Python the tracer recorded (`_host_gap`'s `calls`),
-    which the replay does not make (measured here: 0.2 us a call)."""
+    were recorded with it (`profiler_options` holds "with_stack"; else 0): the
+    `_recording_cost` of a call. The original's gaps hold this cost for every call of
+    its own Python the tracer recorded (`_host_gap`'s `calls`), which the replay does
+    not make (measured here: 0.2 us a call)."""
     if "with_stack" not in ((original or {}).get("profiler_options") or ()):
         return 0.0
-
-    def loop():
-        start = time.perf_counter()
-        for _ in range(calls):
-            _traced_call()
-        return (time.perf_counter() - start) * 1e6 / calls
-
-    plain = min(loop() for _ in range(rounds))
-    with (
-        tempfile.TemporaryDirectory(prefix="mystique-calls-") as tmp,
-        _recorded_as(original, os.path.join(tmp, "calls.et.json")),
-    ):
-        recorded = min(loop() for _ in range(rounds))
-    return max(0.0, recorded - plain)
+    return _recording_cost(original, _traced_call, 2000)
 
 
 # The profiler options `_recorded_as` sets as the original's recorders had them.
