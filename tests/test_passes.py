@@ -511,6 +511,36 @@ def test_an_op_reading_only_metadata_replays_on_a_stand_in_for_a_tensor_without_
     assert op_multiset(replay_et) == op_multiset(trace) - Counter({"aten::relu": 1})
 
 
+TO_DTYPE = ("aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, "
+            "bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)")
+ADD_BATCH_DIM = "aten::_add_batch_dim(Tensor self, int batch_dim, int level) -> Tensor"
+
+
+def test_an_op_between_wrappers_alone_replays_on_stand_ins_but_not_vmaps_own_machinery(
+        tmp_path):
+    """Under ``vmap(grad(mse_loss))`` a cast of a wrapper to the dtype it had returns
+    it, and ``broadcast_tensors`` of equal shapes returns its inputs: they ran on no
+    tensor below them (no child to replay), and were listed as not replayed (5 of a
+    per-sample-gradient step's 51 ops). An op that touches no real tensor replays on
+    stand-ins; one that turns a real tensor into a wrapper (vmap's own
+    ``_add_batch_dim``) is still not replayed."""
+    b = TraceBuilder()
+    wrapper = T(b.new_id(), 0, (4, 3), (3, 1), device="")
+    b.op(TO_DTYPE, [wrapper, 6, False, False, None], [wrapper])
+    x = b.tensor((4, 3))
+    b.op(ADD_BATCH_DIM, [x, 0, 1], [T(b.new_id(), 0, (3,), (1,), device="")])
+    trace = b.write(tmp_path / "t.json")
+    program = build_program(load_trace(trace))
+    (op,) = program.ops
+    assert op.name == "aten::to" and isinstance(op.args[0].value, StandInTensor)
+    assert isinstance(op.outputs[0], StandInTensor)
+    assert [d.name for d in program.not_replayed] == ["aten::_add_batch_dim"]
+    bench = tmp_path / "bench.py"
+    generate(trace, bench, GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 MAKE_DUAL = "aten::_make_dual(Tensor(a) primal, Tensor tangent, int level) -> Tensor(a)"
 UNPACK_DUAL = ("aten::_unpack_dual(Tensor(a) dual, int level) -> "
                "(Tensor(a) primal, Tensor tangent)")

@@ -367,24 +367,35 @@ def test_strings_where_no_float_fits_are_refused(tmp_path, capsys, schema, value
     assert_refused(tmp_path, write(tmp_path, b.doc()), capsys, "expected a number, got str")
 
 
-def test_tensor_without_storage_is_not_replayed(tmp_path, capsys):
+def test_tensors_without_storage_replay_on_stand_ins_only_where_no_real_tensor_meets_them(
+        tmp_path, capsys):
     """Ops run under vmap (transformers' mask functions) record their batched tensors as
-    [id, 0, 0, 0, 0, ""]: no storage, shape or device. Calling the op with None in their
-    place crashed the benchmark; the op is not replayed, with the reason."""
+    [id, 0, 0, 0, 0, ""]: no storage or device. Calling the op with None in their place
+    crashed the benchmark. An op among such wrappers alone replays on stand-ins of
+    their recorded shape; one that mixes them with real tensors is not replayed, with
+    the reason (its values are unknown)."""
     b = TraceBuilder()
     x, y = b.tensor((3,), dtype="int64"), b.tensor((3,), dtype="bool")
     b.op("aten::new_ones(Tensor self, SymInt[] size, *, ScalarType? dtype=None, "
          "Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor",
          [x, [], 11, None, None, False], [y])
+    real, wrapped = b.tensor((3,)), b.tensor((3,))
+    b.op("aten::mul.Tensor(Tensor self, Tensor other) -> Tensor", [real, wrapped],
+         [b.tensor((3,))])
     b.op(RELU, [b.tensor((2,))], [b.tensor((2,))])
     doc = b.doc()
     node = next(n for n in doc["nodes"] if n["name"] == "aten::new_ones")
     node["inputs"]["values"][0] = [x.tensor_id, 0, 0, 0, 0, ""]
     node["outputs"]["values"][0] = [y.tensor_id, 0, 0, 0, 0, ""]
+    node = next(n for n in doc["nodes"] if n["name"] == "aten::mul")
+    node["inputs"]["values"][1] = [wrapped.tensor_id, 0, 0, 0, 0, ""]
+    node["outputs"]["values"][0][1:] = [0, 0, 0, 0, ""]
     rc, err, out = generate(tmp_path, write(tmp_path, doc), capsys)
     assert rc == 0, err
     source = out.read_text()
-    assert "a tensor without storage" in source and "aten_new_ones(" not in source
+    assert "aten_new_ones(\n        _metadata_stand_in(" in source
+    assert "aten::mul x1: outputs[0]: a tensor without storage" in source
+    assert "aten_mul(" not in source
     proc = run_benchmark(out, "--device", "cpu", "--warmup", "0", "--iters", "1")
     assert proc.returncode == 0, proc.stderr[-2000:]
 

@@ -35,6 +35,8 @@ from mystique_gen.ir import (
     TorchConstant,
     Value,
     contiguous_strides,
+    iter_leaves,
+    iter_tensors,
     not_replayed,
 )
 from mystique_gen.ir.dtypes import (
@@ -46,7 +48,7 @@ from mystique_gen.ir.dtypes import (
 )
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.select import Selected, SparseTensor
-from mystique_gen.sources.et import RawArg
+from mystique_gen.sources.et import RawArg, RawNode
 
 
 class CommHook(Protocol):
@@ -67,12 +69,8 @@ class Unsupported(Exception):
 
 
 class StoragelessTensor(Unsupported):
-    """A recorded tensor without storage: unsupported, except where the op reads only
-    its metadata (:func:`_reads_metadata_only`), which ``stand_in`` then serves."""
-
-    def __init__(self, message: str, stand_in: StandInTensor | None):
-        super().__init__(message)
-        self.stand_in = stand_in
+    """A recorded tensor without storage: unsupported, except where stand-ins serve
+    (:func:`_on_stand_ins`)."""
 
 
 def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
@@ -109,6 +107,12 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
             args = _decode_args(sig, node.inputs, node.id,
                                 comm.group_of if functional and comm else None, outputs,
                                 sparse)
+        except StoragelessTensor as exc:
+            decoded = _on_stand_ins(sig, node, sparse)
+            if decoded is None:
+                skipped.append(not_replayed(node.id, sig.qualified_name, str(exc)))
+                continue
+            outputs, args = decoded
         except Unsupported as exc:
             skipped.append(not_replayed(node.id, sig.qualified_name, str(exc)))
             continue
@@ -168,7 +172,8 @@ def _guard(sig: Signature) -> str | None:
 def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
                  group_of: Callable[[object], int] | None = None,
                  outputs: list[Value] | None = None,
-                 sparse: Mapping[int, SparseTensor] | None = None) -> list[Arg]:
+                 sparse: Mapping[int, SparseTensor] | None = None, *,
+                 stand_ins: bool = False) -> list[Arg]:
     """Arguments by schema type; with ``group_of``, a process group's recorded name
     becomes that group at run time (functional collectives); a ``Storage`` one, a new
     storage for the result in ``outputs`` (:func:`_fresh_storage`)."""
@@ -183,13 +188,8 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
         if spec.type == "Storage":
             args.append(Arg(spec, _fresh_storage(outputs or [], node_id, f"inputs[{i}]")))
             continue
-        try:
-            value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]", sparse)
-        except StoragelessTensor as exc:
-            if exc.stand_in is None or not _reads_metadata_only(sig) \
-                    or spec.type not in ("Tensor", "Optional[Tensor]"):
-                raise
-            value = exc.stand_in
+        value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]", sparse,
+                             stand_ins=stand_ins)
         args.append(Arg(spec, value))
     missing = [s.name for s in sig.args[len(recorded):] if not s.has_default]
     if missing:
@@ -197,12 +197,28 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
     return args
 
 
-def _reads_metadata_only(sig: Signature) -> bool:
-    """The op writes no argument and returns no tensor: what it reads of a tensor is
-    its sizes, strides and dtype (``is_same_size``, ``_has_same_storage_numel``), or a
-    value a stand-in's is as good as for timing."""
-    return not any(spec.writes for spec in sig.args) \
-        and not any("Tensor" in ret for ret in sig.returns)
+def _on_stand_ins(sig: Signature, node: RawNode, sparse: Mapping[int, SparseTensor]
+                  ) -> tuple[list[Value], list[Arg]] | None:
+    """Outputs and arguments of an op that read a tensor recorded without storage (a
+    vmap wrapper), with stand-ins of their recorded shape, where those serve: the op
+    writes no argument, and either returns no tensor (the autograd engine's
+    ``is_same_size`` under ``torch.func``: it reads sizes, strides and dtype) or
+    touches no real tensor at all (a cast of a wrapper to the dtype it had, which
+    returns it: it ran on no tensor below it, so no child of it was replayed). None
+    where they do not serve: an op between wrappers and real tensors
+    (``_add_batch_dim``) is vmap's own machinery."""
+    if any(spec.writes for spec in sig.args):
+        return None
+    try:
+        outputs = _decode_outputs(sig, node.outputs, node.id, sparse, stand_ins=True)
+        args = _decode_args(sig, node.inputs, node.id, outputs=outputs, sparse=sparse,
+                            stand_ins=True)
+    except Unsupported:
+        return None
+    real = any(True for v in [*outputs, *(a.value for a in args)] for _ in iter_tensors(v))
+    returns_tensor = any(isinstance(leaf, (TensorValue, StandInTensor))
+                         for v in outputs for leaf in iter_leaves(v))
+    return (outputs, args) if not (real and returns_tensor) else None
 
 
 def _fresh_storage(outputs: list[Value], node_id: int, where: str) -> FreshStorage:
@@ -216,13 +232,14 @@ def _fresh_storage(outputs: list[Value], node_id: int, where: str) -> FreshStora
 
 
 def _decode_outputs(sig: Signature, recorded: list[RawArg], node_id: int,
-                    sparse: Mapping[int, SparseTensor]) -> list[Value]:
+                    sparse: Mapping[int, SparseTensor], *,
+                    stand_ins: bool = False) -> list[Value]:
     outputs: list[Value] = []
     for i, type_str in enumerate(sig.returns):
         if i < len(recorded):
             raw = recorded[i]
             outputs.append(decode_value(raw.value, type_str, raw, node_id, f"outputs[{i}]",
-                                        sparse))
+                                        sparse, stand_ins=stand_ins))
         else:
             outputs.append(Literal(None))
     return outputs
@@ -233,7 +250,8 @@ def _is_none(value: Any) -> bool:
 
 
 def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: str,
-                 sparse: Mapping[int, SparseTensor] | None = None) -> Value:
+                 sparse: Mapping[int, SparseTensor] | None = None, *,
+                 stand_ins: bool = False) -> Value:
     """Decode one recorded value by its schema type; ``sparse``: the trace's sparse COO
     tensors by tensor id (:func:`sparse_tensors`)."""
     optional = type_str.startswith("Optional[")
@@ -241,7 +259,8 @@ def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: st
     if _is_none(value):
         return Literal(None)
     if base == "Tensor":
-        return _tensor(value, raw.shape, raw.strides, raw.type, node_id, where, sparse)
+        return _tensor(value, raw.shape, raw.strides, raw.type, node_id, where, sparse,
+                       stand_ins=stand_ins)
     if base in ("List[Tensor]", "List[Optional[Tensor]]"):
         if not isinstance(value, list):
             raise TraceError("expected a list of tensors", node_id=node_id, field=where)
@@ -256,7 +275,7 @@ def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: st
             shape = shapes[j] if j < len(shapes) else None
             stride = strides[j] if strides is not None and j < len(strides) else None
             items.append(_tensor(item, shape, stride, element_types[j], node_id,
-                                 f"{where}[{j}]", sparse))
+                                 f"{where}[{j}]", sparse, stand_ins=stand_ins))
         return ListValue(tuple(items))
     if base == "ScalarType":
         return _code(value, SCALAR_TYPE_CODES, "dtype", node_id, where)
@@ -360,7 +379,8 @@ def _int_list(value: Any, node_id: int, where: str, *, signed: bool) -> tuple[in
 
 
 def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
-            where: str, sparse: Mapping[int, SparseTensor] | None = None) -> Value:
+            where: str, sparse: Mapping[int, SparseTensor] | None = None, *,
+            stand_ins: bool = False) -> Value:
     """A recorded tensor: ``[tensor_id, storage_id, offset, numel, itemsize, device]``."""
     if not (isinstance(value, list) and len(value) >= 6):
         raise TraceError("expected a tensor record [id, storage, offset, numel, itemsize, "
@@ -380,11 +400,13 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
     if device == "" and known_sparse is None:
         # A defined tensor with no storage: a functorch/vmap wrapper (transformers
         # builds attention masks under vmap) or a tensor subclass. The record holds no
-        # device or values to rebuild it from, and None in its place crashes the op; an
-        # op that reads only its metadata gets a stand-in of the recorded shape.
-        raise StoragelessTensor(
-            f"{where}: a tensor without storage (vmap or a tensor subclass)",
-            _stand_in(shape, strides, type_str, node_id, where))
+        # device or values to rebuild it from, and None in its place crashes the op;
+        # ``stand_ins``: a stand-in of the recorded shape (see _on_stand_ins).
+        found = _stand_in(shape, strides, type_str, node_id, where) if stand_ins else None
+        if found is None:
+            raise StoragelessTensor(
+                f"{where}: a tensor without storage (vmap or a tensor subclass)")
+        return found
     dtype = dtype_from_type_string(type_str)
     if dtype is None:
         raise Unsupported(f"tensor element type {type_str[:40]!r} is not supported")
