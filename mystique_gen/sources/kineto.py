@@ -39,9 +39,8 @@ from mystique_gen.sources.et import RawTrace, parse_json_bytes, trace_from_docum
 
 CPU_CATEGORIES = frozenset({"cpu_op", "operator", "user_annotation"})
 PYTHON_CATEGORY = "python_function"
-# torch.profiler.profile options a replay's calibration can set as the original's
-# recorders were (harness _recorded_as), and the CPU-op argument that shows each.
-PROFILER_OPTIONS = ("record_shapes", "with_flops", "with_stack")
+# The torch.profiler.profile options a CPU-op argument shows were on (with_stack shows
+# as python_function events); the harness's _recorded_as sets them again.
 _OPTION_ARGS = {"Input Dims": "record_shapes", "flops": "with_flops"}
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "hip_runtime",
                                 "privateuse1_runtime", "xpu_runtime"})
@@ -103,7 +102,8 @@ class KinetoTrace:
     rank: int | None = None  # distributedInfo.rank, where recorded
     memory: list[MemoryEvent] = field(default_factory=list)  # by time; profile_memory only
     # The torch.profiler.profile options the trace shows were on, beside memory
-    # (PROFILER_OPTIONS): each costs host time per op or per Python call in its gaps.
+    # (record_shapes, with_flops, with_stack): each costs host time per op or per
+    # Python call in its gaps.
     options: frozenset[str] = frozenset()
     python_calls: list[CpuEvent] = field(default_factory=list)  # with_stack: by start
 
