@@ -315,13 +315,18 @@ class CodeGen:
                 args.append(exprs.keyword(arg.spec.name, node))
             else:
                 args.append(Atom(f"**{{{exprs.str_literal(arg.spec.name)}: {flat(node)}}}"))
-        handle = self.handle(op)
+        handle: Node = Atom(self.handle(op))
+        wire = _functional_collective(op) and oprules.functional_on_wire(
+            op.signature.name,
+            {tv.meta.dtype for arg in op.args for tv in iter_tensors(arg.value)})
+        if wire:  # gloo cannot send this dtype: its bytes, or for a reduction wider
+            handle = exprs.call("_on_wire", [handle, Atom(exprs.str_literal(wire))])
         if op.guard:
             site = len(self.fallback_rows)
             self.fallback_rows.append(self._fallback_row(op))
-            call = exprs.call("_guarded", [Atom(str(site)), Atom(handle), *args])
+            call = exprs.call("_guarded", [Atom(str(site)), handle, *args])
         else:
-            call = exprs.call(handle, args)
+            call = exprs.call(flat(handle), args)
         targets = self._targets(op)
         prefix = f"{', '.join(targets)} = " if any(t != "_" for t in targets) else ""
         lines.extend(lay_out(prefix, call, depth))

@@ -1724,6 +1724,77 @@ def _wide(value, copies):
     return value
 
 
+class _OnWire:
+    """A functional collective (torch.ops._c10d_functional) of tensors of a dtype gloo
+    cannot send (float8, int16, uint16, uint32: a trace recorded on NCCL, replayed on
+    CPU). On CPU tensors (gloo's), one that only moves data ("bytes") moves each
+    tensor's bytes, as `_bytewise` does, and returns its results viewed as the dtype
+    again (waiting on a view waits on its collective); a reduction ("reduce") reduces
+    wider copies, waits for them and returns them narrowed again (an in-place one, its
+    inputs, the copies copied back). Elsewhere the op runs as it is. Named as the op, so
+    that `_guarded` treats it as one."""
+
+    def __init__(self, op, how):
+        self.op, self.how = op, how
+
+    def __str__(self):
+        return str(self.op)
+
+    def __call__(self, *args, **kwargs):
+        first = next(iter(_flat_tensors([*args, *kwargs.values()])), None)
+        if first is None or first.device.type != "cpu":
+            return self.op(*args, **kwargs)
+        dtype = first.dtype
+        if self.how == "bytes":
+            with _harness():
+                args = [_as_bytes(a) for a in args]
+                kwargs = {k: _as_bytes(v) for k, v in kwargs.items()}
+            result = self.op(*args, **kwargs)
+            with _harness():
+                return _from_bytes(result, dtype)
+        copies = []
+        with _harness():
+            args = [_wide(a, copies) for a in args]
+            kwargs = {k: _wide(v, copies) for k, v in kwargs.items()}
+        result = self.op(*args, **kwargs)
+        with _harness():
+            return _narrowed(result, dtype, copies)
+
+
+def _on_wire(op, how):
+    return _OnWire(op, how)
+
+
+def _flat_tensors(values):
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from _flat_tensors(value)
+
+
+def _from_bytes(value, dtype):
+    if isinstance(value, torch.Tensor):
+        return value.view(dtype).squeeze(-1)
+    if isinstance(value, (list, tuple)):
+        return [_from_bytes(v, dtype) for v in value]
+    return value
+
+
+def _narrowed(value, dtype, copies):
+    """A reduction's wide results, waited for and narrowed to `dtype`; a result that
+    is one of the wide copies (an in-place op's) is copied back into its input."""
+    if isinstance(value, (list, tuple)):
+        return [_narrowed(v, dtype, copies) for v in value]
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = torch.ops._c10d_functional.wait_tensor(value)
+    for narrow, wide in copies:
+        if value.data_ptr() == wide.data_ptr() and value.shape == wide.shape:
+            return narrow.copy_(value)
+    return value.to(dtype)
+
+
 def _monitored_barrier(*, wait_all_ranks=False, group):
     """c10d::monitored_barrier_: gloo implements it; other backends (nccl) hold the
     same ranks with a plain barrier."""
