@@ -361,9 +361,12 @@ def test_own_gaps_are_measured_gap_by_gap_and_as_a_mean():
         events.append(_Event(runtime.HARNESS_SCOPE, start + 15.0, start + 16.0))
         events.append(_Event("aten::fill_", start + 15.2, start + 15.8))
         marks.append((3, int((start + 39.0) * 1000 + 1000)))
-    mean, per_gap, busy = runtime._own_gaps(events, marks, trace_start_ns=1000)
+    mean, per_gap, busy, in_harness = runtime._own_gaps(events, marks, trace_start_ns=1000)
     assert mean == pytest.approx(6.0)  # (3 + 9) / 2 per iteration
     assert per_gap == pytest.approx({0: 1.0, 1: 3.0, 2: 9.0, 3: 2.0})
+    # The harness's 1 us scope lies in the gap before op 2: (0 + 1) / 2 per iteration.
+    assert in_harness[0] == pytest.approx(0.5)
+    assert in_harness[1] == pytest.approx({0: 0.0, 1: 0.0, 2: 1.0, 3: 0.0})
     # Without the profiler's zero in wall time, gaps cannot be placed: the mean only.
     # The top-level ops' own time per iteration, and how many (children not counted).
     assert busy == (pytest.approx(25.0), 3)
@@ -417,6 +420,14 @@ def test_the_observers_ratio_comes_from_the_ops_and_scales_its_share_of_the_gaps
         cost, wait = runtime._observer_share(4.0, {1: 4.0}, 2.0)
         assert runtime._RUNTIME["gap_own"] == {1: 16.0} and (cost, wait) == (12.0, 14.0)
         assert runtime._RUNTIME["gap_own_us"] == 16.0
+        # Harness work (a fit of a token list) the observer recorded: 5 of the 10 us
+        # with it against 2 without. The original never did that work, so none of
+        # the observer's cost there is the original's: (10 - 5 + 2 - 4) x 2 = 6.
+        runtime._RUNTIME.update(gap_own={1: 10.0}, gap_own_us=10.0)
+        harness = ((5.0, {1: 5.0}), (2.0, {1: 2.0}))
+        cost, wait = runtime._observer_share(4.0, {1: 4.0}, 2.0, harness)
+        assert runtime._RUNTIME["gap_own"] == {1: 10.0} and (cost, wait) == (6.0, 20.0)
+        assert runtime._RUNTIME["gap_own_us"] == 10.0
     finally:
         runtime._RUNTIME.update(state)
 

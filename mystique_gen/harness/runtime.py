@@ -460,7 +460,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         replay(inputs, device, host)
         _sync(device)
     observed = bool(original and original.get("observer_in_gaps"))
-    own_mean, own_gaps, schema, busy = _profile_own(
+    own_mean, own_gaps, schema, busy, own_harness = _profile_own(
         inputs, device, host, snapshot, iters, original, probes
     )
     _RUNTIME["gap_carry"].clear()
@@ -476,7 +476,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         return
     if observed:  # (still bookkeeping only: gap_own_us is infinite)
         without = {**original, "observer_in_gaps": False}
-        plain_mean, plain_gaps, _, plain_busy = _profile_own(
+        plain_mean, plain_gaps, _, plain_busy, plain_harness = _profile_own(
             inputs, device, host, snapshot, iters, without, []
         )
         _RUNTIME["gap_carry"].clear()
@@ -488,7 +488,9 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     if observed:
         ratio = _observer_ratio(original, busy, plain_busy)
         _RUNTIME["gap_observer_ratio"] = ratio
-        cost, wait = _observer_share(plain_mean, plain_gaps, ratio)
+        cost, wait = _observer_share(
+            plain_mean, plain_gaps, ratio, (own_harness, plain_harness)
+        )
         _RUNTIME["gap_observer_us"], _RUNTIME["gap_wait_us"] = cost, wait
         if cost > OBSERVER_TRUST * wait:
             _gaps_off(
@@ -520,7 +522,8 @@ def _gaps_off(why):
 
 def _profile_own(inputs, device, host, snapshot, iters, facts, probes):
     """This replay's own host time in its gaps under the recorders of `facts`
-    (`_recorded_as`): (mean, per gap, the schema of the ET written, if any). Times the
+    (`_recorded_as`): (mean, per gap, the schema of the ET written, if any, the
+    top-level ops' time, the harness's share of the gaps: see `_own_gaps`). Times the
     Python probe before each iteration into `probes`."""
     handle, et_path = tempfile.mkstemp(prefix="mystique-calibrate-", suffix=".json")
     os.close(handle)
@@ -547,10 +550,10 @@ def _profile_own(inputs, device, host, snapshot, iters, facts, probes):
         zero_ns = None
     traced = "with_stack" in ((facts or {}).get("profiler_options") or ())
     events = _untraced_events(prof, zero_ns) if traced else None
-    mean, per_gap, busy = _own_gaps(
+    mean, per_gap, busy, in_harness = _own_gaps(
         prof.events() if events is None else events, marks, zero_ns
     )
-    return mean, per_gap, schema, busy
+    return mean, per_gap, schema, busy, in_harness
 
 
 class _Span:
@@ -585,20 +588,28 @@ def _untraced_events(prof, zero_ns):
         return None
 
 
-def _observer_share(plain_mean, plain_gaps, ratio=1.0):
+def _observer_share(plain_mean, plain_gaps, ratio=1.0, harness=None):
     """Per iteration: the ET observer's cost in the original's gaps, estimated as
     `ratio` times its cost in this replay's own (its own time with the observer, as
     calibrated, less without: `plain_mean`, `plain_gaps`), and the recorded gaps' wait
     once that and the replay's own time are subtracted. With a ratio, the calibrated
     own time in each gap (gap_own, gap_own_us) becomes its own time without the
-    observer plus that estimate, which is what `_host_gap` subtracts."""
+    observer plus that estimate, which is what `_host_gap` subtracts.
+
+    `harness`: the harness's share of each gap ((mean, per gap) as `_own_gaps` gives
+    it), with the observer and without. Its work is left out of the observer's cost:
+    the original never did it (a mixture of experts' `_fit` of every token list, whose
+    ops the observer recorded at 150-200 us a gap against 11 us in the original's)."""
+    (with_mean, with_gaps), (without_mean, without_gaps) = harness or ((0.0, {}),) * 2
     cost = 0.0
     for before in set(_RUNTIME["gap_own"]) | set(_RUNTIME["gap_planned"]):
         plain = plain_gaps.get(before, plain_mean)
         own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
+        own -= with_gaps.get(before, with_mean)
+        own += without_gaps.get(before, without_mean)  # the harness as without it
         _RUNTIME["gap_own"][before] = own = plain + ratio * (own - plain)
         cost += max(0.0, own - plain)
-    mean = _RUNTIME["gap_own_us"]
+    mean = _RUNTIME["gap_own_us"] - with_mean + without_mean
     _RUNTIME["gap_own_us"] = plain_mean + ratio * (mean - plain_mean)
     return cost, _planned_wait_us()
 
@@ -646,7 +657,9 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
     """This replay's own host time between top-level ops in the profiled calibration
     iterations (`events`, each inside a "mystique::calibrate" scope): the median over
     iterations of each iteration's mean, and per gap (by `_host_gap`'s `before`), the
-    median over iterations of that very gap.
+    median over iterations of that very gap; the top-level ops' time and count; and
+    the same (mean, per gap) of the harness's scopes alone in those gaps (work such as
+    `_fit` that the original never did, so that no recorder cost the original it).
 
     Gaps differ: one op takes a long list of arguments to build, another is recorded
     by an ET observer with many tensors, and the recorded gaps hold the same costs of
@@ -679,36 +692,67 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
             if start <= ts < stop and (not spans or ts >= spans[-1][1]):
                 spans.append((ts, -neg_end))  # not inside the previous top-level op
         iterations.append((start, stop, {t: v for t, v in top.items() if v}))
-    means, busy = [], []
+    harness = _outermost(scopes[HARNESS_SCOPE])
+    means, busy, harness_means = [], [], []
     for _, _, top in iterations:
         all_spans = [span for spans in top.values() for span in spans]
         busy.append((sum(b - a for a, b in all_spans), len(all_spans)))
         gaps = [
-            b[0] - a[1]
+            (a[1], b[0])
             for spans in top.values()
             for a, b in zip(spans, spans[1:], strict=False)
         ]
         if gaps:
-            means.append(sum(gaps) / len(gaps))
-    samples = {}
+            means.append(sum(b - a for a, b in gaps) / len(gaps))
+            harness_means.append(
+                sum(_overlap(harness, a, b) for a, b in gaps) / len(gaps)
+            )
+    samples, harness_samples = {}, {}
     if trace_start_ns is not None:
         starts = [start for start, _, _ in iterations]
         for before, wall_ns, *_ in marks:
             at = (wall_ns - trace_start_ns) / 1000.0
             k = bisect.bisect_right(starts, at) - 1
-            own = _gap_at(at, *iterations[k]) if k >= 0 else None
-            if own is not None:
-                samples.setdefault(before, []).append(own)
+            span = _gap_at(at, *iterations[k]) if k >= 0 else None
+            if span is not None:
+                samples.setdefault(before, []).append(span[1] - span[0])
+                harness_samples.setdefault(before, []).append(_overlap(harness, *span))
     per_gap = {k: statistics.median(v) for k, v in samples.items()}
     mean = statistics.median(means) if means else 0.0
     busy_us = statistics.median(b for b, _ in busy) if busy else 0.0
-    return mean, per_gap, (busy_us, max((n for _, n in busy), default=0))
+    in_harness = (
+        statistics.median(harness_means) if harness_means else 0.0,
+        {k: statistics.median(v) for k, v in harness_samples.items()},
+    )
+    return mean, per_gap, (busy_us, max((n for _, n in busy), default=0)), in_harness
+
+
+def _outermost(spans):
+    """The (start, end) spans not inside another, in order."""
+    out = []
+    for start, end in sorted(spans):
+        if out and start < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _overlap(spans, lo, hi):
+    """How much of [lo, hi) the sorted, disjoint `spans` cover."""
+    total = 0.0
+    for start, end in spans[max(0, bisect.bisect_left(spans, (lo,)) - 1) :]:
+        if start >= hi:
+            break
+        total += max(0.0, min(end, hi) - max(start, lo))
+    return total
 
 
 def _gap_at(at, start, stop, top):
-    """The replay's own gap around the mark at profiler time `at` in the iteration
-    from `start` to `stop` (see `_own_gaps`), on the thread whose top-level op starts
-    soonest after it (Python's thread ids are not the profiler's); None outside it."""
+    """The replay's own gap (its start and end) around the mark at profiler time `at`
+    in the iteration from `start` to `stop` (see `_own_gaps`), on the thread whose
+    top-level op starts soonest after it (Python's thread ids are not the profiler's);
+    None outside it."""
     if not start <= at < stop:
         return None
     best = None
@@ -719,7 +763,7 @@ def _gap_at(at, start, stop, top):
         nxt = spans[after][0] if after < len(spans) else stop
         prev = spans[after - 1][1] if after > 0 else start
         if best is None or nxt - at < best[0]:
-            best = (nxt - at, nxt - prev)
+            best = (nxt - at, (prev, nxt))
     return None if best is None else best[1]
 
 
