@@ -404,6 +404,10 @@ REDUCE_F_ = (f"{FUNCTIONAL}all_reduce_(Tensor(a!) input, str reduce_op, str grou
 ALL_TO_ALL_F = (f"{FUNCTIONAL}all_to_all_single(Tensor input, SymInt[] output_split_sizes, "
                 "SymInt[] input_split_sizes, str group_name) -> Tensor")
 WAIT_F = f"{FUNCTIONAL}wait_tensor(Tensor tensor) -> Tensor"
+GATHER_CF = (f"{FUNCTIONAL}all_gather_into_tensor_coalesced(Tensor[] inputs, int group_size, "
+             "str group_name) -> Tensor[]")
+REDUCE_CF = (f"{FUNCTIONAL}all_reduce_coalesced(Tensor[] inputs, str reduce_op, "
+             "str group_name) -> Tensor[]")
 
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "int16"])
@@ -424,12 +428,18 @@ def test_functional_collectives_of_dtypes_gloo_cannot_send_move_their_bytes(tmp_
     b.op(WAIT_F, [summed], [summed])
     b.op(REDUCE_F_, [inplace, "sum", "0"], [inplace])
     b.op(WAIT_F, [inplace], [inplace])
+    pair, gathered_pair, reduced_pair = ([b.tensor((2, 3), dtype=dtype) for _ in range(2)]
+                                         for _ in range(3))
+    b.op(GATHER_CF, [pair, 1, "0"], [gathered_pair])
+    b.op(REDUCE_CF, [gathered_pair, "min", "0"], [reduced_pair])
+    for t in reduced_pair:
+        b.op(WAIT_F, [t], [t])
     trace = b.write(tmp_path / "functional.json")
     bench = tmp_path / "bench.py"
     text = generate(trace, bench, GenerateOptions(command_line="test"))
     body = " ".join(text.split("def replay_rank0(")[1].split("\ndef ")[0].split())
-    assert body.count('_on_wire(') == 4
-    assert body.count('"bytes")') == 2 and body.count('"reduce")') == 2
+    assert body.count('_on_wire(') == 6  # coalesced ones too
+    assert body.count('"bytes")') == 3 and body.count('"reduce")') == 3
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1", "--json",
                          "--et", str(tmp_path / "replay.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -437,10 +447,11 @@ def test_functional_collectives_of_dtypes_gloo_cannot_send_move_their_bytes(tmp_
     itemsize = getattr(torch, dtype).itemsize
     replayed = collective_sequence(load_trace(tmp_path / "replay.rank0.json"))
     recorded = collective_sequence(load_trace(trace))
-    assert [(name, _bytes_off(shapes), strings) for name, shapes, strings in replayed[:2]] == \
-        recorded[:2]
-    assert _last_dims(tuple(shapes for _, shapes, _ in replayed[:2])) == {itemsize}
-    assert replayed[2:] == recorded[2:]  # the reductions: the shapes, wider
+    moved = [0, 1, 4]  # the gathers and the all-to-all, as bytes; the reductions wider
+    assert [(name, _bytes_off(shapes), strings) for k, (name, shapes, strings)
+            in enumerate(replayed) if k in moved] == [recorded[k] for k in moved]
+    assert _last_dims(tuple(replayed[k][1] for k in moved)) == {itemsize}
+    assert [replayed[k] for k in (2, 3, 5)] == [recorded[k] for k in (2, 3, 5)]
     # Off gloo (and once ops are rewritten for another dtype) the generator wraps none.
     assert oprules.functional_on_wire("all_reduce", {"float32", "bfloat16"}) is None
     assert oprules.functional_on_wire("reduce_scatter_tensor", {"int16"}) == "reduce"
