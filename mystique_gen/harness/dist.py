@@ -176,6 +176,7 @@ class _OnWire:
 
 
 def _on_wire(op, how):
+    """What the file calls around a functional collective's handle (see `_OnWire`)."""
     return _OnWire(op, how)
 
 

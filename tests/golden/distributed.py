@@ -674,7 +674,8 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
     iterations of each iteration's mean, and per gap (by `_host_gap`'s `before`), the
     median over iterations of that very gap; the top-level ops' time and count; and
     the same (mean, per gap) of the harness's scopes alone in those gaps (work such as
-    `_fit` that the original never did, so that no recorder cost the original it).
+    `_fit`, which the original never did: what recording it costs is not a cost the
+    original's gaps hold).
 
     Gaps differ: one op takes a long list of arguments to build, another is recorded
     by an ET observer with many tensors, and the recorded gaps hold the same costs of
@@ -1806,6 +1807,7 @@ class _OnWire:
 
 
 def _on_wire(op, how):
+    """What the file calls around a functional collective's handle (see `_OnWire`)."""
     return _OnWire(op, how)
 
 
