@@ -452,10 +452,11 @@ def test_functional_collectives_of_dtypes_gloo_cannot_send_move_their_bytes(tmp_
             in enumerate(replayed) if k in moved] == [recorded[k] for k in moved]
     assert _last_dims(tuple(replayed[k][1] for k in moved)) == {itemsize}
     assert [replayed[k] for k in (2, 3, 5)] == [recorded[k] for k in (2, 3, 5)]
-    # Off gloo (and once ops are rewritten for another dtype) the generator wraps none.
-    assert oprules.functional_on_wire("all_reduce", {"float32", "bfloat16"}) is None
-    assert oprules.functional_on_wire("reduce_scatter_tensor", {"int16"}) == "reduce"
-    assert oprules.functional_on_wire("broadcast_", {"uint32"}) == "bytes"
+    # Dtypes gloo sends are never wrapped; the op's name says whether it reduces.
+    assert oprules.wire_form({"float32", "bfloat16"}, reduces=True) is None
+    assert oprules.wire_form({"int16"}, oprules.functional_reduces("reduce_scatter_tensor")) \
+        == "reduce"
+    assert oprules.wire_form({"uint32"}, oprules.functional_reduces("broadcast_")) == "bytes"
 
 
 def _is_shape(value: object) -> bool:

@@ -316,9 +316,8 @@ class CodeGen:
             else:
                 args.append(Atom(f"**{{{exprs.str_literal(arg.spec.name)}: {flat(node)}}}"))
         handle: Node = Atom(self.handle(op))
-        wire = _functional_collective(op) and oprules.functional_on_wire(
-            op.signature.name,
-            {tv.meta.dtype for arg in op.args for tv in iter_tensors(arg.value)})
+        wire = _functional_collective(op) and comms.wire_form(
+            op, oprules.functional_reduces(op.signature.name))
         if wire:  # gloo cannot send this dtype: its bytes, or for a reduction wider
             handle = exprs.call("_on_wire", [handle, Atom(exprs.str_literal(wire))])
         if op.guard:

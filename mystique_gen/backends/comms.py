@@ -118,12 +118,18 @@ def call_lines(builder: Any, op: Op, depth: int) -> list[str]:
             args.append(exprs.keyword("async_op", Atom("True")))
         prefix = f"{_work_name(builder, op)} = "
     callee = name if rule.harness else f"torch.distributed.{name}"
-    if any(tv.meta.dtype not in oprules.WIRE_DTYPES
-           for arg in op.args for tv in iter_tensors(arg.value)):
-        # gloo cannot send this dtype: its bytes, or for a reduction a wider copy
-        callee = f"_{'bytewise' if rule.reduce_op is None else 'widened'}({callee})"
+    wire = wire_form(op, rule.reduce_op is not None)
+    if wire:  # gloo cannot send this dtype: its bytes, or for a reduction a wider copy
+        callee = f"_{'bytewise' if wire == 'bytes' else 'widened'}({callee})"
     call = exprs.call(callee, args)
     return [INDENT * depth + GUARD, *lay_out(prefix, call, depth + 1)]
+
+
+def wire_form(op: Op, reduces: bool) -> str | None:
+    """How the collective `op` reaches gloo, by its tensors' dtypes
+    (:func:`oprules.wire_form`)."""
+    dtypes = {tv.meta.dtype for arg in op.args for tv in iter_tensors(arg.value)}
+    return oprules.wire_form(dtypes, reduces)
 
 
 def reduce_op_expr(name: str) -> str:

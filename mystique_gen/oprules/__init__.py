@@ -61,8 +61,9 @@ from mystique_gen.oprules.collectives import (
     REDUCE_OP_NAMES,
     REFUSED_ARGS,
     WIRE_DTYPES,
-    functional_on_wire,
+    functional_reduces,
     reduce_op_name,
+    wire_form,
 )
 from mystique_gen.oprules.normalization import NOT_DIFFERENTIABLE_ARGS
 
@@ -156,6 +157,6 @@ __all__ = [
     "REFUSED_ARGS", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES", "SPARSE_FACTS",
     "SizeOf",
     "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "WINDOW_BOUNDS",
-    "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_on_wire",
-    "guard_reason", "merged", "op_category", "reduce_op_name",
+    "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
+    "guard_reason", "merged", "op_category", "reduce_op_name", "wire_form",
 ]

@@ -58,14 +58,20 @@ WIRE_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "complex64
                          "complex128", "int64", "int32", "int8", "uint8", "bool"})
 
 
-def functional_on_wire(name: str, dtypes: set[str]) -> str | None:
-    """How functional collective `name` (all_gather_into_tensor, all_reduce_, ...) of
-    tensors of `dtypes` reaches gloo: None where every dtype is one gloo sends; else
-    "reduce" (it reduces: on wider copies) or "bytes" (it only moves data: as bytes).
-    The harness's `_on_wire` does it, as `_widened` and `_bytewise` do for c10d."""
+def wire_form(dtypes: set[str], reduces: bool) -> str | None:
+    """How a collective of tensors of `dtypes` reaches gloo: None where every dtype is
+    one gloo sends; else "reduce" (a reduction: on wider copies) or "bytes" (it only
+    moves data: as bytes). The harness does each: `_widened` and `_bytewise` around a
+    c10d call, `_on_wire` around a functional one."""
     if dtypes <= WIRE_DTYPES:
         return None
-    return "reduce" if "reduce" in name else "bytes"
+    return "reduce" if reduces else "bytes"
+
+
+def functional_reduces(name: str) -> bool:
+    """Whether functional collective `name` (all_reduce_, reduce_scatter_tensor, ...,
+    against all_gather_into_tensor, all_to_all_single, broadcast) reduces."""
+    return "reduce" in name
 
 MONITORED_BARRIER_NOTE = ("monitored_barrier on gloo, a plain barrier on other backends "
                           "(only gloo implements it); the recorded timeout is not passed on")
