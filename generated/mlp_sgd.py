@@ -680,11 +680,11 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
     for name, start, end, _ in cpu:
         if name in scopes:
             scopes[name].append((start, end))
+    harness = _outermost(scopes[HARNESS_SCOPE])
     ops = sorted(
         (start, -end, thread)
         for name, start, end, thread in cpu
-        if name not in scopes
-        and not any(a <= start < b for a, b in scopes[HARNESS_SCOPE])
+        if name not in scopes and not _covers(harness, start)
     )
     iterations = []  # per iteration: its span, and per thread its top-level ops
     for start, stop in sorted(scopes["mystique::calibrate"]):
@@ -694,7 +694,6 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
             if start <= ts < stop and (not spans or ts >= spans[-1][1]):
                 spans.append((ts, -neg_end))  # not inside the previous top-level op
         iterations.append((start, stop, {t: v for t, v in top.items() if v}))
-    harness = _outermost(scopes[HARNESS_SCOPE])
     means, busy, harness_means = [], [], []
     for _, _, top in iterations:
         all_spans = [span for spans in top.values() for span in spans]
@@ -738,6 +737,12 @@ def _outermost(spans):
         else:
             out.append((start, end))
     return out
+
+
+def _covers(spans, at):
+    """Whether one of the sorted, disjoint `spans` holds time `at`."""
+    k = bisect.bisect_right(spans, (at, float("inf"))) - 1
+    return k >= 0 and spans[k][0] <= at < spans[k][1]
 
 
 def _overlap(spans, lo, hi):
