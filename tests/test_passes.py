@@ -437,6 +437,26 @@ def test_an_op_the_benchmark_cannot_load_replays_as_its_recorded_children(
     assert any("replayed as its recorded children" in n for n in notes) == descends
 
 
+def test_an_op_whose_children_only_prepare_and_allocate_its_result_stays_whole():
+    """``quantized::conv2d`` records a copy of its input to channels-last and the
+    allocation of its result below it; its own kernel convolves. Replayed as those
+    children, the replay allocated and copied and never convolved (the header said
+    "replayed as its recorded children"). An allocation makes an op's result only where
+    the op itself allocates. (It reads its input's scale and zero point below it too.)"""
+    b = TraceBuilder()
+    contiguous = ("aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=0) -> "
+                  "Tensor(a)")
+    clone = "aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor"
+    x, out = b.tensor((2, 3, 8, 8)), b.tensor((2, 8, 6, 6))
+    op = b.op("myq::conv2d(Tensor qx, float scale) -> Tensor", [x, 0.1], [out])
+    copy = b.op(contiguous, [x, 2], [b.tensor((2, 3, 8, 8))], parent=op)
+    b.op(clone, [x, 2], [b.tensor((2, 3, 8, 8))], parent=copy)  # computes: not the result
+    b.op(EMPTY_LIKE, [out, None, None, None, None, None], [out], parent=op)
+    b.op("aten::q_scale(Tensor self) -> float", [x], [0.1], parent=op)  # reads a number
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [op]
+
+
 def test_parent_cycle_is_an_error_with_node_and_field():
     b = TraceBuilder()
     a = b.annotation("a")

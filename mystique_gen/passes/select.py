@@ -647,10 +647,14 @@ def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode
     cast below it), and its children alone would not compute the op. Views and fills
     below an op only prepare its result: ``index_reduce_`` with ``include_self=False``
     fills the rows it reduces into (``index_fill_``) and selects one, then its kernel
-    reduces."""
+    reduces. An allocation below an op makes its result only where the op itself
+    allocates: ``quantized::conv2d`` allocates its quantized result
+    (``_empty_affine_quantized``) and makes its input contiguous, then its own kernel
+    convolves into it."""
     fill = node.name in oprules.FILLS
+    allocates = node.name in oprules.UNINITIALISED_OUTPUTS
     made = {sid for inner in _below(node.id, children)
-            if (_computes(inner) or inner.name in oprules.UNINITIALISED_OUTPUTS)
+            if (_computes(inner) or allocates and inner.name in oprules.UNINITIALISED_OUTPUTS)
             and (fill or inner.name not in oprules.FILLS)
             for arg in inner.outputs for sid in raw_storage_ids(arg)}
     return all(sid in made for arg in node.outputs for sid in raw_storage_ids(arg) if sid)
