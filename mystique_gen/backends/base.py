@@ -29,6 +29,7 @@ from mystique_gen.ir import (
     Literal,
     Op,
     OpOutput,
+    PackedLinear,
     Program,
     StandInTensor,
     Storage,
@@ -250,6 +251,11 @@ class CodeGen:
                                            Atom(self.device_expr(value.kind))])
         if isinstance(value, StandInTensor):  # on the benchmark's device
             return exprs.call("_metadata_stand_in", [_meta_row(value.meta, "device")])
+        if isinstance(value, PackedLinear):
+            return exprs.call("_packed_linear", [
+                Atom(str(int(value.key))), Atom(str(int(value.out_features))),
+                Atom(str(int(value.in_features))), Atom(exprs.str_literal(value.packing)),
+            ])
         if isinstance(value, ListValue):
             return exprs.list_display([self.value(v) for v in value.items])
         if isinstance(value, TensorValue):

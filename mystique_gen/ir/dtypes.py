@@ -98,6 +98,14 @@ FLOATING = {"float16", "float32", "float64", "bfloat16"} | {
 COMPLEX = {"complex32", "complex64", "complex128"}
 INTEGRAL = {"uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"}
 
+# Quantized dtypes -> the integer dtype of their representation, and its range, which
+# a replay fills (the trace records no scale or zero point).
+QUANTIZED: dict[str, tuple[str, int, int]] = {
+    "quint8": ("uint8", 0, 256),
+    "qint8": ("int8", -128, 128),
+    "qint32": ("int32", -(2**16), 2**16),
+}
+
 # c10::Layout enum order.
 LAYOUT_CODES: dict[int, str] = {
     0: "strided",

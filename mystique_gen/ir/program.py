@@ -190,8 +190,20 @@ class StandInTensor:
     meta: TensorMeta
 
 
+@dataclass(frozen=True, slots=True)
+class PackedLinear:
+    """A quantized linear op's packed weight (``LinearPackedParamsBase``), which the
+    trace writes as ``"<Object>"``: a weight of ``out_features`` x ``in_features``,
+    packed as ``packing`` ("int8" or "fp16") once per op, ``key`` (its op's index)."""
+
+    key: int
+    out_features: int
+    in_features: int
+    packing: str
+
+
 Value = (Literal | TorchConstant | DeviceValue | ListValue | TensorValue | GroupName
-         | FreshStorage | StandInTensor)
+         | FreshStorage | StandInTensor | PackedLinear)
 
 
 @dataclass(eq=False, slots=True)
@@ -433,6 +445,7 @@ __all__ = [
     "Op",
     "OpOutput",
     "OpTiming",
+    "PackedLinear",
     "Program",
     "ProgramTiming",
     "SparseLayout",

@@ -23,6 +23,7 @@ from mystique_gen.oprules import (
     memory,
     normalization,
     optimizer,
+    quantized,
     rnn,
     sparse,
 )
@@ -66,6 +67,7 @@ from mystique_gen.oprules.collectives import (
     wire_form,
 )
 from mystique_gen.oprules.normalization import NOT_DIFFERENTIABLE_ARGS
+from mystique_gen.oprules.quantized import LINEAR_PACKED
 
 FAMILIES: tuple[OpFamily, ...] = (
     availability.FAMILY,
@@ -81,6 +83,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     memory.FAMILY,
     sparse.FAMILY,
     forward_ad.FAMILY,
+    quantized.FAMILY,
 )
 
 # Saved integral data is embedded in the benchmark up to this many elements per
@@ -120,6 +123,7 @@ WINDOW_SHIFTS: dict[str, tuple[str, str]] = merged("window_shifts")
 GROUP_RANK_ARGS: dict[str, str] = merged("group_rank_args")
 SPARSE_FACTS: dict[str, str] = merged("sparse_facts")
 FORWARD_AD_LEVELS: dict[str, str] = merged("forward_ad_levels")
+PACKED_LINEAR: dict[str, str] = merged("packed_linear")
 
 
 def _union(field_name: str) -> frozenset[str]:
@@ -150,7 +154,7 @@ __all__ = [
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",
     "FORWARD_AD_LEVELS", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
-    "KEEPS_SIGN",
+    "KEEPS_SIGN", "LINEAR_PACKED", "PACKED_LINEAR",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",

@@ -218,3 +218,7 @@ class OpFamily:
     # Forward-mode AD ops that name a dual level: {op: argument}. A replay iteration
     # keeps one level more than the highest named live (oprules/forward_ad.py).
     forward_ad_levels: dict[str, str] = field(default_factory=dict)
+    # Ops that take a packed linear weight (a TorchScript object the trace cannot hold),
+    # rebuilt from their input and result shapes: {op: "int8" or "fp16"}, how it was
+    # packed (oprules/quantized.py).
+    packed_linear: dict[str, str] = field(default_factory=dict)

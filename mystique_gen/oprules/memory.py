@@ -16,6 +16,7 @@ FAMILY = OpFamily(
     uninitialised_outputs=frozenset({
         "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
         "aten::new_empty_strided", "aten::empty_permuted",
+        "aten::_empty_affine_quantized", "aten::_empty_per_channel_affine_quantized",
     }),
     # In-place ops (``Tensor(a!) self``) that change a tensor's metadata or autograd
     # state, never its values: they neither read nor define an uninitialised tensor,

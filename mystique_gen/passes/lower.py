@@ -29,6 +29,7 @@ from mystique_gen.ir import (
     ListValue,
     Literal,
     Op,
+    PackedLinear,
     StandInTensor,
     TensorMeta,
     TensorValue,
@@ -106,9 +107,9 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
             outputs = _decode_outputs(sig, node.outputs, node.id, sparse)
             args = _decode_args(sig, node.inputs, node.id,
                                 comm.group_of if functional and comm else None, outputs,
-                                sparse)
+                                sparse, key=len(ops))
         except StoragelessTensor as exc:
-            decoded = _on_stand_ins(sig, node, sparse)
+            decoded = _on_stand_ins(sig, node, sparse, len(ops))
             if decoded is None:
                 skipped.append(not_replayed(node.id, sig.qualified_name, str(exc)))
                 continue
@@ -148,6 +149,8 @@ def _not_replayed_reason(sig: Signature) -> str | None:
     for spec in sig.args:
         if spec.type == "Storage" and sig.returns[:1] == ("Tensor",):
             continue  # a new one, as large as the result needs (_fresh_storage)
+        if _packs_linear(sig, spec.type):
+            continue  # packed from the op's shapes (_packed_linear)
         if any(bad in spec.type for bad in oprules.UNSUPPORTED_ARG_TYPES):
             return f"argument {spec.name!r} of type {spec.type} cannot be rebuilt from a trace"
     return None
@@ -173,10 +176,11 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
                  group_of: Callable[[object], int] | None = None,
                  outputs: list[Value] | None = None,
                  sparse: Mapping[int, SparseTensor] | None = None, *,
-                 stand_ins: bool = False) -> list[Arg]:
+                 stand_ins: bool = False, key: int = 0) -> list[Arg]:
     """Arguments by schema type; with ``group_of``, a process group's recorded name
     becomes that group at run time (functional collectives); a ``Storage`` one, a new
-    storage for the result in ``outputs`` (:func:`_fresh_storage`)."""
+    storage for the result in ``outputs`` (:func:`_fresh_storage`); a packed linear
+    weight, one made for this op, ``key`` (:func:`_packed_linear`)."""
     if len(recorded) > len(sig.args):
         raise Unsupported(
             f"{len(recorded)} inputs recorded but the schema takes {len(sig.args)}")
@@ -188,6 +192,10 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
         if spec.type == "Storage":
             args.append(Arg(spec, _fresh_storage(outputs or [], node_id, f"inputs[{i}]")))
             continue
+        if _packs_linear(sig, spec.type):
+            args.append(Arg(spec, _packed_linear(sig, args, outputs or [], key,
+                                                 f"inputs[{i}]")))
+            continue
         value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]", sparse,
                              stand_ins=stand_ins)
         args.append(Arg(spec, value))
@@ -197,8 +205,8 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
     return args
 
 
-def _on_stand_ins(sig: Signature, node: RawNode, sparse: Mapping[int, SparseTensor]
-                  ) -> tuple[list[Value], list[Arg]] | None:
+def _on_stand_ins(sig: Signature, node: RawNode, sparse: Mapping[int, SparseTensor],
+                  key: int) -> tuple[list[Value], list[Arg]] | None:
     """Outputs and arguments of an op that read a tensor recorded without storage (a
     vmap wrapper), with stand-ins of their recorded shape, where those serve: the op
     writes no argument, and either returns no tensor (the autograd engine's
@@ -212,13 +220,33 @@ def _on_stand_ins(sig: Signature, node: RawNode, sparse: Mapping[int, SparseTens
     try:
         outputs = _decode_outputs(sig, node.outputs, node.id, sparse, stand_ins=True)
         args = _decode_args(sig, node.inputs, node.id, outputs=outputs, sparse=sparse,
-                            stand_ins=True)
+                            stand_ins=True, key=key)
     except Unsupported:
         return None
     real = any(True for v in [*outputs, *(a.value for a in args)] for _ in iter_tensors(v))
     returns_tensor = any(isinstance(leaf, (TensorValue, StandInTensor))
                          for v in outputs for leaf in iter_leaves(v))
     return (outputs, args) if not (real and returns_tensor) else None
+
+
+def _packs_linear(sig: Signature, type_str: str) -> bool:
+    return type_str == oprules.LINEAR_PACKED and sig.qualified_name in oprules.PACKED_LINEAR
+
+
+def _packed_linear(sig: Signature, args: list[Arg], outputs: list[Value], key: int,
+                   where: str) -> PackedLinear:
+    """A quantized linear op's packed weight, which the trace writes as ``"<Object>"``:
+    as many input features as its input's last dimension, as many output features as
+    its result's (oprules/quantized.py)."""
+    inputs = [a.value for a in args if isinstance(a.value, TensorValue)]
+    result = outputs[0] if outputs else None
+    if not inputs or not isinstance(result, TensorValue) or not inputs[0].meta.shape \
+            or not result.meta.shape:
+        raise Unsupported(f"{where}: a packed weight, and no recorded input and result "
+                          "to size it")
+    return PackedLinear(key=key, out_features=result.meta.shape[-1],
+                        in_features=inputs[0].meta.shape[-1],
+                        packing=oprules.PACKED_LINEAR[sig.qualified_name])
 
 
 def _fresh_storage(outputs: list[Value], node_id: int, where: str) -> FreshStorage:

@@ -43,7 +43,13 @@ from mystique_gen.ir import (
     contiguous_strides,
     iter_tensors,
 )
-from mystique_gen.ir.dtypes import FLOATING, INTEGRAL, ITEM_SIZES, dtype_from_type_string
+from mystique_gen.ir.dtypes import (
+    FLOATING,
+    INTEGRAL,
+    ITEM_SIZES,
+    QUANTIZED,
+    dtype_from_type_string,
+)
 from mystique_gen.passes.lower import list_element_types
 from mystique_gen.sources.et import RawArg, RawTrace
 
@@ -639,6 +645,9 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         return Init(FillKind.RANDINT, 0, high, why + f" < {high}")
     if s.dtype == "bool":
         return Init(FillKind.BOOL, 0, 1)
+    if s.dtype in QUANTIZED:  # its integer representation, over all of its range
+        _, low, high = QUANTIZED[s.dtype]
+        return Init(FillKind.RANDINT, low, high, "quantized: any integer representation")
     if s.dtype in INTEGRAL:
         kind, low, high = oprules.DEFAULT_INTEGRAL
         return Init(kind, low, high)

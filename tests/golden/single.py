@@ -246,7 +246,61 @@ def _stand_in(row):
     if row and isinstance(row[0], list):
         return [_stand_in(r) for r in row]
     dtype, shape, strides, where = row
+    if dtype in _QUANTIZED:  # (empty_strided makes no quantized tensor)
+        return _quantized(
+            torch.empty_strided(
+                shape, strides, dtype=_QUANTIZED[dtype][0], device=_RUNTIME[where]
+            ),
+            dtype,
+        )
     return torch.empty_strided(shape, strides, dtype=dtype, device=_RUNTIME[where])
+
+
+# A quantized dtype -> (the dtype of its integer representation, the zero point the
+# replay gives its tensors). The trace records neither scale nor zero point of a
+# quantized tensor, and a kernel's speed depends on neither: one scale, and the middle
+# of the range where it is unsigned.
+_QUANTIZED = {
+    torch.quint8: (torch.uint8, 128),
+    torch.qint8: (torch.int8, 0),
+    torch.qint32: (torch.int32, 0),
+}
+_QUANTIZED_SCALE = 1.0 / 32
+
+
+def _quantized(values, dtype):
+    """A per-tensor affine quantized tensor of `dtype` whose integer representation is
+    `values` (its storage, shape and strides)."""
+    return torch._make_per_tensor_quantized_tensor(
+        values, _QUANTIZED_SCALE, _QUANTIZED[dtype][1]
+    )
+
+
+_PACKED_LINEAR = {}
+
+
+def _packed_linear(key, out_features, in_features, packing):
+    """A quantized linear op's packed weight (the trace cannot hold one): a weight of
+    `out_features` x `in_features` with a bias, packed as the op's was ("int8" or
+    "fp16"; oprules/quantized.py). Packed at the op's first call, as harness work (the
+    original packed its weights before the step), and kept for later calls. Quantized
+    kernels run on the host."""
+    packed = _PACKED_LINEAR.get(key)
+    if packed is not None:
+        return packed
+    with _harness():
+        gen = torch.Generator().manual_seed(key)
+        bound = 1.0 / max(in_features, 1) ** 0.5
+        weight = (torch.rand(out_features, in_features, generator=gen) * 2 - 1) * bound
+        bias = torch.zeros(out_features)
+        if packing == "fp16":
+            packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+        else:
+            scale = bound / 127
+            weight = torch.quantize_per_tensor(weight, scale, 0, torch.qint8)
+            packed = torch.ops.quantized.linear_prepack(weight, bias)
+    _PACKED_LINEAR[key] = packed
+    return packed
 
 
 def _metadata_stand_in(row):
@@ -1021,6 +1075,9 @@ def _storage(nbytes, device):
 def _fill(numel, dtype, device, kind, low, high, gens):
     """A flat buffer of `numel` elements filled by `kind` from the seeded generator."""
     gen = gens[torch.device(device).type]
+    if dtype in _QUANTIZED:  # the integer representation, filled as integers are
+        values = _FILLS[kind](numel, low, high, gen, device, gens, _QUANTIZED[dtype][0])
+        return _quantized(values.to(_QUANTIZED[dtype][0]), dtype)
     return _FILLS[kind](numel, low, high, gen, device, gens, dtype).to(dtype)
 
 

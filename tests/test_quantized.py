@@ -1,0 +1,105 @@
+"""Quantized inference (oprules/quantized.py): packed linear weights rebuilt from the
+op's shapes, quantized tensors filled as their integer representation, and quantized
+convolutions (whose packed weight holds geometry the trace lacks) reported, not run."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.driver import generate
+from mystique_gen.tools.capture import capture
+from mystique_gen.tools.compare import op_multiset
+from tests.conftest import last_json, run_benchmark
+
+pytestmark = pytest.mark.slow
+
+quantization = torch.ao.quantization
+
+
+def _replay(step, tmp_path, name):
+    """Capture `step`, generate its benchmark, replay it standalone: (header, original
+    op multiset, replayed op multiset, the --json line)."""
+    torch.set_num_threads(1)
+    result = capture(step, tmp_path, name=name, kineto=False, timing_iters=1)
+    bench = tmp_path / f"{name}_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    replay_et = tmp_path / f"{name}_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return (text.split('"""')[1], op_multiset(result.et_path, by_overload=True),
+            op_multiset(replay_et, by_overload=True), last_json(proc.stdout))
+
+
+@pytest.mark.parametrize("dtype", [torch.qint8, torch.float16])
+def test_dynamically_quantized_linears_replay_with_packed_weights(dtype, tmp_path):
+    """``quantize_dynamic`` packs each Linear's weight into a TorchScript object, which
+    the trace writes as "<Object>": the ops were dropped as not rebuildable. The
+    replay packs a weight of the op's shape (int8, or fp16 for an fp16 model)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 16)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=dtype)
+    x = torch.randn(8, 32)
+
+    def step():
+        with torch.no_grad():
+            return quantized(x)
+
+    header, original, replayed, out = _replay(step, tmp_path, "dynamic")
+    linears = {k: n for k, n in original.items() if k.startswith("quantized::linear")}
+    assert sum(linears.values()) == 2, original
+    assert "cannot be rebuilt" not in header and "Ops not replayed:\n  - none" in header
+    assert replayed == original, (original - replayed, replayed - original)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+
+
+def test_a_statically_quantized_network_runs_and_names_what_it_cannot_rebuild(tmp_path):
+    """Eager static quantization: quantized tensors between ops (the benchmark made
+    them with ``torch.zeros``, which quantized dtypes refuse, and crashed), a quantized
+    linear (replayed), and quantized convolutions, whose packed weights hold a kernel
+    size, stride and padding the trace does not record: not replayed, with that reason,
+    rather than replayed as the allocations recorded below them."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant, self.dequant = quantization.QuantStub(), quantization.DeQuantStub()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.relu = torch.nn.ReLU()
+            self.fc = torch.nn.Linear(8 * 6 * 6, 10)
+
+        def forward(self, x):
+            x = self.relu(self.conv(self.quant(x)))
+            return self.dequant(self.fc(torch.flatten(x, 1)))
+
+    net = Net().eval()
+    net.qconfig = quantization.get_default_qconfig("x86")
+    image = torch.randn(2, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = quantization.prepare(net)
+        prepared(image)
+        converted = quantization.convert(prepared)
+
+    def step():
+        with torch.no_grad():
+            return converted(image)
+
+    header, original, replayed, out = _replay(step, tmp_path, "static")
+    assert original["quantized::conv2d.new"] == 1
+    assert "quantized::conv2d x1: its packed weight holds the convolution's kernel size" \
+        in " ".join(header.split())
+    # every other op as recorded: quantize, the linear, dequantize, the quantized relu
+    assert original - replayed == Counter({"quantized::conv2d.new": 1}), original
+    assert replayed - original == Counter()
+    assert replayed["quantized::linear.default"] == 1
+    assert out["skipped_at_runtime"] == []
