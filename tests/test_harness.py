@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import threading
@@ -401,6 +402,46 @@ def test_scaled_gaps_scale_the_recorded_time_and_the_calibrated_costs(monkeypatc
         runtime._RUNTIME["gap_carry"].clear()
 
 
+def test_recording_cost_pairs_each_recorded_loop_with_a_plain_one_just_before(monkeypatch):
+    """This VM switches between two speeds over seconds (an empty scope: 6.3 or 10.4
+    us with no recorder). Least plain loop against least recorded loop, taken seconds
+    apart, read the observer's cost per scope anywhere from 1.3 to 11 us. Each recorded
+    loop is now set against the plain loop just before it, and the cost is the median
+    of those differences. Here the recorders cost 2 us a run, and the machine slows
+    from 6 to 10 us a run after 5000 runs: unpaired, all plain loops ran fast and all
+    recorded ones slow, and the cost read 12 - 6 = 6 us."""
+    state = {"recorders": False, "runs": 0, "now": 0.0}
+
+    @contextlib.contextmanager
+    def recorded(original, path):
+        state["recorders"] = True
+        try:
+            yield
+        finally:
+            state["recorders"] = False
+
+    def body():
+        state["runs"] += 1
+        us = 10.0 if state["runs"] > 5000 else 6.0
+        state["now"] += (us + (2.0 if state["recorders"] else 0.0)) * 1e-6
+
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: state["now"])
+    monkeypatch.setattr(runtime, "_recorded_as", recorded)
+    assert runtime._recording_cost({}, body, 1000, rounds=5) == pytest.approx(2.0)
+
+
+def test_calibration_passes_merge_gap_by_gap():
+    """A same-session calibration profiles with, without, without and with the
+    observer; each side's two passes merge into one: means of their numbers, gap by
+    gap (a gap one pass did not see keeps the other's)."""
+    first = (10.0, {1: 4.0, 2: 8.0}, "1.1", (100.0, 5), (1.0, {1: 0.5}))
+    second = (14.0, {1: 6.0}, "1.1", (140.0, 5), (3.0, {1: 1.5, 2: 2.0}))
+    mean, gaps, schema, busy, harness = runtime._merged(first, second)
+    assert (mean, schema, busy) == (12.0, "1.1", (120.0, 5))
+    assert gaps == {1: 5.0, 2: 8.0}
+    assert harness == (2.0, {1: 1.0, 2: 2.0})
+
+
 def test_the_observers_ratio_comes_from_the_ops_and_scales_its_share_of_the_gaps():
     """The observer cost the original's ops 60 us (100 recorded, 40 without it) and the
     replay's 30 (70 with it): it is taken to cost the original's gaps twice what it
@@ -411,6 +452,10 @@ def test_the_observers_ratio_comes_from_the_ops_and_scales_its_share_of_the_gaps
     assert runtime._observer_ratio(facts, (70.0, 4), (40.0, 4)) == 1.0
     assert runtime._observer_ratio(facts, (40.5, 3), (40.0, 3)) == 1.0
     assert runtime._observer_ratio({**facts, "op_cpu_us": 1000.0}, (70.0, 3), (40.0, 3)) == 4.0
+    # Never below 1: the original's gaps hold its work on every op the replay runs. A
+    # recorded op time near the replay's plain one (captured in this VM's fast phase,
+    # calibrated in its slow one) read 0.5.
+    assert runtime._observer_ratio({**facts, "op_cpu_us": 50.0}, (70.0, 3), (40.0, 3)) == 1.0
     state = {k: runtime._RUNTIME[k] for k in ("gap_own", "gap_own_us", "gap_planned",
                                               "gap_event_us", "gap_call_us")}
     try:
