@@ -1,9 +1,11 @@
 """Quantized inference (oprules/quantized.py): packed linear weights rebuilt from the
-op's shapes, quantized tensors filled as their integer representation, and quantized
-convolutions (whose packed weight holds geometry the trace lacks) reported, not run."""
+op's shapes, quantized tensors filled as their integer representation, quantized
+embedding bags given valid indices and offsets, and quantized convolutions and packed
+tables (whose packed objects hold what the trace lacks) reported, not run."""
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from collections import Counter
 
@@ -103,3 +105,45 @@ def test_a_statically_quantized_network_runs_and_names_what_it_cannot_rebuild(tm
     assert replayed - original == Counter()
     assert replayed["quantized::linear.default"] == 1
     assert out["skipped_at_runtime"] == []
+
+
+def test_rowwise_quantized_embedding_bags_read_valid_rows_and_bags(tmp_path):
+    """A recommender's inference over FBGEMM's rowwise-quantized tables: the byte
+    kernel checks its offsets, and random ones made it fail at run time (skipped, with
+    a stand-in result). Indices and offsets follow aten::embedding_bag's rules. The
+    module form passes its table packed, whose row count the trace does not hold: not
+    replayed, with that reason."""
+    torch.manual_seed(0)
+    table = torch.randn(1000, 16)
+    byte = torch.ops.quantized.embedding_bag_byte_prepack(table)
+    nibble = torch.ops.quantized.embedding_bag_4bit_prepack(table)
+    indices, offsets = torch.randint(0, 1000, (64,)), torch.arange(0, 64, 4)
+    bag = torch.ao.nn.quantized.EmbeddingBag(1000, 16, mode="sum", dtype=torch.quint8)
+
+    def step():
+        a = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
+            byte, indices, offsets, False, 0, False, None, None, False)
+        b = torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
+            nibble, indices, offsets, False, 0, False, None, None, False)
+        return a.sum() + b.sum() + bag(indices, offsets).sum()
+
+    header, original, replayed, out = _replay(step, tmp_path, "bags")
+    assert out["skipped_at_runtime"] == []
+    # Every draw is valid, not only this seed's: offsets of bags (first 0, never
+    # decreasing, within the indices) and indices of the table's rows.
+    spec = importlib.util.spec_from_file_location("bags_bench", tmp_path / "bags_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cpu = torch.device("cpu")
+    bench._RUNTIME.update(device=cpu, host=cpu)
+    for seed in range(5):
+        made = bench.make_inputs(cpu, cpu, {"cpu": torch.Generator().manual_seed(seed)})
+        drawn_offsets, drawn_indices = made["offsets"], made["indices"]
+        assert drawn_offsets[0] == 0 and bool((drawn_offsets.diff() >= 0).all())
+        assert int(drawn_offsets[-1]) <= drawn_indices.numel()
+        assert int(drawn_indices.min()) >= 0 and int(drawn_indices.max()) < 1000
+    assert original - replayed == Counter({"quantized::embedding_bag_byte.default": 1})
+    assert replayed["quantized::embedding_bag_byte_rowwise_offsets.default"] == 1
+    assert replayed["quantized::embedding_bag_4bit_rowwise_offsets.default"] == 1
+    assert "embedding_bag_byte x1: its packed table's row count is not in the trace" \
+        in " ".join(header.split())

@@ -5,13 +5,15 @@ TorchScript object the ET writes as ``"<Object>"``. Its weight's shape is the op
 (input features, output features), so the replay packs a weight of that shape once
 (``_packed_linear``); its values do not set the kernel's speed. A convolution's packed
 weight also holds its kernel size, stride, padding and groups, which the trace does not
-say: those ops are not replayed, with that reason. Quantized tensors themselves are
-filled as their integer representation (``ir.dtypes.QUANTIZED``).
+say, and a packed embedding table its row count: those ops are not replayed, with that
+reason. Quantized tensors themselves are
+filled as their integer representation (``ir.dtypes.QUANTIZED``). Quantized embedding
+bags read indices and offsets as ``aten::embedding_bag`` does.
 """
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import OpFamily
+from mystique_gen.oprules.base import OpFamily, SizeOf
 
 # The packed weight class the ops below take, as their schema names it.
 LINEAR_PACKED = "__torch__.torch.classes.quantized.LinearPackedParamsBase"
@@ -35,8 +37,25 @@ _CONVS = ("conv1d", "conv2d", "conv3d", "conv1d_relu", "conv2d_relu", "conv3d_re
           "conv2d_add", "conv2d_add_relu", "conv_transpose1d", "conv_transpose2d",
           "conv_transpose3d")
 
+# Quantized embedding bags over rowwise-quantized tables (a recommender's inference,
+# FBGEMM's layout: each row's bytes, then its scale and bias): the same indices and
+# bag offsets as aten::embedding_bag's, rows counted along the table's first dimension.
+_EMBEDDING_BAG = {"indices": SizeOf("weight", 0), "offsets": "offsets"}
+_BAGS = ("embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
+         "embedding_bag_2bit_rowwise_offsets")
+
+# The module form (torch.ao.nn.quantized.EmbeddingBag) passes its table packed.
+_TABLE_WHY = ("its packed table's row count is not in the trace (its indices say only "
+              "which rows were read), and the rows a step touches set its speed")
+_PACKED_TABLES = ("embedding_bag_byte", "embedding_bag_4bit", "embedding_byte",
+                  "embedding_4bit")
+
 FAMILY = OpFamily(
     name="quantized",
     packed_linear=_LINEAR,
-    not_replayed={f"quantized::{name}": _CONV_WHY for name in _CONVS},
+    index_rules={f"quantized::{name}": _EMBEDDING_BAG for name in _BAGS},
+    not_replayed={
+        **{f"quantized::{name}": _CONV_WHY for name in _CONVS},
+        **{f"quantized::{name}": _TABLE_WHY for name in _PACKED_TABLES},
+    },
 )
