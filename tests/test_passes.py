@@ -7,6 +7,7 @@ import json
 from collections import Counter
 
 import pytest
+import torch
 
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import build_program, generate
@@ -20,6 +21,7 @@ from mystique_gen.ir import (
     StandInTensor,
     TensorMeta,
     TensorValue,
+    TorchConstant,
     iter_tensors,
 )
 from mystique_gen.ir.schema import parse_signature
@@ -455,6 +457,29 @@ def test_an_op_whose_children_only_prepare_and_allocate_its_result_stays_whole()
     b.op("aten::q_scale(Tensor self) -> float", [x], [0.1], parent=op)  # reads a number
     sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
     assert [s.node.id for s in sel.ops] == [op]
+
+
+@pytest.mark.parametrize("layout", ["strided", "_mkldnn"])
+def test_a_recorded_layout_decodes_to_the_layout_torch_wrote(layout, tmp_path):
+    """The ET writes a Layout argument as c10's enum value, in which Mkldnn (3) comes
+    before the compressed sparse layouts. Decoded with them in another order, a
+    frozen TorchScript model's ``to_mkldnn`` allocated its result as sparse CSC, and
+    the benchmark failed ("Only batched sparse compressed ... tensors are
+    supported")."""
+    from torch.profiler import ExecutionTraceObserver
+
+    path = tmp_path / "et.json"
+    observer = ExecutionTraceObserver().register_callback(str(path))
+    observer.start()
+    torch.ops.aten.empty.memory_format([2, 2], dtype=torch.float32,
+                                       layout=getattr(torch, layout))
+    observer.stop()
+    observer.unregister_callback()
+    program = build_program(load_trace(path))
+    first = program.ops[0]  # (a sparse one allocates its parts below it)
+    assert first.signature.qualified_name == "aten::empty"
+    given = next(a.value for a in first.args if a.spec.name == "layout")
+    assert isinstance(given, TorchConstant) and given.name == layout
 
 
 def test_parent_cycle_is_an_error_with_node_and_field():

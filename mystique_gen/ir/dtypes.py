@@ -106,15 +106,16 @@ QUANTIZED: dict[str, tuple[str, int, int]] = {
     "qint32": ("int32", -(2**16), 2**16),
 }
 
-# c10::Layout enum order.
+# c10::Layout enum order (c10/core/Layout.h: Mkldnn comes before the compressed sparse
+# layouts, which were added after it).
 LAYOUT_CODES: dict[int, str] = {
     0: "strided",
     1: "sparse_coo",
     2: "sparse_csr",
-    3: "sparse_csc",
-    4: "sparse_bsr",
-    5: "sparse_bsc",
-    6: "_mkldnn",
+    3: "_mkldnn",
+    4: "sparse_csc",
+    5: "sparse_bsr",
+    6: "sparse_bsc",
     7: "jagged",
 }
 
