@@ -572,3 +572,32 @@ def test_forward_mode_and_functorch_steps_replay_every_op(make_step, tmp_path):
         op_multiset(result.et_path, by_overload=True)
     if make_step is _forward_ad_step:
         assert _all_ops(replay_et) == _all_ops(result.et_path)
+
+
+def test_microscaling_dtypes_replay(tmp_path):
+    """MX formats: a trace of an MXFP8/MXFP4 step (float8_e8m0fnu scales, fp4 values two
+    to a byte, viewed from their bytes) names dtypes 44 and 45 and
+    ``Tensor(c10::Float8_e8m0fnu)``, ``Tensor(c10::Float4_e2m1fn_x2)``, which the decode
+    tables lacked: every op reading them was "not replayed"."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    scales = torch.rand(8).to(torch.float8_e8m0fnu)
+    packed = torch.randint(0, 256, (8, 4), dtype=torch.uint8)
+
+    def step():
+        values = packed.view(torch.float4_e2m1fn_x2)
+        return values.view(torch.uint8).float().sum() + scales.to(torch.float32).sum()
+
+    result = capture(step, tmp_path, name="mx", kineto=False, timing_iters=1)
+    bench = tmp_path / "mx_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "Ops not replayed:\n  - none" in text.split('"""')[1]
+    replay_et = tmp_path / "mx_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json(proc.stdout)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    replayed = op_multiset(replay_et, by_overload=True)
+    assert replayed == op_multiset(result.et_path, by_overload=True)
+    assert replayed["aten::view.dtype"] == 2

@@ -34,6 +34,8 @@ SCALAR_TYPE_CODES: dict[int, str] = {
     27: "uint16",
     28: "uint32",
     29: "uint64",
+    44: "float8_e8m0fnu",  # (30-43: sub-byte integers, no tensor dtype in torch)
+    45: "float4_e2m1fn_x2",
 }
 
 # c10 type-meta names as written in ``Tensor(<name>)`` -> torch attribute name.
@@ -58,6 +60,8 @@ TYPE_META_NAMES: dict[str, str] = {
     "c10::Float8_e4m3fn": "float8_e4m3fn",
     "c10::Float8_e5m2fnuz": "float8_e5m2fnuz",
     "c10::Float8_e4m3fnuz": "float8_e4m3fnuz",
+    "c10::Float8_e8m0fnu": "float8_e8m0fnu",
+    "c10::Float4_e2m1fn_x2": "float4_e2m1fn_x2",
     "unsigned short": "uint16",
     "unsigned int": "uint32",
     "unsigned long": "uint64",
@@ -84,6 +88,8 @@ ITEM_SIZES: dict[str, int] = {
     "float8_e4m3fn": 1,
     "float8_e5m2fnuz": 1,
     "float8_e4m3fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,  # two 4-bit values a byte
     "uint16": 2,
     "uint32": 4,
     "uint64": 8,
