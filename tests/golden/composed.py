@@ -293,7 +293,8 @@ def _packed_linear(key, out_features, in_features, packing):
     "fp16"; oprules/quantized.py). Packed at the op's first call, as harness work (the
     original packed its weights before the step), and kept for later calls. Quantized
     kernels run on the host."""
-    packed = _PACKED_LINEAR.get(key)
+    cached = (key, out_features, in_features, packing)  # (composed traces reuse keys)
+    packed = _PACKED_LINEAR.get(cached)
     if packed is not None:
         return packed
     with _harness():
@@ -307,7 +308,7 @@ def _packed_linear(key, out_features, in_features, packing):
             scale = bound / 127
             weight = torch.quantize_per_tensor(weight, scale, 0, torch.qint8)
             packed = torch.ops.quantized.linear_prepack(weight, bias)
-    _PACKED_LINEAR[key] = packed
+    _PACKED_LINEAR[cached] = packed
     return packed
 
 
