@@ -6,9 +6,9 @@ TorchScript object the ET writes as ``"<Object>"``. Its weight's shape is the op
 (``_packed_linear``); its values do not set the kernel's speed. A convolution's packed
 weight also holds its kernel size, stride, padding and groups, which the trace does not
 say, and a packed embedding table its row count: those ops are not replayed, with that
-reason. Quantized tensors themselves are
-filled as their integer representation (``ir.dtypes.QUANTIZED``). Quantized embedding
-bags read indices and offsets as ``aten::embedding_bag`` does.
+reason. Quantized tensors themselves are filled as their integer representation
+(``ir.dtypes.QUANTIZED``). Quantized embedding bags read indices and offsets as
+``aten::embedding_bag`` does.
 """
 
 from __future__ import annotations

@@ -654,7 +654,7 @@ def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode
     fill = node.name in oprules.FILLS
     allocates = node.name in oprules.UNINITIALISED_OUTPUTS
     made = {sid for inner in _below(node.id, children)
-            if (_computes(inner) or allocates and inner.name in oprules.UNINITIALISED_OUTPUTS)
+            if (_computes(inner) or (allocates and inner.name in oprules.UNINITIALISED_OUTPUTS))
             and (fill or inner.name not in oprules.FILLS)
             for arg in inner.outputs for sid in raw_storage_ids(arg)}
     return all(sid in made for arg in node.outputs for sid in raw_storage_ids(arg) if sid)

@@ -550,9 +550,8 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         replay(inputs, device, host)
         _sync(device)
     observed = bool(original and original.get("observer_in_gaps"))
-    own_mean, own_gaps, schema, busy, own_harness = _profile_own(
-        inputs, device, host, snapshot, iters, original, probes
-    )
+    first = _profile_own(inputs, device, host, snapshot, iters, original, probes)
+    own_mean, own_gaps, schema, busy, own_harness = first
     _RUNTIME["gap_carry"].clear()
     if observed and schema != original.get("observer_schema"):
         why = (
@@ -569,7 +568,6 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         # with: this VM switches speed over seconds, and the observer's cost is their
         # difference; an order that pairs them cancels a drift between the passes.
         without = {**original, "observer_in_gaps": False}
-        first = own_mean, own_gaps, schema, busy, own_harness
         plain = [
             _profile_own(inputs, device, host, snapshot, iters, without, [])
             for _ in range(2)
