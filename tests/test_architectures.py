@@ -5,11 +5,12 @@ relative position buckets from wrapped Python scalars (T5: storage ids reused by
 scalars of other values), mixture-of-experts routing (top-k, data-dependent expert
 batches; Llama 4's router starts from full_like(logits, -inf), recorded as "-inf"),
 rotary embeddings and cache positions (Llama: arange plus a wrapped offset), a
-state-space layer (Mamba), and routing read through torch.where's index tensors
-(Switch Transformers). One training step (loss, backward, AdamW) is captured,
-compiled, replayed standalone, and must replay the same multiset of top-level op
-overloads. transformers is in the ``test`` extra; where it is missing these tests are
-skipped.
+state-space layer (Mamba), routing read through torch.where's index tensors (Switch
+Transformers), and speech (wav2vec 2.0: a time mask drawn in numpy each step, made a
+tensor that torch detaches in place). One training step (loss, backward, AdamW) is
+captured, compiled, replayed standalone, and must replay the same multiset of
+top-level op overloads. transformers is in the ``test`` extra; where it is missing
+these tests are skipped.
 """
 
 from __future__ import annotations
@@ -91,6 +92,21 @@ def switch_transformers() -> tuple[torch.nn.Module, dict[str, Any]]:
         {"input_ids": ids, "labels": ids}
 
 
+def wav2vec2() -> tuple[torch.nn.Module, dict[str, Any]]:
+    # SpecAugment: training masks time steps drawn in numpy each step and made a tensor
+    # by torch.tensor(...), which detaches its result in place. The replay fitted that
+    # mask to its recorded count as a view, and detach_ refused it (RuntimeError).
+    # Beside it: a convolutional feature extractor and a weight-normed positional
+    # convolution, under a CTC loss.
+    cfg = transformers.Wav2Vec2Config(
+        vocab_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, conv_dim=(16,) * 7, num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, mask_time_prob=0.3, mask_time_length=2)
+    audio = torch.randn(2, 8000)  # 24 frames: a random mask of the recorded count is unlikely
+    return transformers.Wav2Vec2ForCTC(cfg), \
+        {"input_values": audio, "labels": torch.randint(1, 32, (2, 4))}
+
+
 def _lm_inputs() -> dict[str, Any]:
     ids = torch.randint(1, VOCAB, (2, 12))
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
@@ -99,6 +115,7 @@ def _lm_inputs() -> dict[str, Any]:
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, dict[str, Any]]]] = {
     "t5": t5, "mixtral": mixtral, "qwen2_moe": qwen2_moe, "llama4_text": llama4_text,
     "llama": llama, "mamba": mamba, "switch_transformers": switch_transformers,
+    "wav2vec2": wav2vec2,
 }
 
 

@@ -560,9 +560,16 @@ def test_fill_kinds_produce_the_sizes_they_promise():
     assert list(fitted.shape) == [5, 2] and fitted.stride() == (1, 5)
     assert set(map(tuple, fitted.tolist())) <= set(map(tuple, rows.tolist()))
     assert fit(rows, [3, 2], [2, 1]) is rows
-    # Cut: a view of the replay's rows where the layout agrees (no kernel in the step).
+    # Cut: the replay's rows in their storage where the layout agrees (no kernel in
+    # the step), as a tensor of its own: the op's result was not a view, and a view
+    # refuses `detach_` (which `torch.tensor(...)` calls on its result).
     cut = fit(rows, [2, 2], [2, 1])
     assert cut.tolist() == rows[:2].tolist() and cut.data_ptr() == rows.data_ptr()
+    assert not cut._is_view()
+    cut.detach_()
+    grad_rows = torch.randn(3, 2, requires_grad=True)  # a gradient flows through a cut
+    fit(grad_rows, [2, 2], [2, 1]).sum().backward()
+    assert grad_rows.grad.tolist() == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
     assert fit(rows, [2, 2], [1, 2]).stride() == (1, 2)  # laid out as recorded
     again = fit(rows[:1], [3, 2], [2, 1])
     assert again.tolist() == [[0, 1]] * 3
@@ -584,6 +591,8 @@ def test_fill_kinds_produce_the_sizes_they_promise():
         fitted = fit_mask(bools, count)
         assert fitted.shape == bools.shape and int(fitted.sum()) == count
         assert int(bools.sum()) == 3  # the replay's own mask is left as it was
+        assert not fitted._is_view()
+        fitted.detach_()
 
 
 # -- functional: captured models replay at the recorded shapes without ranges ----------

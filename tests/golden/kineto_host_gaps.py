@@ -1200,8 +1200,13 @@ def _fit(value, shape, strides, rows_of_one=False):
 
     It runs inside the timed step (a mixture of experts fits every expert's token list,
     every iteration), so it adds as little as it can: one harness scope per call, a cut
-    is a view, the indices of a repeat are made once per size, and a copy is made only
-    where the layout differs."""
+    shares the value's storage, the indices of a repeat are made once per size, and a
+    copy is made only where the layout differs.
+
+    A fitted value is a tensor of its own, not a view, as the op's result was: a view
+    refuses some in-place ops (`torch.tensor(...)` detaches its result in place).
+    Only a cut of a value that requires grad stays a view, so that its gradient flows.
+    """
     if isinstance(value, (list, tuple)):
         pairs = list(zip(value, shape, strides, strict=False))
         if all(list(v.shape) == s for v, s, _ in pairs if isinstance(v, torch.Tensor)):
@@ -1224,8 +1229,10 @@ def _fit_one(value, shape, strides):
         return value
     rows = value.shape[0] if value.dim() else 0
     if shape and rows and list(value.shape[1:]) == shape[1:]:
-        if rows >= shape[0]:
+        if rows >= shape[0] and value.requires_grad:
             value = value.narrow(0, 0, shape[0])
+        elif rows >= shape[0]:
+            value = _rows_cut(value, shape[0])
         else:
             pick = _repeated_rows(shape[0], rows, value.device)
             value = value.index_select(0, pick)
@@ -1237,6 +1244,16 @@ def _fit_one(value, shape, strides):
     return out.copy_(value)
 
 
+def _rows_cut(value, rows):
+    """The first `rows` rows of `value` in its storage, as a tensor of its own (not a
+    view, which some in-place ops refuse): no copy."""
+    size = [rows, *value.shape[1:]]
+    cut = torch.empty(0, dtype=value.dtype, device=value.device)
+    return cut.set_(
+        value.untyped_storage(), value.storage_offset(), size, value.stride()
+    )
+
+
 def _fit_mask(mask, count):
     """A boolean mask the replay computed, with exactly `count` true elements: the
     trues past the count turned false, or the first falses turned true. Fitted where
@@ -1244,16 +1261,18 @@ def _fit_mask(mask, count):
     the backward) sees one mask of the recorded size. Already that count: returned as
     it is."""
     with _harness():
-        flat = mask.reshape(-1)
-        have = int(flat.sum())
+        have = int(mask.sum())
         if have == count:
             return mask
-        flat = flat.clone()
+        # A tensor of its own, as the mask was, not a view of one (`torch.tensor(...)`
+        # detaches its result in place, which a view refuses).
+        fitted = mask.clone(memory_format=torch.contiguous_format)
+        flat = fitted.view(-1)
         if have > count:
             flat[flat.nonzero().squeeze(1)[count:]] = False
         else:
             flat[(~flat).nonzero().squeeze(1)[: count - have]] = True
-        return flat.view(mask.shape)
+        return fitted
 
 
 def _rows_of_one(values):
