@@ -2,10 +2,13 @@
 
 A vendor gets whatever trace a customer captured, so the benchmark must replay models
 nobody here tried. This section builds every architecture the installed
-``transformers`` registers for causal LM, masked LM, seq2seq LM and image
-classification, from its default config shrunk generically (no weights are
+``transformers`` registers for causal LM, masked LM, seq2seq LM, image classification,
+audio classification, CTC and speech-to-text, semantic segmentation, video
+classification, object detection, depth estimation and contrastive image-text
+(CLIP-like) models, from its default config shrunk generically (no weights are
 downloaded; where the model does not build or run eagerly from that, with fewer
-attributes shrunk), captures one training step (loss, backward, AdamW) and one inference
+attributes shrunk), captures one training step (loss, backward, AdamW; where the model
+computes no loss from the labels given, the mean of its outputs) and one inference
 step each, generates a benchmark with the CLI, replays it standalone
 (``--warmup 0 --iters 3 --reset-inputs off --json --et replay.json``, with
 ``mystique_gen`` unimportable), compares the top-level op multisets by overload, and
@@ -16,7 +19,8 @@ our failure), ``gen error``, ``run error``, ``op mismatch``, ``nonfinite``, ``pa
 prints the first line of its error.
 
 Environment: SWEEP_ONLY=substr,... (architecture names containing any), SWEEP_KINDS=
-causal,masked,seq2seq,image, SWEEP_LIMIT=N (first N per kind), SWEEP_SAMPLE=K/N (the
+causal,masked,seq2seq,image,audio,ctc,speech,segmentation,video,detection,depth,
+contrastive (default: all), SWEEP_LIMIT=N (first N per kind), SWEEP_SAMPLE=K/N (the
 architectures whose place in the sorted list is K modulo N: a sweep in N parts, each a
 spread of every kind and family), SWEEP_JOBS=N (models at once; default 1),
 SWEEP_STEPS=train,infer, SWEEP_TIMEOUT=seconds per model (default 900). Traces go to a
@@ -46,7 +50,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-KINDS = ("causal", "masked", "seq2seq", "image")
+KINDS = ("causal", "masked", "seq2seq", "image", "audio", "ctc", "speech", "segmentation",
+         "video", "detection", "depth", "contrastive")
+# Kinds whose main input is an image (a clip of frames for video).
+_PIXEL_KINDS = ("image", "segmentation", "video", "detection", "depth", "contrastive")
+# Kinds that classify (their heads shrunk to _LABELS classes).
+_LABELLED = ("image", "audio", "segmentation", "video", "detection")
+_LABELS = 4
 OUTCOMES = ("skip", "capture error", "gen error", "run error", "op mismatch", "nonfinite",
             "pass")
 # Timed iterations of each replay, without --reset-inputs: a training replay that
@@ -54,6 +64,7 @@ OUTCOMES = ("skip", "capture error", "gen error", "run error", "op mismatch", "n
 # --json's nonfinite_inputs (the outcome ``nonfinite``).
 REPLAY_ITERS = 3
 BATCH, SEQ, IMAGE = 2, 16, 32
+SAMPLES, FRAMES = 4000, 64  # an audio model's raw samples, or its feature frames
 VOCAB = 256
 
 # Generic shrinking: config attribute -> small value. Only attributes the config has
@@ -63,9 +74,9 @@ _SMALL: dict[str, int] = {
     **dict.fromkeys(_WIDTHS := ("hidden_size", "d_model", "n_embd", "n_embed", "dim",
                                 "embed_dim", "word_embed_proj_dim", "model_dim", "hidden_dim",
                                 "hidden_size_global", "d_latents"), _WIDTH),
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers",
-                     "encoder_layers", "decoder_layers", "num_decoder_layers",
-                     "num_encoder_layers", "num_self_attends_per_block"), 2),
+    **dict.fromkeys(_DEPTHS := ("num_hidden_layers", "n_layer", "n_layers", "num_layers",
+                                "encoder_layers", "decoder_layers", "num_decoder_layers",
+                                "num_encoder_layers", "num_self_attends_per_block"), 2),
     # Layers that reuse an earlier layer's keys and values (Gemma 3n): with two layers,
     # one of each attention type, none is left to reuse.
     "num_kv_shared_layers": 0,
@@ -95,7 +106,14 @@ _SMALL: dict[str, int] = {
     **dict.fromkeys(_HEAD_PARTS := ("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim",
                                     "rope_dim"), 8),
     **dict.fromkeys(_LATENTS := ("v_head_dim", "kv_lora_rank", "q_lora_rank"), 16),
+    # A speech encoder's positions: Whisper's input is twice as many feature frames.
+    "max_source_positions": FRAMES // 2,
+    # A detector's object queries: RT-DETR picks its top ones among the encoder's tokens.
+    "num_queries": 16,
 }
+# Channel lists of a speech model's convolutional feature extractor (wav2vec 2.0's
+# seven 512-wide convolutions), each shrunk to _WIDTH.
+_CHANNEL_LISTS = ("conv_dim",)
 _IMAGE_SIZES = ("image_size", "img_size")  # shrunk to IMAGE
 # Blocks per stage of a vision backbone, each shrunk to 1.
 _STAGE_DEPTHS = ("depths", "num_layers_per_stage", "num_block_repeats")
@@ -104,13 +122,19 @@ _STAGE_DEPTHS = ("depths", "num_layers_per_stage", "num_block_repeats")
 # fill sizes the default config leaves unset). Head sizes first (a model may derive them
 # its own way), then widths and the image size too (Swin V2's embed_dim must stay a
 # multiple of its stages' head counts; Swin's windows must fit its last stage's grid,
-# MobileViTV2 downsamples 32 times), last filling unset sizes (Hunyuan's head_dim,
-# Nemotron's key/value heads).
+# MobileViTV2 downsamples 32 times), then filling unset sizes (Hunyuan's head_dim,
+# Nemotron's key/value heads), last leaving depths, then widths as they were.
 _LADDER: tuple[tuple[frozenset[str], bool], ...] = (
     (frozenset(), False),
     (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS), False),
     (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS + _IMAGE_SIZES), False),
     (frozenset(), True),
+    # Depths as they were: a dense-prediction head or a detector reads the backbone's
+    # layers or stages by index (BEiT's out_indices, DPT's neck, RT-DETR's strides).
+    (frozenset(_DEPTHS + _STAGE_DEPTHS), False),
+    # ... and widths too: its neck's sizes follow the backbone's (Depth Anything).
+    (frozenset(_DEPTHS + _STAGE_DEPTHS + _HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS
+               + _IMAGE_SIZES), False),
 )
 # Per-layer lists (layer_types, mlp_only_layers, ...) are cut to the new layer count.
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -159,6 +183,11 @@ def _given(cfg: Any) -> dict[str, Any]:
         if default not in (None, dataclasses.MISSING) and value != default \
                 and not hasattr(value, "to_dict") and not field.name.startswith("_"):
             given[field.name] = value
+    # A backbone's stages read out (properties over private fields): DPT's neck reads
+    # four of its backbone's layers.
+    indices = getattr(cfg, "out_indices", None)
+    if isinstance(indices, (list, tuple)):
+        given["out_indices"] = list(indices)
     return given
 
 
@@ -261,12 +290,25 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
     for key, value in raw.items():
         if key in per_layer:
             continue
-        if isinstance(value, (list, tuple)) and key in _STAGE_DEPTHS:
+        if isinstance(value, (list, tuple)) and key in _STAGE_DEPTHS and key not in keep:
             new[key] = [min(v, 1) if _is_int(v) else v for v in value]
+        elif isinstance(value, (list, tuple)) and key in _CHANNEL_LISTS:
+            new[key] = type(value)(min(v, _WIDTH) if _is_int(v) else v for v in value)
+        elif key == "max_length" and _is_int(value) and _is_int(raw.get("num_mel_bins")):
+            new[key] = FRAMES  # a spectrogram model's frames (the Audio Spectrogram Transformer)
         elif key == "depth_coefficient" and isinstance(value, float) and value > 1:
             new[key] = 1.0  # EfficientNet's compound scaling multiplies the stage depths
+        elif type(value).__name__ == "TimmBackboneConfig" and depth < 3:
+            # (DETR's default backbone needs timm: transformers' own ResNet instead)
+            import transformers
+
+            indices = list(getattr(value, "out_indices", None) or [4])
+            new[key] = _shrunk(transformers.ResNetConfig(out_indices=indices), keep, fill,
+                               depth + 1)
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
             new[key] = _shrunk(value, keep, fill, depth + 1)
+    if raw.get("use_timm_backbone") is True:
+        new["use_timm_backbone"] = False  # DETR's own (transformers') ResNet: no timm
     if "use_cache" in raw:
         new["use_cache"] = False  # a step of training or scoring, not generation
     for key in [k for k in _IMAGE_SIZES if k not in keep]:
@@ -304,6 +346,14 @@ def _mapping(kind: str) -> dict[str, str]:
         "masked": m.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
         "seq2seq": m.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
         "image": m.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "audio": m.MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES,
+        "ctc": m.MODEL_FOR_CTC_MAPPING_NAMES,
+        "speech": m.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+        "segmentation": m.MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES,
+        "video": m.MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES,
+        "detection": m.MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES,
+        "depth": m.MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES,
+        "contrastive": m.MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES,
     }[kind]
 
 
@@ -334,8 +384,8 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
             sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
                         and type(v) is getattr(cls, "config_class", None)), None)
             cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
-            if kind == "image":
-                cfg.num_labels = 4
+            if kind in _LABELLED:
+                cfg.num_labels = _LABELS
             params = _parameters(cls, cfg)
             if params > 30_000_000:
                 failure = failure or f"{params / 1e6:.0f}M parameters after shrinking"
@@ -370,26 +420,108 @@ def _parameters(cls: Any, cfg: Any) -> int:
 
 
 def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """The training forward (returning a loss) and the inference forward of a model of
+    `kind`, on inputs made for it from its config. Where the model computes no loss
+    from labels this script can give (a detector's matching needs scipy, a depth model
+    has no training loss), the loss is the mean of its floating outputs
+    (`_output_loss`): the step still runs a backward through every layer."""
     import torch
 
     g = torch.Generator().manual_seed(0)
-    if kind == "image":
-        channels = getattr(cfg, "num_channels", 3) or 3
-        size = getattr(cfg, "image_size", IMAGE)  # IMAGE, unless a rung of _LADDER kept it
-        height, width = (size, size) if _is_int(size) else tuple(size)[:2] \
-            if isinstance(size, (list, tuple)) and len(size) == 2 else (IMAGE, IMAGE)
-        x = torch.randn(BATCH, channels, height, width, generator=g)
-        labels = torch.randint(0, 4, (BATCH,), generator=g)
-        return (lambda: model(pixel_values=x, labels=labels).loss), \
-            (lambda: model(pixel_values=x))
+    inputs: dict[str, Any] = {}
+    labels: Any = None
     vocab = getattr(cfg, "vocab_size", None) or getattr(
         getattr(cfg, "text_config", None), "vocab_size", VOCAB)
     ids = torch.randint(3, min(vocab, VOCAB), (BATCH, SEQ), generator=g)
-    mask = torch.ones_like(ids)
-    inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
-    if kind == "seq2seq":
-        inputs["decoder_input_ids"] = ids
-    return (lambda: model(**inputs, labels=ids).loss), (lambda: model(**inputs))
+    if kind in _PIXEL_KINDS:
+        # (a video model may call its clip pixel_values_videos)
+        name = getattr(model, "main_input_name", "pixel_values")
+        inputs[name if name.startswith("pixel_values") else "pixel_values"] = \
+            pixels = _pixels(kind, cfg, g)
+        if kind in ("image", "video"):
+            labels = torch.randint(0, _LABELS, (BATCH,), generator=g)
+        elif kind == "segmentation":
+            labels = torch.randint(0, _LABELS, (BATCH, *pixels.shape[-2:]), generator=g)
+        elif kind == "contrastive":
+            inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+    elif kind in ("audio", "ctc", "speech"):
+        name = getattr(model, "main_input_name", "input_values")
+        inputs[name] = _audio(name, cfg, g)
+        if kind == "audio":
+            labels = torch.randint(0, _LABELS, (BATCH,), generator=g)
+        elif kind == "ctc":  # a few characters: CTC needs no more than the frames
+            labels = ids[:, :4]
+        else:
+            labels = ids
+    else:
+        inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+        labels = ids
+        if kind == "seq2seq":
+            inputs["decoder_input_ids"] = ids
+    infer_inputs = dict(inputs)
+    if kind == "speech":
+        infer_inputs["decoder_input_ids"] = ids
+    train_inputs = dict(inputs)
+    if kind == "contrastive":
+        train_inputs["return_loss"] = True
+    elif labels is not None:
+        train_inputs["labels"] = labels
+    return (lambda: _output_loss(model(**train_inputs))), (lambda: model(**infer_inputs))
+
+
+def _pixels(kind: str, cfg: Any, g: Any) -> Any:
+    """An image batch at the config's size (its vision tower's, for a contrastive model),
+    or a batch of clips of its frame count, for video."""
+    import torch
+
+    vision = getattr(cfg, "vision_config", None)
+    source = cfg if vision is None or kind != "contrastive" else vision
+    channels = getattr(source, "num_channels", 3) or 3
+    size = getattr(source, "image_size", IMAGE)  # IMAGE, unless a rung of _LADDER kept it
+    height, width = (size, size) if _is_int(size) else tuple(size)[:2] \
+        if isinstance(size, (list, tuple)) and len(size) == 2 else (IMAGE, IMAGE)
+    frames = getattr(cfg, "num_frames", None)
+    shape = (BATCH, frames, channels, height, width) if kind == "video" and _is_int(frames) \
+        else (BATCH, channels, height, width)
+    return torch.randn(*shape, generator=g)
+
+
+def _audio(name: str, cfg: Any, g: Any) -> Any:
+    """A speech model's input by its name: raw samples (`input_values`), or feature
+    frames laid out as the config's family reads them (Whisper: mel bins by twice its
+    encoder's positions; Speech2Text: frames by features per channel and channels;
+    wav2vec2-BERT: frames by its projection's input width; an Audio Spectrogram
+    Transformer's `input_values`: its frames by mel bins)."""
+    import torch
+
+    mel = getattr(cfg, "num_mel_bins", None)
+    if name == "input_values":
+        if _is_int(mel) and _is_int(getattr(cfg, "max_length", None)):
+            return torch.randn(BATCH, cfg.max_length, mel, generator=g)
+        return torch.randn(BATCH, SAMPLES, generator=g)
+    positions = getattr(cfg, "max_source_positions", None)
+    per_channel = getattr(cfg, "input_feat_per_channel", None)
+    projected = getattr(cfg, "feature_projection_input_dim", None)
+    if _is_int(mel) and _is_int(positions):
+        return torch.randn(BATCH, mel, 2 * positions, generator=g)
+    if _is_int(per_channel):
+        channels = getattr(cfg, "input_channels", 1) or 1
+        return torch.randn(BATCH, FRAMES, per_channel * channels, generator=g)
+    width = projected if _is_int(projected) else mel if _is_int(mel) else _WIDTH
+    return torch.randn(BATCH, FRAMES, width, generator=g)
+
+
+def _output_loss(out: Any) -> Any:
+    """The model's loss, or else the sum of the means of its floating outputs that
+    carry gradients (None where it has none: `run_step` skips the training step)."""
+    loss = getattr(out, "loss", None)
+    if loss is not None:
+        return loss
+    values = out.values() if hasattr(out, "values") else out if isinstance(out, tuple) \
+        else (out,)
+    floats = [v for v in values if hasattr(v, "requires_grad") and v.requires_grad
+              and v.is_floating_point()]
+    return sum(v.float().mean() for v in floats) if floats else None
 
 
 def _probe(model: Any, loss_fn: Callable[[], Any], infer_fn: Callable[[], Any]) -> None:
@@ -559,14 +691,14 @@ def main() -> int:
         part, parts = (int(x) for x in sample.split("/"))
         work = [w for i, w in enumerate(work) if i % parts == part]
     print(f"{len(work)} architectures x {len(steps)} steps, {jobs} at a time", flush=True)
-    print(f"{'kind':<8} {'arch':<28} {'step':<6} {'outcome':<12} {'ops':>5} {'s':>5}  error",
+    print(f"{'kind':<12} {'arch':<28} {'step':<6} {'outcome':<12} {'ops':>5} {'s':>5}  error",
           flush=True)
     rows: list[dict] = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for result in pool.map(lambda kw: _run_child(*kw, steps, timeout), work):
             for r in result:
                 rows.append(r)
-                print(f"{r['kind']:<8} {r['arch']:<28} {r['step']:<6} {r['outcome']:<12} "
+                print(f"{r['kind']:<12} {r['arch']:<28} {r['step']:<6} {r['outcome']:<12} "
                       f"{r.get('ops', ''):>5} {r.get('s', 0):>5.0f}  {r.get('error', '')}",
                       flush=True)
     totals = Counter(r["outcome"] for r in rows)
