@@ -208,6 +208,33 @@ def test_python_numbers_in_a_training_step_are_not_parameters(tmp_path):
         line for line in text.splitlines() if "_other_" in line)
 
 
+def _class_weighted_segmentation() -> Callable[[], None]:
+    """A per-pixel cross entropy with class weights held in a buffer, as MaskFormer's
+    loss weighs its no-object class: the replay descends into the composite (the
+    backward reads its saved results) and calls nll_loss2d_forward itself."""
+    head = torch.nn.Conv2d(8, 5, 1)
+    opt = torch.optim.SGD(head.parameters(), lr=0.01)
+    weights = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.1])
+    x, target = torch.randn(2, 8, 6, 6), torch.randint(0, 5, (2, 6, 6))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(head(x), target, weight=weights).backward()
+        opt.step()
+
+    return step
+
+
+def test_a_loss_kernels_class_weights_are_not_parameters(tmp_path):
+    """Autograd refuses a class weight that requires grad ("not differentiable with
+    respect to argument 'weight'"): the benchmark crashed where the kernel, not the
+    composite listing its class weights, was replayed."""
+    text, facts, original, replayed = _train_on_the_replay(_class_weighted_segmentation,
+                                                           tmp_path)
+    assert "aten::nll_loss2d_forward.default" in original
+    assert original == replayed and not facts["skipped_at_runtime"]
+
+
 def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
     """Under no_grad a model's parameters still require grad, and embedding_bag takes
     ``_embedding_bag`` for them, not its forward-only kernel (24 us a call against 9

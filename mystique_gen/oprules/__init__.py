@@ -139,8 +139,14 @@ FILLS = _union("fills")
 
 
 def differentiable(op_name: str, arg_name: str) -> bool:
+    """Whether autograd may differentiate `op_name` with respect to `arg_name` (a
+    tensor it reads there may require grad). A kernel named ``X_forward`` (torch's
+    ``nll_loss2d_forward`` below ``nll_loss2d``) takes X's arguments and X's rules: the
+    replay calls it itself where a composite's saved results are read later."""
+    composite = op_name.removesuffix("_forward")
     return (arg_name not in NOT_DIFFERENTIABLE_ARGS
-            and arg_name not in NOT_DIFFERENTIABLE_BY_OP.get(op_name, ()))
+            and arg_name not in NOT_DIFFERENTIABLE_BY_OP.get(op_name, ())
+            and arg_name not in NOT_DIFFERENTIABLE_BY_OP.get(composite, ()))
 
 
 __all__ = [
