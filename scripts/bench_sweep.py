@@ -4,8 +4,9 @@ A vendor gets whatever trace a customer captured, so the benchmark must replay m
 nobody here tried. This section builds every architecture the installed
 ``transformers`` registers for causal LM, masked LM, seq2seq LM, image classification,
 audio classification, CTC and speech-to-text, semantic segmentation, video
-classification, object detection, depth estimation and contrastive image-text
-(CLIP-like) models, from its default config shrunk generically (no weights are
+classification, object detection, depth estimation, contrastive image-text
+(CLIP-like), universal (panoptic) segmentation, keypoint detection and time-series
+classification models, from its default config shrunk generically (no weights are
 downloaded; where the model does not build or run eagerly from that, with fewer
 attributes shrunk), captures one training step (loss, backward, AdamW; where the model
 computes no loss from the labels given, the mean of its outputs) and one inference
@@ -20,9 +21,10 @@ prints the first line of its error.
 
 Environment: SWEEP_ONLY=substr,... (architecture names containing any), SWEEP_KINDS=
 causal,masked,seq2seq,image,audio,ctc,speech,segmentation,video,detection,depth,
-contrastive (default: all), SWEEP_LIMIT=N (first N per kind), SWEEP_SAMPLE=K/N (the
-architectures whose place in the sorted list is K modulo N: a sweep in N parts, each a
-spread of every kind and family), SWEEP_JOBS=N (models at once; default 1),
+contrastive,panoptic,keypoints,series (default: all), SWEEP_LIMIT=N (first N per
+kind), SWEEP_SAMPLE=K/N (the architectures whose place in the sorted list is K modulo
+N: a sweep in N parts, each a spread of every kind and family), SWEEP_JOBS=N (models
+at once; default 1),
 SWEEP_STEPS=train,infer, SWEEP_TIMEOUT=seconds per model (default 900). Traces go to a
 temporary directory (SWEEP_KEEP=DIR keeps them in DIR/ARCH). Each model runs in a
 process of its own, so a crash or a hang costs one row.
@@ -51,11 +53,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("causal", "masked", "seq2seq", "image", "audio", "ctc", "speech", "segmentation",
-         "video", "detection", "depth", "contrastive")
+         "video", "detection", "depth", "contrastive", "panoptic", "keypoints", "series")
 # Kinds whose main input is an image (a clip of frames for video).
-_PIXEL_KINDS = ("image", "segmentation", "video", "detection", "depth", "contrastive")
+_PIXEL_KINDS = ("image", "segmentation", "video", "detection", "depth", "contrastive",
+                "panoptic", "keypoints")
 # Kinds that classify (their heads shrunk to _LABELS classes).
-_LABELLED = ("image", "audio", "segmentation", "video", "detection")
+_LABELLED = ("image", "audio", "segmentation", "video", "detection", "panoptic", "series")
 _LABELS = 4
 OUTCOMES = ("skip", "capture error", "gen error", "run error", "op mismatch", "nonfinite",
             "pass")
@@ -354,6 +357,9 @@ def _mapping(kind: str) -> dict[str, str]:
         "detection": m.MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES,
         "depth": m.MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES,
         "contrastive": m.MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "panoptic": m.MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES,
+        "keypoints": m.MODEL_FOR_KEYPOINT_DETECTION_MAPPING_NAMES,
+        "series": m.MODEL_FOR_TIME_SERIES_CLASSIFICATION_MAPPING_NAMES,
     }[kind]
 
 
@@ -386,6 +392,8 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
             cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
             if kind in _LABELLED:
                 cfg.num_labels = _LABELS
+                if hasattr(cfg, "num_targets"):  # a time-series classifier's classes
+                    cfg.num_targets = _LABELS
             params = _parameters(cls, cfg)
             if params > 30_000_000:
                 failure = failure or f"{params / 1e6:.0f}M parameters after shrinking"
@@ -435,15 +443,23 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
     ids = torch.randint(3, min(vocab, VOCAB), (BATCH, SEQ), generator=g)
     if kind in _PIXEL_KINDS:
         # (a video model may call its clip pixel_values_videos)
-        name = getattr(model, "main_input_name", "pixel_values")
-        inputs[name if name.startswith("pixel_values") else "pixel_values"] = \
-            pixels = _pixels(kind, cfg, g)
+        name = getattr(model, "main_input_name", None)
+        name = name if isinstance(name, str) and name.startswith("pixel_values") \
+            else "pixel_values"
+        inputs[name] = pixels = _pixels(kind, cfg, g)
         if kind in ("image", "video"):
             labels = torch.randint(0, _LABELS, (BATCH,), generator=g)
         elif kind == "segmentation":
             labels = torch.randint(0, _LABELS, (BATCH, *pixels.shape[-2:]), generator=g)
         elif kind == "contrastive":
             inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+        elif kind in ("detection", "panoptic"):
+            labels = _objects(kind, pixels, g)
+    elif kind == "series":  # a window of each channel's past values, a class each
+        length = getattr(cfg, "context_length", SEQ) or SEQ
+        channels = getattr(cfg, "num_input_channels", 1) or 1
+        inputs["past_values"] = torch.randn(BATCH, length, channels, generator=g)
+        labels = torch.randint(0, _LABELS, (BATCH,), generator=g)
     elif kind in ("audio", "ctc", "speech"):
         name = getattr(model, "main_input_name", "input_values")
         inputs[name] = _audio(name, cfg, g)
@@ -464,8 +480,10 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
     train_inputs = dict(inputs)
     if kind == "contrastive":
         train_inputs["return_loss"] = True
+    elif kind == "panoptic":
+        train_inputs.update(labels)
     elif labels is not None:
-        train_inputs["labels"] = labels
+        train_inputs["target_values" if kind == "series" else "labels"] = labels
     return (lambda: _output_loss(model(**train_inputs))), (lambda: model(**infer_inputs))
 
 
@@ -484,6 +502,23 @@ def _pixels(kind: str, cfg: Any, g: Any) -> Any:
     shape = (BATCH, frames, channels, height, width) if kind == "video" and _is_int(frames) \
         else (BATCH, channels, height, width)
     return torch.randn(*shape, generator=g)
+
+
+def _objects(kind: str, pixels: Any, g: Any) -> Any:
+    """Targets of a detector (per image, classes and boxes as centre and size in [0,
+    1]) or of a panoptic segmenter (per image, classes and their masks): three objects
+    an image, which the model's loss matches to its predictions (scipy's Hungarian
+    assignment, between ops, on the host)."""
+    import torch
+
+    objects = 3
+    classes = [torch.randint(0, _LABELS, (objects,), generator=g) for _ in range(BATCH)]
+    if kind == "detection":
+        boxes = [torch.rand(objects, 4, generator=g) * 0.5 + 0.25 for _ in range(BATCH)]
+        return [{"class_labels": c, "boxes": b} for c, b in zip(classes, boxes, strict=True)]
+    size = pixels.shape[-2:]
+    masks = [(torch.rand(objects, *size, generator=g) > 0.5).float() for _ in range(BATCH)]
+    return {"mask_labels": masks, "class_labels": classes}
 
 
 def _audio(name: str, cfg: Any, g: Any) -> Any:
