@@ -1182,8 +1182,8 @@ def _fit(value, shape, strides, rows_of_one=False):
 
     A fitted value is a tensor of its own, not a view, as the op's result was: a view
     refuses some in-place ops (`torch.tensor(...)` detaches its result in place).
-    Only a cut of a value that requires grad stays a view, so that its gradient flows.
-    """
+    Only a cut of a value that requires grad (so that its gradient flows), or of one
+    without a strided storage, stays a view."""
     if isinstance(value, (list, tuple)):
         pairs = list(zip(value, shape, strides, strict=False))
         if all(list(v.shape) == s for v, s, _ in pairs if isinstance(v, torch.Tensor)):
@@ -1206,7 +1206,7 @@ def _fit_one(value, shape, strides):
         return value
     rows = value.shape[0] if value.dim() else 0
     if shape and rows and list(value.shape[1:]) == shape[1:]:
-        if rows >= shape[0] and value.requires_grad:
+        if rows >= shape[0] and (value.requires_grad or value.layout != torch.strided):
             value = value.narrow(0, 0, shape[0])
         elif rows >= shape[0]:
             value = _rows_cut(value, shape[0])
