@@ -235,6 +235,41 @@ def test_a_loss_kernels_class_weights_are_not_parameters(tmp_path):
     assert original == replayed and not facts["skipped_at_runtime"]
 
 
+def _bins_of_a_fitted_mask() -> Callable[[], None]:
+    """D-FINE's target bins: indices computed from values, the valid ones selected by a
+    mask, and the bin after each read. The original's targets all fall in range; the
+    replay's random ones mostly do not, so its mask is fitted by turning elements true
+    whose bins are out of range."""
+    head = torch.nn.Linear(4, 9)
+    opt = torch.optim.SGD(head.parameters(), lr=0.01)
+    bins, x = torch.arange(9.0), torch.randn(64, 4)
+    targets = torch.rand(64) * 0.075
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        gt = targets * 100.0
+        index = (bins <= gt.unsqueeze(1)).sum(1) - 1
+        valid = (index >= 0) & (index < 8)
+        chosen = index[valid].long()
+        left, right = bins[chosen], bins[chosen + 1]
+        logits = head(x)[valid]
+        weight = (gt[valid] - left) / (right - left)
+        picked = logits.gather(1, chosen.unsqueeze(1)).squeeze(1)
+        (picked * weight).mean().backward()
+        opt.step()
+
+    return step
+
+
+def test_indices_read_through_a_fitted_mask_stay_in_range(tmp_path):
+    """`_fit_mask` turns elements true to reach the recorded count, and indices derived
+    from what it then selects can fall outside the tensor they index: the replay read
+    bins[chosen + 1] past the end (IndexError). They are wrapped into range where read."""
+    text, facts, original, replayed = _train_on_the_replay(_bins_of_a_fitted_mask, tmp_path)
+    assert "_fit_mask(" in text and "_in_range(" in text
+    assert original == replayed and not facts["skipped_at_runtime"]
+
+
 def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
     """Under no_grad a model's parameters still require grad, and embedding_bag takes
     ``_embedding_bag`` for them, not its forward-only kernel (24 us a call against 9

@@ -18,6 +18,7 @@ from mystique_gen.backends.layout import INDENT, Atom, Group, Node, flat, lay_ou
 from mystique_gen.backends.names import Namespace, input_hint, op_hint
 from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import (
+    Arg,
     Binding,
     DerivedView,
     DeviceValue,
@@ -314,7 +315,7 @@ class CodeGen:
             return lines + comms.waits_at_end(self, op, depth)
         args: list[Node] = []
         for arg in op.args:
-            node = self.value(arg.value)
+            node = self._in_range(op, arg) if op.in_range else self.value(arg.value)
             if not arg.spec.kwarg_only:
                 args.append(node)
             elif arg.spec.name.isidentifier() and not keyword.iskeyword(arg.spec.name):
@@ -338,6 +339,19 @@ class CodeGen:
         lines.extend(valuefill.fit_lines(op, targets, depth))
         lines.extend(self._frees(op, depth))
         return lines + comms.waits_at_end(self, op, depth)
+
+    def _in_range(self, op: Op, arg: Arg) -> Node:
+        """An argument with its computed indices wrapped into range (``Op.in_range``):
+        ``_in_range(index, size)``, or each such tensor of an index list."""
+        name = arg.spec.name
+        if (name, None) in op.in_range:
+            return valuefill.in_range(self.value(arg.value), op.in_range[(name, None)])
+        if isinstance(arg.value, ListValue) and any(key[0] == name for key in op.in_range):
+            items = [self.value(item) for item in arg.value.items]
+            return exprs.list_display([
+                valuefill.in_range(node, op.in_range[(name, k)])
+                if (name, k) in op.in_range else node for k, node in enumerate(items)])
+        return self.value(arg.value)
 
     def _targets(self, op: Op) -> list[str]:
         """Names of the op's results: the op's name while it is free; else the op's name

@@ -55,3 +55,9 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
             call = exprs.call("_fit_mask", [Atom(targets[position]), Atom(str(count))])
             lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines
+
+
+def in_range(index: Node, size: int) -> Node:
+    """``_in_range(index, size)``: an index computed from a fitted mask's selection,
+    wrapped into range where an op reads it (``Op.in_range``)."""
+    return exprs.call("_in_range", [index, Atom(str(int(size)))])

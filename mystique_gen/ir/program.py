@@ -231,6 +231,11 @@ class Op:
     # computed mask, so it is fitted to that count where it is made, and every reader
     # (the forward's x[mask], the backward's index_put_ with it) sees one mask.
     true_counts: dict[int, int] = field(default_factory=dict)
+    # Index arguments computed from what a fitted mask selected, by (argument name,
+    # position in its list or None): the size they index (passes/values.py). A fitted
+    # mask may select elements the replay's own values did not, so indices derived from
+    # them are wrapped into range where read.
+    in_range: dict[tuple[str, int | None], int] = field(default_factory=dict)
     free_after: list[Binding] = field(default_factory=list)  # variables last read here
     # Variables last read here that stay alive (the original freed them later,
     # passes/frees.py) but whose autograd history goes: the replay's forward records a

@@ -25,6 +25,7 @@ FAMILY = OpFamily(
         "aten::_embedding_bag_dense_backward": {"indices": IntArg("num_weights")},
         "aten::index_select": {"index": _ALONG_DIM},
         "aten::gather": {"index": _ALONG_DIM},
+        "aten::gather_backward": {"index": _ALONG_DIM},
         "aten::scatter": {"index": _ALONG_DIM},
         "aten::scatter_": {"index": _ALONG_DIM},
         "aten::scatter_add": {"index": _ALONG_DIM},

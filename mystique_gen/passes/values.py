@@ -32,6 +32,7 @@ from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import (
+    DerivedView,
     Init,
     ListValue,
     Literal,
@@ -51,6 +52,7 @@ from mystique_gen.ir.dtypes import (
     dtype_from_type_string,
 )
 from mystique_gen.passes.lower import list_element_types
+from mystique_gen.passes.tensors import output_paths
 from mystique_gen.sources.et import RawArg, RawTrace
 
 # Values a fill may take per integral dtype (int64 leaves room for ``high + 1``).
@@ -327,6 +329,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     by_index = {op.index: op for op in ops}
     for (index, position), count in _masks_to_fit(ops, facts.true_counts).items():
         by_index[index].true_counts[position] = count
+    _wrap_indices_from_fitted_masks(ops)
     for s in storages:
         if s.materialised:
             s.init = _choose(s, facts)
@@ -567,6 +570,49 @@ def _shift_windows(ops: list[Op], facts: _Facts) -> None:
             low = next(iter(window))
             facts.window_low.setdefault(s.index, (low, f"{op.name} {shift[1]}: the low "
                                                        f"bound {low} of its index window"))
+
+
+def _wrap_indices_from_fitted_masks(ops: list[Op]) -> None:
+    """Set ``Op.in_range`` for index arguments computed from what a fitted mask selected.
+
+    A mask fitted to its recorded count by turning elements true (``_fit_mask``)
+    selects elements that fail the condition the mask tested: D-FINE's loss selects the
+    bins ``0 <= i < reg_max`` of its targets and reads ``values[i + 1]``, and the
+    replay read past the end (IndexError). Every value derived from a fitted mask's
+    selection is followed; where one is read as an index with a known bound
+    (:data:`oprules.INDEX_RULES`), the file wraps it into range (``_in_range``), which
+    leaves every index that was valid on the element it names."""
+    tainted: set[OpOutput] = set()
+
+    def from_mask(binding: object) -> bool:
+        while isinstance(binding, DerivedView):
+            binding = binding.base
+        return isinstance(binding, OpOutput) and binding in tainted
+
+    for op in ops:
+        reads = [tv for arg in op.args for tv in iter_tensors(arg.value)]
+        if op.true_counts or any(from_mask(tv.binding) for tv in reads):
+            for _path, tv in output_paths(op.outputs):
+                if isinstance(tv.binding, OpOutput):
+                    tainted.add(tv.binding)
+        rules = oprules.INDEX_RULES.get(op.name)
+        if not rules or op.guard:
+            continue
+        args = _arg_facts(op)
+        for arg in op.args:
+            rule = rules.get(arg.spec.name)
+            if isinstance(rule, oprules.PerDim) and isinstance(arg.value, ListValue):
+                shape = args.get(rule.tensor)
+                for k, item in enumerate(arg.value.items):
+                    if isinstance(item, TensorValue) and item.meta.dtype in INTEGRAL \
+                            and isinstance(shape, tuple) and k < len(shape) \
+                            and from_mask(item.binding):
+                        op.in_range[(arg.spec.name, k)] = shape[k]
+            elif isinstance(rule, oprules.Bound) and isinstance(arg.value, TensorValue) \
+                    and arg.value.meta.dtype in INTEGRAL and from_mask(arg.value.binding):
+                high = rule.upper(args)
+                if high:
+                    op.in_range[(arg.spec.name, None)] = high
 
 
 def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],

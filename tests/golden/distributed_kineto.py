@@ -1286,6 +1286,18 @@ def _fit_mask(mask, count):
         return fitted
 
 
+def _in_range(index, size):
+    """An index tensor computed from what a fitted mask selected, wrapped into
+    [0, size) where an op reads it: `_fit_mask` may turn true elements the replay's
+    own values would not select, and indices derived from those can fall outside the
+    tensor they index (the original's never did). A valid index, negative ones too,
+    names the same element after the wrap."""
+    if size <= 0:
+        return index
+    with _harness():
+        return index.remainder(size)
+
+
 def _rows_of_one(values):
     """Whether tensors of one shape are laid out as the rows of one buffer."""
     if len(values) < 2 or not all(isinstance(v, torch.Tensor) for v in values):
