@@ -79,3 +79,21 @@ def test_a_float_times_a_0d_tensor_keeps_the_tensors_dtype(tmp_path, result_dtyp
     b.op(MUL, [loss, b.tensor((), dtype="float64")], [b.tensor((), dtype=result_dtype)])
     other = _other(_program(b))
     assert isinstance(other, Literal) is wrapped
+
+
+@pytest.mark.parametrize("count_dtype,result_dtype,wrapped", [
+    ("int64", "float32", True),  # a count times a float: the default dtype
+    ("int64", "float64", False),  # a real 0-d float64 tensor won
+    ("bool", "float32", True),
+])
+def test_a_float_times_a_0d_integral_tensor_is_a_wrapped_number(count_dtype, result_dtype,
+                                                                 wrapped):
+    """All tensors 0-d, the other one integral (D-FINE's loss: a box count times 0.5,
+    then its square root): an int64 0-d tensor times a 0-d float64 tensor is float64, a
+    wrapped float makes float32. As a tensor it made the loss float64, and the
+    backward's nll_loss refused it ("expected scalar type Float but found Double")."""
+    b = TraceBuilder()
+    count = b.tensor((), dtype=count_dtype)
+    b.op(MUL, [count, b.tensor((), dtype="float64")], [b.tensor((), dtype=result_dtype)])
+    other = _other(_program(b))
+    assert isinstance(other, Literal) is wrapped

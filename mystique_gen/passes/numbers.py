@@ -15,7 +15,8 @@ argument is boolean or integral, and the op returned a floating tensor of anothe
 dtype, which a 0-d float64 tensor argument could not have produced; or, where every
 tensor argument is 0-d, the op returned the floating dtype (not float64) of another
 0-d tensor it read (a VAE's KL term times -0.5: replayed as a tensor, the loss became
-float64 and the backward refused it). (Wrapped integers
+float64 and the backward refused it), or a floating dtype (not float64) beside only
+integral or boolean 0-d tensors (a box count times 0.5). (Wrapped integers
 and booleans promote as 0-d tensors of their dtype would: nothing to tell apart.
 Complex numbers are left as they are.) The number is the value the capture recorded
 (``mystique_gen.tools.capture``), else 1.0, which neither zeroes nor overflows what it
@@ -66,9 +67,11 @@ def _wrapped(tv: TensorValue, op: Op, outputs: list[TensorValue], made: set[int]
         # 0-d float64 tensor beside a 0-d float32 one it reads makes float64, a wrapped
         # float does not (a loss term times -0.5). Written tensors say nothing (an
         # in-place op keeps its dtype).
+        # So does one beside integral or boolean 0-d tensors alone (D-FINE's box count
+        # times 0.5): a float64 tensor would make float64, a wrapped float the default.
         read = {t.meta.dtype for arg in op.args if not arg.spec.writes
                 for t in iter_tensors(arg.value) if t is not tv}
-        return bool(results & read)
+        return bool(results & read) or bool(results and read and read <= _BOOL_OR_INTEGRAL)
     if any(d not in _BOOL_OR_INTEGRAL for d in others):
         return False
     return bool(results)
