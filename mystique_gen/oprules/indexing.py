@@ -6,7 +6,8 @@ from mystique_gen.oprules.base import IntArg, OpFamily, PerDim, SizeOf
 
 _ROWS = SizeOf("weight", 0)
 _ALONG_DIM = SizeOf("self", "dim")
-_EMBEDDING_BAG = {"indices": _ROWS, "offsets": "offsets"}
+# An embedding bag's indices: rows of its table; its offsets: where each bag starts.
+EMBEDDING_BAG_RULES = {"indices": _ROWS, "offsets": "offsets"}
 
 FAMILY = OpFamily(
     name="embedding and indexing",
@@ -16,9 +17,9 @@ FAMILY = OpFamily(
     grad_revealed_by={"aten::embedding_bag": ("aten::_embedding_bag", ("weight",))},
     index_rules={
         "aten::embedding": {"indices": _ROWS},
-        "aten::embedding_bag": _EMBEDDING_BAG,
-        "aten::_embedding_bag": _EMBEDDING_BAG,
-        "aten::_embedding_bag_forward_only": _EMBEDDING_BAG,
+        "aten::embedding_bag": EMBEDDING_BAG_RULES,
+        "aten::_embedding_bag": EMBEDDING_BAG_RULES,
+        "aten::_embedding_bag_forward_only": EMBEDDING_BAG_RULES,
         "aten::embedding_dense_backward": {"indices": IntArg("num_weights")},
         "aten::embedding_backward": {"indices": IntArg("num_weights")},
         "aten::_embedding_bag_backward": {"indices": IntArg("num_weights"), "offsets": "offsets"},

@@ -13,7 +13,8 @@ reason. Quantized tensors themselves are filled as their integer representation
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import OpFamily, SizeOf
+from mystique_gen.oprules.base import OpFamily
+from mystique_gen.oprules.indexing import EMBEDDING_BAG_RULES
 
 # The packed weight class the ops below take, as their schema names it.
 LINEAR_PACKED = "__torch__.torch.classes.quantized.LinearPackedParamsBase"
@@ -40,7 +41,6 @@ _CONVS = ("conv1d", "conv2d", "conv3d", "conv1d_relu", "conv2d_relu", "conv3d_re
 # Quantized embedding bags over rowwise-quantized tables (a recommender's inference,
 # FBGEMM's layout: each row's bytes, then its scale and bias): the same indices and
 # bag offsets as aten::embedding_bag's, rows counted along the table's first dimension.
-_EMBEDDING_BAG = {"indices": SizeOf("weight", 0), "offsets": "offsets"}
 _BAGS = ("embedding_bag_byte_rowwise_offsets", "embedding_bag_4bit_rowwise_offsets",
          "embedding_bag_2bit_rowwise_offsets")
 
@@ -53,7 +53,7 @@ _PACKED_TABLES = ("embedding_bag_byte", "embedding_bag_4bit", "embedding_byte",
 FAMILY = OpFamily(
     name="quantized",
     packed_linear=_LINEAR,
-    index_rules={f"quantized::{name}": _EMBEDDING_BAG for name in _BAGS},
+    index_rules={f"quantized::{name}": EMBEDDING_BAG_RULES for name in _BAGS},
     not_replayed={
         **{f"quantized::{name}": _CONV_WHY for name in _CONVS},
         **{f"quantized::{name}": _TABLE_WHY for name in _PACKED_TABLES},

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -402,13 +403,9 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
                     facts.offsets[s.index] = (indices.meta.numel, last, f"{op.name} offsets")
             continue
         if isinstance(rule, oprules.PerDim):
-            _per_dim(op, rule, value, args, facts, arg_name)
-            continue
-        assert isinstance(rule, oprules.Bound)
-        high = rule.upper(args)
-        if high is not None:
-            for tv in iter_tensors(value):
-                facts.bound(tv, high, f"{op.name} {arg_name}")
+            _mask_rows(op, rule, value, args, facts, arg_name)
+    for arg_name, k, tv, high in _index_bounds(index_rules or {}, by_name, args):
+        facts.bound(tv, high, f"{op.name} {arg_name}" + ("" if k is None else f"[{k}]"))
     if take:
         index, source = by_name.get(take[0]), by_name.get(take[1])
         if isinstance(index, TensorValue) and isinstance(source, TensorValue):
@@ -598,44 +595,57 @@ def _wrap_indices_from_fitted_masks(ops: list[Op]) -> None:
         rules = oprules.INDEX_RULES.get(op.name)
         if not rules or op.guard:
             continue
-        args = _arg_facts(op)
-        for arg in op.args:
-            rule = rules.get(arg.spec.name)
-            if isinstance(rule, oprules.PerDim) and isinstance(arg.value, ListValue):
-                shape = args.get(rule.tensor)
-                for k, item in enumerate(arg.value.items):
-                    if isinstance(item, TensorValue) and item.meta.dtype in INTEGRAL \
-                            and isinstance(shape, tuple) and k < len(shape) \
-                            and from_mask(item.binding):
-                        op.in_range[(arg.spec.name, k)] = shape[k]
-            elif isinstance(rule, oprules.Bound) and isinstance(arg.value, TensorValue) \
-                    and arg.value.meta.dtype in INTEGRAL and from_mask(arg.value.binding):
-                high = rule.upper(args)
-                if high:
-                    op.in_range[(arg.spec.name, None)] = high
+        by_name = {a.spec.name: a.value for a in op.args}
+        for arg_name, k, tv, high in _index_bounds(rules, by_name, _arg_facts(op)):
+            # (a bound list of tensors, each its own argument, is not wrapped)
+            whole = k is not None or isinstance(by_name[arg_name], TensorValue)
+            if whole and high > 0 and tv.meta.dtype in INTEGRAL and from_mask(tv.binding):
+                op.in_range[(arg_name, k)] = high
 
 
-def _per_dim(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],
-             facts: _Facts, arg_name: str) -> None:
-    """``aten::index``: ``indices[k]`` indexes dim k; a bool mask selects recorded rows.
-    The selection is the output of ``index`` and the ``values`` of ``index_put_``
-    (:attr:`PerDim.selection`); values that broadcast into it do not give its rows."""
+def _index_bounds(rules: dict[str, object], by_name: dict[str, object],
+                  args: dict[str, object]
+                  ) -> Iterator[tuple[str, int | None, TensorValue, int]]:
+    """The index tensors an op's index rules bound, as (argument, position in its list
+    or None, tensor, exclusive bound): a :class:`oprules.Bound`'s every tensor, and
+    ``aten::index``'s ``indices[k]`` (not a mask) by dim k of the tensor it indexes."""
+    for arg_name, rule in rules.items():
+        value = by_name.get(arg_name)
+        if value is None:
+            continue
+        if isinstance(rule, oprules.PerDim):
+            shape = args.get(rule.tensor)
+            if not isinstance(value, ListValue) or not isinstance(shape, tuple):
+                continue
+            for k, item in enumerate(value.items):
+                if isinstance(item, TensorValue) and k < len(shape) \
+                        and item.meta.dtype != "bool":
+                    yield arg_name, k, item, shape[k]
+        elif isinstance(rule, oprules.Bound):
+            high = rule.upper(args)
+            for tv in iter_tensors(value) if high is not None else ():
+                yield arg_name, None, tv, high
+
+
+def _mask_rows(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],
+               facts: _Facts, arg_name: str) -> None:
+    """``aten::index``'s boolean masks (its integer indices: `_index_bounds`): a mask
+    selects the recorded rows. The selection is the output of ``index`` and the
+    ``values`` of ``index_put_`` (:attr:`PerDim.selection`); values that broadcast into
+    it do not give its rows."""
     shape = args.get(rule.tensor)
     if not isinstance(value, ListValue) or not isinstance(shape, tuple):
         return
     selected = args.get(rule.selection) if rule.selection else \
         (_output_shapes(op)[0] if op.outputs else None)
     for dim, item in enumerate(value.items):
-        if not isinstance(item, TensorValue) or dim >= len(shape):
+        if not isinstance(item, TensorValue) or dim >= len(shape) or item.meta.dtype != "bool":
             continue
-        if item.meta.dtype == "bool":
-            # x[mask]: the masked dims collapse into one of (true count) rows at `dim`.
-            collapsed = len(shape) - len(item.meta.shape) + 1
-            if isinstance(selected, tuple) and len(selected) == collapsed and dim < collapsed:
-                facts.shape_fill(item, (FillKind.MASK, selected[dim], 0),
-                                 f"{op.name} {arg_name}[{dim}]")
-            continue
-        facts.bound(item, shape[dim], f"{op.name} {arg_name}[{dim}]")
+        # x[mask]: the masked dims collapse into one of (true count) rows at `dim`.
+        collapsed = len(shape) - len(item.meta.shape) + 1
+        if isinstance(selected, tuple) and len(selected) == collapsed and dim < collapsed:
+            facts.shape_fill(item, (FillKind.MASK, selected[dim], 0),
+                             f"{op.name} {arg_name}[{dim}]")
 
 
 def _one_value(values: list[float]) -> float | None:
