@@ -270,6 +270,38 @@ def test_indices_read_through_a_fitted_mask_stay_in_range(tmp_path):
     assert original == replayed and not facts["skipped_at_runtime"]
 
 
+def _divisors_computed_from_a_grid() -> Callable[[], None]:
+    """A vision-language model's patch grid (Qwen2-VL's, Cosmos-3's image_grid_thw):
+    per image its height and width in patches, each divided by the merge size, and each
+    patch's row found by a remainder over that. The original's widths are all 4; the
+    replay fills them within the recorded range [1, 4], and a width of 1 makes a
+    divisor 0."""
+    proj = torch.nn.Linear(1, 8)
+    opt = torch.optim.SGD(proj.parameters(), lr=0.01)
+    grid = torch.tensor([[1, 4, 4]] * 32)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        widths = grid[:, 2] // 2
+        patch = torch.arange(64).repeat(32, 1)
+        rows = torch.remainder(patch, widths.unsqueeze(1)) + patch.floor_divide(
+            widths.unsqueeze(1))
+        proj(rows.float().unsqueeze(-1)).mean().backward()
+        opt.step()
+
+    return step
+
+
+def test_integer_divisors_the_replay_computes_are_never_zero(tmp_path):
+    """A divisor the replay computes from filled integers can be 0 where the original's
+    never was, and an integer division by 0 raises (ZeroDivisionError on CPU). Such a
+    divisor divides by 1 where it is 0; inputs used as divisors are filled nonzero."""
+    text, facts, original, replayed = _train_on_the_replay(_divisors_computed_from_a_grid,
+                                                           tmp_path)
+    assert text.count("_nonzero(") >= 3  # the definition, the remainder, the division
+    assert original == replayed and not facts["skipped_at_runtime"]
+
+
 def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
     """Under no_grad a model's parameters still require grad, and embedding_bag takes
     ``_embedding_bag`` for them, not its forward-only kernel (24 us a call against 9

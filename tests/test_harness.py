@@ -524,3 +524,16 @@ def test_sparse_inputs_have_the_recorded_structure(coalesced):
     assert matrix._nnz() == 30 and matrix.sparse_dim() == 2
     assert torch.equal(matrix.to_dense().sum(), torch.tensor(30.0))
     assert [p.layout for p in runtime._dense_parts(matrix)] == [torch.strided] * 2
+
+
+def test_guards_of_replay_computed_values_keep_every_valid_value():
+    """`_nonzero` divides by 1 only where a computed integer divisor is 0; `_in_range`
+    names the same element for every index that was valid, negative ones too."""
+    divisor = torch.tensor([0, 2, -3, 0, 5])
+    assert runtime._nonzero(divisor).tolist() == [1, 2, -3, 1, 5]
+    assert divisor.tolist() == [0, 2, -3, 0, 5]  # a new tensor: the value is read again
+    index = torch.tensor([-4, -1, 0, 3, 4, 9])
+    table = torch.arange(4) * 10
+    wrapped = runtime._in_range(index, 4)
+    assert table[wrapped[:4]].tolist() == table[index[:4]].tolist()
+    assert ((wrapped >= 0) & (wrapped < 4)).all()

@@ -316,6 +316,8 @@ class CodeGen:
         args: list[Node] = []
         for arg in op.args:
             node = self._in_range(op, arg) if op.in_range else self.value(arg.value)
+            if arg.spec.name in op.nonzero:
+                node = valuefill.nonzero(node)
             if not arg.spec.kwarg_only:
                 args.append(node)
             elif arg.spec.name.isidentifier() and not keyword.iskeyword(arg.spec.name):

@@ -57,6 +57,12 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     return lines
 
 
+def nonzero(divisor: Node) -> Node:
+    """``_nonzero(divisor)``: an integer divisor the replay computed, with 1 for 0
+    (``Op.nonzero``)."""
+    return exprs.call("_nonzero", [divisor])
+
+
 def in_range(index: Node, size: int) -> Node:
     """``_in_range(index, size)``: an index computed from a fitted mask's selection,
     wrapped into range where an op reads it (``Op.in_range``)."""

@@ -236,6 +236,10 @@ class Op:
     # mask may select elements the replay's own values did not, so indices derived from
     # them are wrapped into range where read.
     in_range: dict[tuple[str, int | None], int] = field(default_factory=dict)
+    # Integer divisor arguments the replay computes itself (passes/values.py): its own
+    # values (filled inputs, fitted masks) may make one 0 where the original's never
+    # was, and an integer division by 0 raises; the file divides by 1 there.
+    nonzero: tuple[str, ...] = ()
     free_after: list[Binding] = field(default_factory=list)  # variables last read here
     # Variables last read here that stay alive (the original freed them later,
     # passes/frees.py) but whose autograd history goes: the replay's forward records a

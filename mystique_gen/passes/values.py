@@ -331,6 +331,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for (index, position), count in _masks_to_fit(ops, facts.true_counts).items():
         by_index[index].true_counts[position] = count
     _wrap_indices_from_fitted_masks(ops)
+    _nonzero_computed_divisors(ops)
     for s in storages:
         if s.materialised:
             s.init = _choose(s, facts)
@@ -601,6 +602,33 @@ def _wrap_indices_from_fitted_masks(ops: list[Op]) -> None:
             whole = k is not None or isinstance(by_name[arg_name], TensorValue)
             if whole and high > 0 and tv.meta.dtype in INTEGRAL and from_mask(tv.binding):
                 op.in_range[(arg_name, k)] = high
+
+
+def _nonzero_computed_divisors(ops: list[Op]) -> None:
+    """Set ``Op.nonzero`` for integer divisors computed in the replay.
+
+    A divisor that is an input is filled nonzero (``_Facts.divisor``); one the replay
+    computes follows its own values, which are not the original's: Cosmos-3's vision
+    grid divides each image's patch width by the merge size and then takes a remainder
+    by that, and a filled width of 1 made it 0 (ZeroDivisionError on CPU). The file
+    divides by 1 wherever such a divisor is 0 (``_nonzero``), which leaves every
+    division the original made as it was."""
+    for op in ops:
+        names = oprules.INTEGER_DIVISORS.get(op.name, ())
+        if not names or op.guard:
+            continue
+        found = []
+        for arg in op.args:
+            tv = arg.value
+            if arg.spec.name not in names or not isinstance(tv, TensorValue) \
+                    or tv.meta.dtype not in INTEGRAL:
+                continue
+            binding = tv.binding
+            while isinstance(binding, DerivedView):
+                binding = binding.base
+            if isinstance(binding, OpOutput):
+                found.append(arg.spec.name)
+        op.nonzero = tuple(found)
 
 
 def _index_bounds(rules: dict[str, object], by_name: dict[str, object],

@@ -1275,6 +1275,15 @@ def _fit_mask(mask, count):
         return fitted
 
 
+def _nonzero(divisor):
+    """An integer divisor the replay computed from its own values, with 1 where it is
+    0: those values are not the original's (filled inputs, fitted masks), and an
+    integer division by 0 raises where the original's divisor never was 0. Every
+    nonzero divisor divides as before."""
+    with _harness():
+        return divisor.masked_fill(divisor == 0, 1)
+
+
 def _in_range(index, size):
     """An index tensor computed from what a fitted mask selected, wrapped into
     [0, size) where an op reads it: `_fit_mask` may turn true elements the replay's
