@@ -302,6 +302,38 @@ def test_integer_divisors_the_replay_computes_are_never_zero(tmp_path):
     assert original == replayed and not facts["skipped_at_runtime"]
 
 
+def _images_found_by_counting() -> Callable[[], None]:
+    """GLM-4V's multimodal positions: each position's image is the number of images
+    whose patches end at or before it, counted against the cumulative patch counts of
+    the grid. The original's grid rows are all 8 x 8 (its last row, 1 x 1, is cut
+    off); the replay fills them within the recorded range [1, 8], its counts end short
+    of the positions, and the count reaches past the last image."""
+    per_image = torch.nn.Parameter(torch.randn(4, 8))
+    opt = torch.optim.SGD([per_image], lr=0.01)
+    grid = torch.tensor([[8, 8]] * 4 + [[1, 1]])
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        ends = grid[:4].prod(-1).cumsum(0)
+        positions = torch.arange(256)
+        image = (positions.unsqueeze(1) >= ends.unsqueeze(0)).sum(1)
+        per_image[image].pow(2).mean().backward()
+        opt.step()
+
+    return step
+
+
+def test_indices_computed_from_filled_integers_stay_in_range(tmp_path):
+    """Integer arithmetic on filled integers can give indices the original never had:
+    the replay indexed past the last image (IndexError). Indices computed from filled
+    integers are wrapped into range where read; views and copies of a filled index
+    are not (its fill is bounded already)."""
+    text, facts, original, replayed = _train_on_the_replay(_images_found_by_counting,
+                                                           tmp_path)
+    assert "_in_range(sum_" in text
+    assert original == replayed and not facts["skipped_at_runtime"]
+
+
 def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
     """Under no_grad a model's parameters still require grad, and embedding_bag takes
     ``_embedding_bag`` for them, not its forward-only kernel (24 us a call against 9

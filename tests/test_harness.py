@@ -537,3 +537,5 @@ def test_guards_of_replay_computed_values_keep_every_valid_value():
     wrapped = runtime._in_range(index, 4)
     assert table[wrapped[:4]].tolist() == table[index[:4]].tolist()
     assert ((wrapped >= 0) & (wrapped < 4)).all()
+    targets = torch.tensor([-100, 5, 12, -100])
+    assert runtime._in_range(targets, 10, -100).tolist() == [-100, 5, 2, -100]

@@ -346,12 +346,15 @@ class CodeGen:
         """An argument with its computed indices wrapped into range (``Op.in_range``):
         ``_in_range(index, size)``, or each such tensor of an index list."""
         name = arg.spec.name
+        ignore = next((a.value.value for a in op.args if a.spec.name == "ignore_index"
+                       and isinstance(a.value, Literal) and type(a.value.value) is int), None)
         if (name, None) in op.in_range:
-            return valuefill.in_range(self.value(arg.value), op.in_range[(name, None)])
+            return valuefill.in_range(self.value(arg.value), op.in_range[(name, None)],
+                                      ignore)
         if isinstance(arg.value, ListValue) and any(key[0] == name for key in op.in_range):
             items = [self.value(item) for item in arg.value.items]
             return exprs.list_display([
-                valuefill.in_range(node, op.in_range[(name, k)])
+                valuefill.in_range(node, op.in_range[(name, k)], ignore)
                 if (name, k) in op.in_range else node for k, node in enumerate(items)])
         return self.value(arg.value)
 

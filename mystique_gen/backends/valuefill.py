@@ -63,7 +63,9 @@ def nonzero(divisor: Node) -> Node:
     return exprs.call("_nonzero", [divisor])
 
 
-def in_range(index: Node, size: int) -> Node:
-    """``_in_range(index, size)``: an index computed from a fitted mask's selection,
-    wrapped into range where an op reads it (``Op.in_range``)."""
-    return exprs.call("_in_range", [index, Atom(str(int(size)))])
+def in_range(index: Node, size: int, keep: int | None = None) -> Node:
+    """``_in_range(index, size)``: an index computed from values that are not the
+    original's, wrapped into range where an op reads it (``Op.in_range``);
+    ``_in_range(index, size, keep)`` leaves the op's ignore index as it is."""
+    args = [index, Atom(str(int(size)))] + ([] if keep is None else [Atom(str(int(keep)))])
+    return exprs.call("_in_range", args)

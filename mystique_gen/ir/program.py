@@ -231,10 +231,10 @@ class Op:
     # computed mask, so it is fitted to that count where it is made, and every reader
     # (the forward's x[mask], the backward's index_put_ with it) sees one mask.
     true_counts: dict[int, int] = field(default_factory=dict)
-    # Index arguments computed from what a fitted mask selected, by (argument name,
-    # position in its list or None): the size they index (passes/values.py). A fitted
-    # mask may select elements the replay's own values did not, so indices derived from
-    # them are wrapped into range where read.
+    # Index arguments computed from values that are not the original's (what a fitted
+    # mask selected, integer arithmetic on filled integers), by (argument name, position
+    # in its list or None): the size they index (passes/values.py). They may fall out of
+    # range where the original's did not, so they are wrapped into range where read.
     in_range: dict[tuple[str, int | None], int] = field(default_factory=dict)
     # Integer divisor arguments the replay computes itself (passes/values.py): its own
     # values (filled inputs, fitted masks) may make one 0 where the original's never

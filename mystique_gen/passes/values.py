@@ -330,7 +330,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     by_index = {op.index: op for op in ops}
     for (index, position), count in _masks_to_fit(ops, facts.true_counts).items():
         by_index[index].true_counts[position] = count
-    _wrap_indices_from_fitted_masks(ops)
+    _wrap_computed_indices(ops, facts)
     _nonzero_computed_divisors(ops)
     for s in storages:
         if s.materialised:
@@ -570,29 +570,56 @@ def _shift_windows(ops: list[Op], facts: _Facts) -> None:
                                                        f"bound {low} of its index window"))
 
 
-def _wrap_indices_from_fitted_masks(ops: list[Op]) -> None:
-    """Set ``Op.in_range`` for index arguments computed from what a fitted mask selected.
+def _wrap_computed_indices(ops: list[Op], facts: _Facts) -> None:
+    """Set ``Op.in_range`` for index arguments the replay computes from values that are
+    not the original's.
 
-    A mask fitted to its recorded count by turning elements true (``_fit_mask``)
-    selects elements that fail the condition the mask tested: D-FINE's loss selects the
-    bins ``0 <= i < reg_max`` of its targets and reads ``values[i + 1]``, and the
-    replay read past the end (IndexError). Every value derived from a fitted mask's
-    selection is followed; where one is read as an index with a known bound
+    Two kinds of such values:
+
+    - what a fitted mask selected: ``_fit_mask`` reaches the recorded count by turning
+      elements true that fail the condition the mask tested (D-FINE's loss selects the
+      bins ``0 <= i < reg_max`` of its targets and reads ``values[i + 1]``; the replay
+      read past the end). Everything derived from it is followed.
+    - integer arithmetic on filled integers: an input filled within its bounds or its
+      recorded range, but not with its recorded data, and every integral or boolean
+      value computed from it (GLM-4V finds each position's image by comparing
+      positions with the cumulative sum of its filled patch grid and counting, and
+      the count reached past the last image: IndexError). Floating values end the
+      chain: an index a model derives from them (``argmax``, ``topk``) is in range by
+      construction, and wrapping it would add an op to every routed step.
+
+    Where such a value is read as an index with a known bound
     (:data:`oprules.INDEX_RULES`), the file wraps it into range (``_in_range``), which
-    leaves every index that was valid on the element it names."""
-    tainted: set[OpOutput] = set()
+    leaves every index that was valid on the element it names. An index that is itself
+    an input is filled within its bound and is not wrapped."""
+    from_masks: set[OpOutput] = set()
+    from_fills: set[OpOutput] = set()
 
-    def from_mask(binding: object) -> bool:
+    def origin(binding: object) -> object:
         while isinstance(binding, DerivedView):
             binding = binding.base
-        return isinstance(binding, OpOutput) and binding in tainted
+        return binding
+
+    def filled(tv: TensorValue) -> bool:
+        s = tv.storage
+        return (s is not None and s.materialised and s.dtype in INTEGRAL
+                and s.index not in facts.data)
 
     for op in ops:
         reads = [tv for arg in op.args for tv in iter_tensors(arg.value)]
-        if op.true_counts or any(from_mask(tv.binding) for tv in reads):
-            for _path, tv in output_paths(op.outputs):
-                if isinstance(tv.binding, OpOutput):
-                    tainted.add(tv.binding)
+        masked = bool(op.true_counts) or any(origin(tv.binding) in from_masks for tv in reads)
+        # An op that keeps its input's values (a view, a copy, a selection) keeps a
+        # filled input within the bound its readers put on it (`_propagate_bounds`):
+        # only what is computed from one is followed.
+        keeps = op.signature.is_view or op.name in oprules.VALUE_PRESERVING
+        arithmetic = any(tv.meta.dtype in INTEGRAL | {"bool"} and (
+            origin(tv.binding) in from_fills or filled(tv) and not keeps) for tv in reads)
+        for _path, tv in output_paths(op.outputs):
+            if isinstance(tv.binding, OpOutput):
+                if masked:
+                    from_masks.add(tv.binding)
+                if arithmetic and tv.meta.dtype in INTEGRAL | {"bool"}:
+                    from_fills.add(tv.binding)
         rules = oprules.INDEX_RULES.get(op.name)
         if not rules or op.guard:
             continue
@@ -600,7 +627,9 @@ def _wrap_indices_from_fitted_masks(ops: list[Op]) -> None:
         for arg_name, k, tv, high in _index_bounds(rules, by_name, _arg_facts(op)):
             # (a bound list of tensors, each its own argument, is not wrapped)
             whole = k is not None or isinstance(by_name[arg_name], TensorValue)
-            if whole and high > 0 and tv.meta.dtype in INTEGRAL and from_mask(tv.binding):
+            computed = origin(tv.binding)
+            if whole and high > 0 and tv.meta.dtype in INTEGRAL \
+                    and (computed in from_masks or computed in from_fills):
                 op.in_range[(arg_name, k)] = high
 
 

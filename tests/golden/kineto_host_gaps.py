@@ -1284,16 +1284,17 @@ def _nonzero(divisor):
         return divisor.masked_fill(divisor == 0, 1)
 
 
-def _in_range(index, size):
-    """An index tensor computed from what a fitted mask selected, wrapped into
-    [0, size) where an op reads it: `_fit_mask` may turn true elements the replay's
-    own values would not select, and indices derived from those can fall outside the
-    tensor they index (the original's never did). A valid index, negative ones too,
-    names the same element after the wrap."""
+def _in_range(index, size, keep=None):
+    """An index tensor computed from values that are not the original's, wrapped into
+    [0, size) where an op reads it: what `_fit_mask` selected beyond the replay's own
+    values, or integers computed from filled ones, can fall outside the tensor they
+    index (the original's never did). A valid index, negative ones too, names the same
+    element after the wrap; `keep`, a loss's ignore index, stays as it is."""
     if size <= 0:
         return index
     with _harness():
-        return index.remainder(size)
+        wrapped = index.remainder(size)
+        return wrapped if keep is None else torch.where(index == keep, index, wrapped)
 
 
 def _rows_of_one(values):
