@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("causal", "masked", "seq2seq", "image", "audio", "ctc", "speech", "segmentation",
-         "video", "detection", "depth", "contrastive", "panoptic", "keypoints", "series")
+         "video", "detection", "depth", "contrastive", "panoptic", "keypoints", "series", "vlm")
 # Kinds whose main input is an image (a clip of frames for video).
 _PIXEL_KINDS = ("image", "segmentation", "video", "detection", "depth", "contrastive",
                 "panoptic", "keypoints")
@@ -360,6 +360,7 @@ def _mapping(kind: str) -> dict[str, str]:
         "panoptic": m.MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES,
         "keypoints": m.MODEL_FOR_KEYPOINT_DETECTION_MAPPING_NAMES,
         "series": m.MODEL_FOR_TIME_SERIES_CLASSIFICATION_MAPPING_NAMES,
+        "vlm": m.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     }[kind]
 
 
@@ -390,6 +391,8 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
             sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
                         and type(v) is getattr(cls, "config_class", None)), None)
             cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
+            if kind == "vlm":
+                _placeholders_in_vocabulary(cfg)
             if kind in _LABELLED:
                 cfg.num_labels = _LABELS
                 if hasattr(cfg, "num_targets"):  # a time-series classifier's classes
@@ -469,6 +472,9 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
             labels = ids[:, :4]
         else:
             labels = ids
+    elif kind == "vlm":
+        inputs = _vision_text(cfg, model, g)
+        labels = inputs["input_ids"]
     else:
         inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
         labels = ids
@@ -485,6 +491,143 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
     elif labels is not None:
         train_inputs["target_values" if kind == "series" else "labels"] = labels
     return (lambda: _output_loss(model(**train_inputs))), (lambda: model(**infer_inputs))
+
+
+# A vision-language model's special tokens (image placeholder, vision start and end)
+# take ids from here up, text tokens stay below.
+_SPECIALS = VOCAB - 32
+
+
+def _placeholders_in_vocabulary(cfg: Any) -> None:
+    """Give a vision-language model's special tokens ids inside the shrunk vocabulary,
+    and its multimodal rotary sections (Qwen2-VL's M-RoPE, for a 128-wide head by
+    default) the shrunk head's size."""
+    free = _SPECIALS
+    text = getattr(cfg, "text_config", None)
+    for obj in (cfg, text):
+        for key, value in list(vars(obj).items()) if obj is not None else ():
+            if key.endswith(("token_id", "token_index")) and _is_int(value) and value >= VOCAB:
+                setattr(obj, key, free)
+                free += 1
+    rope = getattr(text, "rope_parameters", None)
+    heads = getattr(text, "num_attention_heads", None)
+    sections = rope.get("mrope_section") if isinstance(rope, dict) else None
+    sections = sections or _default_mrope_sections(cfg)
+    if sections and _is_int(heads) and isinstance(rope, dict):
+        head = getattr(text, "head_dim", None) or text.hidden_size // heads
+        factor = rope.get("partial_rotary_factor") or getattr(
+            text, "partial_rotary_factor", None) or 1.0
+        half, total = int(head * factor) // 2, sum(sections)
+        small = [max(1, s * half // total) for s in sections]
+        small[0] += half - sum(small)
+        text.rope_parameters = {**rope, "mrope_section": small}
+    vision = getattr(cfg, "vision_config", None)
+    if vision is not None and _is_int(getattr(vision, "out_hidden_size", None)) \
+            and text is not None:
+        vision.out_hidden_size = text.hidden_size  # the merger projects into the text
+
+
+def _default_mrope_sections(cfg: Any) -> list[int] | None:
+    """The rotary sections a model's code assumes where its config names none
+    (``rope_parameters.get("mrope_section", [16, 24, 24])``), read from its source."""
+    import importlib
+    import re
+
+    # (a composite may reuse another family's text model: GLM-4.6V's is GLM-4V's)
+    for config in (cfg, getattr(cfg, "text_config", None)):
+        name = type(config).__module__.replace(".configuration_", ".modeling_")
+        try:
+            source = Path(importlib.import_module(name).__file__ or "").read_text()
+        except (ImportError, OSError):
+            continue
+        found = re.search(r'get\("mrope_section", \[([\d, ]+)\]\)', source)
+        if found:
+            return [int(v) for v in found.group(1).split(",")]
+    return None
+
+
+def _vision_text(cfg: Any, model: Any, g: Any) -> dict[str, Any]:
+    """A batch of images and, per image, its placeholder tokens among text tokens, as a
+    processor makes them: as many placeholders as the model's vision tower gives
+    features (counted by running `get_image_features` once). Patch-grid models
+    (Qwen2-VL's family: `image_grid_thw`) take flattened patches, a grid per image and
+    vision start and end tokens; models that read `image_sizes` get them."""
+    import inspect
+
+    import torch
+
+    params = inspect.signature(model.forward).parameters
+    vision = getattr(cfg, "vision_config", None)
+    if vision is None:  # (Fuyu embeds raw patches; Evolla reads proteins)
+        raise Skip("no vision_config")
+    image = next((v for k, v in vars(cfg).items() if k in ("image_token_id", "image_token_index")
+                  and _is_int(v)), None)
+    if image is None:
+        raise Skip("no image token id in the config")
+    extra: dict[str, Any] = {}
+    if "image_grid_thw" in params:
+        patch = vision.patch_size
+        temporal = getattr(vision, "temporal_patch_size", 1) or 1
+        merge = getattr(vision, "spatial_merge_size", 1) or 1
+        side = 2 * merge
+        channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
+        pixels = torch.randn(BATCH * side * side, channels * temporal * patch * patch,
+                             generator=g)
+        extra["image_grid_thw"] = torch.tensor([[1, side, side]] * BATCH)
+        count = side * side // (merge * merge)
+    else:
+        size = getattr(vision, "image_size", IMAGE)
+        size = size if _is_int(size) else tuple(size)[0]
+        pixels = torch.randn(BATCH, getattr(vision, "num_channels", 3) or 3, size, size,
+                             generator=g)
+        get = _image_features(model)
+        wanted = inspect.signature(get).parameters.get("image_sizes")
+        if wanted is not None and wanted.default is inspect.Parameter.empty:
+            # (where optional, a tower may read them as another layout's: LLaVA's CLIP)
+            extra["image_sizes"] = torch.tensor([[size, size]] * BATCH)
+        count, failure = None, ""
+        for shape in (pixels, pixels[:, None]):  # one image per sample, or a list each
+            try:
+                with torch.no_grad():
+                    features = _features(model, shape, extra)
+            except Exception as exc:  # noqa: BLE001 - the next layout, else a skip below
+                failure = failure or f"{type(exc).__name__}: {_first_line(exc)}"
+                continue
+            pixels, count = shape, features // BATCH
+            break
+        if count is None:
+            raise Skip(f"no image layout the vision tower takes ({failure})")
+    ids = torch.randint(3, _SPECIALS, (BATCH, SEQ + count + 2), generator=g)
+    start, end = (getattr(cfg, f"vision_{k}_token_id", None) for k in ("start", "end"))
+    if _is_int(start) and _is_int(end):
+        ids[:, 1], ids[:, count + 2] = start, end
+    ids[:, 2:count + 2] = image
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels,
+              **extra}
+    if "mm_token_type_ids" in params:
+        inputs["mm_token_type_ids"] = (ids == image).long()
+    return inputs
+
+
+def _image_features(model: Any) -> Callable[..., Any]:
+    get = getattr(model, "get_image_features", None) or getattr(
+        getattr(model, "model", None), "get_image_features", None)
+    if get is None:
+        raise Skip("no get_image_features")
+    return get
+
+
+def _features(model: Any, pixels: Any, extra: dict[str, Any]) -> int:
+    """How many feature vectors the vision tower gives for `pixels`: one placeholder
+    token each."""
+    import torch
+
+    out = _image_features(model)(pixel_values=pixels, **extra)
+    if not torch.is_tensor(out) and not isinstance(out, (list, tuple)):
+        pooled = getattr(out, "pooler_output", None)
+        out = out[0] if pooled is None else pooled
+    parts = out if isinstance(out, (list, tuple)) else [out]
+    return sum(p.numel() // p.shape[-1] for p in parts)
 
 
 def _pixels(kind: str, cfg: Any, g: Any) -> Any:
