@@ -44,7 +44,7 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("causal", "masked", "seq2seq", "image", "audio", "ctc", "speech", "segmentation",
-         "video", "detection", "depth", "contrastive", "panoptic", "keypoints", "series", "vlm")
+         "video", "detection", "depth", "contrastive", "panoptic", "keypoints", "series", "vlm",
+         "speechlm")
 # Kinds whose main input is an image (a clip of frames for video).
 _PIXEL_KINDS = ("image", "segmentation", "video", "detection", "depth", "contrastive",
                 "panoptic", "keypoints")
@@ -361,6 +362,9 @@ def _mapping(kind: str) -> dict[str, str]:
         "keypoints": m.MODEL_FOR_KEYPOINT_DETECTION_MAPPING_NAMES,
         "series": m.MODEL_FOR_TIME_SERIES_CLASSIFICATION_MAPPING_NAMES,
         "vlm": m.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        # speech LLMs: the multimodal LMs that are not image-text-to-text ones
+        "speechlm": {a: c for a, c in m.MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES.items()
+                     if a not in m.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES},
     }[kind]
 
 
@@ -391,8 +395,8 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
             sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
                         and type(v) is getattr(cls, "config_class", None)), None)
             cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
-            if kind == "vlm":
-                _placeholders_in_vocabulary(cfg)
+            if kind in ("vlm", "speechlm"):
+                _fit_multimodal(cfg)
             if kind in _LABELLED:
                 cfg.num_labels = _LABELS
                 if hasattr(cfg, "num_targets"):  # a time-series classifier's classes
@@ -472,8 +476,8 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
             labels = ids[:, :4]
         else:
             labels = ids
-    elif kind == "vlm":
-        inputs = _vision_text(cfg, model, g)
+    elif kind in ("vlm", "speechlm"):
+        inputs = _media_text(kind, cfg, model, g)
         labels = inputs["input_ids"]
     else:
         inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
@@ -498,10 +502,12 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
 _SPECIALS = VOCAB - 32
 
 
-def _placeholders_in_vocabulary(cfg: Any) -> None:
-    """Give a vision-language model's special tokens ids inside the shrunk vocabulary,
-    and its multimodal rotary sections (Qwen2-VL's M-RoPE, for a 128-wide head by
-    default) the shrunk head's size."""
+def _fit_multimodal(cfg: Any) -> None:
+    """Fit a multimodal model's config to its shrunk parts: its special tokens get ids
+    inside the shrunk vocabulary, its multimodal rotary sections (Qwen2-VL's M-RoPE,
+    for a 128-wide head by default) the shrunk head's size, its encoders' projections
+    the text's width, and its tokens per image (Gemma 3 pools patches into them) no
+    more than the shrunk image has patches."""
     free = _SPECIALS
     text = getattr(cfg, "text_config", None)
     for obj in (cfg, text):
@@ -521,10 +527,15 @@ def _placeholders_in_vocabulary(cfg: Any) -> None:
         small = [max(1, s * half // total) for s in sections]
         small[0] += half - sum(small)
         text.rope_parameters = {**rope, "mrope_section": small}
+    for encoder, key in (("vision_config", "out_hidden_size"), ("audio_config", "output_dim")):
+        sub = getattr(cfg, encoder, None)
+        if sub is not None and _is_int(getattr(sub, key, None)) and text is not None:
+            setattr(sub, key, text.hidden_size)  # its projection's output is a text token
     vision = getattr(cfg, "vision_config", None)
-    if vision is not None and _is_int(getattr(vision, "out_hidden_size", None)) \
-            and text is not None:
-        vision.out_hidden_size = text.hidden_size  # the merger projects into the text
+    tokens = getattr(cfg, "mm_tokens_per_image", None)
+    size, patch = (getattr(vision, k, None) for k in ("image_size", "patch_size"))
+    if _is_int(tokens) and _is_int(size) and _is_int(patch) and patch:
+        cfg.mm_tokens_per_image = min(tokens, (size // patch) ** 2)
 
 
 def _default_mrope_sections(cfg: Any) -> list[int] | None:
@@ -538,7 +549,7 @@ def _default_mrope_sections(cfg: Any) -> list[int] | None:
         name = type(config).__module__.replace(".configuration_", ".modeling_")
         try:
             source = Path(importlib.import_module(name).__file__ or "").read_text()
-        except (ImportError, OSError):
+        except (ImportError, OSError, AttributeError, TypeError):  # (a built-in class)
             continue
         found = re.search(r'get\("mrope_section", \[([\d, ]+)\]\)', source)
         if found:
@@ -546,25 +557,52 @@ def _default_mrope_sections(cfg: Any) -> list[int] | None:
     return None
 
 
-def _vision_text(cfg: Any, model: Any, g: Any) -> dict[str, Any]:
-    """A batch of images and, per image, its placeholder tokens among text tokens, as a
-    processor makes them: as many placeholders as the model's vision tower gives
-    features (counted by running `get_image_features` once). Patch-grid models
-    (Qwen2-VL's family: `image_grid_thw`) take flattened patches, a grid per image and
-    vision start and end tokens; models that read `image_sizes` get them."""
+def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
+    """A batch of images (``vlm``) or recordings (``speechlm``) and, per sample, its
+    placeholder tokens among text tokens, as a processor makes them: as many
+    placeholders as the model's encoder gives features for it (counted by running
+    ``get_image_features`` or ``get_audio_features`` once). Patch-grid models
+    (Qwen2-VL's family: ``image_grid_thw``) also get vision start and end tokens and
+    each token's modality (``mm_token_type_ids``)."""
     import inspect
 
     import torch
 
     params = inspect.signature(model.forward).parameters
+    media, count, token = (_images if kind == "vlm" else _recordings)(cfg, model, params, g)
+    ids = torch.randint(3, _SPECIALS, (BATCH, SEQ + count + 2), generator=g)
+    start, end = (getattr(cfg, f"vision_{k}_token_id", None) for k in ("start", "end"))
+    if kind == "vlm" and _is_int(start) and _is_int(end):
+        ids[:, 1], ids[:, count + 2] = start, end
+    ids[:, 2:count + 2] = token
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **media}
+    if "mm_token_type_ids" in params:
+        inputs["mm_token_type_ids"] = (ids == token).long()
+    return inputs
+
+
+def _token(cfg: Any, modality: str) -> int:
+    found = next((v for k, v in vars(cfg).items()
+                  if k in (f"{modality}_token_id", f"{modality}_token_index") and _is_int(v)),
+                 None)
+    if found is None:
+        raise Skip(f"no {modality} token id in the config")
+    return found
+
+
+def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], int, int]:
+    """Images as the vision tower takes them, its features per image, the image token:
+    flattened patches and a grid per image where the model reads ``image_grid_thw``;
+    else one image per sample, or a list of one; ``image_sizes`` where
+    ``get_image_features`` requires them."""
+    import inspect
+
+    import torch
+
     vision = getattr(cfg, "vision_config", None)
     if vision is None:  # (Fuyu embeds raw patches; Evolla reads proteins)
         raise Skip("no vision_config")
-    image = next((v for k, v in vars(cfg).items() if k in ("image_token_id", "image_token_index")
-                  and _is_int(v)), None)
-    if image is None:
-        raise Skip("no image token id in the config")
-    extra: dict[str, Any] = {}
+    token = _token(cfg, "image")
     if "image_grid_thw" in params:
         patch = vision.patch_size
         temporal = getattr(vision, "temporal_patch_size", 1) or 1
@@ -573,56 +611,109 @@ def _vision_text(cfg: Any, model: Any, g: Any) -> dict[str, Any]:
         channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
         pixels = torch.randn(BATCH * side * side, channels * temporal * patch * patch,
                              generator=g)
-        extra["image_grid_thw"] = torch.tensor([[1, side, side]] * BATCH)
-        count = side * side // (merge * merge)
-    else:
-        size = getattr(vision, "image_size", IMAGE)
-        size = size if _is_int(size) else tuple(size)[0]
-        pixels = torch.randn(BATCH, getattr(vision, "num_channels", 3) or 3, size, size,
-                             generator=g)
-        get = _image_features(model)
-        wanted = inspect.signature(get).parameters.get("image_sizes")
-        if wanted is not None and wanted.default is inspect.Parameter.empty:
-            # (where optional, a tower may read them as another layout's: LLaVA's CLIP)
-            extra["image_sizes"] = torch.tensor([[size, size]] * BATCH)
-        count, failure = None, ""
-        for shape in (pixels, pixels[:, None]):  # one image per sample, or a list each
-            try:
-                with torch.no_grad():
-                    features = _features(model, shape, extra)
-            except Exception as exc:  # noqa: BLE001 - the next layout, else a skip below
-                failure = failure or f"{type(exc).__name__}: {_first_line(exc)}"
-                continue
-            pixels, count = shape, features // BATCH
-            break
-        if count is None:
-            raise Skip(f"no image layout the vision tower takes ({failure})")
-    ids = torch.randint(3, _SPECIALS, (BATCH, SEQ + count + 2), generator=g)
-    start, end = (getattr(cfg, f"vision_{k}_token_id", None) for k in ("start", "end"))
-    if _is_int(start) and _is_int(end):
-        ids[:, 1], ids[:, count + 2] = start, end
-    ids[:, 2:count + 2] = image
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels,
-              **extra}
-    if "mm_token_type_ids" in params:
-        inputs["mm_token_type_ids"] = (ids == image).long()
-    return inputs
+        grid = torch.tensor([[1, side, side]] * BATCH)
+        return ({"pixel_values": pixels, "image_grid_thw": grid},
+                side * side // (merge * merge), token)
+    size = getattr(vision, "image_size", IMAGE)
+    size = size if _is_int(size) else tuple(size)[0]
+    pixels = torch.randn(BATCH, getattr(vision, "num_channels", 3) or 3, size, size,
+                         generator=g)
+    get = _encoder(model, "get_image_features")
+    extra: dict[str, Any] = {}
+    wanted = inspect.signature(get).parameters.get("image_sizes")
+    if wanted is not None and wanted.default is inspect.Parameter.empty:
+        # (where optional, a tower may read them as another layout's: LLaVA's CLIP)
+        extra["image_sizes"] = torch.tensor([[size, size]] * BATCH)
+    failure = ""
+    for layout in (pixels, pixels[:, None]):  # one image per sample, or a list each
+        try:
+            count = _features(get, pixel_values=layout, **extra)
+        except Exception as exc:  # noqa: BLE001 - the next layout, else a skip below
+            failure = failure or f"{type(exc).__name__}: {_first_line(exc)}"
+            continue
+        return {"pixel_values": layout, **extra}, count // BATCH, token
+    raise Skip(f"no image layout the vision tower takes ({failure})")
 
 
-def _image_features(model: Any) -> Callable[..., Any]:
-    get = getattr(model, "get_image_features", None) or getattr(
-        getattr(model, "model", None), "get_image_features", None)
+# A speech LLM's mask over its feature frames, by the names models give it.
+_FRAME_MASKS = ("input_features_mask", "feature_attention_mask", "padding_mask")
+
+
+def _recordings(cfg: Any, model: Any, params: Any, g: Any
+                ) -> tuple[dict[str, Any], int, int]:
+    """Recordings as the audio encoder takes them, with a mask of every frame where the
+    model or its encoder reads one; the encoder's features per recording; the audio
+    token. Encoders differ in layout (mel bins by frames or frames by bins, raw
+    samples with or without a channel) and in the frame counts they take (Whisper's
+    twice its positions, Qwen3-ASR's windows of 100): each layout is tried in turn."""
+    import torch
+
+    audio = getattr(cfg, "audio_config", None) or getattr(cfg, "encoder_config", None)
+    if audio is None:
+        raise Skip("no audio_config")
+    token = _token(cfg, "audio")
+    name = next((n for n in ("input_features", "input_values") if n in params), None)
+    if name is None:
+        raise Skip("no audio input")
+    get = _encoder(model, "get_audio_features")
+    accepted = _parameter_names(get)
+    failure = ""
+    for values, frames in _audio_layouts(name, audio, g):
+        media = {name: values}
+        for mask in _FRAME_MASKS:
+            if mask in params or mask in accepted:
+                media[mask] = torch.ones(BATCH, frames, dtype=torch.long)
+        try:
+            count = _features(get, **{k: v for k, v in media.items()
+                                      if k in accepted or "kwargs" in accepted})
+        except Exception as exc:  # noqa: BLE001 - the next layout, else a skip below
+            failure = failure or f"{type(exc).__name__}: {_first_line(exc)}"
+            continue
+        return {k: v for k, v in media.items() if k in params}, count // BATCH, token
+    raise Skip(f"no audio layout the encoder takes ({failure})")
+
+
+def _audio_layouts(name: str, audio: Any, g: Any) -> Iterator[tuple[Any, int]]:
+    """Candidate recordings for an audio encoder, with their frame counts."""
+    import torch
+
+    if name == "input_values":
+        samples = torch.randn(BATCH, SAMPLES, generator=g)
+        yield samples, SAMPLES
+        yield samples[:, None], SAMPLES
+        return
+    bins = next((v for k in ("num_mel_bins", "input_dim", "feature_size", "n_mels",
+                             "input_feat_per_channel") if _is_int(v := getattr(audio, k, None))),
+                None)
+    if bins is None:
+        return
+    positions = getattr(audio, "max_source_positions", None)
+    counts = ([2 * positions] if _is_int(positions) else []) + [FRAMES, 100, 200]
+    for frames in dict.fromkeys(counts):
+        yield torch.randn(BATCH, bins, frames, generator=g), frames
+        yield torch.randn(BATCH, frames, bins, generator=g), frames
+
+
+def _parameter_names(fn: Callable[..., Any]) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(fn).parameters)
+
+
+def _encoder(model: Any, method: str) -> Callable[..., Any]:
+    get = getattr(model, method, None) or getattr(getattr(model, "model", None), method, None)
     if get is None:
-        raise Skip("no get_image_features")
+        raise Skip(f"no {method}")
     return get
 
 
-def _features(model: Any, pixels: Any, extra: dict[str, Any]) -> int:
-    """How many feature vectors the vision tower gives for `pixels`: one placeholder
-    token each."""
+def _features(get: Callable[..., Any], **inputs: Any) -> int:
+    """How many feature vectors an encoder gives for `inputs`: one placeholder token
+    each."""
     import torch
 
-    out = _image_features(model)(pixel_values=pixels, **extra)
+    with torch.no_grad():
+        out = get(**inputs)
     if not torch.is_tensor(out) and not isinstance(out, (list, tuple)):
         pooled = getattr(out, "pooler_output", None)
         out = out[0] if pooled is None else pooled
