@@ -334,6 +334,35 @@ def test_indices_computed_from_filled_integers_stay_in_range(tmp_path):
     assert original == replayed and not facts["skipped_at_runtime"]
 
 
+def test_copies_of_a_filled_index_are_not_wrapped(tmp_path):
+    """A filled index is bounded by its readers, and so are its copies: a causal LM's
+    labels padded with the ignore index and shifted (GPT-2's loss), and a decoder's
+    inputs shifted into a buffer made like the labels (T5's ``new_zeros``), read as
+    they are, with no `_in_range` op in the step."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    table, head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50)
+    opt = torch.optim.SGD([*table.parameters(), *head.parameters()], lr=0.01)
+    labels = torch.randint(0, 50, (2, 12))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        shifted = labels.new_zeros(labels.shape)
+        shifted[:, 1:] = labels[:, :-1].clone()
+        shifted[:, 0] = 0
+        logits = head(table(shifted))
+        targets = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="shift", kineto=False, timing_iters=1)
+    text = generate(result.et_path, tmp_path / "shift_bench.py",
+                    GenerateOptions(command_line="test"))
+    body = text[text.index("def replay("):]
+    assert "aten_embedding(" in body and "nll_loss" in body
+    assert "_in_range(" not in body
+
+
 def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
     """Under no_grad a model's parameters still require grad, and embedding_bag takes
     ``_embedding_bag`` for them, not its forward-only kernel (24 us a call against 9

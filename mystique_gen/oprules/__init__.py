@@ -136,6 +136,7 @@ NO_VALUE_WRITES = _union("no_value_writes")
 REFUSES_VIEWS = _union("refuses_views")
 DISTINCT_ALIASES = _union("distinct_aliases")
 FILLS = _union("fills")
+METADATA_ONLY = _union("metadata_only")
 
 
 def differentiable(op_name: str, arg_name: str) -> bool:
@@ -153,7 +154,7 @@ __all__ = [
     "ASYNC_SCOPE",
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
-    "DISTINCT_ALIASES", "FILLS",
+    "DISTINCT_ALIASES", "FILLS", "METADATA_ONLY",
     "GRAD_REVEALED_BY", "GROUP_RANK_ARGS",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",

@@ -196,6 +196,9 @@ class OpFamily:
     no_value_writes: frozenset[str] = frozenset()
     # In-place ops that write one value given as a Scalar over (part of) a tensor.
     fills: frozenset[str] = frozenset()
+    # Ops whose results take only their tensor arguments' metadata (shape, dtype,
+    # device), never their values: ``new_zeros``, ``full_like``.
+    metadata_only: frozenset[str] = frozenset()
     # In-place ops that refuse a view argument ("Can't detach views in-place").
     refuses_views: frozenset[str] = frozenset()
     # Ops whose result is the same view of their input's memory, yet a tensor of its

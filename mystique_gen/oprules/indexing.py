@@ -74,7 +74,11 @@ FAMILY = OpFamily(
         "aten::concat": ("tensors",),
         "aten::stack": ("tensors",),
         "aten::tile": ("self",),
+        # (the padding itself is a constant: a loss's ignore index, mostly)
+        "aten::constant_pad_nd": ("self",),
+        "aten::pad": ("self",),
         # Writes: the values put into an index tensor become its values.
+        "aten::fill_": ("value",),
         "aten::index_put_": ("values",),
         "aten::index_put": ("self", "values"),
         "aten::masked_fill_": ("value",),

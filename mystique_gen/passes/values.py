@@ -612,8 +612,10 @@ def _wrap_computed_indices(ops: list[Op], facts: _Facts) -> None:
         # filled input within the bound its readers put on it (`_propagate_bounds`):
         # only what is computed from one is followed.
         keeps = op.signature.is_view or op.name in oprules.VALUE_PRESERVING
-        arithmetic = any(tv.meta.dtype in INTEGRAL | {"bool"} and (
-            origin(tv.binding) in from_fills or filled(tv) and not keeps) for tv in reads)
+        arithmetic = op.name not in oprules.METADATA_ONLY and any(
+            tv.meta.dtype in INTEGRAL | {"bool"}
+            and (origin(tv.binding) in from_fills or filled(tv) and not keeps)
+            for tv in reads)
         for _path, tv in output_paths(op.outputs):
             if isinstance(tv.binding, OpOutput):
                 if masked:
