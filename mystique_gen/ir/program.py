@@ -236,8 +236,8 @@ class Op:
     # in its list or None): the size they index (passes/values.py). They may fall out of
     # range where the original's did not, so they are wrapped into range where read.
     in_range: dict[tuple[str, int | None], int] = field(default_factory=dict)
-    # Integer divisor arguments the replay computes itself (passes/values.py): its own
-    # values (filled inputs, fitted masks) may make one 0 where the original's never
+    # Integer divisor arguments computed from values that are not the original's (the
+    # same as in_range's, passes/values.py): one may be 0 where the original's never
     # was, and an integer division by 0 raises; the file divides by 1 there.
     nonzero: tuple[str, ...] = ()
     free_after: list[Binding] = field(default_factory=list)  # variables last read here

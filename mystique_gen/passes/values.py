@@ -330,8 +330,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     by_index = {op.index: op for op in ops}
     for (index, position), count in _masks_to_fit(ops, facts.true_counts).items():
         by_index[index].true_counts[position] = count
-    _wrap_computed_indices(ops, facts)
-    _nonzero_computed_divisors(ops)
+    _guard_computed_values(ops, facts)
     for s in storages:
         if s.materialised:
             s.init = _choose(s, facts)
@@ -570,9 +569,9 @@ def _shift_windows(ops: list[Op], facts: _Facts) -> None:
                                                        f"bound {low} of its index window"))
 
 
-def _wrap_computed_indices(ops: list[Op], facts: _Facts) -> None:
-    """Set ``Op.in_range`` for index arguments the replay computes from values that are
-    not the original's.
+def _guard_computed_values(ops: list[Op], facts: _Facts) -> None:
+    """Set ``Op.in_range`` and ``Op.nonzero`` for index and integer divisor arguments
+    the replay computes from values that are not the original's.
 
     Two kinds of such values:
 
@@ -584,14 +583,18 @@ def _wrap_computed_indices(ops: list[Op], facts: _Facts) -> None:
       recorded range, but not with its recorded data, and every integral or boolean
       value computed from it (GLM-4V finds each position's image by comparing
       positions with the cumulative sum of its filled patch grid and counting, and
-      the count reached past the last image: IndexError). Floating values end the
-      chain: an index a model derives from them (``argmax``, ``topk``) is in range by
-      construction, and wrapping it would add an op to every routed step.
+      the count reached past the last image: IndexError; Cosmos-3 divides each
+      image's patch width by the merge size and takes remainders by that, and a filled
+      width of 1 made the divisor 0: ZeroDivisionError on CPU). Floating values end
+      the chain: an index a model derives from them (``argmax``, ``topk``) is in range
+      by construction, and wrapping it would add an op to every routed step.
 
     Where such a value is read as an index with a known bound
     (:data:`oprules.INDEX_RULES`), the file wraps it into range (``_in_range``), which
-    leaves every index that was valid on the element it names. An index that is itself
-    an input is filled within its bound and is not wrapped."""
+    leaves every index that was valid on the element it names; where it is an integer
+    divisor (:data:`oprules.INTEGER_DIVISORS`), the file divides by 1 where it is 0
+    (``_nonzero``). An index or divisor that is itself an input is filled within its
+    bound or nonzero, and is left as it is."""
     from_masks: set[OpOutput] = set()
     from_fills: set[OpOutput] = set()
 
@@ -604,6 +607,9 @@ def _wrap_computed_indices(ops: list[Op], facts: _Facts) -> None:
         s = tv.storage
         return (s is not None and s.materialised and s.dtype in INTEGRAL
                 and s.index not in facts.data)
+
+    def computed(tv: TensorValue) -> bool:
+        return origin(tv.binding) in from_masks or origin(tv.binding) in from_fills
 
     for op in ops:
         reads = [tv for arg in op.args for tv in iter_tensors(arg.value)]
@@ -622,44 +628,21 @@ def _wrap_computed_indices(ops: list[Op], facts: _Facts) -> None:
                     from_masks.add(tv.binding)
                 if arithmetic and tv.meta.dtype in INTEGRAL | {"bool"}:
                     from_fills.add(tv.binding)
+        if op.guard:
+            continue
+        divisors = oprules.INTEGER_DIVISORS.get(op.name, ())
+        op.nonzero = tuple(a.spec.name for a in op.args if a.spec.name in divisors
+                           and isinstance(a.value, TensorValue)
+                           and a.value.meta.dtype in INTEGRAL and computed(a.value))
         rules = oprules.INDEX_RULES.get(op.name)
-        if not rules or op.guard:
+        if not rules:
             continue
         by_name = {a.spec.name: a.value for a in op.args}
         for arg_name, k, tv, high in _index_bounds(rules, by_name, _arg_facts(op)):
             # (a bound list of tensors, each its own argument, is not wrapped)
             whole = k is not None or isinstance(by_name[arg_name], TensorValue)
-            computed = origin(tv.binding)
-            if whole and high > 0 and tv.meta.dtype in INTEGRAL \
-                    and (computed in from_masks or computed in from_fills):
+            if whole and high > 0 and tv.meta.dtype in INTEGRAL and computed(tv):
                 op.in_range[(arg_name, k)] = high
-
-
-def _nonzero_computed_divisors(ops: list[Op]) -> None:
-    """Set ``Op.nonzero`` for integer divisors computed in the replay.
-
-    A divisor that is an input is filled nonzero (``_Facts.divisor``); one the replay
-    computes follows its own values, which are not the original's: Cosmos-3's vision
-    grid divides each image's patch width by the merge size and then takes a remainder
-    by that, and a filled width of 1 made it 0 (ZeroDivisionError on CPU). The file
-    divides by 1 wherever such a divisor is 0 (``_nonzero``), which leaves every
-    division the original made as it was."""
-    for op in ops:
-        names = oprules.INTEGER_DIVISORS.get(op.name, ())
-        if not names or op.guard:
-            continue
-        found = []
-        for arg in op.args:
-            tv = arg.value
-            if arg.spec.name not in names or not isinstance(tv, TensorValue) \
-                    or tv.meta.dtype not in INTEGRAL:
-                continue
-            binding = tv.binding
-            while isinstance(binding, DerivedView):
-                binding = binding.base
-            if isinstance(binding, OpOutput):
-                found.append(arg.spec.name)
-        op.nonzero = tuple(found)
 
 
 def _index_bounds(rules: dict[str, object], by_name: dict[str, object],
