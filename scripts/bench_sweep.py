@@ -532,10 +532,21 @@ def _fit_multimodal(cfg: Any) -> None:
         if sub is not None and _is_int(getattr(sub, key, None)) and text is not None:
             setattr(sub, key, text.hidden_size)  # its projection's output is a text token
     vision = getattr(cfg, "vision_config", None)
+    shuffle = getattr(cfg, "scale_factor", None)  # Idefics3 merges shuffle x shuffle patches
+    patch = getattr(vision, "patch_size", None)
+    if _is_int(shuffle) and _is_int(patch) and _is_int(getattr(vision, "image_size", None)):
+        vision.image_size = max(vision.image_size, patch * shuffle)
     tokens = getattr(cfg, "mm_tokens_per_image", None)
     size, patch = (getattr(vision, k, None) for k in ("image_size", "patch_size"))
     if _is_int(tokens) and _is_int(size) and _is_int(patch) and patch:
         cfg.mm_tokens_per_image = min(tokens, (size // patch) ** 2)
+    if isinstance(getattr(cfg, "image_grid_pinpoints", None), list) and _is_int(size):
+        # LLaVA-NeXT's any-resolution tiles: one tile of the shrunk image (two crops
+        # an image: the whole image, and that tile)
+        cfg.image_grid_pinpoints = [[size, size]]
+    layers = getattr(cfg, "vision_feature_layers", None)
+    if isinstance(layers, (list, tuple)):  # (VipLLaVA reads five of 24 layers; the tower has 2)
+        cfg.vision_feature_layers = [-1] * len(layers)
 
 
 def _default_mrope_sections(cfg: Any) -> list[int] | None:
@@ -625,7 +636,8 @@ def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], 
         # (where optional, a tower may read them as another layout's: LLaVA's CLIP)
         extra["image_sizes"] = torch.tensor([[size, size]] * BATCH)
     failure = ""
-    for layout in (pixels, pixels[:, None]):  # one image per sample, or a list each
+    # one image per sample, or a list of crops each (one, or LLaVA-NeXT's two)
+    for layout in (pixels, pixels[:, None], pixels[:, None].repeat(1, 2, 1, 1, 1)):
         try:
             count = _features(get, pixel_values=layout, **extra)
         except Exception as exc:  # noqa: BLE001 - the next layout, else a skip below
