@@ -593,9 +593,8 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
 
 
 def _token(cfg: Any, modality: str) -> int:
-    found = next((v for k, v in vars(cfg).items()
-                  if k in (f"{modality}_token_id", f"{modality}_token_index") and _is_int(v)),
-                 None)
+    found = next((v for k in (f"{modality}_token_id", f"{modality}_token_index")
+                  if _is_int(v := getattr(cfg, k, None))), None)
     if found is None:
         raise Skip(f"no {modality} token id in the config")
     return found
@@ -613,6 +612,13 @@ def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], 
     vision = getattr(cfg, "vision_config", None)
     if vision is None:  # (Fuyu embeds raw patches; Evolla reads proteins)
         raise Skip("no vision_config")
+    if not any(_is_int(getattr(cfg, k, None)) for k in ("image_token_id", "image_token_index")):
+        # No placeholders: the model puts the image's features before the text itself
+        # (BLIP-2's query tokens, GIT, Kosmos-2's own layout); the eager run decides.
+        size = getattr(vision, "image_size", IMAGE)
+        size = size if _is_int(size) else tuple(size)[0]
+        channels = getattr(vision, "num_channels", 3) or 3
+        return {"pixel_values": torch.randn(BATCH, channels, size, size, generator=g)}, 0, -1
     token = _token(cfg, "image")
     if "image_grid_thw" in params:
         patch = vision.patch_size
