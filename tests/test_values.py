@@ -868,6 +868,16 @@ def test_data_fill_needs_a_width():
         data_call(Init("data", 3, 1, "", b"\x00"), "int64", "device")
 
 
+def test_guard_emitters():
+    """The index wrap and the divisor guard, as the file spells them."""
+    from mystique_gen.backends.layout import Atom, flat
+    from mystique_gen.backends.valuefill import in_range, nonzero
+
+    assert flat(in_range(Atom("index"), 128)) == "_in_range(index, 128)"
+    assert flat(in_range(Atom("target"), 2000, -100)) == "_in_range(target, 2000, -100)"
+    assert flat(nonzero(Atom("width"))) == "_nonzero(width)"
+
+
 def test_normalised_activations_keep_both_signs(tmp_path):
     """BatchNorm's parameters and running statistics are filled as the module starts
     them (weight 1, bias 0, mean 0, variance 1), so that what a ReLU after it passes

@@ -344,7 +344,8 @@ class CodeGen:
 
     def _in_range(self, op: Op, arg: Arg) -> Node:
         """An argument with its computed indices wrapped into range (``Op.in_range``):
-        ``_in_range(index, size)``, or each such tensor of an index list."""
+        ``_in_range(index, size)``, or each such tensor of an index list; a loss's
+        ``ignore_index`` is kept (``_in_range(target, classes, ignore)``)."""
         name = arg.spec.name
         ignore = next((a.value.value for a in op.args if a.spec.name == "ignore_index"
                        and isinstance(a.value, Literal) and type(a.value.value) is int), None)

@@ -58,8 +58,8 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
 
 
 def nonzero(divisor: Node) -> Node:
-    """``_nonzero(divisor)``: an integer divisor the replay computed, with 1 for 0
-    (``Op.nonzero``)."""
+    """``_nonzero(divisor)``: an integer divisor computed from values that are not the
+    original's, with 1 for 0 (``Op.nonzero``)."""
     return exprs.call("_nonzero", [divisor])
 
 
