@@ -35,8 +35,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
+import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -552,9 +555,6 @@ def _fit_multimodal(cfg: Any) -> None:
 def _default_mrope_sections(cfg: Any) -> list[int] | None:
     """The rotary sections a model's code assumes where its config names none
     (``rope_parameters.get("mrope_section", [16, 24, 24])``), read from its source."""
-    import importlib
-    import re
-
     # (a composite may reuse another family's text model: GLM-4.6V's is GLM-4V's)
     for config in (cfg, getattr(cfg, "text_config", None)):
         name = type(config).__module__.replace(".configuration_", ".modeling_")
@@ -575,8 +575,6 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
     ``get_image_features`` or ``get_audio_features`` once). Patch-grid models
     (Qwen2-VL's family: ``image_grid_thw``) also get vision start and end tokens and
     each token's modality (``mm_token_type_ids``)."""
-    import inspect
-
     import torch
 
     params = inspect.signature(model.forward).parameters
@@ -605,8 +603,6 @@ def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], 
     flattened patches and a grid per image where the model reads ``image_grid_thw``;
     else one image per sample, or a list of one; ``image_sizes`` where
     ``get_image_features`` requires them."""
-    import inspect
-
     import torch
 
     vision = getattr(cfg, "vision_config", None)
@@ -674,7 +670,7 @@ def _recordings(cfg: Any, model: Any, params: Any, g: Any
     if name is None:
         raise Skip("no audio input")
     get = _encoder(model, "get_audio_features")
-    accepted = _parameter_names(get)
+    accepted = set(inspect.signature(get).parameters)
     failure = ""
     for values, frames in _audio_layouts(name, audio, g):
         media = {name: values}
@@ -710,12 +706,6 @@ def _audio_layouts(name: str, audio: Any, g: Any) -> Iterator[tuple[Any, int]]:
     for frames in dict.fromkeys(counts):
         yield torch.randn(BATCH, bins, frames, generator=g), frames
         yield torch.randn(BATCH, frames, bins, generator=g), frames
-
-
-def _parameter_names(fn: Callable[..., Any]) -> set[str]:
-    import inspect
-
-    return set(inspect.signature(fn).parameters)
 
 
 def _encoder(model: Any, method: str) -> Callable[..., Any]:
