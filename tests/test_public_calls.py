@@ -138,8 +138,50 @@ def test_a_crashing_probe_leaves_every_op_on_torch_ops(monkeypatch):
     from mystique_gen.passes import public_calls as bindings
 
     monkeypatch.setattr(bindings, "_probe_here",
-                        lambda probes: os.kill(os.getpid(), signal.SIGKILL))
+                        lambda probes, on_start=None: os.kill(os.getpid(), signal.SIGKILL))
     assert set(_bindings().values()) == {None}
+
+
+def test_a_probe_that_crashes_costs_only_its_own_op(monkeypatch):
+    """A kernel that kills the process on the probe's empty arguments leaves that op on
+    torch.ops; the other ops keep the public calls they dispatch exactly."""
+    import os
+    import signal
+
+    from mystique_gen.passes import public_calls as bindings
+
+    real_call = bindings._call
+
+    def call(chain, op):
+        if op.signature.name == "relu":
+            return lambda: os.kill(os.getpid(), signal.SIGKILL)
+        return real_call(chain, op)
+
+    expected = _bindings()
+    monkeypatch.setattr(bindings, "_call", call)
+    assert _bindings() == {**expected, "aten::relu.default": None}
+
+
+WEIGHT_NORM = ("aten::_weight_norm_interface(Tensor v, Tensor g, int dim=0) "
+               "-> (Tensor, Tensor)")
+
+
+def test_ops_beside_a_kernel_that_crashes_on_empty_tensors_keep_their_public_calls():
+    """torch's _weight_norm_interface divides by a zero size on empty tensors (SIGFPE,
+    which took down the probes of every wav2vec2 trace); the ops around it still get
+    their public calls."""
+    b = TraceBuilder()
+    v, g = b.tensor((8, 4, 3)), b.tensor((1, 1, 3))
+    w, norms = b.tensor((8, 4, 3)), b.tensor((1, 1, 3))
+    b.op(WEIGHT_NORM, [v, g, 2], [w, norms])
+    x, y = b.tensor((4, 4)), b.tensor((4, 4))
+    b.op(MM, [x, x], [y])
+    r = b.tensor((4, 4))
+    b.op(RELU, [y], [r])
+    program = build_program(trace_from_document(b.doc(), name="t.json", sha256="0"))
+    calls = {op.signature.full_name: op.public_call for op in program.ops}
+    assert calls["aten::mm.default"] == "torch.mm"
+    assert calls["aten::relu.default"] == "torch.relu"
 
 
 def test_probes_in_process_where_the_platform_cannot_fork(monkeypatch):

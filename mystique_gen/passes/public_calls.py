@@ -23,6 +23,7 @@ safety check of generated files uses the same test (:func:`public_chain_ok`).
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import os
@@ -54,6 +55,7 @@ from mystique_gen.ir import (
 
 _PROBE_MARK = "mystique_probe_"
 PROBE_TIMEOUT_S = 60.0  # a child probing longer than this is stopped (its ops keep torch.ops)
+MAX_PROBE_CHILDREN = 16  # children started for one trace, each after one crashing probe
 
 
 def choose_public_calls(ops: list[Op]) -> None:
@@ -189,12 +191,35 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
     (``aten::add.Tensor``; ``.default`` spelled out), or None where it could not be made.
 
     Where the platform forks, the probes run in a child process: a kernel that crashes
-    on arguments no model passes takes only the child down (every op then keeps its
-    torch.ops call), and the torch code the kernels page in (about 20 MiB for GPT-2's
-    ops) stays out of the generator's memory."""
+    on the empty arguments (``_weight_norm_interface`` divides by a zero size and
+    raises SIGFPE) takes only the child down, and the torch code the kernels page in
+    (about 20 MiB for GPT-2's ops) stays out of the generator's memory. The child says
+    which probe it starts, so a crash or a hang costs that probe alone: the others run
+    again in a new child."""
     if sys.platform != "linux" or not hasattr(os, "fork"):
         with _quiet_stderr():
             return _probe_here(probes)
+    results: list[list[str] | None] = [None] * len(probes)
+    pending = list(range(len(probes)))
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    for _attempt in range(MAX_PROBE_CHILDREN):
+        report, started = _probe_in_child([probes[i] for i in pending], deadline)
+        if report is not None:
+            for index, dispatched in zip(pending, report, strict=True):
+                results[index] = dispatched
+            break
+        if started is None:  # it died outside any probe: nothing to leave out
+            break
+        del pending[started]  # that probe keeps its torch.ops call
+        if not pending:
+            break
+    return results
+
+
+def _probe_in_child(probes: list[tuple[str, Op]], deadline: float
+                    ) -> tuple[list[list[str] | None] | None, int | None]:
+    """Run ``probes`` in a forked child: (its report, None), or (None, the index of the
+    probe it was in when it crashed or ran past ``deadline``, if it was in one)."""
     sys.stdout.flush()
     sys.stderr.flush()  # the child must not flush (or lock) the parent's buffers
     read_fd, write_fd = os.pipe()
@@ -203,52 +228,65 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
         status = 1
         try:
             os.close(read_fd)
+            faulthandler.disable()  # a crash dump would go to the parent's stderr
             quiet = os.open(os.devnull, os.O_WRONLY)  # its logs, or a crash dump, are noise
             os.dup2(quiet, 1)
             os.dup2(quiet, 2)
-            payload = json.dumps(_probe_here(probes)).encode()
-            with os.fdopen(write_fd, "wb") as out:
-                out.write(payload)
+            report = _probe_here(probes, lambda i: _send(write_fd, b"S%d\n" % i))
+            _send(write_fd, b"R" + json.dumps(report).encode() + b"\n")
             status = 0
         finally:
             os._exit(status)
     os.close(write_fd)
-    payload = _read_child(read_fd, pid)
-    failed: list[list[str] | None] = [None] * len(probes)
+    lines, finished = _read_child(read_fd, pid, deadline)
+    started = None  # the probe the child last started; len(probes) once past them all
+    for line in lines:
+        if line[:1] == b"S" and line[1:].isdigit():
+            started = int(line[1:])
+    if started is not None and started >= len(probes):
+        started = None
+    report = lines[-1][1:] if finished and lines and lines[-1][:1] == b"R" else None
     try:
-        result = json.loads(payload) if payload is not None else None
+        result = json.loads(report) if report is not None else None
     except ValueError:
-        return failed
+        result = None
     if not (isinstance(result, list) and len(result) == len(probes) and all(
             r is None or (isinstance(r, list) and all(isinstance(x, str) for x in r))
             for r in result)):
-        return failed
-    return result
+        return None, started
+    return result, None
 
 
-def _read_child(fd: int, pid: int) -> bytes | None:
-    """The child's report, or None if it crashed, failed or ran past PROBE_TIMEOUT_S."""
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_child(fd: int, pid: int, deadline: float) -> tuple[list[bytes], bool]:
+    """The child's lines, and whether it exited cleanly before ``deadline``."""
     chunks = []
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    timed_out = False
     with os.fdopen(fd, "rb", buffering=0) as pipe:
         while True:
             ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 os.kill(pid, signal.SIGKILL)
-                chunks = []
+                timed_out = True
                 break
             chunk = pipe.read(1 << 16)
             if not chunk:
                 break
             chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
-    if not chunks or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
-        return None
-    return b"".join(chunks)
+    clean = not timed_out and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    return b"".join(chunks).splitlines(), clean
 
 
-def _probe_here(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
-    """The probes, in this process.
+def _probe_here(probes: list[tuple[str, Op]],
+                on_start: Callable[[int], object] | None = None) -> list[list[str] | None]:
+    """The probes, in this process; ``on_start(i)`` before probe ``i`` runs, and
+    ``on_start(len(probes))`` after the last.
 
     The profiler records an op when it is entered, so a kernel that then refuses the
     empty arguments (a view to a size they do not have) still shows which overload the
@@ -272,9 +310,13 @@ def _probe_here(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
             for i, call in enumerate(calls):
                 if call is None:
                     continue
+                if on_start is not None:
+                    on_start(i)
                 # A kernel refusing the empty arguments is expected: see above.
                 with _RecordFunctionFast(f"{_PROBE_MARK}{i}"), suppress(Exception):
                     call()
+            if on_start is not None:
+                on_start(len(calls))  # past every probe
     finally:
         profiler.__exit__(None, None, None)
     result: list[list[str] | None] = [None if c is None else [] for c in calls]
