@@ -162,6 +162,24 @@ def test_a_probe_that_crashes_costs_only_its_own_op(monkeypatch):
     assert _bindings() == {**expected, "aten::relu.default": None}
 
 
+def test_a_probe_that_hangs_costs_only_its_own_op(monkeypatch):
+    import time
+
+    from mystique_gen.passes import public_calls as bindings
+
+    real_call = bindings._call
+
+    def call(chain, op):
+        if op.signature.name == "relu":
+            return lambda: time.sleep(600)
+        return real_call(chain, op)
+
+    expected = _bindings()
+    monkeypatch.setattr(bindings, "_call", call)
+    monkeypatch.setattr(bindings, "PROBE_TIMEOUT_S", 1.0)
+    assert _bindings() == {**expected, "aten::relu.default": None}
+
+
 WEIGHT_NORM = ("aten::_weight_norm_interface(Tensor v, Tensor g, int dim=0) "
                "-> (Tensor, Tensor)")
 

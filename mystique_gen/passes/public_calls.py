@@ -30,7 +30,6 @@ import os
 import select
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import lru_cache
@@ -54,7 +53,7 @@ from mystique_gen.ir import (
 )
 
 _PROBE_MARK = "mystique_probe_"
-PROBE_TIMEOUT_S = 60.0  # a child probing longer than this is stopped (its ops keep torch.ops)
+PROBE_TIMEOUT_S = 60.0  # a probe child silent this long is stopped (its probe keeps torch.ops)
 MAX_PROBE_CHILDREN = 16  # children started for one trace, each after one crashing probe
 
 
@@ -201,9 +200,8 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
             return _probe_here(probes)
     results: list[list[str] | None] = [None] * len(probes)
     pending = list(range(len(probes)))
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
     for _attempt in range(MAX_PROBE_CHILDREN):
-        report, started = _probe_in_child([probes[i] for i in pending], deadline)
+        report, started = _probe_in_child([probes[i] for i in pending])
         if report is not None:
             for index, dispatched in zip(pending, report, strict=True):
                 results[index] = dispatched
@@ -216,10 +214,10 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
     return results
 
 
-def _probe_in_child(probes: list[tuple[str, Op]], deadline: float
+def _probe_in_child(probes: list[tuple[str, Op]]
                     ) -> tuple[list[list[str] | None] | None, int | None]:
     """Run ``probes`` in a forked child: (its report, None), or (None, the index of the
-    probe it was in when it crashed or ran past ``deadline``, if it was in one)."""
+    probe it was in when it crashed or hung, if it was in one)."""
     sys.stdout.flush()
     sys.stderr.flush()  # the child must not flush (or lock) the parent's buffers
     read_fd, write_fd = os.pipe()
@@ -238,7 +236,7 @@ def _probe_in_child(probes: list[tuple[str, Op]], deadline: float
         finally:
             os._exit(status)
     os.close(write_fd)
-    lines, finished = _read_child(read_fd, pid, deadline)
+    lines, finished = _read_child(read_fd, pid)
     started = None  # the probe the child last started; len(probes) once past them all
     for line in lines:
         if line[:1] == b"S" and line[1:].isdigit():
@@ -263,13 +261,14 @@ def _send(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_child(fd: int, pid: int, deadline: float) -> tuple[list[bytes], bool]:
-    """The child's lines, and whether it exited cleanly before ``deadline``."""
+def _read_child(fd: int, pid: int) -> tuple[list[bytes], bool]:
+    """The child's lines, and whether it exited cleanly, never silent for longer than
+    PROBE_TIMEOUT_S (it writes a line as each probe starts)."""
     chunks = []
     timed_out = False
     with os.fdopen(fd, "rb", buffering=0) as pipe:
         while True:
-            ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+            ready, _, _ = select.select([pipe], [], [], PROBE_TIMEOUT_S)
             if not ready:
                 os.kill(pid, signal.SIGKILL)
                 timed_out = True
