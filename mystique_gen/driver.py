@@ -375,8 +375,19 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             "beside it): with --host-gaps "
             "recorded the benchmark calibrates the observer's cost out, or replays no "
             "gaps where it cannot (no observer there, or one that writes another schema "
-            f"than the trace's {program.timing.observer_schema or 'unknown'})")])
+            f"than the trace's {program.timing.observer_schema or 'unknown'})"), note(
+            "same-session gaps replay only where that correction can be trusted: the "
+            "observer's estimated cost at most twice what is left to wait, and the "
+            "recorded steps' gaps differing by less than that"
+            f"{_spread(program.timing.step_gap_totals_us)}; else stderr says which")])
     return program
+
+
+def _spread(totals: tuple[float, ...]) -> str:
+    """How far a same-session pair's recorded steps' gap totals differ, for its note."""
+    if len(totals) < 2:
+        return ""
+    return f" (here by {max(totals) - min(totals):.0f} us over {len(totals)} steps)"
 
 
 def assign_streams(program: Program, build: Build) -> Program:

@@ -74,6 +74,11 @@ def test_profile_gaps_median_over_steps(captured):
     assert gaps == {nodes[0].id: pytest.approx(0.5),
                     **{n.id: pytest.approx(4.0) for n in nodes[1:]}}
     assert tail == pytest.approx(3.5)  # per step: gap - 0.5 us, median of 1.5, 5.5, 3.5
+    # Each step's gaps in total, the first op's and the tail included: how far the
+    # steps disagree is the recording's noise (a same-session pair weighs it).
+    n = len(nodes)
+    assert found.step_totals == pytest.approx(
+        [0.5 + (n - 1) * gap + gap - 0.5 for gap in (2.0, 6.0, 4.0)])
     assert profile_gaps(trace, events[1:]) is None  # an op missing from the first step
 
 
@@ -317,8 +322,24 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     assert timing.tail_gap_us is not None
     gaps = [op.timing.gap_us for op in program.ops if op.timing is not None]
     assert gaps[0] is not None and all(g is not None and g >= 0 for g in gaps)
+    assert len(timing.step_gap_totals_us) == 3
+    assert sorted(timing.step_gap_totals_us)[1] == pytest.approx(sum(gaps) + timing.tail_gap_us)
     text = generate(et_path, tmp_path / "bench.py", kineto=kineto)
     assert "median of 3 recorded steps" in " ".join(text.split())
+    assert "recorded steps' gaps differing by less than that (here by" in " ".join(text.split())
+
+    # Steps that disagree by more than what is left to wait once the observer's cost is
+    # subtracted (the observer's and the Python tracer's stalls of milliseconds land in
+    # some steps and not others: an MLP's gaps read 2.9 to 11.8 ms in three steps, its
+    # eager step's 0.5 ms): no gaps, and why.
+    noisy = tmp_path / "noisy.py"
+    noisy.write_text(re.sub(r'"step_gaps_us": \[[^]]*\]', '"step_gaps_us": [1.0, 1e9]', text))
+    proc = run_benchmark(noisy, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--host-gaps", "recorded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json(proc.stdout)
+    assert out["host_gaps_replayed"] is False
+    assert "recorded steps' gaps differ by" in proc.stderr and "host gaps off" in proc.stderr
 
 
 def test_gaps_recorded_with_shapes_and_stacks_are_calibrated_under_them(tmp_path):

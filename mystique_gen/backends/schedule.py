@@ -218,6 +218,7 @@ def original_lines(program: Program, rank: int | None = None) -> list[str]:
                               if op.timing is not None))),
         ("host_probe_us", "None" if timing.host_probe_us is None
          else exprs.float_literal(round(timing.host_probe_us, 3))),
+        ("step_gaps_us", "[" + ", ".join(_us(t) for t in timing.step_gap_totals_us) + "]"),
     )
     items = [Atom(f"{exprs.str_literal(k)}: {v}") for k, v in fields]
     lines = [ORIGINAL_COMMENT if rank is None else

@@ -345,6 +345,10 @@ class ProgramTiming:
     host_probe_us: float | None = None
     tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
     tail_gap_calls: int = 0  # Python calls traced in the tail (with_stack)
+    # Each recorded step's gaps in total, where the gaps are medians over several steps:
+    # how far they disagree is the recording's noise, against which the benchmark
+    # weighs what a same-session correction leaves to wait (``_calibrate_gaps``).
+    step_gap_totals_us: tuple[float, ...] = ()
     # The eager step the capture timed with no recorder attached (its step.json), where
     # one is beside the Kineto trace. The Kineto span above is a profiled step, with the
     # ET observer attached where linked by id: 10x the eager step, measured on an

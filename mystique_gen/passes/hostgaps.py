@@ -75,6 +75,8 @@ class ProfileGaps:
     tail_events: int = 0
     calls: dict[int, int] = field(default_factory=dict)  # ET node id -> Python calls traced
     tail_calls: int = 0
+    # Each step's gaps in total (the tail included), where every gap has one per step.
+    step_totals: tuple[float, ...] = ()
 
 
 def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
@@ -146,7 +148,8 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
                 tail_calls.append(begun_between(traced, run[-1].end, scope.end + 1e-3))
     gaps = {nid: statistics.median(v) for nid, v in samples.items()}
     tail = statistics.median(t for t, _ in tails) if tails else None
-    scale = _typical_step_scale(list(samples.values()) + [[t for t, _ in tails]], steps)
+    series = list(samples.values()) + [[t for t, _ in tails]]
+    scale = _typical_step_scale(series, steps)
     return ProfileGaps(
         gaps={nid: gap * scale for nid, gap in gaps.items()},
         events={nid: round(statistics.median(v)) for nid, v in counts.items()},
@@ -155,6 +158,7 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
         tail_events=round(statistics.median(k for _, k in tails)) if tails else 0,
         calls={nid: round(statistics.median(v)) for nid, v in calls.items() if any(v)},
         tail_calls=round(statistics.median(tail_calls)) if tail_calls else 0,
+        step_totals=tuple(_step_totals(series, steps) or ()),
     )
 
 
@@ -167,12 +171,19 @@ def _typical_step_scale(samples: list[list[float]], steps: int) -> float:
     step, and the replay ran that much fast. Scaling every gap by the median of the
     steps' totals over that sum keeps both. 1 unless every gap has one sample per
     step."""
+    totals = _step_totals(samples, steps)
+    if totals is None:
+        return 1.0
+    medians = sum(statistics.median(s) for s in samples if s)
+    return statistics.median(totals) / medians if medians > 0 else 1.0
+
+
+def _step_totals(samples: list[list[float]], steps: int) -> list[float] | None:
+    """Each step's gaps added up; None unless every gap has one sample per step."""
     series = [s for s in samples if s]
     if steps < 2 or any(len(s) != steps for s in series):
-        return 1.0
-    medians = sum(statistics.median(s) for s in series)
-    totals = [sum(s[i] for s in series) for i in range(steps)]
-    return statistics.median(totals) / medians if medians > 0 else 1.0
+        return None
+    return [sum(s[i] for s in series) for i in range(steps)]
 
 
 def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace,
@@ -215,7 +226,8 @@ def _replace_gaps(program: Program, found: ProfileGaps) -> None:
     assert program.timing is not None
     program.timing = replace(program.timing, tail_gap_us=found.tail,
                              tail_gap_events=found.tail_events,
-                             tail_gap_calls=found.tail_calls)
+                             tail_gap_calls=found.tail_calls,
+                             step_gap_totals_us=found.step_totals)
 
 
 def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
