@@ -378,7 +378,7 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             f"than the trace's {program.timing.observer_schema or 'unknown'})"), note(
             "same-session gaps replay only where that correction can be trusted: the "
             "observer's estimated cost at most twice what is left to wait, and the "
-            "recorded steps' gaps differing by less than that"
+            "recorded steps' gaps differing by at most that"
             f"{_spread(program.timing.step_gap_totals_us)}; else stderr says which")])
     return program
 
@@ -387,7 +387,7 @@ def _spread(totals: tuple[float, ...]) -> str:
     """How far a same-session pair's recorded steps' gap totals differ, for its note."""
     if len(totals) < 2:
         return ""
-    return f" (here by {max(totals) - min(totals):.0f} us over {len(totals)} steps)"
+    return f" (these {len(totals)} steps' gaps differ by {max(totals) - min(totals):.0f} us)"
 
 
 def assign_streams(program: Program, build: Build) -> Program:

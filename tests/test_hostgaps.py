@@ -326,7 +326,8 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     assert sorted(timing.step_gap_totals_us)[1] == pytest.approx(sum(gaps) + timing.tail_gap_us)
     text = generate(et_path, tmp_path / "bench.py", kineto=kineto)
     assert "median of 3 recorded steps" in " ".join(text.split())
-    assert "recorded steps' gaps differing by less than that (here by" in " ".join(text.split())
+    assert "recorded steps' gaps differing by at most that (these 3 steps' gaps differ by" \
+        in " ".join(text.split())
 
     # Steps that disagree by more than what is left to wait once the observer's cost is
     # subtracted (the observer's and the Python tracer's stalls of milliseconds land in
