@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,14 +162,10 @@ def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
 
     # Where that cost dwarfs what is left to wait, the correction is mostly the
     # observer's (which costs the original more than the replay): no gaps, and why.
-    tiny = tmp_path / "tiny_gaps.py"
-    tiny.write_text(re.sub(r"_host_gap\([\d.e+-]+", "_host_gap(0.0", text))
-    proc = run_benchmark(tiny, "--device", "cpu", "--warmup", "1", "--iters", "2",
-                         "--json", "--host-gaps", "recorded")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    refused = last_json(proc.stdout)
+    refused, stderr = _run_recorded(
+        tmp_path / "tiny_gaps.py", re.sub(r"_host_gap\([\d.e+-]+", "_host_gap(0.0", text))
     assert refused["host_gaps_replayed"] is False and refused["host_gap_wait_us"] == 0
-    assert "left to wait" in proc.stderr and "host gaps off" in proc.stderr
+    assert "left to wait" in stderr and "host gaps off" in stderr
 
     # The scopes begun in each linked gap (autograd's around backward ops): the
     # benchmark subtracts their recording cost, measured with the observer attached.
@@ -333,14 +330,20 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     # subtracted (the observer's and the Python tracer's stalls of milliseconds land in
     # some steps and not others: an MLP's gaps read 2.9 to 11.8 ms in three steps, its
     # eager step's 0.5 ms): no gaps, and why.
-    noisy = tmp_path / "noisy.py"
-    noisy.write_text(re.sub(r'"step_gaps_us": \[[^]]*\]', '"step_gaps_us": [1.0, 1e9]', text))
-    proc = run_benchmark(noisy, "--device", "cpu", "--warmup", "1", "--iters", "2",
+    out, stderr = _run_recorded(
+        tmp_path / "noisy.py",
+        re.sub(r'"step_gaps_us": \[[^]]*\]', '"step_gaps_us": [1.0, 1e9]', text))
+    assert out["host_gaps_replayed"] is False
+    assert "recorded steps' gaps differ by" in stderr and "host gaps off" in stderr
+
+
+def _run_recorded(path: Path, text: str) -> tuple[dict, str]:
+    """Write ``text`` to ``path`` and run it with --host-gaps recorded: its JSON, stderr."""
+    path.write_text(text)
+    proc = run_benchmark(path, "--device", "cpu", "--warmup", "1", "--iters", "2",
                          "--json", "--host-gaps", "recorded")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = last_json(proc.stdout)
-    assert out["host_gaps_replayed"] is False
-    assert "recorded steps' gaps differ by" in proc.stderr and "host gaps off" in proc.stderr
+    return last_json(proc.stdout), proc.stderr
 
 
 def test_gaps_recorded_with_shapes_and_stacks_are_calibrated_under_them(tmp_path):
