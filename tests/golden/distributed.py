@@ -520,7 +520,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     (`step_gaps_us`) differ among themselves by more than that wait: the recording's
     noise exceeds what it would replay (an MLP's Adam step recorded with `with_stack`
     beside the observer: steps of 2.9 to 11.8 ms of gaps, a 0.5 ms eager gap time,
-    and a replay 10x the eager step when its gaps were trusted).
+    and a replay 4 to 10x the eager step when its gaps were trusted).
 
     gap_event_us: what recording one scope costs the recorders the gaps were
     recorded under (`_scope_cost`). probe_calibrated_us: this host's speed meanwhile
