@@ -477,6 +477,50 @@ def _scale_add(x: torch.Tensor, y: torch.Tensor, s: float) -> torch.Tensor:
     return x * s + y
 
 
+@torch.library.custom_op("mystique_test::scaled_tanh", mutates_args=())
+def _scaled_tanh(x: torch.Tensor, s: float) -> torch.Tensor:
+    return torch.tanh(x) * s
+
+
+def _scaled_tanh_backward(ctx, grad):  # noqa: ANN001, ANN202 (torch.library's signature)
+    (y,) = ctx.saved_tensors
+    return grad * (ctx.s - y * y / ctx.s), None
+
+
+def _scaled_tanh_setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    ctx.save_for_backward(output)
+    ctx.s = inputs[1]
+
+
+_scaled_tanh.register_autograd(_scaled_tanh_backward, setup_context=_scaled_tanh_setup)
+
+
+def test_a_models_own_op_with_its_own_backward_replays_as_what_it_ran(tmp_path):
+    """A ``custom_op`` with ``register_autograd`` runs its body inside a
+    ``GeneratedBackwardFor_<op>`` scope, so the body's ops are not the op's children
+    but its grandchildren: the op was kept whole and skipped at run time (its forward
+    lost from every training step that used one)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+
+    def step() -> None:
+        _scaled_tanh(linear(x), 2.0).sum().backward()
+
+    result = capture(step, tmp_path, name="custom_ag", kineto=False, timing_iters=1)
+    bench = tmp_path / "custom_ag_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "replayed as its recorded children" in text.split('"""')[1]
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["skipped_at_runtime"] == []
+    replayed = op_multiset(replay_et, by_overload=True)
+    assert replayed == op_multiset(result.et_path, by_overload=True)
+    assert replayed["aten::tanh.default"] == 1
+
+
 def test_a_models_own_op_replays_as_what_it_ran(tmp_path):
     """The benchmark runs without the model's code, so a ``torch.library`` op it
     defined is not there: it replays as the ops it recorded below it."""

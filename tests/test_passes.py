@@ -417,22 +417,28 @@ EMPTY_LIKE = ("aten::empty_like(Tensor self, *, ScalarType? dtype=None, Layout? 
               " -> Tensor")
 
 
-@pytest.mark.parametrize("namespace,child,descends", [
-    ("mylib", MUL, True),  # a model's own op: replayed as what it ran
-    ("mylib", EMPTY_LIKE, False),  # its own kernel did the work: kept whole, guarded
-    ("fsdp", MUL, False),  # torch registers it when the benchmark imports its module
-    ("aten", MUL, False),  # a composite of torch's own: whole, as ever
+@pytest.mark.parametrize("namespace,child,descends,scoped", [
+    ("mylib", MUL, True, False),  # a model's own op: replayed as what it ran
+    # custom_op with register_autograd: its body runs inside a GeneratedBackwardFor_ scope
+    ("mylib", MUL, True, True),
+    ("mylib", EMPTY_LIKE, False, True),  # its own kernel did the work: kept whole, guarded
+    ("mylib", EMPTY_LIKE, False, False),
+    ("fsdp", MUL, False, False),  # torch registers it when the benchmark imports its module
+    ("aten", MUL, False, False),  # a composite of torch's own: whole, as ever
 ])
 def test_an_op_the_benchmark_cannot_load_replays_as_its_recorded_children(
-        namespace, child, descends):
+        namespace, child, descends, scoped):
     """A model's ``torch.library`` op (the benchmark imports torch alone, never the
     model) stood in for with an empty result: its compute was lost. Its recorded
-    children are the compute it ran, on torch's own kernels."""
+    children are the compute it ran, on torch's own kernels, also where a scope with
+    no schema sits between them (the op was then skipped at run time)."""
     b = TraceBuilder()
     x, out = b.tensor((4, 4)), b.tensor((4, 4))
     op = b.op(f"{namespace}::scale(Tensor x) -> Tensor", [x], [out])
+    body = b.annotation("GeneratedBackwardFor_mylib_scale_default", parent=op) \
+        if scoped else op
     inner = b.op(child, [x, x] if child == MUL else [x, None, None, None, None, None],
-                 [out], parent=op)
+                 [out], parent=body)
     sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
     assert [s.node.id for s in sel.ops] == ([inner] if descends else [op])
     notes = [d.reason for d in sel.not_replayed]

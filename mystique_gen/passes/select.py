@@ -623,7 +623,7 @@ def escaping_composites(trace: RawTrace, ops: list[Selected],
                     if key[1] not in storages:
                         owner[key] = node.id
                         at_storage.setdefault(key[1], set()).add(key)
-    return {i for i in found if _portable_children(children.get(i, []))
+    return {i for i in found if _portable_children(_op_children(i, children))
             and _children_return_its_results(by_id[i], children)}
 
 
@@ -636,9 +636,25 @@ def foreign_composites(trace: RawTrace) -> set[int]:
     in elsewhere."""
     children = children_of(trace)
     return {node.id for node in trace.nodes
-            if _foreign(node) and _portable_children(children.get(node.id, []))
-            and any(_computes(kid) for kid in children.get(node.id, []))
+            if _foreign(node) and _portable_children(kids := _op_children(node.id, children))
+            and any(_computes(kid) for kid in kids)
             and _children_return_its_results(node, children)}
+
+
+def _op_children(node_id: int, children: dict[int, list[RawNode]]) -> list[RawNode]:
+    """The ops an op called, in node order: its children, seen through the scopes
+    between them (``torch.library.custom_op`` records its autograd wrapper's
+    ``GeneratedBackwardFor_<op>`` scope around the Python body's ops), which is where
+    selection lands when it descends into the op."""
+    found: list[RawNode] = []
+    stack = list(reversed(children.get(node_id, [])))
+    while stack:  # depth first, in node order, without recursion (scopes nest deep)
+        kid = stack.pop()
+        if kid.op_schema:
+            found.append(kid)
+        else:
+            stack.extend(reversed(children.get(kid.id, [])))
+    return found
 
 
 def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode]]) -> bool:
