@@ -495,17 +495,25 @@ def _scaled_tanh_setup(ctx, inputs, output) -> None:  # noqa: ANN001
 _scaled_tanh.register_autograd(_scaled_tanh_backward, setup_context=_scaled_tanh_setup)
 
 
+@torch.library.custom_op("mystique_test::relu_in_place", mutates_args=("x",))
+def _relu_in_place(x: torch.Tensor) -> None:
+    x.clamp_(min=0)
+
+
 def test_a_models_own_op_with_its_own_backward_replays_as_what_it_ran(tmp_path):
     """A ``custom_op`` with ``register_autograd`` runs its body inside a
     ``GeneratedBackwardFor_<op>`` scope, so the body's ops are not the op's children
     but its grandchildren: the op was kept whole and skipped at run time (its forward
-    lost from every training step that used one)."""
+    lost from every training step that used one). One that mutates its argument
+    (``mutates_args``) returns nothing: its in-place body is its work."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(8, 8)
     x = torch.randn(4, 8)
 
     def step() -> None:
         _scaled_tanh(linear(x), 2.0).sum().backward()
+        with torch.no_grad():
+            _relu_in_place(linear(x))
 
     result = capture(step, tmp_path, name="custom_ag", kineto=False, timing_iters=1)
     bench = tmp_path / "custom_ag_bench.py"
@@ -518,7 +526,7 @@ def test_a_models_own_op_with_its_own_backward_replays_as_what_it_ran(tmp_path):
     assert last_json(proc.stdout)["skipped_at_runtime"] == []
     replayed = op_multiset(replay_et, by_overload=True)
     assert replayed == op_multiset(result.et_path, by_overload=True)
-    assert replayed["aten::tanh.default"] == 1
+    assert replayed["aten::tanh.default"] == 1 and replayed["aten::clamp_.default"] == 1
 
 
 def test_a_models_own_op_replays_as_what_it_ran(tmp_path):

@@ -445,6 +445,27 @@ def test_an_op_the_benchmark_cannot_load_replays_as_its_recorded_children(
     assert any("replayed as its recorded children" in n for n in notes) == descends
 
 
+CLAMP_ = "aten::clamp_(Tensor(a!) self, Scalar? min=None, Scalar? max=None) -> Tensor(a!)"
+
+
+@pytest.mark.parametrize("body,descends", [
+    (CLAMP_, True),  # mutates_args=("x",): the body's in-place op is its work
+    (VIEW_AS, False),  # only a view below it: its own kernel wrote x
+])
+def test_a_models_own_op_that_mutates_its_argument_replays_its_in_place_body(
+        body, descends):
+    """``torch.library.custom_op(..., mutates_args=("x",))`` returns nothing and
+    writes ``x``: its body (``x.clamp_(min=0)``) wrote in place, which no result
+    shows. Kept whole, the op was skipped at run time and ``x`` never changed."""
+    b = TraceBuilder()
+    x = b.tensor((4, 4))
+    op = b.op("mylib::relu_inplace(Tensor(a!) x) -> ()", [x], [])
+    inner = b.op(body, [x, 0.0, None] if body == CLAMP_ else [x, x],
+                 [x if body == CLAMP_ else b.view(x, (4, 4))], parent=op)
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == ([inner] if descends else [op])
+
+
 def test_an_op_whose_children_only_prepare_and_allocate_its_result_stays_whole():
     """``quantized::conv2d`` records a copy of its input to channels-last and the
     allocation of its result below it; its own kernel convolves. Replayed as those

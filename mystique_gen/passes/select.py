@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, SparseLayout, TensorMeta, not_replayed
-from mystique_gen.ir.schema import is_op_name
+from mystique_gen.ir.schema import SchemaError, is_op_name, parse_signature
 from mystique_gen.sources.et import (
     RawArg,
     RawNode,
@@ -633,11 +633,12 @@ def foreign_composites(trace: RawTrace) -> set[int]:
     run on torch's own kernels, and compute: they are replayed as those children,
     which are what the op ran. Ops without such children (a C++ or Triton kernel of
     their own) stay whole, guarded: they run where their library is loaded, and stand
-    in elsewhere."""
+    in elsewhere. An op that mutates its arguments (``mutates_args``) computes by
+    writing in place: ``x.clamp_(min=0)`` is its body's work."""
     children = children_of(trace)
     return {node.id for node in trace.nodes
             if _foreign(node) and _portable_children(kids := _op_children(node.id, children))
-            and any(_computes(kid) for kid in kids)
+            and any(_computes(kid) or _writes_in_place(kid) for kid in kids)
             and _children_return_its_results(node, children)}
 
 
@@ -687,6 +688,15 @@ def _computes(node: RawNode) -> bool:
     """Whether a recorded op computes values: not an allocation, a view or an alias."""
     return bool(node.op_schema) and node.name not in oprules.UNINITIALISED_OUTPUTS \
         and "-> Tensor(a" not in node.op_schema
+
+
+def _writes_in_place(node: RawNode) -> bool:
+    """Whether a recorded op writes a tensor it was given (``Tensor(a!)``): a fill is
+    one, and so is ``clamp_``."""
+    try:
+        return any(a.writes for a in parse_signature(node.op_schema).args)
+    except SchemaError:
+        return False
 
 
 def _portable_children(kids: list[RawNode]) -> bool:
