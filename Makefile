@@ -24,10 +24,11 @@ demo: install
 
 # Two pytest workers (pytest-xdist): most tests wait on subprocesses, and two of them
 # run in about half the time on two cores. TEST_WORKERS=0 runs them in this process.
+# The slowest tests are listed at the end, so a CI log shows what keeps it long.
 TEST_WORKERS ?= 2
 
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 test-fast: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
