@@ -477,9 +477,14 @@ def _scale_add(x: torch.Tensor, y: torch.Tensor, s: float) -> torch.Tensor:
     return x * s + y
 
 
+@torch.library.custom_op("mystique_test::tanh", mutates_args=())
+def _tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x)
+
+
 @torch.library.custom_op("mystique_test::scaled_tanh", mutates_args=())
 def _scaled_tanh(x: torch.Tensor, s: float) -> torch.Tensor:
-    return torch.tanh(x) * s
+    return _tanh(x) * s  # one of the model's ops calling another
 
 
 def _scaled_tanh_backward(ctx, grad):  # noqa: ANN001, ANN202 (torch.library's signature)
@@ -504,8 +509,9 @@ def test_a_models_own_op_with_its_own_backward_replays_as_what_it_ran(tmp_path):
     """A ``custom_op`` with ``register_autograd`` runs its body inside a
     ``GeneratedBackwardFor_<op>`` scope, so the body's ops are not the op's children
     but its grandchildren: the op was kept whole and skipped at run time (its forward
-    lost from every training step that used one). One that mutates its argument
-    (``mutates_args``) returns nothing: its in-place body is its work."""
+    lost from every training step that used one), also where its body calls another
+    of the model's ops. One that mutates its argument (``mutates_args``) returns
+    nothing: its in-place body is its work."""
     def make_step() -> Callable[[], None]:
         linear = torch.nn.Linear(8, 8)
         x = torch.randn(4, 8)

@@ -445,6 +445,19 @@ def test_an_op_the_benchmark_cannot_load_replays_as_its_recorded_children(
     assert any("replayed as its recorded children" in n for n in notes) == descends
 
 
+def test_a_models_own_op_that_calls_another_replays_both_as_their_children():
+    """A model's op whose body calls another of its ops: the inner one is not torch's
+    (it would not load either), yet it replays as its own children, so the outer one
+    does too. It was kept whole and skipped at run time."""
+    b = TraceBuilder()
+    x, out = b.tensor((4, 4)), b.tensor((4, 4))
+    outer = b.op("mylib::outer(Tensor x) -> Tensor", [x], [out])
+    inner = b.op("mylib::inner(Tensor x) -> Tensor", [x], [out], parent=outer)
+    mul = b.op(MUL, [x, x], [out], parent=inner)
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [mul]
+
+
 CLAMP_ = "aten::clamp_(Tensor(a!) self, Scalar? min=None, Scalar? max=None) -> Tensor(a!)"
 
 

@@ -22,7 +22,7 @@ runs them again on the replay's own backend threads, so they are not replayed
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 
 from mystique_gen import oprules
@@ -634,12 +634,20 @@ def foreign_composites(trace: RawTrace) -> set[int]:
     which are what the op ran. Ops without such children (a C++ or Triton kernel of
     their own) stay whole, guarded: they run where their library is loaded, and stand
     in elsewhere. An op that mutates its arguments (``mutates_args``) computes by
-    writing in place: ``x.clamp_(min=0)`` is its body's work."""
+    writing in place: ``x.clamp_(min=0)`` is its body's work. One that calls another
+    such op replays as well, the inner one as its own children."""
     children = children_of(trace)
-    return {node.id for node in trace.nodes
-            if _foreign(node) and _portable_children(kids := _op_children(node.id, children))
-            and any(_computes(kid) or _writes_in_place(kid) for kid in kids)
-            and _children_return_its_results(node, children)}
+    candidates = {node.id: _op_children(node.id, children) for node in trace.nodes
+                  if _foreign(node) and _children_return_its_results(node, children)}
+    candidates = {i: kids for i, kids in candidates.items()
+                  if any(_computes(kid) or _writes_in_place(kid) for kid in kids)}
+    found: set[int] = set()
+    while True:  # inner ops first: one pass per level of nesting
+        more = {i for i, kids in candidates.items()
+                if i not in found and _portable_children(kids, found)}
+        if not more:
+            return found
+        found |= more
 
 
 def _op_children(node_id: int, children: dict[int, list[RawNode]]) -> list[RawNode]:
@@ -699,13 +707,17 @@ def _writes_in_place(node: RawNode) -> bool:
         return False
 
 
-def _portable_children(kids: list[RawNode]) -> bool:
+def _portable_children(kids: list[RawNode], replayed_as_children: Set[int] = frozenset()
+                       ) -> bool:
     """Whether an op's children can replay wherever the op can: descending into
     attention would trade a portable composite for a backend's kernel
-    (``_scaled_dot_product_flash_attention``, CUDA only), so such an op stays whole."""
+    (``_scaled_dot_product_flash_attention``, CUDA only), so such an op stays whole.
+    A child in ``replayed_as_children`` (a model's own op that replays as its own
+    children) can."""
     ops = [k for k in kids if k.op_schema]
     return bool(ops) and all(
-        oprules.guard_reason(*k.name.split("::", 1)) is None for k in ops if "::" in k.name)
+        k.id in replayed_as_children or oprules.guard_reason(*k.name.split("::", 1)) is None
+        for k in ops if "::" in k.name)
 
 
 def _tensor_keys(arg: RawArg) -> list[tuple[int, int, int]]:
