@@ -392,19 +392,26 @@ def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
     assert "aten::_embedding_bag_forward_only" not in names(replay_et)
 
 
-def test_a_packed_sequence_replays_with_lengths_that_pack_the_same_shapes(tmp_path):
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+def test_a_packed_sequence_replays_with_lengths_that_pack_the_same_shapes(
+        tmp_path, enforce_sorted):
     """pack_padded_sequence takes lengths sorted longest first, none longer than the
     batch's steps: filled at random they made the replay fail. They are filled so
     that they pack the recorded rows over the recorded steps (a bidirectional GRU
-    over three padded sequences, trained)."""
+    over three padded sequences, trained). Unsorted (``enforce_sorted=False``), it
+    packs by a sorted copy of the lengths: the fill is carried back through the sort
+    to the tensor given (filled from its recorded range, they packed 17 rows, not 15,
+    and the RNN's matmul failed)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     gru = torch.nn.GRU(8, 16, num_layers=2, bidirectional=True, batch_first=True)
     opt = torch.optim.RMSprop(gru.parameters())
-    x, lengths = torch.randn(3, 12, 8), torch.tensor([12, 9, 5])
+    x = torch.randn(3, 12, 8)
+    lengths = torch.tensor([12, 9, 5] if enforce_sorted else [5, 12, 9])
 
     def step() -> None:
-        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
+                                                         enforce_sorted=enforce_sorted)
         out, _ = torch.nn.utils.rnn.pad_packed_sequence(gru(packed)[0], batch_first=True)
         opt.zero_grad()
         out.sum().backward()

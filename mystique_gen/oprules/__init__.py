@@ -111,6 +111,7 @@ KEEPS_SIGN: dict[str, tuple[str, ...]] = merged("keeps_sign")
 FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
+SAME_VALUES: dict[str, tuple[str, int]] = merged("same_values")
 SAVED_WORKSPACES: dict[str, tuple[str, ...]] = merged("saved_workspaces")
 NOT_DIFFERENTIABLE_BY_OP: dict[str, tuple[str, ...]] = merged("not_differentiable")
 GRAD_REVEALED_BY: dict[str, tuple[str, tuple[str, ...]]] = merged("grad_revealed_by")
@@ -165,8 +166,8 @@ __all__ = [
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",
-    "REFUSED_ARGS", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES", "SPARSE_FACTS",
-    "SizeOf",
+    "REFUSED_ARGS", "SAME_VALUES", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES",
+    "SPARSE_FACTS", "SizeOf",
     "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "WINDOW_BOUNDS",
     "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
     "guard_reason", "merged", "op_category", "reduce_op_name", "wire_form",

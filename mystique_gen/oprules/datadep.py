@@ -152,6 +152,21 @@ FAMILY = OpFamily(
         "aten::_padded_dense_to_jagged_forward": {"offsets": LengthsOf("dense", 0, True)},
         "aten::_pack_padded_sequence": {"lengths": PackedLengths()},
     },
+    # A data-dependent op often reads a copy or a sort of the tensor it was given:
+    # pack_padded_sequence(enforce_sorted=False) sorts its lengths first. A fill for
+    # what it reads is carried back to that tensor through these (passes/values.py).
+    same_values={
+        "aten::sort": ("self", 0),
+        "aten::msort": ("self", 0),
+        "aten::to": ("self", 0),
+        "aten::_to_copy": ("self", 0),
+        "aten::clone": ("self", 0),
+        "aten::contiguous": ("self", 0),
+        "aten::reshape": ("self", 0),
+        "aten::flatten": ("self", 0),
+        "aten::flip": ("self", 0),
+        "aten::roll": ("self", 0),
+    },
     data_dependent_outputs=frozenset({
         "aten::nonzero", "aten::argwhere", "aten::nonzero_numpy", "aten::where",
         "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",

@@ -259,6 +259,9 @@ class _Facts:
         # (op index, output position) -> true elements of a computed mask (None: readers
         # disagree)
         self.true_counts: dict[tuple[int, int], int | None] = {}
+        # Data-dependent fills wanted by computed storages, carried back to the inputs
+        # they were copied or sorted from (_carry_shape_fills).
+        self.computed_shape: dict[int, tuple[tuple[str, int, int], str]] = {}
 
     def view(self, tv: TensorValue) -> None:
         s = tv.storage
@@ -297,11 +300,11 @@ class _Facts:
             self.true_counts[key] = init[1] if self.true_counts.get(key, init[1]) == init[1] \
                 else None
             return
-        if init is None or s is None or not s.materialised:
+        if init is None or s is None:
             return
         if s.dtype.startswith("complex") or not _covers(tv.meta, s):
             return
-        self.shape.setdefault(s.index, (init, why))
+        (self.shape if s.materialised else self.computed_shape).setdefault(s.index, (init, why))
 
     def recorded(self, tv: TensorValue, span: tuple[int, int] | None,
                  data: Path | None) -> None:
@@ -325,6 +328,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for op in ops:
         _collect(op, facts, recorded)
     _propagate_bounds(ops, facts)
+    _carry_shape_fills(ops, facts)
     _propagate_domains(ops, facts)
     _shift_windows(ops, facts)
     by_index = {op.index: op for op in ops}
@@ -442,6 +446,30 @@ def _propagate_bounds(ops: list[Op], facts: _Facts) -> None:
             if arg.spec.name in sources:
                 for tv in iter_tensors(arg.value):
                     facts.bound(tv, high, f"{why} (via {op.name})")
+
+
+def _carry_shape_fills(ops: list[Op], facts: _Facts) -> None:
+    """Carry a data-dependent fill that a computed tensor needs back to the input its
+    values came from, each once (:data:`oprules.SAME_VALUES`: a sort, a copy).
+
+    ``pack_padded_sequence(x, lengths, enforce_sorted=False)`` sorts ``lengths`` and
+    packs by the sorted copy, so the fill that packs the recorded rows
+    (``PackedLengths``) was wanted on the sort's result, which no fill reaches: the
+    lengths were filled from their recorded range, packed other rows, and the RNN
+    after it failed on the shapes."""
+    for op in reversed(ops):
+        rule = oprules.SAME_VALUES.get(op.name)
+        if rule is None or rule[1] >= len(op.outputs):
+            continue
+        out = op.outputs[rule[1]]
+        wanted = facts.computed_shape.get(out.storage.index) \
+            if isinstance(out, TensorValue) and out.storage is not None else None
+        source = next((a.value for a in op.args if a.spec.name == rule[0]), None)
+        if wanted is None or not isinstance(source, TensorValue) \
+                or source.meta.numel != out.meta.numel:
+            continue
+        init, why = wanted
+        facts.shape_fill(source, init, f"{why} (via {op.name})")
 
 
 def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
