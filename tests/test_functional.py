@@ -512,13 +512,20 @@ def _relu_in_place(x: torch.Tensor) -> None:
     x.clamp_(min=0)
 
 
+@torch.library.custom_op("mystique_test::abs_into", mutates_args=())
+def _abs_into(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    return out.copy_(x.abs())
+
+
 def test_a_models_own_op_with_its_own_backward_replays_as_what_it_ran(tmp_path):
     """A ``custom_op`` with ``register_autograd`` runs its body inside a
     ``GeneratedBackwardFor_<op>`` scope, so the body's ops are not the op's children
     but its grandchildren: the op was kept whole and skipped at run time (its forward
     lost from every training step that used one), also where its body calls another
     of the model's ops. One that mutates its argument (``mutates_args``) returns
-    nothing: its in-place body is its work."""
+    nothing: its in-place body is its work; one that writes its result in place
+    (``empty_like``, then ``copy_``) returns what no child computed."""
     def make_step() -> Callable[[], None]:
         linear = torch.nn.Linear(8, 8)
         x = torch.randn(4, 8)
@@ -526,7 +533,7 @@ def test_a_models_own_op_with_its_own_backward_replays_as_what_it_ran(tmp_path):
         def step() -> None:
             _scaled_tanh(linear(x), 2.0).sum().backward()
             with torch.no_grad():
-                _relu_in_place(linear(x))
+                _relu_in_place(_abs_into(linear(x)))
         return step
 
     text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
@@ -534,6 +541,7 @@ def test_a_models_own_op_with_its_own_backward_replays_as_what_it_ran(tmp_path):
     assert out["skipped_at_runtime"] == []
     assert replayed == original, (original - replayed, replayed - original)
     assert replayed["aten::tanh.default"] == 1 and replayed["aten::clamp_.default"] == 1
+    assert replayed["aten::abs.default"] == 1
 
 
 def test_a_models_own_op_replays_as_what_it_ran(tmp_path):

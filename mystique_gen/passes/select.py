@@ -638,7 +638,7 @@ def foreign_composites(trace: RawTrace) -> set[int]:
     such op replays as well, the inner one as its own children."""
     children = children_of(trace)
     candidates = {node.id: _op_children(node.id, children) for node in trace.nodes
-                  if _foreign(node) and _children_return_its_results(node, children)}
+                  if _foreign(node) and _children_return_its_results(node, children, True)}
     candidates = {i: kids for i, kids in candidates.items()
                   if any(_computes(kid) or _writes_in_place(kid) for kid in kids)}
     found: set[int] = set()
@@ -666,7 +666,8 @@ def _op_children(node_id: int, children: dict[int, list[RawNode]]) -> list[RawNo
     return found
 
 
-def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode]]) -> bool:
+def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode]],
+                                 in_place: bool = False) -> bool:
     """Whether every result of ``node`` is one its recorded children returned: else its
     own kernel made it (``mul_`` by a wrapped Python float records only the float's
     cast below it), and its children alone would not compute the op. Views and fills
@@ -675,11 +676,15 @@ def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode
     reduces. An allocation below an op makes its result only where the op itself
     allocates: ``quantized::conv2d`` allocates its quantized result
     (``_empty_affine_quantized``) and makes its input contiguous, then its own kernel
-    convolves into it."""
+    convolves into it. ``in_place``: a write into a tensor (``out.copy_(x.abs())``
+    into an ``empty_like``) makes it too, as a model's own Python op writes its result
+    (for torch's own ops, a copy below a kernel can only prepare what the kernel then
+    computes in place)."""
     fill = node.name in oprules.FILLS
     allocates = node.name in oprules.UNINITIALISED_OUTPUTS
     made = {sid for inner in _below(node.id, children)
-            if (_computes(inner) or (allocates and inner.name in oprules.UNINITIALISED_OUTPUTS))
+            if (_computes(inner) or (allocates and inner.name in oprules.UNINITIALISED_OUTPUTS)
+                or (in_place and _writes_in_place(inner)))
             and (fill or inner.name not in oprules.FILLS)
             for arg in inner.outputs for sid in raw_storage_ids(arg)}
     return all(sid in made for arg in node.outputs for sid in raw_storage_ids(arg) if sid)
