@@ -676,15 +676,17 @@ def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode
     reduces. An allocation below an op makes its result only where the op itself
     allocates: ``quantized::conv2d`` allocates its quantized result
     (``_empty_affine_quantized``) and makes its input contiguous, then its own kernel
-    convolves into it. ``in_place``: a write into a tensor (``out.copy_(x.abs())``
-    into an ``empty_like``) makes it too, as a model's own Python op writes its result
-    (for torch's own ops, a copy below a kernel can only prepare what the kernel then
-    computes in place)."""
+    convolves into it. ``in_place``: a write that overwrites a tensor
+    (``out.copy_(x.abs())`` into an ``empty_like``, an ``out=`` variant) makes it too,
+    as a model's own Python op writes its result. Not a write that reads what it
+    writes: ``quantized::linear_dynamic`` allocates, ``resize_``s, computes its gemm in
+    its own kernel, then adds the bias with a dispatched ``add_``. (For torch's own
+    ops, a copy below a kernel can only prepare what the kernel then computes.)"""
     fill = node.name in oprules.FILLS
     allocates = node.name in oprules.UNINITIALISED_OUTPUTS
     made = {sid for inner in _below(node.id, children)
             if (_computes(inner) or (allocates and inner.name in oprules.UNINITIALISED_OUTPUTS)
-                or (in_place and _writes_in_place(inner)))
+                or (in_place and _overwrites(inner)))
             and (fill or inner.name not in oprules.FILLS)
             for arg in inner.outputs for sid in raw_storage_ids(arg)}
     return all(sid in made for arg in node.outputs for sid in raw_storage_ids(arg) if sid)
@@ -708,6 +710,17 @@ def _writes_in_place(node: RawNode) -> bool:
     one, and so is ``clamp_``."""
     try:
         return any(a.writes for a in parse_signature(node.op_schema).args)
+    except SchemaError:
+        return False
+
+
+def _overwrites(node: RawNode) -> bool:
+    """Whether a recorded op writes a tensor without reading its old values: a copy
+    into it, or an ``out=`` variant (its written argument keyword-only)."""
+    if node.name == "aten::copy_":
+        return True
+    try:
+        return any(a.writes and a.kwarg_only for a in parse_signature(node.op_schema).args)
     except SchemaError:
         return False
 
