@@ -502,9 +502,9 @@ def test_a_models_own_op_that_writes_its_result_in_place_replays_its_body(write,
     inner = b.op(ABS, [x], [tmp], parent=op)
     b.op(write, {COPY_: [out, tmp, False], ADD_: [out, tmp, 1]}.get(write, [out]), [out],
          parent=op)
-    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
-    assert (inner in [s.node.id for s in sel.ops]) == descends
-    assert (op in [s.node.id for s in sel.ops]) != descends
+    selected = [s.node.id for s in select_ops(trace_from_document(b.doc(), name="t",
+                                                                   sha256="0")).ops]
+    assert (inner in selected) == descends and (op in selected) != descends
 
 
 def test_an_op_whose_children_only_prepare_and_allocate_its_result_stays_whole():

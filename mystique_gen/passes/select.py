@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, SparseLayout, TensorMeta, not_replayed
-from mystique_gen.ir.schema import SchemaError, is_op_name, parse_signature
+from mystique_gen.ir.schema import ArgSpec, SchemaError, is_op_name, parse_signature
 from mystique_gen.sources.et import (
     RawArg,
     RawNode,
@@ -705,24 +705,25 @@ def _computes(node: RawNode) -> bool:
         and "-> Tensor(a" not in node.op_schema
 
 
-def _writes_in_place(node: RawNode) -> bool:
-    """Whether a recorded op writes a tensor it was given (``Tensor(a!)``): a fill is
-    one, and so is ``clamp_``."""
+def _written_args(node: RawNode) -> tuple[ArgSpec, ...]:
+    """The arguments a recorded op writes (``Tensor(a!)``); none where its schema does
+    not parse."""
     try:
-        return any(a.writes for a in parse_signature(node.op_schema).args)
+        return tuple(a for a in parse_signature(node.op_schema).args if a.writes)
     except SchemaError:
-        return False
+        return ()
+
+
+def _writes_in_place(node: RawNode) -> bool:
+    """Whether a recorded op writes a tensor it was given: a fill is one, and so is
+    ``clamp_``."""
+    return bool(_written_args(node))
 
 
 def _overwrites(node: RawNode) -> bool:
     """Whether a recorded op writes a tensor without reading its old values: a copy
     into it, or an ``out=`` variant (its written argument keyword-only)."""
-    if node.name == "aten::copy_":
-        return True
-    try:
-        return any(a.writes and a.kwarg_only for a in parse_signature(node.op_schema).args)
-    except SchemaError:
-        return False
+    return node.name == "aten::copy_" or any(a.kwarg_only for a in _written_args(node))
 
 
 def _portable_children(kids: list[RawNode], replayed_as_children: Set[int] = frozenset()
