@@ -55,7 +55,7 @@ from mystique_gen.passes.compose import (
     storage_lifetimes,
     storages_of,
 )
-from mystique_gen.passes.filters import filter_selection
+from mystique_gen.passes.filters import STEP_RE, filter_selection
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.numbers import replay_wrapped_numbers
 from mystique_gen.passes.ranks import (
@@ -194,7 +194,8 @@ def lower_sources(program: Program, build: Build) -> Program:
     """Select, filter, lower, rename and retarget every trace; compose and repeat."""
     options = build.options
     names: dict[tuple[int, int, int], int] = {}
-    parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume, s.scalars)
+    parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume, s.scalars,
+                         _profiled_steps(s.kineto) if k == 0 else frozenset())
              for k, s in enumerate(build.sources)]
     lines: list[str] = []
     if len(parts) > 1:
@@ -240,15 +241,24 @@ def lower_sources(program: Program, build: Build) -> Program:
                    diagnostics=program.diagnostics + reported)
 
 
+def _profiled_steps(kineto: KinetoTrace | None) -> frozenset[int]:
+    """The ``ProfilerStep#N`` numbers a (linked, first) Kineto trace holds."""
+    if kineto is None:
+        return frozenset()
+    return frozenset(int(m.group(1)) for e in kineto.cpu_ops
+                     if (m := STEP_RE.fullmatch(e.name)))
+
+
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
                 names: dict[tuple[int, int, int], int], consume: bool,
-                scalars: ScalarRecord | None = None) -> Part:
+                scalars: ScalarRecord | None = None,
+                profiled_steps: frozenset[int] = frozenset()) -> Part:
     """``consume``: the caller no longer needs the trace's recorded arguments, so
-    lowering may release them as it goes."""
+    lowering may release them as it goes. ``profiled_steps``: see filter_selection."""
     selection = select_ops(trace)
     sparse = sparse_tensors(trace.nodes)  # read below ops whose arguments are released
     release_covered_arguments(selection)
-    kept, lines = filter_selection(trace, selection, options)
+    kept, lines = filter_selection(trace, selection, options, profiled_steps)
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops)
     recorded = recorded_values(trace, resources, scalars)
@@ -335,7 +345,23 @@ def link_kineto(program: Program, build: Build) -> Program:
         build.links = link.attach_timing(program, source.trace, source.kineto)
         if program.timing is not None:
             program.timing.measured_step_ms = source.step_ms
+            linked, total = program.timing.linked_ops, len(program.ops)
+            if linked * 2 < total:
+                message = (
+                    f"only {linked} of the {total} replayed ops are found in "
+                    f"{source.kineto.name}: it recorded other steps or another run "
+                    f"(its steps: {_step_list(source.kineto)}); times, gaps and the "
+                    "original step time stand for the linked ops only (--iteration N "
+                    "picks a step it holds)")
+                warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
+                program = replace(program, diagnostics=program.diagnostics + [note(message)])
     return program
+
+
+def _step_list(kineto: KinetoTrace) -> str:
+    numbers = sorted(_profiled_steps(kineto))
+    return ", ".join(f"#{n}" for n in numbers[:8]) + (", ..." if len(numbers) > 8 else "") \
+        if numbers else "none annotated"
 
 
 def recorded_frees(program: Program, build: Build) -> Program:

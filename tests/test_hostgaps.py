@@ -9,10 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
+from torch.profiler import (
+    ExecutionTraceObserver,
+    ProfilerActivity,
+    profile,
+    schedule,
+    tensorboard_trace_handler,
+)
 
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.driver import compile_trace, generate
+from mystique_gen.options import BuildOptions
 from mystique_gen.passes.hostgaps import _match, _observed, _typical_step_scale, profile_gaps
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace
@@ -335,6 +342,47 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
         re.sub(r'"step_gaps_us": \[[^]]*\]', '"step_gaps_us": [1.0, 1e9]', text))
     assert out["host_gaps_replayed"] is False
     assert "recorded steps' gaps differ by" in stderr and "host gaps off" in stderr
+
+
+def test_a_repeating_schedules_pair_replays_a_step_of_its_kineto_cycle(tmp_path):
+    """An observer handed to a profiler whose schedule repeats records the active steps
+    of every cycle into one ET, while each cycle's Kineto trace (here as
+    ``tensorboard_trace_handler`` writes it, gzipped) holds that cycle's steps only.
+    The default step is one the Kineto trace holds; the original step time spans that
+    step's ops, not every step the trace linked; a step it does not hold is said so."""
+    torch.set_num_threads(1)
+    step = MODELS["mlp_sgd"]()
+    et_path, logs = tmp_path / "cycles.et.json", tmp_path / "logs"
+    observer = ExecutionTraceObserver()
+    observer.register_callback(str(et_path))
+    with profile(activities=[ProfilerActivity.CPU],
+                 schedule=schedule(wait=0, warmup=1, active=2, repeat=2),
+                 on_trace_ready=tensorboard_trace_handler(str(logs), use_gzip=True),
+                 execution_trace_observer=observer) as prof:
+        for _ in range(6):
+            step()
+            prof.step()
+    cycles = sorted(logs.glob("*.pt.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    assert len(cycles) == 2
+    second = load_kineto(cycles[1])
+    held = {e.name: e for e in second.cpu_ops if e.name.startswith("ProfilerStep#")}
+    et_steps = sorted(int(n.name.split("#")[1]) for n in load_trace(et_path).nodes
+                      if n.name.startswith("ProfilerStep#"))
+    assert len(et_steps) == 4 and len(held) == 2
+
+    program = compile_trace(et_path, kineto=cycles[1])
+    timing = program.timing
+    first_held = min(held, key=lambda name: int(name.split("#")[1]))
+    assert any(f"iteration {first_held} " in d.reason for d in program.diagnostics)
+    assert timing is not None and timing.linked_ops == len(program.ops)
+    assert timing.host_gaps.endswith("(median of 2 recorded steps)")
+    # Inside the one replayed step (the two linked steps spanned twice that and more).
+    assert 0 < timing.original_ms * 1000 <= held[first_held].dur
+
+    with pytest.warns(UserWarning, match=f"only 0 of the {len(program.ops)} replayed ops"):
+        other = compile_trace(et_path, kineto=cycles[1],
+                              options=BuildOptions(iteration=str(et_steps[0])))
+    assert other.timing is not None and other.timing.original_ms == 0
 
 
 def _run_recorded(path: Path, text: str) -> tuple[dict, str]:

@@ -78,10 +78,12 @@ class _Tree:
                 and other_thread_ok(node))
 
 
-def filter_selection(trace: RawTrace, selection: Selection,
-                     options: BuildOptions) -> tuple[Selection, list[str]]:
+def filter_selection(trace: RawTrace, selection: Selection, options: BuildOptions,
+                     profiled_steps: frozenset[int] = frozenset()
+                     ) -> tuple[Selection, list[str]]:
     """The selection ``options`` keep, and one line per filter applied (counts of
-    top-level ops before and after)."""
+    top-level ops before and after). ``profiled_steps``: the ``ProfilerStep#N`` numbers
+    the Kineto trace linked to this one holds, which the default step comes from."""
     tree = _Tree(trace)
     ops = list(selection.ops)
     skipped = list(selection.not_replayed)
@@ -95,7 +97,7 @@ def filter_selection(trace: RawTrace, selection: Selection,
                    or keep(tree.by_id[s.node_id])]
         lines.append(f"{label}: {before} -> {len(ops)} ops")
 
-    step = _step(trace, tree, ops, options.iteration)
+    step = _step(trace, tree, ops, options.iteration, profiled_steps)
     if step is not None:
         anchor, label = step
 
@@ -146,14 +148,17 @@ def steps(trace: RawTrace) -> list[tuple[int, RawNode]]:
     return found
 
 
-def _step(trace: RawTrace, tree: _Tree, ops: list[Selected],
-          iteration: str) -> tuple[RawNode, str] | None:
-    """The step annotation to keep and its description, or None to keep every step."""
+def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
+          profiled_steps: frozenset[int] = frozenset()) -> tuple[RawNode, str] | None:
+    """The step annotation to keep and its description, or None to keep every step.
+
+    By default, the first step that the linked Kineto trace holds as well: an observer
+    handed to a profiler with a repeating schedule records every active step of every
+    cycle into one ET, while each cycle's Kineto trace holds that cycle's steps only."""
     if iteration == "all":
         return None
     found = steps(trace)
-    listing = ", ".join(f"#{number}" for number, _ in found[:8]) + (
-        ", ..." if len(found) > 8 else "")
+    listing = _listing(found)
     if iteration == "auto":
         # Steps around some op (an empty last step, as the profiler's stop leaves, is
         # not one); the default applies when there are several.
@@ -161,9 +166,12 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected],
         busy = [(number, node) for number, node in found if node.id in around]
         if len(busy) < 2:
             return None
-        number, node = busy[0]
+        profiled = [(number, node) for number, node in busy if number in profiled_steps]
+        number, node = (profiled or busy)[0]
+        held = f" that the Kineto trace holds too ({_listing(profiled)})" \
+            if profiled and len(profiled) < len(busy) else ""
         return node, (f"iteration ProfilerStep#{number} (default: the first complete of "
-                      f"{len(busy)} steps {listing}; --iteration all keeps every step)")
+                      f"{len(busy)} steps {listing}{held}; --iteration all keeps every step)")
     wanted = int(iteration)
     for number, node in found:
         if number == wanted:
@@ -173,6 +181,11 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected],
                           "annotations (use --subgraph for other annotations)")
     raise OptionError(f"--iteration {wanted}: {trace.name} has no ProfilerStep#{wanted}; "
                       f"it has {listing}")
+
+
+def _listing(found: list[tuple[int, RawNode]]) -> str:
+    return ", ".join(f"#{number}" for number, _ in found[:8]) + (
+        ", ..." if len(found) > 8 else "")
 
 
 def _annotation(tree: _Tree, ops: list[Selected], text: str) -> RawNode:

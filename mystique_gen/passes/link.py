@@ -181,8 +181,10 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
             kernels=tuple(KernelRecord(g.name, g.stream, g.dur)
                           for g in sorted(kernels.get(ev.index, []), key=lambda g: g.ts)),
         )
-    spans = [(ev.ts, ev.end) for ev in launchers]
-    spans += [(g.ts, g.ts + g.dur) for ev in launchers for g in kernels.get(ev.index, [])]
+    # The replayed ops' span: the trace may hold more steps than the one replayed.
+    replayed = [links.events[op.node_id] for op in program.ops if op.node_id in links.events]
+    spans = [(ev.ts, ev.end) for ev in replayed]
+    spans += [(g.ts, g.ts + g.dur) for ev in replayed for g in kernels.get(ev.index, [])]
     original_ms = (max(e for _, e in spans) - min(s for s, _ in spans)) / 1000.0 if spans \
         else 0.0
     used_methods = Counter(links.methods[op.node_id] for op in program.ops
