@@ -206,6 +206,10 @@ def compare_parser() -> argparse.ArgumentParser:
                    "(default: the one beside K1, if any)")
     p.add_argument("--bench-json", metavar="FILE",
                    help="the benchmark's --json output: measured iteration time")
+    p.add_argument("--iteration", metavar="N|all", default="auto",
+                   help="of an original ET that recorded several ProfilerStep#N, the "
+                   "step the benchmark replays, as given to the generator (default: "
+                   "its default, the first complete step the Kineto trace K1 holds)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="OUT.png", help="bar chart by category (matplotlib)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -250,7 +254,8 @@ def run_compare(args: argparse.Namespace) -> int:
                         if args.bench_json else None),
         original_peak_bytes=read_number(step_json, "step_peak_bytes") if step_json else None,
         replay_peak_bytes=(read_number(args.bench_json, "peak_step_bytes")
-                           if args.bench_json else None))
+                           if args.bench_json else None),
+        iteration=args.iteration)
     if args.plot:
         plot_comparison(result, args.plot)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_comparison(result))

@@ -55,7 +55,7 @@ from mystique_gen.passes.compose import (
     storage_lifetimes,
     storages_of,
 )
-from mystique_gen.passes.filters import STEP_RE, filter_selection
+from mystique_gen.passes.filters import filter_selection, step_numbers
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.numbers import replay_wrapped_numbers
 from mystique_gen.passes.ranks import (
@@ -243,10 +243,7 @@ def lower_sources(program: Program, build: Build) -> Program:
 
 def _profiled_steps(kineto: KinetoTrace | None) -> frozenset[int]:
     """The ``ProfilerStep#N`` numbers a (linked, first) Kineto trace holds."""
-    if kineto is None:
-        return frozenset()
-    return frozenset(int(m.group(1)) for e in kineto.cpu_ops
-                     if (m := STEP_RE.fullmatch(e.name)))
+    return step_numbers(e.name for e in kineto.cpu_ops) if kineto else frozenset()
 
 
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,

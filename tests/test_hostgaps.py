@@ -25,7 +25,7 @@ from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace
 from mystique_gen.sources.kineto import CpuEvent, load_kineto, profile_beside
 from mystique_gen.tools.capture import capture
-from mystique_gen.tools.compare import kineto_times
+from mystique_gen.tools.compare import compare_traces, kineto_times, op_multiset
 from tests.conftest import last_json, run_benchmark
 from tests.golden_cases import kineto_doc
 from tests.models import MODELS
@@ -383,6 +383,32 @@ def test_a_repeating_schedules_pair_replays_a_step_of_its_kineto_cycle(tmp_path)
         other = compile_trace(et_path, kineto=cycles[1],
                               options=BuildOptions(iteration=str(et_steps[0])))
     assert other.timing is not None and other.timing.original_ms == 0
+
+
+def test_compare_reads_a_same_session_pair_per_replayed_step_and_says_it_is_observed(
+        tmp_path):
+    """``compare`` on a pair that recorded several steps: the original's ops are those
+    of the step the generator replays, not every step's (a 3-step ET read 33%
+    against its one-step replay); its Kineto times, inflated by the observer, are
+    said to be; where the profile holds steps without the observer, those count."""
+    et_path, kineto = _profiled_pair(tmp_path, "pair", active=3)
+    program = compile_trace(et_path, kineto=kineto)
+    step = op_multiset(et_path, by_overload=True, iteration="auto")
+    assert sum(step.values()) == len(program.ops)
+    assert sum(op_multiset(et_path, by_overload=True).values()) == 3 * len(program.ops)
+    # The replay side here is the original itself: only how each side is read matters.
+    result = compare_traces(et_path, et_path, kineto_original=kineto, kineto_replay=kineto)
+    assert result.match == 1.0 and result.original_ops == len(program.ops)
+    assert result.original_times is not None and result.original_times.observed
+    assert any("recorded with the ET observer attached" in n for n in result.notes)
+
+    et_path, kineto = _profiled_pair(tmp_path, "manual", active=5, observed_step=3)
+    times = kineto_times(kineto, None)
+    assert not times.observed and times.observed_steps_dropped == 1
+    assert times.iterations == 4
+    result = compare_traces(et_path, et_path, kineto_original=kineto, kineto_replay=kineto)
+    assert not any("recorded with the ET observer attached" in n for n in result.notes)
+    assert any("1 the ET observer recorded, left out" in n for n in result.notes)
 
 
 def _run_recorded(path: Path, text: str) -> tuple[dict, str]:

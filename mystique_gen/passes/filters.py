@@ -17,7 +17,7 @@ being in start order -- belong to it too, so a step keeps its backward pass.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from mystique_gen import oprules
 from mystique_gen.errors import OptionError, TraceError
@@ -132,6 +132,11 @@ def filter_selection(trace: RawTrace, selection: Selection, options: BuildOption
 
 def _patterns(patterns: tuple[str, ...]) -> str:
     return ", ".join(repr(p) for p in patterns)
+
+
+def step_numbers(names: Iterable[str]) -> frozenset[int]:
+    """The ``N`` of every ``ProfilerStep#N`` among ``names`` (a Kineto trace's events)."""
+    return frozenset(int(m.group(1)) for name in names if (m := STEP_RE.fullmatch(name)))
 
 
 def steps(trace: RawTrace) -> list[tuple[int, RawNode]]:

@@ -18,19 +18,28 @@ from pathlib import Path
 from mystique_gen import oprules
 from mystique_gen.constants import HARNESS_SCOPE, STEP_SCOPE
 from mystique_gen.errors import MystiqueError
-from mystique_gen.passes.filters import STEP_RE
+from mystique_gen.options import BuildOptions
+from mystique_gen.passes.filters import STEP_RE, filter_selection, step_numbers
 from mystique_gen.passes.link import exclusive_times
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
 from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, load_kineto
 
 
-def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False) -> Counter[str]:
+def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False,
+                iteration: str | None = None,
+                profiled_steps: frozenset[int] = frozenset()) -> Counter[str]:
     """The top-level operators (the ones a benchmark replays), with counts: by qualified
     name (``aten::mul``, what filters match), or ``by_overload`` (``aten::mul.Scalar``
-    and ``aten::mul.Tensor`` differ)."""
+    and ``aten::mul.Tensor`` differ). ``iteration`` (``auto``, ``all`` or ``N``): only
+    the ops of the step the generator's ``--iteration`` keeps, ``profiled_steps`` the
+    steps its Kineto trace holds; None: every op."""
     raw = trace if isinstance(trace, RawTrace) else load_trace(trace)
-    ops = [s.node for s in select_ops(raw).ops if HARNESS_SCOPE not in s.scope]
+    selection = select_ops(raw)
+    if iteration is not None:
+        selection, _ = filter_selection(raw, selection, BuildOptions(iteration=iteration),
+                                        profiled_steps)
+    ops = [s.node for s in selection.ops if HARNESS_SCOPE not in s.scope]
     if by_overload:
         return Counter(overload_name(n.name, n.op_schema) for n in ops)
     return Counter(n.name for n in ops)
@@ -67,6 +76,10 @@ class KinetoTimes:
     device_time: bool  # True: GPU activity time; False: host time of top-level ops
     step_spans_ms: list[float] = field(default_factory=list)  # per annotated step used
     cold_steps_dropped: int = 0
+    # Steps recorded with the ET observer attached, left out for steps without it.
+    observed_steps_dropped: int = 0
+    # Every step used was recorded with the observer: its op times include its work.
+    observed: bool = False
 
 
 def _workload_ops(events: list[CpuEvent]) -> list[CpuEvent]:
@@ -172,14 +185,23 @@ def _span(ops: list) -> float:
     return (max(e.end for e in ops) - min(e.ts for e in ops)) if ops else 0.0
 
 
+def _observed(ops: list[CpuEvent]) -> bool:
+    """Whether most of ``ops`` carry a record function id: the profiler writes one only
+    while a callback asks for them (the ET observer's), else 0 (torch >= 2.4)."""
+    known = [e.rf_id for e in ops if e.rf_id is not None]
+    return bool(known) and sum(1 for i in known if i) * 2 > len(known)
+
+
 def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> KinetoTimes:
     """Category times of a Kineto trace per iteration; device time leaves out what the
     harness launched.
 
     ``iterations=None``: per annotated step (:func:`step_windows`), the median of each
     figure over the steps, leaving out a cold first step where there are three or
-    more (the profiler's first step pays for its warm-up and cold caches);
-    a trace without step annotations is one iteration. A number: totals divided by it.
+    more (the profiler's first step pays for its warm-up and cold caches), and steps
+    the ET observer recorded where others were profiled without it (the observer costs
+    10-20 us per op on CPU, in the ops and between them); a trace without step
+    annotations is one iteration. A number: totals divided by it.
     """
     trace = path if isinstance(path, KinetoTrace) else load_kineto(path)
     ops = _workload_ops(trace.cpu_ops)
@@ -194,9 +216,13 @@ def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> 
         return KinetoTimes(
             categories={k: v / 1000.0 / n for k, v in categories.items()},
             span_ms=_span(top) / 1000.0 / n, ops=len(top) // n, iterations=n,
-            device_time=bool(trace.gpu))
+            device_time=bool(trace.gpu), observed=_observed(top))
     dropped = 1 if cold and len(windows) >= 3 else 0
     windows = windows[dropped:]
+    free = [(start, end) for start, end in windows
+            if not _observed([e for e in top if start <= e.ts < end])]
+    observed_dropped = len(windows) - len(free) if free else 0
+    windows = free or windows
     launched = {r.correlation: r.ts for r in trace.runtime}
     steps = []
     for start, end in windows:
@@ -212,7 +238,8 @@ def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> 
         ops=round(statistics.median(len(ops) for ops, _c in steps)),
         iterations=len(windows), device_time=bool(trace.gpu),
         step_spans_ms=[_span(ops) / 1000.0 for ops, _c in steps],
-        cold_steps_dropped=dropped,
+        cold_steps_dropped=dropped, observed_steps_dropped=observed_dropped,
+        observed=not free and _observed(top),
     )
 
 
@@ -313,7 +340,8 @@ def compare_traces(original: str | Path, replay: str | Path, *,
                    original_step_ms: float | None = None,
                    replay_iter_ms: float | None = None,
                    original_peak_bytes: float | None = None,
-                   replay_peak_bytes: float | None = None) -> Comparison:
+                   replay_peak_bytes: float | None = None,
+                   iteration: str = "auto") -> Comparison:
     """Compare two ETs and, where both are given, their Kineto traces.
 
     Kineto figures are per-step medians where a trace annotates its steps (a capture's
@@ -323,9 +351,17 @@ def compare_traces(original: str | Path, replay: str | Path, *,
     ``replay_iter_ms`` (the benchmark's ``--json`` ``iter_ms_median``) are the clock:
     the Kineto spans are checked against them, and their ratio is reported beside.
     ``original_peak_bytes`` and ``replay_peak_bytes`` (the same files'
-    ``step_peak_bytes`` and ``peak_step_bytes``) compare one step's memory.
+    ``step_peak_bytes`` and ``peak_step_bytes``) compare one step's memory. Of an ET
+    that recorded several steps, the ops of the step the generator keeps by default
+    count (``iteration``: its ``--iteration``).
     """
-    a, b = op_multiset(original, by_overload=True), op_multiset(replay, by_overload=True)
+    held = frozenset()
+    original_kineto = None
+    if kineto_original is not None:
+        original_kineto = load_kineto(kineto_original)
+        held = step_numbers(e.name for e in original_kineto.cpu_ops)
+    a = op_multiset(original, by_overload=True, iteration=iteration, profiled_steps=held)
+    b = op_multiset(replay, by_overload=True, iteration=iteration)
     names = sorted(set(a) | set(b))
     diffs = [(n, a[n], b[n]) for n in names if a[n] != b[n]]
     diffs.sort(key=lambda d: (-abs(d[1] - d[2]), d[0]))
@@ -335,12 +371,22 @@ def compare_traces(original: str | Path, replay: str | Path, *,
                         replay_peak_bytes=replay_peak_bytes)
     if (kineto_original is None) != (kineto_replay is None):
         raise MystiqueError("give both --kineto-original and --kineto-replay, or neither")
-    if kineto_original is not None and kineto_replay is not None:
-        result.original_times = kineto_times(kineto_original, None)
-        if result.original_times.cold_steps_dropped:
+    if original_kineto is not None and kineto_replay is not None:
+        times = result.original_times = kineto_times(original_kineto, None)
+        left_out = [what for what, n in (("the first, cold", times.cold_steps_dropped),
+                                         (f"{times.observed_steps_dropped} the ET observer "
+                                          "recorded", times.observed_steps_dropped)) if n]
+        if left_out:
             result.notes.append(
-                f"original: medians over {result.original_times.iterations} profiled "
-                "steps (the first, cold, left out)")
+                f"original: medians over {times.iterations} profiled steps "
+                f"({' and '.join(left_out)}, left out)")
+        if times.observed:
+            result.notes.append(
+                "original: recorded with the ET observer attached (a same-session pair "
+                "or a capture's .kineto.json): its op times and gaps include the "
+                "observer's work, so the replay reads fast against it; compare against "
+                "steps profiled without it (a capture's .profile.json) or the clock "
+                "(--step-json, --bench-json)")
         result.replay_times = _replay_times(kineto_replay, replay_iterations,
                                             result.original_times, result.notes)
         for side, times, clock, where in (
