@@ -136,6 +136,12 @@ def test_mismatched_kineto_traces_are_refused_naming_the_files(tmp_path, capsys)
     assert message == ("mystique-gen: error: 2 rank traces (rank-0.json, rank-1.json) but 1 "
                        "Kineto trace(s) (rank-0.kineto.json): --kineto takes one Kineto "
                        "trace per rank trace")
+    # One per rank and cycle (a repeating schedule's folder): which cycle is the user's.
+    message = _error(capsys, [*traces, "--kineto", *map(str, kinetos), *map(str, kinetos),
+                              *out])
+    assert message.endswith("--kineto takes one Kineto trace per rank trace (a profiler "
+                            "whose schedule repeats writes one per rank and cycle: give "
+                            "one cycle's)")
     # Both record rank 0: not the ranks of the traces.
     doc = json.loads(kinetos[1].read_text())
     doc["distributedInfo"]["rank"] = 0

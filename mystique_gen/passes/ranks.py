@@ -166,10 +166,14 @@ def order_ranks(traces: Sequence[RawTrace]) -> tuple[list[int], str]:
 def check_kineto_count(trace_names: Sequence[str], kineto_names: Sequence[str]) -> None:
     """One Kineto trace per rank trace, or a one-line error naming both sets of files."""
     if len(kineto_names) != len(trace_names):
+        # tensorboard_trace_handler under a repeating schedule writes one file per rank
+        # and cycle into one folder.
+        cycles = (" (a profiler whose schedule repeats writes one per rank and cycle: "
+                  "give one cycle's)" if len(kineto_names) > len(trace_names) else "")
         raise OptionError(
             f"{len(trace_names)} rank traces ({', '.join(trace_names)}) but "
             f"{len(kineto_names)} Kineto trace(s) ({', '.join(kineto_names)}): --kineto "
-            "takes one Kineto trace per rank trace")
+            f"takes one Kineto trace per rank trace{cycles}")
 
 
 def match_kineto(trace_ranks: Sequence[int], kineto_ranks: Sequence[int | None],
