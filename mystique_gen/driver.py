@@ -55,7 +55,7 @@ from mystique_gen.passes.compose import (
     storage_lifetimes,
     storages_of,
 )
-from mystique_gen.passes.filters import filter_selection, step_numbers
+from mystique_gen.passes.filters import filter_selection, kineto_steps, step_listing
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.numbers import replay_wrapped_numbers
 from mystique_gen.passes.ranks import (
@@ -195,7 +195,7 @@ def lower_sources(program: Program, build: Build) -> Program:
     options = build.options
     names: dict[tuple[int, int, int], int] = {}
     parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume, s.scalars,
-                         _profiled_steps(s.kineto) if k == 0 else frozenset())
+                         kineto_steps(s.kineto) if k == 0 else frozenset())
              for k, s in enumerate(build.sources)]
     lines: list[str] = []
     if len(parts) > 1:
@@ -239,11 +239,6 @@ def lower_sources(program: Program, build: Build) -> Program:
     reported += [note(n) for p in parts for n in p.notes]
     return replace(program, trace=info, ops=ops, threads=threads,
                    diagnostics=program.diagnostics + reported)
-
-
-def _profiled_steps(kineto: KinetoTrace | None) -> frozenset[int]:
-    """The ``ProfilerStep#N`` numbers a (linked, first) Kineto trace holds."""
-    return step_numbers(e.name for e in kineto.cpu_ops) if kineto else frozenset()
 
 
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
@@ -344,21 +339,16 @@ def link_kineto(program: Program, build: Build) -> Program:
             program.timing.measured_step_ms = source.step_ms
             linked, total = program.timing.linked_ops, len(program.ops)
             if linked * 2 < total:
+                held = step_listing(sorted(kineto_steps(source.kineto))) or "none annotated"
                 message = (
                     f"only {linked} of the {total} replayed ops are found in "
                     f"{source.kineto.name}: it recorded other steps or another run "
-                    f"(its steps: {_step_list(source.kineto)}); times, gaps and the "
+                    f"(its steps: {held}); times, gaps and the "
                     "original step time stand for the linked ops only (--iteration N "
                     "picks a step it holds)")
                 warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
                 program = replace(program, diagnostics=program.diagnostics + [note(message)])
     return program
-
-
-def _step_list(kineto: KinetoTrace) -> str:
-    numbers = sorted(_profiled_steps(kineto))
-    return ", ".join(f"#{n}" for n in numbers[:8]) + (", ..." if len(numbers) > 8 else "") \
-        if numbers else "none annotated"
 
 
 def recorded_frees(program: Program, build: Build) -> Program:

@@ -24,6 +24,7 @@ from mystique_gen.errors import OptionError, TraceError
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.select import Selected, Selection, is_root
 from mystique_gen.sources.et import RawNode, RawTrace
+from mystique_gen.sources.kineto import KinetoTrace
 
 STEP_RE = re.compile(r"ProfilerStep#(\d+)")
 
@@ -134,9 +135,18 @@ def _patterns(patterns: tuple[str, ...]) -> str:
     return ", ".join(repr(p) for p in patterns)
 
 
-def step_numbers(names: Iterable[str]) -> frozenset[int]:
-    """The ``N`` of every ``ProfilerStep#N`` among ``names`` (a Kineto trace's events)."""
-    return frozenset(int(m.group(1)) for name in names if (m := STEP_RE.fullmatch(name)))
+def kineto_steps(kineto: KinetoTrace | None) -> frozenset[int]:
+    """The ``N`` of every ``ProfilerStep#N`` a Kineto trace holds (none without one)."""
+    if kineto is None:
+        return frozenset()
+    return frozenset(int(m.group(1)) for e in kineto.cpu_ops
+                     if (m := STEP_RE.fullmatch(e.name)))
+
+
+def step_listing(numbers: Iterable[int]) -> str:
+    """``#2, #3, ...``: the first eight step numbers, in the order given."""
+    shown = list(numbers)
+    return ", ".join(f"#{n}" for n in shown[:8]) + (", ..." if len(shown) > 8 else "")
 
 
 def steps(trace: RawTrace) -> list[tuple[int, RawNode]]:
@@ -163,7 +173,7 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
     if iteration == "all":
         return None
     found = steps(trace)
-    listing = _listing(found)
+    listing = step_listing(number for number, _ in found)
     if iteration == "auto":
         # Steps around some op (an empty last step, as the profiler's stop leaves, is
         # not one); the default applies when there are several.
@@ -173,7 +183,7 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
             return None
         profiled = [(number, node) for number, node in busy if number in profiled_steps]
         number, node = (profiled or busy)[0]
-        held = f" that the Kineto trace holds too ({_listing(profiled)})" \
+        held = f" that the Kineto trace holds too ({step_listing(n for n, _ in profiled)})" \
             if profiled and len(profiled) < len(busy) else ""
         return node, (f"iteration ProfilerStep#{number} (default: the first complete of "
                       f"{len(busy)} steps {listing}{held}; --iteration all keeps every step)")
@@ -186,11 +196,6 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
                           "annotations (use --subgraph for other annotations)")
     raise OptionError(f"--iteration {wanted}: {trace.name} has no ProfilerStep#{wanted}; "
                       f"it has {listing}")
-
-
-def _listing(found: list[tuple[int, RawNode]]) -> str:
-    return ", ".join(f"#{number}" for number, _ in found[:8]) + (
-        ", ..." if len(found) > 8 else "")
 
 
 def _annotation(tree: _Tree, ops: list[Selected], text: str) -> RawNode:

@@ -19,7 +19,7 @@ from mystique_gen import oprules
 from mystique_gen.constants import HARNESS_SCOPE, STEP_SCOPE
 from mystique_gen.errors import MystiqueError
 from mystique_gen.options import BuildOptions
-from mystique_gen.passes.filters import STEP_RE, filter_selection, step_numbers
+from mystique_gen.passes.filters import STEP_RE, filter_selection, kineto_steps
 from mystique_gen.passes.link import exclusive_times
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
@@ -355,12 +355,11 @@ def compare_traces(original: str | Path, replay: str | Path, *,
     that recorded several steps, the ops of the step the generator keeps by default
     count (``iteration``: its ``--iteration``).
     """
-    held = frozenset()
-    original_kineto = None
-    if kineto_original is not None:
-        original_kineto = load_kineto(kineto_original)
-        held = step_numbers(e.name for e in original_kineto.cpu_ops)
-    a = op_multiset(original, by_overload=True, iteration=iteration, profiled_steps=held)
+    if (kineto_original is None) != (kineto_replay is None):
+        raise MystiqueError("give both --kineto-original and --kineto-replay, or neither")
+    original_kineto = load_kineto(kineto_original) if kineto_original is not None else None
+    a = op_multiset(original, by_overload=True, iteration=iteration,
+                    profiled_steps=kineto_steps(original_kineto))
     b = op_multiset(replay, by_overload=True, iteration=iteration)
     names = sorted(set(a) | set(b))
     diffs = [(n, a[n], b[n]) for n in names if a[n] != b[n]]
@@ -369,8 +368,6 @@ def compare_traces(original: str | Path, replay: str | Path, *,
                         original_step_ms=original_step_ms, replay_iter_ms=replay_iter_ms,
                         original_peak_bytes=original_peak_bytes,
                         replay_peak_bytes=replay_peak_bytes)
-    if (kineto_original is None) != (kineto_replay is None):
-        raise MystiqueError("give both --kineto-original and --kineto-replay, or neither")
     if original_kineto is not None and kineto_replay is not None:
         times = result.original_times = kineto_times(original_kineto, None)
         left_out = [what for what, n in (("the first, cold", times.cold_steps_dropped),
