@@ -219,14 +219,13 @@ def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> 
             device_time=bool(trace.gpu), observed=_observed(top))
     dropped = 1 if cold and len(windows) >= 3 else 0
     windows = windows[dropped:]
-    free = [(start, end) for start, end in windows
-            if not _observed([e for e in top if start <= e.ts < end])]
-    observed_dropped = len(windows) - len(free) if free else 0
-    windows = free or windows
+    outers = [(start, end, [e for e in top if start <= e.ts < end]) for start, end in windows]
+    free = [w for w in outers if not _observed(w[2])]
+    observed_dropped = len(outers) - len(free) if free else 0
+    windows = free or outers
     launched = {r.correlation: r.ts for r in trace.runtime}
     steps = []
-    for start, end in windows:
-        outer = [e for e in top if start <= e.ts < end]
+    for start, end, outer in windows:
         gpu = [g for g in workload if start <= launched.get(g.correlation, -1.0) < end]
         inside = [(e, t) for e, t in timed if start <= e.ts < end]
         steps.append((outer, _category_times(inside, gpu)))
@@ -239,7 +238,7 @@ def kineto_times(path: str | Path | KinetoTrace, iterations: int | None = 1) -> 
         iterations=len(windows), device_time=bool(trace.gpu),
         step_spans_ms=[_span(ops) / 1000.0 for ops, _c in steps],
         cold_steps_dropped=dropped, observed_steps_dropped=observed_dropped,
-        observed=not free and _observed(top),
+        observed=not free,
     )
 
 
