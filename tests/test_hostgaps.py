@@ -396,11 +396,20 @@ def test_compare_reads_a_same_session_pair_per_replayed_step_and_says_it_is_obse
     step = op_multiset(et_path, by_overload=True, iteration="auto")
     assert sum(step.values()) == len(program.ops)
     assert sum(op_multiset(et_path, by_overload=True).values()) == 3 * len(program.ops)
-    # The replay side here is the original itself: only how each side is read matters.
-    result = compare_traces(et_path, et_path, kineto_original=kineto, kineto_replay=kineto)
+    bench, replay = tmp_path / "bench.py", tmp_path / "replay.et.json"
+    generate(et_path, bench, kineto=kineto)
+    assert run_benchmark(bench, "--warmup", "0", "--iters", "1", "--et",
+                         str(replay)).returncode == 0
+    # The replay's Kineto side here is the original's: only how each side is read matters.
+    result = compare_traces(et_path, replay, kineto_original=kineto, kineto_replay=kineto)
     assert result.match == 1.0 and result.original_ops == len(program.ops)
     assert result.original_times is not None and result.original_times.observed
     assert any("recorded with the ET observer attached" in n for n in result.notes)
+    # The step named as the generator's --iteration names it: the replay has no steps.
+    first = next(d.reason.split()[1] for d in program.diagnostics
+                 if d.reason.startswith("iteration ProfilerStep#"))
+    named = compare_traces(et_path, replay, iteration=first.split("#")[1])
+    assert named.match == 1.0 and named.original_ops == len(program.ops)
 
     et_path, kineto = _profiled_pair(tmp_path, "manual", active=5, observed_step=3)
     times = kineto_times(kineto, None)

@@ -352,14 +352,14 @@ def compare_traces(original: str | Path, replay: str | Path, *,
     ``original_peak_bytes`` and ``replay_peak_bytes`` (the same files'
     ``step_peak_bytes`` and ``peak_step_bytes``) compare one step's memory. Of an ET
     that recorded several steps, the ops of the step the generator keeps by default
-    count (``iteration``: its ``--iteration``).
+    count (``iteration``: its ``--iteration``); the replay's ET is one iteration.
     """
     if (kineto_original is None) != (kineto_replay is None):
         raise MystiqueError("give both --kineto-original and --kineto-replay, or neither")
     original_kineto = load_kineto(kineto_original) if kineto_original is not None else None
     a = op_multiset(original, by_overload=True, iteration=iteration,
                     profiled_steps=kineto_steps(original_kineto))
-    b = op_multiset(replay, by_overload=True, iteration=iteration)
+    b = op_multiset(replay, by_overload=True)  # the benchmark records one iteration
     names = sorted(set(a) | set(b))
     diffs = [(n, a[n], b[n]) for n in names if a[n] != b[n]]
     diffs.sort(key=lambda d: (-abs(d[1] - d[2]), d[0]))
