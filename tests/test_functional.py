@@ -270,6 +270,37 @@ def test_indices_read_through_a_fitted_mask_stay_in_range(tmp_path):
     assert original == replayed and not facts["skipped_at_runtime"]
 
 
+def _top_two_routing() -> Callable[[], None]:
+    """A mixture of experts as common implementations route: top-2 experts per token,
+    each expert's token list from ``torch.where`` on the routing, its output added back
+    with ``index_add_``. The replay routes its own values, so every list is fitted to
+    the recorded size; the fits are kept, and later iterations train on the same."""
+    router = torch.nn.Linear(8, 4, bias=False)
+    experts = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+    opt = torch.optim.SGD([*router.parameters(), *experts.parameters()], lr=0.1)
+    x = torch.randn(32, 8)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        weights, chosen = torch.topk(router(x).softmax(-1), 2, dim=-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(experts):
+            rows, slot = torch.where(chosen == e)
+            out.index_add_(0, rows, expert(x[rows]) * weights[rows, slot, None])
+        out.pow(2).mean().backward()
+        opt.step()
+
+    return step
+
+
+def test_routed_token_lists_are_fitted_once_and_train_on(tmp_path):
+    """Each expert's token list is fitted at its site and the fit reused: three
+    iterations that train on the replay's own values replay op for op."""
+    text, facts, original, replayed = _train_on_the_replay(_top_two_routing, tmp_path)
+    assert text.count("site=(") >= 4
+    assert original == replayed and not facts["skipped_at_runtime"]
+
+
 def _divisors_computed_from_a_grid() -> Callable[[], None]:
     """A vision-language model's patch grid (Qwen2-VL's, Cosmos-3's image_grid_thw):
     per image its height and width in patches, each divided by the merge size, and each

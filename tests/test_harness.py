@@ -539,3 +539,52 @@ def test_guards_of_replay_computed_values_keep_every_valid_value():
     assert ((wrapped >= 0) & (wrapped < 4)).all()
     targets = torch.tensor([-100, 5, 12, -100])
     assert runtime._in_range(targets, 10, -100).tolist() == [-100, 5, 2, -100]
+
+
+def test_a_fit_at_a_site_is_made_once_and_reused(monkeypatch):
+    """A mixture of experts fits every expert's token list, every iteration: at a site
+    the first fit is kept, and a later value that misses the recorded size again gets
+    it without a second fit (a value of the recorded size is still the replay's own)."""
+    monkeypatch.setitem(runtime._RUNTIME, "fits", {})
+    rows = torch.where(torch.tensor([[1, 0], [0, 1], [1, 1]]) == 1)  # 4 rows
+    first = runtime._fit(rows, [[6], [6]], [[1], [1]], site=(3, 0))
+    assert [t.shape[0] for t in first] == [6, 6] and first[0].max() < 3
+
+    def no_second_fit(*args):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(runtime, "_fit_one", no_second_fit)
+    again = runtime._fit(torch.where(torch.eye(3) == 1), [[6], [6]], [[1], [1]],
+                         site=(3, 0))
+    assert again is first
+    own = torch.where(torch.ones(3, 2) == 1)
+    assert runtime._fit(own, [[6], [6]], [[1], [1]], site=(3, 0)) is own
+    with pytest.raises(AssertionError, match="fitted again"):  # another site
+        runtime._fit(rows, [[6], [6]], [[1], [1]], site=(4, 0))
+    with pytest.raises(AssertionError, match="fitted again"):  # no site: fitted each time
+        runtime._fit(rows, [[6], [6]], [[1], [1]])
+
+
+def test_only_small_indices_and_masks_are_kept(monkeypatch):
+    """Floating values stay this iteration's (later ops compute on them), and a large
+    kept value would hold memory past the step the original freed."""
+    monkeypatch.setitem(runtime._RUNTIME, "fits", {})
+    activations = torch.randn(5, 4)
+    fitted = runtime._fit(activations, [3, 4], [4, 1], site=(1, 0))
+    assert runtime._fit(activations, [3, 4], [4, 1], site=(1, 0)) is not fitted
+    big = torch.zeros(runtime.KEPT_FIT_BYTES // 8 + 1, dtype=torch.int64)
+    fitted = runtime._fit(big, [4], [1], site=(2, 0))
+    assert runtime._fit(big, [4], [1], site=(2, 0)) is not fitted
+    assert runtime._RUNTIME["fits"] == {}
+
+
+def test_a_mask_at_a_site_is_counted_once(monkeypatch):
+    """`_fit_mask` counts the trues (a device sync) on the first iteration only."""
+    monkeypatch.setitem(runtime._RUNTIME, "fits", {})
+    mask = torch.tensor([True, False, False, True])
+    first = runtime._fit_mask(mask, 3, site=(5, 0))
+    assert int(first.sum()) == 3 and mask.tolist() == [True, False, False, True]
+    assert runtime._fit_mask(torch.zeros(4, dtype=torch.bool), 3, site=(5, 0)) is first
+    exact = torch.tensor([True, True, False, False])
+    assert runtime._fit_mask(exact, 2, site=(6, 0)) is exact
+    assert runtime._fit_mask(torch.ones(4, dtype=torch.bool), 2, site=(6, 0)) is exact

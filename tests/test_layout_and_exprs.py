@@ -78,3 +78,10 @@ def test_torch_attr_rejects_non_identifiers():
     assert exprs.torch_attr("float32") == "torch.float32"
     with pytest.raises(ValueError):
         exprs.torch_attr("float32; import os")
+
+
+@pytest.mark.parametrize("values", [(3, 0), (7,), ()])
+def test_int_tuple_is_the_tuple_it_reads_as(values):
+    text = exprs.int_tuple(values).text
+    assert ast.literal_eval(text) == tuple(values)
+    assert format_with_black(f"x = {text}\n") == f"x = {text}\n"

@@ -185,7 +185,28 @@ def test_a_boolean_index_gets_the_recorded_count_given_or_computed():
     assert program.ops[1].true_counts == {0: 9}
     assert program.ops[4].name == "aten::gt" and program.ops[4].true_counts == {}
     text = generate_source(program)
-    assert "gt = _fit_mask(gt, 9)" in text and text.count("_fit_mask(gt") == 1
+    assert "gt = _fit_mask(gt, 9, site=(1, 0))" in text and text.count("_fit_mask(gt") == 1
+
+
+def test_a_fit_is_kept_for_reuse_only_where_no_later_op_writes_the_value():
+    """Routing indices the step only reads are fitted once and the fit reused (a mixture
+    of experts fits every expert's token list, every iteration); indices a later op
+    writes in place are fitted anew each iteration, since a kept fit would carry the
+    write into the next one."""
+    b = TraceBuilder()
+    chosen = b.tensor((8, 2), dtype="bool")
+    read_only = [b.tensor((5,), dtype="int64"), b.tensor((5,), dtype="int64")]
+    b.op(WHERE, [chosen], [read_only])
+    b.op(INDEX, [b.tensor((8, 4)), [read_only[0]]], [b.tensor((5, 4))])
+    written = [b.tensor((3,), dtype="int64"), b.tensor((3,), dtype="int64")]
+    b.op(WHERE, [b.tensor((8, 2), dtype="bool")], [written])
+    b.op(ADD_, [written[0], b.tensor((3,), dtype="int64"), 1], [written[0]])
+    program = _program(b)
+    assert [op.fits_reusable for op in program.ops if op.name == "aten::where"] == [True,
+                                                                                     False]
+    text = generate_source(program)
+    assert "where = _fit(where, [[5], [5]], [[1], [1]], site=(0, 0))" in text
+    assert "where = _fit(where, [[3], [3]], [[1], [1]])\n" in text
 
 
 def test_jagged_lengths_add_up_to_the_values():

@@ -52,6 +52,12 @@ def int_list(values: tuple[int, ...] | list[int]) -> Node:
     return Group("[", tuple(Atom(repr(int(v))) for v in values), "]", literal=True)
 
 
+def int_tuple(values: tuple[int, ...] | list[int]) -> Node:
+    """A tuple display of ints, ``(3, 0)``; one item keeps its comma, ``(3,)``."""
+    items = [repr(int(v)) for v in values]
+    return Atom("(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")")
+
+
 def list_display(items: list[Node] | tuple[Node, ...]) -> Node:
     return Group("[", tuple(items), "]", literal=True)
 

@@ -39,20 +39,29 @@ def _shape_rows(value: object) -> tuple[Node, Node] | None:
 def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     """``t = _fit(t, shape, strides)`` for each named output of a data-dependent op;
     then ``m = _fit_mask(m, count)`` for each boolean result a data-dependent op reads
-    as its mask."""
+    as its mask. Where the op's fits are reusable (``Op.fits_reusable``) each call names
+    its site, ``site=(op index, output position)``, under which the file keeps it."""
     lines: list[str] = []
+
+    def site(position: int) -> list[Node]:
+        if not op.fits_reusable:
+            return []
+        return [exprs.keyword("site", exprs.int_tuple((op.index, position)))]
+
     fitted = op.name in oprules.DATA_DEPENDENT_OUTPUTS and not op.guard
-    for target, value in zip(targets, op.outputs, strict=False) if fitted else ():
+    for position, (target, value) in enumerate(
+            zip(targets, op.outputs, strict=False) if fitted else ()):
         rows = _shape_rows(value)
         if target == "_" or rows is None:
             continue
         joined = [Atom("True")] if op.outputs_viewed_by_offset and \
             isinstance(value, ListValue) else []
-        lines.extend(lay_out(f"{target} = ",
-                             exprs.call("_fit", [Atom(target), *rows, *joined]), depth))
+        call = exprs.call("_fit", [Atom(target), *rows, *joined, *site(position)])
+        lines.extend(lay_out(f"{target} = ", call, depth))
     for position, count in sorted(op.true_counts.items()):
         if position < len(targets) and targets[position] != "_":
-            call = exprs.call("_fit_mask", [Atom(targets[position]), Atom(str(count))])
+            call = exprs.call("_fit_mask", [Atom(targets[position]), Atom(str(count)),
+                                            *site(position)])
             lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines
 

@@ -231,6 +231,10 @@ class Op:
     # computed mask, so it is fitted to that count where it is made, and every reader
     # (the forward's x[mask], the backward's index_put_ with it) sees one mask.
     true_counts: dict[int, int] = field(default_factory=dict)
+    # What the file fits after this op (its data-dependent outputs, the masks above) is
+    # made by it and written by no later op (passes/values.py): a fit made once may
+    # serve every iteration, which the file keys by the op's index.
+    fits_reusable: bool = False
     # Index arguments computed from values that are not the original's (what a fitted
     # mask selected, integer arithmetic on filled integers), by (argument name, position
     # in its list or None): the size they index (passes/values.py). They may fall out of

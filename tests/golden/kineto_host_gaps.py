@@ -259,6 +259,7 @@ _RUNTIME = {
     "own_scale": 1.0,
     "gap_scales": [],
     "peak_step_bytes": None,  # what one step allocates above its inputs, at most
+    "fits": {},  # (site, device) -> a fit kept for reuse (`_kept_fit`)
     "gap_carry": {},
     "threads": None,
     "et_observer": False,  # an ExecutionTraceObserver is attached (see _harness)
@@ -1214,7 +1215,7 @@ def _data(hex_values, width, dtype, device):
     return torch.tensor(values, dtype=torch.int64).to(device=device, dtype=dtype)
 
 
-def _fit(value, shape, strides, rows_of_one=False):
+def _fit(value, shape, strides, rows_of_one=False, site=None):
     """A data-dependent output at its recorded size: rows cut or repeated (so indices
     stay valid), laid out as recorded. Already the right size: returned as it is.
     `rows_of_one`: the file derives views from a list result by storage offset, so
@@ -1223,7 +1224,9 @@ def _fit(value, shape, strides, rows_of_one=False):
     It runs inside the timed step (a mixture of experts fits every expert's token list,
     every iteration), so it adds as little as it can: one harness scope per call, a cut
     shares the value's storage, the indices of a repeat are made once per size, and a
-    copy is made only where the layout differs.
+    copy is made only where the layout differs. `site` names a fit the step only reads
+    (the generator proved no later op writes the value): an index fitted there once is
+    reused by every later iteration (see `_kept_fit`).
 
     A fitted value is a tensor of its own, not a view, as the op's result was: a view
     refuses some in-place ops (`torch.tensor(...)` detaches its result in place).
@@ -1233,17 +1236,61 @@ def _fit(value, shape, strides, rows_of_one=False):
         pairs = list(zip(value, shape, strides, strict=False))
         if all(list(v.shape) == s for v, s, _ in pairs if isinstance(v, torch.Tensor)):
             return value
+        kept = _kept_fit(site, value)
+        if kept is not None:
+            return kept
         with _harness():
             fitted = [_fit_one(v, s, st) for v, s, st in pairs]
             if rows_of_one and _rows_of_one(value):
                 # torch.where's index tensors are the rows of one nonzero result, and a
                 # view this file derives from one of them reads the others by offset.
                 fitted = list(torch.stack(fitted).unbind(0))
-        return type(value)(fitted)
+            return _keep_fit(site, value, type(value)(fitted))
     if list(value.shape) == shape:
         return value
+    kept = _kept_fit(site, value)
+    if kept is not None:
+        return kept
     with _harness():
-        return _fit_one(value, shape, strides)
+        return _keep_fit(site, value, _fit_one(value, shape, strides))
+
+
+# A fit kept at its site is an index or a mask (no floating data, which a later op
+# would compute on: it stays this iteration's) of at most this many bytes: the fit's
+# fixed cost matters against small ops, and a large kept value would hold memory the
+# original freed after its step.
+KEPT_FIT_BYTES = 1 << 20
+
+
+def _kept_fit(site, value):
+    """The fit `_keep_fit` kept at `site` for a value on this device, or None.
+
+    Reused whenever the replay's value misses its recorded size again: every iteration
+    computes it from the same inputs (and from drifting ones, the recorded size holds
+    the same valid indices), and the op that made it still runs. A mixture of experts'
+    inference step replayed 6 % slower fitting every expert's token list anew."""
+    if site is None:
+        return None
+    first = value[0] if isinstance(value, (list, tuple)) and value else value
+    device = first.device if isinstance(first, torch.Tensor) else None
+    return _RUNTIME["fits"].get((site, device))
+
+
+def _keep_fit(site, value, fitted):
+    """`fitted`, kept at `site` where it is a small index or mask (`KEPT_FIT_BYTES`)."""
+    if site is None:
+        return fitted
+    tensors = list(fitted) if isinstance(fitted, (list, tuple)) else [fitted]
+    indices = bool(tensors) and all(
+        isinstance(t, torch.Tensor)
+        and t.layout == torch.strided
+        and not (t.is_floating_point() or t.is_complex() or t.requires_grad)
+        for t in tensors
+    )
+    if indices and sum(t.untyped_storage().nbytes() for t in tensors) <= KEPT_FIT_BYTES:
+        first = value[0] if isinstance(value, (list, tuple)) and value else value
+        _RUNTIME["fits"][(site, first.device)] = fitted
+    return fitted
 
 
 def _fit_one(value, shape, strides):
@@ -1276,16 +1323,20 @@ def _rows_cut(value, rows):
     )
 
 
-def _fit_mask(mask, count):
+def _fit_mask(mask, count, site=None):
     """A boolean mask the replay computed, with exactly `count` true elements: the
     trues past the count turned false, or the first falses turned true. Fitted where
     it is made, so every op reading it (x[mask] in the forward, index_put_ with it in
     the backward) sees one mask of the recorded size. Already that count: returned as
-    it is."""
+    it is. At a `site` (see `_fit`) the first iteration's mask is kept and reused,
+    without the count, which costs a device sync."""
+    kept = _kept_fit(site, mask)
+    if kept is not None:
+        return kept
     with _harness():
         have = int(mask.sum())
         if have == count:
-            return mask
+            return _keep_fit(site, mask, mask)
         # A tensor of its own, as the mask was, not a view of one (`torch.tensor(...)`
         # detaches its result in place, which a view refuses).
         fitted = mask.clone(memory_format=torch.contiguous_format)
@@ -1294,7 +1345,7 @@ def _fit_mask(mask, count):
             flat[flat.nonzero().squeeze(1)[count:]] = False
         else:
             flat[(~flat).nonzero().squeeze(1)[: count - have]] = True
-        return fitted
+        return _keep_fit(site, mask, fitted)
 
 
 def _nonzero(divisor):
