@@ -1244,9 +1244,13 @@ def _kept_fit(site, value):
     inference step replayed 6 % slower fitting every expert's token list anew."""
     if site is None:
         return None
+    return _RUNTIME["fits"].get(_fit_key(site, value))
+
+
+def _fit_key(site, value):
+    """A kept fit's key: its site and the device of the value (a list's first tensor)."""
     first = value[0] if isinstance(value, (list, tuple)) and value else value
-    device = first.device if isinstance(first, torch.Tensor) else None
-    return _RUNTIME["fits"].get((site, device))
+    return site, first.device if isinstance(first, torch.Tensor) else None
 
 
 def _keep_fit(site, value, fitted):
@@ -1261,8 +1265,7 @@ def _keep_fit(site, value, fitted):
         for t in tensors
     )
     if indices and sum(t.untyped_storage().nbytes() for t in tensors) <= KEPT_FIT_BYTES:
-        first = value[0] if isinstance(value, (list, tuple)) and value else value
-        _RUNTIME["fits"][(site, first.device)] = fitted
+        _RUNTIME["fits"][_fit_key(site, value)] = fitted
     return fitted
 
 
