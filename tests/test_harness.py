@@ -588,3 +588,19 @@ def test_a_mask_at_a_site_is_counted_once(monkeypatch):
     exact = torch.tensor([True, True, False, False])
     assert runtime._fit_mask(exact, 2, site=(6, 0)) is exact
     assert runtime._fit_mask(torch.ones(4, dtype=torch.bool), 2, site=(6, 0)) is exact
+
+
+def test_a_skipped_ops_stand_in_is_never_uninitialised(monkeypatch):
+    """Freed memory the allocator hands back can hold NaN; a stand-in read by later ops
+    carried it into a training replay's weights. Floating stand-ins are ones (a safe
+    divisor), others zeros (a valid index)."""
+    monkeypatch.setitem(runtime._RUNTIME, "device", torch.device("cpu"))
+    for _ in range(3):
+        dirty = torch.full((64, 64), float("nan"))
+        del dirty
+        ones = runtime._stand_in([torch.float32, [64, 64], [64, 1], "device"])
+        assert torch.equal(ones, torch.ones(64, 64))
+    index = runtime._stand_in([torch.int64, [4], [1], "device"])
+    assert index.tolist() == [0, 0, 0, 0]
+    quantized = runtime._stand_in([torch.quint8, [3], [1], "device"])
+    assert quantized.dequantize().tolist() == [0.0, 0.0, 0.0]

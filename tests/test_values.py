@@ -1054,3 +1054,30 @@ def test_a_number_at_the_address_an_earlier_shard_put_is_a_new_number():
         b.op(EMBEDDING, [b.tensor((32, 4)), local], [b.tensor((6, 4))])
     assert sorted(_scalar_inits(_program(b))) == [
         ("randint", 0, 32), ("span", 32, 32), ("span", 32, 32)]
+
+
+def test_inputs_only_a_missing_op_reads_are_not_made(tmp_path):
+    """A DLRM rank's fbgemm:: lookup reads 5.1 GB of embedding weights and optimizer
+    state nothing else reads: where fbgemm is not loaded it is skipped, and its inputs
+    were still filled (8 s of the run). They are made only where the op exists; its
+    stand-in output is finite, so the ops after it train on finite values."""
+    b = TraceBuilder()
+    table, ids = b.tensor((1000, 64)), b.tensor((8,), dtype="int64")
+    rows = b.tensor((8, 64))
+    b.op("mylib::lookup(Tensor table, Tensor ids) -> Tensor", [table, ids], [rows])
+    b.op(ADD_, [b.tensor((8, 64)), rows, 1], [b.tensor((8, 64))])
+    b.op(ADD, [ids, ids, 1], [b.tensor((8,), dtype="int64")])
+    program = _program(b)
+    assert [(s.extent, s.only_guarded_readers) for s in program.storages
+            if s.only_guarded_readers] == [(1000 * 64, (0,))]  # not ids: an add reads it
+    text = generate_source(program)
+    assert text.count("only_for=[mylib_lookup]") == 1
+    bench = tmp_path / "bench.py"
+    bench.write_text(text)
+    proc = run_benchmark(bench, "--warmup", "1", "--iters", "2", "--reset-inputs", "off",
+                         "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = last_json(proc.stdout)
+    assert out["skipped_at_runtime"] == ["mylib::lookup.default"]
+    assert out["inputs_not_made_bytes"] == 1000 * 64 * 4
+    assert "0.00 GiB of inputs not made" in proc.stderr and "NaN" not in proc.stderr

@@ -269,7 +269,7 @@ class CodeGen:
         if init is not None and init.kind is FillKind.DATA:
             return valuefill.data_call(init, storage.dtype, self.device_expr(storage.device))
         kind, low, high = (init.kind, init.low, init.high) if init else (FillKind.ZEROS, 0, 0)
-        return exprs.call("_fill", [
+        args: list[Node] = [
             Atom(str(storage.extent)),
             Atom(exprs.torch_attr(storage.dtype)),
             Atom(self.device_expr(storage.device)),
@@ -277,7 +277,13 @@ class CodeGen:
             Atom(exprs.scalar_literal(low)),
             Atom(exprs.scalar_literal(high)),
             Atom("gens"),
-        ])
+        ]
+        if storage.only_guarded_readers:  # made only where one of its readers exists
+            handles = sorted({self.handle(self.program.ops[i])
+                              for i in storage.only_guarded_readers})
+            args.append(exprs.keyword("only_for", exprs.list_display(
+                [Atom(h) for h in handles])))
+        return exprs.call("_fill", args)
 
     # -- statements -----------------------------------------------------------------
     def grad_mode_lines(self, mode: bool | None, depth: int) -> list[str]:

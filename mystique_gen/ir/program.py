@@ -94,6 +94,10 @@ class Storage:
     materialised: bool  # True: built before timing; False: produced by a replayed op
     init: Init | None = None
     requires_grad: bool = False  # a parameter: its views are leaves that require grad
+    # An input only guarded ops read (passes/values.py): their indices. The file makes
+    # it only where one of them resolves (a DLRM rank's 5.1 GB of embedding weights
+    # that only its fbgemm:: lookup reads).
+    only_guarded_readers: tuple[int, ...] = ()
 
     @property
     def nbytes(self) -> int:

@@ -335,6 +335,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for (index, position), count in _masks_to_fit(ops, facts.true_counts).items():
         by_index[index].true_counts[position] = count
     _reusable_fits(ops)
+    _mark_only_guarded_readers(ops, storages)
     _guard_computed_values(ops, facts)
     for s in storages:
         if s.materialised:
@@ -554,6 +555,24 @@ def _reusable_fits(ops: list[Op]) -> None:
         op.fits_reusable = bool(made) and all(
             s is not None and not s.materialised and last_write.get(id(s), -1) <= op.index
             for s in made)
+
+
+def _mark_only_guarded_readers(ops: list[Op], storages: list[Storage]) -> None:
+    """Set ``Storage.only_guarded_readers`` for inputs every op reading is guarded: the
+    file need not make (and fill) them where none of those ops exists."""
+    readers: dict[int, set[int]] = {}
+    unguarded: set[int] = set()
+    for op in ops:
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                if tv.storage is None or not tv.storage.materialised:
+                    continue
+                readers.setdefault(id(tv.storage), set()).add(op.index)
+                if not op.guard:
+                    unguarded.add(id(tv.storage))
+    for s in storages:
+        if s.materialised and id(s) in readers and id(s) not in unguarded:
+            s.only_guarded_readers = tuple(sorted(readers[id(s)]))
 
 
 def _non_negative_alpha(op: Op) -> bool:
