@@ -73,6 +73,7 @@ from mystique_gen.passes.values import (
     RecordedValues,
     ScalarRecord,
     assign_values,
+    mark_only_guarded_readers,
     recorded_values,
     resources_dir,
 )
@@ -295,6 +296,7 @@ def fill_values(program: Program, build: Build) -> Program:
     for part, block in build.blocks:
         storages = program.storages if len(build.blocks) == 1 else storages_of(block)
         assign_values(block, storages, part.recorded)
+    mark_only_guarded_readers(program.ops, program.storages)
     return program
 
 

@@ -335,7 +335,6 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for (index, position), count in _masks_to_fit(ops, facts.true_counts).items():
         by_index[index].true_counts[position] = count
     _reusable_fits(ops)
-    _mark_only_guarded_readers(ops, storages)
     _guard_computed_values(ops, facts)
     for s in storages:
         if s.materialised:
@@ -557,9 +556,10 @@ def _reusable_fits(ops: list[Op]) -> None:
             for s in made)
 
 
-def _mark_only_guarded_readers(ops: list[Op], storages: list[Storage]) -> None:
+def mark_only_guarded_readers(ops: list[Op], storages: list[Storage]) -> None:
     """Set ``Storage.only_guarded_readers`` for inputs every op reading is guarded: the
-    file need not make (and fill) them where none of those ops exists."""
+    file need not make (and fill) them where none of those ops exists. Over the whole
+    program (every composed or repeated block), since blocks may share an input."""
     readers: dict[int, set[int]] = {}
     unguarded: set[int] = set()
     for op in ops:
