@@ -604,3 +604,13 @@ def test_a_skipped_ops_stand_in_is_never_uninitialised(monkeypatch):
     assert index.tolist() == [0, 0, 0, 0]
     quantized = runtime._stand_in([torch.quint8, [3], [1], "device"])
     assert quantized.dequantize().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_memory_check_leaves_out_inputs_it_will_not_make(monkeypatch):
+    """An input only missing ops read is not made (`_fill`'s only_for), so the check
+    before the inputs are made does not ask for its memory either."""
+    monkeypatch.setattr(runtime, "REQUIRED_BYTES", 1000)
+    missing = runtime._Unavailable("mylib::lookup.default", "not loaded")
+    monkeypatch.setattr(runtime, "_INPUTS_ONLY_FOR", [
+        [600, [missing]], [300, [missing, torch.ops.aten.add.Tensor]]])
+    assert runtime._required_bytes() == 400

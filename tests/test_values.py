@@ -1072,6 +1072,7 @@ def test_inputs_only_a_missing_op_reads_are_not_made(tmp_path):
             if s.only_guarded_readers] == [(1000 * 64, (0,))]  # not ids: an add reads it
     text = generate_source(program)
     assert text.count("only_for=[mylib_lookup]") == 1
+    assert "_INPUTS_ONLY_FOR = [[256000, [mylib_lookup]]]" in text  # the memory check's
     bench = tmp_path / "bench.py"
     bench.write_text(text)
     proc = run_benchmark(bench, "--warmup", "1", "--iters", "2", "--reset-inputs", "off",

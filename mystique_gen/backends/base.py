@@ -63,6 +63,7 @@ class BenchmarkContext:
     trace_fields: list[str]  # lines of the TRACE dict, laid out
     op_lines: list[str]  # one resolved operator handle each, laid out
     fallbacks: list[str]  # lines of the _FALLBACKS list
+    inputs_only_for: list[str]  # lines of the _INPUTS_ONLY_FOR list
     input_lines: list[str]  # body of make_inputs()
     replay_lines: list[str]  # body of replay()
     op_count: int
@@ -89,6 +90,7 @@ class CodeGen:
 
     def __init__(self, program: Program, options: GenerateOptions):
         self.program = program
+        self.first_program = program
         self.options = options
         self.ns = Namespace(reserved_names())
         self.handles: dict[str, OpHandle] = {}
@@ -96,6 +98,9 @@ class CodeGen:
         self.input_names: list[str] = []
         self.replay_lines: list[str] = []
         self.fallback_rows: list[Node] = []
+        # [bytes, [ops]] of the inputs only guarded ops read: the first program's (rank
+        # 0's, whose estimate REQUIRED_BYTES is) for the memory check.
+        self.inputs_only_for: list[Node] = []
         self.grad_state: bool | None = None  # autograd mode at this point of the unit
         self.read_roots = self._read_roots()
         self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
@@ -281,8 +286,11 @@ class CodeGen:
         if storage.only_guarded_readers:  # made only where one of its readers exists
             handles = sorted({self.handle(self.program.ops[i])
                               for i in storage.only_guarded_readers})
-            args.append(exprs.keyword("only_for", exprs.list_display(
-                [Atom(h) for h in handles])))
+            ops = exprs.list_display([Atom(h) for h in handles])
+            args.append(exprs.keyword("only_for", ops))
+            if self.program is self.first_program:
+                self.inputs_only_for.append(
+                    exprs.list_display([Atom(str(storage.nbytes)), ops]))
         return exprs.call("_fill", args)
 
     # -- statements -----------------------------------------------------------------
@@ -464,6 +472,8 @@ class CodeGen:
                 line for h in sorted(self.handles.values(), key=lambda h: h.name)
                 for line in h.lines()],
             fallbacks=lay_out("_FALLBACKS = ", exprs.list_display(self.fallback_rows), 0),
+            inputs_only_for=lay_out("_INPUTS_ONLY_FOR = ",
+                                    exprs.list_display(self.inputs_only_for), 0),
             input_lines=self.input_lines,
             replay_lines=unpack + self.replay_lines,
             op_count=len(program.ops),
