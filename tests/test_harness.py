@@ -614,3 +614,17 @@ def test_the_memory_check_leaves_out_inputs_it_will_not_make(monkeypatch):
     monkeypatch.setattr(runtime, "_INPUTS_ONLY_FOR", [
         [600, [missing]], [300, [missing, torch.ops.aten.add.Tensor]]])
     assert runtime._required_bytes() == 400
+
+
+def test_a_sparse_input_not_made_is_a_meta_sparse_tensor(monkeypatch):
+    """A sparse input only a missing op reads: its values buffer is a meta tensor
+    (`_fill` only_for), and its structure is drawn on meta, without a generator."""
+    missing = runtime._Unavailable("mylib::lookup.default", "not loaded")
+    monkeypatch.setitem(runtime._RUNTIME, "unmade_bytes", 0)
+    gens = {"cpu": torch.Generator().manual_seed(0)}
+    values = runtime._fill(12, torch.float32, "cpu", "uniform", -1.0, 1.0, gens,
+                           only_for=[missing])
+    assert values.is_meta and runtime._RUNTIME["unmade_bytes"] == 48
+    for coalesced in (True, False):
+        sparse = runtime._sparse_coo(values, [4, 5], 1, coalesced, gens)
+        assert sparse.is_meta and sparse.layout == torch.sparse_coo

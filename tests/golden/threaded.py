@@ -1163,7 +1163,7 @@ def _sparse_coo(values, shape, sparse_dim, coalesced, gens):
     places = 1
     for n in shape[:sparse_dim]:
         places *= n
-    gen = gens[values.device.type]
+    gen = gens.get(values.device.type)  # none for a meta buffer (`_fill` only_for)
     if coalesced and places <= 1 << 24:
         flat = torch.randperm(places, generator=gen, device=values.device)[:nnz].sort()[
             0
