@@ -90,7 +90,6 @@ class CodeGen:
 
     def __init__(self, program: Program, options: GenerateOptions):
         self.program = program
-        self.first_program = program
         self.options = options
         self.ns = Namespace(reserved_names())
         self.handles: dict[str, OpHandle] = {}
@@ -98,8 +97,8 @@ class CodeGen:
         self.input_names: list[str] = []
         self.replay_lines: list[str] = []
         self.fallback_rows: list[Node] = []
-        # [bytes, [ops]] of the inputs only guarded ops read: the first program's (rank
-        # 0's, whose estimate REQUIRED_BYTES is) for the memory check.
+        # [bytes, [ops]] of the inputs only guarded ops read, for the memory check (a
+        # file of several ranks keeps rank 0's, whose estimate REQUIRED_BYTES is).
         self.inputs_only_for: list[Node] = []
         self.grad_state: bool | None = None  # autograd mode at this point of the unit
         self.read_roots = self._read_roots()
@@ -113,6 +112,7 @@ class CodeGen:
         self.program = program
         self.ns = self.ns.fork(lambda key: isinstance(key, tuple) and key[0] == "op")
         self.input_lines, self.input_names, self.replay_lines = [], [], []
+        self.inputs_only_for = []
         self.read_roots = self._read_roots()
         self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
         self._name_inputs()
@@ -288,9 +288,8 @@ class CodeGen:
                               for i in storage.only_guarded_readers})
             ops = exprs.list_display([Atom(h) for h in handles])
             args.append(exprs.keyword("only_for", ops))
-            if self.program is self.first_program:
-                self.inputs_only_for.append(
-                    exprs.list_display([Atom(str(storage.nbytes)), ops]))
+            self.inputs_only_for.append(
+                exprs.list_display([Atom(str(storage.nbytes)), ops]))
         return exprs.call("_fill", args)
 
     # -- statements -----------------------------------------------------------------

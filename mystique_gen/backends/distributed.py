@@ -78,6 +78,7 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
         "ORIGINAL_RANK<N> below.",
         "ORIGINAL = None",
     ]
+    # From rank 0's context: REQUIRED_BYTES and the inputs its memory check leaves out.
     return dataclasses.replace(first, docstring=docstring, op_lines=last.op_lines,
                                fallbacks=last.fallbacks, dist=dist, original_lines=original)
 

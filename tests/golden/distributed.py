@@ -144,6 +144,11 @@ class _Unavailable:
         return self.name
 
 
+def _none_here(ops):
+    """Whether none of the resolved operators `ops` exists in this PyTorch."""
+    return all(isinstance(op, _Unavailable) for op in ops)
+
+
 def _load_namespace(module):
     """Import the torch module that registers an operator namespace (fsdp::), so its
     operators resolve; where it is missing they stand in (see _guarded)."""
@@ -1152,7 +1157,7 @@ def _fill(numel, dtype, device, kind, low, high, gens, only_for=()):
     (an fbgemm:: lookup without fbgemm_gpu) they are skipped, and the buffer is a meta
     tensor: views of it are made as before, and no memory is (a DLRM rank's embedding
     weights and their optimizer state: 5.1 GB, 8 s to fill)."""
-    if only_for and all(isinstance(op, _Unavailable) for op in only_for):
+    if only_for and _none_here(only_for):
         _RUNTIME["unmade_bytes"] += numel * dtype.itemsize
         return torch.empty(
             numel, dtype=_QUANTIZED.get(dtype, (dtype,))[0], device="meta"
@@ -1238,23 +1243,20 @@ def _fit(value, shape, strides, rows_of_one=False, site=None):
         pairs = list(zip(value, shape, strides, strict=False))
         if all(list(v.shape) == s for v, s, _ in pairs if isinstance(v, torch.Tensor)):
             return value
-        kept = _kept_fit(site, value)
-        if kept is not None:
-            return kept
-        with _harness():
-            fitted = [_fit_one(v, s, st) for v, s, st in pairs]
-            if rows_of_one and _rows_of_one(value):
-                # torch.where's index tensors are the rows of one nonzero result, and a
-                # view this file derives from one of them reads the others by offset.
-                fitted = list(torch.stack(fitted).unbind(0))
-            return _keep_fit(site, value, type(value)(fitted))
-    if list(value.shape) == shape:
+    elif list(value.shape) == shape:
         return value
     kept = _kept_fit(site, value)
     if kept is not None:
         return kept
     with _harness():
-        return _keep_fit(site, value, _fit_one(value, shape, strides))
+        if not isinstance(value, (list, tuple)):
+            return _keep_fit(site, value, _fit_one(value, shape, strides))
+        fitted = [_fit_one(v, s, st) for v, s, st in pairs]
+        if rows_of_one and _rows_of_one(value):
+            # torch.where's index tensors are the rows of one nonzero result, and a
+            # view this file derives from one of them reads the others by offset.
+            fitted = list(torch.stack(fitted).unbind(0))
+        return _keep_fit(site, value, type(value)(fitted))
 
 
 # A fit kept at its site is an index or a mask (no floating data, which a later op
@@ -1416,11 +1418,7 @@ def _required_bytes():
     """The estimated peak, less the inputs `_fill` will not make: those only ops that
     do not exist here read (`_INPUTS_ONLY_FOR`, rank 0's where the file holds several
     ranks, as REQUIRED_BYTES is)."""
-    unmade = sum(
-        nbytes
-        for nbytes, ops in _INPUTS_ONLY_FOR
-        if all(isinstance(op, _Unavailable) for op in ops)
-    )
+    unmade = sum(nbytes for nbytes, ops in _INPUTS_ONLY_FOR if _none_here(ops))
     return max(REQUIRED_BYTES - unmade, 0)
 
 
