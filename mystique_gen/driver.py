@@ -336,7 +336,8 @@ def link_kineto(program: Program, build: Build) -> Program:
     """Per-op timing, kernels and host gaps from the Kineto trace (passes/link.py)."""
     source = build.sources[0]
     if source.kineto is not None:
-        build.links = link.attach_timing(program, source.trace, source.kineto)
+        build.links = link.attach_timing(program, source.trace, source.kineto,
+                                         serial=not build.options.threaded)
         if program.timing is not None:
             program.timing.measured_step_ms = source.step_ms
             linked, total = program.timing.linked_ops, len(program.ops)
@@ -370,15 +371,18 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
     """Host gaps from the capture's profile-only steps where present, else, for a
     same-session pair, from all its steps the observer recorded (passes/hostgaps.py)."""
     source = build.sources[0]
+    serial = not build.options.threaded
     if source.profile is not None:
         hostgaps.apply_profile_gaps(program, source.trace, source.profile,
-                                    source.host_probe_us)
+                                    source.host_probe_us, serial=serial)
     steps = 0
     if source.kineto is not None and source.profile is None:
         steps = hostgaps.apply_session_steps(program, source.trace, source.kineto,
-                                             build.links.offset if build.links else None)
+                                             build.links.offset if build.links else None,
+                                             serial=serial)
     if program.timing is not None and program.timing.observer_in_gaps:
-        damped = hostgaps.damp_spikes(program) if steps < 2 else 0  # (medians need none)
+        # Medians over several steps need no damping.
+        damped = hostgaps.damp_spikes(program, serial=serial) if steps < 2 else 0
         if damped:
             program = replace(program, diagnostics=program.diagnostics + [note(
                 f"host gaps of one recorded step: {damped} above {hostgaps.SPIKE_RATIO:g}x "
@@ -413,8 +417,7 @@ def assign_streams(program: Program, build: Build) -> Program:
 
 def plan_schedule(program: Program, build: Build) -> Program:
     """Stream and thread waits; composed parallel traces get a host thread each."""
-    threaded = build.options.threads or build.options.compose == "parallel"
-    streams.plan_schedule(program, threaded=threaded)
+    streams.plan_schedule(program, threaded=build.options.threaded)
     return program
 
 

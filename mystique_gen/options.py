@@ -34,6 +34,12 @@ class BuildOptions:
     public_calls: bool = True  # call ops as torch.add(...) where proven the same overload
     threads: bool = False  # replay each recorded host thread on its own Python thread
 
+    @property
+    def threaded(self) -> bool:
+        """Whether the benchmark runs a host thread per recorded thread (or composed
+        trace); otherwise it replays every thread's ops in order on one."""
+        return self.threads or self.compose == "parallel"
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise OptionError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")

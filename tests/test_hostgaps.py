@@ -537,3 +537,68 @@ def test_a_step_counts_where_the_observer_recorded_its_ops():
     shifted = [CpuEvent(e.index, e.name, 0, 1, e.ts, e.dur, None, (e.rf_id or 0) + 50)
                for e in events if e.index < 10]
     assert _observed(step_a, shifted, ids, 50) and not _observed(step_a, shifted, ids, 0)
+
+
+def _handoff(tmp_path: Path) -> tuple[Path, Path, list[int]]:
+    """A step whose thread waits while a second thread runs two ops, as a CUDA training
+    step waits in ``backward()`` while the autograd engine's device thread runs the
+    backward ops: main ops at 0-10 and 20-30, the other thread's at 40-50 and 60-70,
+    main again at 100-110. That thread's engine scope begins at 35, in the hand-off."""
+    tb = TraceBuilder()
+    x, w = tb.tensor((4, 4)), tb.tensor((4, 4))
+    a, b, c, d, e = (tb.tensor((4, 4)) for _ in range(5))
+    ids = [tb.op(MM, [x, w], [a]), tb.op(RELU, [a], [b]),
+           tb.op(MM, [b, w], [c], tid=2), tb.op(RELU, [c], [d], tid=2),
+           tb.op(RELU, [d], [e])]
+    spans = dict(zip(ids, [(0, 10, []), (20, 10, []), (40, 10, []), (60, 10, []),
+                           (100, 10, [])], strict=True))
+    doc = kineto_doc(tb, spans)
+    doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 102, "ts": 35,
+                               "dur": 1, "name": "autograd::engine::evaluate_function: X"})
+    et = tb.write(tmp_path / "handoff.et.json")
+    kineto = tmp_path / "handoff.kineto.json"
+    kineto.write_text(json.dumps(doc))
+    return et, kineto, ids
+
+
+def _gaps(program) -> dict[int, tuple[float | None, int]]:
+    return {op.node_id: (op.timing.gap_us, op.timing.gap_events) for op in program.ops}
+
+
+def test_a_thread_waiting_on_another_does_not_replay_that_threads_work_as_its_gap(tmp_path):
+    """Replayed on one thread, the waiting thread's 70 us gap holds the other thread's
+    two ops and the gap between them, which the replay runs anyway: what is left is
+    the hand-off each way (10 us there, 30 us back). Every gap adds up to the step's
+    host time outside ops, as recorded (110 - 50 us)."""
+    et, kineto, (n1, n2, n3, n4, n5) = _handoff(tmp_path)
+    serial = _gaps(compile_trace(et, kineto=kineto))
+    assert serial == {n1: (None, 0), n2: (10.0, 0), n3: (10.0, 1), n4: (10.0, 0),
+                      n5: (30.0, 0)}
+    assert sum(gap for gap, _ in serial.values() if gap) == 110 - 50
+    # A replay thread per recorded thread waits its own gaps beside the other thread.
+    threaded = _gaps(compile_trace(et, kineto=kineto, options=BuildOptions(threads=True)))
+    assert threaded == {n1: (None, 0), n2: (10.0, 0), n3: (None, 0), n4: (10.0, 0),
+                        n5: (70.0, 0)}
+
+
+def test_profiled_steps_gaps_leave_out_another_threads_work_as_well(tmp_path):
+    """The same step profiled three times (without the observer): each gap's median
+    follows the replay's thread model too. The first op's gap is the step's own
+    Python before it (5 us), the tail the host time after the last op (15 us)."""
+    et, _, (n1, n2, n3, n4, n5) = _handoff(tmp_path)
+    trace = load_trace(et)
+    names = {n.id: n.name for n in trace.nodes}
+    events: list[CpuEvent] = []
+    for base in (0.0, 1000.0, 2000.0):
+        for node, ts, tid in [(n1, 0, 1), (n2, 20, 1), (n3, 40, 2), (n4, 60, 2),
+                              (n5, 100, 1)]:
+            events.append(_ev(len(events), names[node], base + ts, 10.0, tid))
+        events.append(_ev(len(events), STEP_SCOPE, base - 5.0, 130.0))
+    events.sort(key=lambda e: (e.ts, -e.dur))
+    serial = profile_gaps(trace, events)
+    assert serial is not None and serial.steps == 3
+    assert serial.gaps == {n1: 5.0, n2: 10.0, n3: 10.0, n4: 10.0, n5: 30.0}
+    assert serial.tail == pytest.approx(15.0)
+    threaded = profile_gaps(trace, events, serial=False)
+    assert threaded is not None
+    assert threaded.gaps == {n1: 5.0, n2: 10.0, n4: 10.0, n5: 70.0}

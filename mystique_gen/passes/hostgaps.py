@@ -38,7 +38,13 @@ from mystique_gen.ir import Op, OpTiming, Program
 from mystique_gen.passes.filters import STEP_RE
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace
-from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, begun_between
+from mystique_gen.sources.kineto import (
+    CpuEvent,
+    KinetoTrace,
+    begun_between,
+    host_gaps,
+    starts_by_thread,
+)
 
 
 def _steps(events: list[CpuEvent], scopes: list[CpuEvent]) -> list[list[CpuEvent]]:
@@ -82,16 +88,19 @@ class ProfileGaps:
 def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
                  scopes: list[CpuEvent] | None = None,
                  span: tuple[int, int] | None = None,
-                 python_calls: list[CpuEvent] | None = None) -> ProfileGaps | None:
+                 python_calls: list[CpuEvent] | None = None, *,
+                 serial: bool = True) -> ProfileGaps | None:
     """Gaps before each selected op over the profiled steps; None unless every
     thread's selected ops are found in every step. The steps are the ``scopes`` given,
     else the capture's ``MystiqueProfiledStep`` annotations; the ops, the ET's selected
     ops, within the node ids ``span`` where given (the one step the program replays of
-    an ET that recorded several).
+    an ET that recorded several). Each step's gaps are
+    :func:`~mystique_gen.sources.kineto.host_gaps` of its ops, ``serial`` as there.
 
     On the thread that ran the step itself, the first op's gap is the host time from
     the step's start (the step function's own Python before its first op) and the
-    tail is the host time after its last op: both are part of the original step.
+    tail is the host time after the last op (on any thread, ``serial``) to the step's
+    end: both are part of the original step.
 
     Each gap also counts the events that begin in it: scopes that exist only while the
     profiler records (the autograd engine's ``evaluate_function`` and node scopes
@@ -99,10 +108,11 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
     part of the gap but not of an unprofiled step; the benchmark subtracts it at its
     own measured cost per event (``_calibrate_gaps``). So does each Python call that
     the profiler's Python tracer recorded (``python_calls``, with ``with_stack``)."""
+    selected = [s.node for s in select_ops(trace).ops
+                if span is None or span[0] <= s.node.id <= span[1]]
     per_tid: dict[int, list] = defaultdict(list)
-    for s in select_ops(trace).ops:
-        if span is None or span[0] <= s.node.id <= span[1]:
-            per_tid[s.node.tid].append(s.node)
+    for node in selected:
+        per_tid[node.tid].append(node)
     if scopes is None:
         scopes = [e for e in profile_events if e.name == STEP_SCOPE]
     scope_ids = {e.index for e in scopes}
@@ -110,55 +120,66 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
     for e in profile_events:
         if e.index not in scope_ids and e.name != STEP_SCOPE:
             by_thread[e.tid].append(e)
-    samples: dict[int, list[float]] = defaultdict(list)
-    counts: dict[int, list[int]] = defaultdict(list)
-    calls: dict[int, list[int]] = defaultdict(list)
-    tails: list[tuple[float, int]] = []
-    tail_calls: list[int] = []
-    call_starts: dict[object, list[float]] = defaultdict(list)
-    for e in python_calls or []:
-        call_starts[e.tid].append(e.ts)
-    steps = 0
+    # Each recorded thread's ops matched in every step: step -> node id -> event.
+    steps: list[dict[int, CpuEvent]] = []
+    taken: set[object] = set()
     for nodes in per_tid.values():
         names = [n.name for n in nodes]
         matched = None
-        for tid, events in by_thread.items():  # thread ids may differ between the traces
-            split = _steps(events, scopes)
-            runs = [_match(names, step) for step in split]
+        # Thread ids differ between the traces: the first thread, not yet matched to
+        # another, where they all match.
+        for tid, events in by_thread.items():
+            if tid in taken:
+                continue
+            runs = [_match(names, step) for step in _steps(events, scopes)]
             if runs and all(r is not None for r in runs):
-                matched, matched_tid, matched_steps = runs, tid, split
+                matched = runs
+                taken.add(tid)
                 break
         if matched is None:
             return None
-        steps = len(matched)
-        step_starts = [sorted(e.ts for e in step) for step in matched_steps]
-        traced = call_starts.get(matched_tid, [])
-        for run, starts in zip(matched, step_starts, strict=True):
-            for node, prev, ev in zip(nodes[1:], run[:-1], run[1:], strict=True):
-                samples[node.id].append(max(0.0, ev.ts - prev.end))
-                counts[node.id].append(begun_between(starts, prev.end, ev.ts))
-                calls[node.id].append(begun_between(traced, prev.end, ev.ts))
-        if scopes and all(scope.tid == matched_tid for scope in scopes):
-            for scope, run, starts in zip(scopes, matched, step_starts, strict=True):
-                samples[nodes[0].id].append(max(0.0, run[0].ts - scope.ts))
-                counts[nodes[0].id].append(begun_between(starts, scope.ts, run[0].ts))
-                calls[nodes[0].id].append(begun_between(traced, scope.ts, run[0].ts))
-                tails.append((max(0.0, scope.end - run[-1].end),
-                              begun_between(starts, run[-1].end, scope.end + 1e-3)))
-                tail_calls.append(begun_between(traced, run[-1].end, scope.end + 1e-3))
+        steps = steps or [{} for _ in matched]
+        for found, run in zip(steps, matched, strict=True):
+            found.update((n.id, ev) for n, ev in zip(nodes, run, strict=True))
+    starts = starts_by_thread([e for events in by_thread.values() for e in events])
+    traced = starts_by_thread(python_calls or [])
+    samples: dict[int, list[float]] = defaultdict(list)
+    counts: dict[int, list[int]] = defaultdict(list)
+    calls: dict[int, list[int]] = defaultdict(list)
+    tails: list[tuple[float, int, int]] = []
+    for i, found in enumerate(steps):
+        order = [(n.id, n.tid, found[n.id]) for n in selected]
+        for nid, gap in host_gaps(order, starts, traced, serial=serial).items():
+            samples[nid].append(gap.us)
+            counts[nid].append(gap.events)
+            calls[nid].append(gap.calls)
+        if not scopes or not order:
+            continue
+        scope, first = scopes[i], order[0][2]
+        if scope.tid != first.tid:  # the step's own Python is on another thread
+            continue
+        thread = (first.pid, first.tid)
+        samples[order[0][0]].append(max(0.0, first.ts - scope.ts))
+        counts[order[0][0]].append(begun_between(starts[thread], scope.ts, first.ts))
+        calls[order[0][0]].append(begun_between(traced.get(thread, []), scope.ts, first.ts))
+        last = max((ev for _, tid, ev in order if serial or tid == selected[0].tid),
+                   key=lambda ev: ev.end)
+        tails.append((max(0.0, scope.end - last.end),
+                      begun_between(starts[thread], last.end, scope.end + 1e-3),
+                      begun_between(traced.get(thread, []), last.end, scope.end + 1e-3)))
     gaps = {nid: statistics.median(v) for nid, v in samples.items()}
-    tail = statistics.median(t for t, _ in tails) if tails else None
-    series = list(samples.values()) + [[t for t, _ in tails]]
-    scale = _typical_step_scale(series, steps)
+    tail = statistics.median(t for t, _, _ in tails) if tails else None
+    series = list(samples.values()) + [[t for t, _, _ in tails]]
+    scale = _typical_step_scale(series, len(steps))
     return ProfileGaps(
         gaps={nid: gap * scale for nid, gap in gaps.items()},
         events={nid: round(statistics.median(v)) for nid, v in counts.items()},
-        steps=steps,
+        steps=len(steps),
         tail=None if tail is None else tail * scale,
-        tail_events=round(statistics.median(k for _, k in tails)) if tails else 0,
+        tail_events=round(statistics.median(k for _, k, _ in tails)) if tails else 0,
         calls={nid: round(statistics.median(v)) for nid, v in calls.items() if any(v)},
-        tail_calls=round(statistics.median(tail_calls)) if tail_calls else 0,
-        step_totals=tuple(_step_totals(series, steps) or ()),
+        tail_calls=round(statistics.median(c for _, _, c in tails)) if tails else 0,
+        step_totals=tuple(_step_totals(series, len(steps)) or ()),
     )
 
 
@@ -187,14 +208,15 @@ def _step_totals(samples: list[list[float]], steps: int) -> list[float] | None:
 
 
 def apply_profile_gaps(program: Program, trace: RawTrace, profile: KinetoTrace,
-                       host_probe_us: float | None = None) -> None:
+                       host_probe_us: float | None = None, *, serial: bool = True) -> None:
     """Replace the linked host gaps by the profile-only ones of ``profile`` (the capture's
     ``<name>.profile.json``) and say so in ``program.timing.host_gaps``;
     ``host_probe_us``: the capture host's Python speed while it profiled them, which
     ``--host-gaps scaled`` compares its own with."""
     if program.timing is None:
         return
-    found = profile_gaps(trace, profile.cpu_ops, python_calls=profile.python_calls)
+    found = profile_gaps(trace, profile.cpu_ops, python_calls=profile.python_calls,
+                         serial=serial)
     if found is None:
         return
     _replace_observer_free(program, found, profile,
@@ -231,7 +253,7 @@ def _replace_gaps(program: Program, found: ProfileGaps) -> None:
 
 
 def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
-                        id_offset: int | None = None) -> int:
+                        id_offset: int | None = None, *, serial: bool = True) -> int:
     """Host gaps of a same-session pair (``observer_in_gaps``) from every step of its
     Kineto trace that the ET observer recorded; returns how many (0: none annotated,
     the linked gaps stay).
@@ -265,14 +287,15 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
     replayed = [op.node_id for op in program.ops]
     span = (min(replayed), max(replayed)) if replayed else None
     unobserved = [s for s in steps if s not in observed]
-    free = profile_gaps(trace, kineto.cpu_ops, unobserved, span, kineto.python_calls) \
-        if unobserved else None
+    free = profile_gaps(trace, kineto.cpu_ops, unobserved, span, kineto.python_calls,
+                        serial=serial) if unobserved else None
     if free is not None:
         _replace_observer_free(program, free, kineto, "steps profiled without the ET "
                                "observer" if free.steps > 1 else
                                "step profiled without the ET observer")
         return free.steps
-    found = profile_gaps(trace, kineto.cpu_ops, observed, span, kineto.python_calls)
+    found = profile_gaps(trace, kineto.cpu_ops, observed, span, kineto.python_calls,
+                         serial=serial)
     if found is None:
         return 0
     _replace_gaps(program, found)
@@ -302,24 +325,26 @@ SPIKE_MIN_US = 200.0
 SPIKE_KIND_MIN = 3
 
 
-def damp_spikes(program: Program) -> int:
+def damp_spikes(program: Program, *, serial: bool = True) -> int:
     """Replay at their kind's median the gaps of a single recorded step that are
     spikes; returns how many.
 
     Gaps taken from one step (the ET-linked trace itself, with no profile-only steps
     beside it) keep every spike of the machine it ran on: one 4 ms gap doubled a 2 ms
-    inference step's replay. A gap's kind is its pair of ops on its thread (the op
-    before, the op after, by name); a kind seen at least ``SPIKE_KIND_MIN`` times (the
-    layers of a model repeat it) has a median, and a gap above ``SPIKE_RATIO`` times that
-    median and ``SPIKE_MIN_US`` above it is a spike. Kinds seen fewer times keep their
-    gaps: nothing tells their noise from their work."""
+    inference step's replay. A gap's kind is its pair of ops in replay order on its
+    replay thread (the op before, the op after, by name); a kind seen at least
+    ``SPIKE_KIND_MIN`` times (the layers of a model repeat it) has a median, and a gap
+    above ``SPIKE_RATIO`` times that median and ``SPIKE_MIN_US`` above it is a spike.
+    Kinds seen fewer times keep their gaps: nothing tells their noise from their
+    work."""
     kinds: dict[tuple[int, str, str], list[tuple[Op, OpTiming, float]]] = defaultdict(list)
-    previous: dict[int, str] = {}
+    previous: dict[int, str] = {}  # per replay thread (one where ``serial``)
     for op in program.ops:
+        thread = 0 if serial else op.thread
         timing = op.timing
-        if timing is not None and timing.gap_us is not None and op.thread in previous:
-            kinds[(op.thread, previous[op.thread], op.name)].append((op, timing, timing.gap_us))
-        previous[op.thread] = op.name
+        if timing is not None and timing.gap_us is not None and thread in previous:
+            kinds[(thread, previous[thread], op.name)].append((op, timing, timing.gap_us))
+        previous[thread] = op.name
     damped = 0
     for members in kinds.values():
         if len(members) < SPIKE_KIND_MIN:

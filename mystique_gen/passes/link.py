@@ -13,7 +13,7 @@ An ET node and its Kineto CPU event are matched, in this order of preference:
 Names must agree for every method. Each linked, selected op then gets its inclusive
 and exclusive CPU time, the GPU activity it launched (runtime calls inside its time
 span on its thread, joined to GPU events by correlation id) and the host gap before
-it on its thread. The facts go into the IR (:class:`OpTiming`,
+it (:func:`~mystique_gen.sources.kineto.host_gaps`). The facts go into the IR (:class:`OpTiming`,
 :class:`ProgramTiming`), so emitters and templates only format them.
 """
 
@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from mystique_gen.ir import KernelRecord, OpTiming, Program, ProgramTiming
 from mystique_gen.passes.select import is_root, select_ops
 from mystique_gen.sources.et import RawNode, RawTrace
-from mystique_gen.sources.kineto import CpuEvent, GpuEvent, KinetoTrace, begun_between
+from mystique_gen.sources.kineto import (
+    CpuEvent,
+    GpuEvent,
+    KinetoTrace,
+    host_gaps,
+    starts_by_thread,
+)
 
 METHODS = ("record_function_id", "external_id", "external_id_offset", "order")
 
@@ -138,35 +144,20 @@ def _kernels_by_event(kineto: KinetoTrace, launchers: list[CpuEvent]
     return found
 
 
-def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Links:
-    """Link ``program``'s ops to ``kineto`` and record the timing facts in the IR."""
+def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace, *,
+                  serial: bool = True) -> Links:
+    """Link ``program``'s ops to ``kineto`` and record the timing facts in the IR;
+    ``serial``: the benchmark replays every recorded thread's ops on one thread
+    (:func:`~mystique_gen.sources.kineto.host_gaps` says what that changes)."""
     links = link_nodes(trace, kineto)
     selected = [s.node for s in select_ops(trace).ops]
     launchers = [links.events[n.id] for n in selected if n.id in links.events]
     exclusive = exclusive_times(kineto.cpu_ops)
     kernels = _kernels_by_event(kineto, launchers)
 
-    gaps: dict[int, float | None] = {}
-    gap_events: dict[int, int] = {}
-    gap_calls: dict[int, int] = {}
-    previous: dict[int, CpuEvent | None] = {}
-    starts = _starts_by_thread(kineto.cpu_ops)
-    call_starts = _starts_by_thread(kineto.python_calls)
-    for node in selected:  # node-id order is start order on each thread
-        ev = links.events.get(node.id)
-        prev = previous.get(node.tid)
-        gaps[node.id] = max(0.0, ev.ts - prev.end) if ev is not None and prev is not None \
-            else None
-        if ev is not None and prev is not None:
-            # Scopes begun in the gap (autograd's, an optimizer's): recording them is in
-            # the gap, and the benchmark subtracts it per event (_calibrate_gaps).
-            thread = starts.get((ev.pid, ev.tid), [])
-            gap_events[node.id] = begun_between(thread, prev.end, ev.ts)
-            # Python calls the profiler traced (with_stack): each costs the tracer's
-            # recording in the gap, which the benchmark subtracts per call as well.
-            gap_calls[node.id] = begun_between(call_starts.get((ev.pid, ev.tid), []),
-                                               prev.end, ev.ts)
-        previous[node.tid] = ev
+    found = host_gaps([(n.id, n.tid, links.events.get(n.id)) for n in selected],
+                      starts_by_thread(kineto.cpu_ops),
+                      starts_by_thread(kineto.python_calls), serial=serial)
 
     linked = 0
     for op in program.ops:
@@ -174,10 +165,12 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
         if ev is None:
             continue
         linked += 1
+        gap = found.get(op.node_id)
         op.timing = OpTiming(
             cpu_us=ev.dur, cpu_self_us=exclusive.get(ev.index, ev.dur),
-            gap_us=gaps.get(op.node_id), gap_events=gap_events.get(op.node_id, 0),
-            gap_calls=gap_calls.get(op.node_id, 0),
+            gap_us=None if gap is None else gap.us,
+            gap_events=0 if gap is None else gap.events,
+            gap_calls=0 if gap is None else gap.calls,
             kernels=tuple(KernelRecord(g.name, g.stream, g.dur)
                           for g in sorted(kernels.get(ev.index, []), key=lambda g: g.ts)),
         )
@@ -205,15 +198,6 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace) -> Lin
         profiler_options=tuple(sorted(kineto.options)),
     )
     return links
-
-
-def _starts_by_thread(events: list[CpuEvent]) -> dict[tuple[object, object], list[float]]:
-    starts: dict[tuple[object, object], list[float]] = defaultdict(list)
-    for e in events:
-        starts[(e.pid, e.tid)].append(e.ts)
-    for found in starts.values():
-        found.sort()
-    return starts
 
 
 def timing_summary(program: Program) -> dict[str, object]:
