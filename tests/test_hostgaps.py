@@ -19,6 +19,7 @@ from torch.profiler import (
 
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.driver import compile_trace, generate
+from mystique_gen.harness import runtime
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.hostgaps import _match, _observed, _typical_step_scale, profile_gaps
 from mystique_gen.passes.select import select_ops
@@ -27,7 +28,7 @@ from mystique_gen.sources.kineto import CpuEvent, load_kineto, profile_beside
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import compare_traces, kineto_times, op_multiset
 from tests.conftest import last_json, run_benchmark
-from tests.golden_cases import kineto_doc
+from tests.golden_cases import kineto_doc, two_stream
 from tests.models import MODELS
 from tests.tracebuilder import MM, RELU, TraceBuilder
 
@@ -602,3 +603,25 @@ def test_profiled_steps_gaps_leave_out_another_threads_work_as_well(tmp_path):
     threaded = profile_gaps(trace, events, serial=False)
     assert threaded is not None
     assert threaded.gaps == {n1: 5.0, n2: 10.0, n4: 10.0, n5: 70.0}
+
+
+def test_gaps_recorded_with_a_devices_activity_are_calibrated_under_it(tmp_path):
+    """A CUDA capture's profiler traces every launch (CUPTI), which costs host time in
+    the gaps; calibrating under the CPU's activity alone left that in (on an H200, a
+    CNN training step's profiled gaps added up to 1.3 ms where its eager step left
+    0.5 ms outside the replayed ops). The Kineto trace's runtime events show the
+    activity was on, and the benchmark profiles its calibration with it where it runs
+    on that device."""
+    et, kineto = two_stream(tmp_path)
+    assert load_kineto(kineto).options == {"cuda_activity"}
+    text = generate(et, tmp_path / "bench.py", kineto=kineto)
+    assert '"profiler_options": ["cuda_activity"]' in text
+    saved = runtime._RUNTIME.get("device")
+    try:
+        for device, wanted in (("cpu", [ProfilerActivity.CPU]),
+                               ("cuda:1", [ProfilerActivity.CPU, ProfilerActivity.CUDA])):
+            runtime._RUNTIME["device"] = device
+            assert runtime._activities(("cuda_activity", "with_stack")) == wanted
+            assert runtime._activities(("with_stack",)) == [ProfilerActivity.CPU]
+    finally:
+        runtime._RUNTIME["device"] = saved

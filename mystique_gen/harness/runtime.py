@@ -945,18 +945,21 @@ def _python_call_cost(original):
 
 # The profiler options `_recorded_as` sets as the original's recorders had them.
 _PROFILER_OPTIONS = ("record_shapes", "with_flops", "with_stack")
+# The device activities it records as well where the original's did and this replay
+# runs on that device: option -> (device type, ProfilerActivity member).
+_DEVICE_ACTIVITIES = {"cuda_activity": ("cuda", "CUDA"), "xpu_activity": ("xpu", "XPU")}
 
 _RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 
 
 @contextlib.contextmanager
 def _recorded_as(original, et_path):
-    """A CPU profile set as the recorders of `original`'s gaps were (this process's
+    """A profile set as the recorders of `original`'s gaps were (this process's
     ORIGINAL): with memory events where they were recorded, and where the gaps hold
     an ET observer's work, with one attached, writing to `et_path`, computing integral
     tensors' ranges where the original's did; with the options of `profiler_options`
-    (recording shapes, FLOPs, Python calls) it shows on. Each costs host time in the
-    gaps."""
+    (recording shapes, FLOPs, Python calls, a device's activity) it shows on. Each
+    costs host time in the gaps."""
     facts = original or {}
     observer, saved = None, os.environ.get(_RANGE_ENV)
     if facts.get("observer_in_gaps"):
@@ -966,7 +969,7 @@ def _recorded_as(original, et_path):
         observer.register_callback(et_path)
     try:
         with profile(
-            activities=[ProfilerActivity.CPU],
+            activities=_activities(facts.get("profiler_options") or ()),
             execution_trace_observer=observer,
             profile_memory=bool(facts.get("memory_in_gaps")),
             **{
@@ -981,6 +984,21 @@ def _recorded_as(original, et_path):
             os.environ.pop(_RANGE_ENV, None)
         else:
             os.environ[_RANGE_ENV] = saved
+
+
+def _activities(options):
+    """The CPU's profiler activity, and the replay device's where `options` (the
+    original's `profiler_options`) show its activity was recorded."""
+    found = [ProfilerActivity.CPU]
+    here = torch.device(_RUNTIME["device"]).type
+    for option, (device_type, member) in _DEVICE_ACTIVITIES.items():
+        if (
+            option in options
+            and here == device_type
+            and hasattr(ProfilerActivity, member)
+        ):
+            found.append(getattr(ProfilerActivity, member))
+    return found
 
 
 def _run_threads(flags, *bodies):

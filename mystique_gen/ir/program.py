@@ -343,7 +343,8 @@ class ProgramTiming:
     # implementation) measures the same cost at run time.
     observer_schema: str = ""
     # The profiler's other options that cost host time in the gaps (kineto
-    # options: record_shapes, with_flops, with_stack), as the trace shows them:
+    # options: record_shapes, with_flops, with_stack, and a device's activity as
+    # cuda_activity, xpu_activity), as the trace shows them:
     # measured here, record_shapes added 0.13 us to a gap, with_stack 0.2 us plus 0.2 us
     # per Python call it traced (gap_calls), which no replayed op makes.
     profiler_options: tuple[str, ...] = ()
