@@ -248,6 +248,63 @@ def test_dtype_recasts_floating_tensors(traces, tmp_path):
     assert not [t for t in types if t in ("Tensor(float)", "Tensor(double)")]
 
 
+CUDNN_BN = ("aten::cudnn_batch_norm(Tensor input, Tensor weight, Tensor? bias, "
+            "Tensor? running_mean, Tensor? running_var, bool training, "
+            "float exponential_average_factor, float epsilon) -> (Tensor, Tensor, Tensor, "
+            "Tensor)")
+CUDNN_BN_BACKWARD = ("aten::cudnn_batch_norm_backward(Tensor input, Tensor grad_output, "
+                     "Tensor weight, Tensor? running_mean, Tensor? running_var, "
+                     "Tensor? save_mean, Tensor? save_var, float epsilon, "
+                     "Tensor reserveSpace) -> (Tensor, Tensor, Tensor)")
+ADD_ = "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)"
+
+
+def _cudnn_batch_norm_step(dtype: str):
+    """cuDNN's batch norm forward and backward, then an SGD update of its weight."""
+    tb = TraceBuilder()
+    cuda = {"device": "cuda", "dtype": dtype}
+    x, y, dy, dx = (tb.tensor((8, 4, 2, 2), **cuda) for _ in range(4))
+    w, b, mean, var = (tb.tensor((4,), **cuda) for _ in range(4))
+    save_mean, save_var, dw, db = (tb.tensor((4,), **cuda) for _ in range(4))
+    reserve = tb.tensor((0,), dtype="uint8", device="cuda")
+    tb.op(CUDNN_BN, [x, w, b, mean, var, True, 0.1, 1e-5], [y, save_mean, save_var, reserve])
+    tb.op(CUDNN_BN_BACKWARD, [x, dy, w, mean, var, save_mean, save_var, 1e-5, reserve],
+          [dx, dw, db])
+    tb.op(ADD_, [w, dw, -0.1], [w])
+    return trace_from_document(tb.doc(), name="bn.json", sha256="0" * 64)
+
+
+def test_a_reduced_dtype_keeps_cudnn_batch_norm_statistics_in_float32():
+    """cuDNN's batch norm takes float32 weights and statistics beside half or bfloat16
+    inputs, as mixed-precision training runs it: those tensors, every other use of their
+    storages (the optimizer's update of the weight) and the kernels' float32 results
+    (saved statistics, weight and bias grads) stay as recorded; activations and their
+    grads are recast. A recast of a float64 trace to float32 keeps nothing back."""
+    program = build_program(_cudnn_batch_norm_step("float32"),
+                            options=BuildOptions(dtype="bfloat16"))
+    forward, backward, _update = program.ops
+    args = {op.name: {a.spec.name: a.value.meta.dtype for a in op.args
+                      if isinstance(a.value, TensorValue)} for op in program.ops}
+    assert args["aten::cudnn_batch_norm"] == {
+        "input": "bfloat16", "weight": "float32", "bias": "float32",
+        "running_mean": "float32", "running_var": "float32"}
+    assert [v.meta.dtype for v in forward.outputs] == ["bfloat16", "float32", "float32",
+                                                        "uint8"]
+    assert args["aten::cudnn_batch_norm_backward"] == {
+        "input": "bfloat16", "grad_output": "bfloat16", "weight": "float32",
+        "running_mean": "float32", "running_var": "float32", "save_mean": "float32",
+        "save_var": "float32", "reserveSpace": "uint8"}
+    assert [v.meta.dtype for v in backward.outputs] == ["bfloat16", "float32", "float32"]
+    assert args["aten::add_"] == {"self": "float32", "other": "float32"}
+    assert any("kept as recorded (batch-norm weights and statistics" in line
+               for line in program.filters)
+    wide = build_program(_cudnn_batch_norm_step("float64"),
+                         options=BuildOptions(dtype="float32"))
+    assert {a.value.meta.dtype for op in wide.ops for a in op.args
+            if isinstance(a.value, TensorValue) and a.value.meta.dtype != "uint8"} == {
+        "float32"}
+
+
 @pytest.mark.slow
 def test_device_default_and_cuda_graph_on_cpu(traces, tmp_path):
     bench = _generate(tmp_path, str(traces["mlp_sgd"]), "--device", "cpu")

@@ -125,6 +125,7 @@ GROUP_RANK_ARGS: dict[str, str] = merged("group_rank_args")
 SPARSE_FACTS: dict[str, str] = merged("sparse_facts")
 FORWARD_AD_LEVELS: dict[str, str] = merged("forward_ad_levels")
 PACKED_LINEAR: dict[str, str] = merged("packed_linear")
+FULL_PRECISION: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = merged("full_precision")
 
 
 def _union(field_name: str) -> frozenset[str]:
@@ -160,7 +161,7 @@ __all__ = [
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",
-    "FORWARD_AD_LEVELS", "FUNCTIONAL_GUARD",
+    "FORWARD_AD_LEVELS", "FULL_PRECISION", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
     "KEEPS_SIGN", "LINEAR_PACKED", "PACKED_LINEAR",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",

@@ -228,3 +228,9 @@ class OpFamily:
     # rebuilt from their input and result shapes: {op: "int8" or "fp16"}, how it was
     # packed (oprules/quantized.py).
     packed_linear: dict[str, str] = field(default_factory=dict)
+    # Floating tensors a recast to half or bfloat16 (``--dtype``) leaves as recorded,
+    # with every tensor of their storages: {op: (arguments, output positions)}. cuDNN's
+    # batch norm takes float32 weights and statistics beside reduced-precision inputs,
+    # as mixed-precision training runs it.
+    full_precision: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = field(
+        default_factory=dict)

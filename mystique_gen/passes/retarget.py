@@ -3,7 +3,10 @@
 Runs after lowering and before the tensor pass, so storages, fills, stand-ins and the
 peak-memory estimate all follow the new type. Strides and offsets count elements, not
 bytes, so views keep their meaning. The float8 formats are left alone: they come with
-scales that a plain recast would not honour.
+scales that a plain recast would not honour. Nor are the tensors an op family keeps
+in full precision beside half or bfloat16 inputs (``oprules.FULL_PRECISION``: cuDNN's
+batch-norm weights and statistics), with every other tensor of their storages, so
+that all views of one buffer keep one type.
 """
 
 from __future__ import annotations
@@ -11,9 +14,26 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from mystique_gen.ir import ListValue, Op, TensorValue, TorchConstant, Value
+from mystique_gen.ir import ListValue, Op, TensorValue, TorchConstant, Value, iter_tensors
+from mystique_gen.oprules import FULL_PRECISION
 
 RECAST = frozenset({"float16", "bfloat16", "float32", "float64"})
+REDUCED = frozenset({"float16", "bfloat16"})
+
+
+def full_precision_storages(ops: list[Op]) -> set[int]:
+    """Storage ids of the tensors that ops keep in full precision beside reduced
+    inputs (``FULL_PRECISION``: arguments by name, outputs by position)."""
+    kept: set[int] = set()
+    for op in ops:
+        rule = FULL_PRECISION.get(op.name)
+        if rule is None:
+            continue
+        names, positions = rule
+        values = [arg.value for arg in op.args if arg.spec.name in names]
+        values += [op.outputs[k] for k in positions if k < len(op.outputs)]
+        kept.update(tv.storage_id for value in values for tv in iter_tensors(value))
+    return kept
 
 
 def retarget_dtype(ops: list[Op], dtype: str) -> str:
@@ -21,10 +41,15 @@ def retarget_dtype(ops: list[Op], dtype: str) -> str:
     saying what changed."""
     tensors: Counter[str] = Counter()
     constants: Counter[str] = Counter()
+    kept = full_precision_storages(ops) if dtype in REDUCED else set()
+    held = 0
 
     def recast(value: Value, scalar_type: bool) -> Value:
+        nonlocal held
         if isinstance(value, TensorValue):
-            if value.meta.dtype in RECAST and value.meta.dtype != dtype:
+            if value.storage_id in kept and value.meta.dtype in RECAST:
+                held += value.meta.dtype != dtype
+            elif value.meta.dtype in RECAST and value.meta.dtype != dtype:
                 tensors[value.meta.dtype] += 1
                 value.meta = replace(value.meta, dtype=dtype)
             return value
@@ -43,5 +68,8 @@ def retarget_dtype(ops: list[Op], dtype: str) -> str:
         op.outputs = [recast(v, False) for v in op.outputs]
     was = ", ".join(f"{name} x{count}" for name, count in sorted(tensors.items())) or "none"
     args = sum(constants.values())
+    kept_line = (f"; {held} uses of {len(kept)} storages kept as recorded (batch-norm "
+                 "weights and statistics of cuDNN kernels, which take them in float32)"
+                 if held else "")
     return (f"dtype {dtype}: {sum(tensors.values())} floating tensor uses recast ({was}), "
-            f"{args} dtype argument(s); {len(ops)} -> {len(ops)} ops")
+            f"{args} dtype argument(s){kept_line}; {len(ops)} -> {len(ops)} ops")
