@@ -248,10 +248,10 @@ def test_dtype_recasts_floating_tensors(traces, tmp_path):
     assert not [t for t in types if t in ("Tensor(float)", "Tensor(double)")]
 
 
-CUDNN_BN = ("aten::cudnn_batch_norm(Tensor input, Tensor weight, Tensor? bias, "
-            "Tensor? running_mean, Tensor? running_var, bool training, "
-            "float exponential_average_factor, float epsilon) -> (Tensor, Tensor, Tensor, "
-            "Tensor)")
+BN_IMPL_INDEX = ("aten::_batch_norm_impl_index(Tensor input, Tensor? weight, Tensor? bias, "
+                 "Tensor? running_mean, Tensor? running_var, bool training, "
+                 "float momentum, float eps, bool cudnn_enabled) -> (Tensor, Tensor, "
+                 "Tensor, Tensor, int)")
 CUDNN_BN_BACKWARD = ("aten::cudnn_batch_norm_backward(Tensor input, Tensor grad_output, "
                      "Tensor weight, Tensor? running_mean, Tensor? running_var, "
                      "Tensor? save_mean, Tensor? save_var, float epsilon, "
@@ -260,36 +260,39 @@ ADD_ = "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> T
 
 
 def _cudnn_batch_norm_step(dtype: str):
-    """cuDNN's batch norm forward and backward, then an SGD update of its weight."""
+    """Batch norm forward (as torch.batch_norm calls it) and cuDNN's backward, then an
+    SGD update of its weight."""
     tb = TraceBuilder()
     cuda = {"device": "cuda", "dtype": dtype}
     x, y, dy, dx = (tb.tensor((8, 4, 2, 2), **cuda) for _ in range(4))
     w, b, mean, var = (tb.tensor((4,), **cuda) for _ in range(4))
     save_mean, save_var, dw, db = (tb.tensor((4,), **cuda) for _ in range(4))
     reserve = tb.tensor((0,), dtype="uint8", device="cuda")
-    tb.op(CUDNN_BN, [x, w, b, mean, var, True, 0.1, 1e-5], [y, save_mean, save_var, reserve])
+    tb.op(BN_IMPL_INDEX, [x, w, b, mean, var, True, 0.1, 1e-5, True],
+          [y, save_mean, save_var, reserve, 1])
     tb.op(CUDNN_BN_BACKWARD, [x, dy, w, mean, var, save_mean, save_var, 1e-5, reserve],
           [dx, dw, db])
     tb.op(ADD_, [w, dw, -0.1], [w])
     return trace_from_document(tb.doc(), name="bn.json", sha256="0" * 64)
 
 
-def test_a_reduced_dtype_keeps_cudnn_batch_norm_statistics_in_float32():
-    """cuDNN's batch norm takes float32 weights and statistics beside half or bfloat16
-    inputs, as mixed-precision training runs it: those tensors, every other use of their
-    storages (the optimizer's update of the weight) and the kernels' float32 results
-    (saved statistics, weight and bias grads) stay as recorded; activations and their
-    grads are recast. A recast of a float64 trace to float32 keeps nothing back."""
+def test_a_reduced_dtype_keeps_batch_norm_statistics_in_float32():
+    """Batch norm's weights and statistics stay float32 beside half or bfloat16 inputs,
+    as mixed-precision training keeps them (cuDNN's kernels take nothing else, and the
+    native ones no mix of the two): those tensors, every other use of their storages
+    (the optimizer's update of the weight) and the kernels' float32 results (saved
+    statistics, weight and bias grads) stay as recorded; activations and their grads
+    are recast. A recast of a float64 trace to float32 keeps nothing back."""
     program = build_program(_cudnn_batch_norm_step("float32"),
                             options=BuildOptions(dtype="bfloat16"))
     forward, backward, _update = program.ops
     args = {op.name: {a.spec.name: a.value.meta.dtype for a in op.args
                       if isinstance(a.value, TensorValue)} for op in program.ops}
-    assert args["aten::cudnn_batch_norm"] == {
+    assert args["aten::_batch_norm_impl_index"] == {
         "input": "bfloat16", "weight": "float32", "bias": "float32",
         "running_mean": "float32", "running_var": "float32"}
-    assert [v.meta.dtype for v in forward.outputs] == ["bfloat16", "float32", "float32",
-                                                        "uint8"]
+    assert [v.meta.dtype for v in forward.outputs[:4]] == ["bfloat16", "float32",
+                                                            "float32", "uint8"]
     assert args["aten::cudnn_batch_norm_backward"] == {
         "input": "bfloat16", "grad_output": "bfloat16", "weight": "float32",
         "running_mean": "float32", "running_var": "float32", "save_mean": "float32",
@@ -303,6 +306,25 @@ def test_a_reduced_dtype_keeps_cudnn_batch_norm_statistics_in_float32():
     assert {a.value.meta.dtype for op in wide.ops for a in op.args
             if isinstance(a.value, TensorValue) and a.value.meta.dtype != "uint8"} == {
         "float32"}
+
+
+@pytest.mark.slow
+def test_a_cnn_recast_to_bfloat16_trains_its_batch_norm_in_mixed_precision(tmp_path):
+    """A CNN's training step recast to bfloat16 runs every op, its batch norms with
+    bfloat16 activations and float32 weights and statistics (the native kernels take
+    that mix only where every one of them is float32)."""
+    torch.set_num_threads(1)
+    result = capture(MODELS["cnn_batchnorm"](), tmp_path, name="cnn", kineto=False,
+                     timing_iters=1)
+    bench = _generate(tmp_path, str(result.et_path), "--dtype", "bfloat16")
+    replayed, out = _replay(bench)
+    assert replayed == op_multiset(result.et_path)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    norms = [s.node for s in select_ops(load_trace(bench.parent / Path(out["et"]).name)).ops
+             if "batch_norm" in s.node.name and "backward" not in s.node.name]
+    assert norms and all([a.type for a in n.inputs[:5]] == [
+        "Tensor(c10::BFloat16)"] + ["Tensor(float)"] * 4 for n in norms), [
+        (n.name, [a.type for a in n.inputs[:5]]) for n in norms]
 
 
 @pytest.mark.slow

@@ -229,8 +229,7 @@ class OpFamily:
     # packed (oprules/quantized.py).
     packed_linear: dict[str, str] = field(default_factory=dict)
     # Floating tensors a recast to half or bfloat16 (``--dtype``) leaves as recorded,
-    # with every tensor of their storages: {op: (arguments, output positions)}. cuDNN's
-    # batch norm takes float32 weights and statistics beside reduced-precision inputs,
-    # as mixed-precision training runs it.
+    # with every tensor of their storages: {op: (arguments, output positions)}: batch
+    # norm's weights and statistics, which cuDNN's kernels take only in float32.
     full_precision: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = field(
         default_factory=dict)

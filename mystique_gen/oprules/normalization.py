@@ -27,8 +27,18 @@ _NORMALISED = ("aten::batch_norm", "aten::native_batch_norm", "aten::_native_bat
                "aten::native_group_norm", "aten::instance_norm", "aten::rms_norm",
                "aten::_fused_rms_norm")
 
-_STATISTICS = ("weight", "bias", "running_mean", "running_var")
-_SAVED = ("weight", "running_mean", "running_var", "save_mean", "save_var")
+# Every batch-norm op, forward and backward, and the arguments that hold its weights
+# and statistics; results 1 and 2 are the saved statistics (forward) or the weight's
+# and bias's grads (backward), where the op has them.
+_BATCH_NORMS = ("aten::batch_norm", "aten::native_batch_norm",
+                "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_no_training",
+                "aten::_batch_norm_impl_index", "aten::_batch_norm_with_update",
+                "aten::_batch_norm_no_update", "aten::cudnn_batch_norm",
+                "aten::miopen_batch_norm", "aten::native_batch_norm_backward",
+                "aten::_batch_norm_impl_index_backward", "aten::batch_norm_backward",
+                "aten::cudnn_batch_norm_backward", "aten::miopen_batch_norm_backward")
+_BATCH_NORM_STATE = ("weight", "bias", "running_mean", "running_var", "save_mean",
+                     "save_var", "save_invstd", "save_var_transform")
 
 FAMILY = OpFamily(
     name="normalisation",
@@ -42,14 +52,11 @@ FAMILY = OpFamily(
         "aten::cudnn_batch_norm_backward": ("running_var", "save_var"),
     },
     float_ranges={op: dict(_AS_INITIALISED) for op in _NORMALISED},
-    # With half or bfloat16 inputs, cuDNN's and MIOpen's kernels take float32 weights
-    # and statistics (and return them so: save_mean, save_var; grad_weight,
-    # grad_bias). With those recast too, ResNet-50 in bfloat16 on an H200 skipped all
-    # 53 of its recorded cudnn_batch_norm_backward ops at run time.
-    full_precision={
-        "aten::cudnn_batch_norm": (_STATISTICS, (1, 2)),
-        "aten::miopen_batch_norm": (_STATISTICS, (1, 2)),
-        "aten::cudnn_batch_norm_backward": (_SAVED, (1, 2)),
-        "aten::miopen_batch_norm_backward": (_SAVED, (1, 2)),
-    },
+    # Batch norm's weights and statistics stay float32 beside half or bfloat16
+    # inputs, as mixed-precision training keeps them: cuDNN's and MIOpen's kernels take
+    # nothing else (ResNet-50 recast whole to bfloat16 on an H200 skipped all 53 of its
+    # recorded cudnn_batch_norm_backward ops at run time), and the native kernels take
+    # such a mix where every parameter is float32 (CPU: "mixed dtype (CPU): expect
+    # parameter to have scalar type of Float" where some were recast and some not).
+    full_precision={op: (_BATCH_NORM_STATE, (1, 2)) for op in _BATCH_NORMS},
 )

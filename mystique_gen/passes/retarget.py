@@ -4,9 +4,9 @@ Runs after lowering and before the tensor pass, so storages, fills, stand-ins an
 peak-memory estimate all follow the new type. Strides and offsets count elements, not
 bytes, so views keep their meaning. The float8 formats are left alone: they come with
 scales that a plain recast would not honour. Nor are the tensors an op family keeps
-in full precision beside half or bfloat16 inputs (``oprules.FULL_PRECISION``: cuDNN's
-batch-norm weights and statistics), with every other tensor of their storages, so
-that all views of one buffer keep one type.
+in full precision beside half or bfloat16 inputs (``oprules.FULL_PRECISION``: batch
+norm's weights and statistics), with every other tensor of their storages, so that
+all views of one buffer keep one type.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def retarget_dtype(ops: list[Op], dtype: str) -> str:
     was = ", ".join(f"{name} x{count}" for name, count in sorted(tensors.items())) or "none"
     args = sum(constants.values())
     kept_line = (f"; {held} uses of {len(kept)} storages kept as recorded (batch-norm "
-                 "weights and statistics of cuDNN kernels, which take them in float32)"
-                 if held else "")
+                 "weights and statistics, as mixed precision keeps them and cuDNN's "
+                 "kernels take them)" if held else "")
     return (f"dtype {dtype}: {sum(tensors.values())} floating tensor uses recast ({was}), "
             f"{args} dtype argument(s){kept_line}; {len(ops)} -> {len(ops)} ops")
