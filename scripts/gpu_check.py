@@ -56,7 +56,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "traces"
+# The shared traces beside the checkout, else a copy inside it (a lent GPU machine gets
+# the checkout alone: copy them into an ignored shared/ folder that travels with it).
+SHARED = next((p for p in (ROOT.parent / "shared" / "traces", ROOT / "shared" / "traces")
+               if p.is_dir()), ROOT.parent / "shared" / "traces")
 EXIT_NO_CUDA = 3
 OK, FAIL, SKIP = "OK", "FAIL", "SKIP"
 # Every row the table holds, in order (tests/test_gpu_check.py asserts each is printed).
