@@ -6,7 +6,9 @@ import ast
 import contextlib
 import json
 import os
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -400,6 +402,43 @@ def test_scaled_gaps_scale_the_recorded_time_and_the_calibrated_costs(monkeypatc
     finally:
         runtime._RUNTIME.update(state)
         runtime._RUNTIME["gap_carry"].clear()
+
+
+def test_a_threads_gap_lets_the_other_replay_threads_run():
+    """Replayed on a host thread each (--threads, --compose parallel), one thread's gap
+    must not hold the GIL: a plain spin kept it until CPython's switch interval took
+    it away (5 ms; 1 s here), and the other threads' ops waited out the gap. The other
+    thread runs while this one waits 200 ms."""
+    keys = ("host_gaps", "gap_own", "gap_own_us", "gap_event_us", "gap_call_us",
+            "gap_scale", "own_scale", "gap_marks", "threads")
+    state = {k: runtime._RUNTIME[k] for k in keys}
+    interval = sys.getswitchinterval()
+    started, seen = threading.Event(), []
+    try:
+        runtime._RUNTIME.update(host_gaps=True, gap_own={}, gap_own_us=0.0,
+                                gap_event_us=0.0, gap_call_us=0.0, gap_scale=1.0,
+                                own_scale=1.0, gap_marks=None)
+        sys.setswitchinterval(1.0)
+
+        def waits() -> None:
+            started.set()
+            runtime._host_gap(200_000.0)
+            seen.append(("gap over", time.perf_counter()))
+
+        def runs() -> None:
+            started.wait()
+            time.sleep(0.01)  # (the gap has begun)
+            seen.append(("ran", time.perf_counter()))
+
+        begin = time.perf_counter()
+        runtime._run_threads(0, waits, runs)
+    finally:
+        sys.setswitchinterval(interval)
+        runtime._RUNTIME.update(state)
+        runtime._RUNTIME["gap_carry"].clear()
+    order = [what for what, _ in sorted(seen, key=lambda s: s[1])]
+    assert order == ["ran", "gap over"]
+    assert dict(seen)["ran"] - begin < 0.15
 
 
 def test_recording_cost_pairs_each_recorded_loop_with_a_plain_one_just_before(monkeypatch):

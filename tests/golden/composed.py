@@ -433,8 +433,15 @@ def _host_gap(us, events=0, before=None, calls=0):
         carry[thread] = min(wait, 0.0)
         if wait > 0:
             end = time.perf_counter() + wait * 1e-6
-            while time.perf_counter() < end:
-                pass
+            if _RUNTIME["threads"] is None:
+                while time.perf_counter() < end:
+                    pass
+            else:
+                # Beside other replay threads, every turn lets them take the GIL: a
+                # plain spin holds it until CPython's switch interval (5 ms) takes it
+                # away, and one thread's gap would stall the others' ops.
+                while time.perf_counter() < end:
+                    time.sleep(0)
         marks = _RUNTIME["gap_marks"]
         if marks is not None:  # last: the op after this gap starts right after it
             marks.append((before, time.time_ns(), us, events, calls))
