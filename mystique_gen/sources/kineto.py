@@ -354,6 +354,7 @@ Thread = tuple[object, object]  # (pid, tid) of a Kineto thread
 
 
 def starts_by_thread(events: list[CpuEvent]) -> dict[Thread, list[float]]:
+    """Each thread's event start times, sorted (for :func:`begun_between`)."""
     starts: dict[Thread, list[float]] = defaultdict(list)
     for e in events:
         starts[(e.pid, e.tid)].append(e.ts)
