@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test test-fast lint bench regen gpu-check clean
+.PHONY: install demo test test-fast lint bench regen gpu-check gpu-bundle clean
 
 install: $(STAMP)
 
@@ -48,6 +48,18 @@ regen: install
 # `make gpu-check GPU_CHECK_ARGS=--dry-run` runs the CPU parts here.
 gpu-check: install
 	PY=$(BIN)/python scripts/gpu_check.sh $(GPU_CHECK_ARGS)
+
+# What a lent GPU machine lacks beside the checkout (it reaches no package index, and
+# ../shared does not travel): black's wheels for its Python in .whl/, and a copy of the
+# shared traces in shared/ (both ignored by git). README, GPU check, says how to run.
+GPU_PYTHON ?= 3.12
+gpu-bundle: install
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: \
+		--python-version $(GPU_PYTHON) --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl \
+		black==26.10.1 pytokens==0.4.1 pathspec==1.1.1 platformdirs==4.14.9
+	rm -rf shared && mkdir -p shared && cp -r ../shared/traces shared/
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
