@@ -68,7 +68,7 @@ from mystique_gen.passes.ranks import (
 )
 from mystique_gen.passes.retarget import retarget_dtype
 from mystique_gen.passes.select import release_covered_arguments, select_ops, sparse_tensors
-from mystique_gen.passes.tensors import plan_tensors
+from mystique_gen.passes.tensors import peak_bytes, plan_tensors
 from mystique_gen.passes.values import (
     RecordedValues,
     ScalarRecord,
@@ -286,8 +286,12 @@ def plan_storage(program: Program, build: Build) -> Program:
                       for tv in iter_tensors(arg.value))
     accelerators = [d for d in devices if d != "cpu"]
     primary = max(accelerators, key=lambda d: devices[d]) if accelerators else "cpu"
+    peak, host_peak = plan.peak_bytes, 0
+    if primary != "cpu":  # the host's tensors stay on the host: apart from --device's
+        peak = peak_bytes(program.ops, plan.storages, lambda s: s.device != "cpu")
+        host_peak = peak_bytes(program.ops, plan.storages, lambda s: s.device == "cpu")
     return replace(program, storages=plan.storages, devices=sorted(devices),
-                   primary_device=primary, peak_bytes=plan.peak_bytes,
+                   primary_device=primary, peak_bytes=peak, host_peak_bytes=host_peak,
                    diagnostics=program.diagnostics + [note(n) for n in plan.notes])
 
 

@@ -16,7 +16,7 @@ import pytest
 from mystique_gen.backends.check import check_source
 from mystique_gen.backends.single import reference_facts
 from mystique_gen.cli import main as cli_main
-from tests.conftest import ROOT, run_benchmark
+from tests.conftest import ROOT, last_json, run_benchmark
 from tests.tracebuilder import MM, RELU, TraceBuilder
 
 
@@ -415,3 +415,25 @@ def test_huge_tensor_generates_and_refuses_to_run(tmp_path, capsys):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert "needs 74505.81 GiB on cpu but" in proc.stderr and "GiB are free" in proc.stderr
+
+
+def test_a_gpu_traces_host_tensors_are_estimated_apart(tmp_path, capsys):
+    """PARAM's benchmarks flush the cache with a 40 MB tensor on the host between
+    timed GPU ops: the file's estimate for --device (REQUIRED_BYTES, what its memory
+    check asks of the GPU) leaves it out and states it apart (HOST_BYTES, the header);
+    replayed on the host, the benchmark counts both (`estimated_peak_bytes`)."""
+    b = TraceBuilder()
+    x, y = b.tensor((256, 256), device="cuda"), b.tensor((256, 256), device="cuda")
+    flush, flushed = b.tensor((10_485_760,)), b.tensor((10_485_760,))
+    b.op(RELU, [x], [y])
+    b.op(RELU, [flush], [flushed])
+    rc, err, out = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    text = out.read_text()
+    device, host = 2 * 4 * 256 * 256, 2 * 4 * 10_485_760
+    assert f"REQUIRED_BYTES = {device}\nHOST_BYTES = {host}\n" in text
+    assert "Estimated peak memory: 512.0 KiB on cuda, 80.0 MiB on the host" in text
+    proc = run_benchmark(out, "--device", "cpu", "--iters", "1", "--warmup", "0",
+                         "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert last_json(proc.stdout)["estimated_peak_bytes"] == device + host

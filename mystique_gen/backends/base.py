@@ -67,7 +67,8 @@ class BenchmarkContext:
     input_lines: list[str]  # body of make_inputs()
     replay_lines: list[str]  # body of replay()
     op_count: int
-    required_bytes: int
+    required_bytes: int  # the estimated peak on --device
+    host_bytes: int  # and on the host, where --device is an accelerator
     primary_device: str
     op_counts: dict[str, int] = field(default_factory=dict)
     original_lines: list[str] = field(
@@ -477,6 +478,7 @@ class CodeGen:
             replay_lines=unpack + self.replay_lines,
             op_count=len(program.ops),
             required_bytes=required,
+            host_bytes=program.host_peak_bytes,
             primary_device=program.primary_device,
             op_counts=dict(Counter(op.name for op in program.ops)),
             original_lines=schedule.original_lines(program),
@@ -519,7 +521,9 @@ class CodeGen:
             + ("each on its own thread (--threads)" if p.threaded else "in node order"),
             f"Recorded devices: {', '.join(p.devices) or 'none'} "
             f"(--device replaces {p.primary_device})",
-            f"Estimated peak memory: {_human_bytes(p.peak_bytes)}",
+            f"Estimated peak memory: {_human_bytes(p.peak_bytes)}"
+            + (f" on {p.primary_device}, {_human_bytes(p.host_peak_bytes)} on the host"
+               if p.host_peak_bytes else ""),
             "",
             "Filters applied:",
         ]

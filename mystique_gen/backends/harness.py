@@ -70,8 +70,8 @@ def _grouped(statements: list[str]) -> list[str]:
 
 # Module-level names of the generated file besides the harness's own (templates).
 FILE_NAMES = frozenset({"GENERATOR", "TRACE", "OPS", "RECORDED_DEVICE", "DEFAULT_DEVICE",
-                        "REQUIRED_BYTES", "ORIGINAL", "_FALLBACKS", "_INPUTS_ONLY_FOR",
-                        "_JOB", "WORLD_SIZE",
+                        "REQUIRED_BYTES", "HOST_BYTES", "ORIGINAL", "_FALLBACKS",
+                        "_INPUTS_ONLY_FOR", "_JOB", "WORLD_SIZE",
                         "PROCESS_GROUPS", "RANKS", "make_inputs", "replay"})
 
 

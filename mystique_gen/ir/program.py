@@ -400,7 +400,11 @@ class Program:
     threads: list[int] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     primary_device: str = "cpu"  # the recorded device kind that --device replaces
-    peak_bytes: int = 0  # estimated peak memory of one iteration, inputs included
+    # Estimated peak memory of one iteration, inputs included, on the primary device;
+    # beside an accelerator, the host's tensors' peak apart (each device's allocator
+    # and free memory are its own).
+    peak_bytes: int = 0
+    host_peak_bytes: int = 0
     # Every fact reported about the trace: nodes not replayed, guarded ops, filters
     # applied, notes (the docstring, inspect and errors render from these).
     diagnostics: list[Diagnostic] = field(default_factory=list)

@@ -30,7 +30,7 @@ it there and peak memory follows the original.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from mystique_gen import oprules
@@ -345,7 +345,7 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
             if isinstance(base, OpOutput):
                 ops[base.op_index].outputs_viewed_by_offset = True
     _plan_frees(ops)
-    return TensorPlan(storages=storages, notes=notes, peak_bytes=_peak_bytes(ops, storages))
+    return TensorPlan(storages=storages, notes=notes, peak_bytes=peak_bytes(ops, storages))
 
 
 def binding_key(binding: Binding) -> object:
@@ -395,9 +395,15 @@ def _root_key(root: Binding) -> object:
     return ("view", id(root))
 
 
-def _peak_bytes(ops: list[Op], storages: list[Storage]) -> int:
-    """Materialised bytes plus the most produced bytes alive at once (estimate)."""
-    fixed = sum(s.nbytes for s in storages if s.materialised)
+def peak_bytes(ops: list[Op], storages: list[Storage],
+               on: Callable[[Storage], bool] | None = None) -> int:
+    """Materialised bytes plus the most produced bytes alive at once (estimate), of
+    the storages ``on`` accepts (all by default)."""
+
+    def size(storage: Storage) -> int:
+        return storage.nbytes if on is None or on(storage) else 0
+
+    fixed = sum(size(s) for s in storages if s.materialised)
     birth: dict[int, int] = {}
     death: dict[int, int] = {}
     for op in ops:
@@ -411,9 +417,9 @@ def _peak_bytes(ops: list[Op], storages: list[Storage]) -> int:
                 death.setdefault(tv.storage.index, op.index)
     delta = [0] * (len(ops) + 2)
     for index, born in birth.items():
-        size = storages[index].nbytes
-        delta[born] += size
-        delta[death[index] + 1] -= size
+        nbytes = size(storages[index])
+        delta[born] += nbytes
+        delta[death[index] + 1] -= nbytes
     live = peak = 0
     for d in delta:
         live += d

@@ -65,7 +65,8 @@ def summarize(trace: RawTrace, program: Program) -> dict[str, Any]:
         "materialised_inputs": sum(1 for s in program.storages if s.materialised),
         "dependency_edges": graph.number_of_edges(),
         "critical_path_ops": critical_path_length(graph),
-        "estimated_peak_bytes": program.peak_bytes,
+        "estimated_peak_bytes": program.peak_bytes,  # on the recorded primary device
+        "estimated_host_peak_bytes": program.host_peak_bytes,  # host tensors beside it
         "not_replayed": [
             {"node_id": s.node_id, "name": s.name, "reason": s.reason}
             for s in program.not_replayed
@@ -84,7 +85,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"devices    {', '.join(summary['devices']) or '-'}",
         f"dtypes     {', '.join(f'{k} x{v}' for k, v in summary['dtypes'].items()) or '-'}",
         f"inputs     {summary['materialised_inputs']} materialised storages, "
-        f"peak ~{summary['estimated_peak_bytes'] / 2**20:.1f} MiB",
+        f"peak ~{summary['estimated_peak_bytes'] / 2**20:.1f} MiB"
+        + (f" on the device, ~{summary['estimated_host_peak_bytes'] / 2**20:.1f} MiB "
+           "on the host" if summary["estimated_host_peak_bytes"] else ""),
         f"deps       {summary['dependency_edges']} edges, critical path "
         f"{summary['critical_path_ops']} of {summary['selected_ops']} ops",
         "",

@@ -62,6 +62,7 @@ OPS = 3
 RECORDED_DEVICE = "cpu"
 DEFAULT_DEVICE = None
 REQUIRED_BYTES = 1024
+HOST_BYTES = 0
 # The linked Kineto trace (mystique-gen --kineto): end-to-end step time and per-op facts.
 ORIGINAL = {
     "kineto": "gaps.kineto.json",
@@ -1451,17 +1452,24 @@ def _free_bytes(device):
     return None
 
 
-def _required_bytes():
-    """The estimated peak, less the inputs `_fill` will not make: those only ops that
-    do not exist here read (`_INPUTS_ONLY_FOR`, rank 0's where the file holds several
-    ranks, as REQUIRED_BYTES is)."""
+def _estimated_bytes(device):
+    """The estimated peak on `device`: REQUIRED_BYTES, and where `device` is the host
+    beside the recorded accelerator's, the host's tensors too (HOST_BYTES)."""
+    host = HOST_BYTES if torch.device(device).type == "cpu" else 0
+    return REQUIRED_BYTES + host
+
+
+def _required_bytes(device):
+    """The estimated peak on `device`, less the inputs `_fill` will not make: those
+    only ops that do not exist here read (`_INPUTS_ONLY_FOR`, rank 0's where the file
+    holds several ranks, as REQUIRED_BYTES is)."""
     unmade = sum(nbytes for nbytes, ops in _INPUTS_ONLY_FOR if _none_here(ops))
-    return max(REQUIRED_BYTES - unmade, 0)
+    return max(_estimated_bytes(device) - unmade, 0)
 
 
 def _check_memory(device):
     free = _free_bytes(device)
-    required = _required_bytes()
+    required = _required_bytes(device)
     if free is not None and free < required:
         need, have = required / 2**30, free / 2**30
         sys.exit(
@@ -1485,7 +1493,7 @@ def _snapshot(inputs, device, mode):
     if mode == "auto":
         free = _free_bytes(device)
         nbytes = sum(storage.nbytes() for storage in storages.values())
-        if free is None or _required_bytes() + nbytes > free:
+        if free is None or _required_bytes(device) + nbytes > free:
             return []
     return [(storage, storage.clone()) for storage in storages.values()]
 
@@ -1899,7 +1907,7 @@ def main(argv=None):
             "nonfinite_inputs": nonfinite,
             "peak_bytes": peak,
             "peak_step_bytes": _RUNTIME["peak_step_bytes"],
-            "estimated_peak_bytes": REQUIRED_BYTES,
+            "estimated_peak_bytes": _estimated_bytes(device),
         }
     )
     original_ms = job.original_ms()
