@@ -286,10 +286,12 @@ def plan_storage(program: Program, build: Build) -> Program:
                       for tv in iter_tensors(arg.value))
     accelerators = [d for d in devices if d != "cpu"]
     primary = max(accelerators, key=lambda d: devices[d]) if accelerators else "cpu"
-    peak, host_peak = plan.peak_bytes, 0
-    if primary != "cpu":  # the host's tensors stay on the host: apart from --device's
-        peak = peak_bytes(program.ops, plan.storages, lambda s: s.device != "cpu")
-        host_peak = peak_bytes(program.ops, plan.storages, lambda s: s.device == "cpu")
+    # Beside an accelerator, the host's tensors stay on the host: estimated apart.
+    on_host = primary != "cpu"
+    peak = peak_bytes(program.ops, plan.storages,
+                      (lambda s: s.device != "cpu") if on_host else None)
+    host_peak = peak_bytes(program.ops, plan.storages,
+                           lambda s: s.device == "cpu") if on_host else 0
     return replace(program, storages=plan.storages, devices=sorted(devices),
                    primary_device=primary, peak_bytes=peak, host_peak_bytes=host_peak,
                    diagnostics=program.diagnostics + [note(n) for n in plan.notes])

@@ -831,7 +831,7 @@ class Checker:
             return (f"median {statistics.median(abs(e) for e in errs) * 100:.1f}% worst "
                     f"{max(abs(e) for e in errs) * 100:.1f}%")
 
-        numbers = "; ".join(f"{'gaps ' * (gaps == 'off')}{gaps} {summary(errs)}"
+        numbers = "; ".join(f"{'gaps off' if gaps == 'off' else gaps} {summary(errs)}"
                             for gaps, errs in errors.items())
         detail = "; ".join(parts + failures)
         return Row("fidelity", FAIL if failures else OK, numbers,

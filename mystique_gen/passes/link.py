@@ -13,8 +13,9 @@ An ET node and its Kineto CPU event are matched, in this order of preference:
 Names must agree for every method. Each linked, selected op then gets its inclusive
 and exclusive CPU time, the GPU activity it launched (runtime calls inside its time
 span on its thread, joined to GPU events by correlation id) and the host gap before
-it (:func:`~mystique_gen.sources.kineto.host_gaps`). The facts go into the IR (:class:`OpTiming`,
-:class:`ProgramTiming`), so emitters and templates only format them.
+it (:func:`~mystique_gen.sources.kineto.host_gaps`). The facts go into the IR
+(:class:`OpTiming`, :class:`ProgramTiming`), so emitters and templates only format
+them.
 """
 
 from __future__ import annotations

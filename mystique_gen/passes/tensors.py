@@ -69,7 +69,6 @@ class _Lifetime:
 class TensorPlan:
     storages: list[Storage]
     notes: list[str]
-    peak_bytes: int  # estimated peak of materialised + live produced storage
 
 
 def output_paths(outputs: list[Value]) -> list[tuple[tuple[int, ...], TensorValue]]:
@@ -345,7 +344,7 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
             if isinstance(base, OpOutput):
                 ops[base.op_index].outputs_viewed_by_offset = True
     _plan_frees(ops)
-    return TensorPlan(storages=storages, notes=notes, peak_bytes=peak_bytes(ops, storages))
+    return TensorPlan(storages=storages, notes=notes)
 
 
 def binding_key(binding: Binding) -> object:
