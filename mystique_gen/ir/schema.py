@@ -47,6 +47,11 @@ class Signature:
     def full_name(self) -> str:
         return f"{self.namespace}::{self.name}.{self.overload}"
 
+    @property
+    def written(self) -> tuple[int, ...]:
+        """Positions of the arguments the op writes (``Tensor(a!)``)."""
+        return tuple(i for i, a in enumerate(self.args) if a.writes)
+
 
 class SchemaError(ValueError):
     pass

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from functools import lru_cache
 
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
 from mystique_gen.ir.schema import SchemaError, parse_signature
@@ -82,11 +81,10 @@ def _frozen(value: object) -> object:
     return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
-@lru_cache(maxsize=4096)
 def _written_inputs(schema: str) -> tuple[int, ...] | None:
-    """Positions of the arguments an op writes (``Tensor(a!)``); None: unknown (all)."""
+    """Positions of the arguments an op writes; None: unknown (all)."""
     try:
-        return tuple(i for i, a in enumerate(parse_signature(schema).args) if a.writes)
+        return parse_signature(schema).written
     except SchemaError:
         return None
 

@@ -709,9 +709,10 @@ def _written_args(node: RawNode) -> tuple[ArgSpec, ...]:
     """The arguments a recorded op writes (``Tensor(a!)``); none where its schema does
     not parse."""
     try:
-        return tuple(a for a in parse_signature(node.op_schema).args if a.writes)
+        signature = parse_signature(node.op_schema)
     except SchemaError:
         return ()
+    return tuple(signature.args[i] for i in signature.written)
 
 
 def _writes_in_place(node: RawNode) -> bool:
