@@ -423,6 +423,40 @@ def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
     assert "aten::_embedding_bag_forward_only" not in names(replay_et)
 
 
+def test_an_inference_step_in_grad_mode_builds_no_graph(tmp_path):
+    """A step run in grad mode on tensors that do not require grad (a forgotten
+    ``no_grad``) makes no autograd node; neither may its replay, where each op would
+    otherwise save its inputs and record a node every iteration."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+
+    def step() -> None:
+        sym = a @ a.T
+        torch.linalg.eigh(sym)
+        torch.sin(b)  # the last op reads a tensor made outside the step
+
+    result = capture(step, tmp_path, name="nograd", kineto=False, timing_iters=1)
+    bench = tmp_path / "nograd_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert ".requires_grad_()" not in text
+    replay_et = tmp_path / "nograd_replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def numbers(path: Path) -> set[int]:
+        found = set()
+        for node in json.loads(path.read_text())["nodes"]:
+            attrs = {a["name"]: a["value"] for a in node.get("attrs", [])}
+            if attrs.get("op_schema") and attrs.get("seq_id", -1) >= 0:
+                found.add(attrs["seq_id"])
+        return found
+
+    assert len(numbers(result.et_path)) == 1  # grad mode on, no node made
+    assert len(numbers(replay_et)) == 1
+
+
 @pytest.mark.parametrize("enforce_sorted", [True, False])
 def test_a_packed_sequence_replays_with_lengths_that_pack_the_same_shapes(
         tmp_path, enforce_sorted):

@@ -1017,6 +1017,40 @@ def test_only_ops_that_made_an_autograd_node_mark_parameters():
     assert _tensor_args(program.ops[1])[1].storage.requires_grad
 
 
+def test_a_thread_whose_autograd_number_never_moved_made_no_node():
+    """An inference step run in grad mode, reading nothing that requires grad, records
+    one autograd number throughout: no op made a node, so none of its reads become
+    parameters (the replay built a graph each iteration the original never made)."""
+    b = TraceBuilder()
+    x, w, y = b.tensor((4, 4)), b.tensor((4, 4)), b.tensor((4, 4))
+    b.op(MM, [x, w], [y], attrs={"seq_id": 7})
+    b.op(RELU, [y], [b.tensor((4, 4))], attrs={"seq_id": 7})
+    program = _program(b)
+    assert [op.made_grad_node for op in program.ops] == [False, False]
+    assert [op.grad_mode for op in program.ops] == [True, True]
+    assert not any(t.storage.requires_grad for op in program.ops for t in _tensor_args(op))
+
+
+def test_after_a_backward_the_last_number_is_taken_only_where_the_backward_names_it():
+    """In a training step the backward names the forward's numbers: an op after the
+    loss that recorded the next number and that no backward names (a metric over the
+    batch's labels) made no node; the loss, named by the backward, did."""
+    mul = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+    b = TraceBuilder()
+    x, w, y, loss = b.tensor((4, 4)), b.tensor((4, 4)), b.tensor((4, 4)), b.tensor((4, 4))
+    labels, scale = b.tensor((4, 4)), b.tensor((4, 4))
+    b.op(MM, [x, w], [y], attrs={"seq_id": 3})                                 # node 3
+    b.op(RELU, [y], [loss], attrs={"seq_id": 4})                               # node 4
+    b.op(RELU, [b.tensor((4, 4))], [b.tensor((4, 4))],
+         attrs={"seq_id": 4, "fw_tid": 1})                                     # its backward
+    b.op(mul, [labels, scale], [b.tensor((4, 4))], attrs={"seq_id": 5})       # no node
+    program = _program(b)
+    assert [op.made_grad_node for op in program.ops][:2] == [True, True]
+    assert program.ops[-1].made_grad_node is False
+    assert _tensor_args(program.ops[0])[1].storage.requires_grad
+    assert not any(t.storage.requires_grad for t in _tensor_args(program.ops[-1]))
+
+
 def test_a_detached_tensor_is_read_as_itself_not_as_the_view_it_aliases():
     """``x.detach()`` has ``x``'s storage and view: bound to ``x``, its readers would
     record autograd nodes the original did not (and a fake-quantize scale computed from

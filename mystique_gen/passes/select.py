@@ -839,17 +839,41 @@ def grad_node_makers(nodes: list[RawNode]) -> set[int] | None:
     recorded one number, the last to start made the node (a composite's children start
     after it; a kernel's record -1). The backward's autograd functions record their
     forward's number (``fw_tid`` set) and are skipped; so are annotations (no schema),
-    which make no nodes."""
+    which make no nodes.
+
+    A number was taken only where a later op of its thread recorded a higher one, or
+    a backward function its own. A thread's last number shows neither: it was taken
+    only where a backward ran on that thread's numbers (then it names it) or, with
+    none, where the thread made other nodes (a forward in grad mode, its last op
+    the loss). An inference step run in grad mode records one number throughout: no
+    op made a node, and crediting its last op would make its inputs parameters."""
     last: dict[tuple[int, int], int] = {}  # (thread, seq_id) -> last node that recorded it
+    backward: set[tuple[int, int]] = set()  # (forward thread, seq_id) a backward recorded
     recorded = False
     for node in nodes:
         seq = node.attrs.get("seq_id")
         if not isinstance(seq, int) or isinstance(seq, bool):
             continue
         recorded = True
-        if seq >= 0 and node.op_schema and not node.attrs.get("fw_tid"):
+        if seq < 0 or not node.op_schema:
+            continue
+        fw_tid = node.attrs.get("fw_tid")
+        if fw_tid:
+            backward.add((fw_tid, seq))
+        else:
             last[(node.tid, seq)] = node.id
-    return set(last.values()) if recorded else None
+    if not recorded:
+        return None
+    numbers: dict[int, list[int]] = {}
+    for tid, seq in last:
+        numbers.setdefault(tid, []).append(seq)
+    differentiated = {tid for tid, _seq in backward}
+    taken = set()
+    for (tid, seq), node_id in last.items():
+        if seq < max(numbers[tid]) or (tid, seq) in backward or (
+                tid not in differentiated and len(numbers[tid]) > 1):
+            taken.add(node_id)
+    return taken
 
 
 def _mark_grad_node_makers(selected: list[Selected], trace: RawTrace,
