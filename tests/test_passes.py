@@ -1134,12 +1134,18 @@ def test_tensors_without_storage_are_sparse_where_their_parts_are_read():
 
 
 @pytest.mark.parametrize("kernel", ["", "triton"])
-def test_compiled_regions_say_their_unrecorded_kernels_are_not_replayed(kernel, tmp_path):
+@pytest.mark.parametrize("graph", ["training", "inference"])
+def test_compiled_regions_say_their_unrecorded_kernels_are_not_replayed(kernel, graph,
+                                                                       tmp_path):
     """On CPU, the observer records a torch.compile'd region's extern calls (``mm``) but
-    not Inductor's own C++ kernels: the header says so. Triton kernels are recorded below
-    it and listed on their own, so then the region adds nothing."""
+    not Inductor's own C++ kernels: the header says so, once per region. A training
+    graph runs in AOTAutograd's CompiledFunction inside Dynamo's region, an inference
+    graph in the region alone. Triton kernels are recorded below it and listed on their
+    own, so then the region adds nothing."""
     b = TraceBuilder()
-    region = b.annotation("CompiledFunction")
+    region = b.annotation("Torch-Compiled Region: 0/0")
+    if graph == "training":
+        region = b.annotation("CompiledFunction", parent=region)
     x = b.tensor((4, 4))
     b.op(RELU, [x], [b.tensor((4, 4))], parent=region)
     if kernel:
@@ -1148,4 +1154,5 @@ def test_compiled_regions_say_their_unrecorded_kernels_are_not_replayed(kernel, 
     program = build_program(load_trace(b.write(tmp_path / "t.json")))
     assert [op.name for op in program.ops] == ["aten::relu"]
     listed = {d.name for d in program.diagnostics if "torch.compile's kernels" in d.reason}
-    assert listed == (set() if kernel else {"CompiledFunction"})
+    expected = "CompiledFunction" if graph == "training" else "Torch-Compiled Region: 0/0"
+    assert listed == (set() if kernel else {expected})

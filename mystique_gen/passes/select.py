@@ -22,7 +22,7 @@ runs them again on the replay's own backend threads, so they are not replayed
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 
 from mystique_gen import oprules
@@ -45,6 +45,9 @@ BACKEND_THREAD_NOTE = ("a communication backend's worker thread ran it for a col
                        "the replayed collective runs it again")
 # AOTAutograd's autograd.Function around a torch.compile'd graph, forward and backward.
 COMPILED_FUNCTIONS = frozenset({"CompiledFunction", "CompiledFunctionBackward"})
+# Dynamo's annotation around a compiled frame; an inference graph runs in it with no
+# CompiledFunction (no autograd) around its kernels.
+COMPILED_REGION = "Torch-Compiled Region"
 COMPILED_NOTE = ("torch.compile's kernels, not in the trace (the torch ops it called "
                  "replay); --kineto with --host-gaps recorded replays their time")
 
@@ -777,7 +780,8 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
         return scope_of[node.id]
 
     has_children = {n.parent for n in trace.nodes if n.parent != n.id}
-    launched = _above_kernels(trace.nodes, by_id)
+    launched = _above(trace.nodes, by_id, lambda n: bool(n.attrs.get("kernel_backend")))
+    autograd_wrapped = _above(trace.nodes, by_id, lambda n: n.name in COMPILED_FUNCTIONS)
     selected: list[Selected] = []
     covered: list[RawNode] = []
     skipped: list[Diagnostic] = []
@@ -803,9 +807,11 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
             skipped.append(not_replayed(
                 node.id, _display(node.name),
                 f"{backend} kernel compiled for the recording machine; not portable"))
-        elif node.name in COMPILED_FUNCTIONS and node.id not in launched:
+        elif node.id not in launched and (
+                node.name in COMPILED_FUNCTIONS
+                or (node.name.startswith(COMPILED_REGION) and node.id not in autograd_wrapped)):
             # Inductor's C++ kernels (CPU) are not recorded; Triton ones are, below.
-            skipped.append(not_replayed(node.id, node.name, COMPILED_NOTE))
+            skipped.append(not_replayed(node.id, _display(node.name), COMPILED_NOTE))
         elif node.name == "record_param_comms":
             pass  # metadata of the enclosing communication op
         elif is_op_name(node.name) and node.id not in has_children:
@@ -815,11 +821,13 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
     return Selection(selected, skipped, sorted(threads), covered)
 
 
-def _above_kernels(nodes: list[RawNode], by_id: dict[int, RawNode]) -> set[int]:
-    """Ids of the nodes above a recorded compiled kernel (``kernel_backend`` set)."""
+def _above(nodes: list[RawNode], by_id: dict[int, RawNode],
+           wanted: Callable[[RawNode], bool]) -> set[int]:
+    """Ids of the nodes above one that is ``wanted`` (a recorded compiled kernel: its
+    ``kernel_backend`` set)."""
     found: set[int] = set()
     for node in nodes:
-        if not node.attrs.get("kernel_backend"):
+        if not wanted(node):
             continue
         cur = by_id.get(node.parent) if node.parent != node.id else None
         while cur is not None and cur.id not in found:
