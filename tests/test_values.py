@@ -88,6 +88,20 @@ def test_index_bounded_by_indexed_dim(schema, shape, dim, bound):
     assert (init.kind, init.low, init.high) == ("randint", 0, bound)
 
 
+def test_sparse_indices_stay_inside_the_sparse_dims():
+    """A COO tensor's indices (sparse_dim x nnz) index its size's first dims: every
+    value stays below the smallest (without this, 0..8 over a 4-row tensor)."""
+    schema = ("aten::sparse_coo_tensor.indices_size(Tensor indices, Tensor values, "
+              "int[] size, *, ScalarType? dtype=None, Layout? layout=None, "
+              "Device? device=None, bool? pin_memory=None, bool? is_coalesced=None) -> Tensor")
+    b = TraceBuilder()
+    indices = b.tensor((2, 6), dtype="int64")
+    b.op(schema, [indices, b.tensor((6, 3)), [5, 9, 3], None, None, None, None, None],
+         [b.tensor((5, 9, 3))])
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == ("randint", 0, 5)
+
+
 def test_embedding_indices_and_loss_targets_intersect_when_shared():
     b = TraceBuilder()
     ids = b.tensor((6,), dtype="int64")

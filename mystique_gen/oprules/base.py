@@ -84,7 +84,7 @@ POSITIVE_FLOATING = (FillKind.UNIFORM, 0.5, 1.5)
 SCALAR_FLOATING = (FillKind.UNIFORM, 0.95, 1.0)
 
 
-Facts = dict[str, object]  # argument name -> shape (tensors) or value (scalars)
+Facts = dict[str, object]  # argument name -> shape (tensors), value (scalars), list (numbers)
 OutShapes = list[object]  # recorded output shapes; a list output: a list of shapes
 
 

@@ -10,7 +10,23 @@ tensor, with the structure their results state (passes/select.py ``sparse_tensor
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import OpFamily
+from mystique_gen.oprules.base import Bound, OpFamily
+
+
+class SparseExtent(Bound):
+    """A COO tensor's ``indices`` (sparse_dim x nnz): row k indexes dim k of ``size``,
+    so every value stays below the smallest of the sparse dims' sizes."""
+
+    def upper(self, args: dict[str, object]) -> int | None:
+        size, indices = args.get("size"), args.get("indices")
+        if not isinstance(size, list) or not isinstance(indices, tuple) \
+                or len(indices) != 2 or not 0 < indices[0] <= len(size):
+            return None
+        sizes = size[:indices[0]]
+        return min(sizes) if all(isinstance(n, int) and n > 0 for n in sizes) else None
+
+
+_INDICES = {"indices": SparseExtent()}
 
 FAMILY = OpFamily(
     name="sparse",
@@ -31,6 +47,11 @@ FAMILY = OpFamily(
         "aten::coalesce": "made",
         "aten::_coalesce": "made",
         "aten::sparse_mask": "made",
+    },
+    index_rules={
+        "aten::sparse_coo_tensor": _INDICES,
+        "aten::_sparse_coo_tensor_unsafe": _INDICES,
+        "aten::_sparse_coo_tensor_with_dims_and_tensors": _INDICES,
     },
     # A sparse tensor's values are those it was made from or masked out of: SparseAdam's
     # square root reads its exp_avg_sq through sparse_mask and _values.

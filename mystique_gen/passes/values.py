@@ -184,7 +184,9 @@ def _scalar_tensor(raw: RawArg) -> bool:
 
 
 def _arg_facts(op: Op) -> dict[str, object]:
-    """Argument name -> shape (tensors) or literal value (scalars)."""
+    """Argument name -> shape (tensors, a tuple), literal value (scalars) or list of
+    literal values (a list of numbers, such as a size: a list, never taken for a
+    shape)."""
     facts: dict[str, object] = {}
     for arg in op.args:
         v = arg.value
@@ -192,6 +194,9 @@ def _arg_facts(op: Op) -> dict[str, object]:
             facts[arg.spec.name] = v.meta.shape
         elif isinstance(v, Literal):
             facts[arg.spec.name] = v.value
+        elif isinstance(v, ListValue) and v.items \
+                and all(isinstance(item, Literal) for item in v.items):
+            facts[arg.spec.name] = [item.value for item in v.items]
     return facts
 
 
