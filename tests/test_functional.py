@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.constants import HARNESS_SCOPE
 from mystique_gen.driver import generate
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
@@ -729,6 +730,31 @@ def test_steps_on_sparse_tensors_replay_their_ops(make_step, tmp_path):
     assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
     assert any("sparse" in op or "_nnz" in op for op in original)
     assert original == replayed, (original - replayed, replayed - original)
+    # At the recorded shapes too: how many entries coalesce keeps depends on the
+    # indices (SparseAdam's step ran on 24 where the original's had 18).
+    shapes = [_values_shapes(tmp_path / name) for name in ("step.et.json",
+                                                            "step_replay.et.json")]
+    assert shapes[0] == shapes[1], (shapes[0] - shapes[1], shapes[1] - shapes[0])
+
+
+def _values_shapes(path: Path) -> Counter:
+    """The shapes of every sparse tensor's values that the step's ops read (not the
+    benchmark's own work, under its harness scope)."""
+    nodes = json.loads(path.read_text())["nodes"]
+    parent = {n["id"]: n.get("ctrl_deps", n.get("parent")) for n in nodes}
+    name = {n["id"]: n["name"] for n in nodes}
+
+    def harness(node_id: int) -> bool:
+        for _ in range(100):
+            if name.get(node_id) == HARNESS_SCOPE:
+                return True
+            if parent.get(node_id) in (None, node_id):
+                return False
+            node_id = parent[node_id]
+        return False
+
+    return Counter(str(n["outputs"]["shapes"][0]) for n in nodes
+                   if n["name"] in ("aten::_values", "aten::values") and not harness(n["id"]))
 
 
 def _train_on_the_replay(make_step: Callable[[], Callable[[], None]], tmp_path: Path

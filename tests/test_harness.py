@@ -678,3 +678,26 @@ def test_a_sparse_input_not_made_is_a_meta_sparse_tensor(monkeypatch):
     for coalesced in (True, False):
         sparse = runtime._sparse_coo(values, [4, 5], 1, coalesced, gens)
         assert sparse.is_meta and sparse.layout == torch.sparse_coo
+
+
+@pytest.mark.parametrize("sizes,dense", [((50,), (8,)), ((6, 7), ()), ((6, 7), (3,))])
+@pytest.mark.parametrize("more", [-3, 0, 5])
+def test_a_coalesced_sparse_result_is_fitted_to_its_recorded_entries(sizes, dense, more):
+    """coalesce keeps as many entries as the indices hold distinct positions, which
+    the replay's values decide: the fit cuts entries or adds some at positions the
+    tensor lacks, so the result stays coalesced and its values' gradient flows."""
+    torch.manual_seed(0)
+    indices = torch.stack([torch.randint(0, n, (20,)) for n in sizes])
+    values = torch.randn(20, *dense, requires_grad=True)
+    made = torch.sparse_coo_tensor(indices, values, (*sizes, *dense)).coalesce()
+    want = made._nnz() + more
+    fitted = runtime._fit_nnz(made, want)
+    assert fitted._nnz() == want and fitted.is_coalesced()
+    assert torch.equal(fitted.coalesce()._indices(), fitted._indices())  # distinct, sorted
+    kept = min(want, made._nnz())
+    assert set(map(tuple, made._indices()[:, :kept].T.tolist())) <= \
+        set(map(tuple, fitted._indices().T.tolist()))
+    fitted.values().sum().backward()
+    assert values.grad is not None and values.grad.abs().sum() > 0
+    dense_value = values.detach()
+    assert runtime._fit_nnz(dense_value, 3) is dense_value  # not sparse: as it is

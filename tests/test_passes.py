@@ -1120,7 +1120,7 @@ def test_tensors_without_storage_are_sparse_where_their_parts_are_read():
     ]
     found = sparse_tensors(nodes)
     assert set(found) == {7}
-    meta = found[7].meta((1000, 16), "float32")
+    meta = found.at(7, 5).meta((1000, 16), "float32")
     assert meta.sparse == SparseLayout(sparse_dim=1, nnz=269, coalesced=True)
     assert meta.device == "cuda" and meta.extent == 269 * 16
     # Made by a constructor and never read: sparse in every dimension, nnz from indices.
@@ -1130,7 +1130,38 @@ def test_tensors_without_storage_are_sparse_where_their_parts_are_read():
                                  [RawArg(2, [], "Int", None), RawArg(0, [], "Int", None),
                                   RawArg([30, 30], [[], []], "GenericList[Int,Int]", None),
                                   indices], [made])])
-    assert built[8].meta((30, 30), "float32").sparse == SparseLayout(2, 40, False)
+    assert built.at(8, 6).meta((30, 30), "float32").sparse == SparseLayout(2, 40, False)
+
+
+def test_a_sparse_tensor_id_returned_anew_is_another_tensor():
+    """The observer keys tensor ids by address, which the allocator reuses, and a
+    sparse tensor has no storage id: SparseAdam's coalesce returned its gradient's id
+    again with 18 entries where the gradient had 24. An op that returns the id without
+    reading it begins a new tensor; one enclosed by the op that made it does not."""
+    def sparse(tid: int) -> RawArg:
+        return RawArg([tid, 0, 0, 0, 0, ""], [50, 8], "Tensor(float)", [0, 0])
+
+    def indices(nnz: int) -> RawArg:
+        return RawArg([20 + nnz, 9, 0, nnz, 8, "cpu"], [1, nnz], "Tensor(long int)", [nnz, 1])
+
+    def op(node_id: int, name: str, inputs: list[RawArg], outputs: list[RawArg],
+           parent: int = 100) -> RawNode:  # 100: the thread's node
+        return RawNode(node_id, name, parent, 1, None, f"{name}(...) -> ...", inputs, outputs)
+
+    sizes = [RawArg(1, [], "Int", None), RawArg(1, [], "Int", None),
+             RawArg([50, 8], [[], []], "GenericList[Int,Int]", None)]
+    nodes = [
+        op(1, "aten::embedding_backward", [], [sparse(54)]),
+        op(2, "aten::_sparse_coo_tensor_with_dims_and_tensors", [*sizes, indices(24)],
+           [sparse(54)], parent=1),
+        op(3, "aten::_indices", [sparse(54)], [indices(24)]),
+        op(4, "aten::clone", [sparse(54)], [sparse(71)]),
+        op(5, "aten::coalesce", [sparse(71)], [sparse(54)]),  # the id again
+        op(6, "aten::_indices", [sparse(54)], [indices(18)]),
+    ]
+    found = sparse_tensors(nodes)
+    assert found.at(54, 3).nnz == 24 and found.at(54, 4).nnz == 24
+    assert found.at(54, 6).nnz == 18
 
 
 @pytest.mark.parametrize("kernel", ["", "triton"])

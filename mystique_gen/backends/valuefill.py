@@ -3,7 +3,8 @@
 ``_data(...)`` embeds integral values the trace saved; ``t = _fit(t, shape, strides)``
 follows an op whose output size depends on input values (nonzero, unique, masked
 selection, routing in a mixture of experts), so later statements see the recorded
-size whatever the replayed values are.
+size whatever the replayed values are; ``t = _fit_nnz(t, nnz)`` does the same for a
+sparse result's number of entries (coalesce).
 """
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     fitted = op.name in oprules.DATA_DEPENDENT_OUTPUTS and not op.guard
     for position, (target, value) in enumerate(
             zip(targets, op.outputs, strict=False) if fitted else ()):
+        if target == "_":
+            continue
+        if isinstance(value, TensorValue) and value.meta.sparse is not None:
+            if value.meta.sparse.nnz is not None:
+                call = exprs.call("_fit_nnz", [Atom(target), Atom(str(value.meta.sparse.nnz))])
+                lines.extend(lay_out(f"{target} = ", call, depth))
+            continue
         rows = _shape_rows(value)
-        if target == "_" or rows is None:
+        if rows is None:
             continue
         joined = [Atom("True")] if op.outputs_viewed_by_offset and \
             isinstance(value, ListValue) else []

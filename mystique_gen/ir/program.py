@@ -28,7 +28,7 @@ class SparseLayout:
     ``sparse_tensors``)."""
 
     sparse_dim: int
-    nnz: int
+    nnz: int | None  # None: no op recorded it
     coalesced: bool
 
 
@@ -50,7 +50,7 @@ class TensorMeta:
         """Elements of storage this view needs: offset + largest index + 1; for a sparse
         tensor, its values (``nnz`` rows of its dense dimensions)."""
         if self.sparse is not None:
-            return self.sparse.nnz * prod(self.shape[self.sparse.sparse_dim:])
+            return (self.sparse.nnz or 0) * prod(self.shape[self.sparse.sparse_dim:])
         if self.numel == 0:
             return self.offset
         spans = zip(self.shape, self.strides, strict=True)

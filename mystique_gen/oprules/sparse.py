@@ -48,6 +48,11 @@ FAMILY = OpFamily(
         "aten::_coalesce": "made",
         "aten::sparse_mask": "made",
     },
+    # How many entries these make depends on values (distinct indices, nonzeros): the
+    # file fits each result to its recorded count (backends/valuefill.py _fit_nnz).
+    data_dependent_outputs=frozenset({
+        "aten::coalesce", "aten::_coalesce", "aten::to_sparse", "aten::_to_sparse",
+    }),
     index_rules={
         "aten::sparse_coo_tensor": _INDICES,
         "aten::_sparse_coo_tensor_unsafe": _INDICES,

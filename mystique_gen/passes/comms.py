@@ -15,7 +15,7 @@ tensors need them done, so that ranks pair them up in recorded order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -50,7 +50,7 @@ from mystique_gen.passes.ranks import (
 )
 from mystique_gen.passes.select import (
     Selected,
-    SparseTensor,
+    SparseTensors,
     select_ops,
     subclass_dispatches,
 )
@@ -60,7 +60,7 @@ from mystique_gen.sources.et import RawArg, RawTrace, raw_storage_ids
 def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
                groups: list[ProcessGroupSpec], default_group: int,
                member_of: frozenset[str] = frozenset(),
-               sparse: Mapping[int, SparseTensor] | None = None) -> Op | Diagnostic:
+               sparse: SparseTensors | None = None) -> Op | Diagnostic:
     """One c10d op as an :class:`Op` carrying a :class:`CommInfo`; tensors stay IR values
     so the tensor pass gives them real dataflow bindings. ``member_of``: the names of
     the groups this trace's rank is in (for ops whose group is implied by their sizes:
@@ -342,7 +342,7 @@ class CommLowering:
     :func:`~mystique_gen.passes.lower.lower_ops` as ``comm=``), then places waits and
     describes ranks and groups."""
 
-    def __init__(self, trace: RawTrace, sparse: Mapping[int, SparseTensor] | None = None):
+    def __init__(self, trace: RawTrace, sparse: SparseTensors | None = None):
         self.trace = trace
         self.sparse = sparse
         self.scan = scan_trace(trace)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -48,7 +48,7 @@ from mystique_gen.ir.dtypes import (
     dtype_from_type_string,
 )
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
-from mystique_gen.passes.select import Selected, SparseTensor
+from mystique_gen.passes.select import Selected, SparseTensors
 from mystique_gen.sources.et import RawArg, RawNode
 
 
@@ -75,13 +75,13 @@ class StoragelessTensor(Unsupported):
 
 
 def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
-              release: bool = False, sparse: Mapping[int, SparseTensor] | None = None,
+              release: bool = False, sparse: SparseTensors | None = None,
               ) -> tuple[list[Op], list[Diagnostic]]:
     """``comm`` lowers ``c10d::`` ops (passes/comms.py); without it they are not replayed.
     ``release``: drop each node's recorded arguments once lowered, so that the trace
     shrinks while the IR grows (peak memory: about one of them, not both).
     ``sparse``: the trace's sparse COO tensors by tensor id (:func:`sparse_tensors`)."""
-    sparse = sparse or {}
+    sparse = sparse if sparse is not None else SparseTensors()
     ops: list[Op] = []
     skipped: list[Diagnostic] = []
     for sel in _consumed(selected, release):
@@ -175,7 +175,7 @@ def _guard(sig: Signature) -> str | None:
 def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
                  group_of: Callable[[object], int] | None = None,
                  outputs: list[Value] | None = None,
-                 sparse: Mapping[int, SparseTensor] | None = None, *,
+                 sparse: SparseTensors | None = None, *,
                  stand_ins: bool = False, key: int = 0) -> list[Arg]:
     """Arguments by schema type; with ``group_of``, a process group's recorded name
     becomes that group at run time (functional collectives); a ``Storage`` one, a new
@@ -205,7 +205,7 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
     return args
 
 
-def _on_stand_ins(sig: Signature, node: RawNode, sparse: Mapping[int, SparseTensor],
+def _on_stand_ins(sig: Signature, node: RawNode, sparse: SparseTensors,
                   key: int) -> tuple[list[Value], list[Arg]] | None:
     """Outputs and arguments of an op that read a tensor recorded without storage (a
     vmap wrapper), with stand-ins of their recorded shape, where those serve: the op
@@ -260,7 +260,7 @@ def _fresh_storage(outputs: list[Value], node_id: int, where: str) -> FreshStora
 
 
 def _decode_outputs(sig: Signature, recorded: list[RawArg], node_id: int,
-                    sparse: Mapping[int, SparseTensor], *,
+                    sparse: SparseTensors, *,
                     stand_ins: bool = False) -> list[Value]:
     outputs: list[Value] = []
     for i, type_str in enumerate(sig.returns):
@@ -278,7 +278,7 @@ def _is_none(value: Any) -> bool:
 
 
 def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: str,
-                 sparse: Mapping[int, SparseTensor] | None = None, *,
+                 sparse: SparseTensors | None = None, *,
                  stand_ins: bool = False) -> Value:
     """Decode one recorded value by its schema type; ``sparse``: the trace's sparse COO
     tensors by tensor id (:func:`sparse_tensors`)."""
@@ -407,7 +407,7 @@ def _int_list(value: Any, node_id: int, where: str, *, signed: bool) -> tuple[in
 
 
 def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
-            where: str, sparse: Mapping[int, SparseTensor] | None = None, *,
+            where: str, sparse: SparseTensors | None = None, *,
             stand_ins: bool = False) -> Value:
     """A recorded tensor: ``[tensor_id, storage_id, offset, numel, itemsize, device]``."""
     if not (isinstance(value, list) and len(value) >= 6):
@@ -424,7 +424,7 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
         raise TraceError("tensor device is not a string", node_id=node_id, field=where)
     if type_str.startswith("Tensor(nullptr"):
         return Literal(None)  # an undefined tensor
-    known_sparse = sparse.get(tid) if device == "" and sparse else None
+    known_sparse = sparse.at(tid, node_id) if device == "" and sparse else None
     if device == "" and known_sparse is None:
         # A defined tensor with no storage: a functorch/vmap wrapper (transformers
         # builds attention masks under vmap) or a tensor subclass. The record holds no

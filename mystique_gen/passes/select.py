@@ -22,7 +22,7 @@ runs them again on the replay's own backend threads, so they are not replayed
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass, field, replace
 
 from mystique_gen import oprules
@@ -423,7 +423,7 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
     return found
 
 
-def _on_storageless(node: RawNode, sparse: Mapping[int, object]) -> bool:
+def _on_storageless(node: RawNode, sparse: SparseTensors) -> bool:
     """Whether a tensor argument of the node has no storage (recorded device "") and is
     no sparse tensor. An undefined tensor (an optional weight left out) is recorded the
     same way; only its type tells it apart ("Tensor(nullptr (uninitialized))")."""
@@ -441,10 +441,11 @@ class SparseTensor:
     nnz: int | None = None
     coalesced: bool | None = None
     device: str | None = None
+    learned: bool = False  # a sparse op read or made it
 
     def meta(self, shape: tuple[int, ...], dtype: str) -> TensorMeta:
         sparse_dim = len(shape) if self.sparse_dim is None else min(self.sparse_dim, len(shape))
-        layout = SparseLayout(sparse_dim, self.nnz or 0, bool(self.coalesced))
+        layout = SparseLayout(sparse_dim, self.nnz, bool(self.coalesced))
         return TensorMeta(shape=shape, strides=(0,) * len(shape), offset=0, dtype=dtype,
                           device=self.device or "cpu", sparse=layout)
 
@@ -452,6 +453,7 @@ class SparseTensor:
         """Take the facts of one op that read this tensor's parts or made it
         (oprules.SPARSE_FACTS); the first op to state a fact wins: it saw the tensor as
         the trace began."""
+        self.learned = True
         out = node.outputs[0] if node.outputs else None
         value = out.value if out is not None else None
         if what == "made":
@@ -483,15 +485,85 @@ class SparseTensor:
                 self.nnz = shape[0]
 
 
-def sparse_tensors(nodes: list[RawNode]) -> dict[int, SparseTensor]:
+class SparseTensors:
+    """The trace's sparse COO tensors: per tensor id, one :class:`SparseTensor` per
+    lifetime. The observer keys tensor ids by TensorImpl address, which the allocator
+    reuses, and a sparse tensor has no storage id to tell two apart: SparseAdam's
+    coalesce returned its gradient's id again, with 18 entries where the gradient had
+    24. A lifetime begins at an op that returns the id without reading it, unless an
+    op that began the current one encloses it (a constructor's own constructor)."""
+
+    def __init__(self) -> None:
+        # tensor id -> [(node id that began the lifetime, its facts)], in start order
+        self._lives: dict[int, list[tuple[int, SparseTensor]]] = {}
+        self._sparse: set[int] = set()  # ids some sparse op read or made
+
+    def __contains__(self, tid: object) -> bool:
+        return tid in self._sparse
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._sparse))
+
+    def __len__(self) -> int:
+        return len(self._sparse)
+
+    def at(self, tid: int, node_id: int) -> SparseTensor | None:
+        """Tensor ``tid`` as node ``node_id`` saw it; None where it is no sparse
+        tensor (a vmap wrapper) there."""
+        lives = self._lives.get(tid) if tid in self._sparse else None
+        if not lives:
+            return None
+        k = bisect.bisect_right([start for start, _ in lives], node_id) - 1
+        found = lives[max(k, 0)][1]  # before every start: a tensor from before the trace
+        return found if found.learned else None
+
+    def _current(self, tid: int) -> tuple[int, SparseTensor] | None:
+        lives = self._lives.get(tid)
+        return lives[-1] if lives else None
+
+    def _begin(self, tid: int, node_id: int) -> None:
+        self._lives.setdefault(tid, []).append((node_id, SparseTensor()))
+
+    def _learn(self, tid: int, what: str, node: RawNode) -> None:
+        if self._current(tid) is None:
+            self._begin(tid, -1)
+        self._lives[tid][-1][1].learn(what, node)
+        self._sparse.add(tid)
+
+
+def _storageless_ids(args: list[RawArg]) -> set[int]:
+    return {r[0] for arg in args for r in tensor_records(arg)
+            if r[5] == "" and isinstance(r[0], int) and not isinstance(r[0], bool)}
+
+
+def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
     """Tensor ids of the trace's sparse COO tensors, with their recorded structure.
 
     A sparse tensor has no storage, so the observer records it as it records a vmap
     wrapper: ``[id, 0, 0, 0, 0, ""]``. What tells them apart is the ops around it
     (oprules.SPARSE_FACTS): a sparse kernel reads the tensor's parts (``_nnz``,
-    ``_indices``), and a constructor made it. Their results give its structure."""
-    found: dict[int, SparseTensor] = {}
-    for node in nodes:
+    ``_indices``), and a constructor made it. Their results give its structure, per
+    lifetime of the id (:class:`SparseTensors`)."""
+    found = SparseTensors()
+    parent = {n.id: n.parent for n in nodes}
+
+    def encloses(outer: int, node_id: int) -> bool:
+        seen: set[int] = set()
+        cur = node_id
+        while cur in parent and cur not in seen:
+            if cur == outer:
+                return True
+            seen.add(cur)
+            cur = parent[cur] if parent[cur] != cur else -1
+        return False
+
+    for node in sorted(nodes, key=lambda n: n.id):  # start order
+        if node.op_schema and node.outputs:
+            read = _storageless_ids(node.inputs)
+            for tid in _storageless_ids(node.outputs) - read:
+                current = found._current(tid)
+                if current is None or not encloses(current[0], node.id):
+                    found._begin(tid, node.id)
         what = oprules.SPARSE_FACTS.get(node.name)
         if what is None:
             continue
@@ -500,7 +572,7 @@ def sparse_tensors(nodes: list[RawNode]) -> dict[int, SparseTensor]:
         records = list(tensor_records(arg)) if arg is not None else []
         if len(records) != 1 or records[0][5] != "" or not isinstance(records[0][0], int):
             continue  # not one tensor without storage
-        found.setdefault(records[0][0], SparseTensor()).learn(what, node)
+        found._learn(records[0][0], what, node)
     return found
 
 

@@ -1358,6 +1358,63 @@ def _fit_one(value, shape, strides):
     return out.copy_(value)
 
 
+def _fit_nnz(value, nnz):
+    """A sparse COO result at its recorded number of entries (`coalesce`'s distinct
+    indices, `to_sparse`'s nonzeros depend on values the replay does not share):
+    entries cut from the end, or added at indices the tensor lacks, with values
+    repeated from its own, so a coalesced result stays coalesced (sorted, distinct)
+    and every later op sees the recorded shapes."""
+    if not isinstance(value, torch.Tensor) or value.layout != torch.sparse_coo:
+        return value
+    with _harness():  # _nnz() is an op: the replay's own, not the trace's
+        if value._nnz() == nnz:
+            return value
+        coalesced = value.is_coalesced()
+        # Of a coalesced tensor, values() carries its gradient; _values() does not.
+        values = value.values() if coalesced else value._values()
+        indices = value._indices()
+        have = indices.shape[1]
+        if have > nnz:
+            indices, values = indices[:, :nnz], values[:nnz]
+        else:
+            indices, values = _more_entries(value, indices, values, nnz - have)
+        return torch.sparse_coo_tensor(
+            indices, values, value.shape, is_coalesced=coalesced
+        )
+
+
+def _more_entries(value, indices, values, count):
+    """`indices` and `values` with `count` entries more, at positions of the sparse
+    dims that no entry holds (there are enough among the first `have + count`
+    positions in row-major order), sorted as coalesce sorts them; values repeated
+    from the tensor's own (zeros where it has none)."""
+    sizes = list(value.shape[: value.sparse_dim()])
+    strides = [1] * len(sizes)
+    for k in range(len(sizes) - 2, -1, -1):
+        strides[k] = strides[k + 1] * sizes[k + 1]
+    weights = torch.tensor(strides, dtype=torch.int64, device=indices.device)
+    linear = (indices * weights.unsqueeze(1)).sum(0)
+    have = linear.numel()
+    window = have + count
+    free = torch.ones(window, dtype=torch.bool, device=indices.device)
+    free[linear[linear < window]] = False
+    added = free.nonzero().flatten()[:count]
+    linear = torch.cat([linear, added])
+    rows = []
+    for stride, size in zip(strides, sizes, strict=True):
+        rows.append(torch.div(added, stride, rounding_mode="floor") % size)
+    indices = torch.cat([indices, torch.stack(rows)], 1)
+    if have:
+        values = torch.cat(
+            [values, values.index_select(0, _repeated_rows(count, have, values.device))]
+        )
+    else:
+        extra = values.new_zeros([count, *values.shape[1:]])
+        values = torch.cat([values, extra])
+    order = linear.argsort()
+    return indices[:, order], values[order]
+
+
 def _rows_cut(value, rows):
     """The first `rows` rows of `value` in its storage, as a tensor of its own (not a
     view, which some in-place ops refuse): no copy."""
