@@ -359,6 +359,24 @@ def test_unrecorded_collectives_the_ranks_issue_unalike_move_to_a_dimension_that
     assert regroup_unaligned_collectives(recorded, [0, 1, 2, 3]) == 0
 
 
+def test_collectives_every_rank_issues_alike_stay_beside_those_that_move():
+    """Beside the stages' gradient all-reduces (sizes of their own), every rank
+    all-reduces a loss on the world group: that one stays on the default group, in
+    its place between the others; only the stages' move to dp."""
+    def rank(r: int) -> Program:
+        program = _pipeline_rank(r, [])
+        grads = 32 if r < 2 else 8
+        program.ops = [_comm_op(k, ALLREDUCE_INT, numel, CommInfo(
+            call="all_reduce", group=0, group_recorded=False))
+            for k, numel in enumerate((grads, 2, grads // 2))]
+        return program
+
+    stages = [rank(r) for r in range(4)]
+    assert regroup_unaligned_collectives(stages, [0, 1, 2, 3]) == 8
+    assert [[op.comm.group for op in p.ops] for p in stages] == [
+        [3, 0, 3], [3, 0, 3], [4, 0, 4], [4, 0, 4]]
+
+
 ALLGATHER_BASE = (f"c10d::_allgather_base_(Tensor output_tensor, Tensor input_tensor, {PG}, "
                   f"bool async_op=False, int timeout=-1) -> (Tensor, {WORK})")
 BROADCAST = (f"c10d::broadcast_(Tensor[] tensors, {PG}, int root_rank, int root_tensor, "

@@ -14,6 +14,7 @@ tensors need them done, so that ranks pair them up in recorded order.
 
 from __future__ import annotations
 
+import difflib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import partial
@@ -570,8 +571,35 @@ def regroup_unaligned_collectives(programs: Sequence[Program],
               for rank, program in by_rank.items()}
     if len({tuple(_signature_of(op) for op in ops) for ops in ops_of.values()}) <= 1:
         return 0
-    chosen = next((d for d in _mesh_dimensions(info) if _issued_alike(d, ops_of)), None)
-    return 0 if chosen is None else _move(ops_of, chosen)
+    # The calls every rank issues alike, in order (a world all-reduce of a loss beside
+    # the stages' gradients), stay on the default group: only the others move.
+    unaligned = _outside_common_sequence(ops_of)
+    for moving in (unaligned, ops_of):
+        chosen = next((d for d in _mesh_dimensions(info) if _issued_alike(d, moving)), None)
+        if chosen is not None:
+            return _move(moving, chosen)
+    return 0
+
+
+def _outside_common_sequence(ops_of: dict[int, list[Op]]) -> dict[int, list[Op]]:
+    """Per rank, its ops outside a sequence of calls that every rank issues in that
+    order with the same sizes (matched rank by rank with difflib's longest matching
+    blocks: the longest common subsequence, near enough, in near-linear time)."""
+    ranks = sorted(ops_of)
+    common = [_signature_of(op) for op in ops_of[ranks[0]]]
+    for rank in ranks[1:]:
+        theirs = [_signature_of(op) for op in ops_of[rank]]
+        matcher = difflib.SequenceMatcher(None, common, theirs, autojunk=False)
+        common = [common[b.a + k] for b in matcher.get_matching_blocks()
+                  for k in range(b.size)]
+    outside: dict[int, list[Op]] = {}
+    for rank in ranks:
+        ops = ops_of[rank]
+        signatures = [_signature_of(op) for op in ops]
+        matcher = difflib.SequenceMatcher(None, common, signatures, autojunk=False)
+        inside = {b.b + k for b in matcher.get_matching_blocks() for k in range(b.size)}
+        outside[rank] = [op for k, op in enumerate(ops) if k not in inside]
+    return outside
 
 
 def _mesh_dimensions(info: DistInfo) -> list[list[ProcessGroupSpec]]:
