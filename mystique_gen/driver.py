@@ -47,6 +47,7 @@ from mystique_gen.passes.comms import (
     regroup_second_reductions,
     regroup_sized_collectives,
     regroup_unaligned_collectives,
+    replace_inferred_waits,
 )
 from mystique_gen.passes.compose import (
     combined_info,
@@ -255,7 +256,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops)
     recorded = recorded_values(trace, resources, scalars)
-    comm = CommLowering(trace, sparse)
+    comm = CommLowering(trace, sparse, serial=not options.threaded)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume, sparse=sparse)
     rename_storages(ops, lifetimes, k, names)
     part_notes = []
@@ -543,6 +544,7 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     crossed = regroup_second_reductions(programs, ranks)
     aligned = regroup_unaligned_collectives(programs, ranks)
     moved = pair_point_to_point(programs, ranks)
+    replace_inferred_waits(programs)
     notes = []
     if regrouped:
         notes.append(f"{regrouped} collectives of this job whose group their sizes imply "

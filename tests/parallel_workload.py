@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable
 
 import torch
@@ -450,12 +451,42 @@ def sparse_ddp() -> Callable[[], object]:
     return step
 
 
+def side_group() -> Callable[[], object]:
+    """A second group over every rank beside the default one (gloo records neither):
+    rank 0 issues an async all-reduce on it before a default-group all-reduce, rank 1
+    after; then a background thread all-reduces on it while the step computes and
+    all-reduces on the default group."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    side = dist.new_group(list(range(world)))
+    a = torch.randn(32, 32)
+
+    def step() -> object:
+        t, z = torch.ones(4), torch.ones(3)
+        if rank == 0:
+            work = dist.all_reduce(t, group=side, async_op=True)
+            dist.all_reduce(z)
+        else:
+            dist.all_reduce(z)
+            work = dist.all_reduce(t, group=side, async_op=True)
+        work.wait()
+        u = torch.ones(5) * rank
+        thread = threading.Thread(target=dist.all_reduce, args=(u,), kwargs={"group": side})
+        thread.start()
+        y = a @ a
+        v = torch.ones(2)
+        dist.all_reduce(v)
+        thread.join()
+        return y.sum() + t.sum() + z.sum() + u.sum() + v.sum()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
          "rooted": rooted, "objects": objects, "vocab": vocab,
          "pipeline_mesh": pipeline_mesh, "hsdp": hsdp, "sparse": sparse_ddp,
-         "stage_dp": stage_dp}
+         "stage_dp": stage_dp, "side": side_group}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

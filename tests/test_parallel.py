@@ -24,7 +24,7 @@ from tests.test_distributed import _torchrun
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
 MODES = ["tp", "fsdp2", "functional", "coalesced", "reductions", "pipeline", "seqpar",
-         "expert", "rooted", "objects", "vocab", "sparse"]
+         "expert", "rooted", "objects", "vocab", "sparse", "side"]
 # What each mode's benchmark must call or say (header notes wrap, so whitespace is
 # compared loosely): functional collectives; FSDP2's own ops, with the import of the
 # torch module that registers them; coalesced collectives as one call each; the c10d
@@ -64,6 +64,10 @@ CALLS = {
     "vocab": ['"span", 0, 0', '"span", 32, 32'],
     # The embedding's sparse gradient, made in the step, all-reduced as itself.
     "sparse": ["torch.distributed.all_reduce( sparse_coo_tensor_unsafe, group=_GROUPS[0]"],
+    # The ranks issue calls on the side group and the default one in other orders, and
+    # a background thread's call runs async in the one-thread replay: in line, or
+    # waited before the other group's next call, both ranks waited on each other.
+    "side": ["group=_GROUPS[0]", "group=_GROUPS[1]", "async_op=True"],
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -200,10 +201,18 @@ def _int_list_arg(raw: dict[str, tuple[int, Any, RawArg]], name: str,
     return tuple(rec.value)
 
 
-def place_waits(ops: list[Op], scan: CommScan) -> int:
+def place_waits(ops: list[Op], scan: CommScan, *, serial: bool = True) -> int:
     """Mark async collectives and the op index each one's wait precedes; returns the
-    number of waits placed from the trace (the rest follow data dependencies)."""
+    number of waits placed from the trace (the rest follow data dependencies).
+
+    ``serial``: the replay runs every recorded thread's ops on one host thread. Then a
+    blocking collective that another thread issued (a background thread's all-reduce
+    on a side group) runs async, waited where its tensors are next used: issued in
+    line, it blocked the step, and where another rank issued its calls in the other
+    order, both waited on each other."""
     comm_ops = [op for op in ops if op.comm is not None]
+    threads = Counter(op.thread for op in ops)
+    main_thread = threads.most_common(1)[0][0] if threads else None
     by_seq = {op.comm.seq: op for op in comm_ops if op.comm and op.comm.seq is not None}
     from_trace = 0
     waited: set[int] = set()
@@ -232,11 +241,24 @@ def place_waits(ops: list[Op], scan: CommScan) -> int:
             op.comm.asynchronous = True
             op.comm.wait_before = _point_to_point_wait(ops, op, rule.point_to_point)
             continue
-        if not op.comm.recorded_async or rule.has_async_arg is False:
+        elsewhere = serial and op.thread != main_thread
+        if not (op.comm.recorded_async or elsewhere) or rule.has_async_arg is False:
             continue
         op.comm.asynchronous = True
         op.comm.wait_before = _first_use(ops, op)
     return from_trace
+
+
+def replace_inferred_waits(programs: Sequence[Program]) -> None:
+    """Place again the waits no trace record placed (:func:`_first_use`), once the
+    job's regroupings have settled each collective's group."""
+    for program in programs:
+        for op in program.ops:
+            comm = op.comm
+            if comm is None or not comm.asynchronous or comm.wait_recorded \
+                    or oprules.COMM_OPS[op.name].point_to_point:
+                continue
+            comm.wait_before = _first_use(program.ops, op)
 
 
 def _point_to_point_wait(ops: list[Op], p2p: Op, kind: str) -> int | None:
@@ -327,11 +349,15 @@ def place_functional_waits(ops: list[Op], nested: dict[int, set[int]]) -> None:
 
 def _first_use(ops: list[Op], comm: Op) -> int | None:
     """Index of the first later op that reads or writes one of the collective's storages,
-    or of the next collective: a trace without wait records (gloo) nests every later op
-    under a collective still in flight, and programs wait before their next one."""
+    or of the next collective on its group: a trace without wait records (gloo) nests
+    every later op under a collective still in flight, and programs wait before their
+    next one. Not before one on another group: a side group's call issued between
+    (another rank issuing it first) would wait on this one, which that rank has not
+    issued yet."""
+    assert comm.comm is not None
     storages = {tv.storage_id for arg in comm.args for tv in iter_tensors(arg.value)}
     for op in ops[comm.index + 1:]:
-        if op.comm is not None:
+        if op.comm is not None and op.comm.group == comm.comm.group:
             return op.index
         if any(tv.storage_id in storages for arg in op.args for tv in iter_tensors(arg.value)):
             return op.index
@@ -343,9 +369,11 @@ class CommLowering:
     :func:`~mystique_gen.passes.lower.lower_ops` as ``comm=``), then places waits and
     describes ranks and groups."""
 
-    def __init__(self, trace: RawTrace, sparse: SparseTensors | None = None):
+    def __init__(self, trace: RawTrace, sparse: SparseTensors | None = None, *,
+                 serial: bool = True):
         self.trace = trace
         self.sparse = sparse
+        self.serial = serial  # every recorded thread's ops replay on one host thread
         self.scan = scan_trace(trace)
         self.groups = list(self.scan.groups or [])
         self.default_group = default_group_index(self.groups) if self.groups else 0
@@ -407,7 +435,7 @@ class CommLowering:
         comm_ops = [op for op in ops if op.comm is not None]
         functional = any(op.signature.namespace in oprules.FUNCTIONAL_NAMESPACES
                          for op in ops)
-        placed = place_waits(ops, self.scan)
+        placed = place_waits(ops, self.scan, serial=self.serial)
         place_functional_waits(ops, self.nested_waits)
         info = dist_info(self.trace, list(self.scan.ops.values()),
                          bool(comm_ops) or functional)
@@ -603,10 +631,18 @@ def _outside_common_sequence(ops_of: dict[int, list[Op]]) -> dict[int, list[Op]]
 
 
 def _mesh_dimensions(info: DistInfo) -> list[list[ProcessGroupSpec]]:
-    """Every mesh dimension of the job's groups (:func:`_dimensions`), in creation order."""
+    """Every mesh dimension of the job's groups (:func:`_dimensions`), in creation
+    order; then each group over every rank but the default one (``new_group()`` for a
+    side channel: gloo records no group, and its calls met the default group's in
+    other orders on other ranks), as a dimension of its own."""
     sizes = sorted({g.size for g in info.groups if 1 < g.size < info.world_size})
     found = [d for size in sizes for d in _dimensions(info.groups, size, info.world_size)]
-    return sorted(found, key=lambda d: d[0].index)
+    default = default_group_index(info.groups) if info.groups else 0
+    every = tuple(range(info.world_size))
+    whole = [[replace(g, ranks=every)] for g in info.groups
+             if g.index != default and g.size == info.world_size > 1
+             and g.ranks in (None, every)]
+    return sorted(found, key=lambda d: d[0].index) + whole
 
 
 def _move(ops_of: dict[int, list[Op]], dimension: list[ProcessGroupSpec]) -> int:
