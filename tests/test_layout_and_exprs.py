@@ -7,8 +7,10 @@ import ast
 import pytest
 
 from mystique_gen.backends import exprs
-from mystique_gen.backends.layout import Atom, lay_out
+from mystique_gen.backends.comms import group_row
+from mystique_gen.backends.layout import Atom, Group, lay_out
 from mystique_gen.backends.render import format_with_black
+from mystique_gen.ir.dist import ProcessGroupSpec
 
 
 def _black_stable(lines: list[str]) -> None:
@@ -85,3 +87,20 @@ def test_int_tuple_is_the_tuple_it_reads_as(values):
     text = exprs.int_tuple(values).text
     assert ast.literal_eval(text) == tuple(values)
     assert format_with_black(f"x = {text}\n") == f"x = {text}\n"
+
+
+@pytest.mark.parametrize("count", [2, 9, 40])
+def test_dict_entries_holding_lists_split_as_black_splits_them(count):
+    """The ORIGINAL dict's step gaps and a process group's ranks are lists whose
+    length the trace decides: nine gaps of a noisy capture ran past 88 columns on one
+    line, which black then split (the file was not black-stable)."""
+    gaps = exprs.list_display([Atom(f"{1000.0 + 7919.3 * k:.1f}") for k in range(count)])
+    entries = (exprs.dict_entry("kineto", Atom('"step.kineto.json"')),
+               exprs.dict_entry("step_gaps_us", gaps))
+    text = "\n".join(lay_out("ORIGINAL = ", Group("{", entries, "}", literal=True), 0)) + "\n"
+    assert format_with_black(text) == text
+    group = ProcessGroupSpec(index=1, name="1", desc="dp", ranks=tuple(range(0, 2 * count, 2)),
+                             size=count)
+    text = "\n".join(lay_out("PROCESS_GROUPS = ", exprs.list_display([group_row(group, 64)]),
+                             0)) + "\n"
+    assert format_with_black(text) == text

@@ -15,7 +15,7 @@ from typing import Any
 
 from mystique_gen import oprules
 from mystique_gen.backends import exprs
-from mystique_gen.backends.layout import INDENT, Atom, Group, Node, flat, lay_out
+from mystique_gen.backends.layout import INDENT, Atom, Group, Node, lay_out
 from mystique_gen.ir import ListValue, Op, Program, Value, iter_tensors
 from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
 from mystique_gen.passes.comms import replayable
@@ -57,15 +57,13 @@ def group_row(group: ProcessGroupSpec, world: int) -> Node:
     items = [
         Atom(f'"name": {exprs.str_literal(exprs.docstring_line(group.name, 60))}'),
         Atom(f'"desc": {exprs.str_literal(exprs.docstring_line(group.desc, 60))}'),
-        _kv("ranks", ranks),
+        exprs.dict_entry("ranks", ranks),  # splits as black splits a long list
         Atom(f'"size": {int(group.size)}'),
         Atom(f'"create": {replayable(group, world)!r}'),
     ]
     return Group("{", tuple(items), "}", literal=True)
 
 
-def _kv(key: str, value: Node) -> Node:
-    return Atom(f"{exprs.str_literal(key)}: {flat(value)}")
 
 
 def group_lines(info: DistInfo) -> list[str]:

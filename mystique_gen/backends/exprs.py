@@ -70,6 +70,11 @@ def keyword(name: str, value: Node) -> Node:
     return Keyword(name, value)
 
 
+def dict_entry(key: str, value: Node) -> Node:
+    """``"key": value`` in a dict display: the value splits as black splits it."""
+    return Keyword(str_literal(key), value, ": ")
+
+
 def torch_attr(name: str) -> str:
     if not name.isidentifier():
         raise ValueError(f"not a torch attribute: {name!r}")

@@ -40,8 +40,12 @@ class Group:
 
 @dataclass(frozen=True)
 class Keyword:
+    """``name=value`` (a keyword argument), or ``name: value`` with ``separator=": "``
+    (a dict display's entry, ``name`` the key's literal)."""
+
     name: str
     value: Node
+    separator: str = "="
 
 
 Node = Atom | Group | Keyword
@@ -51,13 +55,13 @@ def flat(node: Node) -> str:
     if isinstance(node, Atom):
         return node.text
     if isinstance(node, Keyword):
-        return f"{node.name}={flat(node.value)}"
+        return f"{node.name}{node.separator}{flat(node.value)}"
     return node.head + ", ".join(flat(i) for i in node.items) + node.closer
 
 
 def _split_keyword(node: Node) -> tuple[str, Node]:
     if isinstance(node, Keyword):
-        return node.name + "=", node.value
+        return node.name + node.separator, node.value
     return "", node
 
 

@@ -211,16 +211,18 @@ def original_lines(program: Program, rank: int | None = None) -> list[str]:
         ("observer_ranges", str(timing.observer_ranges)),
         ("observer_schema", exprs.str_literal(timing.observer_schema)),
         ("profiler_options",
-         "[" + ", ".join(exprs.str_literal(o) for o in timing.profiler_options) + "]"),
+         exprs.list_display([Atom(exprs.str_literal(o)) for o in timing.profiler_options])),
         # The linked ops' recorded time: what the observer cost them, against its
         # cost to the replay's, calibrates its share of same-session gaps.
         ("op_cpu_us", _us(sum(op.timing.cpu_us for op in program.ops
                               if op.timing is not None))),
         ("host_probe_us", "None" if timing.host_probe_us is None
          else exprs.float_literal(round(timing.host_probe_us, 3))),
-        ("step_gaps_us", "[" + ", ".join(_us(t) for t in timing.step_gap_totals_us) + "]"),
+        ("step_gaps_us", exprs.list_display([Atom(_us(t)) for t in timing.step_gap_totals_us])),
     )
-    items = [Atom(f"{exprs.str_literal(k)}: {v}") for k, v in fields]
+    # A list's entry splits as black splits it (a capture's many or long step gaps ran
+    # past 88 columns on one line).
+    items = [exprs.dict_entry(k, v if isinstance(v, Group) else Atom(v)) for k, v in fields]
     lines = [ORIGINAL_COMMENT if rank is None else
              f"# Rank {int(rank)}'s linked Kineto trace: step time and per-op facts."]
     lines += lay_out(f"ORIGINAL{suffix} = ", Group("{", tuple(items), "}", literal=True), 0)
