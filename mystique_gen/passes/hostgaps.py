@@ -280,12 +280,13 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
     # the profiler writes 0 for the rest, and the ET's root nodes carry 0 as well.
     ids = {n.rf_id for n in trace.nodes if n.rf_id}
     offset = id_offset or 0
-    steps = [e for e in kineto.cpu_ops if STEP_RE.fullmatch(e.name)]
+    replayed = [op.node_id for op in program.ops]
+    span = (min(replayed), max(replayed)) if replayed else None
+    steps = [e for e in kineto.cpu_ops if STEP_RE.fullmatch(e.name)] \
+        or _unannotated_steps(trace, kineto.cpu_ops, ids, offset, span)
     observed = [s for s in steps if _observed(s, kineto.cpu_ops, ids, offset)]
     if not observed:
         return 0
-    replayed = [op.node_id for op in program.ops]
-    span = (min(replayed), max(replayed)) if replayed else None
     unobserved = [s for s in steps if s not in observed]
     free = profile_gaps(trace, kineto.cpu_ops, unobserved, span, kineto.python_calls,
                         serial=serial) if unobserved else None
@@ -303,6 +304,50 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
         f"{kineto.name} (median of {found.steps} recorded steps)" if found.steps > 1
         else f"{kineto.name} (its one recorded step, from the step's start to its end)")
     return found.steps
+
+
+def _unannotated_steps(trace: RawTrace, events: list[CpuEvent], ids: set[int], offset: int,
+                       span: tuple[int, int] | None) -> list[CpuEvent]:
+    """Steps of a profile that marks none (``prof.step()`` without a schedule writes
+    no ``ProfilerStep#N``; the observer started and stopped by hand around one step, as
+    PARAM's and Chakra's collection scripts do): the step the observer recorded (the
+    span of the ops that carry the ET's ids) and each run, before or after it, of the
+    same top-level ops in order on that thread. Each step runs from its first op to
+    the end of its last: what runs between steps is not the step's (the observer's
+    start, and its stop writing the ET, sit there: taken from the end of the step
+    before, a CNN's gaps replayed 4x its eager step). Synthetic events (negative
+    index); none where the recorded step is not found or repeats nowhere."""
+    nodes = [sel.node for sel in select_ops(trace).ops
+             if span is None or span[0] <= sel.node.id <= span[1]]
+    if not nodes:
+        return []
+    main = max({n.tid for n in nodes}, key=lambda t: sum(1 for n in nodes if n.tid == t))
+    names = [n.name for n in nodes if n.tid == main]
+
+    def known(e: CpuEvent) -> bool:
+        return (e.rf_id in ids if e.rf_id is not None
+                else e.external_id is not None and e.external_id - offset in ids)
+
+    linked = [e for e in events if known(e)]
+    if not linked:
+        return []
+    thread = max({e.tid for e in linked}, key=lambda t: sum(1 for e in linked if e.tid == t))
+    on_thread = sorted((e for e in events if e.tid == thread), key=lambda e: (e.ts, e.index))
+    mine = [e for e in linked if e.tid == thread]
+    start, end = min(e.ts for e in mine), max(e.end for e in mine)
+    runs: list[tuple[float, float]] = []
+    for part in ([e for e in on_thread if e.end <= start], [e for e in on_thread if e.ts >= end]):
+        while part:
+            found = _match(names, part)
+            if found is None:
+                break
+            runs.append((found[0].ts, found[-1].end))
+            part = [e for e in part if e.ts >= found[-1].end]
+    if not runs:
+        return []
+    runs.append((start, end))
+    return [CpuEvent(-1 - k, "step", events[0].pid, thread, first, last - first, None, None)
+            for k, (first, last) in enumerate(sorted(runs))]
 
 
 def _observed(step: CpuEvent, events: list[CpuEvent], ids: set[int], offset: int) -> bool:
