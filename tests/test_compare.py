@@ -114,6 +114,22 @@ def test_clock_is_read_beside_the_capture_and_checked(tmp_path, capsys):
     assert "replay: the Kineto span" not in notes  # 0.111 against 0.113: agrees
 
 
+def test_an_original_profile_of_unmarked_steps_is_divided_into_them(tmp_path):
+    """A plain profile of several steps, taken apart from the ET, marks none: its
+    totals were read as one step (five steps: the replay read -83%). It is taken as
+    many iterations as it holds the ET's top-level ops, and the report says so."""
+    orig, replay = _ets(tmp_path)
+    k1 = _kineto(tmp_path / "plain.json", [(100, 10)] * 5, None)
+    k2 = _kineto(tmp_path / "replay.json.kineto", [(100, 10)] * 3, "ProfilerStep#")
+    result = compare_traces(orig, replay, kineto_original=k1, kineto_replay=k2)
+    assert result.original_times is not None and result.original_times.iterations == 5
+    assert result.original_times.categories["matmul"] == pytest.approx(0.100)
+    assert any("marks no steps: taken as 5 iterations" in n for n in result.notes)
+    one = compare_traces(orig, replay, kineto_original=_kineto(
+        tmp_path / "one.json", [(100, 10)], None), kineto_replay=k2)
+    assert one.original_times is not None and one.original_times.iterations == 1
+
+
 def test_clock_errors_name_the_file(tmp_path):
     bad = tmp_path / "out.txt"
     bad.write_text("no json here\n")

@@ -369,6 +369,15 @@ def compare_traces(original: str | Path, replay: str | Path, *,
                         replay_peak_bytes=replay_peak_bytes)
     if original_kineto is not None and kineto_replay is not None:
         times = result.original_times = kineto_times(original_kineto, None)
+        steps = round(times.ops / result.original_ops) if result.original_ops else 1
+        if not times.step_spans_ms and steps >= 2:
+            # No step annotations (a plain profile of several steps taken apart from
+            # the ET): its totals were read as one step, five steps as one.
+            times = result.original_times = kineto_times(original_kineto, steps)
+            result.notes.append(
+                f"original Kineto trace marks no steps: taken as {steps} iterations "
+                f"(its {times.ops * steps} top-level ops against the ET's "
+                f"{result.original_ops})")
         left_out = [what for what, n in (("the first, cold", times.cold_steps_dropped),
                                          (f"{times.observed_steps_dropped} the ET observer "
                                           "recorded", times.observed_steps_dropped)) if n]
