@@ -155,7 +155,7 @@ def main() -> int:
     rows = [(path, name) for path, name in _workloads()
             if not only or any(s in name for s in only)]
     totals: Counter = Counter()
-    print(f"{'workload':28s} {'outcome':17s} {'s':>5s}  detail")
+    print(f"{'workload':28s} {'outcome':21s} {'s':>5s}  detail")
     with tempfile.TemporaryDirectory() as tmp:
         for path, name in rows:
             work = Path(tmp) / name
@@ -169,7 +169,7 @@ def main() -> int:
             totals["known" if known else outcome] += 1
             label = f"{outcome} (known)" if known else outcome
             shown = KNOWN[name] if known else detail
-            print(f"{name:28s} {label:17s} {time.perf_counter() - start:5.0f}  {shown}",
+            print(f"{name:28s} {label:21s} {time.perf_counter() - start:5.0f}  {shown}",
                   flush=True)
     counted = ", ".join(f"{o} {totals[o]}" for o in (*OUTCOMES, "known"))
     print(f"totals over {len(rows)} steps: {counted}")
