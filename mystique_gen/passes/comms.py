@@ -468,7 +468,7 @@ class CommLowering:
                 info.notes.append(
                     f"{len(asynchronous)} collectives run async; {placed} waits placed where "
                     "the trace waits, the rest before the first op that uses their tensors "
-                    "or the next collective")
+                    "or the next collective on their group")
             if p2p:
                 info.notes.append(
                     f"{len(p2p)} sends and recvs run as isend/irecv in recorded order, so "

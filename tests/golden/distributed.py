@@ -17,7 +17,8 @@ Ops not replayed:
 
 Notes:
   - 10 collectives run async; 10 waits placed where the trace waits, the rest
-      before the first op that uses their tensors or the next collective
+      before the first op that uses their tensors or the next collective on their
+      group
 
 Distributed: recorded on 2 rank(s); this file replays rank(s) 0
   run: torchrun --nproc-per-node 2 THIS_FILE [--backend gloo|nccl]
