@@ -15,7 +15,7 @@ from enum import Enum
 class Level(str, Enum):
     ERROR = "error"  # the build stops (raised inside a TraceError)
     NOT_REPLAYED = "not replayed"  # a node left out of the benchmark, and why
-    GUARDED = "guarded"  # replayed, but skipped at run time where unavailable
+    GUARDED = "guarded"  # replayed; where unavailable at run time, ported or skipped
     FILTER = "filter"  # a selection, composition or rewrite that was asked for
     NOTE = "note"  # a fact a reader of the benchmark should know
 

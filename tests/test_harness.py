@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import json
 import os
 import sys
@@ -701,3 +702,147 @@ def test_a_coalesced_sparse_result_is_fitted_to_its_recorded_entries(sizes, dens
     assert values.grad is not None and values.grad.abs().sum() > 0
     dense_value = values.detach()
     assert runtime._fit_nnz(dense_value, 3) is dense_value  # not sparse: as it is
+
+
+def _schema_call(key: str, values: dict[str, object]) -> tuple[list, dict]:
+    """Positional and keyword arguments of the op `key` (aten::name.overload), each
+    argument's value from `values` by name (None where it has none)."""
+    name, overload = key.split("::")[1].split(".")
+    schema = getattr(getattr(torch.ops.aten, name), overload)._schema
+    args = [values.get(a.name) for a in schema.arguments if not a.kwarg_only]
+    kwargs = {a.name: values.get(a.name) for a in schema.arguments if a.kwarg_only}
+    return args, kwargs
+
+
+@pytest.mark.parametrize("key", sorted(runtime.PORTABLE))
+def test_every_portable_equivalent_takes_its_kernels_arguments(key):
+    """The benchmark calls an equivalent exactly as it calls the kernel: with the
+    schema's positional arguments and its keyword-only ones by name."""
+    args, kwargs = _schema_call(key, {})
+    inspect.signature(runtime.PORTABLE[key]).bind(*args, **kwargs)
+
+
+def _batch_norm_case(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 5, 5, generator=gen).to(dtype)
+    weight, bias = torch.rand(3, generator=gen) + 0.5, torch.randn(3, generator=gen)
+    return x, weight, bias, torch.zeros(3), torch.ones(3)
+
+
+def test_cudnn_batch_norm_runs_as_native_batch_norm_with_the_same_gradients():
+    x, weight, bias, mean, var = _batch_norm_case()
+    values = {"input": x, "weight": weight, "bias": bias, "running_mean": mean,
+              "running_var": var, "training": True, "exponential_average_factor": 0.1,
+              "epsilon": 1e-5}
+    args, kwargs = _schema_call("aten::cudnn_batch_norm.default", values)
+    out, save_mean, save_invstd = runtime.PORTABLE["aten::cudnn_batch_norm.default"](
+        *args, **kwargs)
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    expected = torch.nn.functional.batch_norm(
+        leaves[0], torch.zeros(3), torch.ones(3), leaves[1], leaves[2], training=True)
+    torch.testing.assert_close(out, expected.detach())
+    grad = torch.randn_like(x)
+    expected_grads = torch.autograd.grad(expected, leaves, grad)
+    values.update(grad_output=grad, save_mean=save_mean, save_var=save_invstd,
+                  reserveSpace=torch.empty(0, dtype=torch.uint8))
+    for key in ("aten::cudnn_batch_norm_backward.default",
+                "aten::miopen_batch_norm_backward.default"):
+        args, kwargs = _schema_call(key, values)
+        grads = runtime.PORTABLE[key](*args, **kwargs)
+        for got, want in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_backend_convolutions_run_as_aten_convolution(transposed):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 9, 9, generator=gen)
+    weight = torch.randn(4, 2, 3, 3, generator=gen)
+    values = {"self": x, "weight": weight, "padding": [1, 1], "output_padding": [1, 1],
+              "stride": [2, 2], "dilation": [1, 1], "groups": 2}
+    if transposed:
+        expected = torch.nn.functional.conv_transpose2d(
+            x, weight, stride=2, padding=1, output_padding=1, groups=2)
+        keys = ["aten::cudnn_convolution_transpose.default",
+                "aten::miopen_convolution_transpose.default"]
+    else:
+        expected = torch.nn.functional.conv2d(x, weight, stride=2, padding=1, groups=2)
+        keys = ["aten::cudnn_convolution.default", "aten::miopen_convolution.default",
+                "aten::mkldnn_convolution.default"]
+    for key in keys:
+        args, kwargs = _schema_call(key, values)
+        torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs), expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_backward_matches_the_kernel_that_runs_here(causal):
+    """The CPU flash kernel runs here, so its equivalent (and every other fused
+    kernel's, fed the same tensors) must give its gradients."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 16, generator=gen) for _ in range(3))
+    out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        q, k, v, 0.0, causal)
+    grad = torch.randn_like(out)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        grad, q, k, v, out, logsumexp, 0.0, causal)
+    values = {"grad_out": grad, "grad_out_": grad, "query": q, "key": k, "value": v,
+              "out": out, "logsumexp": logsumexp, "dropout_p": 0.0, "is_causal": causal,
+              "grad_input_mask": [True, True, True, False], "max_q": 8, "max_k": 8}
+    backward = [key for key in runtime.PORTABLE if "attention" in key and "backward" in key]
+    assert len(backward) == 5
+    for key in backward:
+        args, kwargs = _schema_call(key, values)
+        got = runtime.PORTABLE[key](*args, **kwargs)
+        for g, w in zip(got, want, strict=False):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    forward = [key for key in runtime.PORTABLE if "attention" in key and "backward" not in key]
+    for key in forward:
+        args, kwargs = _schema_call(key, {**values, "dropout_p": 0.0})
+        torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs)[0], out)
+
+
+def test_a_backend_kernel_that_cannot_run_runs_its_equivalent(monkeypatch, capsys):
+    """cuDNN's batch-norm backward cannot run on the host: the replay runs its portable
+    equivalent (said once on stderr, listed in --json), not stand-in ones."""
+    x, weight, bias, mean, var = _batch_norm_case()
+    out, save_mean, save_invstd = torch.ops.aten.native_batch_norm.default(
+        x, weight, bias, mean, var, True, 0.1, 1e-5)
+    grad = torch.randn_like(x)
+    rows = [(torch.float32, list(t.shape), list(t.stride()), "device")
+            for t in (x, weight, bias)]
+    monkeypatch.setattr(runtime, "_FALLBACKS", [rows])
+    monkeypatch.setitem(runtime._RUNTIME, "skipped", {})
+    monkeypatch.setitem(runtime._RUNTIME, "ported", {})
+    monkeypatch.setitem(runtime._RUNTIME, "device", torch.device("cpu"))
+    kernel = torch.ops.aten.cudnn_batch_norm_backward.default
+    call = (x, grad, weight, mean, var, save_mean, save_invstd, 1e-5,
+            torch.empty(0, dtype=torch.uint8))
+    want = torch.ops.aten.native_batch_norm_backward.default(
+        grad, x, weight, mean, var, save_mean, save_invstd, True, 1e-5, [True] * 3)
+    for _ in range(2):
+        got = runtime._guarded(0, kernel, *call)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert list(runtime._RUNTIME["ported"]) == ["aten::cudnn_batch_norm_backward.default"]
+    assert runtime._RUNTIME["skipped"] == {}
+    assert capsys.readouterr().err.count("running its portable equivalent") == 1
+    # A fused attention's equivalent returns its output; the kernel's other outputs
+    # (log-sum-exp, seeds) stand in, in the kernel's form.
+    q = torch.randn(1, 2, 4, 8)
+    monkeypatch.setattr(runtime, "_FALLBACKS", [[
+        (torch.float32, [1, 2, 4, 8], [64, 32, 8, 1], "device"),
+        (torch.float32, [1, 2, 4], [8, 4, 1], "device"), None, None]])
+    if hasattr(torch.ops.aten, "_scaled_dot_product_efficient_attention"):
+        got = runtime._guarded(0, _FailingAttention(), q, q, q, None, True)
+        assert [None if t is None else tuple(t.shape) for t in got] == [
+            (1, 2, 4, 8), (1, 2, 4), None, None]
+        torch.testing.assert_close(
+            got[0], torch.nn.functional.scaled_dot_product_attention(q, q, q))
+
+
+class _FailingAttention:
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError("no kernel for this backend")
+
+    def __str__(self) -> str:
+        return "aten._scaled_dot_product_efficient_attention.default"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -437,3 +438,83 @@ def test_a_gpu_traces_host_tensors_are_estimated_apart(tmp_path, capsys):
                          "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert last_json(proc.stdout)["estimated_peak_bytes"] == device + host
+
+
+def test_a_gpu_traces_backend_kernels_run_as_portable_equivalents(tmp_path, capsys):
+    """Autograd calls cuDNN's batch-norm backward directly, so a CUDA trace replays it
+    as recorded; where it cannot run (the host, another vendor's GPU, a dtype cuDNN
+    refuses), the benchmark runs native batch norm's backward in its place, says so
+    in its header, on stderr and in --json, and skips nothing."""
+    b = TraceBuilder()
+    x, grad = b.tensor((8, 4, 6, 6), device="cuda"), b.tensor((8, 4, 6, 6), device="cuda")
+    weight, bias = b.tensor((4,), device="cuda"), b.tensor((4,), device="cuda")
+    mean, var = b.tensor((4,), device="cuda"), b.tensor((4,), device="cuda")
+    out = b.tensor((8, 4, 6, 6), device="cuda")
+    save_mean, save_var = b.tensor((4,), device="cuda"), b.tensor((4,), device="cuda")
+    reserve = b.tensor((0,), dtype="uint8", device="cuda")
+    grads = [b.tensor((8, 4, 6, 6), device="cuda"), b.tensor((4,), device="cuda"),
+             b.tensor((4,), device="cuda")]
+    b.op("aten::cudnn_batch_norm(Tensor input, Tensor weight, Tensor? bias, Tensor? "
+         "running_mean, Tensor? running_var, bool training, float "
+         "exponential_average_factor, float epsilon) -> (Tensor, Tensor, Tensor, Tensor)",
+         [x, weight, bias, mean, var, True, 0.1, 1e-5], [out, save_mean, save_var, reserve])
+    b.op("aten::cudnn_batch_norm_backward(Tensor input, Tensor grad_output, Tensor weight, "
+         "Tensor? running_mean, Tensor? running_var, Tensor? save_mean, Tensor? save_var, "
+         "float epsilon, Tensor reserveSpace) -> (Tensor, Tensor, Tensor)",
+         [x, grad, weight, mean, var, save_mean, save_var, 1e-5, reserve], grads)
+    rc, err, out_path = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    header = " ".join(out_path.read_text().split('"""')[1].split())
+    assert ("- aten::cudnn_batch_norm_backward x1: backend-specific kernel, with a "
+            "portable equivalent") in header
+    proc = run_benchmark(out_path, "--device", "cpu", "--iters", "2", "--warmup", "1",
+                         "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    facts = last_json(proc.stdout)
+    assert facts["skipped_at_runtime"] == [] and facts["ops"] == 2
+    assert facts["equivalents_at_runtime"] == ["aten::cudnn_batch_norm.default",
+                                               "aten::cudnn_batch_norm_backward.default"]
+    assert proc.stderr.count("running its portable equivalent") == 2
+
+
+SDPA = ("aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
+        "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, "
+        "float? scale=None, bool enable_gqa=False) -> Tensor")
+PERMUTE = "aten::permute(Tensor(a) self, int[] dims) -> Tensor(a)"
+VIEW = "aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)"
+
+
+@pytest.mark.parametrize("laid_out_as", ["other backend", "contiguous"])
+def test_a_view_of_a_kernel_output_laid_out_elsewhere_still_views(tmp_path, capsys,
+                                                                  laid_out_as):
+    """Multi-head attention permutes attention's output and views it, which works only
+    in the layout attention gave it where the trace was made (on the host, its query's;
+    on a GPU, another): replayed where the kernel lays it out otherwise, the view failed
+    ("view size is not compatible with input tensor's size and stride") and stopped
+    the benchmark. The file gives that output its recorded layout, copying only where
+    the kernel's differs; a kernel output it need not touch stays as it is."""
+    b = TraceBuilder()
+    batch, heads, length, dim = 2, 4, 8, 16
+    q = b.tensor((batch, heads, length, dim))
+    # Recorded as a (length, batch, heads, dim) buffer: the host kernel here gives a
+    # contiguous query's output its own contiguous layout instead.
+    strides = (heads * dim, dim, batch * heads * dim, 1)
+    out = b.tensor((batch, heads, length, dim), strides=strides)
+    permuted = b.view(out, (length, batch, heads, dim))
+    viewed = b.view(out, (length * batch, heads * dim))
+    b.op(SDPA, [q, q, q, None, 0.0, False, None, False], [out])
+    b.op(PERMUTE, [out, [2, 0, 1, 3]], [permuted])
+    b.op(VIEW, [permuted, [length * batch, heads * dim]], [viewed])
+    if laid_out_as == "contiguous":  # a relu's output, contiguous, viewed: untouched
+        r = b.tensor((length, batch * heads * dim))
+        b.op(RELU, [viewed], [r])
+        b.op(VIEW, [r, [length * batch, heads * dim]], [b.view(r, (length * batch,
+                                                                   heads * dim))])
+    rc, err, path = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    text = re.sub(r"\s+", "", path.read_text())
+    assert text.count("=_laid_out(scaled_dot_product_attention,(64,16,128,1))") == 1
+    assert text.count("=_laid_out(") == 1
+    proc = run_benchmark(path, "--device", "cpu", "--iters", "2", "--warmup", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert last_json(proc.stdout)["skipped_at_runtime"] == []

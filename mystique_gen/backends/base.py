@@ -353,6 +353,7 @@ class CodeGen:
         prefix = f"{', '.join(targets)} = " if any(t != "_" for t in targets) else ""
         lines.extend(lay_out(prefix, call, depth))
         lines.extend(valuefill.fit_lines(op, targets, depth))
+        lines.extend(valuefill.layout_lines(op, targets, depth))
         lines.extend(self._frees(op, depth))
         return lines + comms.waits_at_end(self, op, depth)
 
@@ -540,7 +541,8 @@ class CodeGen:
             lines.append(f"    nodes {shown}")
         guarded = p.reported(Level.GUARDED)
         if guarded:
-            lines += ["", "Ops skipped at run time where unavailable (outputs stand in):"]
+            lines += ["", "Ops guarded at run time (where one cannot run, its portable"
+                      " equivalent runs where it has one, else its outputs stand in):"]
             counts = Counter(g.name for g in guarded)
             reasons = {g.name: g.reason for g in guarded}
             lines += [f"  - {n} x{c}: {d(reasons[n], 120)}" for n, c in counts.items()]

@@ -4,7 +4,8 @@
 follows an op whose output size depends on input values (nonzero, unique, masked
 selection, routing in a mixture of experts), so later statements see the recorded
 size whatever the replayed values are; ``t = _fit_nnz(t, nnz)`` does the same for a
-sparse result's number of entries (coalesce).
+sparse result's number of entries (coalesce); ``t = _laid_out(t, strides)`` gives a
+kernel's result the layout the trace recorded where a later view needs it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
         if position < len(targets) and targets[position] != "_":
             call = exprs.call("_fit_mask", [Atom(targets[position]), Atom(str(count)),
                                             *site(position)])
+            lines.extend(lay_out(f"{targets[position]} = ", call, depth))
+    return lines
+
+
+def layout_lines(op: Op, targets: list[str], depth: int) -> list[str]:
+    """``t = _laid_out(t, strides)`` for each output a later view needs in its recorded
+    layout (``Op.keep_layout``)."""
+    lines: list[str] = []
+    for position in op.keep_layout:
+        value = op.outputs[position] if position < len(op.outputs) else None
+        if position < len(targets) and targets[position] != "_" and \
+                isinstance(value, TensorValue):
+            call = exprs.call("_laid_out", [Atom(targets[position]),
+                                            exprs.int_tuple(value.meta.strides)])
             lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines
 

@@ -239,6 +239,10 @@ class Op:
     # made by it and written by no later op (passes/values.py): a fit made once may
     # serve every iteration, which the file keys by the op's index.
     fits_reusable: bool = False
+    # Outputs (by position) a later view reads through views only, in a layout this
+    # op's kernel may give otherwise where the replay runs: the file lays them out as
+    # recorded (passes/tensors.py keep_viewed_layouts).
+    keep_layout: tuple[int, ...] = ()
     # Index arguments computed from values that are not the original's (what a fitted
     # mask selected, integer arithmetic on filled integers), by (argument name, position
     # in its list or None): the size they index (passes/values.py). They may fall out of

@@ -137,6 +137,8 @@ UNINITIALISED_OUTPUTS = _union("uninitialised_outputs")
 NO_VALUE_WRITES = _union("no_value_writes")
 REFUSES_VIEWS = _union("refuses_views")
 DISTINCT_ALIASES = _union("distinct_aliases")
+STRIDE_DEPENDENT_VIEWS = _union("stride_dependent_views")
+LAYOUT_BY_BACKEND = _union("layout_by_backend")
 FILLS = _union("fills")
 METADATA_ONLY = _union("metadata_only")
 
@@ -155,6 +157,7 @@ def differentiable(op_name: str, arg_name: str) -> bool:
 __all__ = [
     "ASYNC_SCOPE",
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
+    "STRIDE_DEPENDENT_VIEWS", "LAYOUT_BY_BACKEND",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
     "DISTINCT_ALIASES", "FILLS", "METADATA_ONLY",
     "GRAD_REVEALED_BY", "GROUP_RANK_ARGS",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from mystique_gen.harness.runtime import PORTABLE
 from mystique_gen.oprules.base import OpFamily
 
 # Operators that are never replayed, with the reason shown in the benchmark header.
@@ -20,24 +21,33 @@ _PROFILER: dict[str, str] = {
 # torchrec::, a user's custom ops) may not be loaded where the benchmark runs.
 CORE_NAMESPACES = frozenset({"aten", "prims"})
 
-# Kernels tied to one vendor's library: they exist only where that backend is built.
+# Kernels tied to one vendor's library or one device: they run only where that backend
+# is built (where one cannot, the benchmark runs its portable equivalent if the harness
+# has one, runtime.PORTABLE, else its outputs stand in).
 BACKEND_SPECIFIC = re.compile(
-    r"cudnn|miopen|_cuda|cuda_|_nccl|cublas|_mps|xpu|flash_attention|efficient_attention"
+    r"cudnn|miopen|mkldnn|_cuda|cuda_|_nccl|cublas|_mps|xpu|_for_cpu|flash_attention|"
+    r"efficient_attention|fused_attention_overrideable"
 )
 
 # Operators that need an accelerator even when their tensors are on the host.
 NEEDS_ACCELERATOR = frozenset({"pin_memory", "_pin_memory"})
 
 
-def guard_reason(namespace: str, name: str) -> str | None:
+def guard_reason(namespace: str, name: str, overload: str = "default") -> str | None:
     """Why an op may be unavailable on the replay machine (then it is guarded), or None."""
     if name in NEEDS_ACCELERATOR:
         return "needs an accelerator"
     if namespace not in CORE_NAMESPACES:
         return f"namespace {namespace}:: may not be loaded"
     if BACKEND_SPECIFIC.search(name):
-        return "backend-specific kernel"
+        if f"{namespace}::{name}.{overload}" in PORTABLE:
+            return f"{BACKEND_KERNEL}, {PORTED}"
+        return BACKEND_KERNEL
     return None
+
+
+BACKEND_KERNEL = "backend-specific kernel"
+PORTED = "with a portable equivalent"
 
 
 # Operator namespaces that a torch module registers when imported (torch.library): the

@@ -204,6 +204,13 @@ class OpFamily:
     metadata_only: frozenset[str] = frozenset()
     # In-place ops that refuse a view argument ("Can't detach views in-place").
     refuses_views: frozenset[str] = frozenset()
+    # Views that refuse an input whose strides they cannot view ("view size is not
+    # compatible with input tensor's size and stride"): the layout of the kernel
+    # output they view, through other views, matters (passes/tensors.py).
+    stride_dependent_views: frozenset[str] = frozenset()
+    # Ops whose kernels lay their output out by device and backend (a fused attention
+    # follows its query's layout on the host, not on a GPU).
+    layout_by_backend: frozenset[str] = frozenset()
     # Ops whose result is the same view of their input's memory, yet a tensor of its
     # own: ``detach`` (without autograd history), ``_make_dual`` (with a tangent). A
     # reader of that tensor reads the result, not the view it aliases.

@@ -44,6 +44,19 @@ FAMILY = OpFamily(
     # op reads it, the input is detached from its buffer's view chain (same storage, so
     # aliasing is unchanged).
     refuses_views=frozenset({"aten::detach_"}),
+    # A model views a kernel's output only where the layout it got allows it (its
+    # ``.contiguous()`` of an already contiguous tensor records nothing): the replay
+    # keeps that layout where a kernel elsewhere lays it out otherwise (a CPU trace's
+    # attention output, permuted and viewed, failed to view on CUDA).
+    stride_dependent_views=frozenset({"aten::view", "aten::_unsafe_view",
+                                      "aten::view_as", "aten::unflatten"}),
+    layout_by_backend=frozenset({
+        "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_scaled_dot_product_fused_attention_overrideable",
+    }),
     # A quantization observer reads ``x.detach()``: bound to ``x`` itself, its min and
     # max recorded autograd nodes in the replay, and the scale they made required grad.
     distinct_aliases=frozenset({"aten::detach"}),

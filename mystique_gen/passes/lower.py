@@ -158,7 +158,7 @@ def _not_replayed_reason(sig: Signature) -> str | None:
 
 @lru_cache(maxsize=4096)
 def _guard(sig: Signature) -> str | None:
-    reason = oprules.guard_reason(sig.namespace, sig.name)
+    reason = oprules.guard_reason(sig.namespace, sig.name, sig.overload)
     if sig.namespace in oprules.NAMESPACE_MODULES:  # registered when its module loads
         with contextlib.suppress(ImportError):
             importlib.import_module(oprules.NAMESPACE_MODULES[sig.namespace])

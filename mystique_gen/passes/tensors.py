@@ -343,8 +343,49 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
             base = view.base
             if isinstance(base, OpOutput):
                 ops[base.op_index].outputs_viewed_by_offset = True
+    keep_viewed_layouts(ops)
     _plan_frees(ops)
     return TensorPlan(storages=storages, notes=notes)
+
+
+def keep_viewed_layouts(ops: list[Op]) -> None:
+    """Mark the kernel outputs (``Op.keep_layout``) that a stride-dependent view reads
+    through views and in-place ops only, where the kernel may lay them out otherwise
+    on the replay's device: its recorded layout is not contiguous (a layout the kernel
+    chose), or the kernel lays its output out by backend. A view that cannot view the
+    other layout stops the replay ("view size is not compatible with input tensor's
+    size and stride"), and the model's ``.contiguous()`` before it, a no-op where the
+    trace was made, left no record that would copy."""
+    for op in ops:
+        if op.name not in oprules.STRIDE_DEPENDENT_VIEWS or not op.args:
+            continue
+        tv = next(iter_tensors(op.args[0].value), None)
+        while tv is not None and isinstance(tv.binding, OpOutput) \
+                and len(tv.binding.path) == 1 and tv.binding.op_index < op.index:
+            producer = ops[tv.binding.op_index]
+            # A view or an in-place op: the layout is its input's.
+            source = next((t for arg in producer.args for t in iter_tensors(arg.value)
+                           if t.storage_id == tv.storage_id and t is not tv), None)
+            if source is not None:
+                tv = source
+                continue
+            made = producer.outputs[tv.binding.path[0]]
+            if isinstance(made, TensorValue) and made.meta.sparse is None and (
+                    producer.name in oprules.LAYOUT_BY_BACKEND
+                    or not _contiguous(made.meta)):
+                producer.keep_layout = tuple(sorted({*producer.keep_layout,
+                                                     tv.binding.path[0]}))
+            break
+
+
+def _contiguous(meta: TensorMeta) -> bool:
+    """Row-major contiguous (dimensions of size 1 take any stride)."""
+    expected = 1
+    for size, stride in reversed(list(zip(meta.shape, meta.strides, strict=True))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def binding_key(binding: Binding) -> object:

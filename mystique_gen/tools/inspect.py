@@ -106,7 +106,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     reasons = Counter((s["name"], s["reason"]) for s in summary["not_replayed"])
     lines += [f"  {n} x{c}: {r}" for (n, r), c in reasons.items()] or ["  none"]
     if summary["guarded_ops"]:
-        lines += ["", "guarded (skipped at run time where unavailable):"]
+        lines += ["", "guarded (where unavailable at run time: ported or skipped):"]
         lines += [f"  {k}  {v}" for k, v in summary["guarded_ops"].items()]
     if summary["notes"]:
         lines += ["", "notes:"] + [f"  {n}" for n in summary["notes"]]

@@ -132,8 +132,11 @@ class _Unavailable:
 
 
 def _none_here(ops):
-    """Whether none of the resolved operators `ops` exists in this PyTorch."""
-    return all(isinstance(op, _Unavailable) for op in ops)
+    """Whether none of the resolved operators `ops` exists in this PyTorch, nor a
+    portable equivalent of it."""
+    return all(
+        isinstance(op, _Unavailable) and _op_key(op) not in PORTABLE for op in ops
+    )
 
 
 def _load_namespace(module):
@@ -210,6 +213,309 @@ _EQUIVALENTS = {
 }
 
 
+# Backend kernels (cuDNN's, MIOpen's, oneDNN's, the fused attentions) written with the
+# portable ops they implement, for where the kernel cannot run: another vendor's GPU, the
+# host, a dtype the kernel refuses (cuDNN's batch-norm backward takes no bfloat16). The
+# same work in another kernel, not stand-in outputs: a CUDA ResNet-50 recast to bfloat16
+# otherwise skipped its 53 batch-norm backward passes. An equivalent returns the first
+# of the kernel's outputs, the ones the model reads (see _ported); the rest stand in.
+def _batch_norm(
+    input,
+    weight,
+    bias,
+    running_mean,
+    running_var,
+    training,
+    exponential_average_factor,
+    epsilon,
+):
+    """cudnn_batch_norm and miopen_batch_norm: out, saved mean and inverse std."""
+    return torch.ops.aten.native_batch_norm.default(
+        input,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        training,
+        exponential_average_factor,
+        epsilon,
+    )
+
+
+def _batch_norm_backward(
+    input,
+    grad_output,
+    weight,
+    running_mean,
+    running_var,
+    save_mean,
+    save_var,
+    epsilon,
+    reserveSpace=None,
+):
+    """cudnn_ and miopen_batch_norm_backward: their forward ran in training (in eval,
+    autograd calls native_batch_norm_backward), and save_var is the inverse std."""
+    return torch.ops.aten.native_batch_norm_backward.default(
+        grad_output,
+        input,
+        weight,
+        running_mean,
+        running_var,
+        save_mean,
+        save_var,
+        True,
+        epsilon,
+        [True, True, True],
+    )
+
+
+def _convolution(self, weight, padding, stride, dilation, groups, *flags):
+    """cudnn_convolution: no bias."""
+    return torch.ops.aten.convolution.default(
+        self, weight, None, stride, padding, dilation, False, [0] * len(stride), groups
+    )
+
+
+def _convolution_transpose(
+    self, weight, padding, output_padding, stride, dilation, groups, *flags
+):
+    """cudnn_convolution_transpose: no bias."""
+    return torch.ops.aten.convolution.default(
+        self, weight, None, stride, padding, dilation, True, output_padding, groups
+    )
+
+
+def _convolution_with_bias(
+    self, weight, bias, padding, stride, dilation, groups, *flags
+):
+    """miopen_convolution, miopen_depthwise_convolution, mkldnn_convolution."""
+    return torch.ops.aten.convolution.default(
+        self, weight, bias, stride, padding, dilation, False, [0] * len(stride), groups
+    )
+
+
+def _convolution_transpose_with_bias(
+    self, weight, bias, padding, output_padding, stride, dilation, groups, *flags
+):
+    """miopen_convolution_transpose."""
+    return torch.ops.aten.convolution.default(
+        self, weight, bias, stride, padding, dilation, True, output_padding, groups
+    )
+
+
+def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    """The fused attention kernels' forward: the best kernel this device has."""
+    return (
+        torch.nn.functional.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+        ),
+    )
+
+
+def _attention_backward(
+    grad_out, query, key, value, attn_mask, dropout_p, is_causal, scale
+):
+    """The fused attention kernels' backward, as autograd runs it through this device's
+    best kernel: its forward again, then its backward (a fused backward recomputes the
+    attention matrix as well, without writing the output)."""
+    inputs = [query, key, value]
+    if attn_mask is not None and attn_mask.is_floating_point():
+        inputs.append(attn_mask)
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        mask = leaves[3] if len(leaves) > 3 else attn_mask
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *leaves[:3],
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+        )
+        grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return tuple(grads)
+
+
+def _flash_attention(
+    query, key, value, dropout_p=0.0, is_causal=False, *rest, attn_mask=None, scale=None
+):
+    """_scaled_dot_product_flash_attention (the CUDA one and the CPU one)."""
+    return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _mask_attention(
+    query,
+    key,
+    value,
+    attn_bias=None,
+    compute_log_sumexp=True,
+    dropout_p=0.0,
+    is_causal=False,
+    *rest,
+    scale=None,
+):
+    """_scaled_dot_product_efficient_attention and _scaled_dot_product_cudnn_attention."""
+    return _attention(query, key, value, attn_bias, dropout_p, is_causal, scale)
+
+
+def _fused_attention(
+    query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, *rest, scale=None
+):
+    """_scaled_dot_product_fused_attention_overrideable."""
+    return _attention(query, key, value, attn_bias, dropout_p, is_causal, scale)
+
+
+def _flash_attention_backward(
+    grad_out, query, key, value, out, logsumexp, *rest, scale=None
+):
+    """_scaled_dot_product_flash_attention_backward: (..., dropout_p, is_causal, ...)
+    after cum_seq_q, cum_seq_k, max_q and max_k."""
+    return _attention_backward(
+        grad_out, query, key, value, None, rest[4], rest[5], scale
+    )
+
+
+def _flash_attention_for_cpu_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    dropout_p,
+    is_causal,
+    *,
+    attn_mask=None,
+    scale=None,
+):
+    """_scaled_dot_product_flash_attention_for_cpu_backward."""
+    return _attention_backward(
+        grad_out, query, key, value, attn_mask, dropout_p, is_causal, scale
+    )
+
+
+def _efficient_attention_backward(
+    grad_out_,
+    query,
+    key,
+    value,
+    attn_bias,
+    out,
+    logsumexp,
+    philox_seed,
+    philox_offset,
+    dropout_p,
+    grad_input_mask,
+    is_causal=False,
+    *,
+    scale=None,
+):
+    """_scaled_dot_product_efficient_attention_backward: the bias's grad where asked."""
+    bias = attn_bias if grad_input_mask[3] else None
+    grads = _attention_backward(
+        grad_out_, query, key, value, bias, dropout_p, is_causal, scale
+    )
+    return grads if len(grads) == 4 else grads + (None,)
+
+
+def _cudnn_attention_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    philox_seed,
+    philox_offset,
+    attn_bias,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    *,
+    scale=None,
+):
+    """_scaled_dot_product_cudnn_attention_backward."""
+    return _attention_backward(
+        grad_out, query, key, value, attn_bias, dropout_p, is_causal, scale
+    )[:3]
+
+
+def _fused_attention_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    attn_bias,
+    grad_input_mask,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    philox_seed,
+    philox_offset,
+    *,
+    scale=None,
+):
+    """_scaled_dot_product_fused_attention_overrideable_backward."""
+    bias = attn_bias if grad_input_mask[3] else None
+    grads = _attention_backward(
+        grad_out, query, key, value, bias, dropout_p, is_causal, scale
+    )
+    return grads if len(grads) == 4 else grads + (None,)
+
+
+PORTABLE = {
+    "aten::cudnn_batch_norm.default": _batch_norm,
+    "aten::miopen_batch_norm.default": _batch_norm,
+    "aten::cudnn_batch_norm_backward.default": _batch_norm_backward,
+    "aten::miopen_batch_norm_backward.default": _batch_norm_backward,
+    "aten::cudnn_convolution.default": _convolution,
+    "aten::cudnn_convolution_transpose.default": _convolution_transpose,
+    "aten::miopen_convolution.default": _convolution_with_bias,
+    "aten::miopen_depthwise_convolution.default": _convolution_with_bias,
+    "aten::mkldnn_convolution.default": _convolution_with_bias,
+    "aten::miopen_convolution_transpose.default": _convolution_transpose_with_bias,
+    "aten::_scaled_dot_product_flash_attention.default": _flash_attention,
+    "aten::_scaled_dot_product_flash_attention_for_cpu.default": _flash_attention,
+    "aten::_scaled_dot_product_efficient_attention.default": _mask_attention,
+    "aten::_scaled_dot_product_cudnn_attention.default": _mask_attention,
+    "aten::_scaled_dot_product_fused_attention_overrideable.default": _fused_attention,
+    "aten::_scaled_dot_product_flash_attention_backward.default": (
+        _flash_attention_backward
+    ),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default": (
+        _flash_attention_for_cpu_backward
+    ),
+    "aten::_scaled_dot_product_efficient_attention_backward.default": (
+        _efficient_attention_backward
+    ),
+    "aten::_scaled_dot_product_cudnn_attention_backward.default": (
+        _cudnn_attention_backward
+    ),
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward.default": (
+        _fused_attention_backward
+    ),
+}
+
+
+def _op_key(op):
+    """An operator's name as PORTABLE and the trace write it: aten::name.overload."""
+    name = str(op)
+    return name if "::" in name else name.replace(".", "::", 1)
+
+
 _RUNTIME = {
     "device": "cpu",
     "host": "cpu",
@@ -244,6 +550,7 @@ _RUNTIME = {
     "threads": None,
     "et_observer": False,  # an ExecutionTraceObserver is attached (see _harness)
     "equivalents": [],  # ops run as the harness's equivalents (see _op)
+    "ported": {},  # op -> why it ran as its portable equivalent (see _guarded)
     "dual_levels": [],  # forward-AD levels entered (`_dual_levels`), innermost last
 }
 
@@ -325,9 +632,11 @@ def _metadata_stand_in(row):
 
 
 def _guarded(site, op, *args, **kwargs):
-    """Call an op that may not exist here; if it cannot run, skip it with one notice."""
-    skipped = _RUNTIME["skipped"]
-    if str(op) not in skipped:
+    """Call an op that may not exist here; if it cannot run, run its portable
+    equivalent where the harness has one (PORTABLE), else skip it, with one notice."""
+    skipped, ported = _RUNTIME["skipped"], _RUNTIME["ported"]
+    key = _op_key(op)
+    if str(op) not in skipped and key not in ported:
         try:
             return op(*args, **kwargs)
         except (NotImplementedError, RuntimeError) as exc:
@@ -337,11 +646,41 @@ def _guarded(site, op, *args, **kwargs):
             if _RUNTIME.get("comm") and "c10d" in str(op).partition(".")[0]:
                 raise
             reason = (str(exc).strip().splitlines() or ["unavailable"])[0][:160]
-            skipped[str(op)] = reason
-            print(f"mystique: skipping {op} on this device: {reason}", file=sys.stderr)
+            if key in PORTABLE:
+                ported[key] = reason
+                print(
+                    f"mystique: {op} cannot run here ({reason}): running its portable "
+                    "equivalent",
+                    file=sys.stderr,
+                )
+            else:
+                skipped[str(op)] = reason
+                print(
+                    f"mystique: skipping {op} on this device: {reason}", file=sys.stderr
+                )
+    if key in ported:
+        try:
+            return _ported(site, PORTABLE[key](*args, **kwargs))
+        except (NotImplementedError, RuntimeError) as exc:
+            reason = (str(exc).strip().splitlines() or ["unavailable"])[0][:160]
+            skipped[str(op)] = f"{ported.pop(key)}; its equivalent: {reason}"
+            print(
+                f"mystique: skipping {op} and its equivalent: {reason}", file=sys.stderr
+            )
     with _harness():
         rows = [_stand_in(row) for row in _FALLBACKS[site]]
     return rows[0] if len(rows) == 1 else tuple(rows)
+
+
+def _ported(site, result):
+    """A portable equivalent's result in its kernel's form: the outputs it leaves off
+    (a fused attention's log-sum-exp, seeds and offsets) stand in."""
+    rows = _FALLBACKS[site]
+    if len(rows) == 1:
+        return result[0] if isinstance(result, tuple) else result
+    with _harness():
+        rest = [_stand_in(row) for row in rows[len(result) :]]
+    return tuple(result) + tuple(rest)
 
 
 def _harness():
@@ -1270,6 +1609,22 @@ def _fit(value, shape, strides, rows_of_one=False, site=None):
         return _keep_fit(site, value, type(value)(fitted))
 
 
+def _laid_out(value, strides):
+    """A kernel's result in the layout the trace recorded, where a later view needs it
+    (`Op.keep_layout`): a kernel on another device or backend may lay it out otherwise
+    (a fused attention's output), and the view would refuse it. A copy only then."""
+    if value.stride() == strides or all(
+        size == 1 or a == b
+        for size, a, b in zip(value.shape, value.stride(), strides, strict=True)
+    ):
+        return value
+    with _harness():
+        laid = torch.empty_strided(
+            value.shape, strides, dtype=value.dtype, device=value.device
+        )
+        return laid.copy_(value)
+
+
 # A fit kept at its site is an index or a mask (no floating data, which a later op
 # would compute on: it stays this iteration's) of at most this many bytes: the fit's
 # fixed cost matters against small ops, and a large kept value would hold memory the
@@ -1912,7 +2267,9 @@ def main(argv=None):
             "ops": OPS,
             "skipped_at_runtime": sorted(_RUNTIME["skipped"]),
             "inputs_not_made_bytes": _RUNTIME["unmade_bytes"],
-            "equivalents_at_runtime": sorted(_RUNTIME["equivalents"]),
+            "equivalents_at_runtime": sorted(
+                {*_RUNTIME["equivalents"], *_RUNTIME["ported"]}
+            ),
             "trace": TRACE["name"],
             "trace_sha256": TRACE["sha256"],
             "generator": GENERATOR,
