@@ -15,11 +15,14 @@ Checks (rows):
                      (``--warmup 0 --iters 1``); with a Kineto pair, recorded vs replayed
                      kernel time; ``skipped_at_runtime``;
 * ``cuda-graph``     ``--cuda-graph`` on a captured training step, vs the eager replay;
-* ``dtype-bf16``     ``--dtype bfloat16`` on a GPU trace;
+* ``dtype-bf16``     ``--dtype bfloat16`` on a GPU trace, nothing skipped at run time;
 * ``nccl-1rank``     the DDP collectives of the ResNet-50 trace on a one-rank nccl group;
 * ``nccl-2rank``     a 2-rank DDP step captured and replayed under torchrun (>= 2 GPUs);
 * ``device-map``     a trace recorded on ``cuda:7`` replayed with ``--device cuda:0``;
 * ``memory-check``   a 1 TiB tensor: the benchmark must refuse with its message;
+* ``cross-device``   a transformer and a CNN training step captured on cuda replayed on
+                     cpu, and captured on cpu replayed on cuda: nothing skipped at run
+                     time (backend kernels run their portable equivalents);
 * ``fidelity``       three zoo models (transformer, CNN, embeddings) captured and
                      replayed: median and worst time error, host gaps off, recorded
                      and scaled.
@@ -65,8 +68,11 @@ OK, FAIL, SKIP = "OK", "FAIL", "SKIP"
 # Every row the table holds, in order (tests/test_gpu_check.py asserts each is printed).
 ROWS = ("streams", "trace:linear", "trace:simple_add", "trace:resnet50", "trace:gpt2",
         "cuda-graph", "dtype-bf16", "nccl-1rank", "nccl-2rank", "device-map", "memory-check",
-        "fidelity")
+        "cross-device", "fidelity")
 FIDELITY_MODELS = ("transformer", "cnn", "embedding")
+# Captured on the GPU and on the host, each replayed on the other device: autograd calls
+# backend kernels directly (cuDNN's batch-norm backward, a fused attention's backward).
+CROSS_MODELS = ("transformer", "cnn")
 # Real traces: (row, file, Kineto pair or None, cost on CPU that makes it opt-in there).
 TRACES = (
     ("trace:linear", "param/linear_et.json.gz", None, None),
@@ -369,11 +375,17 @@ def _pct(x: float) -> str:
 
 
 def _skipped(result: dict) -> str:
-    names = result.get("skipped_at_runtime") or []
+    """What the benchmark skipped at run time, and what ran as an equivalent."""
+    text = f"skipped_at_runtime: {_names(result.get('skipped_at_runtime'))}"
+    ported = result.get("equivalents_at_runtime")
+    return text + (f"; equivalents_at_runtime: {_names(ported)}" if ported else "")
+
+
+def _names(names: list[str] | None) -> str:
     if not names:
-        return "skipped_at_runtime: none"
+        return "none"
     more = f" +{len(names) - 3} more" if len(names) > 3 else ""
-    return f"skipped_at_runtime: {', '.join(names[:3])}{more}"
+    return f"{', '.join(names[:3])}{more}"
 
 
 def _tail(text: str, n: int = 300) -> str:
@@ -408,6 +420,7 @@ class Checker:
         self.pool = ThreadPoolExecutor(max_workers=workers)
         self.gens: dict[str, Future[Path]] = {}
         self.captures: dict[str, Any] = {}
+        self.host_captures: dict[str, Any] = {}  # CROSS_MODELS captured on the host
 
     # -- time budget
     def left(self) -> float:
@@ -506,7 +519,7 @@ class Checker:
     def all(self) -> list[Row]:
         # Captures time the eager step: nothing else may run beside them, so background
         # generation starts only once they are done.
-        if any(self.want(n) for n in ("streams", "cuda-graph", "fidelity")):
+        if any(self.want(n) for n in ("streams", "cuda-graph", "cross-device", "fidelity")):
             self.capture_models()
         self.prefetch()
         self.check("streams", self.streams)
@@ -519,6 +532,7 @@ class Checker:
         self.check("nccl-2rank", self.nccl_two_ranks)
         self.check("device-map", self.device_map)
         self.check("memory-check", self.memory_check)
+        self.check("cross-device", self.cross_device)
         self.check("fidelity", self.fidelity)
         self.pool.shutdown(wait=False, cancel_futures=True)
         return self.rows
@@ -549,8 +563,12 @@ class Checker:
             jobs.append(self.huge_job())
         for name in FIDELITY_MODELS:
             info = self.captures.get(name, {})
-            if "et" in info and self.want("fidelity"):
+            if "et" in info and (self.want("fidelity") or self.want("cross-device")):
                 jobs.append((f"cap_{name}", [info["et"], "--kineto", info["kineto"]]))
+        for name in CROSS_MODELS:
+            info = self.host_captures.get(name, {})
+            if "et" in info and self.want("cross-device"):
+                jobs.append((f"host_{name}", [info["et"]]))
         for key, args in jobs:
             self.generate(key, args)
 
@@ -576,6 +594,26 @@ class Checker:
             self.log(f"capture failed (rc {proc.returncode}): {_tail(proc.stderr, 1000)}")
             return
         self.captures = json.loads(path.read_text())
+        if self.cuda and self.want("cross-device"):
+            self.capture_on_host()
+
+    def capture_on_host(self) -> None:
+        """The cross-device models captured on the host, small (replayed on the GPU)."""
+        out = self.cfg.work / "captures_host"
+        out.mkdir(parents=True, exist_ok=True)
+        self.log(f"capturing {', '.join(CROSS_MODELS)} on cpu")
+        cmd = [self.cfg.python, str(Path(__file__).resolve()), "--_capture", str(out),
+               "cpu", "small", *CROSS_MODELS]
+        try:
+            proc = self.run(cmd, timeout=120)
+        except (CheckFailed, BudgetSpent) as exc:
+            self.log(f"capture on cpu: {exc}")
+            return
+        path = out / "captures.json"
+        if proc.returncode == 0 and path.exists():
+            self.host_captures = json.loads(path.read_text())
+        else:
+            self.log(f"capture on cpu failed (rc {proc.returncode}): {_tail(proc.stderr)}")
 
     # 1. streams
     def streams(self) -> Row:
@@ -685,7 +723,10 @@ class Checker:
         text = bench.read_text()
         if "torch.bfloat16" not in text:
             return Row("dtype-bf16", FAIL, detail="no torch.bfloat16 in the benchmark")
-        return Row("dtype-bf16", OK, f"iter {result['iter_ms_median']:.2f} ms, "
+        # A recast trace runs whole: a kernel that refuses the dtype runs its portable
+        # equivalent (cuDNN's batch-norm backward on bfloat16 ran none before).
+        status = FAIL if result.get("skipped_at_runtime") else OK
+        return Row("dtype-bf16", status, f"iter {result['iter_ms_median']:.2f} ms, "
                    f"{result['ops']} ops", f"{Path(args[0]).name} on {self.device}; "
                    f"{_skipped(result)}")
 
@@ -804,7 +845,36 @@ class Checker:
             return Row("memory-check", FAIL, numbers, detail)
         return Row("memory-check", OK, numbers, detail)
 
-    # 7. fidelity
+    # 7. cross-device
+    def cross_device(self) -> Row:
+        """Each capture replays whole on the other device: no op skipped at run time (a
+        backend kernel that cannot run there runs its portable equivalent)."""
+        replays = [(f"cap_{n}", n, self.device, "cpu") for n in CROSS_MODELS]
+        if self.cuda:
+            replays += [(f"host_{n}", n, "cpu", self.indexed) for n in CROSS_MODELS]
+        parts, bad = [], []
+        for key, name, recorded, target in replays:
+            info = (self.captures if key.startswith("cap_") else self.host_captures).get(name)
+            if not info or "et" not in info:
+                bad.append(f"{name} on {recorded}: not captured")
+                continue
+            bench = self.generated(key, [])
+            result, _ = self.bench(bench, "--device", target, "--warmup", "1", "--iters",
+                                   "1", "--json", "--host-gaps", "off", timeout=300)
+            if result.get("skipped_at_runtime"):
+                bad.append(f"{name} {recorded}->{target}: {_skipped(result)}")
+            parts.append(f"{name} {recorded}->{target} {result['iter_ms_median']:.2f} ms, "
+                         f"{result['ops']} ops, equivalents "
+                         f"{_names(result.get('equivalents_at_runtime'))}")
+        numbers = f"{len(parts)} replays, {len(bad)} with ops skipped or not captured"
+        detail = "; ".join(bad + parts)
+        if bad:
+            return Row("cross-device", FAIL, numbers, detail)
+        if not self.cuda:
+            return Row("cross-device", SKIP, numbers, f"the other device needs CUDA; {detail}")
+        return Row("cross-device", OK, numbers, detail)
+
+    # 8. fidelity
     def fidelity(self) -> Row:
         errors: dict[str, list[float]] = {"off": [], "recorded": [], "scaled": []}
         parts, failures = [], []
