@@ -476,6 +476,209 @@ def _fused_attention_backward(
     return grads if len(grads) == 4 else grads + (None,)
 
 
+# SyncBatchNorm's kernels (CUDA only): statistics, their reduction over ranks, the
+# normalisation, and its backward, written with reductions and elementwise ops.
+def _channels(input):
+    """The dimensions a batch norm reduces (all but the channels), and the shape that
+    broadcasts a per-channel vector over its input."""
+    dims = [d for d in range(input.dim()) if d != 1]
+    return dims, [1, -1] + [1] * (input.dim() - 2)
+
+
+def _batch_norm_stats(input, eps):
+    dims, _ = _channels(input)
+    var, mean = torch.var_mean(
+        input.to(torch.promote_types(input.dtype, torch.float32)),
+        dim=dims,
+        correction=0,
+    )
+    return mean, torch.rsqrt(var + eps)
+
+
+def _batch_norm_gather_stats_with_counts(
+    input, mean, invstd, running_mean, running_var, momentum, eps, counts
+):
+    """Every rank's mean and inverse std (rows), weighted by its element count."""
+    counts = counts.to(mean.dtype).reshape(-1, 1)
+    total = counts.sum()
+    global_mean = (mean * counts).sum(0) / total
+    var = (invstd.pow(-2) - eps + (mean - global_mean).pow(2)) * counts
+    global_var = var.sum(0) / total
+    with torch.no_grad():
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_(global_mean, alpha=momentum)
+        if running_var is not None:
+            unbiased = global_var * total / (total - 1).clamp(min=1)
+            running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
+    return global_mean, torch.rsqrt(global_var + eps)
+
+
+def _batch_norm_gather_stats(
+    input, mean, invstd, running_mean, running_var, momentum, eps, count
+):
+    counts = torch.full((mean.shape[0],), count, dtype=mean.dtype, device=mean.device)
+    return _batch_norm_gather_stats_with_counts(
+        input, mean, invstd, running_mean, running_var, momentum, eps, counts
+    )
+
+
+def _batch_norm_elemt(input, weight, bias, mean, invstd, eps):
+    _, shape = _channels(input)
+    out = (input - mean.view(shape)) * invstd.view(shape)
+    if weight is not None:
+        out = out * weight.view(shape)
+    if bias is not None:
+        out = out + bias.view(shape)
+    return out.to(input.dtype)
+
+
+def _batch_norm_backward_reduce(
+    grad_out, input, mean, invstd, weight, input_g, weight_g, bias_g
+):
+    """(sum of grad_out, sum of grad_out * (input - mean), the weight's and the
+    bias's grads) per channel."""
+    dims, shape = _channels(input)
+    sum_dy = grad_out.sum(dims)
+    sum_dy_xmu = (grad_out * (input - mean.view(shape))).sum(dims)
+    return sum_dy, sum_dy_xmu, sum_dy_xmu * invstd, sum_dy
+
+
+def _batch_norm_backward_elemt(
+    grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, count
+):
+    _, shape = _channels(input)
+    total = count.sum()
+    scale = invstd if weight is None else invstd * weight
+    projection = (input - mean.view(shape)) * (invstd.pow(2) * sum_dy_xmu / total).view(
+        shape
+    )
+    grad = (grad_out - (sum_dy / total).view(shape) - projection) * scale.view(shape)
+    return grad.to(input.dtype)
+
+
+def _max_pool2d_backward(
+    grad_output, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False
+):
+    """cuDNN's max-pool backward: the native one, from the indices of the maxima."""
+    args = (kernel_size, stride, padding, dilation, ceil_mode)
+    _, indices = torch.ops.aten.max_pool2d_with_indices.default(self, *args)
+    return torch.ops.aten.max_pool2d_with_indices_backward.default(
+        grad_output, self, *args, indices
+    )
+
+
+def _depthwise_convolution(self, weight, kernel_size, bias, stride, padding, dilation):
+    """_conv_depthwise2d and conv_depthwise3d: a convolution of one group per channel."""
+    return torch.ops.aten.convolution.default(
+        self,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0] * len(stride),
+        self.shape[1],
+    )
+
+
+def _fused_rms_norm_backward(
+    grad_out, input, normalized_shape, rstd, weight, output_mask
+):
+    """RMS norm's backward from its saved inverse root mean square."""
+    inner = tuple(range(input.dim() - len(normalized_shape), input.dim()))
+    normalised = input * rstd
+    scaled = grad_out if weight is None else grad_out * weight
+    mean = (scaled * normalised).mean(inner, keepdim=True)
+    grad_input = (rstd * (scaled - normalised * mean)).to(input.dtype)
+    if weight is None:
+        return grad_input, None
+    outer = tuple(range(input.dim() - len(normalized_shape)))
+    return grad_input, (grad_out * normalised).sum(outer).to(weight.dtype)
+
+
+def _with_out_dtype(op):
+    """mm, bmm, addmm and baddbmm with an out_dtype (CUDA only): in the inputs' dtype,
+    then cast."""
+
+    def run(*args, **kwargs):
+        *rest, out_dtype = args
+        return op(*rest, **kwargs).to(out_dtype)
+
+    return run
+
+
+def _lstm_gates(input_gates, hidden_gates, input_bias, hidden_bias):
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    return i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+
+
+def _fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    """_thnn_fused_lstm_cell: (hy, cy, the activated gates as its workspace)."""
+    i, f, g, o = _lstm_gates(input_gates, hidden_gates, input_bias, hidden_bias)
+    cy = f * cx + i * g
+    return o * cy.tanh(), cy, torch.cat([i, f, g, o], 1)
+
+
+def _fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    """_thnn_fused_lstm_cell_backward_impl: (the gates' grad, cx's, the bias's)."""
+    i, f, g, o = workspace.chunk(4, 1)
+    tanh_cy = cy.tanh()
+    grad_hy = torch.zeros_like(cy) if grad_hy is None else grad_hy
+    grad_c = grad_hy * o * (1 - tanh_cy * tanh_cy)
+    if grad_cy is not None:
+        grad_c = grad_c + grad_cy
+    grad_gates = torch.cat(
+        [
+            grad_c * g * i * (1 - i),
+            grad_c * cx * f * (1 - f),
+            grad_c * i * (1 - g * g),
+            grad_hy * tanh_cy * o * (1 - o),
+        ],
+        1,
+    )
+    return grad_gates, grad_c * f, grad_gates.sum(0) if has_bias else None
+
+
+def _fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    """_thnn_fused_gru_cell: (hy, its workspace r, z, n, hx and the hidden n gate)."""
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+        hidden_gates = hidden_gates + hidden_bias
+    ir, iz, in_ = input_gates.chunk(3, 1)
+    hr, hz, hn = hidden_gates.chunk(3, 1)
+    r, z = (ir + hr).sigmoid(), (iz + hz).sigmoid()
+    n = (in_ + r * hn).tanh()
+    return n + z * (hx - n), torch.cat([r, z, n, hx, hn], 1)
+
+
+def _fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    """_thnn_fused_gru_cell_backward: the input and hidden gates' grads, hx's, and
+    the two biases'."""
+    r, z, n, hx, hn = workspace.chunk(5, 1)
+    grad_n = grad_hy * (1 - z) * (1 - n * n)
+    grad_r = grad_n * hn * r * (1 - r)
+    grad_z = grad_hy * (hx - n) * z * (1 - z)
+    grad_input = torch.cat([grad_r, grad_z, grad_n], 1)
+    grad_hidden = torch.cat([grad_r, grad_z, grad_n * r], 1)
+    if not has_bias:
+        return grad_input, grad_hidden, grad_hy * z, None, None
+    return grad_input, grad_hidden, grad_hy * z, grad_input.sum(0), grad_hidden.sum(0)
+
+
+def _fused_dropout(self, p, generator=None):
+    """_fused_dropout: p is the probability to keep; its mask is bytes."""
+    out, mask = torch.ops.aten.native_dropout.default(self, 1 - p, True)
+    return out, mask.to(torch.uint8)
+
+
+def _masked_scale(self, mask, scale):
+    return self * mask * scale
+
+
 PORTABLE = {
     "aten::cudnn_batch_norm.default": _batch_norm,
     "aten::miopen_batch_norm.default": _batch_norm,
@@ -507,6 +710,28 @@ PORTABLE = {
     "aten::_scaled_dot_product_fused_attention_overrideable_backward.default": (
         _fused_attention_backward
     ),
+    "aten::batch_norm_stats.default": _batch_norm_stats,
+    "aten::batch_norm_gather_stats.default": _batch_norm_gather_stats,
+    "aten::batch_norm_gather_stats_with_counts.default": (
+        _batch_norm_gather_stats_with_counts
+    ),
+    "aten::batch_norm_elemt.default": _batch_norm_elemt,
+    "aten::batch_norm_backward_reduce.default": _batch_norm_backward_reduce,
+    "aten::batch_norm_backward_elemt.default": _batch_norm_backward_elemt,
+    "aten::max_pool2d_backward.default": _max_pool2d_backward,
+    "aten::_conv_depthwise2d.default": _depthwise_convolution,
+    "aten::conv_depthwise3d.default": _depthwise_convolution,
+    "aten::_fused_rms_norm_backward.default": _fused_rms_norm_backward,
+    "aten::mm.dtype": _with_out_dtype(torch.mm),
+    "aten::bmm.dtype": _with_out_dtype(torch.bmm),
+    "aten::addmm.dtype": _with_out_dtype(torch.addmm),
+    "aten::baddbmm.dtype": _with_out_dtype(torch.baddbmm),
+    "aten::_thnn_fused_lstm_cell.default": _fused_lstm_cell,
+    "aten::_thnn_fused_lstm_cell_backward_impl.default": _fused_lstm_cell_backward,
+    "aten::_thnn_fused_gru_cell.default": _fused_gru_cell,
+    "aten::_thnn_fused_gru_cell_backward.default": _fused_gru_cell_backward,
+    "aten::_fused_dropout.default": _fused_dropout,
+    "aten::_masked_scale.default": _masked_scale,
 }
 
 

@@ -846,3 +846,106 @@ class _FailingAttention:
 
     def __str__(self) -> str:
         return "aten._scaled_dot_product_efficient_attention.default"
+
+
+def test_sync_batch_norms_kernels_run_as_native_batch_norm_does():
+    """SyncBatchNorm's CUDA kernels, as their equivalents on one rank and two: the
+    statistics, their reduction over ranks, the normalisation and its backward agree
+    with native batch norm's over the whole batch."""
+    x, weight, bias, mean, var = _batch_norm_case()
+    out, save_mean, save_invstd = torch.ops.aten.native_batch_norm.default(
+        x, weight, bias, None, None, True, 0.1, 1e-5)
+    port = runtime.PORTABLE
+    halves = [port["aten::batch_norm_stats.default"](h, 1e-5) for h in x.chunk(2)]
+    running_mean, running_var = mean.clone(), var.clone()
+    got_mean, got_invstd = port["aten::batch_norm_gather_stats_with_counts.default"](
+        x, torch.stack([m for m, _ in halves]), torch.stack([s for _, s in halves]),
+        running_mean, running_var, 0.1, 1e-5, torch.tensor([50.0, 50.0]))
+    torch.testing.assert_close(got_mean, save_mean)
+    torch.testing.assert_close(got_invstd, save_invstd)
+    torch.testing.assert_close(running_mean, 0.1 * save_mean)
+    torch.testing.assert_close(running_var, 0.9 + 0.1 * x.var(dim=(0, 2, 3)))
+    torch.testing.assert_close(port["aten::batch_norm_gather_stats.default"](
+        x, got_mean[None], got_invstd[None], None, None, 0.1, 1e-5, 100)[1], save_invstd)
+    torch.testing.assert_close(port["aten::batch_norm_elemt.default"](
+        x, weight, bias, got_mean, got_invstd, 1e-5), out)
+    grad = torch.randn_like(x)
+    want = torch.ops.aten.native_batch_norm_backward.default(
+        grad, x, weight, None, None, save_mean, save_invstd, True, 1e-5, [True] * 3)
+    sum_dy, sum_dy_xmu, grad_weight, grad_bias = port[
+        "aten::batch_norm_backward_reduce.default"](
+        grad, x, got_mean, got_invstd, weight, True, True, True)
+    grad_input = port["aten::batch_norm_backward_elemt.default"](
+        grad, x, got_mean, got_invstd, weight, sum_dy, sum_dy_xmu,
+        torch.tensor([50, 50], dtype=torch.int32))
+    for got, expected in zip((grad_input, grad_weight, grad_bias), want, strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_cuda_only_pooling_convolution_and_norm_kernels_have_their_gradients():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 9, 9, generator=gen, requires_grad=True)
+    pooled = torch.nn.functional.max_pool2d(x, 3, 2, 1)
+    grad = torch.randn(pooled.shape, generator=gen)
+    (want,) = torch.autograd.grad(pooled, x, grad)
+    got = runtime.PORTABLE["aten::max_pool2d_backward.default"](
+        grad, x.detach(), [3, 3], [2, 2], [1, 1], [1, 1], False)
+    torch.testing.assert_close(got, want)
+    weight, bias = torch.randn(4, 1, 3, 3, generator=gen), torch.randn(4, generator=gen)
+    torch.testing.assert_close(
+        runtime.PORTABLE["aten::_conv_depthwise2d.default"](
+            x.detach(), weight, [3, 3], bias, [1, 1], [1, 1], [1, 1]),
+        torch.nn.functional.conv2d(x.detach(), weight, bias, 1, 1, 1, groups=4))
+    h = torch.randn(3, 5, 8, generator=gen, requires_grad=True)
+    w = torch.rand(8, generator=gen, requires_grad=True)
+    normed = torch.rms_norm(h, [8], w, 1e-6)
+    grad = torch.randn(normed.shape, generator=gen)
+    want = torch.autograd.grad(normed, (h, w), grad)
+    rstd = torch.rsqrt(h.detach().pow(2).mean(-1, keepdim=True) + 1e-6)
+    got = runtime.PORTABLE["aten::_fused_rms_norm_backward.default"](
+        grad, h.detach(), [8], rstd, w.detach(), [True, True])
+    for g, expected in zip(got, want, strict=True):
+        torch.testing.assert_close(g, expected)
+    a, b = torch.randn(4, 6, generator=gen), torch.randn(6, 5, generator=gen)
+    torch.testing.assert_close(
+        runtime.PORTABLE["aten::mm.dtype"](a, b, torch.float64), (a @ b).double())
+    torch.testing.assert_close(
+        runtime.PORTABLE["aten::addmm.dtype"](a[:, :5], a, b, torch.float64, beta=0.5),
+        torch.addmm(a[:, :5], a, b, beta=0.5).double())
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_fused_rnn_cells_match_the_cells_and_their_autograd(cell):
+    """nn.LSTMCell and nn.GRUCell on CUDA run fused kernels (and autograd their fused
+    backward by name); the equivalents compute the cells and the same gradients."""
+    gen = torch.Generator().manual_seed(0)
+    gates = 4 if cell == "lstm" else 3
+    x, h = torch.randn(5, 7, generator=gen), torch.randn(5, 6, generator=gen)
+    w_ih = torch.randn(gates * 6, 7, generator=gen)
+    w_hh = torch.randn(gates * 6, 6, generator=gen)
+    b_ih, b_hh = torch.randn(gates * 6, generator=gen), torch.randn(gates * 6, generator=gen)
+    input_gates = (x @ w_ih.T).requires_grad_()
+    hidden_gates = (h @ w_hh.T).requires_grad_()
+    if cell == "lstm":
+        c = torch.randn(5, 6, generator=gen, requires_grad=True)
+        hy, cy, workspace = runtime.PORTABLE["aten::_thnn_fused_lstm_cell.default"](
+            input_gates, hidden_gates, c, b_ih, b_hh)
+        want_h, want_c = torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
+        torch.testing.assert_close((hy, cy), (want_h, want_c))
+        grad_h, grad_c = torch.randn_like(hy), torch.randn_like(cy)
+        want = torch.autograd.grad((hy, cy), (input_gates, c), (grad_h, grad_c))
+        got = runtime.PORTABLE["aten::_thnn_fused_lstm_cell_backward_impl.default"](
+            grad_h, grad_c, c.detach(), cy.detach(), workspace.detach(), True)
+        torch.testing.assert_close(got[:2], want)
+        torch.testing.assert_close(got[2], want[0].sum(0))
+    else:
+        h.requires_grad_()
+        hy, workspace = runtime.PORTABLE["aten::_thnn_fused_gru_cell.default"](
+            input_gates, hidden_gates, h, b_ih, b_hh)
+        torch.testing.assert_close(hy, torch.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh))
+        grad_h = torch.randn_like(hy)
+        want = torch.autograd.grad(hy, (input_gates, hidden_gates, h), grad_h)
+        got = runtime.PORTABLE["aten::_thnn_fused_gru_cell_backward.default"](
+            grad_h, workspace.detach(), True)
+        torch.testing.assert_close(got[:3], want)
+        torch.testing.assert_close(got[3:], (want[0].sum(0), want[1].sum(0)))

@@ -25,6 +25,7 @@ from mystique_gen.ir import (
     iter_tensors,
 )
 from mystique_gen.ir.schema import parse_signature
+from mystique_gen.passes import kernels
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops, sparse_tensors
 from mystique_gen.sources.et import RawArg, RawNode, load_trace, trace_from_document
@@ -1187,3 +1188,16 @@ def test_compiled_regions_say_their_unrecorded_kernels_are_not_replayed(kernel, 
     listed = {d.name for d in program.diagnostics if "torch.compile's kernels" in d.reason}
     expected = "CompiledFunction" if graph == "training" else "Torch-Compiled Region: 0/0"
     assert listed == (set() if kernel else {expected})
+
+
+def test_an_op_without_a_kernel_for_every_device_is_guarded():
+    """The generating PyTorch's dispatcher tells which aten ops have no kernel for
+    every device (SyncBatchNorm's, CUDA only); a trace's op is guarded by that, not
+    only by name, and says whether it has a portable equivalent."""
+    assert kernels.guard_reason("aten::relu.default") is None
+    assert kernels.guard_reason("aten::add.Tensor") is None
+    assert kernels.guard_reason("aten::batch_norm_stats.default") == (
+        "kernels for some devices only, with a portable equivalent")
+    assert kernels.guard_reason("aten::_spsolve.default") == "kernels for some devices only"
+    assert kernels.guard_reason("aten::cudnn_batch_norm.default") == (
+        "backend-specific kernel, with a portable equivalent")

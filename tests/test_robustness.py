@@ -518,3 +518,37 @@ def test_a_view_of_a_kernel_output_laid_out_elsewhere_still_views(tmp_path, caps
     proc = run_benchmark(path, "--device", "cpu", "--iters", "2", "--warmup", "1", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert last_json(proc.stdout)["skipped_at_runtime"] == []
+
+
+def test_sync_batch_norm_from_a_gpu_trace_runs_on_the_host(tmp_path, capsys):
+    """SyncBatchNorm calls CUDA-only kernels by name (no name says so: the generating
+    PyTorch's dispatcher does); the benchmark stopped at the first one on the host. It
+    now guards them and runs their portable equivalents."""
+    b = TraceBuilder()
+    x = b.tensor((8, 4, 6, 6), device="cuda")
+    weight, bias = b.tensor((4,), device="cuda"), b.tensor((4,), device="cuda")
+    mean, invstd = b.tensor((4,), device="cuda"), b.tensor((4,), device="cuda")
+    means, invstds = b.tensor((2, 4), device="cuda"), b.tensor((2, 4), device="cuda")
+    counts = b.tensor((2,), device="cuda")
+    gmean, ginvstd = b.tensor((4,), device="cuda"), b.tensor((4,), device="cuda")
+    out = b.tensor((8, 4, 6, 6), device="cuda")
+    b.op("aten::batch_norm_stats(Tensor input, float eps) -> (Tensor, Tensor)",
+         [x, 1e-5], [mean, invstd])
+    b.op("aten::batch_norm_gather_stats_with_counts(Tensor input, Tensor mean, Tensor "
+         "invstd, Tensor? running_mean, Tensor? running_var, float momentum, float eps, "
+         "Tensor counts) -> (Tensor, Tensor)",
+         [x, means, invstds, None, None, 0.1, 1e-5, counts], [gmean, ginvstd])
+    b.op("aten::batch_norm_elemt(Tensor input, Tensor? weight, Tensor? bias, Tensor mean, "
+         "Tensor invstd, float eps) -> Tensor", [x, weight, bias, gmean, ginvstd, 1e-5], [out])
+    rc, err, path = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    header = " ".join(path.read_text().split('"""')[1].split())
+    assert ("- aten::batch_norm_stats x1: kernels for some devices only, with a portable "
+            "equivalent") in header
+    proc = run_benchmark(path, "--device", "cpu", "--iters", "2", "--warmup", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    facts = last_json(proc.stdout)
+    assert facts["skipped_at_runtime"] == [] and facts["ops"] == 3
+    assert facts["equivalents_at_runtime"] == [
+        "aten::batch_norm_elemt.default", "aten::batch_norm_gather_stats_with_counts.default",
+        "aten::batch_norm_stats.default"]

@@ -34,6 +34,7 @@ from mystique_gen.oprules.availability import (
     NEEDS_ACCELERATOR,
     PUBLIC_MODULES,
     UNSUPPORTED_ARG_TYPES,
+    device_specific_reason,
     guard_reason,
 )
 from mystique_gen.oprules.base import (
@@ -174,5 +175,6 @@ __all__ = [
     "SPARSE_FACTS", "SizeOf",
     "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "WINDOW_BOUNDS",
     "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
-    "guard_reason", "merged", "op_category", "reduce_op_name", "wire_form",
+    "device_specific_reason", "guard_reason", "merged", "op_category", "reduce_op_name",
+    "wire_form",
 ]

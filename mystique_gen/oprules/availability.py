@@ -46,7 +46,15 @@ def guard_reason(namespace: str, name: str, overload: str = "default") -> str | 
     return None
 
 
+def device_specific_reason(namespace: str, name: str, overload: str = "default") -> str:
+    """The guard of an op whose kernels serve some devices only (passes/kernels.py)."""
+    if f"{namespace}::{name}.{overload}" in PORTABLE:
+        return f"{DEVICE_KERNEL}, {PORTED}"
+    return DEVICE_KERNEL
+
+
 BACKEND_KERNEL = "backend-specific kernel"
+DEVICE_KERNEL = "kernels for some devices only"
 PORTED = "with a portable equivalent"
 
 

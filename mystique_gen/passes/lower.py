@@ -48,6 +48,7 @@ from mystique_gen.ir.dtypes import (
     dtype_from_type_string,
 )
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
+from mystique_gen.passes import kernels
 from mystique_gen.passes.select import Selected, SparseTensors
 from mystique_gen.sources.et import RawArg, RawNode
 
@@ -158,7 +159,7 @@ def _not_replayed_reason(sig: Signature) -> str | None:
 
 @lru_cache(maxsize=4096)
 def _guard(sig: Signature) -> str | None:
-    reason = oprules.guard_reason(sig.namespace, sig.name, sig.overload)
+    reason = kernels.guard_reason(f"{sig.namespace}::{sig.name}.{sig.overload}")
     if sig.namespace in oprules.NAMESPACE_MODULES:  # registered when its module loads
         with contextlib.suppress(ImportError):
             importlib.import_module(oprules.NAMESPACE_MODULES[sig.namespace])

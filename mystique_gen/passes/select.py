@@ -29,6 +29,7 @@ from mystique_gen import oprules
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, SparseLayout, TensorMeta, not_replayed
 from mystique_gen.ir.schema import ArgSpec, SchemaError, is_op_name, parse_signature
+from mystique_gen.passes import kernels
 from mystique_gen.sources.et import (
     RawArg,
     RawNode,
@@ -811,7 +812,8 @@ def _portable_children(kids: list[RawNode], replayed_as_children: Set[int] = fro
     children) can."""
     ops = [k for k in kids if k.op_schema]
     return bool(ops) and all(
-        k.id in replayed_as_children or oprules.guard_reason(*k.name.split("::", 1)) is None
+        k.id in replayed_as_children
+        or kernels.guard_reason(k.op_schema.split("(", 1)[0].strip()) is None
         for k in ops if "::" in k.name)
 
 
