@@ -579,41 +579,32 @@ class Checker:
 
     def capture_models(self) -> None:
         names = ["two_streams", *FIDELITY_MODELS] + (["mlp"] if self.cuda else [])
-        out = self.cfg.work / "captures"
+        size = "small" if not self.cuda else "full"
+        self.captures = self.captured("captures", self.device, size, names, timeout=240)
+        if self.captures and self.cuda and self.want("cross-device"):
+            # The cross-device models captured on the host too (replayed on the GPU).
+            self.host_captures = self.captured("captures_host", "cpu", "small",
+                                               list(CROSS_MODELS), timeout=120)
+
+    def captured(self, folder: str, device: str, size: str, names: list[str], *,
+                 timeout: float) -> dict[str, Any]:
+        """Capture ``names`` on ``device`` in a child process; their captures.json."""
+        out = self.cfg.work / folder
         out.mkdir(parents=True, exist_ok=True)
-        self.log(f"capturing {', '.join(names)} on {self.device}")
+        self.log(f"capturing {', '.join(names)} on {device}")
         cmd = [self.cfg.python, str(Path(__file__).resolve()), "--_capture", str(out),
-               self.device, "small" if not self.cuda else "full", *names]
+               device, size, *names]
         try:
-            proc = self.run(cmd, timeout=240)
+            proc = self.run(cmd, timeout=timeout)
         except (CheckFailed, BudgetSpent) as exc:
-            self.log(f"capture: {exc}")
-            return
+            self.log(f"capture on {device}: {exc}")
+            return {}
         path = out / "captures.json"
         if proc.returncode != 0 or not path.exists():
-            self.log(f"capture failed (rc {proc.returncode}): {_tail(proc.stderr, 1000)}")
-            return
-        self.captures = json.loads(path.read_text())
-        if self.cuda and self.want("cross-device"):
-            self.capture_on_host()
-
-    def capture_on_host(self) -> None:
-        """The cross-device models captured on the host, small (replayed on the GPU)."""
-        out = self.cfg.work / "captures_host"
-        out.mkdir(parents=True, exist_ok=True)
-        self.log(f"capturing {', '.join(CROSS_MODELS)} on cpu")
-        cmd = [self.cfg.python, str(Path(__file__).resolve()), "--_capture", str(out),
-               "cpu", "small", *CROSS_MODELS]
-        try:
-            proc = self.run(cmd, timeout=120)
-        except (CheckFailed, BudgetSpent) as exc:
-            self.log(f"capture on cpu: {exc}")
-            return
-        path = out / "captures.json"
-        if proc.returncode == 0 and path.exists():
-            self.host_captures = json.loads(path.read_text())
-        else:
-            self.log(f"capture on cpu failed (rc {proc.returncode}): {_tail(proc.stderr)}")
+            self.log(f"capture on {device} failed (rc {proc.returncode}): "
+                     f"{_tail(proc.stderr, 1000)}")
+            return {}
+        return json.loads(path.read_text())
 
     # 1. streams
     def streams(self) -> Row:

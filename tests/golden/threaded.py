@@ -269,38 +269,31 @@ def _batch_norm_backward(
     )
 
 
-def _convolution(self, weight, padding, stride, dilation, groups, *flags):
-    """cudnn_convolution: no bias."""
-    return torch.ops.aten.convolution.default(
-        self, weight, None, stride, padding, dilation, False, [0] * len(stride), groups
-    )
+def _convolution_as(transposed, with_bias):
+    """cuDNN's, MIOpen's and oneDNN's convolutions as aten::convolution: their
+    arguments are (self, weight, [bias,] padding, [output_padding,] stride, dilation,
+    groups, [their own flags])."""
 
+    def run(self, weight, *args):
+        bias, args = (args[0], args[1:]) if with_bias else (None, args)
+        if transposed:
+            padding, output_padding, stride, dilation, groups = args[:5]
+        else:
+            padding, stride, dilation, groups = args[:4]
+            output_padding = [0] * len(stride)
+        return torch.ops.aten.convolution.default(
+            self,
+            weight,
+            bias,
+            stride,
+            padding,
+            dilation,
+            transposed,
+            output_padding,
+            groups,
+        )
 
-def _convolution_transpose(
-    self, weight, padding, output_padding, stride, dilation, groups, *flags
-):
-    """cudnn_convolution_transpose: no bias."""
-    return torch.ops.aten.convolution.default(
-        self, weight, None, stride, padding, dilation, True, output_padding, groups
-    )
-
-
-def _convolution_with_bias(
-    self, weight, bias, padding, stride, dilation, groups, *flags
-):
-    """miopen_convolution, miopen_depthwise_convolution, mkldnn_convolution."""
-    return torch.ops.aten.convolution.default(
-        self, weight, bias, stride, padding, dilation, False, [0] * len(stride), groups
-    )
-
-
-def _convolution_transpose_with_bias(
-    self, weight, bias, padding, output_padding, stride, dilation, groups, *flags
-):
-    """miopen_convolution_transpose."""
-    return torch.ops.aten.convolution.default(
-        self, weight, bias, stride, padding, dilation, True, output_padding, groups
-    )
+    return run
 
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
@@ -684,12 +677,12 @@ PORTABLE = {
     "aten::miopen_batch_norm.default": _batch_norm,
     "aten::cudnn_batch_norm_backward.default": _batch_norm_backward,
     "aten::miopen_batch_norm_backward.default": _batch_norm_backward,
-    "aten::cudnn_convolution.default": _convolution,
-    "aten::cudnn_convolution_transpose.default": _convolution_transpose,
-    "aten::miopen_convolution.default": _convolution_with_bias,
-    "aten::miopen_depthwise_convolution.default": _convolution_with_bias,
-    "aten::mkldnn_convolution.default": _convolution_with_bias,
-    "aten::miopen_convolution_transpose.default": _convolution_transpose_with_bias,
+    "aten::cudnn_convolution.default": _convolution_as(False, False),
+    "aten::cudnn_convolution_transpose.default": _convolution_as(True, False),
+    "aten::miopen_convolution.default": _convolution_as(False, True),
+    "aten::miopen_depthwise_convolution.default": _convolution_as(False, True),
+    "aten::mkldnn_convolution.default": _convolution_as(False, True),
+    "aten::miopen_convolution_transpose.default": _convolution_as(True, True),
     "aten::_scaled_dot_product_flash_attention.default": _flash_attention,
     "aten::_scaled_dot_product_flash_attention_for_cpu.default": _flash_attention,
     "aten::_scaled_dot_product_efficient_attention.default": _mask_attention,
