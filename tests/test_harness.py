@@ -949,3 +949,25 @@ def test_fused_rnn_cells_match_the_cells_and_their_autograd(cell):
             grad_h, workspace.detach(), True)
         torch.testing.assert_close(got[:3], want)
         torch.testing.assert_close(got[3:], (want[0].sum(0), want[1].sum(0)))
+
+
+def test_an_op_this_pytorch_lacks_is_skipped_where_guarded_and_named_where_not(
+        monkeypatch, capsys):
+    """A file generated with a newer PyTorch, run with an older one: an op the older
+    one lacks stands in where the file guards it (its reason the lookup's), and where
+    the file calls it unguarded the error says which op, which PyTorch, and what to do
+    (a bare NotImplementedError named only the attribute lookup)."""
+    missing = runtime._op(lambda: torch.ops.aten.no_such_op_here.default,
+                          "aten::no_such_op_here.default")
+    assert isinstance(missing, runtime._Unavailable)
+    monkeypatch.setattr(runtime, "_FALLBACKS", [[(torch.float32, [2], [1], "device")]])
+    monkeypatch.setitem(runtime._RUNTIME, "skipped", {})
+    monkeypatch.setitem(runtime._RUNTIME, "device", torch.device("cpu"))
+    assert runtime._guarded(0, missing).shape == (2,)
+    (reason,) = runtime._RUNTIME["skipped"].values()
+    assert "no_such_op_here" in reason and "mystique:" not in reason
+    with pytest.raises(NotImplementedError) as raised:
+        missing(torch.ones(2))
+    text = str(raised.value)
+    assert "aten::no_such_op_here.default is not an operator of this PyTorch" in text
+    assert torch.__version__ in text and "--exclude" in text

@@ -133,7 +133,14 @@ class _Unavailable:
         self.why = why
 
     def __call__(self, *args, **kwargs):
-        raise NotImplementedError(self.why)
+        # Reached where the file calls it unguarded (_guarded skips it): the PyTorch
+        # here is older than the one that generated the file, which had it.
+        raise NotImplementedError(
+            f"mystique: {self.name} is not an operator of this PyTorch "
+            f"({torch.__version__}: {self.why}); the benchmark runs it unguarded, as "
+            "the PyTorch that generated it has it: run it with that PyTorch or a later "
+            "one, or generate it again with --exclude for this op"
+        )
 
     def __str__(self):
         return self.name
@@ -871,7 +878,8 @@ def _guarded(site, op, *args, **kwargs):
             # dtype mismatch surfaced as gloo's "Connection closed by peer").
             if _RUNTIME.get("comm") and "c10d" in str(op).partition(".")[0]:
                 raise
-            reason = (str(exc).strip().splitlines() or ["unavailable"])[0][:160]
+            why = op.why if isinstance(op, _Unavailable) else str(exc)
+            reason = (why.strip().splitlines() or ["unavailable"])[0][:160]
             if key in PORTABLE:
                 ported[key] = reason
                 print(
