@@ -36,7 +36,8 @@ NEEDS_ACCELERATOR = frozenset({"pin_memory", "_pin_memory"})
 def guard_reason(namespace: str, name: str, overload: str = "default") -> str | None:
     """Why an op may be unavailable on the replay machine (then it is guarded), or None."""
     if name in NEEDS_ACCELERATOR:
-        return "needs an accelerator"
+        ported = f"{namespace}::{name}.{overload}" in PORTABLE
+        return f"needs an accelerator, {PORTED}" if ported else "needs an accelerator"
     if namespace not in CORE_NAMESPACES:
         return f"namespace {namespace}:: may not be loaded"
     if BACKEND_SPECIFIC.search(name):

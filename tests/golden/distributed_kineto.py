@@ -716,6 +716,11 @@ def _masked_scale(self, mask, scale):
     return self * mask * scale
 
 
+def _pinned(self, device=None):
+    """pin_memory without an accelerator: the copy, into pageable memory."""
+    return self.clone()
+
+
 PORTABLE = {
     "aten::cudnn_batch_norm.default": _batch_norm,
     "aten::miopen_batch_norm.default": _batch_norm,
@@ -769,6 +774,8 @@ PORTABLE = {
     "aten::_thnn_fused_gru_cell_backward.default": _fused_gru_cell_backward,
     "aten::_fused_dropout.default": _fused_dropout,
     "aten::_masked_scale.default": _masked_scale,
+    "aten::pin_memory.default": _pinned,
+    "aten::_pin_memory.default": _pinned,
 }
 
 
