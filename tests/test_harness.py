@@ -974,3 +974,66 @@ def test_an_op_this_pytorch_lacks_is_skipped_where_guarded_and_named_where_not(
     text = str(raised.value)
     assert "aten::no_such_op_here.default is not an operator of this PyTorch" in text
     assert torch.__version__ in text and "--exclude" in text
+
+
+@pytest.mark.parametrize("mode,packed", [(2, False), (2, True), (3, False), (1, True)])
+def test_cudnn_rnns_run_as_torchs_portable_rnns_with_their_gradients(mode, packed):
+    """An LSTM, GRU or RNN trained on CUDA calls cuDNN's network and, in autograd, its
+    backward by name: the equivalents run the network through torch's portable
+    kernels, and the backward gives the gradients autograd gives the module."""
+    torch.manual_seed(0)
+    cls = {1: torch.nn.RNN, 2: torch.nn.LSTM, 3: torch.nn.GRU}[mode]
+    net = cls(4, 5, num_layers=2, bidirectional=True)
+    length, batch = 6, 3
+    x = torch.randn(length, batch, 4, requires_grad=True)
+    h0 = torch.randn(4, batch, 5, requires_grad=True)
+    c0 = torch.randn(4, batch, 5, requires_grad=True) if mode == 2 else None
+    lengths = [6, 4, 2]
+    data = (torch.nn.utils.rnn.pack_padded_sequence(x, lengths) if packed else x)
+    out, hidden = net(data, (h0, c0) if mode == 2 else h0)
+    out = out.data if packed else out
+    hy, cy = hidden if mode == 2 else (hidden, None)
+    grads = [torch.randn_like(t) for t in (out, hy)]
+    leaves = [x, h0] + ([c0] if c0 is not None else []) + list(net._flat_weights)
+    want = torch.autograd.grad([out, hy], leaves, grads)
+    sizes = data.batch_sizes.tolist() if packed else []
+    inp = data.data.detach() if packed else x.detach()
+    args = dict(input=inp, weight=[w.detach() for w in net._flat_weights],
+                weight_stride0=4, weight_buf=torch.empty(0), hx=h0.detach(),
+                cx=None if c0 is None else c0.detach(), mode=mode, hidden_size=5,
+                proj_size=0, num_layers=2, batch_first=False, dropout=0.0, train=True,
+                bidirectional=True, batch_sizes=sizes, dropout_state=None)
+    forward = runtime.PORTABLE["aten::_cudnn_rnn.default"](*_schema_call(
+        "aten::_cudnn_rnn.default", args)[0])
+    torch.testing.assert_close(forward[0], out.detach())
+    args.update(output=out.detach(), grad_output=grads[0], grad_hy=grads[1],
+                grad_cy=None, reserve=torch.empty(0), output_mask=[True] * 4)
+    for key in ("aten::_cudnn_rnn_backward.default", "aten::miopen_rnn_backward.default"):
+        grad_x, grad_h, grad_c, grad_w = runtime.PORTABLE[key](*_schema_call(key, args)[0])
+        got = [grad_x, grad_h] + ([grad_c] if c0 is not None else []) + grad_w
+        if packed:  # the packed input's grad, padded back like the module's
+            got[0] = torch.nn.utils.rnn.pad_packed_sequence(
+                torch.nn.utils.rnn.PackedSequence(grad_x, data.batch_sizes))[0]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_hosts_lstm_layer_runs_as_torchs_portable_lstm(reverse):
+    """A host trace's LSTM runs oneDNN's layer and, in autograd, its backward by name
+    (neither runs on a GPU): the equivalents match both, here where they run."""
+    torch.manual_seed(0)
+    x, h, c = torch.randn(6, 3, 4), torch.randn(3, 5), torch.randn(3, 5)
+    weights = [torch.randn(20, 4), torch.randn(20, 5), torch.randn(20), torch.randn(20)]
+    flags = (reverse, [], 2, 5, 1, True, False, False, True)
+    want = torch.ops.aten.mkldnn_rnn_layer.default(x, *weights, h, c, *flags)
+    got = runtime.PORTABLE["aten::mkldnn_rnn_layer.default"](x, *weights, h, c, *flags)
+    torch.testing.assert_close(got, want[:3])
+    grads = [torch.randn_like(t) for t in want[:3]]
+    back = (reverse, 2, 5, 1, True, True, False, [], False, want[3])
+    expected = torch.ops.aten.mkldnn_rnn_layer_backward.default(
+        x, *weights, h, c, *want[:3], *grads, *back)
+    got = runtime.PORTABLE["aten::mkldnn_rnn_layer_backward.default"](
+        x, *weights, h, c, *want[:3], *grads, *back)
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)

@@ -679,6 +679,352 @@ def _masked_scale(self, mask, scale):
     return self * mask * scale
 
 
+# cuDNN's and MIOpen's recurrent networks: their weights are the module's flat list (a
+# layer's w_ih, w_hh, then b_ih, b_hh and w_hr where it has them); `mode` is 0 for a
+# ReLU RNN, 1 for tanh, 2 for an LSTM, 3 for a GRU.
+def _rnn(
+    input,
+    weight,
+    weight_stride0,
+    hx,
+    cx,
+    mode,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+):
+    """The network through torch's portable kernels: (output, hy[, cy])."""
+    run = (torch._VF.rnn_relu, torch._VF.rnn_tanh, torch._VF.lstm, torch._VF.gru)[mode]
+    hidden = (hx, cx) if mode == 2 else hx
+    has_biases = weight_stride0 >= 4
+    if batch_sizes:  # a packed sequence
+        sizes = torch.tensor(list(batch_sizes), dtype=torch.int64)
+        return run(
+            input,
+            sizes,
+            hidden,
+            weight,
+            has_biases,
+            num_layers,
+            dropout,
+            train,
+            bidirectional,
+        )
+    return run(
+        input,
+        hidden,
+        weight,
+        has_biases,
+        num_layers,
+        dropout,
+        train,
+        bidirectional,
+        batch_first,
+    )
+
+
+def _cudnn_rnn(
+    input,
+    weight,
+    weight_stride0,
+    weight_buf,
+    hx,
+    cx,
+    mode,
+    hidden_size,
+    proj_size,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+    dropout_state,
+):
+    """_cudnn_rnn: output, hy and cy; its reserve and weight buffer stand in."""
+    return tuple(
+        _rnn(
+            input,
+            weight,
+            weight_stride0,
+            hx,
+            cx,
+            mode,
+            num_layers,
+            batch_first,
+            dropout,
+            train,
+            bidirectional,
+            batch_sizes,
+        )
+    )
+
+
+def _miopen_rnn(
+    input,
+    weight,
+    weight_stride0,
+    hx,
+    cx,
+    mode,
+    hidden_size,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+    dropout_state,
+):
+    return tuple(
+        _rnn(
+            input,
+            weight,
+            weight_stride0,
+            hx,
+            cx,
+            mode,
+            num_layers,
+            batch_first,
+            dropout,
+            train,
+            bidirectional,
+            batch_sizes,
+        )
+    )
+
+
+def _rnn_backward(
+    input,
+    weight,
+    weight_stride0,
+    hx,
+    cx,
+    grad_output,
+    grad_hy,
+    grad_cy,
+    mode,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+):
+    """The network's forward again, then autograd's backward: (the input's grad,
+    hx's, cx's, the weights')."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (input, hx)]
+        if cx is not None:
+            leaves.append(cx.detach().requires_grad_())
+        weights = [w.detach().requires_grad_() for w in weight]
+        outputs = _rnn(
+            leaves[0],
+            weights,
+            weight_stride0,
+            leaves[1],
+            leaves[2] if cx is not None else None,
+            mode,
+            num_layers,
+            batch_first,
+            dropout,
+            train,
+            bidirectional,
+            batch_sizes,
+        )
+        pairs = [
+            (o, g)
+            for o, g in zip(outputs, (grad_output, grad_hy, grad_cy), strict=False)
+            if g is not None
+        ]
+        grads = torch.autograd.grad(
+            [o for o, _ in pairs],
+            leaves + weights,
+            [g for _, g in pairs],
+            allow_unused=True,
+        )
+    grad_cx = grads[2] if cx is not None else None
+    return grads[0], grads[1], grad_cx, list(grads[len(leaves) :])
+
+
+def _cudnn_rnn_backward(
+    input,
+    weight,
+    weight_stride0,
+    weight_buf,
+    hx,
+    cx,
+    output,
+    grad_output,
+    grad_hy,
+    grad_cy,
+    mode,
+    hidden_size,
+    proj_size,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+    dropout_state,
+    reserve,
+    output_mask,
+):
+    return _rnn_backward(
+        input,
+        weight,
+        weight_stride0,
+        hx,
+        cx,
+        grad_output,
+        grad_hy,
+        grad_cy,
+        mode,
+        num_layers,
+        batch_first,
+        dropout,
+        train,
+        bidirectional,
+        batch_sizes,
+    )
+
+
+def _miopen_rnn_backward(
+    input,
+    weight,
+    weight_stride0,
+    weight_buf,
+    hx,
+    cx,
+    output,
+    grad_output,
+    grad_hy,
+    grad_cy,
+    mode,
+    hidden_size,
+    num_layers,
+    batch_first,
+    dropout,
+    train,
+    bidirectional,
+    batch_sizes,
+    dropout_state,
+    reserve,
+    output_mask,
+):
+    return _rnn_backward(
+        input,
+        weight,
+        weight_stride0,
+        hx,
+        cx,
+        grad_output,
+        grad_hy,
+        grad_cy,
+        mode,
+        num_layers,
+        batch_first,
+        dropout,
+        train,
+        bidirectional,
+        batch_sizes,
+    )
+
+
+def _mkldnn_rnn_layer(
+    input,
+    weight0,
+    weight1,
+    weight2,
+    weight3,
+    hx_,
+    cx_,
+    reverse,
+    batch_sizes,
+    mode,
+    hidden_size,
+    num_layers,
+    has_biases,
+    bidirectional,
+    batch_first,
+    train,
+):
+    """oneDNN's LSTM layer on the host (one layer, one direction; hx_ and cx_ are
+    batch x hidden): output, hy and cy; its workspace stands in."""
+    time = 1 if batch_first else 0
+    weights = [weight0, weight1] + ([weight2, weight3] if has_biases else [])
+    out, hy, cy = torch._VF.lstm(
+        input.flip(time) if reverse else input,
+        (hx_.unsqueeze(0), cx_.unsqueeze(0)),
+        weights,
+        has_biases,
+        1,
+        0.0,
+        train,
+        False,
+        batch_first,
+    )
+    return (out.flip(time) if reverse else out), hy[0], cy[0]
+
+
+def _mkldnn_rnn_layer_backward(
+    input,
+    weight1,
+    weight2,
+    weight3,
+    weight4,
+    hx_,
+    cx_tmp,
+    output,
+    hy_,
+    cy_,
+    grad_output,
+    grad_hy,
+    grad_cy,
+    reverse,
+    mode,
+    hidden_size,
+    num_layers,
+    has_biases,
+    train,
+    bidirectional,
+    batch_sizes,
+    batch_first,
+    workspace,
+):
+    """The layer again, then autograd's backward: the grads of input, the four
+    weights, hx_ and cx_tmp."""
+    with torch.enable_grad():
+        leaves = [
+            t.detach().requires_grad_()
+            for t in (input, weight1, weight2, weight3, weight4, hx_, cx_tmp)
+        ]
+        outputs = _mkldnn_rnn_layer(
+            *leaves,
+            reverse,
+            batch_sizes,
+            mode,
+            hidden_size,
+            1,
+            has_biases,
+            False,
+            batch_first,
+            train,
+        )
+        pairs = [
+            (o, g)
+            for o, g in zip(outputs, (grad_output, grad_hy, grad_cy), strict=True)
+            if g is not None
+        ]
+        return torch.autograd.grad(
+            [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True
+        )
+
+
 def _pinned(self, device=None):
     """pin_memory without an accelerator: the copy, into pageable memory."""
     return self.clone()
@@ -737,6 +1083,12 @@ PORTABLE = {
     "aten::_thnn_fused_gru_cell_backward.default": _fused_gru_cell_backward,
     "aten::_fused_dropout.default": _fused_dropout,
     "aten::_masked_scale.default": _masked_scale,
+    "aten::_cudnn_rnn.default": _cudnn_rnn,
+    "aten::miopen_rnn.default": _miopen_rnn,
+    "aten::_cudnn_rnn_backward.default": _cudnn_rnn_backward,
+    "aten::miopen_rnn_backward.default": _miopen_rnn_backward,
+    "aten::mkldnn_rnn_layer.default": _mkldnn_rnn_layer,
+    "aten::mkldnn_rnn_layer_backward.default": _mkldnn_rnn_layer_backward,
     "aten::pin_memory.default": _pinned,
     "aten::_pin_memory.default": _pinned,
 }
