@@ -769,6 +769,11 @@ def test_backend_convolutions_run_as_aten_convolution(transposed):
         expected = torch.nn.functional.conv2d(x, weight, stride=2, padding=1, groups=2)
         keys = ["aten::cudnn_convolution.default", "aten::miopen_convolution.default",
                 "aten::mkldnn_convolution.default"]
+        nnpack = runtime.PORTABLE["aten::_nnpack_spatial_convolution.default"]
+        torch.testing.assert_close(nnpack(x, weight[:, :1].repeat(1, 4, 1, 1), None,
+                                          [1, 1], [2, 2]),
+                                   torch.nn.functional.conv2d(
+                                       x, weight[:, :1].repeat(1, 4, 1, 1), None, 2, 1))
     for key in keys:
         args, kwargs = _schema_call(key, values)
         torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs), expected)

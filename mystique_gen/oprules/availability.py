@@ -25,8 +25,8 @@ CORE_NAMESPACES = frozenset({"aten", "prims"})
 # is built (where one cannot, the benchmark runs its portable equivalent if the harness
 # has one, runtime.PORTABLE, else its outputs stand in).
 BACKEND_SPECIFIC = re.compile(
-    r"cudnn|miopen|mkldnn|_cuda|cuda_|_nccl|cublas|_mps|xpu|_for_cpu|flash_attention|"
-    r"efficient_attention|fused_attention_overrideable"
+    r"cudnn|miopen|mkldnn|_cuda|cuda_|_nccl|cublas|_mps|xpu|_for_cpu|fbgemm_|nnpack|"
+    r"flash_attention|efficient_attention|fused_attention_overrideable"
 )
 
 # Operators that need an accelerator even when their tensors are on the host.

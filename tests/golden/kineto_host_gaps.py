@@ -330,6 +330,11 @@ def _convolution_as(transposed, with_bias):
     return run
 
 
+def _nnpack_convolution(input, weight, bias, padding, stride=1):
+    """NNPACK's convolution (the host's, 2-d)."""
+    return torch.nn.functional.conv2d(input, weight, bias, stride, padding)
+
+
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
     """The fused attention kernels' forward: the best kernel this device has."""
     return (
@@ -1067,6 +1072,7 @@ PORTABLE = {
     "aten::miopen_convolution.default": _convolution_as(False, True),
     "aten::miopen_depthwise_convolution.default": _convolution_as(False, True),
     "aten::mkldnn_convolution.default": _convolution_as(False, True),
+    "aten::_nnpack_spatial_convolution.default": _nnpack_convolution,
     "aten::miopen_convolution_transpose.default": _convolution_as(True, True),
     "aten::_scaled_dot_product_flash_attention.default": _flash_attention,
     "aten::_scaled_dot_product_flash_attention_for_cpu.default": _flash_attention,
