@@ -36,27 +36,24 @@ NEEDS_ACCELERATOR = frozenset({"pin_memory", "_pin_memory"})
 def guard_reason(namespace: str, name: str, overload: str = "default") -> str | None:
     """Why an op may be unavailable on the replay machine (then it is guarded), or None."""
     if name in NEEDS_ACCELERATOR:
-        ported = f"{namespace}::{name}.{overload}" in PORTABLE
-        return f"needs an accelerator, {PORTED}" if ported else "needs an accelerator"
+        return _ported("needs an accelerator", namespace, name, overload)
     if namespace not in CORE_NAMESPACES:
         return f"namespace {namespace}:: may not be loaded"
     if BACKEND_SPECIFIC.search(name):
-        if f"{namespace}::{name}.{overload}" in PORTABLE:
-            return f"{BACKEND_KERNEL}, {PORTED}"
-        return BACKEND_KERNEL
+        return _ported("backend-specific kernel", namespace, name, overload)
     return None
 
 
 def device_specific_reason(namespace: str, name: str, overload: str = "default") -> str:
     """The guard of an op whose kernels serve some devices only (passes/kernels.py)."""
+    return _ported("kernels for some devices only", namespace, name, overload)
+
+
+def _ported(reason: str, namespace: str, name: str, overload: str) -> str:
+    """A guard's reason, saying so where the harness has a portable equivalent."""
     if f"{namespace}::{name}.{overload}" in PORTABLE:
-        return f"{DEVICE_KERNEL}, {PORTED}"
-    return DEVICE_KERNEL
-
-
-BACKEND_KERNEL = "backend-specific kernel"
-DEVICE_KERNEL = "kernels for some devices only"
-PORTED = "with a portable equivalent"
+        return f"{reason}, with a portable equivalent"
+    return reason
 
 
 # Operator namespaces that a torch module registers when imported (torch.library): the
