@@ -20,9 +20,10 @@ Checks (rows):
 * ``nccl-2rank``     a 2-rank DDP step captured and replayed under torchrun (>= 2 GPUs);
 * ``device-map``     a trace recorded on ``cuda:7`` replayed with ``--device cuda:0``;
 * ``memory-check``   a 1 TiB tensor: the benchmark must refuse with its message;
-* ``cross-device``   a transformer and a CNN training step captured on cuda replayed on
-                     cpu, and captured on cpu replayed on cuda: nothing skipped at run
-                     time (backend kernels run their portable equivalents);
+* ``cross-device``   a transformer, a CNN and an LSTM training step captured on cuda
+                     replayed on cpu, and captured on cpu replayed on cuda: nothing
+                     skipped at run time (backend kernels run their portable
+                     equivalents);
 * ``fidelity``       three zoo models (transformer, CNN, embeddings) captured and
                      replayed: median and worst time error, host gaps off, recorded
                      and scaled.
@@ -72,7 +73,7 @@ ROWS = ("streams", "trace:linear", "trace:simple_add", "trace:resnet50", "trace:
 FIDELITY_MODELS = ("transformer", "cnn", "embedding")
 # Captured on the GPU and on the host, each replayed on the other device: autograd calls
 # backend kernels directly (cuDNN's batch-norm backward, a fused attention's backward).
-CROSS_MODELS = ("transformer", "cnn")
+CROSS_MODELS = ("transformer", "cnn", "lstm")
 # Real traces: (row, file, Kineto pair or None, cost on CPU that makes it opt-in there).
 TRACES = (
     ("trace:linear", "param/linear_et.json.gz", None, None),
@@ -186,6 +187,19 @@ def _cnn(device: str, small: bool) -> Callable[[], object]:
     return _train(model, opt, lambda: torch.nn.functional.cross_entropy(model(x), y))
 
 
+def _lstm(device: str, small: bool) -> Callable[[], object]:
+    """A 2-layer bidirectional LSTM's training step (cuDNN's network on a GPU, oneDNN's
+    layers on the host: autograd calls each one's backward by name)."""
+    import torch
+
+    width = 16 if small else 256
+    net = torch.nn.LSTM(width, width, num_layers=2, bidirectional=True).to(device)
+    head = torch.nn.Linear(2 * width, 1).to(device)
+    opt = torch.optim.SGD(list(net.parameters()) + list(head.parameters()), lr=0.01)
+    x = torch.randn(12 if small else 64, 4 if small else 32, width, device=device)
+    return _train(net, opt, lambda: head(net(x)[0]).pow(2).mean())
+
+
 def _embedding(device: str, small: bool) -> Callable[[], object]:
     import torch
 
@@ -209,7 +223,7 @@ def _embedding(device: str, small: bool) -> Callable[[], object]:
 
 MODELS: dict[str, Callable[[str, bool], Callable[[], object]]] = {
     "two_streams": _two_streams, "mlp": _mlp, "transformer": _transformer, "cnn": _cnn,
-    "embedding": _embedding,
+    "embedding": _embedding, "lstm": _lstm,
 }
 
 
@@ -561,7 +575,7 @@ class Checker:
             jobs.append(self.device_map_job())
         if self.want("memory-check"):
             jobs.append(self.huge_job())
-        for name in FIDELITY_MODELS:
+        for name in dict.fromkeys(FIDELITY_MODELS + CROSS_MODELS):
             info = self.captures.get(name, {})
             if "et" in info and (self.want("fidelity") or self.want("cross-device")):
                 jobs.append((f"cap_{name}", [info["et"], "--kineto", info["kineto"]]))
@@ -578,7 +592,8 @@ class Checker:
         return args + ["--kineto", str(SHARED / kineto)] if kineto else args
 
     def capture_models(self) -> None:
-        names = ["two_streams", *FIDELITY_MODELS] + (["mlp"] if self.cuda else [])
+        names = ["two_streams", *dict.fromkeys(FIDELITY_MODELS + CROSS_MODELS)]
+        names += ["mlp"] if self.cuda else []
         size = "small" if not self.cuda else "full"
         self.captures = self.captured("captures", self.device, size, names, timeout=240)
         if self.captures and self.cuda and self.want("cross-device"):
