@@ -1008,9 +1008,9 @@ def test_cudnn_rnns_run_as_torchs_portable_rnns_with_their_gradients(mode, packe
                 cx=None if c0 is None else c0.detach(), mode=mode, hidden_size=5,
                 proj_size=0, num_layers=2, batch_first=False, dropout=0.0, train=True,
                 bidirectional=True, batch_sizes=sizes, dropout_state=None)
-    forward = runtime.PORTABLE["aten::_cudnn_rnn.default"](*_schema_call(
-        "aten::_cudnn_rnn.default", args)[0])
-    torch.testing.assert_close(forward[0], out.detach())
+    for key in ("aten::_cudnn_rnn.default", "aten::miopen_rnn.default"):
+        forward = runtime.PORTABLE[key](*_schema_call(key, args)[0])
+        torch.testing.assert_close(forward[0], out.detach())
     args.update(output=out.detach(), grad_output=grads[0], grad_hy=grads[1],
                 grad_cy=None, reserve=torch.empty(0), output_mask=[True] * 4)
     for key in ("aten::_cudnn_rnn_backward.default", "aten::miopen_rnn_backward.default"):

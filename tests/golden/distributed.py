@@ -783,37 +783,10 @@ def _cudnn_rnn(
     )
 
 
-def _miopen_rnn(
-    input,
-    weight,
-    weight_stride0,
-    hx,
-    cx,
-    mode,
-    hidden_size,
-    num_layers,
-    batch_first,
-    dropout,
-    train,
-    bidirectional,
-    batch_sizes,
-    dropout_state,
-):
-    return tuple(
-        _rnn(
-            input,
-            weight,
-            weight_stride0,
-            hx,
-            cx,
-            mode,
-            num_layers,
-            batch_first,
-            dropout,
-            train,
-            bidirectional,
-            batch_sizes,
-        )
+def _miopen_rnn(input, weight, weight_stride0, hx, cx, mode, hidden_size, *rest):
+    """miopen_rnn: _cudnn_rnn's arguments less its weight buffer and projection."""
+    return _cudnn_rnn(
+        input, weight, weight_stride0, None, hx, cx, mode, hidden_size, 0, *rest
     )
 
 
@@ -913,46 +886,9 @@ def _cudnn_rnn_backward(
     )
 
 
-def _miopen_rnn_backward(
-    input,
-    weight,
-    weight_stride0,
-    weight_buf,
-    hx,
-    cx,
-    output,
-    grad_output,
-    grad_hy,
-    grad_cy,
-    mode,
-    hidden_size,
-    num_layers,
-    batch_first,
-    dropout,
-    train,
-    bidirectional,
-    batch_sizes,
-    dropout_state,
-    reserve,
-    output_mask,
-):
-    return _rnn_backward(
-        input,
-        weight,
-        weight_stride0,
-        hx,
-        cx,
-        grad_output,
-        grad_hy,
-        grad_cy,
-        mode,
-        num_layers,
-        batch_first,
-        dropout,
-        train,
-        bidirectional,
-        batch_sizes,
-    )
+def _miopen_rnn_backward(*args):
+    """miopen_rnn_backward: _cudnn_rnn_backward's arguments less its projection."""
+    return _cudnn_rnn_backward(*args[:12], 0, *args[12:])
 
 
 def _mkldnn_rnn_layer(
