@@ -1042,3 +1042,36 @@ def test_the_hosts_lstm_layer_runs_as_torchs_portable_lstm(reverse):
         x, *weights, h, c, *want[:3], *grads, *back)
     for g, w in zip(got, expected, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_a_fused_attentions_backward_with_a_float_mask_keeps_its_kernels_outputs():
+    """The host flash kernel's backward returns three grads, a float mask or not, and
+    the efficient kernel's the mask's grad only where its grad_input_mask asks; the
+    mask shapes the attention either way."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=gen) for _ in range(3))
+    mask = torch.randn(1, 2, 6, 6, generator=gen)
+    out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        q, k, v, 0.0, False, attn_mask=mask)
+    grad = torch.randn_like(out)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        grad, q, k, v, out, logsumexp, 0.0, False, attn_mask=mask)
+    got = runtime.PORTABLE[
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default"](
+        grad, q, k, v, out, logsumexp, 0.0, False, attn_mask=mask)
+    assert len(got) == 3
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
+    expected = torch.autograd.grad(
+        torch.nn.functional.scaled_dot_product_attention(
+            *leaves[:3], attn_mask=leaves[3]), leaves, grad)
+    efficient = runtime.PORTABLE[
+        "aten::_scaled_dot_product_efficient_attention_backward.default"]
+    for asked in (True, False):
+        got = efficient(grad, q, k, v, mask, out, logsumexp, None, None, 0.0,
+                        [True, True, True, asked])
+        torch.testing.assert_close(got[:3], expected[:3], atol=1e-4, rtol=1e-4)
+        if asked:
+            torch.testing.assert_close(got[3], expected[3], atol=1e-4, rtol=1e-4)
+        else:
+            assert len(got) == 3

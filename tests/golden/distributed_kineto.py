@@ -360,27 +360,46 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
     )
 
 
+def _grads_by_autograd(forward, inputs, grads):
+    """The grads of `inputs` from running `forward(*inputs)` again under autograd,
+    given its outputs' grads (None where an output has none): a kernel's backward
+    where the kernel cannot run, computed by this device's portable kernels."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        pairs = [
+            (output, grad)
+            for output, grad in zip(forward(*leaves), grads, strict=False)
+            if grad is not None
+        ]
+        return torch.autograd.grad(
+            [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True
+        )
+
+
 def _attention_backward(
-    grad_out, query, key, value, attn_mask, dropout_p, is_causal, scale
+    grad_out,
+    query,
+    key,
+    value,
+    attn_mask,
+    dropout_p,
+    is_causal,
+    scale,
+    bias_grad=False,
 ):
     """The fused attention kernels' backward, as autograd runs it through this device's
     best kernel: its forward again, then its backward (a fused backward recomputes the
-    attention matrix as well, without writing the output)."""
-    inputs = [query, key, value]
-    if attn_mask is not None and attn_mask.is_floating_point():
-        inputs.append(attn_mask)
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in inputs]
-        mask = leaves[3] if len(leaves) > 3 else attn_mask
-        out = torch.nn.functional.scaled_dot_product_attention(
-            *leaves[:3],
-            attn_mask=mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-        )
-        grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
-    return tuple(grads)
+    attention matrix as well, without writing the output). The grads of query, key and
+    value; with `bias_grad`, the mask's too (None where it is not floating)."""
+    learned = bias_grad and attn_mask is not None and attn_mask.is_floating_point()
+
+    def forward(q, k, v, *mask):
+        mask = mask[0] if mask else attn_mask
+        return _attention(q, k, v, mask, dropout_p, is_causal, scale)
+
+    inputs = [query, key, value] + ([attn_mask] if learned else [])
+    grads = tuple(_grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),)))
+    return grads + (None,) if bias_grad and not learned else grads
 
 
 def _flash_attention(
@@ -458,11 +477,17 @@ def _efficient_attention_backward(
     scale=None,
 ):
     """_scaled_dot_product_efficient_attention_backward: the bias's grad where asked."""
-    bias = attn_bias if grad_input_mask[3] else None
-    grads = _attention_backward(
-        grad_out_, query, key, value, bias, dropout_p, is_causal, scale
+    return _attention_backward(
+        grad_out_,
+        query,
+        key,
+        value,
+        attn_bias,
+        dropout_p,
+        is_causal,
+        scale,
+        bias_grad=grad_input_mask[3],
     )
-    return grads if len(grads) == 4 else grads + (None,)
 
 
 def _cudnn_attention_backward(
@@ -487,7 +512,7 @@ def _cudnn_attention_backward(
     """_scaled_dot_product_cudnn_attention_backward."""
     return _attention_backward(
         grad_out, query, key, value, attn_bias, dropout_p, is_causal, scale
-    )[:3]
+    )
 
 
 def _fused_attention_backward(
@@ -511,11 +536,17 @@ def _fused_attention_backward(
     scale=None,
 ):
     """_scaled_dot_product_fused_attention_overrideable_backward."""
-    bias = attn_bias if grad_input_mask[3] else None
-    grads = _attention_backward(
-        grad_out, query, key, value, bias, dropout_p, is_causal, scale
+    return _attention_backward(
+        grad_out,
+        query,
+        key,
+        value,
+        attn_bias,
+        dropout_p,
+        is_causal,
+        scale,
+        bias_grad=grad_input_mask[3],
     )
-    return grads if len(grads) == 4 else grads + (None,)
 
 
 # SyncBatchNorm's kernels (CUDA only): statistics, their reduction over ranks, the
@@ -831,17 +862,17 @@ def _rnn_backward(
 ):
     """The network's forward again, then autograd's backward: (the input's grad,
     hx's, cx's, the weights')."""
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in (input, hx)]
-        if cx is not None:
-            leaves.append(cx.detach().requires_grad_())
-        weights = [w.detach().requires_grad_() for w in weight]
-        outputs = _rnn(
-            leaves[0],
+    hidden = [hx] if cx is None else [hx, cx]
+
+    def forward(x, *rest):
+        states, weights = rest[: len(hidden)], list(rest[len(hidden) :])
+        c = states[1] if cx is not None else None
+        return _rnn(
+            x,
             weights,
             weight_stride0,
-            leaves[1],
-            leaves[2] if cx is not None else None,
+            states[0],
+            c,
             mode,
             num_layers,
             batch_first,
@@ -850,19 +881,12 @@ def _rnn_backward(
             bidirectional,
             batch_sizes,
         )
-        pairs = [
-            (o, g)
-            for o, g in zip(outputs, (grad_output, grad_hy, grad_cy), strict=False)
-            if g is not None
-        ]
-        grads = torch.autograd.grad(
-            [o for o, _ in pairs],
-            leaves + weights,
-            [g for _, g in pairs],
-            allow_unused=True,
-        )
+
+    grads = _grads_by_autograd(
+        forward, [input, *hidden, *weight], (grad_output, grad_hy, grad_cy)
+    )
     grad_cx = grads[2] if cx is not None else None
-    return grads[0], grads[1], grad_cx, list(grads[len(leaves) :])
+    return grads[0], grads[1], grad_cx, list(grads[1 + len(hidden) :])
 
 
 def _cudnn_rnn_backward(
@@ -976,31 +1000,16 @@ def _mkldnn_rnn_layer_backward(
 ):
     """The layer again, then autograd's backward: the grads of input, the four
     weights, hx_ and cx_tmp."""
-    with torch.enable_grad():
-        leaves = [
-            t.detach().requires_grad_()
-            for t in (input, weight1, weight2, weight3, weight4, hx_, cx_tmp)
-        ]
-        outputs = _mkldnn_rnn_layer(
-            *leaves,
-            reverse,
-            batch_sizes,
-            mode,
-            hidden_size,
-            1,
-            has_biases,
-            False,
-            batch_first,
-            train,
-        )
-        pairs = [
-            (o, g)
-            for o, g in zip(outputs, (grad_output, grad_hy, grad_cy), strict=True)
-            if g is not None
-        ]
-        return torch.autograd.grad(
-            [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True
-        )
+
+    def forward(*tensors):
+        flags = (reverse, batch_sizes, mode, hidden_size, 1, has_biases, False)
+        return _mkldnn_rnn_layer(*tensors, *flags, batch_first, train)
+
+    return _grads_by_autograd(
+        forward,
+        (input, weight1, weight2, weight3, weight4, hx_, cx_tmp),
+        (grad_output, grad_hy, grad_cy),
+    )
 
 
 def _pinned(self, device=None):
