@@ -64,8 +64,6 @@ def group_row(group: ProcessGroupSpec, world: int) -> Node:
     return Group("{", tuple(items), "}", literal=True)
 
 
-
-
 def group_lines(info: DistInfo) -> list[str]:
     rows = [group_row(g, info.world_size) for g in info.groups]
     return lay_out("PROCESS_GROUPS = ", exprs.list_display(rows), 0)

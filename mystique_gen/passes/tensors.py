@@ -380,12 +380,8 @@ def keep_viewed_layouts(ops: list[Op]) -> None:
 
 def _contiguous(meta: TensorMeta) -> bool:
     """Row-major contiguous (dimensions of size 1 take any stride)."""
-    expected = 1
-    for size, stride in reversed(list(zip(meta.shape, meta.strides, strict=True))):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
+    return all(size == 1 or stride == row_major for size, stride, row_major
+               in zip(meta.shape, meta.strides, contiguous_strides(meta.shape), strict=True))
 
 
 def binding_key(binding: Binding) -> object:
