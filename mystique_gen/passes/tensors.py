@@ -44,6 +44,7 @@ from mystique_gen.ir import (
     TensorMeta,
     TensorValue,
     Value,
+    contiguous_strides,
     iter_tensors,
 )
 
