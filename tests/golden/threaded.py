@@ -806,22 +806,29 @@ def _miopen_rnn(input, weight, weight_stride0, hx, cx, mode, hidden_size, *rest)
     )
 
 
-def _rnn_backward(
+def _cudnn_rnn_backward(
     input,
     weight,
     weight_stride0,
+    weight_buf,
     hx,
     cx,
+    output,
     grad_output,
     grad_hy,
     grad_cy,
     mode,
+    hidden_size,
+    proj_size,
     num_layers,
     batch_first,
     dropout,
     train,
     bidirectional,
     batch_sizes,
+    dropout_state,
+    reserve,
+    output_mask,
 ):
     """The network's forward again, then autograd's backward: (the input's grad,
     hx's, cx's, the weights')."""
@@ -850,49 +857,6 @@ def _rnn_backward(
     )
     grad_cx = grads[2] if cx is not None else None
     return grads[0], grads[1], grad_cx, list(grads[1 + len(hidden) :])
-
-
-def _cudnn_rnn_backward(
-    input,
-    weight,
-    weight_stride0,
-    weight_buf,
-    hx,
-    cx,
-    output,
-    grad_output,
-    grad_hy,
-    grad_cy,
-    mode,
-    hidden_size,
-    proj_size,
-    num_layers,
-    batch_first,
-    dropout,
-    train,
-    bidirectional,
-    batch_sizes,
-    dropout_state,
-    reserve,
-    output_mask,
-):
-    return _rnn_backward(
-        input,
-        weight,
-        weight_stride0,
-        hx,
-        cx,
-        grad_output,
-        grad_hy,
-        grad_cy,
-        mode,
-        num_layers,
-        batch_first,
-        dropout,
-        train,
-        bidirectional,
-        batch_sizes,
-    )
 
 
 def _miopen_rnn_backward(*args):
