@@ -33,7 +33,8 @@ Targets: median |error| <= 3 %, worst <= 8 %, op-multiset match >= 99.5 % everyw
 peak memory within 5 % and every category's share within 3 points on every model, no
 crashes. Run alone: `python scripts/bench.py fidelity` (FIDELITY_ROUNDS=N to time
 more rounds, FIDELITY_TRIALS=N for more independent trials per model,
-FIDELITY_ONLY=gpt2,bert to pick models).
+FIDELITY_ONLY=gpt2,bert to pick models, FIDELITY_DEVICE=cuda to build, capture and
+time every model on the GPU: each timed step then ends at a synchronize).
 """
 
 from __future__ import annotations
@@ -91,6 +92,19 @@ SESSION_STEPS = int(os.environ.get("FIDELITY_SESSION_STEPS", "3"))
 # as HTA's and PARAM's recipes record (each costs host time in the gaps).
 SESSION_OPTIONS = {name: True for name in
                    os.environ.get("FIDELITY_SESSION_OPTIONS", "").split(",") if name}
+# Where the models are built, captured and timed (the host stays the CPU).
+DEVICE = torch.device(os.environ.get("FIDELITY_DEVICE", "cpu"))
+HOST = torch.device("cpu")
+
+
+def _sync() -> None:
+    """Wait for the device's queued work, so a timed step holds all of its kernels."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
+def _activities() -> list[ProfilerActivity]:
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.type == "cuda" else [])
 
 
 class TrainStep:
@@ -299,16 +313,23 @@ MODELS: dict[str, Callable[[bool], Step]] = {
 }
 
 
-def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
+def _load_benchmark(path: Path, keep_refused: bool = False) -> tuple[dict[str, Step], dict]:
     """The generated file as a module: one replay iteration per host-gap mode, as
     callables, run as its main() runs them: the inputs it writes restored before every
     iteration (``--reset-inputs auto``, untimed: see ``Timed``), the replay's own
-    per-op host time calibrated after warm-up."""
+    per-op host time calibrated after warm-up.
+
+    ``keep_refused``: where the calibration refuses a same-session correction, keep
+    the corrected gaps anyway and say why in the state's "refused" (the benchmark
+    would replay none): timing both outcomes tells whether the refusal paid."""
     g = runpy.run_path(str(path), run_name="mystique_benchmark")
-    device = host = torch.device("cpu")
+    refused: list[str] = []
+    if keep_refused:  # the functions read the module's own globals, not run_path's copy
+        g["_calibrate_gaps"].__globals__["_gaps_off"] = refused.append
+    device, host = DEVICE, HOST
     runtime = g["_RUNTIME"]
     runtime["device"], runtime["host"] = device, host
-    gens = {"cpu": torch.Generator("cpu").manual_seed(0)}
+    gens = {kind: torch.Generator(kind).manual_seed(0) for kind in {"cpu", device.type}}
     inputs = g["make_inputs"](device, host, gens)
     snapshot = g["_snapshot"](inputs, device, "auto")
     replay = g["replay"]
@@ -346,7 +367,8 @@ def _load_benchmark(path: Path) -> tuple[dict[str, Step], dict]:
     return steps, {"g": g, "inputs": inputs, "own_us": runtime["gap_own_us"],
                    "event_us": runtime["gap_event_us"],
                    "observer_per_wait": observer / max(wait, 1e-9) if observer else 0.0,
-                   "replayed": calibrated["replayed"], "snapshot": snapshot,
+                   "replayed": calibrated["replayed"] and not refused,
+                   "refused": refused[0] if refused else None, "snapshot": snapshot,
                    # What its gaps wait in an iteration, as calibrated.
                    "wait_us": g["_planned_wait_us"]()}
 
@@ -392,8 +414,10 @@ def _side_by_side(fns: dict[str, Timed], rounds: int, block: int | None = None,
     for _ in range(3):
         for fn in fns.values():
             fn.prepare()
+            _sync()
             start = time.perf_counter()
             fn.run()
+            _sync()
             fastest = min(fastest, (time.perf_counter() - start) * 1000.0)
     if block is None:
         block = max(BLOCK, min(200, math.ceil(BLOCK_MS / max(fastest, 1e-3))))
@@ -407,8 +431,10 @@ def _side_by_side(fns: dict[str, Timed], rounds: int, block: int | None = None,
             this_block = []
             for _ in range(block):
                 fn.prepare()
+                _sync()
                 start = time.perf_counter()
                 fn.run()
+                _sync()
                 this_block.append((time.perf_counter() - start) * 1000.0)
             times[name] += this_block
             per_round[name].append(statistics.median(this_block))
@@ -423,7 +449,8 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
     torch.manual_seed(0)
     label = f"{name}/{'train' if train else 'infer'}"
     stem = f"{label.replace('/', '_')}_{trial}"
-    step = MODELS[name](train)
+    with DEVICE:  # the model's parameters and its inputs
+        step = MODELS[name](train)
     result = capture(step, work, name=stem, warmup=3, timing_iters=3, kineto=True,
                      profile_steps=PROFILE_STEPS)
     bench_path = work / f"{stem}_bench.py"
@@ -434,8 +461,12 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
     session_path = work / f"{stem}_session_bench.py"
     generate(session_et, session_path, GenerateOptions(command_line="bench_fidelity"),
              kineto=session_kineto)
-    session, session_state = _load_benchmark(session_path)
-    benches["session"] = session["recorded"]
+    session, session_state = _load_benchmark(session_path, keep_refused=True)
+    # Its gaps as corrected, trusted or not ("kept"); where the calibration refused
+    # them, the benchmark replays none ("session" is then its gaps-off iteration).
+    benches["kept"] = session["recorded"]
+    if session_state["refused"]:
+        benches["session"] = session["off"]
     eager = Timed(step)
     if isinstance(step, TrainStep):
         step.save()
@@ -445,7 +476,7 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
     replay_et = work / f"{stem}_replay.et.json"
     g = state["g"]
     g["_reset"](state["snapshot"])
-    g["_record_et"](str(replay_et), state["inputs"], torch.device("cpu"), torch.device("cpu"))
+    g["_record_et"](str(replay_et), state["inputs"], DEVICE, HOST)
     original = op_multiset(result.et_path, by_overload=True)
     match = multiset_match(original, op_multiset(replay_et, by_overload=True))
     memory_error, share_pp, capture_pp = _system_metrics(result, replay_et, state, eager,
@@ -456,12 +487,15 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "session_own_us": session_state["own_us"],
                               "observer_per_wait": session_state["observer_per_wait"],
                               "session_replayed": float(session_state["replayed"]),
+                              "refused": session_state["refused"],
                               # The two ways of capturing, compared on their gaps alone.
                               "wait_ratio": session_state["wait_us"]
                               / max(state["wait_us"], 1e-9),
                               "match": match, "memory_error": memory_error,
                               "share_pp": share_pp, "capture_pp": capture_pp}
-    for mode in MODES:
+    if "session" not in benches:  # trusted: the benchmark replays the kept gaps
+        ms["session"], timed.ratio["session"] = ms["kept"], timed.ratio["kept"]
+    for mode in (*MODES, "kept"):
         row[f"{mode}_ms"] = ms[mode]
         row[f"{mode}_error"] = timed.ratio[mode] - 1.0
     return row
@@ -477,7 +511,7 @@ def _session_pair(step: Step, work: Path, stem: str) -> tuple[Path, Path]:
     observer.register_callback(str(et_path))
     with (
         capture_env({RANGE_ENV: "1"}),
-        profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
+        profile(activities=_activities(), execution_trace_observer=observer,
                 profile_memory=True, acc_events=True,
                 schedule=schedule(wait=0, warmup=1, active=SESSION_STEPS),
                 on_trace_ready=lambda p: p.export_chrome_trace(str(kineto)),
@@ -506,9 +540,8 @@ def _system_metrics(result: CaptureResult, replay_et: Path, state: dict, eager: 
     by themselves (the mixture of experts' inference step: matmul 70, 77 and 79% of
     the step in three captures of one process, a second apart)."""
     g, inputs, snapshot = state["g"], state["inputs"], state["snapshot"]
-    cpu = torch.device("cpu")
     g["_reset"](snapshot)
-    g["_peak_bytes"](inputs, cpu, cpu)
+    g["_peak_bytes"](inputs, DEVICE, HOST)
     sidecar = json.loads(result.sidecar_path.read_text())
     original_peak, replay_peak = sidecar.get("step_peak_bytes"), g["_RUNTIME"]["peak_step_bytes"]
     memory_error = (replay_peak / original_peak - 1.0) if original_peak and \
@@ -544,8 +577,7 @@ SHARE_STEPS = 4
 
 def _profile_replay(g: dict, path: Path, inputs: object, snapshot: object) -> None:
     """The benchmark's ``--profile`` of ``SHARE_STEPS`` iterations, after one warm-up."""
-    cpu = torch.device("cpu")
-    g["_profile"](str(path), g["_JOB"], 1, SHARE_STEPS, g["replay"], inputs, cpu, cpu,
+    g["_profile"](str(path), g["_JOB"], 1, SHARE_STEPS, g["replay"], inputs, DEVICE, HOST,
                   snapshot)
 
 
@@ -553,11 +585,12 @@ def _profile_eager(eager: Timed, path: Path) -> None:
     """A Kineto trace of ``SHARE_STEPS`` eager steps, each in the capture's step
     annotation (as its profile-only steps are; ``compare`` reads them), each prepared
     as the timed ones are, outside the annotation."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=_activities()) as prof:
         for _ in range(SHARE_STEPS):
             eager.prepare()
             with record_function(STEP_SCOPE):
                 eager.run()
+            _sync()
     prof.export_chrome_trace(str(path))
 
 
@@ -573,6 +606,8 @@ def _median_row(trials: list[dict[str, object]]) -> dict[str, object]:
 
 def main() -> int:
     torch.set_num_threads(1)
+    if DEVICE.type == "cuda" and DEVICE.index is not None:
+        torch.cuda.set_device(DEVICE)
     warnings.filterwarnings("ignore")
     try:
         import transformers  # noqa: F401
@@ -586,9 +621,11 @@ def main() -> int:
               f"{'gaps ms':>8} {'err gaps':>8} {'trials':>15} {'err scal':>8} {'trials':>15} "
               f"{'own us':>6} {'ev us':>5} "
               f"{'err sess':>8} {'trials':>15} {'sess us':>7} {'obs/w':>6} {'kept':>4} "
+              f"{'err kept':>8} "
               f"{'wait s/r':>8} "
               f"{'match':>8} {'mem err':>7} "
               f"{'share pp':>8} {'cap pp':>6}")
+    print(f"device {DEVICE}, {torch.get_num_threads()} intra-op thread(s)", flush=True)
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         for name in names:
@@ -618,9 +655,14 @@ def main() -> int:
                       f"{min(session):>+6.1f}..{max(session):>+5.1f}% "
                       f"{row['session_own_us']:>7.2f} {row['observer_per_wait']:>6.2f} "
                       f"{sum(bool(t['session_replayed']) for t in trials):>2}/{len(trials)} "
+                      f"{row['kept_error'] * 100:>+7.1f}% "
                       f"{row['wait_ratio']:>8.2f} "
                       f"{row['match'] * 100:>7.2f}% {row['memory_error'] * 100:>+6.1f}% "
                       f"{row['share_pp']:>8.1f} {row['capture_pp']:>6.1f}", flush=True)
+                for k, t in enumerate(trials):
+                    if t["refused"]:
+                        print(f"    trial {k}: session gaps refused "
+                              f"(err kept {t['kept_error'] * 100:+.1f}%): {t['refused']}")
     print("off: operators only; gaps: --host-gaps recorded (profile-only gaps less the "
           "replay's own host time per op, 'own us', and the profiler's cost per scope it "
           "recorded in them, 'ev us'); error = benchmark / eager - 1 (per round, blocks "
@@ -632,7 +674,8 @@ def main() -> int:
           "observer's cost calibrated out ('sess us': the replay's own per-op time with "
           "an observer attached; 'obs/w': the observer's cost in the replay's gaps over "
           "what is left to wait, 'kept': trials whose calibration trusted the correction "
-          "(obs/w <= 2; else no gaps); 'wait s/r': what its gaps wait in an iteration over what "
+          "(obs/w <= 2; else no gaps); 'err kept': the same gaps replayed where the "
+          "calibration refused them too; 'wait s/r': what its gaps wait in an iteration over what "
           "the recorded gaps wait, 1 where the two captures agree); match: the lowest; "
           "mem err: one step's peak memory above its "
           "inputs, replay / original - 1; share pp: the largest difference between an op "
@@ -640,7 +683,7 @@ def main() -> int:
           f"eager steps and replay iterations profiled side by side, {SHARE_ROUNDS} rounds, "
           "the median difference per category); cap pp: the same against the capture's "
           "profile-only steps, as `compare` reports it")
-    for mode in MODES if rows else ():
+    for mode in (*MODES, "kept") if rows else ():
         errors = [abs(r[f"{mode}_error"]) for r in rows]
         worst = max(rows, key=lambda r: abs(r[f"{mode}_error"]))
         print(f"host gaps {mode:<8}: median |error| {statistics.median(errors) * 100:.1f}% "
