@@ -28,6 +28,7 @@ from mystique_gen.backends import single as single_backend
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX
 from mystique_gen.errors import MystiqueError, OptionError
+from mystique_gen.harness import runtime
 from mystique_gen.ir import (
     Diagnostic,
     Op,
@@ -403,17 +404,21 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             "gaps where it cannot (no observer there, or one that writes another schema "
             f"than the trace's {program.timing.observer_schema or 'unknown'})"), note(
             "same-session gaps replay only where that correction can be trusted: the "
-            "observer's estimated cost at most twice what is left to wait, and the "
-            "recorded steps' gaps differing by at most that"
-            f"{_spread(program.timing.step_gap_totals_us)}; else stderr says which")])
+            f"observer's estimated cost at most {runtime.OBSERVER_TRUST:g}x what is left "
+            "to wait, and the median recorded step's gaps above the quietest step's by "
+            f"at most that{_stalled(program.timing.step_gap_totals_us)}; else stderr "
+            "says which")])
     return program
 
 
-def _spread(totals: tuple[float, ...]) -> str:
-    """How far a same-session pair's recorded steps' gap totals differ, for its note."""
+def _stalled(totals: tuple[float, ...]) -> str:
+    """How far a same-session pair's median step's gaps exceed its quietest's, for its
+    note (what the benchmark's calibration weighs against the wait)."""
     if len(totals) < 2:
         return ""
-    return f" (these {len(totals)} steps' gaps differ by {max(totals) - min(totals):.0f} us)"
+    stalled = runtime._stalled_us(totals)
+    return (f" (these {len(totals)} steps' gaps: the median step's {stalled:.0f} us above "
+            "the quietest's)")
 
 
 def assign_streams(program: Program, build: Build) -> Program:

@@ -369,6 +369,7 @@ def _load_benchmark(path: Path, keep_refused: bool = False) -> tuple[dict[str, S
                    "observer_per_wait": observer / max(wait, 1e-9) if observer else 0.0,
                    "replayed": calibrated["replayed"] and not refused,
                    "refused": refused[0] if refused else None, "snapshot": snapshot,
+                   "step_gaps_us": (g["_JOB"].original() or {}).get("step_gaps_us") or [],
                    # What its gaps wait in an iteration, as calibrated.
                    "wait_us": g["_planned_wait_us"]()}
 
@@ -488,6 +489,10 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "observer_per_wait": session_state["observer_per_wait"],
                               "session_replayed": float(session_state["replayed"]),
                               "refused": session_state["refused"],
+                              "step_gaps_us": session_state["step_gaps_us"],
+                              "session_wait_us": session_state["wait_us"],
+                              "session_cost_us": session_state["observer_per_wait"]
+                              * session_state["wait_us"],
                               # The two ways of capturing, compared on their gaps alone.
                               "wait_ratio": session_state["wait_us"]
                               / max(state["wait_us"], 1e-9),
