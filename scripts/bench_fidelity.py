@@ -370,6 +370,7 @@ def _load_benchmark(path: Path, keep_refused: bool = False) -> tuple[dict[str, S
                    "replayed": calibrated["replayed"] and not refused,
                    "refused": refused[0] if refused else None, "snapshot": snapshot,
                    "step_gaps_us": (g["_JOB"].original() or {}).get("step_gaps_us") or [],
+                   "observer_ratio": runtime["gap_observer_ratio"],
                    # What its gaps wait in an iteration, as calibrated.
                    "wait_us": g["_planned_wait_us"]()}
 
@@ -490,6 +491,7 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "session_replayed": float(session_state["replayed"]),
                               "refused": session_state["refused"],
                               "step_gaps_us": session_state["step_gaps_us"],
+                              "observer_ratio": session_state["observer_ratio"],
                               "session_wait_us": session_state["wait_us"],
                               "session_cost_us": session_state["observer_per_wait"]
                               * session_state["wait_us"],

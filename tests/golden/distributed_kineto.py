@@ -1398,11 +1398,9 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     without it measures its cost in this replay's gaps, scaled by how much more it
     cost the original's ops (`_observer_ratio`, `_observer_share`). Where that
     estimate exceeds OBSERVER_TRUST times what is left to wait, no gaps are replayed:
-    the correction would be mostly the estimate. Nor where the recorded steps' gaps
-    (`step_gaps_us`) differ among themselves by more than that wait: the recording's
-    noise exceeds what it would replay (an MLP's Adam step recorded with `with_stack`
-    beside the observer: steps of 2.9 to 11.8 ms of gaps, a 0.5 ms eager gap time,
-    and a replay 4 to 10x the eager step when its gaps were trusted).
+    the correction would be mostly the estimate. Nor where the median recorded
+    step's gaps (`step_gaps_us`) exceed the quietest step's by more than that wait
+    (`_stalled_us`): the recorders stalled in the step it would replay.
 
     gap_event_us: what recording one scope costs the recorders the gaps were
     recorded under (`_scope_cost`). probe_calibrated_us: this host's speed meanwhile
