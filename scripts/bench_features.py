@@ -52,7 +52,6 @@ KNOWN = {
     "sparse_mm": "CSR tensors: arguments not recorded (the observer may abort)",
     "sparse_mm_min": "CSR tensors: arguments not recorded",
     "csr_build_min": "CSR tensors: arguments not recorded",
-    "x_coalesce_min": "a saved sparse tensor reuses a freed tensor's id",
 }
 OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mismatch",
             "nonfinite", "pass")

@@ -1121,9 +1121,12 @@ def test_tensors_without_storage_are_sparse_where_their_parts_are_read():
     ]
     found = sparse_tensors(nodes)
     assert set(found) == {7}
-    meta = found.at(7, 5).meta((1000, 16), "float32")
+    meta = found.at(7, 4).meta((1000, 16), "float32")
     assert meta.sparse == SparseLayout(sparse_dim=1, nnz=269, coalesced=True)
     assert meta.device == "cuda" and meta.extent == 269 * 16
+    # Another count with nothing returning the id since: another tensor at the reused
+    # address (autograd unpacking a saved sparse tensor), which node 5 reads.
+    assert found.at(7, 5).nnz == 300 and found.at(7, 3).nnz == 269
     # Made by a constructor and never read: sparse in every dimension, nnz from indices.
     made = RawArg([8, 0, 0, 0, 0, ""], [30, 30], "Tensor(float)", [0, 0])
     indices = RawArg([12, 6, 0, 80, 8, "cpu"], [2, 40], "Tensor(long int)", [40, 1])
@@ -1132,6 +1135,34 @@ def test_tensors_without_storage_are_sparse_where_their_parts_are_read():
                                   RawArg([30, 30], [[], []], "GenericList[Int,Int]", None),
                                   indices], [made])])
     assert built.at(8, 6).meta((30, 30), "float32").sparse == SparseLayout(2, 40, False)
+
+
+def test_a_saved_sparse_tensor_unpacked_at_a_reused_id_is_another_tensor():
+    """Autograd unpacks a saved sparse tensor at a new address and no op returns it:
+    the backward of ``sparse_coo_tensor(i, v).coalesce().values()`` read the original
+    (24 entries) on the id of the freed coalesce result (17). Its own count, with
+    nothing returning the id since the first was recorded, begins another tensor, from
+    the outermost op that reads it (sparse_mask, whose child states the count)."""
+    def sparse(tid: int) -> RawArg:
+        return RawArg([tid, 0, 0, 0, 0, ""], [50, 8], "Tensor(float)", [0, 0])
+
+    def count(node_id: int, tid: int, nnz: int, parent: int) -> RawNode:
+        return RawNode(node_id, "aten::_nnz", parent, 1, None, "aten::_nnz(Tensor self) -> int",
+                       [sparse(tid)], [RawArg(nnz, [], "Int", None)])
+
+    mask = RawNode(3, "aten::sparse_mask", 100, 1, None,
+                   "aten::sparse_mask(Tensor self, Tensor mask) -> Tensor",
+                   [sparse(8), sparse(7)], [sparse(9)])
+    found = sparse_tensors([count(1, 7, 17, 100), count(2, 8, 24, 100), mask,
+                            count(4, 8, 24, 3), count(5, 7, 24, 3)])
+    assert found.at(7, 1).nnz == 17
+    assert found.at(7, 3).nnz == 24  # the mask sparse_mask reads
+    # Where something returned the id in between (an in-place op on it), its count
+    # may change: the same tensor, and the first count stands.
+    add = RawNode(2, "aten::add_", 100, 1, None, "aten::add_(Tensor(a!) self, ...) -> "
+                  "Tensor(a!)", [sparse(7), sparse(8)], [sparse(7)])
+    kept = sparse_tensors([count(1, 7, 17, 100), add, count(5, 7, 24, 100)])
+    assert kept.at(7, 5).nnz == 17
 
 
 def test_a_sparse_tensor_id_returned_anew_is_another_tensor():

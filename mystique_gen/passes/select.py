@@ -443,6 +443,7 @@ class SparseTensor:
     coalesced: bool | None = None
     device: str | None = None
     learned: bool = False  # a sparse op read or made it
+    nnz_node: int | None = None  # the node that stated nnz
 
     def meta(self, shape: tuple[int, ...], dtype: str) -> TensorMeta:
         sparse_dim = len(shape) if self.sparse_dim is None else min(self.sparse_dim, len(shape))
@@ -457,6 +458,8 @@ class SparseTensor:
         self.learned = True
         out = node.outputs[0] if node.outputs else None
         value = out.value if out is not None else None
+        if self.nnz is None and stated_nnz(what, node) is not None:
+            self.nnz_node = node.id
         if what == "made":
             if len(node.inputs) > 3 and type(node.inputs[0].value) is int:
                 # _sparse_coo_tensor_with_dims_and_tensors(sparse_dim, dense_dim, size,
@@ -532,6 +535,26 @@ class SparseTensors:
         self._sparse.add(tid)
 
 
+def stated_nnz(what: str, node: RawNode) -> int | None:
+    """The number of entries one fact-stating op (oprules.SPARSE_FACTS) records of the
+    sparse tensor it reads or makes, where it records one."""
+    if what == "made":
+        shape = node.inputs[3].shape if len(node.inputs) > 3 \
+            and type(node.inputs[0].value) is int else None
+        index = 1
+    elif what == "nnz":
+        value = node.outputs[0].value if node.outputs else None
+        return value if type(value) is int else None
+    else:
+        shape = node.outputs[0].shape if what in ("indices", "values") and node.outputs \
+            else None
+        index = 1 if what == "indices" else 0
+    if not isinstance(shape, list) or len(shape) <= index or (what == "indices"
+                                                              and len(shape) != 2):
+        return None
+    return shape[index] if type(shape[index]) is int else None
+
+
 def _storageless_ids(args: list[RawArg]) -> set[int]:
     return {r[0] for arg in args for r in tensor_records(arg)
             if r[5] == "" and isinstance(r[0], int) and not isinstance(r[0], bool)}
@@ -547,6 +570,8 @@ def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
     lifetime of the id (:class:`SparseTensors`)."""
     found = SparseTensors()
     parent = {n.id: n.parent for n in nodes}
+    reads = {n.id: _storageless_ids(n.inputs) for n in nodes}
+    written: dict[int, int] = {}  # tensor id -> the last node that returned it
 
     def encloses(outer: int, node_id: int) -> bool:
         seen: set[int] = set()
@@ -558,10 +583,21 @@ def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
             cur = parent[cur] if parent[cur] != cur else -1
         return False
 
+    def reader_above(tid: int, node_id: int, after: int) -> int:
+        """The outermost op enclosing ``node_id`` (itself included) that reads ``tid``
+        and starts after node ``after``: where a tensor it reads begins."""
+        start, cur = node_id, parent.get(node_id)
+        while cur is not None and cur != start and cur > after and tid in reads.get(cur, ()):
+            start, cur = cur, parent.get(cur)
+        return start
+
     for node in sorted(nodes, key=lambda n: n.id):  # start order
         if node.op_schema and node.outputs:
-            read = _storageless_ids(node.inputs)
-            for tid in _storageless_ids(node.outputs) - read:
+            read = reads[node.id]
+            for tid in _storageless_ids(node.outputs):
+                written[tid] = node.id
+                if tid in read:
+                    continue
                 current = found._current(tid)
                 if current is None or not encloses(current[0], node.id):
                     found._begin(tid, node.id)
@@ -573,7 +609,19 @@ def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
         records = list(tensor_records(arg)) if arg is not None else []
         if len(records) != 1 or records[0][5] != "" or not isinstance(records[0][0], int):
             continue  # not one tensor without storage
-        found._learn(records[0][0], what, node)
+        tid = records[0][0]
+        current = found._current(tid)
+        nnz = stated_nnz(what, node) if what != "made" else None
+        if current is not None and nnz is not None and current[1].nnz is not None \
+                and nnz != current[1].nnz and current[1].nnz_node is not None \
+                and written.get(tid, -1) < current[1].nnz_node:
+            # Another count of entries, with nothing returning the id since the first
+            # was recorded: another tensor at a reused address. Autograd unpacks a
+            # saved sparse tensor at a new address and no op returns it: the backward
+            # of coalesce().values() read the original tensor (24 entries) on the id
+            # of the freed coalesce result (17 entries).
+            found._begin(tid, reader_above(tid, node.id, current[1].nnz_node))
+        found._learn(tid, what, node)
     return found
 
 

@@ -189,9 +189,16 @@ def split_storages_without_memory(ops: list[Op]) -> int:
     next_id = 1 + max(tv.storage_id for op in ops for tv in _tensors_of(op))
     current: dict[tuple[int, int], int] = {}
     dense: set[int] = set()  # new ids given to tensors on storages without memory
+    layouts: dict[tuple[int, int], object] = {}  # a sparse tensor's, as last seen
 
     def assign(tv: TensorValue, key: tuple[int, int]) -> None:
         nonlocal next_id
+        if tv.meta.sparse is not None:
+            if layouts.get(key, tv.meta.sparse) != tv.meta.sparse:
+                # Another lifetime of the id (passes/select.sparse_tensors), that no op
+                # returned: autograd's unpacking of a saved tensor at a reused address.
+                current.pop(key, None)
+            layouts[key] = tv.meta.sparse
         if key not in current:
             current[key] = next_id
             if key[0] in without_memory:
