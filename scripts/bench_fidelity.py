@@ -68,6 +68,7 @@ sys.path.insert(0, str(ROOT))
 from mystique_gen.backends.base import GenerateOptions  # noqa: E402
 from mystique_gen.constants import STEP_SCOPE  # noqa: E402
 from mystique_gen.driver import generate  # noqa: E402
+from mystique_gen.harness.runtime import OBSERVER_TRUST  # noqa: E402
 from mystique_gen.tools.capture import RANGE_ENV, CaptureResult, capture  # noqa: E402
 from mystique_gen.tools.capture import _env as capture_env  # noqa: E402
 from mystique_gen.tools.compare import compare_traces, multiset_match, op_multiset  # noqa: E402
@@ -369,8 +370,6 @@ def _load_benchmark(path: Path, keep_refused: bool = False) -> tuple[dict[str, S
                    "observer_per_wait": observer / max(wait, 1e-9) if observer else 0.0,
                    "replayed": calibrated["replayed"] and not refused,
                    "refused": refused[0] if refused else None, "snapshot": snapshot,
-                   "step_gaps_us": (g["_JOB"].original() or {}).get("step_gaps_us") or [],
-                   "observer_ratio": runtime["gap_observer_ratio"],
                    # What its gaps wait in an iteration, as calibrated.
                    "wait_us": g["_planned_wait_us"]()}
 
@@ -490,11 +489,6 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "observer_per_wait": session_state["observer_per_wait"],
                               "session_replayed": float(session_state["replayed"]),
                               "refused": session_state["refused"],
-                              "step_gaps_us": session_state["step_gaps_us"],
-                              "observer_ratio": session_state["observer_ratio"],
-                              "session_wait_us": session_state["wait_us"],
-                              "session_cost_us": session_state["observer_per_wait"]
-                              * session_state["wait_us"],
                               # The two ways of capturing, compared on their gaps alone.
                               "wait_ratio": session_state["wait_us"]
                               / max(state["wait_us"], 1e-9),
@@ -681,7 +675,8 @@ def main() -> int:
           "observer's cost calibrated out ('sess us': the replay's own per-op time with "
           "an observer attached; 'obs/w': the observer's cost in the replay's gaps over "
           "what is left to wait, 'kept': trials whose calibration trusted the correction "
-          "(obs/w <= 2; else no gaps); 'err kept': the same gaps replayed where the "
+          f"(obs/w <= {OBSERVER_TRUST:g} and no stall in the step it replays; else no "
+          "gaps); 'err kept': the same gaps replayed where the "
           "calibration refused them too; 'wait s/r': what its gaps wait in an iteration over what "
           "the recorded gaps wait, 1 where the two captures agree); match: the lowest; "
           "mem err: one step's peak memory above its "

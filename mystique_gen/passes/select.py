@@ -458,21 +458,13 @@ class SparseTensor:
         self.learned = True
         out = node.outputs[0] if node.outputs else None
         value = out.value if out is not None else None
-        if self.nnz is None and stated_nnz(what, node) is not None:
-            self.nnz_node = node.id
+        nnz = _stated_nnz(what, node)
+        if self.nnz is None and nnz is not None:
+            self.nnz, self.nnz_node = nnz, node.id
         if what == "made":
-            if len(node.inputs) > 3 and type(node.inputs[0].value) is int:
-                # _sparse_coo_tensor_with_dims_and_tensors(sparse_dim, dense_dim, size,
-                # indices, values), where every constructor ends: indices [sparse_dim,
-                # nnz].
-                indices = node.inputs[3].shape
-                if self.sparse_dim is None:
-                    self.sparse_dim = node.inputs[0].value
-                if self.nnz is None and isinstance(indices, list) and len(indices) == 2 \
-                        and type(indices[1]) is int:
-                    self.nnz = indices[1]
-        elif what == "nnz" and type(value) is int and self.nnz is None:
-            self.nnz = value
+            if len(node.inputs) > 3 and type(node.inputs[0].value) is int \
+                    and self.sparse_dim is None:
+                self.sparse_dim = node.inputs[0].value
         elif what == "sparse_dim" and type(value) is int and self.sparse_dim is None:
             self.sparse_dim = value
         elif what == "coalesced" and isinstance(value, bool) and self.coalesced is None:
@@ -484,9 +476,6 @@ class SparseTensor:
                 self.device = records[0][5].split(":", 1)[0]
             if what == "indices" and len(shape) == 2 and all(type(n) is int for n in shape):
                 self.sparse_dim = shape[0] if self.sparse_dim is None else self.sparse_dim
-                self.nnz = shape[1] if self.nnz is None else self.nnz
-            elif what == "values" and shape and type(shape[0]) is int and self.nnz is None:
-                self.nnz = shape[0]
 
 
 class SparseTensors:
@@ -535,22 +524,24 @@ class SparseTensors:
         self._sparse.add(tid)
 
 
-def stated_nnz(what: str, node: RawNode) -> int | None:
+def _stated_nnz(what: str, node: RawNode) -> int | None:
     """The number of entries one fact-stating op (oprules.SPARSE_FACTS) records of the
-    sparse tensor it reads or makes, where it records one."""
-    if what == "made":
-        shape = node.inputs[3].shape if len(node.inputs) > 3 \
-            and type(node.inputs[0].value) is int else None
-        index = 1
-    elif what == "nnz":
+    sparse tensor it reads or makes, where it records one: ``_nnz``'s result, the
+    entries of ``_values``, or those of indices ``[sparse_dim, nnz]`` (``_indices``,
+    or _sparse_coo_tensor_with_dims_and_tensors(sparse_dim, dense_dim, size, indices,
+    values), where every constructor ends)."""
+    if what == "nnz":
         value = node.outputs[0].value if node.outputs else None
         return value if type(value) is int else None
+    if what == "made" and len(node.inputs) > 3 and type(node.inputs[0].value) is int:
+        shape, index = node.inputs[3].shape, 1
+    elif what in ("indices", "values") and node.outputs:
+        shape, index = node.outputs[0].shape, (1 if what == "indices" else 0)
     else:
-        shape = node.outputs[0].shape if what in ("indices", "values") and node.outputs \
-            else None
-        index = 1 if what == "indices" else 0
-    if not isinstance(shape, list) or len(shape) <= index or (what == "indices"
-                                                              and len(shape) != 2):
+        return None
+    if not isinstance(shape, list) or (len(shape) != 2 if index else not shape):
+        return None  # indices are [sparse_dim, nnz]; values [nnz, ...]
+    if what == "indices" and not all(type(n) is int for n in shape):
         return None
     return shape[index] if type(shape[index]) is int else None
 
@@ -611,7 +602,7 @@ def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
             continue  # not one tensor without storage
         tid = records[0][0]
         current = found._current(tid)
-        nnz = stated_nnz(what, node) if what != "made" else None
+        nnz = _stated_nnz(what, node) if what != "made" else None
         if current is not None and nnz is not None and current[1].nnz is not None \
                 and nnz != current[1].nnz and current[1].nnz_node is not None \
                 and written.get(tid, -1) < current[1].nnz_node:

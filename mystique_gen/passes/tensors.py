@@ -40,6 +40,7 @@ from mystique_gen.ir import (
     InputView,
     Op,
     OpOutput,
+    SparseLayout,
     Storage,
     TensorMeta,
     TensorValue,
@@ -189,7 +190,7 @@ def split_storages_without_memory(ops: list[Op]) -> int:
     next_id = 1 + max(tv.storage_id for op in ops for tv in _tensors_of(op))
     current: dict[tuple[int, int], int] = {}
     dense: set[int] = set()  # new ids given to tensors on storages without memory
-    layouts: dict[tuple[int, int], object] = {}  # a sparse tensor's, as last seen
+    layouts: dict[tuple[int, int], SparseLayout] = {}  # a sparse tensor's, as last seen
 
     def assign(tv: TensorValue, key: tuple[int, int]) -> None:
         nonlocal next_id
