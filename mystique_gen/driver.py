@@ -31,6 +31,7 @@ from mystique_gen.errors import MystiqueError, OptionError
 from mystique_gen.harness import runtime
 from mystique_gen.ir import (
     Diagnostic,
+    Literal,
     Op,
     Program,
     TraceInfo,
@@ -58,7 +59,7 @@ from mystique_gen.passes.compose import (
     storages_of,
 )
 from mystique_gen.passes.filters import filter_selection, kineto_steps, step_listing
-from mystique_gen.passes.lower import lower_ops
+from mystique_gen.passes.lower import COMPLEX_STAND_IN, lower_ops
 from mystique_gen.passes.numbers import replay_wrapped_numbers
 from mystique_gen.passes.ranks import (
     check_kineto_count,
@@ -266,6 +267,12 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
         part_notes.append(f"{numbers} wrapped Python numbers (0-d tensor arguments whose "
                           "recorded result dtype shows scalar type promotion) replay as "
                           "Python numbers")
+    stand_ins = sum(1 for op in ops for arg in op.args
+                    if isinstance(arg.value, Literal) and arg.value.value is COMPLEX_STAND_IN)
+    if stand_ins:
+        part_notes.append(f"{stand_ins} complex scalar arguments replay as "
+                          f"{COMPLEX_STAND_IN}: the trace records their type, not their "
+                          "value")
     if trace.device_nodes:
         part_notes.append(f"an ET+ (Chakra trace_link): {len(trace.device_nodes)} device "
                           "activities below the ops that launched them are not ops; "

@@ -63,6 +63,16 @@ def test_float_literal(value, expected):
     assert exprs.float_literal(value) == expected
 
 
+@pytest.mark.parametrize("value", [1 + 0j, 0.5 - 2j, -1.5 + 0.25j, complex(0.0, -0.0),
+                                   complex(float("inf"), 1.0)])
+def test_complex_literal_evaluates_to_its_value_and_is_black_stable(value):
+    literal = exprs.scalar_literal(value)
+    stmt = f"y = torch.mul(x, {literal})\n"  # an argument, as the file passes it
+    assert format_with_black(stmt) == stmt
+    got = eval(literal, {"float": float})  # noqa: S307 - our own literal
+    assert isinstance(got, complex) and got == value
+
+
 def test_scalar_literal_rejects_non_scalars():
     with pytest.raises(TypeError):
         exprs.scalar_literal([1])

@@ -297,6 +297,64 @@ def test_loss_targets_in_their_domains_keep_a_training_replay_finite(tmp_path):
     assert last_json(proc.stdout)["nonfinite_inputs"] == []
 
 
+def test_centred_moments_and_quantile_levels_stay_in_their_domains(tmp_path):
+    """RMSprop(centered=True) takes the square root of square_avg - grad_avg**2, which
+    its EMAs keep non-negative and state filled at random did not (NaN in one step,
+    looped and foreach alike); torch.quantile refuses levels outside [0, 1] (the
+    replay failed on its first call)."""
+    torch.manual_seed(0)
+    nets = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)]
+    opts = [torch.optim.RMSprop(nets[0].parameters(), centered=True, foreach=False),
+            torch.optim.RMSprop(nets[1].parameters(), centered=True, momentum=0.9,
+                                foreach=True)]
+    x, levels = torch.randn(4, 8), torch.tensor([0.1, 0.5, 0.9])
+
+    def step() -> None:
+        for opt in opts:
+            opt.zero_grad()
+        sum(torch.quantile(net(x), levels, dim=1).sum() for net in nets).backward()
+        for opt in opts:
+            opt.step()
+
+    result = capture(step, tmp_path, name="rmsprop", kineto=False, timing_iters=1)
+    bench = tmp_path / "rmsprop_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "10",
+                         "--reset-inputs", "off", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+
+
+def test_complex_scalars_the_trace_holds_no_value_of_replay_complex(tmp_path):
+    """The observer writes a complex Scalar as "<ComplexDouble>" (complex autograd's
+    conj-multiplies, ``x * 1j``): generation stopped at it. It replays as a complex
+    number of magnitude one, which keeps the result complex, and the header says so."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.cfloat))
+    x = torch.randn(3, 4)
+    opt = torch.optim.SGD([w], lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        y = (x * 1j) @ w
+        (y.abs().pow(2).sum() + y.angle().sum()).backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="complex", kineto=False, timing_iters=1)
+    bench = tmp_path / "complex_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    text = bench.read_text()
+    assert "complex scalar arguments replay as (1+0j)" in " ".join(text.split())
+    assert "(1.0 + 0.0j)" in text
+    replay = tmp_path / "replay.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "2",
+                         "--json", "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    muls = [node for node in load_trace(replay).nodes if node.name == "aten::mul"
+            and any(arg.type == "ComplexDouble" for arg in node.inputs)]
+    assert muls and all("complex" in node.outputs[0].type for node in muls)
+
+
 def test_recorded_constants_keep_a_gated_recurrence_finite(tmp_path):
     """RecurrentGemma's gate, exp(-8.0 * sigmoid(x) * softplus(a)): the ET records the
     wrapped -8.0 as a 0-d tensor without its value, and a stand-in near 1 made

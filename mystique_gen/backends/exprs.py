@@ -36,16 +36,26 @@ def float_literal(value: float) -> str:
 
 
 def scalar_literal(value: object) -> str:
-    """A Python literal for a recorded scalar: None, bool, int, float or str."""
+    """A Python literal for a recorded scalar: None, bool, int, float, complex or str."""
     if value is None or isinstance(value, bool):
         return repr(value)
     if isinstance(value, int):
         return repr(value)
     if isinstance(value, float):
         return float_literal(value)
+    if isinstance(value, complex):
+        return complex_literal(value)
     if isinstance(value, str):
         return str_literal(value)
     raise TypeError(f"not a scalar literal: {type(value).__name__}")
+
+
+def complex_literal(value: complex) -> str:
+    """``(1.0 + 0.5j)``, spaced as black spaces it; the imaginary part must be finite."""
+    if not math.isfinite(value.imag):
+        raise ValueError(f"no literal for a complex number with imaginary part {value.imag}")
+    sign = "-" if value.imag < 0 else "+"
+    return f"({float_literal(value.real)} {sign} {float_literal(abs(value.imag))}j)"
 
 
 def int_list(values: tuple[int, ...] | list[int]) -> Node:

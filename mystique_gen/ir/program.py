@@ -143,7 +143,7 @@ class TensorValue:
 
 @dataclass(frozen=True, slots=True)
 class Literal:
-    value: int | float | bool | str | None
+    value: int | float | complex | bool | str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +252,12 @@ class Op:
     # same as in_range's, passes/values.py): one may be 0 where the original's never
     # was, and an integer division by 0 raises; the file divides by 1 there.
     nonzero: tuple[str, ...] = ()
+    # Value domains this op's tensor arguments inherit from a composite op it ran inside
+    # and is replayed without (passes/select.py descends into such ops): {(argument,
+    # list position or None): ("positive" or "range", low, high, why)}. quantile's
+    # levels in [0, 1] hold for the children that turn them into indices.
+    domains: dict[tuple[str, int | None], tuple[str, float, float, str]] = field(
+        default_factory=dict)
     free_after: list[Binding] = field(default_factory=list)  # variables last read here
     # Variables last read here that stay alive (the original freed them later,
     # passes/frees.py) but whose autograd history goes: the replay's forward records a

@@ -109,6 +109,8 @@ INDEX_RULES: dict[str, dict[str, Bound | str]] = merged("index_rules")
 TAKE_RULES: dict[str, tuple[str, str]] = merged("take_rules")
 POSITIVE_ARGS: dict[str, tuple[str, ...]] = merged("positive_args")
 KEEPS_SIGN: dict[str, tuple[str, ...]] = merged("keeps_sign")
+POSITIVE_IF: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] = merged(
+    "positive_if")
 FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")

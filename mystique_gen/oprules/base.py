@@ -166,6 +166,12 @@ class OpFamily:
     # Ops whose result is non-negative where these floating arguments are: a result that
     # must be positive (``positive_args`` of its reader) needs them non-negative too.
     keeps_sign: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Ops whose result is positive where these arguments are positive and these others
+    # lie in a small range: {op: (positive arguments, {argument: (low, high)})}. A
+    # result that must be positive puts both on its inputs (a centred second moment,
+    # ``square_avg - grad_avg * grad_avg``, whose square root RMSprop takes).
+    positive_if: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] = field(
+        default_factory=dict)
     # Floating arguments that must lie in a range: {op: {argument: (low, high)}}.
     float_ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     # Inputs filled so that a data-dependent output keeps its recorded size.

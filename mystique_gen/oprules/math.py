@@ -51,6 +51,8 @@ FAMILY = OpFamily(
         "aten::bernoulli": {"self": (0.0, 1.0), "p": (0.0, 1.0)},
         "aten::bernoulli_": {"p": (0.0, 1.0)},
         "aten::multinomial": {"self": (0.1, 1.0)},
+        "aten::quantile": {"q": (0.0, 1.0)},
+        "aten::nanquantile": {"q": (0.0, 1.0)},
         "aten::pow": {"self": (0.5, 1.5)},
         "aten::pow_": {"self": (0.5, 1.5)},
         "aten::log1p": {"self": (0.0, 1.0)},

@@ -15,5 +15,11 @@ FAMILY = OpFamily(
         "aten::_fused_adam_": ("exp_avg_sqs",),
         "aten::_fused_adamw_": ("exp_avg_sqs",),
     },
+    # RMSprop(centered=True) takes the square root of square_avg - grad_avg**2 (an
+    # addcmul with value -1), which their EMAs keep non-negative; state filled at
+    # random does not: square_avg in [0.5, 1.5] and grad_avg in [-0.5, 0.5] does.
+    positive_if={op: (("self",), {"tensor1": (-0.5, 0.5), "tensor2": (-0.5, 0.5)})
+                 for op in ("aten::addcmul", "aten::addcmul_", "aten::_foreach_addcmul",
+                            "aten::_foreach_addcmul_")},
     float_ranges={"aten::_foreach_div_": {"other": (0.5, 1.5)}},
 )

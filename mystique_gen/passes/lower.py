@@ -127,8 +127,47 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
                           and not isinstance(seq_id, bool) else None),
             made_grad_node=sel.made_grad_node,
             requires_grad_args=sel.requires_grad_args,
+            domains=inherited_domains(sel.composites, args),
         ))
     return ops, skipped
+
+
+def inherited_domains(composites: tuple[RawNode, ...], args: list[Arg]
+                      ) -> dict[tuple[str, int | None], tuple[str, float, float, str]]:
+    """The value domains (``oprules.POSITIVE_ARGS``, ``FLOAT_RANGES``) of composite ops
+    replayed as their children, on the arguments of one child that read the same
+    tensors (by trace and storage id). ``torch.quantile`` under autograd is replayed as
+    its children, which check its levels and turn them into gather indices: without
+    its [0, 1] rule the replay filled them at random and failed."""
+    wanted: dict[tuple[int, int], tuple[str, float, float, str]] = {}
+    for node in composites:
+        positive = oprules.POSITIVE_ARGS.get(node.name, ())
+        ranges = oprules.FLOAT_RANGES.get(node.name, {})
+        if not (positive or ranges) or not node.op_schema:
+            continue
+        try:
+            names = [spec.name for spec in parse_signature(node.op_schema).args]
+        except SchemaError:
+            continue
+        for name, raw in zip(names, node.inputs, strict=False):  # trailing defaults
+            value = raw.value
+            if not (isinstance(value, list) and len(value) >= 2
+                    and all(type(v) is int for v in value[:2])):
+                continue
+            why = f"{node.name} {name} (replayed as its children)"
+            if name in ranges:
+                wanted.setdefault((value[0], value[1]), ("range", *ranges[name], why))
+            elif name in positive:
+                low, high = oprules.POSITIVE_FLOATING[1:]
+                wanted.setdefault((value[0], value[1]), ("positive", low, high, why))
+    found: dict[tuple[str, int | None], tuple[str, float, float, str]] = {}
+    for arg in args:
+        items = arg.value.items if isinstance(arg.value, ListValue) else (arg.value,)
+        for k, item in enumerate(items):
+            if isinstance(item, TensorValue) and (item.trace_id, item.storage_id) in wanted:
+                position = k if isinstance(arg.value, ListValue) else None
+                found[(arg.spec.name, position)] = wanted[(item.trace_id, item.storage_id)]
+    return found
 
 
 def _consumed(selected: list[Selected], release: bool) -> Iterator[Selected]:
@@ -320,6 +359,8 @@ def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: st
         return Literal(None)  # the benchmark seeds the default generator instead
     if base in ("int", "SymInt"):
         return Literal(_number(value, (int,), node_id, where))
+    if base == "complex" or (base in ("Scalar", "number") and raw.type == "ComplexDouble"):
+        return Literal(_complex(value, node_id, where))
     if base in ("float", "Scalar", "number"):
         return Literal(_number(value, (int, float), node_id, where))
     if base == "bool":
@@ -387,6 +428,23 @@ def _number(value: Any, kinds: tuple[type, ...], node_id: int, where: str) -> in
     if type(value) is int and not INT64_MIN <= value <= UINT64_MAX:
         raise Unsupported(f"{where}: integer {str(value)[:24]} is outside 64 bits")
     return value  # NaN and infinities are emitted as float("nan") etc.
+
+
+# The ET observer writes a complex Scalar's type (ComplexDouble) but not its value:
+# "<ComplexDouble>" (complex autograd's conj-multiplies, x * 1j). A complex stand-in of
+# magnitude one keeps the result's dtype (a real tensor times it is complex) and scale.
+COMPLEX_STAND_IN = complex(1.0, 0.0)
+
+
+def _complex(value: Any, node_id: int, where: str) -> complex:
+    if isinstance(value, str) and value.startswith("<"):
+        return COMPLEX_STAND_IN
+    if isinstance(value, list) and len(value) == 2:  # [real, imag], should a torch write it
+        value = complex(*(_number(v, (int, float), node_id, where) for v in value))
+    if isinstance(value, (int, float, complex)) and not isinstance(value, bool):
+        return complex(value)
+    raise TraceError(f"expected a complex number, got {type(value).__name__}",
+                     node_id=node_id, field=where)
 
 
 def _device_kind(text: str, node_id: int, where: str) -> str:

@@ -62,6 +62,10 @@ class Selected:
     # Whether the op (or an op inside it) created an autograd node: None where the trace
     # records no seq_ids (:func:`grad_node_makers`).
     made_grad_node: bool | None = None
+    # The composite ops it ran inside, innermost first, that are replayed as their
+    # children (:func:`escaping_composites`): their arguments' domains hold for the
+    # same tensors it reads (passes/lower.py ``inherited_domains``).
+    composites: tuple[RawNode, ...] = ()
 
 
 @dataclass
@@ -911,7 +915,8 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
                 skipped.append(not_replayed(node.id, node.name, BACKEND_THREAD_NOTE))
             continue
         if node.op_schema and node.id not in dispatched:
-            selected.append(Selected(node, outer))
+            selected.append(Selected(node, outer, composites=_composites(parent, by_id,
+                                                                         dispatched)))
             threads.add(node.tid)
         elif node.op_schema and _foreign(node):
             skipped.append(not_replayed(node.id, node.name, FOREIGN_NOTE))
@@ -932,6 +937,16 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
     _reveal_grad(selected, covered)
     _mark_grad_node_makers(selected, trace, by_id)
     return Selection(selected, skipped, sorted(threads), covered)
+
+
+def _composites(parent: RawNode | None, by_id: dict[int, RawNode],
+                dispatched: set[int]) -> tuple[RawNode, ...]:
+    """The ops above a selected node that were descended into, innermost first."""
+    found: list[RawNode] = []
+    while parent is not None and parent.op_schema and parent.id in dispatched:
+        found.append(parent)
+        parent = by_id.get(parent.parent) if parent.parent != parent.id else None
+    return tuple(found)
 
 
 def _above(nodes: list[RawNode], by_id: dict[int, RawNode],

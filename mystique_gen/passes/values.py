@@ -386,6 +386,7 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             for tv in iter_tensors(arg.value):
                 if tv.storage is not None and tv.storage.dtype in INTEGRAL:
                     facts.divisor.setdefault(tv.storage.index, f"{op.name} {arg.spec.name}")
+    _inherited_domains(op, facts)
     index_rules = oprules.INDEX_RULES.get(op.name)
     shape_rules = oprules.SHAPE_RULES.get(op.name)
     positive = oprules.POSITIVE_ARGS.get(op.name, ())
@@ -434,6 +435,22 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
                 facts.float_range.setdefault(tv.storage.index, (low, high, f"{op.name} {arg_name}"))
+
+
+def _inherited_domains(op: Op, facts: _Facts) -> None:
+    """The domains of a composite op replayed as its children (``Op.domains``)."""
+    for arg in op.args:
+        items = arg.value.items if isinstance(arg.value, ListValue) else (arg.value,)
+        for k, item in enumerate(items):
+            position = k if isinstance(arg.value, ListValue) else None
+            domain = op.domains.get((arg.spec.name, position))
+            if domain is None or not isinstance(item, TensorValue) or item.storage is None:
+                continue
+            kind, low, high, why = domain
+            if kind == "positive":
+                facts.positive.setdefault(item.storage.index, why)
+            else:
+                facts.float_range.setdefault(item.storage.index, (low, high, why))
 
 
 def _propagate_bounds(ops: list[Op], facts: _Facts) -> None:
@@ -485,8 +502,11 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
     non-negative (a view of another dtype is another storage here). A positive result
     of an op that keeps signs (:data:`oprules.KEEPS_SIGN`: sums, products, matmuls)
     carries back to its arguments the same way: ``log(mel @ power + eps)`` with a
-    filter bank filled with both signs took logs of negative numbers."""
+    filter bank filled with both signs took logs of negative numbers. A positive result
+    of an op that is positive only for some arguments (:data:`oprules.POSITIVE_IF`)
+    puts that condition on them."""
     for op in reversed(ops):
+        _positive_if(op, facts)
         keeps_sign = oprules.KEEPS_SIGN.get(op.name)
         if not op.signature.is_view and not (keeps_sign and _non_negative_alpha(op)):
             continue
@@ -508,6 +528,28 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
                     facts.positive.setdefault(tv.storage.index, f"{positive} (via {op.name})")
                 if ranged is not None:
                     facts.float_range.setdefault(tv.storage.index, ranged)
+
+
+def _positive_if(op: Op, facts: _Facts) -> None:
+    rule = oprules.POSITIVE_IF.get(op.name)
+    if rule is None:
+        return
+    outputs = {tv.storage.index for value in op.outputs for tv in iter_tensors(value)
+               if tv.storage is not None}
+    why = next((facts.positive[i] for i in outputs if i in facts.positive), None)
+    if why is None:
+        return
+    positive, ranges = rule
+    why = f"{why} (via {op.name})"
+    for arg in op.args:
+        for tv in iter_tensors(arg.value):
+            if tv.storage is None or tv.storage.index in outputs:
+                continue
+            if arg.spec.name in positive:
+                facts.positive.setdefault(tv.storage.index, why)
+            elif arg.spec.name in ranges:
+                low, high = ranges[arg.spec.name]
+                facts.float_range.setdefault(tv.storage.index, (low, high, why))
 
 
 def _masks_to_fit(ops: list[Op], counts: dict[tuple[int, int], int | None]
