@@ -1,10 +1,11 @@
 """`make bench` section: do steps that use torch's less common features replay?
 
 The architecture sweep (bench_sweep.py) covers transformers' models; users' own code
-reaches for features no model zoo shows. ``scripts/features_train.py`` and
-``scripts/features_infer.py`` hold one small step per feature (activation
-checkpointing, autocast, FFTs, sparse gradients, torch.compile, nested tensors,
-quantized RNNs, ...). Each step runs twice warm, then one step is recorded with a plain
+reaches for features no model zoo shows. ``scripts/features_train.py``,
+``scripts/features_infer.py`` and ``scripts/features_more.py`` (a second batch) hold one
+small step per feature (activation checkpointing, autocast, FFTs, sparse gradients,
+torch.compile, nested tensors, quantized RNNs, custom autograd Functions, ...).
+Each step runs twice warm, then one step is recorded with a plain
 ``ExecutionTraceObserver`` (as users record, with none of the capture helper's extras),
 in a process of its own; the CLI generates a benchmark, which replays standalone
 (``--warmup 0 --iters 3 --reset-inputs off --json --et replay.json``, with
@@ -40,7 +41,7 @@ from mystique_gen.passes.select import select_ops  # noqa: E402
 from mystique_gen.sources.et import load_trace  # noqa: E402
 from mystique_gen.tools.compare import overload_name  # noqa: E402
 
-MODULES = ("features_train", "features_infer")
+MODULES = ("features_train", "features_infer", "features_more")
 # Failures that README's Known limits explains: the observer does not record the
 # arguments (nested tensors, CSR tensors, packed quantized RNN weights), or a sparse
 # tensor autograd unpacked from a saved variable landed on a freed tensor's id.
