@@ -5,7 +5,8 @@ with mark_dirty, LBFGS's closure, seven more optimizers (RMSprop centred, Adafac
 sampling and folds, the scatter family, quantiles and order statistics, weight tying,
 SDPA's variants, a selective scan, double backward, writes through views, control
 flow on ``.item()``, complex parameters, zero-size and strided inputs, small integer
-and float8 dtypes, int8 matmul and channels_last_3d. ``WORKLOADS``: name -> a builder
+and float8 dtypes, int8 matmul, channels_last_3d, and transformers' generate() (greedy, sampled,
+beam search, static cache). ``WORKLOADS``: name -> a builder
 that returns the step.
 
 What this batch found when it was added: RMSprop(centered=True) replayed NaN (its
@@ -516,6 +517,66 @@ def y_channels_last_3d():
     )
     x = torch.randn(1, 2, 6, 6, 6).to(memory_format=torch.channels_last_3d)
     return _sgd(m, lambda: m(x).mean())
+
+
+# transformers' generate(): a decoding loop as LLM serving runs it (KV cache, logits
+# processors, sampling, beams, a static cache), from a tiny Llama config.
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def y_generate_greedy():
+    m = _llama()
+    ids = torch.randint(3, 128, (2, 6))
+    return lambda: m.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+
+
+def y_generate_sample():
+    m = _llama()
+    ids = torch.randint(3, 128, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    return lambda: m.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=6,
+        do_sample=True,
+        top_k=20,
+        top_p=0.9,
+        temperature=0.7,
+        repetition_penalty=1.2,
+        min_new_tokens=6,
+    )
+
+
+def y_generate_beam():
+    m = _llama()
+    ids = torch.randint(3, 128, (1, 5))
+    return lambda: m.generate(ids, max_new_tokens=5, num_beams=3, do_sample=False, min_new_tokens=5)
+
+
+def y_generate_static_cache():
+    m = _llama()
+    ids = torch.randint(3, 128, (2, 6))
+    return lambda: m.generate(
+        ids, max_new_tokens=5, do_sample=False, cache_implementation="static", min_new_tokens=5
+    )
 
 
 WORKLOADS = {k[2:]: v for k, v in globals().items() if k.startswith("y_")}
