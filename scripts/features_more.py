@@ -5,9 +5,9 @@ with mark_dirty, LBFGS's closure, seven more optimizers (RMSprop centred, Adafac
 sampling and folds, the scatter family, quantiles and order statistics, weight tying,
 SDPA's variants, a selective scan, double backward, writes through views, control
 flow on ``.item()``, complex parameters, zero-size and strided inputs, small integer
-and float8 dtypes, int8 matmul, channels_last_3d, and transformers' generate() (greedy, sampled,
-beam search, static cache). ``WORKLOADS``: name -> a builder
-that returns the step.
+and float8 dtypes, int8 matmul, channels_last_3d, and transformers' generate()
+(greedy, sampled, beam search, static cache). ``WORKLOADS``: name -> a builder that
+returns the step.
 
 What this batch found when it was added: RMSprop(centered=True) replayed NaN (its
 square root of square_avg - grad_avg**2 on state filled at random); torch.quantile's
