@@ -291,10 +291,7 @@ def test_loss_targets_in_their_domains_keep_a_training_replay_finite(tmp_path):
     assert ranges.count((0.0, 1.0)) >= 2 and (0.0, 2.0) in ranges, ranges
     bench = tmp_path / "losses_bench.py"
     generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "20",
-                         "--reset-inputs", "off", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+    _assert_replays_finite(bench, 20)
 
 
 def test_centred_moments_and_quantile_levels_stay_in_their_domains(tmp_path):
@@ -319,10 +316,7 @@ def test_centred_moments_and_quantile_levels_stay_in_their_domains(tmp_path):
     result = capture(step, tmp_path, name="rmsprop", kineto=False, timing_iters=1)
     bench = tmp_path / "rmsprop_bench.py"
     generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "10",
-                         "--reset-inputs", "off", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+    _assert_replays_finite(bench, 10)
 
 
 def test_complex_scalars_the_trace_holds_no_value_of_replay_complex(tmp_path):
@@ -378,10 +372,7 @@ def test_recorded_constants_keep_a_gated_recurrence_finite(tmp_path):
     bench = tmp_path / "gate_bench.py"
     text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
     assert '"uniform", -8.0, -8.0' in text
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "3",
-                         "--reset-inputs", "off", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+    _assert_replays_finite(bench, 3)
     # One value more than the trace has calls: none is trusted.
     sidecar["scalars"]["aten::mul.Tensor"]["1"].append(-8.0)
     result.sidecar_path.write_text(json.dumps(sidecar))
@@ -474,6 +465,15 @@ def test_recorded_range_keys_count_tensors_in_lists():
 
 ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
 ADD_ = "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)"
+
+
+def _assert_replays_finite(bench, iters: int) -> None:
+    """The benchmark runs ``iters`` iterations without resetting its inputs, and none
+    it writes ends NaN or inf."""
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", str(iters),
+                         "--reset-inputs", "off", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["nonfinite_inputs"] == []
 
 
 def _wrapped_scalars(b: TraceBuilder, values: list[int], same_tensor: bool = False,
