@@ -531,6 +531,8 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
 
 
 def _positive_if(op: Op, facts: _Facts) -> None:
+    """Where ``op``'s result must be positive, its :data:`oprules.POSITIVE_IF` condition
+    on its inputs: some positive, some in a range."""
     rule = oprules.POSITIVE_IF.get(op.name)
     if rule is None:
         return
