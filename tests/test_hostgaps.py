@@ -235,8 +235,11 @@ def test_scaled_gaps_follow_the_hosts_speed_over_the_captures(captured, tmp_path
                          "--json", "--host-gaps", "scaled")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = last_json(proc.stdout)
-    assert out["host_gaps_replayed"] is True and out["host_probe_us"] > 0
-    assert out["host_gap_scale"] is not None and out["host_gap_scale"] > 0
+    assert out["host_probe_us"] > 0
+    if out["host_gaps_replayed"]:
+        assert out["host_gap_scale"] is not None and out["host_gap_scale"] > 0
+    else:  # a loaded machine's calibration: its own time past the gaps, and it says so
+        assert "exceeds the recorded gaps by" in proc.stderr, proc.stderr[-3000:]
 
     session = tmp_path / "session.json"
     session.write_bytes(captured.kineto_path.read_bytes())

@@ -149,8 +149,12 @@ def test_per_rank_kineto_timing_replays_every_ranks_host_gaps(tmp_path):
     assert result["distributed"] and result["world_size"] == 2
     assert result["host_gaps"] == "recorded" and result["skipped_at_runtime"] == []
     per_rank = result["per_rank"]
-    assert [r["host_gaps_replayed"] for r in per_rank] == [True, True]
-    assert all(r["host_gap_own_us"] > 0 for r in per_rank)
+    assert all(r["host_gap_own_us"] > 0 for r in per_rank)  # calibrated on every rank
+    # Replayed on each rank, unless its own host time exceeds its recorded gaps in all
+    # (a loaded machine's calibration, beside another test), which turns them off and
+    # says so: no gap would wait, and their bookkeeping would cost time.
+    if not all(r["host_gaps_replayed"] for r in per_rank):
+        assert "exceeds the recorded gaps by" in proc.stderr, proc.stderr[-3000:]
     originals = [r["original_ms"] for r in per_rank]
     assert all(ms > 0 for ms in originals) and result["original_ms"] == max(originals)
     assert result["original_ratio"] == pytest.approx(result["iter_ms_median"] / max(originals))
