@@ -1466,12 +1466,16 @@ def _gap_balance_us():
     """What the recorded gaps of one iteration exceed this replay's own time in them
     and their scopes' recording cost by, as calibrated (negative: its own time is the
     longer); `_planned_wait_us` is its sum gap by gap, each at least 0."""
-    total = 0.0
+    return sum(_gap_excesses_us())
+
+
+def _gap_excesses_us():
+    """Per calibrated gap: the recorded time less this replay's own time there and its
+    scopes' recording cost, as `_host_gap` reckons it (without the carry)."""
     for before, (us, events, calls) in _RUNTIME["gap_planned"].items():
         own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
         own += events * _RUNTIME["gap_event_us"] + calls * _RUNTIME["gap_call_us"]
-        total += us - own
-    return total
+        yield us - own
 
 
 def _stalled_us(totals):
@@ -1626,12 +1630,7 @@ def _planned_wait_us():
     """What one iteration busy-waits in its gaps as calibrated: each recorded gap less
     this replay's own time there and its scopes' recording cost (without the carry of
     one gap's excess into the next)."""
-    total = 0.0
-    for before, (us, events, calls) in _RUNTIME["gap_planned"].items():
-        own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
-        own += events * _RUNTIME["gap_event_us"] + calls * _RUNTIME["gap_call_us"]
-        total += max(0.0, us - own)
-    return total
+    return sum(max(0.0, excess) for excess in _gap_excesses_us())
 
 
 def _observer_ratio(original, observed, plain):
