@@ -319,6 +319,40 @@ def test_centred_moments_and_quantile_levels_stay_in_their_domains(tmp_path):
     _assert_replays_finite(bench, 10)
 
 
+def test_draws_special_functions_and_cached_pivots_read_inputs_in_their_domains(tmp_path):
+    """Parameters a step reads as they are, filled by the replay: a Poisson rate, a
+    binomial's probabilities, a normal's std (torch raises on each out of its domain:
+    "invalid Poisson rate"), gamma and Dirichlet concentrations, erfinv/logit/xlogy/
+    igamma arguments (NaN outside theirs, which the gradient put into the weights) and
+    an LU factorisation computed once and solved against in each step ("Pivots given
+    to lu_solve must all be greater or equal to 1")."""
+    from torch.distributions import Binomial, Dirichlet, Gamma, Poisson
+
+    torch.manual_seed(0)
+    conc = torch.nn.Parameter(torch.rand(3, 4) + 0.5)
+    w = torch.nn.Parameter(torch.randn(6))
+    rate, prob, std = torch.rand(6) * 3, torch.rand(6), torch.rand(6) + 0.1
+    u, p, q = torch.rand(6) * 1.8 - 0.9, torch.rand(6) * 0.9 + 0.05, torch.rand(6) + 0.1
+    lu, pivots = torch.linalg.lu_factor(torch.randn(6, 6) + 6 * torch.eye(6))
+    opt = torch.optim.SGD([conc, w], lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad()
+        draws = (Poisson(rate).sample().sum() + Binomial(10, probs=prob).sample().sum()
+                 + torch.normal(torch.zeros(6), std).sum())
+        special = torch.erfinv(u) + torch.logit(p) + torch.xlogy(w, q) + torch.igamma(q, p)
+        solved = torch.linalg.lu_solve(lu, pivots, w[:, None])
+        loss = (Gamma(conc, conc).rsample().sum() + Dirichlet(conc).rsample().sum()
+                + (special * w).sum() + solved.sum() + draws * 0)
+        loss.backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="domains", kineto=False, timing_iters=1)
+    bench = tmp_path / "domains_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    _assert_replays_finite(bench, 5)
+
+
 def test_complex_scalars_the_trace_holds_no_value_of_replay_complex(tmp_path):
     """The observer writes a complex Scalar as "<ComplexDouble>" (complex autograd's
     conj-multiplies, ``x * 1j``): generation stopped at it. It replays as a complex

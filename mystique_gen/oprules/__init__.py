@@ -25,6 +25,7 @@ from mystique_gen.oprules import (
     optimizer,
     quantized,
     rnn,
+    sampling,
     sparse,
 )
 from mystique_gen.oprules.availability import (
@@ -78,6 +79,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     rnn.FAMILY,
     optimizer.FAMILY,
     math.FAMILY,
+    sampling.FAMILY,
     linalg.FAMILY,
     datadep.FAMILY,
     collectives.FAMILY,

@@ -1,4 +1,5 @@
-"""Linear algebra: matrices a factorisation or an inverse needs to exist."""
+"""Linear algebra: matrices a factorisation or an inverse needs to exist, and the
+pivots a factorisation's solve reads."""
 
 from __future__ import annotations
 
@@ -20,6 +21,23 @@ class PositiveDefinite(Fill):
                 or not shape[-1]:
             return None
         return (FillKind.SPD, shape[-1], 0)
+
+
+class Pivots(Fill):
+    """LAPACK pivots of an LU factorisation of ``lu``: 1-based row swaps, each in
+    [1, n]. A factorisation computed once and passed to the step (a cached ``lu_factor``
+    solved against in each step) is an input the replay fills; zero or out-of-range
+    pivots raise ("Pivots given to lu_solve must all be greater or equal to 1"), and
+    any sequence of swaps in range is a valid one."""
+
+    def __init__(self, lu: str):
+        self.lu = lu
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        shape = args.get(self.lu)
+        if not isinstance(shape, tuple) or len(shape) < 2 or not shape[-1]:
+            return None
+        return (FillKind.RANDINT, 1, shape[-1] + 1)
 
 
 _SELF, _A = {"self": PositiveDefinite("self")}, {"A": PositiveDefinite("A")}
@@ -50,5 +68,9 @@ FAMILY = OpFamily(
         "aten::linalg_solve_ex": _A,
         "aten::_linalg_solve_ex": _A,
         "aten::linalg_lu_factor_ex": _A,
+        "aten::linalg_lu_solve": {"pivots": Pivots("LU")},
+        "aten::lu_solve": {"LU_pivots": Pivots("LU_data")},
+        "aten::lu_unpack": {"LU_pivots": Pivots("LU_data")},
+        "aten::linalg_ldl_solve": {"pivots": Pivots("LD")},
     },
 )

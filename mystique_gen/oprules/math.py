@@ -1,4 +1,5 @@
-"""Elementwise math: arguments inside each function's domain, probabilities in [0, 1]."""
+"""Elementwise math: arguments inside each function's domain (random draws:
+``sampling.py``)."""
 
 from __future__ import annotations
 
@@ -46,11 +47,17 @@ FAMILY = OpFamily(
         "aten::rsqrt_": ("self",),
         "aten::log2_": ("self",),
         "aten::log10_": ("self",),
+        # x log y and the entropy -x log x: NaN (or -inf) where y, x < 0.
+        "aten::xlogy": ("other",),
+        "aten::xlogy_": ("other",),
+        "aten::special_entr": ("self",),
+        # The regularised incomplete gamma functions: a > 0, x >= 0.
+        "aten::igamma": ("self", "other"),
+        "aten::igamma_": ("self", "other"),
+        "aten::igammac": ("self", "other"),
+        "aten::igammac_": ("self", "other"),
     },
     float_ranges={
-        "aten::bernoulli": {"self": (0.0, 1.0), "p": (0.0, 1.0)},
-        "aten::bernoulli_": {"p": (0.0, 1.0)},
-        "aten::multinomial": {"self": (0.1, 1.0)},
         "aten::quantile": {"q": (0.0, 1.0)},
         "aten::nanquantile": {"q": (0.0, 1.0)},
         "aten::pow": {"self": (0.5, 1.5)},
@@ -62,6 +69,14 @@ FAMILY = OpFamily(
         "aten::asin": {"self": (-0.9, 0.9)},
         "aten::atanh": {"self": (-0.9, 0.9)},
         "aten::acosh": {"self": (1.1, 2.0)},
+        # Inverse CDFs and log-odds: NaN outside (-1, 1) and (0, 1).
+        "aten::erfinv": {"self": (-0.9, 0.9)},
+        "aten::erfinv_": {"self": (-0.9, 0.9)},
+        "aten::logit": {"self": (0.05, 0.95)},
+        "aten::logit_": {"self": (0.05, 0.95)},
+        "aten::special_ndtri": {"self": (0.05, 0.95)},
+        "aten::special_xlog1py": {"other": (0.0, 1.0)},
+        "aten::special_zeta": {"self": (1.1, 2.0), "other": (0.5, 1.5)},
         "aten::reciprocal": {"self": (0.5, 1.5)},
         "aten::div": {"other": (0.5, 1.5)},
         "aten::div_": {"other": (0.5, 1.5)},
