@@ -174,7 +174,7 @@ def test_each_rank_replays_with_its_own_original(monkeypatch):
     assert mine["host_gap_own_us"] == 4.5
     job.comm = True  # launched: every rank of the job, without gathering here
     job.per_rank = [[1.0], [2.0]]
-    job.per_rank_gaps = [[4.5, 0.0, 1.0, 0.2], [6.0, 0.0, 0.0, 0.0]]
+    job.per_rank_gaps = [[4.5, 0.0, 1.0, 0.2, 0.0], [6.0, 0.0, 0.0, 0.0, 0.0]]
     assert job.original_ms() == 3.0
     per_rank = job.facts()["per_rank"]
     assert [r["original_ms"] for r in per_rank] == [2.0, 3.0]
@@ -419,11 +419,12 @@ def test_gaps_behind_the_replays_own_time_are_turned_off(capsys):
         # time of 8, 10 and 6 us: 39 recorded, 26 own and scopes: 13 us to wait.
         runtime._RUNTIME.update(host_gaps=True, gap_own={0: 8.0, 1: 10.0}, gap_own_us=6.0,
                                 gap_event_us=1.0, gap_call_us=0.0,
-                                gap_planned={0: (5.0, 0, 0), 1: (30.0, 2, 0), 2: (4.0, 0, 0)})
+                                gap_planned={0: (5.0, 0, 0, 0), 1: (30.0, 2, 0, 0),
+                                             2: (4.0, 0, 0, 0)})
         assert runtime._gap_balance_us() == pytest.approx(13.0)
         runtime._drop_gaps_behind_own_time()
         assert runtime._RUNTIME["host_gaps"] is True and capsys.readouterr().err == ""
-        runtime._RUNTIME["gap_planned"][1] = (12.0, 2, 0)  # 21 recorded: 5 us short
+        runtime._RUNTIME["gap_planned"][1] = (12.0, 2, 0, 0)  # 21 recorded: 5 us short
         runtime._drop_gaps_behind_own_time()
         assert runtime._RUNTIME["host_gaps"] is False
         assert runtime._RUNTIME["gap_own_us"] == 6.0  # still reported as calibrated
@@ -527,7 +528,7 @@ def test_the_observers_ratio_comes_from_the_ops_and_scales_its_share_of_the_gaps
                                               "gap_event_us", "gap_call_us")}
     try:
         runtime._RUNTIME.update(gap_own={1: 10.0}, gap_own_us=10.0,
-                                gap_planned={1: (30.0, 0, 0)}, gap_event_us=0.0,
+                                gap_planned={1: (30.0, 0, 0, 0)}, gap_event_us=0.0,
                                 gap_call_us=0.0)
         cost, wait = runtime._observer_share(4.0, {1: 4.0}, 2.0)
         assert runtime._RUNTIME["gap_own"] == {1: 16.0} and (cost, wait) == (12.0, 14.0)

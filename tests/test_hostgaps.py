@@ -41,8 +41,9 @@ def captured(tmp_path_factory):
     return result
 
 
-def _ev(index: int, name: str, ts: float, dur: float, tid: int = 1) -> CpuEvent:
-    return CpuEvent(index, name, 0, tid, ts, dur, None, None)
+def _ev(index: int, name: str, ts: float, dur: float, tid: int = 1,
+        annotation: bool = False) -> CpuEvent:
+    return CpuEvent(index, name, 0, tid, ts, dur, None, None, annotation)
 
 
 def test_gaps_add_up_to_a_median_steps_host_time():
@@ -93,7 +94,9 @@ def test_profile_gaps_median_over_steps(captured):
 
 def test_profile_gaps_count_the_profilers_own_scopes(captured):
     """A backward op's gap holds the autograd engine's scopes, recorded only while
-    profiling: each gap says how many began in it (children of ops do not count)."""
+    profiling: each gap says how many began in it (children of ops do not count), and
+    apart from them how many Python record_function scopes (an optimizer's step), whose
+    recording costs the ET observer about twice as much."""
     trace = load_trace(captured.et_path)
     nodes = [s.node for s in select_ops(trace).ops]
     events, t = [], 0.0
@@ -104,6 +107,9 @@ def test_profile_gaps_count_the_profilers_own_scopes(captured):
                 for j in range(scopes_in_second_gap):
                     events.append(_ev(len(events), "autograd::engine::evaluate_function: "
                                       "MmBackward0", t - 2.0 + j * 0.5, 0.2))
+            if k == 2:
+                events.append(_ev(len(events), "Optimizer.step#SGD.step", t - 1.0, 3.0,
+                                  annotation=True))
             events.append(_ev(len(events), node.name, t, 1.0))
             events.append(_ev(len(events), "aten::empty", t + 0.2, 0.1))  # a child
             t += 5.0
@@ -113,6 +119,7 @@ def test_profile_gaps_count_the_profilers_own_scopes(captured):
     assert found is not None
     assert found.events[nodes[1].id] == 2
     assert all(found.events[n.id] == 0 for n in nodes if n is not nodes[1])
+    assert found.annotations == {nodes[2].id: 1}
 
 
 def test_capture_profile_is_found_and_used(captured):
@@ -183,6 +190,11 @@ def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
     counted = [op.timing.gap_events for op in program.ops if op.timing is not None]
     assert max(counted) > 0
     assert out["host_gap_event_us"] > 0
+    # The optimizer's step annotation (a Python record_function scope) is counted apart,
+    # passed to its gap's call, and subtracted at its own measured cost.
+    assert any(op.timing.gap_annotations for op in program.ops if op.timing is not None)
+    assert re.search(r"_host_gap\([\d.]+, (\d+, )?before=\d+, annotations=1\)", text)
+    assert out["host_gap_annotation_us"] > 0
 
     # Gaps recorded under another observer (another schema: another implementation,
     # as a trace from an older torch has) are not corrected with this one's cost:

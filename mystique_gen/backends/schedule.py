@@ -91,18 +91,22 @@ def replay_lines(b: Builder) -> list[str]:
         assert program.timing is not None
         lines += helper_call(
             "_host_gap", gap_args(tail, program.timing.tail_gap_events, len(program.ops),
-                                  program.timing.tail_gap_calls), 1)
+                                  program.timing.tail_gap_calls,
+                                  program.timing.tail_gap_annotations), 1)
     return lines
 
 
-def gap_args(gap: str, events: int, before: int, calls: int = 0) -> list[str]:
+def gap_args(gap: str, events: int, before: int, calls: int = 0,
+             annotations: int = 0) -> list[str]:
     """``_host_gap``'s arguments: the gap, the profiler-only scopes recorded in it where
     there were any (the benchmark subtracts their recording cost), the index of the op
     it precedes (the op count for the step's tail), by which the benchmark measures its
-    own time in this very gap, and the Python calls the profiler traced in it, where
-    any (their tracing cost is subtracted too)."""
+    own time in this very gap, the Python calls the profiler traced in it, and the
+    Python record_function scopes begun in it (not among the scopes: each costs the
+    recorders another amount), where any (their cost is subtracted too)."""
     return [gap, *([str(int(events))] if events > 0 else []), f"before={int(before)}",
-            *([f"calls={int(calls)}"] if calls > 0 else [])]
+            *([f"calls={int(calls)}"] if calls > 0 else []),
+            *([f"annotations={int(annotations)}"] if annotations > 0 else [])]
 
 
 def _threads(b: Builder, streams: dict[int, str], events: set[int],
@@ -175,7 +179,8 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
         if gap is not None:
             assert op.timing is not None
             lines += helper_call("_host_gap", gap_args(gap, op.timing.gap_events, op.index,
-                                                       op.timing.gap_calls), inner)
+                                                       op.timing.gap_calls,
+                                                       op.timing.gap_annotations), inner)
         for p in op.stream_waits:
             lines += helper_call("_wait", [b.ns.get(("event", p))], inner)
         lines += b.op_statement(op, inner)

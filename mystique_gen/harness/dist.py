@@ -334,6 +334,7 @@ class _Ranks(_Local):
             _RUNTIME["gap_event_us"],
             1.0 if _RUNTIME["host_gaps"] else 0.0,
             _RUNTIME["gap_call_us"],
+            _RUNTIME["gap_annotation_us"],
         ]
         self.per_rank, self.per_rank_gaps = [times], [gaps]
         if self.comm:
@@ -365,7 +366,7 @@ class _Ranks(_Local):
         facts = _summary(times)
         facts["host_gaps_replayed"] = bool(gaps[2])
         facts["host_gap_own_us"], facts["host_gap_event_us"] = gaps[0], gaps[1]
-        facts["host_gap_call_us"] = gaps[3]
+        facts["host_gap_call_us"], facts["host_gap_annotation_us"] = gaps[3], gaps[4]
         original = RANKS[rank][3] if rank in RANKS else None
         if original is not None:
             facts["original_ms"] = original["step_ms"]

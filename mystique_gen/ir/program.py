@@ -313,6 +313,8 @@ class OpTiming:
     gap_us: float | None = None  # host time on its thread since the previous top-level op
     gap_events: int = 0  # profiler-only scopes recorded in that gap (passes/hostgaps.py)
     gap_calls: int = 0  # Python calls the profiler's Python tracer recorded in that gap
+    gap_annotations: int = 0  # of those scopes, Python record_function ones (not counted
+    # in gap_events: they cost the recorders another amount each)
     kernels: tuple[KernelRecord, ...] = ()
 
     @property
@@ -364,6 +366,7 @@ class ProgramTiming:
     host_probe_us: float | None = None
     tail_gap_events: int = 0  # profiler-only scopes recorded in the tail
     tail_gap_calls: int = 0  # Python calls traced in the tail (with_stack)
+    tail_gap_annotations: int = 0  # Python record_function scopes begun in the tail
     # Each recorded step's gaps in total, where the gaps are medians over several steps:
     # how far they disagree is the recording's noise, against which the benchmark
     # weighs what a same-session correction leaves to wait (``_calibrate_gaps``).

@@ -41,6 +41,7 @@ from mystique_gen.sources.et import RawTrace
 from mystique_gen.sources.kineto import (
     CpuEvent,
     KinetoTrace,
+    annotation_starts,
     begun_between,
     host_gaps,
     starts_by_thread,
@@ -81,6 +82,9 @@ class ProfileGaps:
     tail_events: int = 0
     calls: dict[int, int] = field(default_factory=dict)  # ET node id -> Python calls traced
     tail_calls: int = 0
+    # ET node id -> of its scopes, the Python record_function ones (not in ``events``)
+    annotations: dict[int, int] = field(default_factory=dict)
+    tail_annotations: int = 0
     # Each step's gaps in total (the tail included), where every gap has one per step.
     step_totals: tuple[float, ...] = ()
 
@@ -141,18 +145,24 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
         steps = steps or [{} for _ in matched]
         for found, run in zip(steps, matched, strict=True):
             found.update((n.id, ev) for n, ev in zip(nodes, run, strict=True))
-    starts = starts_by_thread([e for events in by_thread.values() for e in events])
+    every = [e for events in by_thread.values() for e in events]
+    starts, annotated = starts_by_thread(every), annotation_starts(every)
     traced = starts_by_thread(python_calls or [])
     samples: dict[int, list[float]] = defaultdict(list)
-    counts: dict[int, list[int]] = defaultdict(list)
-    calls: dict[int, list[int]] = defaultdict(list)
-    tails: list[tuple[float, int, int]] = []
+    counts: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # events, calls, notes
+    tails: list[tuple[float, tuple[int, int, int]]] = []
+
+    def begun(thread: tuple[object, object], begin: float, end: float) -> tuple[int, int, int]:
+        notes = begun_between(annotated.get(thread, []), begin, end)
+        return (begun_between(starts[thread], begin, end) - notes,
+                begun_between(traced.get(thread, []), begin, end), notes)
+
     for i, found in enumerate(steps):
         order = [(n.id, n.tid, found[n.id]) for n in selected]
-        for nid, gap in host_gaps(order, starts, traced, serial=serial).items():
+        for nid, gap in host_gaps(order, starts, traced, serial=serial,
+                                  annotated=annotated).items():
             samples[nid].append(gap.us)
-            counts[nid].append(gap.events)
-            calls[nid].append(gap.calls)
+            counts[nid].append((gap.events, gap.calls, gap.annotations))
         if not scopes or not order:
             continue
         scope, first = scopes[i], order[0][2]
@@ -160,25 +170,32 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
             continue
         thread = (first.pid, first.tid)
         samples[order[0][0]].append(max(0.0, first.ts - scope.ts))
-        counts[order[0][0]].append(begun_between(starts[thread], scope.ts, first.ts))
-        calls[order[0][0]].append(begun_between(traced.get(thread, []), scope.ts, first.ts))
+        counts[order[0][0]].append(begun(thread, scope.ts, first.ts))
         last = max((ev for _, tid, ev in order if serial or tid == selected[0].tid),
                    key=lambda ev: ev.end)
         tails.append((max(0.0, scope.end - last.end),
-                      begun_between(starts[thread], last.end, scope.end + 1e-3),
-                      begun_between(traced.get(thread, []), last.end, scope.end + 1e-3)))
+                      begun(thread, last.end, scope.end + 1e-3)))
     gaps = {nid: statistics.median(v) for nid, v in samples.items()}
-    tail = statistics.median(t for t, _, _ in tails) if tails else None
-    series = list(samples.values()) + [[t for t, _, _ in tails]]
+    tail = statistics.median(t for t, _ in tails) if tails else None
+    series = list(samples.values()) + [[t for t, _ in tails]]
     scale = _typical_step_scale(series, len(steps))
+
+    def typical(kind: int) -> dict[int, int]:  # each gap's median count of one kind
+        return {nid: round(statistics.median(c[kind] for c in v)) for nid, v in counts.items()}
+
+    def tail_count(kind: int) -> int:
+        return round(statistics.median(c[kind] for _, c in tails)) if tails else 0
+
     return ProfileGaps(
         gaps={nid: gap * scale for nid, gap in gaps.items()},
-        events={nid: round(statistics.median(v)) for nid, v in counts.items()},
+        events=typical(0),
         steps=len(steps),
         tail=None if tail is None else tail * scale,
-        tail_events=round(statistics.median(k for _, k, _ in tails)) if tails else 0,
-        calls={nid: round(statistics.median(v)) for nid, v in calls.items() if any(v)},
-        tail_calls=round(statistics.median(c for _, _, c in tails)) if tails else 0,
+        tail_events=tail_count(0),
+        calls={nid: n for nid, n in typical(1).items() if any(c[1] for c in counts[nid])},
+        tail_calls=tail_count(1),
+        annotations={nid: n for nid, n in typical(2).items() if n},
+        tail_annotations=tail_count(2),
         step_totals=tuple(_step_totals(series, len(steps)) or ()),
     )
 
@@ -244,11 +261,13 @@ def _replace_gaps(program: Program, found: ProfileGaps) -> None:
         if op.timing is not None:  # unlinked ops have no recorded facts to amend
             op.timing = replace(op.timing, gap_us=found.gaps.get(op.node_id),
                                 gap_events=found.events.get(op.node_id, 0),
-                                gap_calls=found.calls.get(op.node_id, 0))
+                                gap_calls=found.calls.get(op.node_id, 0),
+                                gap_annotations=found.annotations.get(op.node_id, 0))
     assert program.timing is not None
     program.timing = replace(program.timing, tail_gap_us=found.tail,
                              tail_gap_events=found.tail_events,
                              tail_gap_calls=found.tail_calls,
+                             tail_gap_annotations=found.tail_annotations,
                              step_gap_totals_us=found.step_totals)
 
 

@@ -31,6 +31,7 @@ from mystique_gen.sources.kineto import (
     CpuEvent,
     GpuEvent,
     KinetoTrace,
+    annotation_starts,
     host_gaps,
     starts_by_thread,
 )
@@ -158,7 +159,8 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace, *,
 
     found = host_gaps([(n.id, n.tid, links.events.get(n.id)) for n in selected],
                       starts_by_thread(kineto.cpu_ops),
-                      starts_by_thread(kineto.python_calls), serial=serial)
+                      starts_by_thread(kineto.python_calls), serial=serial,
+                      annotated=annotation_starts(kineto.cpu_ops))
 
     linked = 0
     for op in program.ops:
@@ -172,6 +174,7 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace, *,
             gap_us=None if gap is None else gap.us,
             gap_events=0 if gap is None else gap.events,
             gap_calls=0 if gap is None else gap.calls,
+            gap_annotations=0 if gap is None else gap.annotations,
             kernels=tuple(KernelRecord(g.name, g.stream, g.dur)
                           for g in sorted(kernels.get(ev.index, []), key=lambda g: g.ts)),
         )

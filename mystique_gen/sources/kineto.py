@@ -64,6 +64,10 @@ class CpuEvent:
     dur: float
     rf_id: int | None  # "Record function id"
     external_id: int | None  # "External id"
+    # A Python record_function scope (``cat`` ``user_annotation``: an optimizer's step,
+    # a user's label), not one the C++ runtime opens (the autograd engine's): under the
+    # ET observer it costs about twice as much to record (`_host_gap`'s annotations).
+    annotation: bool = False
 
     @property
     def end(self) -> float:
@@ -170,6 +174,7 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
                 tid=ev.get("tid", 0), ts=_number(ev, "ts", where), dur=_number(ev, "dur", where),
                 rf_id=_optional_int(args.get("Record function id")),
                 external_id=_optional_int(args.get("External id")),
+                annotation=cat == "user_annotation",
             ))
         elif cat in RUNTIME_CATEGORIES:
             options.add(_ACTIVITY_OF_RUNTIME.get(cat, _CUDA_ACTIVITY))
@@ -343,14 +348,21 @@ def begun_between(starts: list[float], begin: float, end: float) -> int:
 @dataclass(frozen=True)
 class HostGap:
     """The host time before one op that no replayed op spans, in microseconds, with
-    the profiler scopes (``events``) and traced Python calls (``calls``) begun in it."""
+    the profiler scopes begun in it (``events``: the C++ runtime's; ``annotations``:
+    Python record_function scopes) and its traced Python calls (``calls``)."""
 
     us: float
     events: int = 0
     calls: int = 0
+    annotations: int = 0
 
 
 Thread = tuple[object, object]  # (pid, tid) of a Kineto thread
+
+
+def annotation_starts(events: list[CpuEvent]) -> dict[Thread, list[float]]:
+    """:func:`starts_by_thread` of the Python record_function scopes among ``events``."""
+    return starts_by_thread([e for e in events if e.annotation])
 
 
 def starts_by_thread(events: list[CpuEvent]) -> dict[Thread, list[float]]:
@@ -365,7 +377,8 @@ def starts_by_thread(events: list[CpuEvent]) -> dict[Thread, list[float]]:
 
 def host_gaps(order: list[tuple[int, int, CpuEvent | None]],
               starts: dict[Thread, list[float]], calls: dict[Thread, list[float]], *,
-              serial: bool) -> dict[int, HostGap]:
+              serial: bool,
+              annotated: dict[Thread, list[float]] | None = None) -> dict[int, HostGap]:
     """The gap before each op of ``order`` (node id, its recorded thread, its linked
     event or None), given in the order the benchmark replays them; an op with no gap
     is left out (the first, one unlinked, one after an unlinked op).
@@ -380,7 +393,9 @@ def host_gaps(order: list[tuple[int, int, CpuEvent | None]],
 
     ``starts`` and ``calls``: sorted start times per thread of every profiler scope and
     traced Python call; those begun in a gap, on its op's thread or on the thread of
-    the op before it, are counted in it."""
+    the op before it, are counted in it; ``annotated``: the starts among ``starts``
+    of Python record_function scopes (:func:`annotation_starts`), counted apart."""
+    annotated = annotated or {}
     found: dict[int, HostGap] = {}
     last: dict[int | None, CpuEvent | None] = {}  # previous op's event (per thread)
     latest_end = float("-inf")
@@ -390,10 +405,11 @@ def host_gaps(order: list[tuple[int, int, CpuEvent | None]],
         if ev is not None and prev is not None:
             begin = max(latest_end, prev.end) if serial else prev.end
             threads = {(ev.pid, ev.tid), (prev.pid, prev.tid)}
+            scopes = sum(begun_between(starts.get(t, []), begin, ev.ts) for t in threads)
+            notes = sum(begun_between(annotated.get(t, []), begin, ev.ts) for t in threads)
             found[node_id] = HostGap(
-                max(0.0, ev.ts - begin),
-                sum(begun_between(starts.get(t, []), begin, ev.ts) for t in threads),
-                sum(begun_between(calls.get(t, []), begin, ev.ts) for t in threads))
+                max(0.0, ev.ts - begin), scopes - notes,
+                sum(begun_between(calls.get(t, []), begin, ev.ts) for t in threads), notes)
         if ev is not None:
             latest_end = max(latest_end, ev.end)
         last[key] = ev

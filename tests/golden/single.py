@@ -1023,9 +1023,13 @@ _RUNTIME = {
     "host_gaps": False,
     "gap_own_us": 0.0,  # the mean of gap_own, for gaps it does not know
     "gap_own": {},  # op index -> this replay's own host time in the gap before it
-    # While calibrating: (op index, time.time_ns(), recorded us, scopes) per gap.
+    # While calibrating: (op index, time.time_ns(), recorded us, scopes, calls,
+    # annotations) per gap.
     "gap_marks": None,
+    # What recording one scope costs the recorders: one the C++ runtime opens (the
+    # autograd engine's), and a Python record_function scope (an annotation).
     "gap_event_us": 0.0,
+    "gap_annotation_us": 0.0,
     # What the profiler's Python tracer (with_stack) costs per Python call it records.
     "gap_call_us": 0.0,
     "gap_observer": False,  # the calibration ran with the ET observer attached
@@ -1034,7 +1038,8 @@ _RUNTIME = {
     "gap_observer_us": None,
     "gap_wait_us": None,
     "gap_observer_ratio": None,  # its cost to the original's over the replay's
-    "gap_planned": {},  # op index -> (recorded us, scopes) of its gap, as calibrated
+    # op index -> (recorded us, scopes, calls, annotations) of its gap, as calibrated
+    "gap_planned": {},
     # --host-gaps scaled (`_track_host_speed`): the capture host's probe time, the
     # calibration's, and what the recorded gaps and the calibrated costs are scaled by.
     "probe_recorded_us": None,
@@ -1244,14 +1249,15 @@ def _join(stream):
         torch.cuda.current_stream(torch.device(_RUNTIME["device"])).wait_stream(stream)
 
 
-def _host_gap(us, events=0, before=None, calls=0):
+def _host_gap(us, events=0, before=None, calls=0, annotations=0):
     """With --host-gaps recorded: busy-wait the host time recorded before op `before`
     (its index; the op count for the step's tail), less this replay's own host time
     in that gap and the recording cost of the `events` scopes only the profiler made
-    in it and of the `calls` Python calls its Python tracer recorded there
-    (`_calibrate_gaps`). Where the replay's own time exceeds a recorded gap, the
-    excess is taken from the next gaps on this thread. With --host-gaps scaled, both
-    follow this host's speed now (`_track_host_speed`).
+    in it, of its `annotations` (Python record_function scopes) and of the `calls`
+    Python calls its Python tracer recorded there (`_calibrate_gaps`). Where the
+    replay's own time exceeds a recorded gap, the excess is taken from the next gaps
+    on this thread. With --host-gaps scaled, both follow this host's speed now
+    (`_track_host_speed`).
 
     This bookkeeping is itself host time the original never spent, in every gap, and
     where the replay's own time exceeds the recorded gaps nothing hides it: a scan of
@@ -1261,8 +1267,12 @@ def _host_gap(us, events=0, before=None, calls=0):
     if not runtime["host_gaps"]:
         return
     own = runtime["gap_own"].get(before, runtime["gap_own_us"])
-    if events or calls:
-        own += events * runtime["gap_event_us"] + calls * runtime["gap_call_us"]
+    if events or calls or annotations:
+        own += (
+            events * runtime["gap_event_us"]
+            + calls * runtime["gap_call_us"]
+            + annotations * runtime["gap_annotation_us"]
+        )
     carry = runtime["gap_carry"]
     threads = runtime["threads"]
     thread = None if threads is None else threading.get_ident()
@@ -1285,7 +1295,7 @@ def _host_gap(us, events=0, before=None, calls=0):
                 time.sleep(0)
     marks = runtime["gap_marks"]
     if marks is not None:  # last: the op after this gap starts right after it
-        marks.append((before, time.time_ns(), us, events, calls))
+        marks.append((before, time.time_ns(), us, events, calls, annotations))
 
 
 class _ProbeLayer:
@@ -1374,8 +1384,9 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     (`_stalled_us`): the recorders stalled in the step it would replay.
 
     gap_event_us: what recording one scope costs the recorders the gaps were
-    recorded under (`_scope_cost`). probe_calibrated_us: this host's speed meanwhile
-    (`_host_probe_us`), for --host-gaps scaled."""
+    recorded under (`_scope_cost`); gap_annotation_us: one Python record_function
+    scope, where the gaps hold any (`_annotation_cost`). probe_calibrated_us: this
+    host's speed meanwhile (`_host_probe_us`), for --host-gaps scaled."""
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
     _RUNTIME["gap_own"] = {}
     _RUNTIME["gap_scale"] = _RUNTIME["own_scale"] = 1.0
@@ -1414,6 +1425,8 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     _RUNTIME["gap_observer"] = observed
     _RUNTIME["gap_own_us"], _RUNTIME["gap_own"] = own_mean, own_gaps
     _RUNTIME["gap_event_us"] = _scope_cost(original)
+    if any(planned[3] for planned in _RUNTIME["gap_planned"].values()):
+        _RUNTIME["gap_annotation_us"] = _annotation_cost(original)
     _RUNTIME["gap_call_us"] = _python_call_cost(original)
     _RUNTIME["probe_calibrated_us"] = statistics.median(probes)
     if observed:
@@ -1472,9 +1485,13 @@ def _gap_balance_us():
 def _gap_excesses_us():
     """Per calibrated gap: the recorded time less this replay's own time there and its
     scopes' recording cost, as `_host_gap` reckons it (without the carry)."""
-    for before, (us, events, calls) in _RUNTIME["gap_planned"].items():
+    for before, (us, events, calls, annotations) in _RUNTIME["gap_planned"].items():
         own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
-        own += events * _RUNTIME["gap_event_us"] + calls * _RUNTIME["gap_call_us"]
+        own += (
+            events * _RUNTIME["gap_event_us"]
+            + calls * _RUNTIME["gap_call_us"]
+            + annotations * _RUNTIME["gap_annotation_us"]
+        )
         yield us - own
 
 
@@ -1555,7 +1572,7 @@ def _profile_own(inputs, device, host, snapshot, iters, facts, probes):
         _RUNTIME["et_observer"] = False
         _RUNTIME["gap_marks"] = None
         os.remove(et_path)
-    _RUNTIME["gap_planned"] = {m[0]: (m[2], m[3], m[4]) for m in marks}
+    _RUNTIME["gap_planned"] = {m[0]: m[2:] for m in marks}
     try:  # the profiler's zero in wall time, to place each gap's mark
         zero_ns = prof.profiler.kineto_results.trace_start_ns()
     except AttributeError:  # another torch: the mean only
@@ -1813,18 +1830,36 @@ def _recording_cost(original, body, count, rounds=5):
 
 
 def _empty_scope():
+    if _FastScope is None:
+        _empty_annotation()
+    else:
+        with _FastScope("mystique::scope"):
+            pass
+
+
+def _empty_annotation():
     with record_function("mystique::scope"):
         pass
 
 
 def _scope_cost(original):
-    """What recording one scope costs (`_recording_cost` of an empty record_function
-    scope). The recorded gaps hold this cost for every scope begun in them that only
-    the original had (the autograd engine's around each backward op), and the replay
-    has none of them to measure it on. (An average over everything a replay
-    iteration records counts its ops' children too: 28 us per event against 4 us per
-    scope here, with the observer.)"""
+    """What recording one scope costs (`_recording_cost` of an empty scope opened in
+    C++, as the autograd engine opens its own). The recorded gaps hold this cost for
+    every scope begun in them that only the original had (the autograd engine's around
+    each backward op), and the replay has none of them to measure it on. (An average
+    over everything a replay iteration records counts its ops' children too: 28 us per
+    event against 4 us per scope here, with the observer.)"""
     return _recording_cost(original, _empty_scope, 1000)
+
+
+def _annotation_cost(original):
+    """What recording one Python record_function scope costs (an optimizer's step, a
+    user's label): it also dispatches an op to enter it and one to leave, which the
+    ET observer inspects as it does every op. Measured here with the observer: 17-21
+    us against 8.5 us for a scope opened in C++; counting the autograd engine's scopes
+    at the first cost took twice their cost out of a transformer's gaps, and counting
+    annotations at the second half theirs."""
+    return _recording_cost(original, _empty_annotation, 1000)
 
 
 def _traced_call():
@@ -2828,6 +2863,7 @@ def main(argv=None):
             "host_gaps": args.host_gaps,
             "host_gap_own_us": _RUNTIME["gap_own_us"],
             "host_gap_event_us": _RUNTIME["gap_event_us"],
+            "host_gap_annotation_us": _RUNTIME["gap_annotation_us"],
             "host_gap_call_us": _RUNTIME["gap_call_us"],
             "host_gaps_measured": len(_RUNTIME["gap_own"]),
             "host_gap_observer": _RUNTIME["gap_observer"],
