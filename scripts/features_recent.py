@@ -1,0 +1,397 @@
+"""A third batch of steps for ``scripts/bench_features.py``: features of recent torch
+releases and parameters a step reads as they are. Random draws whose parameters are
+module state (Poisson, binomial, gamma, Dirichlet, normal with a tensor std), special
+functions (erfinv, logit, xlogy, igamma, ndtri) on buffers, a cached LU factorisation
+solved against, grouped GEMMs (``torch._grouped_mm``) in a mixture of experts with an
+empty expert, transformers' experts implementations (batched_mm, eager), ``torch.cond``,
+an exported program's module, activations offloaded by ``save_on_cpu``, selective
+activation checkpointing, float8 ``_scaled_mm``, ``F.rms_norm``, an adaptive softmax,
+module hooks that rewrite inputs, outputs and gradients, lazy modules, einsum chains,
+chunked vmap, an autograd Function's generated vmap rule, cumulative ops' backward,
+``torch.polar`` and index tensors kept as buffers. ``WORKLOADS``: name -> a builder
+that returns the step.
+
+What this batch found when it was added: a Poisson rate filled negative (the replay
+raised), erfinv/logit/xlogy arguments outside their domains (NaN in the weights), and
+a cached factorisation's pivots filled with zeros (lu_solve raised); and that
+``torch.autograd.grad(..., is_grads_batched=True)`` replays without vmap's own
+``_add_batch_dim``/``_remove_batch_dim`` (Known limits).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _sgd(m, loss_fn, opt=None):
+    opt = opt or torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.001)
+
+    def step():
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def y_dist_params():
+    from torch.distributions import Beta, Binomial, Dirichlet, Gamma, LogNormal, Normal, Poisson
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.alpha = nn.Parameter(torch.rand(6) + 0.5)
+            self.beta = nn.Parameter(torch.rand(6) + 0.5)
+            self.conc = nn.Parameter(torch.rand(3, 4) + 0.5)
+            self.scale = nn.Parameter(torch.rand(6) + 0.5)
+            self.register_buffer("rate", torch.rand(6) * 3)
+            self.register_buffer("prob", torch.rand(6))
+            self.register_buffer("std", torch.rand(6) + 0.1)
+            self.lin = nn.Linear(6, 6)
+
+    m = M()
+    x = torch.randn(4, 6)
+
+    def loss():
+        g = Gamma(m.alpha, m.beta).rsample((4,))
+        d = Dirichlet(m.conc).rsample()
+        b = Beta(m.alpha, m.beta).rsample()
+        n = Normal(m.lin(x), m.scale).rsample()
+        ln = LogNormal(torch.zeros(6), m.scale).log_prob(g + 0.1)
+        p = Poisson(m.rate).sample((2,))
+        bi = Binomial(10, probs=m.prob).sample()
+        z = torch.normal(torch.zeros(6), m.std)
+        return g.sum() + d.sum() + b.sum() + n.sum() + ln.sum() + (p.sum() + bi.sum() + z.sum()) * 0
+
+    return _sgd(m, loss)
+
+
+def y_special_domains():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("u", torch.rand(8) * 1.8 - 0.9)
+            self.register_buffer("p", torch.rand(8) * 0.9 + 0.05)
+            self.register_buffer("a", torch.rand(8) + 2.0)
+            self.register_buffer("q", torch.rand(8) + 0.1)
+            self.w = nn.Parameter(torch.randn(8))
+
+    m = M()
+
+    def loss():
+        t = (
+            torch.erfinv(m.u)
+            + torch.logit(m.p)
+            + torch.xlogy(m.w, m.q)
+            + torch.special.entr(m.p)
+            + torch.mvlgamma(m.a, 3)
+            + torch.igamma(m.a, m.q)
+            + torch.special.ndtri(m.p)
+            + torch.special.log_ndtr(m.u)
+        )
+        return (t * m.w).sum()
+
+    return _sgd(m, loss)
+
+
+def y_grouped_mm_moe():
+    E, D, H = 4, 16, 32
+    router = nn.Linear(D, E)
+    w1 = nn.Parameter(torch.randn(E, D, H) * 0.1)
+    w2 = nn.Parameter(torch.randn(E, H, D) * 0.1)
+    m = nn.ModuleDict({"r": router})
+    m.register_parameter("w1", w1)
+    m.register_parameter("w2", w2)
+    x = torch.randn(12, D)
+
+    def loss():
+        logits = router(x)
+        logits[:, 3] = -1e9  # expert 3 never chosen: an empty group
+        wts, idx = torch.topk(logits.softmax(-1), 2, dim=-1)
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=E)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        xs = x[order // 2]
+        h = F.silu(torch._grouped_mm(xs, w1, offs=offs))
+        y = torch._grouped_mm(h, w2, offs=offs)
+        out = torch.zeros_like(x).index_add_(0, order // 2, y * wts.reshape(-1)[order, None])
+        return out.pow(2).mean()
+
+    return _sgd(m, loss)
+
+
+def _qwen_moe(impl):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    c = Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+    )
+    return Qwen3MoeForCausalLM._from_config(c, experts_implementation=impl)
+
+
+def y_hf_moe_batched():
+    m = _qwen_moe("batched_mm")
+    x = torch.randint(0, 128, (2, 8))
+    return _sgd(m, lambda: m(x, labels=x).loss)
+
+
+def y_hf_moe_eager_infer():
+    m = _qwen_moe("eager").eval()
+    x = torch.randint(0, 128, (2, 8))
+
+    def step():
+        with torch.no_grad():
+            m(x)
+
+    return step
+
+
+def y_torch_cond():
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+
+    def loss():
+        h = lin(x)
+        y = torch.cond(h.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (h,))
+        return y.sum()
+
+    return _sgd(lin, loss)
+
+
+def y_export_module():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.b(F.gelu(self.a(x))).softmax(-1)
+
+    x = torch.randn(4, 8)
+    gm = torch.export.export(Net().eval(), (x,)).module()
+
+    def step():
+        with torch.no_grad():
+            gm(x)
+
+    return step
+
+
+def y_save_on_cpu():
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+
+    def loss():
+        with torch.autograd.graph.save_on_cpu(pin_memory=False):
+            return m(x).pow(2).mean()
+
+    return _sgd(m, loss)
+
+
+def y_selective_ac():
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    def policy(ctx, op, *args, **kwargs):
+        return (
+            CheckpointPolicy.MUST_SAVE
+            if op == torch.ops.aten.mm.default
+            else CheckpointPolicy.PREFER_RECOMPUTE
+        )
+
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
+    x = torch.randn(8, 16)
+    ctx = functools.partial(create_selective_checkpoint_contexts, policy)
+
+    def loss():
+        return checkpoint(m, x, use_reentrant=False, context_fn=ctx).pow(2).mean()
+
+    return _sgd(m, loss)
+
+
+def y_scaled_mm_fp8():
+    a = torch.randn(16, 32).to(torch.float8_e4m3fn)
+    b = torch.randn(16, 32).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.tensor(0.5), torch.tensor(2.0)
+
+    def step():
+        torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+
+    return step
+
+
+def y_rms_norm():
+    m = nn.Sequential(nn.Linear(16, 16), nn.RMSNorm(16), nn.Linear(16, 4))
+    x = torch.randn(8, 16)
+    return _sgd(m, lambda: F.rms_norm(m(x), (4,)).pow(2).mean())
+
+
+def y_adaptive_logsoftmax():
+    m = nn.AdaptiveLogSoftmaxWithLoss(16, 50, cutoffs=[10, 30], div_value=2.0)
+    x = torch.randn(32, 16)
+    t = torch.randint(0, 50, (32,))
+    return _sgd(m, lambda: m(x, t).loss)
+
+
+def y_module_hooks():
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    m[0].register_forward_pre_hook(lambda mod, inp: (inp[0] * 2,))
+    m[2].register_full_backward_hook(lambda mod, gi, go: (gi[0] * 0.5,))
+    m[1].register_forward_hook(lambda mod, i, o: o + 1)
+    x = torch.randn(4, 8)
+    return _sgd(m, lambda: m(x).pow(2).mean())
+
+
+def y_grads_batched():
+    lin = nn.Linear(6, 3)
+    x = torch.randn(5, 6, requires_grad=True)
+
+    def step():
+        y = lin(x)
+        eye = torch.eye(3).unsqueeze(1).expand(3, 5, 3)
+        (jac,) = torch.autograd.grad(y, x, eye, is_grads_batched=True)
+        jac.sum()
+
+    return step
+
+
+def y_lazy_modules():
+    m = nn.Sequential(nn.LazyConv2d(4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5))
+    x = torch.randn(2, 3, 8, 8)
+    m(x)
+    return _sgd(m, lambda: m(x).pow(2).mean())
+
+
+def y_einsum_multi():
+    a = nn.Parameter(torch.randn(4, 5))
+    b = torch.randn(5, 6)
+    c = torch.randn(6, 7)
+    d = torch.randn(7, 3)
+    mm = nn.ParameterList([a])
+    return _sgd(
+        mm,
+        lambda: torch.einsum("ij,jk,kl,lm->im", a, b, c, d).pow(2).sum()
+        + torch.einsum("bij,bjk->bik", a.expand(2, 4, 5), b.expand(2, 5, 6)).sum(),
+    )
+
+
+def y_vmap_chunked():
+    w = torch.randn(8, 8)
+    x = torch.randn(10, 8)
+
+    def step():
+        torch.vmap(lambda r: torch.tanh(w @ r).sum(), chunk_size=3)(x)
+
+    return step
+
+
+class _Cube(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x**3
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+
+def y_function_vmap():
+    lin = nn.Linear(4, 4)
+    x = torch.randn(6, 4)
+    return _sgd(lin, lambda: torch.vmap(_Cube.apply)(lin(x)).sum())
+
+
+def y_cumulative():
+    p = nn.Parameter(torch.randn(4, 6))
+    mm = nn.ParameterList([p])
+
+    def loss():
+        z = p.clone()
+        z[:, 2] = 0
+        return (
+            torch.cumprod(z, 1).sum()
+            + torch.logcumsumexp(p, 1).sum()
+            + torch.cummin(p, 1).values.sum()
+            + torch.cummax(p, 0).values.sum()
+        )
+
+    return _sgd(mm, loss)
+
+
+def y_lu_cached_solve():
+    a = torch.randn(6, 6) + 6 * torch.eye(6)
+    lu, piv = torch.linalg.lu_factor(a)
+    chol = torch.linalg.cholesky(a @ a.T)
+    b = torch.randn(6, 3)
+
+    def step():
+        torch.linalg.lu_solve(lu, piv, b)
+        torch.cholesky_solve(b, chol)
+        torch.linalg.solve_triangular(chol, b, upper=False)
+        torch.lu_unpack(lu, piv)
+
+    return step
+
+
+def y_polar_complex():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mag", torch.rand(8) + 0.1)
+            self.ang = nn.Parameter(torch.randn(8))
+
+    m = M()
+
+    def loss():
+        z = torch.polar(m.mag, m.ang)
+        return torch.view_as_real(z * z.conj()).sum() + z.abs().sum()
+
+    return _sgd(m, loss)
+
+
+def y_index_leaf():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Parameter(torch.randn(20, 4))
+            self.register_buffer("ids", torch.randint(0, 20, (6,)))
+            self.register_buffer("rows", torch.tensor([0, 3, 5]))
+
+    m = M()
+
+    def loss():
+        t = torch.zeros(8, 4)
+        t = t.index_copy(0, m.rows, m.emb[m.ids[:3]])
+        u = torch.take(m.emb, m.ids)
+        w = torch.zeros(20, 4).index_put((m.ids,), m.emb[m.ids], accumulate=True)
+        return t.sum() + u.sum() + w.pow(2).sum()
+
+    return _sgd(m, loss)
+
+
+WORKLOADS = {k[2:]: v for k, v in globals().items() if k.startswith("y_")}
