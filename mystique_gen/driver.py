@@ -60,7 +60,7 @@ from mystique_gen.passes.compose import (
 )
 from mystique_gen.passes.filters import filter_selection, kineto_steps, step_listing
 from mystique_gen.passes.lower import COMPLEX_STAND_IN, lower_ops
-from mystique_gen.passes.numbers import replay_wrapped_numbers
+from mystique_gen.passes.numbers import EPSILON_STAND_IN, replay_wrapped_numbers, restore_epsilons
 from mystique_gen.passes.ranks import (
     check_kineto_count,
     is_multi_rank_set,
@@ -267,6 +267,10 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
         part_notes.append(f"{numbers} wrapped Python numbers (0-d tensor arguments whose "
                           "recorded result dtype shows scalar type promotion) replay as "
                           "Python numbers")
+    epsilons = restore_epsilons(ops)
+    if epsilons:
+        part_notes.append(f"{epsilons} eps arguments recorded as 0.0 (the trace writes "
+                          f"doubles with six decimals) replay as {EPSILON_STAND_IN:g}")
     stand_ins = sum(1 for op in ops for arg in op.args
                     if isinstance(arg.value, Literal) and arg.value.value is COMPLEX_STAND_IN)
     if stand_ins:

@@ -97,3 +97,28 @@ def test_a_float_times_a_0d_integral_tensor_is_a_wrapped_number(count_dtype, res
     b.op(MUL, [count, b.tensor((), dtype="float64")], [b.tensor((), dtype=result_dtype)])
     other = _other(_program(b))
     assert isinstance(other, Literal) is wrapped
+
+
+LAYER_NORM = ("aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? "
+              "weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)")
+ADD_SCALAR_ = "aten::add_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)"
+
+
+def test_an_eps_the_trace_wrote_as_zero_replays_small_and_positive():
+    """The observer writes doubles with six decimals: BERT's LayerNorm eps 1e-12 and
+    Adam's 1e-8 read 0.0, and at 0 a constant row or a zero gradient divides by zero.
+    An eps argument (oprules epsilon_args) recorded as 0.0 replays as 1e-8, and the
+    header says how many; other values, and an integer 0, stay as recorded."""
+    b = TraceBuilder()
+    x, denom = b.tensor((2, 4)), b.tensor((4,))
+    b.op(LAYER_NORM, [x, [4], None, None, 0.0],
+         [b.tensor((2, 4)), b.tensor((2, 1)), b.tensor((2, 1))])
+    b.op(ADD_SCALAR_, [denom, 0.0, 1], [denom])  # Adam's denom.add_(eps)
+    b.op(ADD_SCALAR_, [denom, 0.25, 1], [denom])
+    b.op(ADD_SCALAR_, [denom, 0, 1], [denom])
+    program = _program(b)
+    eps = [op.args[4].value for op in program.ops if op.name == "aten::native_layer_norm"]
+    added = [op.args[1].value for op in program.ops if op.name == "aten::add_"]
+    assert eps == [Literal(1e-8)]
+    assert added == [Literal(1e-8), Literal(0.25), Literal(0)]
+    assert any("2 eps arguments recorded as 0.0" in d.reason for d in program.diagnostics)

@@ -353,6 +353,34 @@ def test_draws_special_functions_and_cached_pivots_read_inputs_in_their_domains(
     _assert_replays_finite(bench, 5)
 
 
+@pytest.mark.parametrize("foreach", [True, False])
+def test_adams_first_step_keeps_rows_no_token_used_finite(foreach, tmp_path):
+    """A trace of Adam's first step makes its state in the step (zeros), and an
+    embedding row no token used has a zero gradient there: its update is 0 / (0 + eps).
+    The observer writes eps = 1e-8 as 0.0 (six decimals), and replayed as 0 the
+    foreach update was 0 / 0, NaN in the weight (the PARAM GPT-2 trace: 43 weights)."""
+    from torch.profiler import ExecutionTraceObserver
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 4))
+    opt = torch.optim.Adam(model.parameters(), foreach=foreach)
+    ids = torch.tensor([[1, 2, 3], [2, 5, 7]])
+    et_path = tmp_path / "adam.et.json"
+    observer = ExecutionTraceObserver().register_callback(str(et_path))
+    observer.start()
+    opt.zero_grad()
+    model(ids).pow(2).mean().backward()
+    opt.step()
+    observer.stop()
+    observer.unregister_callback()
+    bench = tmp_path / "adam_bench.py"
+    text = generate(et_path, bench, GenerateOptions(command_line="test"))
+    _assert_replays_finite(bench, 2)
+    # foreach adds eps as a Scalar (recorded 0.0); the loop adds it to a tensor as a
+    # wrapped number, whose value the trace does not record (numbers.py: 1.0).
+    assert ("eps arguments recorded as 0.0" in " ".join(text.split())) == foreach
+
+
 def test_complex_scalars_the_trace_holds_no_value_of_replay_complex(tmp_path):
     """The observer writes a complex Scalar as "<ComplexDouble>" (complex autograd's
     conj-multiplies, ``x * 1j``): generation stopped at it. It replays as a complex

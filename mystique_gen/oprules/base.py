@@ -187,6 +187,10 @@ class OpFamily:
     saved_workspaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Floating inputs that must not require grad although an autograd op reads them.
     not_differentiable: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Float arguments that are a small positive offset by design (an eps): the trace
+    # writes doubles with six decimals, so one below 5e-7 reads 0.0 and replays as
+    # EPSILON_STAND_IN (passes/numbers.py).
+    epsilon_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Ops that take another kernel where these inputs require grad, grad mode on or off,
     # and the child op that shows they did: {op: (child op, (argument, ...))}.
     grad_revealed_by: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)

@@ -34,6 +34,7 @@ _KEEPS_SIGN = {
 
 FAMILY = OpFamily(
     name="math domains",
+    epsilon_args={"aten::cosine_similarity": ("eps",)},
     integer_divisors={name: ("other",) for name in _DIVISIONS},
     keeps_sign=_KEEPS_SIGN,
     positive_args={

@@ -40,8 +40,24 @@ _BATCH_NORMS = ("aten::batch_norm", "aten::native_batch_norm",
 _BATCH_NORM_STATE = ("weight", "bias", "running_mean", "running_var", "save_mean",
                      "save_var", "save_invstd", "save_var_transform")
 
+_EPS = ("eps",)
+
 FAMILY = OpFamily(
     name="normalisation",
+    # Every normalisation divides by sqrt(variance + eps): BERT's LayerNorm eps 1e-12
+    # reads 0.0 in the trace, and a constant row would replay inf.
+    epsilon_args={
+        **{op: _EPS for op in (
+            "aten::layer_norm", "aten::native_layer_norm", "aten::batch_norm",
+            "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+            "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_impl_index",
+            "aten::_batch_norm_with_update", "aten::_batch_norm_no_update",
+            "aten::native_batch_norm_backward", "aten::group_norm",
+            "aten::native_group_norm", "aten::instance_norm", "aten::rms_norm",
+            "aten::_fused_rms_norm")},
+        "aten::cudnn_batch_norm": ("epsilon",),
+        "aten::cudnn_batch_norm_backward": ("epsilon",),
+    },
     positive_args={
         "aten::batch_norm": ("running_var",),
         "aten::native_batch_norm": ("running_var",),

@@ -6,6 +6,16 @@ from mystique_gen.oprules.base import OpFamily
 
 FAMILY = OpFamily(
     name="optimizers",
+    # Adam's, Adagrad's and RMSprop's denominators add eps (1e-8 by default) to a square
+    # root: the trace writes it as 0.0, and a zero gradient's entry (an embedding row no
+    # token used, in a step that made the state) replayed 0 / 0 = NaN into its weight.
+    # Adding a recorded 0.0 is otherwise a no-op nobody writes.
+    epsilon_args={
+        "aten::add": ("other",),
+        "aten::add_": ("other",),
+        "aten::_foreach_add": ("scalar",),
+        "aten::_foreach_add_": ("scalar",),
+    },
     positive_args={
         "aten::_foreach_sqrt": ("self",),
         "aten::_foreach_sqrt_": ("self",),

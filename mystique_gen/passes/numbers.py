@@ -25,6 +25,7 @@ scales or divides: the trace itself records no float values.
 
 from __future__ import annotations
 
+from mystique_gen import oprules
 from mystique_gen.ir import Literal, Op, TensorValue, iter_tensors
 from mystique_gen.ir.dtypes import FLOATING, INTEGRAL
 from mystique_gen.passes.values import RecordedValues
@@ -90,3 +91,29 @@ def scalar_beside(tv: TensorValue, op: Op) -> bool:
     others = [t.meta for arg in op.args for t in iter_tensors(arg.value)
               if t is not tv and t.meta.dtype in FLOATING]
     return bool(others) and all(m.dtype != "float64" or m.device != "cpu" for m in others)
+
+
+# What an eps the trace wrote as 0.0 replays as: the observer writes doubles with six
+# decimals (Adam's lr / bias correction 0.005263, its eps 1e-8 as 0.0), so the
+# recorded value only says it was below 5e-7; 1e-8 is Adam's default.
+EPSILON_STAND_IN = 1e-8
+
+
+def restore_epsilons(ops: list[Op]) -> int:
+    """Give each eps argument the trace recorded as 0.0 (oprules ``epsilon_args``) a
+    small positive value, EPSILON_STAND_IN; returns how many. A normalisation's or an
+    optimizer's eps is positive by design, and at 0 a zero variance or a zero gradient
+    divides by zero (the PARAM GPT-2 trace's first Adam step replayed NaN into 43
+    weights: every entry whose gradient was 0)."""
+    changed = 0
+    for op in ops:
+        names = oprules.EPSILON_ARGS.get(op.name)
+        if not names:
+            continue
+        for arg in op.args:
+            value = arg.value
+            if (arg.spec.name in names and isinstance(value, Literal)
+                    and type(value.value) is float and value.value == 0.0):
+                arg.value = Literal(EPSILON_STAND_IN)
+                changed += 1
+    return changed
