@@ -1,4 +1,6 @@
-"""Wrapped Python numbers replay as Python numbers where the recorded dtypes show it.
+"""Numbers the trace records imperfectly: wrapped Python numbers replay as Python
+numbers where the recorded dtypes show it, and an eps written as 0.0 replays positive
+(:func:`restore_epsilons`).
 
 ``x * 0.5`` or ``mask / 2.0`` reach the dispatcher as a ``Tensor`` argument: Python's
 argument parser wraps the number in a 0-d CPU tensor (float64, int64, bool or
