@@ -40,7 +40,7 @@ def test_runs_one_cpu_iteration(name, shared_traces, tmp_path):
     out = tmp_path / "bench.py"
     generate(shared_traces / name, out, GenerateOptions(command_line="test"))
     # One replay, the untimed step that measures peak memory: timed iterations add
-    # nothing here but a repeat (GPT-2's step is 36 s of CPU matmuls), and copies of
+    # nothing here but a repeat (GPT-2's step is about a minute of CPU matmuls), and copies of
     # the inputs to reset them (a DLRM rank's 4.8 GB) only cost the time to fault in.
     proc = run_benchmark(out, "--device", "cpu", "--warmup", "0", "--iters", "0",
                          "--reset-inputs", "off", "--json")
