@@ -8,8 +8,10 @@ an exported program's module, activations offloaded by ``save_on_cpu``, selectiv
 activation checkpointing, float8 ``_scaled_mm``, ``F.rms_norm``, an adaptive softmax,
 module hooks that rewrite inputs, outputs and gradients, lazy modules, einsum chains,
 chunked vmap, an autograd Function's generated vmap rule, cumulative ops' backward,
-``torch.polar`` and index tensors kept as buffers. ``WORKLOADS``: name -> a builder
-that returns the step.
+``torch.polar`` and index tensors kept as buffers; and architectures outside the zoos:
+a KAN, mixture-of-depths routing, a Switch MoE with capacity and token dropping,
+RWKV's WKV recurrence, capsule routing, an adaptive-step neural ODE, Transformer-XL
+memory, Perceiver latents. ``WORKLOADS``: name -> a builder that returns the step.
 
 What this batch found when it was added: a Poisson rate filled negative (the replay
 raised), erfinv/logit/xlogy arguments outside their domains (NaN in the weights), and
@@ -392,6 +394,199 @@ def y_index_leaf():
         return t.sum() + u.sum() + w.pow(2).sum()
 
     return _sgd(m, loss)
+
+
+# Architectures outside the zoos, as training steps (AdamW).
+
+
+def _adamw(m, loss_fn):
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+class KANLayer(nn.Module):
+    def __init__(self, i, o, grid=5, k=3):
+        super().__init__()
+        h = 2.0 / grid
+        g = torch.arange(-k, grid + k + 1) * h - 1.0
+        self.register_buffer("grid", g.expand(i, -1).contiguous())
+        self.coef = nn.Parameter(torch.randn(o, i, grid + k) * 0.1)
+        self.base = nn.Linear(i, o)
+        self.k = k
+
+    def bsplines(self, x):
+        g = self.grid
+        x = x.unsqueeze(-1)
+        b = ((x >= g[:, :-1]) & (x < g[:, 1:])).to(x.dtype)
+        for p in range(1, self.k + 1):
+            b = (x - g[:, : -(p + 1)]) / (g[:, p:-1] - g[:, : -(p + 1)]) * b[..., :-1] + (
+                g[:, p + 1 :] - x
+            ) / (g[:, p + 1 :] - g[:, 1:(-p)]) * b[..., 1:]
+        return b
+
+    def forward(self, x):
+        return self.base(F.silu(x)) + torch.einsum("bij,oij->bo", self.bsplines(x), self.coef)
+
+
+def y_kan():
+    m = nn.Sequential(KANLayer(4, 8), KANLayer(8, 2))
+    x = torch.rand(16, 4) * 1.8 - 0.9
+    return _adamw(m, lambda: m(x).pow(2).mean())
+
+
+def y_mixture_of_depths():
+    blk = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+    router = nn.Linear(16, 1)
+    m = nn.ModuleList([blk, router])
+    x = torch.randn(2, 10, 16)
+
+    def loss():
+        w = router(x).squeeze(-1)
+        k = 4
+        top = torch.topk(w, k, dim=1).indices.sort(dim=1).values
+        idx = top.unsqueeze(-1).expand(-1, -1, 16)
+        sel = torch.gather(x, 1, idx)
+        out = blk(sel) * torch.gather(w, 1, top).sigmoid().unsqueeze(-1)
+        y = x.scatter_add(1, idx, out)
+        return y.pow(2).mean()
+
+    return _adamw(m, loss)
+
+
+def y_switch_capacity():
+    E, D, cap = 4, 8, 3
+    gate = nn.Linear(D, E)
+    experts = nn.ModuleList([nn.Linear(D, D) for _ in range(E)])
+    m = nn.ModuleList([gate, experts])
+    x = torch.randn(10, D)
+
+    def loss():
+        probs = gate(x).softmax(-1)
+        e = probs.argmax(-1)
+        mask = F.one_hot(e, E)
+        pos = (torch.cumsum(mask, 0) - 1) * mask
+        keep = (pos < cap) & mask.bool()
+        disp = F.one_hot(pos.clamp(max=cap - 1), cap) * keep.unsqueeze(-1)
+        xin = torch.einsum("tec,td->ecd", disp.float(), x)
+        yout = torch.stack([experts[i](xin[i]) for i in range(E)])
+        comb = disp.float() * (probs * keep).unsqueeze(-1)
+        y = torch.einsum("tec,ecd->td", comb, yout)
+        aux = (mask.float().mean(0) * probs.mean(0)).sum() * E
+        return y.pow(2).mean() + 0.01 * aux
+
+    return _adamw(m, loss)
+
+
+def y_rwkv_wkv():
+    T, C = 8, 16
+    k_l, v_l, r_l = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
+    decay = nn.Parameter(torch.randn(C) * 0.1)
+    first = nn.Parameter(torch.randn(C) * 0.1)
+    m = nn.ModuleList([k_l, v_l, r_l])
+    m.register_parameter("decay", decay)
+    m.register_parameter("first", first)
+    x = torch.randn(T, C)
+
+    def loss():
+        k, v, r = k_l(x), v_l(x), r_l(x).sigmoid()
+        w = -torch.exp(decay)
+        aa = torch.zeros(C)
+        bb = torch.zeros(C)
+        pp = torch.full((C,), -1e38)
+        outs = []
+        for t in range(T):
+            ww = first + k[t]
+            q = torch.maximum(pp, ww)
+            e1, e2 = torch.exp(pp - q), torch.exp(ww - q)
+            outs.append((e1 * aa + e2 * v[t]) / (e1 * bb + e2))
+            ww = pp + w
+            q = torch.maximum(ww, k[t])
+            e1, e2 = torch.exp(ww - q), torch.exp(k[t] - q)
+            aa, bb, pp = e1 * aa + e2 * v[t], e1 * bb + e2, q
+        return (r * torch.stack(outs)).pow(2).mean()
+
+    return _adamw(m, loss)
+
+
+def y_capsule_routing():
+    W = nn.Parameter(torch.randn(1, 6, 3, 8, 4) * 0.1)
+    m = nn.ParameterList([W])
+    u = torch.randn(5, 6, 1, 4, 1)
+
+    def squash(s, dim=-1):
+        n2 = (s**2).sum(dim, keepdim=True)
+        return n2 / (1 + n2) * s / torch.sqrt(n2 + 1e-8)
+
+    def loss():
+        uhat = (W @ u).squeeze(-1)  # b, in, out, d
+        b = torch.zeros(5, 6, 3)
+        for _ in range(3):
+            c = b.softmax(-1)
+            v = squash((c.unsqueeze(-1) * uhat).sum(1))
+            b = b + (uhat * v.unsqueeze(1)).sum(-1)
+        return v.norm(dim=-1).sum()
+
+    return _adamw(m, loss)
+
+
+def y_neural_ode_adaptive():
+    f = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 4))
+    y0 = torch.randn(8, 4)
+
+    def loss():
+        y, t, h = y0, 0.0, 0.3
+        steps = 0
+        while t < 1.0 and steps < 12:
+            k1 = f(y)
+            k2 = f(y + h * k1)
+            y2 = y + h * 0.5 * (k1 + k2)
+            err = (h * 0.5 * (k2 - k1)).abs().max().item()
+            if err < 1e-2 or h < 0.05:
+                y, t = y2, t + h
+            h = min(0.3, max(0.05, h * 0.9 * (1e-2 / max(err, 1e-9)) ** 0.5))
+            steps += 1
+        return y.pow(2).mean()
+
+    return _adamw(f, loss)
+
+
+def y_transformer_xl_mems():
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+    x = torch.randn(2, 6, 16)
+    state = {"mem": torch.zeros(2, 4, 16)}
+
+    def loss():
+        h = torch.cat([state["mem"], x], 1)
+        out = layer(h)[:, -6:]
+        state["mem"] = out[:, -4:].detach()
+        return out.pow(2).mean()
+
+    return _adamw(layer, loss)
+
+
+def y_perceiver_latents():
+    lat = nn.Parameter(torch.randn(4, 16))
+    ca = nn.MultiheadAttention(16, 2, batch_first=True)
+    sa = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+    m = nn.ModuleList([ca, sa])
+    m.register_parameter("lat", lat)
+    x = torch.randn(3, 20, 16)
+    pad = torch.zeros(3, 20, dtype=torch.bool)
+    pad[0, 15:] = True
+
+    def loss():
+        q = lat.expand(3, -1, -1)
+        z, _ = ca(q, x, x, key_padding_mask=pad)
+        return sa(z).pow(2).mean()
+
+    return _adamw(m, loss)
 
 
 WORKLOADS = {k[2:]: v for k, v in globals().items() if k.startswith("y_")}
