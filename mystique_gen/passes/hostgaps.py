@@ -42,7 +42,7 @@ from mystique_gen.sources.kineto import (
     CpuEvent,
     KinetoTrace,
     annotation_starts,
-    begun_between,
+    begun_in,
     host_gaps,
     starts_by_thread,
 )
@@ -151,12 +151,6 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
     samples: dict[int, list[float]] = defaultdict(list)
     counts: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # events, calls, notes
     tails: list[tuple[float, tuple[int, int, int]]] = []
-
-    def begun(thread: tuple[object, object], begin: float, end: float) -> tuple[int, int, int]:
-        notes = begun_between(annotated.get(thread, []), begin, end)
-        return (begun_between(starts[thread], begin, end) - notes,
-                begun_between(traced.get(thread, []), begin, end), notes)
-
     for i, found in enumerate(steps):
         order = [(n.id, n.tid, found[n.id]) for n in selected]
         for nid, gap in host_gaps(order, starts, traced, serial=serial,
@@ -168,13 +162,15 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
         scope, first = scopes[i], order[0][2]
         if scope.tid != first.tid:  # the step's own Python is on another thread
             continue
-        thread = (first.pid, first.tid)
+        on_step = ((first.pid, first.tid),)  # the step's own thread
         samples[order[0][0]].append(max(0.0, first.ts - scope.ts))
-        counts[order[0][0]].append(begun(thread, scope.ts, first.ts))
+        counts[order[0][0]].append(begun_in(on_step, scope.ts, first.ts, starts, traced,
+                                            annotated))
         last = max((ev for _, tid, ev in order if serial or tid == selected[0].tid),
                    key=lambda ev: ev.end)
         tails.append((max(0.0, scope.end - last.end),
-                      begun(thread, last.end, scope.end + 1e-3)))
+                      begun_in(on_step, last.end, scope.end + 1e-3, starts, traced,
+                               annotated)))
     gaps = {nid: statistics.median(v) for nid, v in samples.items()}
     tail = statistics.median(t for t, _ in tails) if tails else None
     series = list(samples.values()) + [[t for t, _ in tails]]

@@ -365,6 +365,20 @@ def annotation_starts(events: list[CpuEvent]) -> dict[Thread, list[float]]:
     return starts_by_thread([e for e in events if e.annotation])
 
 
+def begun_in(threads: set[Thread] | tuple[Thread, ...], begin: float, end: float,
+             starts: dict[Thread, list[float]], calls: dict[Thread, list[float]],
+             annotated: dict[Thread, list[float]]) -> tuple[int, int, int]:
+    """What began in [begin, end) on ``threads``, as :class:`HostGap` counts it: the
+    scopes the C++ runtime opened (``starts`` less ``annotated``), the traced Python
+    calls, and the Python record_function scopes."""
+
+    def count(found: dict[Thread, list[float]]) -> int:
+        return sum(begun_between(found.get(t, []), begin, end) for t in threads)
+
+    notes = count(annotated)
+    return count(starts) - notes, count(calls), notes
+
+
 def starts_by_thread(events: list[CpuEvent]) -> dict[Thread, list[float]]:
     """Each thread's event start times, sorted (for :func:`begun_between`)."""
     starts: dict[Thread, list[float]] = defaultdict(list)
@@ -377,8 +391,7 @@ def starts_by_thread(events: list[CpuEvent]) -> dict[Thread, list[float]]:
 
 def host_gaps(order: list[tuple[int, int, CpuEvent | None]],
               starts: dict[Thread, list[float]], calls: dict[Thread, list[float]], *,
-              serial: bool,
-              annotated: dict[Thread, list[float]] | None = None) -> dict[int, HostGap]:
+              serial: bool, annotated: dict[Thread, list[float]]) -> dict[int, HostGap]:
     """The gap before each op of ``order`` (node id, its recorded thread, its linked
     event or None), given in the order the benchmark replays them; an op with no gap
     is left out (the first, one unlinked, one after an unlinked op).
@@ -395,7 +408,6 @@ def host_gaps(order: list[tuple[int, int, CpuEvent | None]],
     traced Python call; those begun in a gap, on its op's thread or on the thread of
     the op before it, are counted in it; ``annotated``: the starts among ``starts``
     of Python record_function scopes (:func:`annotation_starts`), counted apart."""
-    annotated = annotated or {}
     found: dict[int, HostGap] = {}
     last: dict[int | None, CpuEvent | None] = {}  # previous op's event (per thread)
     latest_end = float("-inf")
@@ -405,11 +417,8 @@ def host_gaps(order: list[tuple[int, int, CpuEvent | None]],
         if ev is not None and prev is not None:
             begin = max(latest_end, prev.end) if serial else prev.end
             threads = {(ev.pid, ev.tid), (prev.pid, prev.tid)}
-            scopes = sum(begun_between(starts.get(t, []), begin, ev.ts) for t in threads)
-            notes = sum(begun_between(annotated.get(t, []), begin, ev.ts) for t in threads)
-            found[node_id] = HostGap(
-                max(0.0, ev.ts - begin), scopes - notes,
-                sum(begun_between(calls.get(t, []), begin, ev.ts) for t in threads), notes)
+            found[node_id] = HostGap(max(0.0, ev.ts - begin),
+                                     *begun_in(threads, begin, ev.ts, starts, calls, annotated))
         if ev is not None:
             latest_end = max(latest_end, ev.end)
         last[key] = ev
