@@ -27,6 +27,12 @@ import functools
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributions import Beta, Binomial, Dirichlet, Gamma, LogNormal, Normal, Poisson
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 
 def _sgd(m, loss_fn, opt=None):
@@ -42,8 +48,6 @@ def _sgd(m, loss_fn, opt=None):
 
 
 def y_dist_params():
-    from torch.distributions import Beta, Binomial, Dirichlet, Gamma, LogNormal, Normal, Poisson
-
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -206,12 +210,6 @@ def y_save_on_cpu():
 
 
 def y_selective_ac():
-    from torch.utils.checkpoint import (
-        CheckpointPolicy,
-        checkpoint,
-        create_selective_checkpoint_contexts,
-    )
-
     def policy(ctx, op, *args, **kwargs):
         return (
             CheckpointPolicy.MUST_SAVE

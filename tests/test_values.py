@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.distributions import Binomial, Dirichlet, Gamma, Poisson
+from torch.profiler import ExecutionTraceObserver
 
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.render import format_with_black
@@ -326,8 +328,6 @@ def test_draws_special_functions_and_cached_pivots_read_inputs_in_their_domains(
     igamma arguments (NaN outside theirs, which the gradient put into the weights) and
     an LU factorisation computed once and solved against in each step ("Pivots given
     to lu_solve must all be greater or equal to 1")."""
-    from torch.distributions import Binomial, Dirichlet, Gamma, Poisson
-
     torch.manual_seed(0)
     conc = torch.nn.Parameter(torch.rand(3, 4) + 0.5)
     w = torch.nn.Parameter(torch.randn(6))
@@ -359,8 +359,6 @@ def test_adams_first_step_keeps_rows_no_token_used_finite(foreach, tmp_path):
     embedding row no token used has a zero gradient there: its update is 0 / (0 + eps).
     The observer writes eps = 1e-8 as 0.0 (six decimals), and replayed as 0 the
     foreach update was 0 / 0, NaN in the weight (the PARAM GPT-2 trace: 43 weights)."""
-    from torch.profiler import ExecutionTraceObserver
-
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 4))
     opt = torch.optim.Adam(model.parameters(), foreach=foreach)
