@@ -737,6 +737,57 @@ def test_steps_on_sparse_tensors_replay_their_ops(make_step, tmp_path):
     assert shapes[0] == shapes[1], (shapes[0] - shapes[1], shapes[1] - shapes[0])
 
 
+def _mkldnn_modules() -> Callable[[], None]:
+    """Modules converted by ``torch.utils.mkldnn`` (their weights MKLDNN tensors, made
+    before the step), activations converted in and out, an add of two."""
+    from torch.utils import mkldnn as mkldnn_utils
+
+    convs = mkldnn_utils.to_mkldnn(torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).eval())
+    head = mkldnn_utils.to_mkldnn(torch.nn.Linear(8 * 14 * 14, 4).eval())
+    images = torch.randn(2, 3, 16, 16)
+
+    @torch.no_grad()
+    def step() -> None:
+        features = convs(images.to_mkldnn())
+        features = (features + features).to_dense().flatten(1)
+        head(features.to_mkldnn()).to_dense().sum()
+
+    return step
+
+
+def _inductor_cpu_freezing() -> Callable[[], None]:
+    """Inductor's CPU freezing: its convolutions take weights in oneDNN's layout
+    (``mkldnn::_convolution_pointwise``, a list of optional scalars among its
+    arguments), its linear MKL's packed weight beside the original one."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 16 * 16, 4)).eval()
+    compiled = torch.compile(model)
+    images = torch.randn(2, 3, 16, 16)
+
+    @torch.no_grad()
+    def step() -> None:
+        with torch._inductor.config.patch(freezing=True):
+            compiled(images).sum()
+
+    return step
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("make_step", [_mkldnn_modules, _inductor_cpu_freezing])
+def test_steps_on_mkldnn_tensors_replay_their_ops(make_step, tmp_path):
+    """An MKLDNN tensor has no storage either (``[id, 0, 0, 0, 0, ""]``): told apart from
+    a vmap wrapper by the ops around it, it replays as a dense tensor converted to that
+    layout, and MKL's packed weight is packed again from the original weight (random
+    values in it crash the kernel)."""
+    text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
+    assert "Ops not replayed:\n  - none" in text or "Torch-Compiled Region" in text
+    assert "without storage" not in text and "is not supported" not in text
+    assert out["skipped_at_runtime"] == [] and out["equivalents_at_runtime"] == []
+    assert any("mkl" in op for op in original), original
+    assert original == replayed, (original - replayed, replayed - original)
+
+
 def _values_shapes(path: Path) -> Counter:
     """The shapes of every sparse tensor's values that the step's ops read (not the
     benchmark's own work, under its harness scope)."""

@@ -31,6 +31,7 @@ from mystique_gen.ir import (
     Op,
     OpOutput,
     PackedLinear,
+    PackedWeight,
     Program,
     StandInTensor,
     Storage,
@@ -329,7 +330,10 @@ class CodeGen:
             return lines + comms.waits_at_end(self, op, depth)
         args: list[Node] = []
         for arg in op.args:
-            node = self._in_range(op, arg) if op.in_range else self.value(arg.value)
+            if isinstance(arg.value, PackedWeight):
+                node = self._packed_weight(op, arg.value)
+            else:
+                node = self._in_range(op, arg) if op.in_range else self.value(arg.value)
             if arg.spec.name in op.nonzero:
                 node = valuefill.nonzero(node)
             if not arg.spec.kwarg_only:
@@ -356,6 +360,15 @@ class CodeGen:
         lines.extend(valuefill.layout_lines(op, targets, depth))
         lines.extend(self._frees(op, depth))
         return lines + comms.waits_at_end(self, op, depth)
+
+    def _packed_weight(self, op: Op, packed: PackedWeight) -> Node:
+        """``_packed_weight(key, "ns::packer", source, ...)``: packed from the op's
+        own arguments at its first call (runtime ``_packed_weight``)."""
+        sources = {a.spec.name: a.value for a in op.args}
+        return exprs.call("_packed_weight", [
+            Atom(str(int(packed.key))), Atom(exprs.str_literal(packed.packer)),
+            *(self.value(sources[name]) for name in packed.sources),
+        ])
 
     def _in_range(self, op: Op, arg: Arg) -> Node:
         """An argument with its computed indices wrapped into range (``Op.in_range``):
@@ -581,7 +594,10 @@ def _shape_tag(shape: tuple[int, ...]) -> str:
 
 
 def _input_view(base: str, meta: TensorMeta) -> Node:
-    """An input tensor on its flat buffer: a view, or a sparse tensor on its values."""
+    """An input tensor on its flat buffer: a view, a sparse tensor on its values, or
+    an MKLDNN tensor of its values."""
+    if meta.mkldnn:
+        return exprs.call("_to_mkldnn", [_as_strided(base, meta)])
     if meta.sparse is None:
         return _as_strided(base, meta)
     return exprs.call("_sparse_coo", [

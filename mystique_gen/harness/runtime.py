@@ -1127,6 +1127,29 @@ def _packed_linear(key, out_features, in_features, packing):
     return packed
 
 
+_PACKED_WEIGHTS = {}
+
+
+def _packed_weight(key, packer, *sources):
+    """A weight packed in a backend's opaque format by the op `packer` ("mkl::
+    _mkl_reorder_linear_weight") from `sources`, the arguments of the op that reads it
+    (the trace records no values of a packed weight, and random ones crash its
+    kernel): packed at the op's first call, as harness work (the original packed it
+    before the step), and kept for later calls."""
+    cached = (
+        key,
+        packer,
+        *(tuple(s.shape) if torch.is_tensor(s) else s for s in sources),
+    )
+    packed = _PACKED_WEIGHTS.get(cached)
+    if packed is None:
+        namespace, name = packer.split("::")
+        with _harness():
+            packed = getattr(getattr(torch.ops, namespace), name)(*sources)
+        _PACKED_WEIGHTS[cached] = packed
+    return packed
+
+
 def _metadata_stand_in(row):
     """A tensor of the recorded shape, strides and dtype for an op that reads only a
     tensor's metadata, where the trace recorded no storage for it (a vmap wrapper):
@@ -2141,11 +2164,23 @@ def _sparse_coo(values, shape, sparse_dim, coalesced, gens):
     )
 
 
+def _to_mkldnn(dense):
+    """An MKLDNN (oneDNN) tensor of `dense`'s values, where the host can hold one;
+    elsewhere (a GPU, a meta buffer) `dense` itself, which an MKLDNN kernel refuses
+    and the replay reports."""
+    if dense.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return dense
+    return dense.to_mkldnn()
+
+
 def _dense_parts(tensor):
-    """The strided tensors holding `tensor`'s memory: itself, or a sparse tensor's
-    indices and values (which a sparse tensor reads through; it has no storage)."""
+    """The strided tensors holding `tensor`'s memory: itself, a sparse tensor's
+    indices and values (which a sparse tensor reads through; it has no storage), or
+    none of an MKLDNN tensor's (opaque: no reset restores it, no check reads it)."""
     if tensor.layout == torch.sparse_coo:
         return (tensor._indices(), tensor._values())
+    if tensor.layout == torch._mkldnn:
+        return ()
     return (tensor,)
 
 
@@ -2514,7 +2549,7 @@ def _nonfinite_written(inputs, versions):
         for name in _written(inputs, versions)
         if (inputs[name].is_floating_point() or inputs[name].is_complex())
         # the last part holds the values (a sparse tensor's; a strided one's own)
-        and not _all_finite(_dense_parts(inputs[name])[-1])
+        and not all(_all_finite(part) for part in _dense_parts(inputs[name])[-1:])
     )
 
 

@@ -40,6 +40,13 @@ class TensorMeta:
     dtype: str  # torch attribute name: "float32"
     device: str  # device kind as recorded: "cpu", "cuda", ...
     sparse: SparseLayout | None = None  # a sparse COO tensor; strides mean nothing then
+    mkldnn: bool = False  # an MKLDNN (oneDNN) tensor: opaque, host only, no strides
+
+    @property
+    def storageless(self) -> bool:
+        """A layout without storage (sparse COO, MKLDNN): its memory is no view of a
+        storage the trace names (all such tensors are on storage id 0)."""
+        return self.sparse is not None or self.mkldnn
 
     @property
     def numel(self) -> int:
@@ -206,8 +213,20 @@ class PackedLinear:
     packing: str
 
 
+@dataclass(frozen=True, slots=True)
+class PackedWeight:
+    """A weight an op takes packed in a backend's opaque format, which the trace
+    records without storage and random values cannot stand for (MKL's packed GEMM
+    weight reads a header from it): packed at the op's first call by ``packer`` from
+    the op's own arguments named ``sources``, once per ``key`` (its op's index)."""
+
+    key: int
+    packer: str  # the packing op: "mkl::_mkl_reorder_linear_weight"
+    sources: tuple[str, ...]
+
+
 Value = (Literal | TorchConstant | DeviceValue | ListValue | TensorValue | GroupName
-         | FreshStorage | StandInTensor | PackedLinear)
+         | FreshStorage | StandInTensor | PackedLinear | PackedWeight)
 
 
 @dataclass(eq=False, slots=True)
@@ -485,6 +504,7 @@ __all__ = [
     "OpOutput",
     "OpTiming",
     "PackedLinear",
+    "PackedWeight",
     "Program",
     "ProgramTiming",
     "SparseLayout",

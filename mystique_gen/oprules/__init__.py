@@ -21,6 +21,7 @@ from mystique_gen.oprules import (
     losses,
     math,
     memory,
+    mkldnn,
     normalization,
     optimizer,
     quantized,
@@ -34,6 +35,7 @@ from mystique_gen.oprules.availability import (
     NAMESPACE_MODULES,
     NEEDS_ACCELERATOR,
     PUBLIC_MODULES,
+    TORCH_NATIVE_NAMESPACES,
     UNSUPPORTED_ARG_TYPES,
     device_specific_reason,
     guard_reason,
@@ -80,6 +82,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     optimizer.FAMILY,
     math.FAMILY,
     sampling.FAMILY,
+    mkldnn.FAMILY,
     linalg.FAMILY,
     datadep.FAMILY,
     collectives.FAMILY,
@@ -131,6 +134,7 @@ GROUP_RANK_ARGS: dict[str, str] = merged("group_rank_args")
 SPARSE_FACTS: dict[str, str] = merged("sparse_facts")
 FORWARD_AD_LEVELS: dict[str, str] = merged("forward_ad_levels")
 PACKED_LINEAR: dict[str, str] = merged("packed_linear")
+PACKED_ARGS: dict[str, tuple[str, str, tuple[str, ...]]] = merged("packed_args")
 FULL_PRECISION: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = merged("full_precision")
 
 
@@ -147,6 +151,8 @@ STRIDE_DEPENDENT_VIEWS = _union("stride_dependent_views")
 LAYOUT_BY_BACKEND = _union("layout_by_backend")
 FILLS = _union("fills")
 METADATA_ONLY = _union("metadata_only")
+MKLDNN_OPS = _union("mkldnn_ops")
+MKLDNN_LAYOUT = mkldnn.MKLDNN_LAYOUT
 
 
 def differentiable(op_name: str, arg_name: str) -> bool:
@@ -165,20 +171,21 @@ __all__ = [
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "STRIDE_DEPENDENT_VIEWS", "LAYOUT_BY_BACKEND",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
-    "DISTINCT_ALIASES", "FILLS", "METADATA_ONLY",
+    "DISTINCT_ALIASES", "FILLS", "METADATA_ONLY", "MKLDNN_LAYOUT", "MKLDNN_OPS",
     "GRAD_REVEALED_BY", "GROUP_RANK_ARGS",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",
     "FORWARD_AD_LEVELS", "FULL_PRECISION", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
-    "KEEPS_SIGN", "LINEAR_PACKED", "PACKED_LINEAR",
+    "KEEPS_SIGN", "LINEAR_PACKED", "PACKED_ARGS", "PACKED_LINEAR",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",
     "REFUSED_ARGS", "SAME_VALUES", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES",
     "SPARSE_FACTS", "SizeOf",
-    "TAKE_RULES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING", "WINDOW_BOUNDS",
+    "TAKE_RULES", "TORCH_NATIVE_NAMESPACES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING",
+    "WINDOW_BOUNDS",
     "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
     "device_specific_reason", "guard_reason", "merged", "op_category", "reduce_op_name",
     "wire_form",

@@ -29,6 +29,14 @@ BACKEND_SPECIFIC = re.compile(
     r"flash_attention|efficient_attention|fused_attention_overrideable"
 )
 
+# Namespaces that libtorch itself registers where it is built with their backend (MKL,
+# oneDNN, fbgemm/qnnpack quantized kernels): never a model's own ops, so never replayed
+# as the ops they call inside (an MKL linear records only its output's allocation);
+# guarded like any op outside aten, for a torch built without them.
+TORCH_NATIVE_NAMESPACES = frozenset({
+    "mkl", "mkldnn", "mkldnn_prepacked", "onednn", "quantized", "_quantized", "sparse",
+})
+
 # Operators that need an accelerator even when their tensors are on the host.
 NEEDS_ACCELERATOR = frozenset({"pin_memory", "_pin_memory"})
 

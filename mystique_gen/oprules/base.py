@@ -230,6 +230,12 @@ class OpFamily:
     # "indices" or "values" of its first argument (its result), or "made" (it returns
     # a new sparse tensor; its ``indices`` argument, if any, gives the structure).
     sparse_facts: dict[str, str] = field(default_factory=dict)
+    # Ops whose tensors recorded without storage are MKLDNN (oneDNN) tensors, the
+    # other layout the trace records with no storage (oprules/mkldnn.py).
+    mkldnn_ops: frozenset[str] = frozenset()
+    # Weights an op takes packed in an opaque format that random values cannot stand
+    # for: {op: (argument, packing op, (arguments of the op it is packed from, ...))}.
+    packed_args: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
     # Integral divisors, never filled with 0: {op: (argument, ...)}.
     integer_divisors: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Compares of an integral tensor with a recorded Scalar that bound a shard's index

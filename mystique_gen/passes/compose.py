@@ -214,13 +214,13 @@ def rename_storages(ops: list[Op], lifetimes: Lifetimes, part: int,
         reads, writes = lifetimes.get(op.node_id, ({}, {}))
         for arg in op.args:
             for tv in iter_tensors(arg.value):
-                lifetime = reads.get(tv.storage_id, 0) if tv.meta.sparse is None else 0
+                lifetime = reads.get(tv.storage_id, 0) if not tv.meta.storageless else 0
                 tv.storage_id = rename(tv.storage_id, lifetime)
         for _path, tv in output_paths(op.outputs):
             sid = tv.storage_id
-            # A sparse tensor has no storage (id 0 for all): its lifetimes are its tensor
-            # id's (passes/tensors.py split_storages_without_memory).
-            lifetime = writes.get(sid, reads.get(sid, 0)) if tv.meta.sparse is None else 0
+            # A sparse or MKLDNN tensor has no storage (id 0 for all): its lifetimes are
+            # its tensor id's (passes/tensors.py split_storages_without_memory).
+            lifetime = writes.get(sid, reads.get(sid, 0)) if not tv.meta.storageless else 0
             tv.storage_id = rename(sid, lifetime)
 
 

@@ -30,6 +30,7 @@ from mystique_gen.ir import (
     Literal,
     Op,
     PackedLinear,
+    PackedWeight,
     StandInTensor,
     TensorMeta,
     TensorValue,
@@ -236,6 +237,11 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
             args.append(Arg(spec, _packed_linear(sig, args, outputs or [], key,
                                                  f"inputs[{i}]")))
             continue
+        packed = oprules.PACKED_ARGS.get(sig.qualified_name)
+        if packed is not None and spec.name == packed[0]:
+            args.append(Arg(spec, PackedWeight(key=key, packer=packed[1],
+                                               sources=packed[2])))
+            continue
         value = decode_value(raw.value, spec.type, raw, node_id, f"inputs[{i}]", sparse,
                              stand_ins=stand_ins)
         args.append(Arg(spec, value))
@@ -373,8 +379,8 @@ def decode_value(value: Any, type_str: str, raw: RawArg, node_id: int, where: st
         return Literal(value)
     if base.startswith("List[") and base.endswith("]"):
         inner = base[len("List["):-1]
-        if inner in ("int", "SymInt", "float", "bool", "Scalar", "number", "Optional[int]",
-                     "Optional[SymInt]", "Optional[float]"):
+        if inner.removeprefix("Optional[").removesuffix("]") in (
+                "int", "SymInt", "float", "bool", "Scalar", "number"):
             if not isinstance(value, list):
                 raise TraceError("expected a list", node_id=node_id, field=where)
             return ListValue(tuple(
@@ -484,6 +490,8 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
     if type_str.startswith("Tensor(nullptr"):
         return Literal(None)  # an undefined tensor
     known_sparse = sparse.at(tid, node_id) if device == "" and sparse else None
+    if device == "" and sparse is not None and tid in sparse.mkldnn:
+        return _mkldnn_tensor(tid, shape, type_str, node_id, where)
     if device == "" and known_sparse is None:
         # A defined tensor with no storage: a functorch/vmap wrapper (transformers
         # builds attention masks under vmap) or a tensor subclass. The record holds no
@@ -509,6 +517,20 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
                              node_id=node_id, field=f"{where}.strides")
     meta = _shared_meta(dims, stride_t, offset, dtype, _device_kind(device, node_id, where))
     return TensorValue(trace_id=tid, storage_id=sid, meta=meta)
+
+
+def _mkldnn_tensor(tid: int, shape: Any, type_str: str, node_id: int, where: str
+                   ) -> TensorValue:
+    """An MKLDNN tensor (oprules/mkldnn.py) of its recorded shape and dtype: opaque,
+    on the host, its recorded strides meaningless."""
+    dtype = dtype_from_type_string(type_str)
+    if dtype is None:
+        raise Unsupported(f"tensor element type {type_str[:40]!r} is not supported")
+    dims = _int_list(shape if shape is not None else [], node_id, f"{where}.shape",
+                     signed=False)
+    meta = TensorMeta(shape=dims, strides=contiguous_strides(dims), offset=0, dtype=dtype,
+                      device="cpu", mkldnn=True)
+    return TensorValue(trace_id=tid, storage_id=0, meta=meta)
 
 
 def _stand_in(shape: Any, strides: Any, type_str: str, node_id: int, where: str

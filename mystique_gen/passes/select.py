@@ -432,7 +432,7 @@ def _on_storageless(node: RawNode, sparse: SparseTensors) -> bool:
     """Whether a tensor argument of the node has no storage (recorded device "") and is
     no sparse tensor. An undefined tensor (an optional weight left out) is recorded the
     same way; only its type tells it apart ("Tensor(nullptr (uninitialized))")."""
-    return any(record[5] == "" and record[0] not in sparse
+    return any(record[5] == "" and record[0] not in sparse and record[0] not in sparse.mkldnn
                for arg in (*node.inputs, *node.outputs)
                if "nullptr" not in arg.type for record in tensor_records(arg))
 
@@ -494,6 +494,8 @@ class SparseTensors:
         # tensor id -> [(node id that began the lifetime, its facts)], in start order
         self._lives: dict[int, list[tuple[int, SparseTensor]]] = {}
         self._sparse: set[int] = set()  # ids some sparse op read or made
+        # Ids of MKLDNN tensors, the other layout without storage (:func:`mkldnn_tensors`).
+        self.mkldnn: frozenset[int] = frozenset()
 
     def __contains__(self, tid: object) -> bool:
         return tid in self._sparse
@@ -617,7 +619,47 @@ def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
             # of the freed coalesce result (17 entries).
             found._begin(tid, reader_above(tid, node.id, current[1].nnz_node))
         found._learn(tid, what, node)
+    found.mkldnn = mkldnn_tensors(nodes, found)
     return found
+
+
+def _layout_arg(node: RawNode) -> object:
+    """The value recorded for the node's ``layout`` argument; None where it has none."""
+    try:
+        names = [spec.name for spec in parse_signature(node.op_schema).args]
+    except SchemaError:
+        return None
+    k = names.index("layout") if "layout" in names else len(node.inputs)
+    return node.inputs[k].value if k < len(node.inputs) else None
+
+
+def mkldnn_tensors(nodes: list[RawNode], sparse: SparseTensors) -> frozenset[int]:
+    """Ids of the tensors recorded without storage that are MKLDNN tensors
+    (oprules/mkldnn.py): those an MKLDNN op reads or returns, or an op given
+    ``layout=torch._mkldnn`` returns, and, closed over the ops that read one, the other
+    tensors without storage such an op reads or returns (a ``relu_`` on one, an
+    ``add`` of two). A vmap wrapper or a sparse tensor never meets one there."""
+    def storageless(args: list[RawArg]) -> set[int]:
+        return {tid for tid in _storageless_ids(args) if tid not in sparse}
+
+    found: set[int] = set()
+    ops = [n for n in nodes if n.op_schema]
+    for node in ops:
+        if node.name in oprules.MKLDNN_OPS:
+            found |= storageless(node.inputs) | storageless(node.outputs)
+        elif "Layout" in node.op_schema and _layout_arg(node) == oprules.MKLDNN_LAYOUT:
+            found |= storageless(node.outputs)
+    changed = bool(found)
+    while changed:
+        changed = False
+        for node in ops:
+            reads = storageless(node.inputs)
+            if reads & found:
+                more = (reads | storageless(node.outputs)) - found
+                if more:
+                    found |= more
+                    changed = True
+    return frozenset(found)
 
 
 def _is_collective(node: RawNode) -> bool:
@@ -815,7 +857,8 @@ def _foreign(node: RawNode) -> bool:
     namespace, _, rest = node.name.partition("::")
     return bool(node.op_schema and rest) and namespace not in oprules.CORE_NAMESPACES \
         and namespace not in oprules.COMMUNICATION_NAMESPACES \
-        and namespace not in oprules.NAMESPACE_MODULES
+        and namespace not in oprules.NAMESPACE_MODULES \
+        and namespace not in oprules.TORCH_NATIVE_NAMESPACES
 
 
 def _computes(node: RawNode) -> bool:

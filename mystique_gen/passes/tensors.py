@@ -184,7 +184,7 @@ def split_storages_without_memory(ops: list[Op]) -> int:
     on id 0) and are split alike. Returns the number of dense tensors given one."""
     without_memory = storages_without_memory(ops)
     flagged = without_memory | {tv.storage_id for op in ops for tv in _tensors_of(op)
-                                if tv.meta.sparse is not None}
+                                if tv.meta.storageless}
     if not flagged:
         return 0
     next_id = 1 + max(tv.storage_id for op in ops for tv in _tensors_of(op))
@@ -379,7 +379,7 @@ def keep_viewed_layouts(ops: list[Op]) -> None:
                 tv = source
                 continue
             made = producer.outputs[tv.binding.path[0]]
-            if isinstance(made, TensorValue) and made.meta.sparse is None and (
+            if isinstance(made, TensorValue) and not made.meta.storageless and (
                     producer.name in oprules.LAYOUT_BY_BACKEND
                     or not _contiguous(made.meta)):
                 producer.keep_layout = tuple(sorted({*producer.keep_layout,
