@@ -198,16 +198,20 @@ class CodeGen:
         one was proven (passes/bindings.py; guarded ops keep torch.ops, whose name the
         skip notice prints), else its torch.ops overload."""
         sig = op.signature
-        target = f"torch.ops.{sig.namespace}.{sig.name}.{sig.overload}"
-        if op.public_call is not None and not op.guard:
-            target = op.public_call
-        key = f"{sig.full_name} {target}"
+        public = op.public_call if not op.guard else None
+        return self.overload_handle(sig.namespace, sig.name, sig.overload, public)
+
+    def overload_handle(self, namespace: str, name: str, overload: str = "default",
+                        public: str | None = None) -> str:
+        """The module-level name bound to one operator overload (``public``: its
+        proven public binding, else its torch.ops overload)."""
+        full_name = f"{namespace}::{name}.{overload}"
+        target = public or f"torch.ops.{namespace}.{name}.{overload}"
+        key = f"{full_name} {target}"
         if key not in self.handles:
-            hint = f"{sig.namespace}_{sig.name}"
-            if sig.overload != "default":
-                hint += f"_{sig.overload}"
-            name = self.ns.readable(("op", key), hint)
-            self.handles[key] = OpHandle(name, target, sig.full_name)
+            hint = f"{namespace}_{name}" + (f"_{overload}" if overload != "default" else "")
+            handle = self.ns.readable(("op", key), hint)
+            self.handles[key] = OpHandle(handle, target, full_name)
         return self.handles[key].name
 
     def storage_name(self, storage: Storage, view: str) -> str:
@@ -362,11 +366,13 @@ class CodeGen:
         return lines + comms.waits_at_end(self, op, depth)
 
     def _packed_weight(self, op: Op, packed: PackedWeight) -> Node:
-        """``_packed_weight(key, "ns::packer", source, ...)``: packed from the op's
-        own arguments at its first call (runtime ``_packed_weight``)."""
+        """``_packed_weight(key, packer, source, ...)``: packed from the op's own
+        arguments at its first call by the packing op's handle (runtime
+        ``_packed_weight``)."""
         sources = {a.spec.name: a.value for a in op.args}
+        namespace, name = packed.packer.split("::")
         return exprs.call("_packed_weight", [
-            Atom(str(int(packed.key))), Atom(exprs.str_literal(packed.packer)),
+            Atom(str(int(packed.key))), Atom(self.overload_handle(namespace, name)),
             *(self.value(sources[name]) for name in packed.sources),
         ])
 

@@ -1159,21 +1159,16 @@ _PACKED_WEIGHTS = {}
 
 
 def _packed_weight(key, packer, *sources):
-    """A weight packed in a backend's opaque format by the op `packer` ("mkl::
-    _mkl_reorder_linear_weight") from `sources`, the arguments of the op that reads it
-    (the trace records no values of a packed weight, and random ones crash its
-    kernel): packed at the op's first call, as harness work (the original packed it
-    before the step), and kept for later calls."""
-    cached = (
-        key,
-        packer,
-        *(tuple(s.shape) if torch.is_tensor(s) else s for s in sources),
-    )
+    """A weight packed in a backend's opaque format by the op handle `packer` (MKL's
+    `_mkl_reorder_linear_weight`) from `sources`, arguments of the op `key` that
+    reads it (the trace records no values of a packed weight, and random ones crash
+    its kernel): packed at the op's first call, as harness work (the original packed
+    it before the step), and kept for later calls."""
+    cached = (key, *(tuple(s.shape) if torch.is_tensor(s) else s for s in sources))
     packed = _PACKED_WEIGHTS.get(cached)
     if packed is None:
-        namespace, name = packer.split("::")
         with _harness():
-            packed = getattr(getattr(torch.ops, namespace), name)(*sources)
+            packed = packer(*sources)
         _PACKED_WEIGHTS[cached] = packed
     return packed
 
