@@ -70,7 +70,11 @@ from mystique_gen.passes.ranks import (
     order_ranks,
 )
 from mystique_gen.passes.retarget import retarget_dtype
-from mystique_gen.passes.select import release_covered_arguments, select_ops, sparse_tensors
+from mystique_gen.passes.select import (
+    release_covered_arguments,
+    select_ops,
+    trace_sparse_tensors,
+)
 from mystique_gen.passes.tensors import peak_bytes, plan_tensors
 from mystique_gen.passes.values import (
     RecordedValues,
@@ -252,7 +256,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     """``consume``: the caller no longer needs the trace's recorded arguments, so
     lowering may release them as it goes. ``profiled_steps``: see filter_selection."""
     selection = select_ops(trace)
-    sparse = sparse_tensors(trace.nodes)  # read below ops whose arguments are released
+    sparse = trace_sparse_tensors(trace)  # read below ops whose arguments are released
     release_covered_arguments(selection)
     kept, lines = filter_selection(trace, selection, options, profiled_steps)
     # Everything that reads recorded arguments runs before lowering releases them.

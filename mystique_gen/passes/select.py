@@ -52,6 +52,8 @@ COMPILED_REGION = "Torch-Compiled Region"
 COMPILED_NOTE = ("torch.compile's kernels, not in the trace (the torch ops it called "
                  "replay); --kineto with --host-gaps recorded replays their time")
 
+TensorKey = tuple[int, int, int]  # (tensor id, storage id, element size)
+
 
 @dataclass(frozen=True)
 class Selected:
@@ -409,11 +411,14 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
     transformers builds attention masks with): the observer records it on a wrapper
     with no storage (device ""), once per vmap level, each level calling the op on
     the level below, down to the one on real tensors."""
+    if trace.subclass_dispatched is not None:
+        return trace.subclass_dispatched
+    repair_async_nesting(trace)  # (once: the nesting every selection reads)
     by_id = {n.id: n for n in trace.nodes}
     found: set[int] = set()
     walked: set[int] = set()
     has_op_child = {n.parent for n in trace.nodes if n.op_schema and n.parent != n.id}
-    sparse = sparse_tensors(trace.nodes)  # without storage too, but no wrappers
+    sparse = trace_sparse_tensors(trace)  # without storage too, but no wrappers
     for node in trace.nodes:
         if node.op_schema and node.id in has_op_child and _on_storageless(node, sparse):
             found.add(node.id)  # a vmap level: the op below ran one level down
@@ -425,6 +430,7 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
             if cur.op_schema:
                 found.add(cur.id)
             cur = by_id.get(cur.parent) if cur.parent != cur.id else None
+    trace.subclass_dispatched = found
     return found
 
 
@@ -555,6 +561,14 @@ def _stated_nnz(what: str, node: RawNode) -> int | None:
 def _storageless_ids(args: list[RawArg]) -> set[int]:
     return {r[0] for arg in args for r in tensor_records(arg)
             if r[5] == "" and isinstance(r[0], int) and not isinstance(r[0], bool)}
+
+
+def trace_sparse_tensors(trace: RawTrace) -> SparseTensors:
+    """:func:`sparse_tensors` of a whole trace, found once (while every node still has
+    its arguments: the first selection finds it)."""
+    if not isinstance(trace.storageless, SparseTensors):
+        trace.storageless = sparse_tensors(trace.nodes)
+    return trace.storageless
 
 
 def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
@@ -718,9 +732,11 @@ def select_ops(trace: RawTrace) -> Selection:
         # same trace (comms, link, compare) then select the same ops.
         trace.backend_threads = backend_worker_threads(trace)
         descend = subclass_dispatches(trace) | foreign_composites(trace)
+        children = children_of(trace)
+        keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] = {}  # shared by rounds
         while True:
             selection = _select(trace, by_id, descend, trace.backend_threads)
-            more = escaping_composites(trace, selection.ops, by_id) - descend
+            more = escaping_composites(trace, selection.ops, by_id, children, keys) - descend
             if not more:
                 break
             descend |= more
@@ -729,8 +745,10 @@ def select_ops(trace: RawTrace) -> Selection:
     return _select(trace, by_id, trace.descended, trace.backend_threads)
 
 
-def escaping_composites(trace: RawTrace, ops: list[Selected],
-                        by_id: dict[int, RawNode]) -> set[int]:
+def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, RawNode],
+                        children: dict[int, list[RawNode]] | None = None,
+                        keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] | None = None,
+                        ) -> set[int]:
     """Selected ops with a result of their own implementation that a later op reads.
 
     A composite op returns some of what its children computed and keeps the rest,
@@ -749,25 +767,36 @@ def escaping_composites(trace: RawTrace, ops: list[Selected],
     another new tensor (a saved result unpacked for the backward, a TensorImpl at the
     address of a freed inner one: a BCE's buffer, read back as a Poisson loss's exp,
     flipped between captures of one step)."""
-    children = children_of(trace)
-    owner: dict[tuple[int, int, int], int] = {}  # inner result -> the op that kept it
-    at_storage: dict[int, set[tuple[int, int, int]]] = {}  # storage id -> owned keys
+    children = children if children is not None else children_of(trace)
+    keys = keys if keys is not None else {}
+    owner: dict[TensorKey, int] = {}  # inner result -> the op that kept it
+    at_storage: dict[int, set[TensorKey]] = {}  # storage id -> owned keys
+
+    def keys_of(node: RawNode) -> tuple[set[TensorKey], set[TensorKey]]:
+        """The keys a node reads and returns (:func:`select_ops` asks again for every
+        node each round, so they are kept)."""
+        found = keys.get(node.id)
+        if found is None:
+            found = keys[node.id] = (
+                {key for arg in node.inputs for key in _tensor_keys(arg)},
+                {key for arg in node.outputs for key in _tensor_keys(arg)})
+        return found
 
     def allocated(node: RawNode) -> None:
         """Forget the inner results at the storages that `node` allocates anew."""
-        read = {key[1] for arg in node.inputs for key in _tensor_keys(arg)}
-        for arg in node.outputs:
-            for key in _tensor_keys(arg):
-                if key[1] not in read:
-                    for gone in at_storage.pop(key[1], ()):
-                        owner.pop(gone, None)
+        reads, returns = keys_of(node)
+        read = {key[1] for key in reads}
+        for key in returns:
+            if key[1] not in read:
+                for gone in at_storage.pop(key[1], ()):
+                    owner.pop(gone, None)
 
     found: set[int] = set()
     for sel in ops:
         node = sel.node
-        reads = {key for arg in node.inputs for key in _tensor_keys(arg)}
+        reads, returns = keys_of(node)
         found.update(owner[key] for key in reads if key in owner)
-        own = reads | {key for arg in node.outputs for key in _tensor_keys(arg)}
+        own = reads | returns
         for key in own:
             owner.pop(key, None)
         inside = list(_below(node.id, children))
@@ -779,11 +808,10 @@ def escaping_composites(trace: RawTrace, ops: list[Selected],
         # results of its own: a later read of one reads that storage, as it is.
         storages = {key[1] for key in own}
         for inner in inside:
-            for arg in inner.outputs:
-                for key in _tensor_keys(arg):
-                    if key[1] not in storages:
-                        owner[key] = node.id
-                        at_storage.setdefault(key[1], set()).add(key)
+            for key in keys_of(inner)[1]:
+                if key[1] not in storages:
+                    owner[key] = node.id
+                    at_storage.setdefault(key[1], set()).add(key)
     return {i for i in found if _portable_children(_op_children(i, children))
             and _children_return_its_results(by_id[i], children)}
 
@@ -903,7 +931,7 @@ def _portable_children(kids: list[RawNode], replayed_as_children: Set[int] = fro
         for k in ops if "::" in k.name)
 
 
-def _tensor_keys(arg: RawArg) -> list[tuple[int, int, int]]:
+def _tensor_keys(arg: RawArg) -> list[TensorKey]:
     """(tensor id, storage id, element size) of the tensors of one recorded argument
     that have a storage: the allocator reuses a small temporary's TensorImpl and data
     addresses together, for a wrapped Python scalar too (a double where the temporary

@@ -103,6 +103,11 @@ class RawTrace:
     # host threads a communication backend ran collectives' work on.
     descended: set[int] | None = None
     backend_threads: set[int] | None = None
+    # passes/select.py, once per trace (each reads every node's arguments): the ops
+    # dispatched to a tensor subclass or a vmap level, and the sparse and MKLDNN
+    # tensors (a SparseTensors; typed loosely: sources import no pass).
+    subclass_dispatched: set[int] | None = None
+    storageless: Any = None
     # Device activity (kernels, copies) that Chakra's trace_link linked into the trace,
     # below the ops that launched them; not ops (sources/kineto.py linked_kineto).
     device_nodes: list[RawNode] = field(default_factory=list)
