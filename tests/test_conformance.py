@@ -21,9 +21,10 @@ ALL = [
     "hta/simple_add_et.json.gz",
     *[f"param/dlrm_8rank/dlrm_eg_{r}.json.gz" for r in range(8)],
 ]
-# Every trace runs one CPU iteration (issue 2's bar). GPT-2 is the heaviest: about
-# a minute and 14 GB on a 2-core, 24 GB machine.
-RUNNABLE = ALL
+# Every trace runs one CPU iteration (issue 2's bar). GPT-2's step is 2.5 TFLOP of
+# matmuls (one to two minutes on a core, 14 GB): `make bench`'s scale section replays
+# it (scripts/bench_scale.py replay_once), and `make test` generates it.
+RUNNABLE = [name for name in ALL if name != "param/hf_gpt2_et.json.gz"]
 
 
 @pytest.mark.parametrize("name", ALL)
