@@ -41,11 +41,13 @@ from mystique_gen.passes.select import select_ops  # noqa: E402
 from mystique_gen.sources.et import load_trace  # noqa: E402
 from mystique_gen.tools.compare import overload_name  # noqa: E402
 
-MODULES = ("features_train", "features_infer", "features_more", "features_recent")
+MODULES = ("features_train", "features_infer", "features_more", "features_recent",
+           "features_backends")
 # Failures that README's Known limits explains: the observer does not record the
 # arguments (nested tensors, CSR tensors, packed quantized RNN weights), or a sparse
 # tensor autograd unpacked from a saved variable landed on a freed tensor's id, or
-# the autograd engine batched gradients through vmap's own ops (is_grads_batched).
+# the autograd engine batched gradients through vmap's own ops (is_grads_batched), or
+# TorchScript ran fused ops the observer does not record (a frozen model's convolutions).
 KNOWN = {
     "encoder_nested": "nested tensors: arguments not recorded",
     "encoder_nested_min": "nested tensors: arguments not recorded",
@@ -55,6 +57,7 @@ KNOWN = {
     "sparse_mm_min": "CSR tensors: arguments not recorded",
     "csr_build_min": "CSR tensors: arguments not recorded",
     "grads_batched": "vmap's own _add_batch_dim/_remove_batch_dim are not replayed",
+    "mkldnn_frozen": "TorchScript's fused oneDNN convolutions are not recorded",
 }
 OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mismatch",
             "nonfinite", "pass")
