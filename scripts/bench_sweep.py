@@ -381,48 +381,80 @@ def build(kind: str, arch: str) -> tuple[Any, Callable[[], Any], Callable[[], An
     The config is shrunk as far as the model still builds and runs a step eagerly: where
     it does not, each rung of _LADDER leaves more of it as it was. The skip reason is
     the failure of the first rung, the most shrunk."""
-    import torch
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     class_name = _mapping(kind)[arch]
     if isinstance(class_name, (tuple, list)):
         class_name = class_name[0]
     failure = ""
     for keep, fill in _LADDER:
-        try:
-            cls = getattr(transformers, class_name)
-            cfg = CONFIG_MAPPING[arch]()
-            # A composite (multimodal) architecture's causal LM is its text model: build it
-            # from the composite's text_config, as the composite would.
-            sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
-                        and type(v) is getattr(cls, "config_class", None)), None)
-            cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
-            if kind in ("vlm", "speechlm"):
-                _fit_multimodal(cfg)
-            if kind in _LABELLED:
-                cfg.num_labels = _LABELS
-                if hasattr(cfg, "num_targets"):  # a time-series classifier's classes
-                    cfg.num_targets = _LABELS
-            params = _parameters(cls, cfg)
-            if params > 30_000_000:
-                failure = failure or f"{params / 1e6:.0f}M parameters after shrinking"
-                continue
-            torch.manual_seed(0)
-            model = cls(cfg)
-        except ImportError as exc:  # a library the model needs is missing: no rung helps
-            raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
-        except Exception as exc:  # noqa: BLE001 - any build failure is a skip
-            failure = failure or f"build: {type(exc).__name__}: {_first_line(exc)}"
+        with _memory_cap():
+            built = _build_rung(kind, arch, class_name, keep, fill)
+        if isinstance(built, str):
+            failure = failure or built
             continue
-        loss_fn, infer_fn = _forwards(kind, cfg, model)
-        try:
-            _probe(model, loss_fn, infer_fn)
-        except Exception as exc:  # noqa: BLE001
-            failure = failure or f"eager: {type(exc).__name__}: {_first_line(exc)}"
-            continue
-        return model, loss_fn, infer_fn
+        return built
     raise Skip(failure)
+
+
+@contextlib.contextmanager
+def _memory_cap() -> Iterator[None]:
+    """Address space capped at two thirds of the machine's memory while a rung builds
+    and probes its model: a config that leaves some size unshrunk (cohere_compass's
+    probe took all 24 GB here, and the kernel killed the process: a crash row) then
+    fails with MemoryError, a skip."""
+    import resource
+
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ValueError, OSError, AttributeError):
+        yield
+        return
+    cap = total * 2 // 3
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _build_rung(kind: str, arch: str, class_name: str, keep: frozenset[str], fill: bool
+                ) -> tuple[Any, Callable[[], Any], Callable[[], Any]] | str:
+    """One rung of :func:`build`: the model and its forwards, or why it failed."""
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        cls = getattr(transformers, class_name)
+        cfg = CONFIG_MAPPING[arch]()
+        # A composite (multimodal) architecture's causal LM is its text model: build it
+        # from the composite's text_config, as the composite would.
+        sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
+                    and type(v) is getattr(cls, "config_class", None)), None)
+        cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
+        if kind in ("vlm", "speechlm"):
+            _fit_multimodal(cfg)
+        if kind in _LABELLED:
+            cfg.num_labels = _LABELS
+            if hasattr(cfg, "num_targets"):  # a time-series classifier's classes
+                cfg.num_targets = _LABELS
+        params = _parameters(cls, cfg)
+        if params > 30_000_000:
+            return f"{params / 1e6:.0f}M parameters after shrinking"
+        torch.manual_seed(0)
+        model = cls(cfg)
+    except ImportError as exc:  # a library the model needs is missing: no rung helps
+        raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - any build failure is a skip
+        return f"build: {type(exc).__name__}: {_first_line(exc)}"
+    loss_fn, infer_fn = _forwards(kind, cfg, model)
+    try:
+        _probe(model, loss_fn, infer_fn)
+    except Exception as exc:  # noqa: BLE001
+        return f"eager: {type(exc).__name__}: {_first_line(exc)}"
+    return model, loss_fn, infer_fn
 
 
 def _parameters(cls: Any, cfg: Any) -> int:
