@@ -369,11 +369,11 @@ class CodeGen:
         """``_packed_weight(key, packer, source, ...)``: packed from the op's own
         arguments at its first call by the packing op's handle (runtime
         ``_packed_weight``)."""
-        sources = {a.spec.name: a.value for a in op.args}
+        values = {a.spec.name: a.value for a in op.args}
         namespace, name = packed.packer.split("::")
         return exprs.call("_packed_weight", [
             Atom(str(int(packed.key))), Atom(self.overload_handle(namespace, name)),
-            *(self.value(sources[name]) for name in packed.sources),
+            *(self.value(values[source]) for source in packed.sources),
         ])
 
     def _in_range(self, op: Op, arg: Arg) -> Node:

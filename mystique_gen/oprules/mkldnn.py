@@ -12,10 +12,11 @@ makes them as dense tensors converted with ``to_mkldnn`` (host only).
 
 from __future__ import annotations
 
+from mystique_gen.ir.dtypes import LAYOUT_CODES
 from mystique_gen.oprules.base import OpFamily
 
 # c10::Layout::Mkldnn, as the observer records a ``layout`` argument.
-MKLDNN_LAYOUT = 3
+MKLDNN_LAYOUT = next(code for code, name in LAYOUT_CODES.items() if name == "_mkldnn")
 
 FAMILY = OpFamily(
     name="mkldnn",

@@ -226,6 +226,7 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
         raise Unsupported(
             f"{len(recorded)} inputs recorded but the schema takes {len(sig.args)}")
     args = []
+    packed = oprules.PACKED_ARGS.get(sig.qualified_name)  # (argument, packer, sources)
     for i, (spec, raw) in enumerate(zip(sig.args, recorded, strict=False)):
         if group_of is not None and spec.name in oprules.GROUP_NAME_ARGS:
             args.append(Arg(spec, GroupName(group_of(raw.value))))
@@ -237,7 +238,6 @@ def _decode_args(sig: Signature, recorded: list[RawArg], node_id: int,
             args.append(Arg(spec, _packed_linear(sig, args, outputs or [], key,
                                                  f"inputs[{i}]")))
             continue
-        packed = oprules.PACKED_ARGS.get(sig.qualified_name)
         if packed is not None and spec.name == packed[0]:
             args.append(Arg(spec, PackedWeight(key=key, packer=packed[1],
                                                sources=packed[2])))
@@ -490,9 +490,8 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
     if type_str.startswith("Tensor(nullptr"):
         return Literal(None)  # an undefined tensor
     known_sparse = sparse.at(tid, node_id) if device == "" and sparse else None
-    if device == "" and sparse is not None and tid in sparse.mkldnn:
-        return _mkldnn_tensor(tid, shape, type_str, node_id, where)
-    if device == "" and known_sparse is None:
+    mkldnn = device == "" and sparse is not None and tid in sparse.mkldnn
+    if device == "" and known_sparse is None and not mkldnn:
         # A defined tensor with no storage: a functorch/vmap wrapper (transformers
         # builds attention masks under vmap) or a tensor subclass. The record holds no
         # device or values to rebuild it from, and None in its place crashes the op;
@@ -508,6 +507,10 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
     dims = _int_list(shape if shape is not None else [], node_id, f"{where}.shape", signed=False)
     if known_sparse is not None:
         return TensorValue(trace_id=tid, storage_id=sid, meta=known_sparse.meta(dims, dtype))
+    if mkldnn:  # opaque, on the host: its recorded strides mean nothing (oprules/mkldnn.py)
+        meta = TensorMeta(shape=dims, strides=contiguous_strides(dims), offset=0, dtype=dtype,
+                          device="cpu", mkldnn=True)
+        return TensorValue(trace_id=tid, storage_id=sid, meta=meta)
     if strides is None or strides == [] and dims:
         stride_t = contiguous_strides(dims)
     else:
@@ -517,20 +520,6 @@ def _tensor(value: Any, shape: Any, strides: Any, type_str: str, node_id: int,
                              node_id=node_id, field=f"{where}.strides")
     meta = _shared_meta(dims, stride_t, offset, dtype, _device_kind(device, node_id, where))
     return TensorValue(trace_id=tid, storage_id=sid, meta=meta)
-
-
-def _mkldnn_tensor(tid: int, shape: Any, type_str: str, node_id: int, where: str
-                   ) -> TensorValue:
-    """An MKLDNN tensor (oprules/mkldnn.py) of its recorded shape and dtype: opaque,
-    on the host, its recorded strides meaningless."""
-    dtype = dtype_from_type_string(type_str)
-    if dtype is None:
-        raise Unsupported(f"tensor element type {type_str[:40]!r} is not supported")
-    dims = _int_list(shape if shape is not None else [], node_id, f"{where}.shape",
-                     signed=False)
-    meta = TensorMeta(shape=dims, strides=contiguous_strides(dims), offset=0, dtype=dtype,
-                      device="cpu", mkldnn=True)
-    return TensorValue(trace_id=tid, storage_id=0, meta=meta)
 
 
 def _stand_in(shape: Any, strides: Any, type_str: str, node_id: int, where: str

@@ -436,7 +436,7 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
 
 def _on_storageless(node: RawNode, sparse: SparseTensors) -> bool:
     """Whether a tensor argument of the node has no storage (recorded device "") and is
-    no sparse tensor. An undefined tensor (an optional weight left out) is recorded the
+    no sparse or MKLDNN tensor. An undefined tensor (an optional weight left out) is recorded the
     same way; only its type tells it apart ("Tensor(nullptr (uninitialized))")."""
     return any(record[5] == "" and record[0] not in sparse and record[0] not in sparse.mkldnn
                for arg in (*node.inputs, *node.outputs)
