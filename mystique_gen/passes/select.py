@@ -1071,14 +1071,16 @@ def grad_node_makers(nodes: list[RawNode]) -> set[int] | None:
             last[(node.tid, seq)] = node.id
     if not recorded:
         return None
-    numbers: dict[int, list[int]] = {}
+    highest: dict[int, int] = {}  # thread -> its highest number
+    count: dict[int, int] = {}  # thread -> how many numbers it recorded
     for tid, seq in last:
-        numbers.setdefault(tid, []).append(seq)
+        highest[tid] = max(seq, highest.get(tid, seq))
+        count[tid] = count.get(tid, 0) + 1
     differentiated = {tid for tid, _seq in backward}
     taken = set()
     for (tid, seq), node_id in last.items():
-        if seq < max(numbers[tid]) or (tid, seq) in backward or (
-                tid not in differentiated and len(numbers[tid]) > 1):
+        if seq < highest[tid] or (tid, seq) in backward or (
+                tid not in differentiated and count[tid] > 1):
             taken.add(node_id)
     return taken
 
