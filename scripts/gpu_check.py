@@ -28,7 +28,8 @@ Checks (rows):
                      first) captured and replayed: median and worst time error, host
                      gaps off, recorded and scaled.
 
-``--dry-run`` runs every step it can on CPU (smaller models, the small traces) and
+``--dry-run`` runs every step it can on CPU (smaller models, the small traces, a
+quarter of the timed iterations; ``--big`` adds the costly traces and ranks) and
 reports what needs CUDA as SKIP with the reason, so that this script is tested on
 every commit (tests/test_gpu_check.py) and is not first run on the borrowed GPU.
 
@@ -76,7 +77,9 @@ FIDELITY_MODELS = ("transformer", "cnn", "embedding")
 CROSS_MODELS = ("transformer", "cnn", "lstm")
 # Real traces: (row, file, Kineto pair or None, cost on CPU that makes it opt-in there).
 TRACES = (
-    ("trace:linear", "param/linear_et.json.gz", None, None),
+    # PARAM's linear model runs 3.7 s an iteration on one CPU thread, and make test's
+    # conformance tests replay it already: the dry run's real-trace row is simple_add's.
+    ("trace:linear", "param/linear_et.json.gz", None, "~12 s"),
     ("trace:simple_add", "hta/simple_add_et.json.gz", "hta/simple_add_kineto.json.gz", None),
     ("trace:resnet50", "param/resnet50_1gpu_et.json.gz", None, "~30 s and 4 GB"),
     ("trace:gpt2", "param/hf_gpt2_et.json.gz", None, "~74 s and 14 GB"),
@@ -551,6 +554,14 @@ class Checker:
         self.pool.shutdown(wait=False, cancel_futures=True)
         return self.rows
 
+    def reps(self, warmup: int, iters: int) -> list[str]:
+        """``--warmup``/``--iters`` for a timed replay: a quarter of them on a dry run,
+        whose numbers are no target (the host's fidelity is `make bench`'s) and whose
+        time is `make test`'s."""
+        if self.cfg.dry_run:
+            warmup, iters = max(1, warmup // 4), max(3, iters // 4)
+        return ["--warmup", str(warmup), "--iters", str(iters)]
+
     def cpu_skip(self, cpu_cost: str | None) -> bool:
         return not self.cuda and cpu_cost is not None and not self.cfg.big
 
@@ -637,8 +648,8 @@ class Checker:
         blocks, records, waits = (len(re.findall(rf"(?<!def ){re.escape(call)}", text))
                                   for call in ("with _on(", "_record()", "_wait("))
         prof = self.cfg.work / "prof_two_streams"
-        result, _ = self.bench(bench, "--device", self.device, "--warmup", "5", "--iters",
-                               "20", "--json", "--profile", str(prof))
+        result, _ = self.bench(bench, "--device", self.device, *self.reps(5, 20), "--json",
+                               "--profile", str(prof))
         replayed = _per_stream(_kernels(prof / "kineto_trace.json"), result["iters"])
         recorded = _per_stream(_kernels(kineto))
         steps = _profiler_steps(prof / "kineto_trace.json")
@@ -901,8 +912,8 @@ class Checker:
                 eager = info["step_ms_median"]
                 mine = []
                 for gaps in errors:
-                    result, _ = self.bench(bench, "--device", self.device, "--warmup", "5",
-                                           "--iters", "30", "--json", "--host-gaps", gaps)
+                    result, _ = self.bench(bench, "--device", self.device, *self.reps(5, 30),
+                                           "--json", "--host-gaps", gaps)
                     err = result["iter_ms_median"] / eager - 1
                     errors[gaps].append(err)
                     mine.append(_pct(err))

@@ -71,8 +71,10 @@ def test_dry_run_prints_every_row_and_none_fails(tmp_path):
     assert list(rows) == list(gc.ROWS)
     if (ROOT.parent / "shared" / "traces").is_dir():
         # What runs on CPU must have run, not been skipped for a missing input.
-        for name in ("trace:linear", "dtype-bf16", "fidelity"):
+        for name in ("dtype-bf16", "fidelity"):
             assert rows[name]["status"] == gc.OK, rows[name]
+        # The costly traces are opt-in on CPU, and say so (conformance replays them).
+        assert "--big" in rows["trace:linear"]["detail"], rows["trace:linear"]
         for name in ("trace:simple_add", "nccl-1rank"):
             assert rows[name]["numbers"], rows[name]
     # CUDA-only parts say why they were skipped, and ran their CPU half where they have one.
