@@ -379,6 +379,41 @@ def test_adams_first_step_keeps_rows_no_token_used_finite(foreach, tmp_path):
     assert ("eps arguments recorded as 0.0" in " ".join(text.split())) == foreach
 
 
+def test_values_read_through_a_selection_and_wrapped_ints_keep_their_domains(tmp_path):
+    """Traced with a plain observer (no values, no ranges): a schedule buffer read
+    through ``index`` and ``gather`` and raised to 0.5 beside its complement
+    (diffusers' ``add_noise``: ``alphas_cumprod[t] ** 0.5``, ``(1 - alphas_cumprod[t])
+    ** 0.5``): both powers' domains are the buffer's, (0, 1); and Python ints in
+    arithmetic (``h / (k * var)``), which the argument parser wraps as 0-d int64
+    tensors: filled with 0, the division made inf and the weights NaN."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4)
+    schedule, var = torch.rand(100), torch.rand(4) + 0.5
+    opt = torch.optim.SGD(lin.parameters(), lr=1e-3)
+
+    def step() -> None:
+        t = torch.randint(0, 100, (4,))
+        opt.zero_grad()
+        a = schedule[t]
+        snr = a / (1 - a)
+        h = lin(torch.randn(4, 8)) * (a ** 0.5 + (1 - a) ** 0.5 + snr.clamp(max=5) / snr)
+        h = h * schedule.gather(0, t) ** 1.5
+        for k in range(2, 14):
+            h = h / (k * var)
+        h.sum().backward()
+        opt.step()
+
+    et_path = tmp_path / "domains.et.json"
+    observer = ExecutionTraceObserver().register_callback(str(et_path))
+    observer.start()
+    step()
+    observer.stop()
+    observer.unregister_callback()
+    bench = tmp_path / "domains_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    _assert_replays_finite(bench, 3)
+
+
 def test_complex_scalars_the_trace_holds_no_value_of_replay_complex(tmp_path):
     """The observer writes a complex Scalar as "<ComplexDouble>" (complex autograd's
     conj-multiplies, ``x * 1j``): generation stopped at it. It replays as a complex
@@ -1124,8 +1159,9 @@ SUB = "aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
 
 @pytest.mark.parametrize("lows,high,expected", [
     ([4], 8, ("span", 4, 4)),
-    ([4, 0], 8, ("randint", 0, 8)),  # two windows over the same values: none is known
-    ([4], None, ("randint", 0, 8)),  # no high bound: a compare, not a window
+    # Neither fixes it: a 0-d int's default (a wrapped Python int, never 0).
+    ([4, 0], 8, ("randint", 1, 8)),  # two windows over the same values: none is known
+    ([4], None, ("randint", 1, 8)),  # no high bound: a compare, not a window
 ])
 def test_only_one_agreed_window_fixes_an_offset(lows, high, expected):
     b = TraceBuilder()

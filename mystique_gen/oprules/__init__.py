@@ -45,6 +45,7 @@ from mystique_gen.oprules.base import (
     DEFAULT_INTEGRAL,
     POSITIVE_FLOATING,
     SCALAR_FLOATING,
+    SCALAR_INTEGRAL,
     Bound,
     ClassCount,
     CommRule,
@@ -116,6 +117,7 @@ POSITIVE_ARGS: dict[str, tuple[str, ...]] = merged("positive_args")
 KEEPS_SIGN: dict[str, tuple[str, ...]] = merged("keeps_sign")
 POSITIVE_IF: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] = merged(
     "positive_if")
+COMPLEMENTS: dict[str, tuple[str, str]] = merged("complements")
 FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
@@ -178,12 +180,12 @@ __all__ = [
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",
     "FORWARD_AD_LEVELS", "FULL_PRECISION", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
-    "KEEPS_SIGN", "LINEAR_PACKED", "PACKED_ARGS", "PACKED_LINEAR",
+    "COMPLEMENTS", "KEEPS_SIGN", "LINEAR_PACKED", "PACKED_ARGS", "PACKED_LINEAR",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",
-    "REFUSED_ARGS", "SAME_VALUES", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SHAPE_RULES",
-    "SPARSE_FACTS", "SizeOf",
+    "REFUSED_ARGS", "SAME_VALUES", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SCALAR_INTEGRAL",
+    "SHAPE_RULES", "SPARSE_FACTS", "SizeOf",
     "TAKE_RULES", "TORCH_NATIVE_NAMESPACES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING",
     "WINDOW_BOUNDS",
     "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",

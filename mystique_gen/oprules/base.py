@@ -82,6 +82,10 @@ POSITIVE_FLOATING = (FillKind.UNIFORM, 0.5, 1.5)
 # and one storage id often serves several of them in turn. Near 1, any of those roles
 # keeps optimizer state finite and positive where it must be.
 SCALAR_FLOATING = (FillKind.UNIFORM, 0.95, 1.0)
+# 0-d integral tensors nothing else bounds are mostly Python ints wrapped the same way
+# (``h / (2 * var)``, ``(1 / n) * k``): a model never wrote a 0 there that it divides
+# by, and filled at random a 0 made inf or NaN (a Normal's log-density, class weights).
+SCALAR_INTEGRAL = (FillKind.RANDINT, 1, 8)
 
 
 Facts = dict[str, object]  # argument name -> shape (tensors), value (scalars), list (numbers)
@@ -172,6 +176,10 @@ class OpFamily:
     # ``square_avg - grad_avg * grad_avg``, whose square root RMSprop takes).
     positive_if: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] = field(
         default_factory=dict)
+    # Ops whose result is ``number - alpha * tensor``: {op: (tensor, number)}. A result
+    # that must be positive bounds the tensor above by number / alpha (``(1 - a) ** 0.5``
+    # beside ``a ** 0.5``: a diffusion schedule's cumulative alphas lie in (0, 1)).
+    complements: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Floating arguments that must lie in a range: {op: {argument: (low, high)}}.
     float_ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     # Inputs filled so that a data-dependent output keeps its recorded size.

@@ -7,7 +7,7 @@ from mystique_gen.oprules.base import OpFamily
 
 # Integer division by zero raises (ZeroDivisionError), so a divisor the replay fills (a
 # wrapped Python int such as top_k, or a tensor built from a list) never holds 0;
-# floating divisors are in float_ranges.
+# floating divisors are positive (positive_args).
 _DIVISIONS = ("aten::div", "aten::div_", "aten::floor_divide", "aten::floor_divide_",
               "aten::remainder", "aten::remainder_", "aten::fmod", "aten::fmod_")
 
@@ -57,12 +57,18 @@ FAMILY = OpFamily(
         "aten::igamma_": ("self", "other"),
         "aten::igammac": ("self", "other"),
         "aten::igammac_": ("self", "other"),
+        # Fractional and negative powers, reciprocals and floating divisors: filled in
+        # (0.5, 1.5), positive, which a bound from above may narrow (``complements``).
+        "aten::pow": ("self",),
+        "aten::pow_": ("self",),
+        "aten::reciprocal": ("self",),
+        "aten::div": ("other",),
+        "aten::div_": ("other",),
     },
+    complements={"aten::rsub": ("self", "other")},
     float_ranges={
         "aten::quantile": {"q": (0.0, 1.0)},
         "aten::nanquantile": {"q": (0.0, 1.0)},
-        "aten::pow": {"self": (0.5, 1.5)},
-        "aten::pow_": {"self": (0.5, 1.5)},
         "aten::log1p": {"self": (0.0, 1.0)},
         "aten::lgamma": {"self": (0.5, 2.0)},
         "aten::digamma": {"self": (0.5, 2.0)},
@@ -78,8 +84,5 @@ FAMILY = OpFamily(
         "aten::special_ndtri": {"self": (0.05, 0.95)},
         "aten::special_xlog1py": {"other": (0.0, 1.0)},
         "aten::special_zeta": {"self": (1.1, 2.0), "other": (0.5, 1.5)},
-        "aten::reciprocal": {"self": (0.5, 1.5)},
-        "aten::div": {"other": (0.5, 1.5)},
-        "aten::div_": {"other": (0.5, 1.5)},
     },
 )

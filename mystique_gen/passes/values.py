@@ -253,6 +253,7 @@ class _Facts:
         self.data: dict[int, list[int]] = {}
         self.positive: dict[int, str] = {}
         self.float_range: dict[int, tuple[float, float, str]] = {}
+        self.below: dict[int, tuple[float, str]] = {}  # floats under a bound (COMPLEMENTS)
         self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
         self.bias_fan_in: dict[int, int] = {}  # a bias: its weight's fan-in
         self.activation: set[int] = set()  # the input a weight multiplies: not a weight
@@ -502,32 +503,67 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
     non-negative (a view of another dtype is another storage here). A positive result
     of an op that keeps signs (:data:`oprules.KEEPS_SIGN`: sums, products, matmuls)
     carries back to its arguments the same way: ``log(mel @ power + eps)`` with a
-    filter bank filled with both signs took logs of negative numbers. A positive result
+    filter bank filled with both signs took logs of negative numbers. Both carry back
+    through the sources of an op that copies values unchanged as well
+    (:data:`oprules.VALUE_PRESERVING`: index, gather, cat, where). A positive result
     of an op that is positive only for some arguments (:data:`oprules.POSITIVE_IF`)
     puts that condition on them."""
     for op in reversed(ops):
         _positive_if(op, facts)
-        keeps_sign = oprules.KEEPS_SIGN.get(op.name)
-        if not op.signature.is_view and not (keeps_sign and _non_negative_alpha(op)):
+        _complement_bound(op, facts)
+        keeps_sign = oprules.KEEPS_SIGN.get(op.name, ())
+        if keeps_sign and not _non_negative_alpha(op):
+            keeps_sign = ()
+        # Arguments whose values the result holds unchanged: a view's base, and the
+        # sources of a selection or copy (``alphas_cumprod[t] ** 0.5`` reads a buffer
+        # through `index`: pow's range is the buffer's).
+        same = oprules.VALUE_PRESERVING.get(op.name, ())
+        if not op.signature.is_view and not keeps_sign and not same:
             continue
         outputs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
                    if tv.storage is not None]
         positive = next((facts.positive[i] for i in outputs if i in facts.positive), None)
         ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
-        if not op.signature.is_view:
-            ranged = None  # a range is kept only by a view of the same values
-        if positive is None and ranged is None:
+        below = next((facts.below[i] for i in outputs if i in facts.below), None)
+        if positive is None and ranged is None and below is None:
             continue
         for arg in op.args:
-            if not op.signature.is_view and arg.spec.name not in (keeps_sign or ()):
+            holds_values = op.signature.is_view or arg.spec.name in same
+            if not holds_values and arg.spec.name not in keeps_sign:
                 continue
             for tv in iter_tensors(arg.value):
                 if tv.storage is None or tv.storage.index in outputs:
                     continue
                 if positive is not None:
                     facts.positive.setdefault(tv.storage.index, f"{positive} (via {op.name})")
+                if not holds_values:  # a sum's range is not its terms'
+                    continue
                 if ranged is not None:
                     facts.float_range.setdefault(tv.storage.index, ranged)
+                if below is not None:
+                    facts.below.setdefault(tv.storage.index, below)
+
+
+def _complement_bound(op: Op, facts: _Facts) -> None:
+    """Where ``op``'s result, ``number - alpha * tensor`` (:data:`oprules.COMPLEMENTS`),
+    must be positive, its tensor lies below number / alpha."""
+    rule = oprules.COMPLEMENTS.get(op.name)
+    if rule is None:
+        return
+    outputs = {tv.storage.index for value in op.outputs for tv in iter_tensors(value)
+               if tv.storage is not None}
+    why = next((facts.positive[i] for i in outputs if i in facts.positive), None)
+    named = {a.spec.name: a.value for a in op.args}
+    number, alpha = named.get(rule[1]), named.get("alpha", Literal(1))
+    if why is None or not all(isinstance(v, Literal) and isinstance(v.value, (int, float))
+                              and not isinstance(v.value, bool) for v in (number, alpha)):
+        return
+    if alpha.value <= 0:
+        return
+    for tv in iter_tensors(named.get(rule[0]) or ListValue(())):
+        if tv.storage is not None and tv.storage.index not in outputs:
+            facts.below.setdefault(tv.storage.index,
+                                   (number.value / alpha.value, f"{why} (via {op.name})"))
 
 
 def _positive_if(op: Op, facts: _Facts) -> None:
@@ -831,6 +867,19 @@ def _choose(s: Storage, facts: _Facts) -> Init:
     return init
 
 
+def _below(bound: tuple[float, str], positive: str | None) -> Init:
+    """Floats under ``bound``, and positive too where ``positive`` says why: the middle
+    half of (0, bound), else as far under the bound as positive fills lie above 0."""
+    high, why = bound
+    if positive is not None and high > 0:
+        return Init(FillKind.UNIFORM, high / 4, high * 3 / 4, f"{positive}; {why} < {high:g}")
+    if positive is not None:  # (no positive value is under it: positive wins)
+        kind, low, top = oprules.POSITIVE_FLOATING
+        return Init(kind, low, top, positive)
+    _, low, top = oprules.POSITIVE_FLOATING
+    return Init(FillKind.UNIFORM, high - top, high - low, f"{why} < {high:g}")
+
+
 def _choose_any(s: Storage, facts: _Facts) -> Init:
     i = s.index
     if i in facts.workspace:
@@ -869,6 +918,9 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         _, low, high = QUANTIZED[s.dtype]
         return Init(FillKind.RANDINT, low, high, "quantized: any integer representation")
     if s.dtype in INTEGRAL:
+        if s.extent == 1 and i in facts.scalar:
+            kind, low, high = oprules.SCALAR_INTEGRAL
+            return Init(kind, low, high, "0-d tensor (a wrapped Python integer): never 0")
         kind, low, high = oprules.DEFAULT_INTEGRAL
         return Init(kind, low, high)
     if s.dtype in FLOATING or s.dtype.startswith("complex"):
@@ -878,6 +930,8 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         if i in facts.float_range:
             low, high, why = facts.float_range[i]
             return Init(FillKind.UNIFORM, low, high, why)
+        if i in facts.below:
+            return _below(facts.below[i], facts.positive.get(i))
         if i in facts.positive:
             kind, low, high = oprules.POSITIVE_FLOATING
             return Init(kind, low, high, facts.positive[i])
