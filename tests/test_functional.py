@@ -681,15 +681,22 @@ def _sparse_embedding_adam() -> Callable[[], None]:
 
 
 def _sparse_embedding_bag_sgd() -> Callable[[], None]:
-    """DLRM's reference set-up: sparse EmbeddingBag gradients added by plain SGD."""
+    """DLRM's reference set-up: sparse EmbeddingBag gradients added by plain SGD; the
+    table is read by two more lookups whose sorted ids meet: autograd
+    adds the two sparse gradients, and the sum's entry count depends on the ids (equal
+    ones merge where the two lists meet)."""
     bag = torch.nn.EmbeddingBag(1000, 16, mode="sum", sparse=True)
     head = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD([*bag.parameters(), *head.parameters()], lr=0.1)
     flat, offsets, y = torch.randint(0, 1000, (200,)), torch.arange(0, 200, 4), torch.randn(50, 1)
+    shared = [torch.arange(0, 64, 2).view(16, 2), torch.arange(100).view(50, 2)]
 
     def step() -> None:
         opt.zero_grad()
-        torch.nn.functional.mse_loss(head(bag(flat, offsets)), y).backward()
+        looked_up = [torch.nn.functional.embedding(ids, bag.weight, sparse=True).mean()
+                     for ids in shared]
+        pooled = bag(flat, offsets) + sum(looked_up)
+        torch.nn.functional.mse_loss(head(pooled), y).backward()
         opt.step()
 
     return step

@@ -145,6 +145,15 @@ def _union(field_name: str) -> frozenset[str]:
 
 
 DATA_DEPENDENT_OUTPUTS = _union("data_dependent_outputs")
+SPARSE_DATA_DEPENDENT_OUTPUTS = _union("sparse_data_dependent_outputs")
+
+
+def fits_outputs(name: str, sparse_result: bool) -> bool:
+    """Whether op ``name``'s results are fitted to their recorded sizes at run time:
+    their sizes depend on values (``data_dependent_outputs``), or a sparse result's
+    entry count does (``sparse_data_dependent_outputs``)."""
+    return name in DATA_DEPENDENT_OUTPUTS or (
+        sparse_result and name in SPARSE_DATA_DEPENDENT_OUTPUTS)
 UNINITIALISED_OUTPUTS = _union("uninitialised_outputs")
 NO_VALUE_WRITES = _union("no_value_writes")
 REFUSES_VIEWS = _union("refuses_views")
@@ -185,10 +194,10 @@ __all__ = [
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",
     "REFUSED_ARGS", "SAME_VALUES", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SCALAR_INTEGRAL",
-    "SHAPE_RULES", "SPARSE_FACTS", "SizeOf",
+    "SHAPE_RULES", "SPARSE_DATA_DEPENDENT_OUTPUTS", "SPARSE_FACTS", "SizeOf",
     "TAKE_RULES", "TORCH_NATIVE_NAMESPACES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING",
     "WINDOW_BOUNDS",
-    "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
+    "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "fits_outputs", "functional_reduces",
     "device_specific_reason", "guard_reason", "merged", "op_category", "reduce_op_name",
     "wire_form",
 ]

@@ -186,6 +186,9 @@ class OpFamily:
     shape_rules: dict[str, dict[str, Fill]] = field(default_factory=dict)
     # Ops whose output sizes depend on their input values (fitted at run time).
     data_dependent_outputs: frozenset[str] = frozenset()
+    # Ops whose sparse results' entry counts depend on their indices (fitted at run
+    # time where a result is sparse; a dense result's size does not).
+    sparse_data_dependent_outputs: frozenset[str] = frozenset()
     # Ops whose output (at this position) holds each value of this input once, in some
     # order: a fill that fixes the output's count or sum holds for the input.
     same_values: dict[str, tuple[str, int]] = field(default_factory=dict)

@@ -53,6 +53,10 @@ FAMILY = OpFamily(
     data_dependent_outputs=frozenset({
         "aten::coalesce", "aten::_coalesce", "aten::to_sparse", "aten::_to_sparse",
     }),
+    # Sparse + sparse merges the entries of equal indices where the two lists meet
+    # (AccumulateGrad's sum of two uncoalesced embedding gradients: 79 of 80 entries
+    # in the original, 80 at the replay's indices).
+    sparse_data_dependent_outputs=frozenset({"aten::add", "aten::sub", "aten::mul"}),
     index_rules={
         "aten::sparse_coo_tensor": _INDICES,
         "aten::_sparse_coo_tensor_unsafe": _INDICES,

@@ -632,10 +632,12 @@ def _reusable_fits(ops: list[Op]) -> None:
                     if tv.storage is not None:
                         last_write[id(tv.storage)] = op.index
     for op in ops:
-        fits = op.name in oprules.DATA_DEPENDENT_OUTPUTS and not op.guard
+        made_values = [tv for value in op.outputs for tv in iter_tensors(value)]
+        sparse = any(tv.meta.sparse is not None for tv in made_values)
+        fits = oprules.fits_outputs(op.name, sparse) and not op.guard
         if not (fits or op.true_counts):
             continue
-        made = [tv.storage for value in op.outputs for tv in iter_tensors(value)]
+        made = [tv.storage for tv in made_values]
         op.fits_reusable = bool(made) and all(
             s is not None and not s.materialised and last_write.get(id(s), -1) <= op.index
             for s in made)
