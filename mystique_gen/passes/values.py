@@ -544,15 +544,20 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
                     facts.below.setdefault(tv.storage.index, below)
 
 
+def _positive_result(op: Op, facts: _Facts) -> tuple[set[int], str | None]:
+    """``op``'s output storages, and why one must be positive (None: none must)."""
+    outputs = {tv.storage.index for value in op.outputs for tv in iter_tensors(value)
+               if tv.storage is not None}
+    return outputs, next((facts.positive[i] for i in outputs if i in facts.positive), None)
+
+
 def _complement_bound(op: Op, facts: _Facts) -> None:
     """Where ``op``'s result, ``number - alpha * tensor`` (:data:`oprules.COMPLEMENTS`),
     must be positive, its tensor lies below number / alpha."""
     rule = oprules.COMPLEMENTS.get(op.name)
     if rule is None:
         return
-    outputs = {tv.storage.index for value in op.outputs for tv in iter_tensors(value)
-               if tv.storage is not None}
-    why = next((facts.positive[i] for i in outputs if i in facts.positive), None)
+    outputs, why = _positive_result(op, facts)
     named = {a.spec.name: a.value for a in op.args}
     number, alpha = named.get(rule[1]), named.get("alpha", Literal(1))
     if why is None or not all(isinstance(v, Literal) and isinstance(v.value, (int, float))
@@ -572,9 +577,7 @@ def _positive_if(op: Op, facts: _Facts) -> None:
     rule = oprules.POSITIVE_IF.get(op.name)
     if rule is None:
         return
-    outputs = {tv.storage.index for value in op.outputs for tv in iter_tensors(value)
-               if tv.storage is not None}
-    why = next((facts.positive[i] for i in outputs if i in facts.positive), None)
+    outputs, why = _positive_result(op, facts)
     if why is None:
         return
     positive, ranges = rule
