@@ -146,14 +146,6 @@ def _union(field_name: str) -> frozenset[str]:
 
 DATA_DEPENDENT_OUTPUTS = _union("data_dependent_outputs")
 SPARSE_DATA_DEPENDENT_OUTPUTS = _union("sparse_data_dependent_outputs")
-
-
-def fits_outputs(name: str, sparse_result: bool) -> bool:
-    """Whether op ``name``'s results are fitted to their recorded sizes at run time:
-    their sizes depend on values (``data_dependent_outputs``), or a sparse result's
-    entry count does (``sparse_data_dependent_outputs``)."""
-    return name in DATA_DEPENDENT_OUTPUTS or (
-        sparse_result and name in SPARSE_DATA_DEPENDENT_OUTPUTS)
 UNINITIALISED_OUTPUTS = _union("uninitialised_outputs")
 NO_VALUE_WRITES = _union("no_value_writes")
 REFUSES_VIEWS = _union("refuses_views")
@@ -163,6 +155,16 @@ LAYOUT_BY_BACKEND = _union("layout_by_backend")
 FILLS = _union("fills")
 METADATA_ONLY = _union("metadata_only")
 MKLDNN_OPS = _union("mkldnn_ops")
+
+
+def fits_outputs(name: str, sparse_result: bool) -> bool:
+    """Whether op ``name``'s results are fitted to their recorded sizes at run time:
+    their sizes depend on values (``data_dependent_outputs``), or a sparse result's
+    entry count does (``sparse_data_dependent_outputs``)."""
+    return name in DATA_DEPENDENT_OUTPUTS or (
+        sparse_result and name in SPARSE_DATA_DEPENDENT_OUTPUTS)
+
+
 MKLDNN_LAYOUT = mkldnn.MKLDNN_LAYOUT
 
 

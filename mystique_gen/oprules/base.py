@@ -192,7 +192,8 @@ class OpFamily:
     # Ops whose output (at this position) holds each value of this input once, in some
     # order: a fill that fixes the output's count or sum holds for the input.
     same_values: dict[str, tuple[str, int]] = field(default_factory=dict)
-    # Ops that copy integral values from these inputs to their outputs unchanged.
+    # Ops that copy values from these inputs to their outputs unchanged: a bound or
+    # domain a reader puts on the output holds for the inputs too.
     value_preserving: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Saved state a backward reads back as raw bytes: zero-filled (never NaN).
     saved_workspaces: dict[str, tuple[str, ...]] = field(default_factory=dict)

@@ -50,9 +50,10 @@ FAMILY = OpFamily(
         "aten::put": ("index", "self"),
         "aten::put_": ("index", "self"),
     },
-    # Ops that copy integral values from these inputs to their outputs unchanged (a
-    # selection, a reshape, a concatenation). A bound a consumer puts on the output also
-    # holds for the input, so an index tensor read through `y[mask]` stays in range.
+    # Ops that copy values from these inputs to their outputs unchanged (a selection, a
+    # reshape, a concatenation). A bound a consumer puts on the output also holds for
+    # the input, so an index tensor read through `y[mask]` stays in range, and a
+    # schedule read through `alphas[t]` and raised to 0.5 stays positive.
     value_preserving={
         "aten::index": ("self",),
         "aten::index_select": ("self",),
