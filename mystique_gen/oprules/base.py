@@ -177,8 +177,9 @@ class OpFamily:
     positive_if: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] = field(
         default_factory=dict)
     # Ops whose result is ``number - alpha * tensor``: {op: (tensor, number)}. A result
-    # that must be positive bounds the tensor above by number / alpha (``(1 - a) ** 0.5``
-    # beside ``a ** 0.5``: a diffusion schedule's cumulative alphas lie in (0, 1)).
+    # that must be positive (or in a positive range) bounds the tensor above by number /
+    # alpha (``(1 - a) ** 0.5`` beside ``a ** 0.5``: a diffusion schedule's cumulative
+    # alphas lie in (0, 1)).
     complements: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Floating arguments that must lie in a range: {op: {argument: (low, high)}}.
     float_ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)

@@ -7,7 +7,7 @@ from mystique_gen.oprules.base import OpFamily
 
 # Integer division by zero raises (ZeroDivisionError), so a divisor the replay fills (a
 # wrapped Python int such as top_k, or a tensor built from a list) never holds 0;
-# floating divisors are positive (positive_args).
+# floating divisors are in float_ranges.
 _DIVISIONS = ("aten::div", "aten::div_", "aten::floor_divide", "aten::floor_divide_",
               "aten::remainder", "aten::remainder_", "aten::fmod", "aten::fmod_")
 
@@ -57,18 +57,19 @@ FAMILY = OpFamily(
         "aten::igamma_": ("self", "other"),
         "aten::igammac": ("self", "other"),
         "aten::igammac_": ("self", "other"),
-        # Fractional and negative powers, reciprocals and floating divisors: filled in
-        # (0.5, 1.5), positive, which a bound from above may narrow (``complements``).
-        "aten::pow": ("self",),
-        "aten::pow_": ("self",),
-        "aten::reciprocal": ("self",),
-        "aten::div": ("other",),
-        "aten::div_": ("other",),
     },
     complements={"aten::rsub": ("self", "other")},
     float_ranges={
         "aten::quantile": {"q": (0.0, 1.0)},
         "aten::nanquantile": {"q": (0.0, 1.0)},
+        # Ranges, not positive_args: a range stays on the tensor read (and what it is a
+        # view or copy of), where positivity would carry back through sums and products
+        # to the weights (``h.square()`` made a whole network positive, then inf).
+        "aten::pow": {"self": (0.5, 1.5)},
+        "aten::pow_": {"self": (0.5, 1.5)},
+        "aten::reciprocal": {"self": (0.5, 1.5)},
+        "aten::div": {"other": (0.5, 1.5)},
+        "aten::div_": {"other": (0.5, 1.5)},
         "aten::log1p": {"self": (0.0, 1.0)},
         "aten::lgamma": {"self": (0.5, 2.0)},
         "aten::digamma": {"self": (0.5, 2.0)},

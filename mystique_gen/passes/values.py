@@ -558,6 +558,9 @@ def _complement_bound(op: Op, facts: _Facts) -> None:
     if rule is None:
         return
     outputs, why = _positive_result(op, facts)
+    if why is None:  # a range above 0 (a power's base) needs it positive too
+        why = next((r[2] for i in outputs if (r := facts.float_range.get(i)) and r[0] >= 0),
+                   None)
     named = {a.spec.name: a.value for a in op.args}
     number, alpha = named.get(rule[1]), named.get("alpha", Literal(1))
     if why is None or not all(isinstance(v, Literal) and isinstance(v.value, (int, float))
@@ -934,6 +937,8 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
             return Init(FillKind.UNIFORM, value, value, "recorded value")
         if i in facts.float_range:
             low, high, why = facts.float_range[i]
+            if i in facts.below and high > facts.below[i][0]:  # narrowed under the bound
+                return _below(facts.below[i], why if low >= 0 else facts.positive.get(i))
             return Init(FillKind.UNIFORM, low, high, why)
         if i in facts.below:
             return _below(facts.below[i], facts.positive.get(i))
