@@ -166,6 +166,13 @@ def reductions() -> Callable[[], object]:
         dist.reduce(y, 0, op=dist.ReduceOp.MAX)
         part = torch.empty(8 // dist.get_world_size())
         dist.reduce_scatter_tensor(part, y, op=dist.ReduceOp.MIN)
+        # Async, with program work before its wait: gloo finishes it where wait() runs
+        # (a chunk of its private buffer copied into the output), after that work.
+        late = torch.empty(8 // dist.get_world_size())
+        work = dist.reduce_scatter_tensor(late, y * 2, async_op=True)
+        part = part + y.relu().sum()
+        work.wait()
+        part = part + late
         high = fc.wait_tensor(fc.all_reduce(y, "max", dist.group.WORLD))
         low = fc.wait_tensor(fc.all_reduce(high * 2, "min", dist.group.WORLD))
         dist.monitored_barrier()

@@ -43,7 +43,7 @@ CALLS = {
                   "c10d::allreduce_coalesced_ x1"],
     "reductions": ['"max"', '"min"', "_monitored_barrier(",
                    "SUM replayed: c10d::allreduce_ x2, c10d::reduce_ x1, "
-                   "c10d::_reduce_scatter_base_ x1",
+                   "c10d::_reduce_scatter_base_ x2",
                    "c10d::monitored_barrier_ x1: monitored_barrier on gloo"],
     # 1F1B crosses sends: blocking calls in recorded order would wait on each other.
     "pipeline": ["torch.distributed.isend(", "torch.distributed.irecv(",

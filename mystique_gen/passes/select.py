@@ -260,8 +260,11 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
     the rank's part into the output). Those ops read a buffer the collective made and
     never returned, which no program code can reach: they are its implementation,
     and the replayed collective runs them again. They are recorded after the
-    collective's own node or after its async scope, or, for a functional collective,
-    inside the wait_tensor that waits for its result (:func:`_completion_in_wait`)."""
+    collective's own node or after its async scope, or where an async collective's
+    ``wait()`` ran, after program ops issued meanwhile (up to the next collective on
+    its thread, or an op that allocates at the buffer's address: it was freed), or,
+    for a functional collective, inside the wait_tensor that waits for its result
+    (:func:`_completion_in_wait`)."""
     children = children_of(trace)
     waits = _functional_waits(trace)
     for k, node in enumerate(trace.nodes):
@@ -276,6 +279,8 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
         if not private:
             continue
         levels = {node.parent}  # its parent, and async scopes opened after it there
+        run: list[RawNode] = []
+        reached, skipped = set(private), False
         for j in range(k + 1, len(trace.nodes)):  # (no slice: a copy per collective)
             later = trace.nodes[j]
             if later.tid != node.tid or later.parent not in levels:
@@ -283,10 +288,19 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
             if oprules.ASYNC_SCOPE.match(later.name):
                 levels.add(later.id)
                 continue
-            if not _reads(later, private):
-                break
-            later.parent = node.id
-            private.update(_made(later, own))
+            if not _reads(later, reached):
+                if run or _is_collective(later) or reached & _made(later, set()):
+                    break  # its completion ran, another began, or the buffer is gone
+                skipped = True  # program work between an async collective and its wait
+                continue
+            run.append(later)
+            reached.update(_made(later, own))
+        # Past program work, only a run that finishes into the collective's own tensors
+        # is its completion (not a program op at an address the buffer had).
+        if run and (not skipped or any(_reads(op, own) for op in run)):
+            for op in run:
+                op.parent = node.id
+            private = reached
         issuer = by_id.get(node.parent)
         if issuer is None or issuer.name.partition("::")[0] \
                 not in oprules.FUNCTIONAL_NAMESPACES:
