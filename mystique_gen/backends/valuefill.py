@@ -10,10 +10,10 @@ kernel's result the layout the trace recorded where a later view needs it.
 
 from __future__ import annotations
 
-from mystique_gen import oprules
 from mystique_gen.backends import exprs
 from mystique_gen.backends.layout import Atom, Node, lay_out
 from mystique_gen.ir import Init, ListValue, Op, TensorValue
+from mystique_gen.passes.values import fits_output
 
 
 def data_call(init: Init, dtype: str, device: str) -> Node:
@@ -38,10 +38,6 @@ def _shape_rows(value: object) -> tuple[Node, Node] | None:
     return None
 
 
-def _sparse_result(op: Op) -> bool:
-    return any(isinstance(v, TensorValue) and v.meta.sparse is not None for v in op.outputs)
-
-
 def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     """``t = _fit(t, shape, strides)`` for each named output of a data-dependent op;
     then ``m = _fit_mask(m, count)`` for each boolean result a data-dependent op reads
@@ -54,13 +50,8 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
             return []
         return [exprs.keyword("site", exprs.int_tuple((op.index, position)))]
 
-    fitted = oprules.fits_outputs(op.name, _sparse_result(op)) and not op.guard
-    dense = op.name in oprules.DATA_DEPENDENT_OUTPUTS  # (else its sparse results alone)
-    for position, (target, value) in enumerate(
-            zip(targets, op.outputs, strict=False) if fitted else ()):
-        if target == "_":
-            continue
-        if not dense and not (isinstance(value, TensorValue) and value.meta.sparse):
+    for position, (target, value) in enumerate(zip(targets, op.outputs, strict=False)):
+        if target == "_" or not fits_output(op, value):
             continue
         if isinstance(value, TensorValue) and value.meta.sparse is not None:
             if value.meta.sparse.nnz is not None:

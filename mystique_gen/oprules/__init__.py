@@ -157,14 +157,6 @@ METADATA_ONLY = _union("metadata_only")
 MKLDNN_OPS = _union("mkldnn_ops")
 
 
-def fits_outputs(name: str, sparse_result: bool) -> bool:
-    """Whether op ``name``'s results are fitted to their recorded sizes at run time:
-    their sizes depend on values (``data_dependent_outputs``), or a sparse result's
-    entry count does (``sparse_data_dependent_outputs``)."""
-    return name in DATA_DEPENDENT_OUTPUTS or (
-        sparse_result and name in SPARSE_DATA_DEPENDENT_OUTPUTS)
-
-
 MKLDNN_LAYOUT = mkldnn.MKLDNN_LAYOUT
 
 
@@ -199,7 +191,7 @@ __all__ = [
     "SHAPE_RULES", "SPARSE_DATA_DEPENDENT_OUTPUTS", "SPARSE_FACTS", "SizeOf",
     "TAKE_RULES", "TORCH_NATIVE_NAMESPACES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING",
     "WINDOW_BOUNDS",
-    "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "fits_outputs", "functional_reduces",
+    "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
     "device_specific_reason", "guard_reason", "merged", "op_category", "reduce_op_name",
     "wire_form",
 ]

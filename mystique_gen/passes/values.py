@@ -520,9 +520,7 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
         same = oprules.VALUE_PRESERVING.get(op.name, ())
         if not op.signature.is_view and not keeps_sign and not same:
             continue
-        outputs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
-                   if tv.storage is not None]
-        positive = next((facts.positive[i] for i in outputs if i in facts.positive), None)
+        outputs, positive = _positive_result(op, facts)
         ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
         below = next((facts.below[i] for i in outputs if i in facts.below), None)
         if positive is None and ranged is None and below is None:
@@ -544,10 +542,11 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
                     facts.below.setdefault(tv.storage.index, below)
 
 
-def _positive_result(op: Op, facts: _Facts) -> tuple[set[int], str | None]:
-    """``op``'s output storages, and why one must be positive (None: none must)."""
-    outputs = {tv.storage.index for value in op.outputs for tv in iter_tensors(value)
-               if tv.storage is not None}
+def _positive_result(op: Op, facts: _Facts) -> tuple[list[int], str | None]:
+    """``op``'s output storages in order, and why the first that must be positive
+    must (None: none must)."""
+    outputs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
+               if tv.storage is not None]
     return outputs, next((facts.positive[i] for i in outputs if i in facts.positive), None)
 
 
@@ -622,6 +621,19 @@ def _masks_to_fit(ops: list[Op], counts: dict[tuple[int, int], int | None]
             if count is not None and (key in unfitted or len(readers.get(key, ())) > 1)}
 
 
+def fits_output(op: Op, value: object) -> bool:
+    """Whether the file fits this output of ``op`` to its recorded size after the op
+    (backends/valuefill.py): an op whose output sizes depend on values
+    (``oprules.DATA_DEPENDENT_OUTPUTS``), or a sparse result whose entry count does
+    (``SPARSE_DATA_DEPENDENT_OUTPUTS``); never under a guard, which fits its own."""
+    if op.guard:
+        return False
+    if op.name in oprules.DATA_DEPENDENT_OUTPUTS:
+        return True
+    return (op.name in oprules.SPARSE_DATA_DEPENDENT_OUTPUTS
+            and isinstance(value, TensorValue) and value.meta.sparse is not None)
+
+
 def _reusable_fits(ops: list[Op]) -> None:
     """Set ``Op.fits_reusable`` where the values the file fits after an op (its
     data-dependent outputs, its masks in ``true_counts``) are made by it and written by
@@ -638,12 +650,10 @@ def _reusable_fits(ops: list[Op]) -> None:
                     if tv.storage is not None:
                         last_write[id(tv.storage)] = op.index
     for op in ops:
-        made_values = [tv for value in op.outputs for tv in iter_tensors(value)]
-        sparse = any(tv.meta.sparse is not None for tv in made_values)
-        fits = oprules.fits_outputs(op.name, sparse) and not op.guard
+        fits = any(fits_output(op, value) for value in op.outputs)
         if not (fits or op.true_counts):
             continue
-        made = [tv.storage for tv in made_values]
+        made = [tv.storage for value in op.outputs for tv in iter_tensors(value)]
         op.fits_reusable = bool(made) and all(
             s is not None and not s.materialised and last_write.get(id(s), -1) <= op.index
             for s in made)
