@@ -28,9 +28,11 @@ from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, run_benchmark
 from tests.models import MODELS
-from tests.tracebuilder import MM, RELU, TraceBuilder
+from tests.tracebuilder import MM, RELU, VIEW, TraceBuilder
 
 NEG = "aten::neg(Tensor self) -> Tensor"
+COPY_ = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
+MUL_OUT = "aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"
 FIRST_STEP = 4
 
 
@@ -456,6 +458,95 @@ def test_dropped_op_that_reused_a_storage_id_does_not_alias():
     assert isinstance(last.binding, InputView) and last.storage.materialised
     first = program.ops[1].args[0].value.binding
     assert isinstance(first, OpOutput) and first.op_index == 0
+
+
+# -- memory the allocator handed out again without a recorded op -------------------
+
+
+def _reallocated_trace(variant: str) -> TraceBuilder:
+    """An activation's storage, freed after its last read, then the same storage id on
+    another tensor (another view) that no recorded op made: FSDP2's unsharded parameter,
+    allocated again with ``untyped_storage().resize_()`` at the activation's address and
+    filled by its all-gather's copy-out. ``variant`` changes one fact that says the
+    memory may still be the activation's."""
+    b = TraceBuilder()
+    x, w = b.tensor((4, 8)), b.tensor((8, 8))
+    act = b.tensor((4, 8))
+    b.op(RELU, [x], [act])
+    b.op(MM, [act, w], [b.tensor((4, 8))])  # the activation's last read
+    param = b.tensor((32,), storage=act.storage_id)  # unsharded: another tensor, another view
+    rows = b.view(param, (4, 8))
+    b.op(VIEW, [param, [4, 8]], [rows])
+    if variant == "read first":
+        b.op(MM, [rows, w], [b.tensor((4, 8))])
+    if variant == "part written":
+        half = b.view(param, (2, 8))
+        b.op(MUL_OUT, [b.tensor((2, 8)), b.tensor((2, 8)), half], [half])
+    else:  # the all-gather's copy-out
+        b.op(COPY_, [rows, b.tensor((4, 8)), False], [rows])
+    if variant == "activation read after":
+        b.op(MM, [act, w], [b.tensor((4, 8))])
+    b.op(MM, [rows, w], [b.tensor((4, 8))])
+    return b
+
+
+@pytest.mark.parametrize("variant", ["reallocated", "read first", "part written",
+                                     "activation read after"])
+def test_a_storage_id_reused_by_an_unrecorded_allocation_is_new_memory(variant):
+    program = _program(_reallocated_trace(variant), None)
+    activation = program.ops[0].outputs[0]
+    param = next(op for op in program.ops if op.name == "aten::view").args[0].value
+    last_read = program.ops[-1].args[0].value
+    assert isinstance(param, TensorValue) and isinstance(last_read, TensorValue)
+    assert last_read.storage is param.storage
+    if variant == "reallocated":
+        # Nothing of the activation is read again and the new tensor is replaced whole
+        # before anything reads it: a buffer of its own, not a view of the activation.
+        assert isinstance(param.binding, InputView) and param.storage.materialised
+        assert param.storage is not activation.storage
+    else:
+        # Its values may be the activation's (an unrecorded alias: ``.data``, autograd
+        # unpacking a saved result): the memory stays one.
+        assert last_read.storage is activation.storage
+
+
+def test_a_tensor_moved_onto_a_dead_activation_and_overwritten_is_no_view_of_it(tmp_path):
+    """The same with a real capture: ``p.data = ...`` records no op (the observer sees
+    only the metadata query before it), as FSDP2's ``resize_`` records none. The replay
+    must not write the activation that autograd recorded, as the original did not."""
+    from torch.profiler import ExecutionTraceObserver
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 16)
+    x, w = torch.randn(4, 16), torch.randn(4, 16)
+    p = torch.empty(64)
+
+    def step() -> None:
+        h = lin(x).relu()
+        h.sum().backward()
+        p.data = h.data.view(-1)  # p's storage is now h's, which nothing reads again
+        p.copy_(w.view(-1))  # replaced whole
+        (lin(x) * p.view(4, 16)).sum().backward()
+
+    step()
+    path = tmp_path / "moved.et.json"
+    observer = ExecutionTraceObserver().register_callback(str(path))
+    observer.start()
+    step()
+    observer.stop()
+    observer.unregister_callback()
+    program = build_program(load_trace(path))
+    relu = next(op for op in program.ops if op.name == "aten::relu").outputs[0]
+    copy = next(op for op in program.ops if op.name == "aten::copy_")
+    written = copy.args[0].value
+    assert isinstance(relu, TensorValue) and isinstance(written, TensorValue)
+    assert written.storage is not relu.storage and written.storage.materialised
+    bench = tmp_path / "moved.py"
+    generate(path, bench)
+    proc = run_benchmark(bench, "--iters", "2", "--warmup", "0", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = last_json(proc.stdout)
+    assert result["ops"] == len(program.ops) and not result["skipped_at_runtime"]
 
 
 def test_options_validate():

@@ -222,6 +222,9 @@ class OpFamily:
     no_value_writes: frozenset[str] = frozenset()
     # In-place ops that write one value given as a Scalar over (part of) a tensor.
     fills: frozenset[str] = frozenset()
+    # In-place ops that replace their written argument whole and read none of its values
+    # (as an ``out=`` argument is replaced).
+    overwrites: frozenset[str] = frozenset()
     # Ops whose results take only their tensor arguments' metadata (shape, dtype,
     # device), never their values: ``new_zeros``, ``full_like``.
     metadata_only: frozenset[str] = frozenset()

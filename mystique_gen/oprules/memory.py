@@ -32,6 +32,7 @@ FAMILY = OpFamily(
     # rest (passes/select.py): the op is no composite of its children.
     fills=frozenset({"aten::fill_", "aten::zero_", "aten::index_fill_",
                      "aten::masked_fill_"}),
+    overwrites=frozenset({"aten::copy_", "aten::fill_", "aten::zero_"}),
     # (values computed from such a result do not derive from its argument's:
     # passes/values.py follows values the replay computes from filled ones)
     metadata_only=frozenset({
@@ -39,6 +40,7 @@ FAMILY = OpFamily(
         "aten::rand_like", "aten::randn_like", "aten::randint_like", "aten::new_empty",
         "aten::new_empty_strided", "aten::new_zeros", "aten::new_ones", "aten::new_full",
         "aten::size", "aten::sym_size", "aten::numel", "aten::sym_numel", "aten::stride",
+        "aten::_has_compatible_shallow_copy_type",  # ``tensor.data = other`` asks it
     }),
     # An input the replay builds is an ``as_strided`` view of its buffer; where such an
     # op reads it, the input is detached from its buffer's view chain (same storage, so

@@ -8,9 +8,9 @@ of its own, and the threaded schedule of :mod:`streams` runs them at once.
 
 Storage ids are renamed to one id per (trace, recorded storage lifetime). Lifetimes
 are counted on the *unfiltered* selection, with the tensor pass's rule (an output
-whose storage id none of the op's inputs carries starts a new lifetime) and one the
+whose storage id none of the op's inputs carries starts a new lifetime) and those the
 tensor pass cannot apply (a different tensor with other recorded values on an unwritten
-storage: see :func:`storage_lifetimes`), so a kept
+storage, memory allocated again by no recorded op: see :func:`storage_lifetimes`), so a kept
 op never aliases a buffer that a dropped op had replaced, and two traces never share
 a tensor. With nothing filtered the renaming changes no lifetime.
 """
@@ -18,15 +18,18 @@ a tensor. With nothing filtered the renaming changes no lifetime.
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
 from collections.abc import Iterator
+from dataclasses import dataclass
 
+from mystique_gen import oprules
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
-from mystique_gen.ir.schema import SchemaError, parse_signature
+from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.lower import list_element_types
 from mystique_gen.passes.select import Selected
 from mystique_gen.passes.tensors import output_paths
 from mystique_gen.passes.values import _parse_range
-from mystique_gen.sources.et import RawArg, raw_storage_ids
+from mystique_gen.sources.et import RawArg, raw_storage_ids, tensor_records
 
 
 def place_in_parallel(op_lists: list[list[Op]]) -> None:
@@ -89,6 +92,90 @@ def _written_inputs(schema: str) -> tuple[int, ...] | None:
         return None
 
 
+def _signature(schema: str) -> Signature | None:
+    try:
+        return parse_signature(schema) if schema else None
+    except SchemaError:
+        return None
+
+
+@dataclass
+class _Uses:
+    """Where each storage id, and each tensor id on it, is seen in a selection: the
+    look-ahead :func:`_reallocated_unrecorded` needs."""
+
+    at: dict[int, list[int]]  # storage id -> the selection indices whose ops carry it
+    last: dict[tuple[int, int], int]  # (tensor id, storage id) -> the last such index
+
+    @classmethod
+    def of(cls, selected: list[Selected]) -> _Uses:
+        at: dict[int, list[int]] = {}
+        last: dict[tuple[int, int], int] = {}
+        for i, s in enumerate(selected):
+            for raws in (s.node.inputs, s.node.outputs):
+                for raw in raws:
+                    for record in tensor_records(raw):
+                        sids = at.setdefault(record[1], [])
+                        if not sids or sids[-1] != i:
+                            sids.append(i)
+                        last[(record[0], record[1])] = i
+        return cls(at, last)
+
+
+def _overwritten_before_read(selected: list[Selected], uses: _Uses, start: int, sid: int,
+                             span: tuple[int, int]) -> bool:
+    """Whether, from op ``start`` on, the first op to use the values of storage ``sid``
+    replaces elements ``span`` of it whole without reading them: an ``out=`` argument,
+    or what an oprules.OVERWRITES op writes (``copy_``). Views and metadata queries read
+    nothing."""
+    at = uses.at.get(sid, [])
+    for j in at[bisect_left(at, start):]:
+        node = selected[j].node
+        sig = _signature(node.op_schema)
+        covered = False
+        for i, raw in enumerate(node.inputs):
+            spec = sig.args[i] if sig is not None and i < len(sig.args) else None
+            for record in tensor_records(raw):
+                if record[1] != sid:
+                    continue
+                if spec is not None and spec.writes and (
+                        spec.name.startswith("out") or node.name in oprules.OVERWRITES):
+                    if record[2] <= span[0] and record[2] + record[3] >= span[1]:
+                        covered = True
+                        continue
+                    return False  # a part of it written: the rest keeps its values
+                if sig is None or not (sig.is_view or node.name in oprules.METADATA_ONLY):
+                    return False  # read, or written by an op that reads it (add_)
+        if covered:
+            return True
+        if not any(record[1] == sid for raw in node.inputs for record in tensor_records(raw)):
+            return False  # allocated anew by a recorded op
+    return False
+
+
+def _reallocated_unrecorded(selected: list[Selected], uses: _Uses, index: int,
+                            record: list, lifetime_tensors: set[int]) -> bool:
+    """Whether a tensor read at ``index`` on a storage that a recorded op allocated, a
+    tensor that no recorded op returned or read on it in this lifetime, sits on new
+    memory that the allocator placed at a freed buffer's address, by an allocation the
+    trace does not record. FSDP2 frees a parameter's unsharded storage after each use
+    and allocates it again before the next all-gather with
+    ``untyped_storage().resize_()``, which is no op: read as the same lifetime, the
+    second micro-batch's unsharded bias became a view of the first micro-batch's
+    activation, and autograd refused the all-gather's in-place copy into it.
+
+    Other unrecorded aliases of live memory are common (``.data``, autograd unpacking a
+    saved result) and must stay aliases, so this holds only where nothing of the
+    lifetime so far is seen again and the first use of the storage from here replaces
+    the tensor's elements whole: whether or not the memory was new, the replay then
+    computes the same values."""
+    sid = record[1]
+    if any(uses.last.get((tid, sid), -1) >= index for tid in lifetime_tensors):
+        return False
+    return _overwritten_before_read(selected, uses, index, sid,
+                                    (record[2], record[2] + record[3]))
+
+
 def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     """Per node id: the lifetime number of each storage id it reads, and of each it writes.
 
@@ -103,7 +190,9 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     inputs, so nothing else tells their lifetimes apart, and the tensor id does not
     either: the observer keys tensor ids by TensorImpl address, which the allocator
     reuses as well. (Should an unrecorded write have changed a live tensor, its reads
-    still get fills matching what each read saw.)
+    still get fills matching what each read saw.) A read of another tensor on a storage
+    a recorded op allocated starts one too where the allocator gave that memory out
+    again without a recorded op (:func:`_reallocated_unrecorded`).
     """
     current: dict[int, int] = {}
     # Per storage id, since its last write: view -> recorded range.
@@ -117,8 +206,23 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     dtypes: dict[int, set[str]] = {}  # per storage id: the tensor types it was seen as
     tensors: dict[int, set[int]] = {}  # per storage id: the tensor ids seen on it
     wrote: set[int] = set()  # storage ids a recorded op wrote in place
+    # Per storage id: the tensor ids seen on it in its current lifetime.
+    live: dict[int, set[int]] = {}
+    uses = _Uses.of(selected)
     result: Lifetimes = {}
-    for s in selected:
+
+    def begin(sid: int) -> None:
+        """A lifetime the trace records no allocation of begins at this read."""
+        current[sid] = current.get(sid, 0) + 1
+        seen.pop(sid, None)
+        scalars.pop(sid, None)
+        for known in (defined, allocated, wrote):
+            known.discard(sid)
+        dtypes.pop(sid, None)
+        tensors.pop(sid, None)
+        live[sid] = set()
+
+    for index, s in enumerate(selected):
         node = s.node
         ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
         written = _written_inputs(node.op_schema) if "!" in node.op_schema else ()
@@ -150,17 +254,17 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 # gradient norm's divisor, at a freed FSDP2 all-gather buffer's; a
                 # shard's offset, at the torch.tensor(0) an earlier shard put at its
                 # masked ids).
-                current[sid] = current.get(sid, 0) + 1
-                seen.pop(sid, None)
-                defined.discard(sid)
-                allocated.discard(sid)
-                wrote.discard(sid)
-                dtypes.pop(sid, None)
-                tensors.pop(sid, None)
+                begin(sid)
             elif scalars.get(sid, node.id) != node.id:
                 current[sid] = current.get(sid, 0) + 1
                 seen.pop(sid, None)
+                live[sid] = set()
             scalars[sid] = node.id
+        for _k, record, _view in _input_tensors(node.inputs):
+            sid = record[1]
+            if (sid in allocated and record[0] not in live[sid]
+                    and _reallocated_unrecorded(selected, uses, index, record, live[sid])):
+                begin(sid)
         if ranges:
             for k, record, view in _input_tensors(node.inputs):
                 span = ranges.get(k)
@@ -171,11 +275,13 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 if earlier is not None and earlier != span:
                     current[sid] = current.get(sid, 0) + 1
                     seen[sid] = {}
+                    live[sid] = set()
                 seen[sid][view] = span
         for raws in (node.inputs, node.outputs):
             for _k, record, view in _input_tensors(raws):
                 dtypes.setdefault(record[1], set()).add(view[3])
                 tensors.setdefault(record[1], set()).add(record[0])
+                live.setdefault(record[1], set()).add(record[0])
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
         returned.update((record[0], (record[1], view))
                         for _k, record, view in _input_tensors(node.outputs))
@@ -185,6 +291,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 if sid not in reads_ids and sid not in writes:
                     current[sid] = current.get(sid, 0) + 1
                     allocated.add(sid)
+                    live[sid] = set()
                 writes[sid] = current.get(sid, 0)
                 seen.pop(sid, None)
                 scalars.pop(sid, None)
@@ -198,6 +305,8 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     scalars.pop(sid, None)
                     defined.add(sid)
                     wrote.add(sid)
+        for _k, record, _view in _input_tensors(node.outputs):
+            live[record[1]].add(record[0])
         result[node.id] = (reads, writes)
     return result
 
