@@ -578,8 +578,8 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     if aligned:
         notes.append(f"{aligned} collectives of this job that record no group, which the "
                      "ranks do not issue alike (so the default group could not run them), "
-                     "run on the first mesh dimension whose groups' members issue them "
-                     "with the same sizes")
+                     "run on the first mesh dimension, or group over some ranks only, "
+                     "whose members issue them with the same sizes")
     if moved:
         notes.append(f"{moved} sends and recvs of this job run on the process group whose "
                      "members name each other at their recorded peers (the trace records "

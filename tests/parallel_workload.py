@@ -252,19 +252,26 @@ def hsdp() -> Callable[[], object]:
 
 def stage_dp() -> Callable[[], object]:
     """Data parallel by hand over a 2 x 2 (pp, dp) mesh's ``dp`` groups, the stages of
-    different sizes: each gradient all-reduced on its dp group (gloo records no group)."""
+    different sizes: each gradient all-reduced on its dp group (gloo records no group).
+    The first and the last rank also share a tied weight, all-reduced on a group of the
+    two (Megatron's embedding group): the other ranks issue nothing there."""
     mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
                             mesh_dim_names=("pp", "dp"))
+    ends = [0, dist.get_world_size() - 1]
+    tied_group = dist.new_group(ends)  # every rank creates it
     stage_index = mesh["pp"].get_local_rank()
     layer = torch.nn.Linear(16, 32 if stage_index == 0 else 8)
-    opt = torch.optim.SGD(layer.parameters(), lr=1e-3)
+    tied = torch.nn.Parameter(torch.randn(12))
+    opt = torch.optim.SGD([*layer.parameters(), tied], lr=1e-3)
     x = torch.randn(4, 16)
 
     def step() -> None:
         opt.zero_grad()
-        layer(x).sum().backward()
+        (layer(x).sum() + tied.square().sum()).backward()
         for p in layer.parameters():
             dist.all_reduce(p.grad, group=mesh.get_group("dp"))
+        if dist.get_rank() in ends:
+            dist.all_reduce(tied.grad, group=tied_group)
         opt.step()
 
     return step

@@ -580,7 +580,8 @@ def regroup_unaligned_collectives(programs: Sequence[Program],
                                   ranks: Sequence[int]) -> int:
     """Move the collectives that record no group and sit on the default group to the
     first mesh dimension whose groups' members issue them alike, where the job's ranks
-    do not issue them alike.
+    do not issue them alike, or, where none fits, in part to a group over some ranks
+    only (:func:`_regroup_on_a_partial_group`).
 
     Data parallel over a mesh's ``dp`` groups beside pipeline stages of different
     sizes: gloo records no group for each stage's gradient all-reduce, and on the
@@ -601,18 +602,47 @@ def regroup_unaligned_collectives(programs: Sequence[Program],
         return 0
     # The calls every rank issues alike, in order (a world all-reduce of a loss beside
     # the stages' gradients), stay on the default group: only the others move.
-    unaligned = _outside_common_sequence(ops_of)
+    unaligned = _common_sequence(ops_of)[0]
     for moving in (unaligned, ops_of):
         chosen = next((d for d in _mesh_dimensions(info) if _issued_alike(d, moving)), None)
         if chosen is not None:
             return _move(moving, chosen)
+    return _regroup_on_a_partial_group(info, unaligned)
+
+
+def _regroup_on_a_partial_group(info: DistInfo, unaligned: dict[int, list[Op]]) -> int:
+    """Move the calls that the members of a recorded group over some ranks only issue
+    alike (``new_group([0, 1])``; Megatron's embedding group of the first and last
+    pipeline stage) to that group, where what is left fits a mesh dimension or nothing
+    is left. On the default group, the other ranks never issued them, and the members
+    waited for those ranks forever. The first group, in creation order, that leaves
+    every group's members issuing the same calls wins. Returns how many moved."""
+    for group in info.groups:
+        members = group.ranks
+        if members is None or not 1 < len(members) < info.world_size \
+                or not all(unaligned.get(m) for m in members):
+            continue
+        inside = _common_sequence({m: unaligned[m] for m in members})[1]
+        if not inside[members[0]]:
+            continue
+        moved = {id(op) for ops in inside.values() for op in ops}
+        rest = {rank: [op for op in ops if id(op) not in moved]
+                for rank, ops in unaligned.items()}
+        if any(rest.values()):
+            dimension = next((d for d in _mesh_dimensions(info) if _issued_alike(d, rest)),
+                             None)
+            if dimension is None:
+                continue
+            return _move(rest, dimension) + _move(inside, [group])
+        return _move(inside, [group])
     return 0
 
 
-def _outside_common_sequence(ops_of: dict[int, list[Op]]) -> dict[int, list[Op]]:
-    """Per rank, its ops outside a sequence of calls that every rank issues in that
-    order with the same sizes (matched rank by rank with difflib's longest matching
-    blocks: the longest common subsequence, near enough, in near-linear time)."""
+def _common_sequence(ops_of: dict[int, list[Op]]
+                     ) -> tuple[dict[int, list[Op]], dict[int, list[Op]]]:
+    """Per rank, its ops outside and inside a sequence of calls that every rank issues
+    in that order with the same sizes (matched rank by rank with difflib's longest
+    matching blocks: the longest common subsequence, near enough, in near-linear time)."""
     ranks = sorted(ops_of)
     common = [_signature_of(op) for op in ops_of[ranks[0]]]
     for rank in ranks[1:]:
@@ -621,13 +651,15 @@ def _outside_common_sequence(ops_of: dict[int, list[Op]]) -> dict[int, list[Op]]
         common = [common[b.a + k] for b in matcher.get_matching_blocks()
                   for k in range(b.size)]
     outside: dict[int, list[Op]] = {}
+    inside: dict[int, list[Op]] = {}
     for rank in ranks:
         ops = ops_of[rank]
         signatures = [_signature_of(op) for op in ops]
         matcher = difflib.SequenceMatcher(None, common, signatures, autojunk=False)
-        inside = {b.b + k for b in matcher.get_matching_blocks() for k in range(b.size)}
-        outside[rank] = [op for k, op in enumerate(ops) if k not in inside]
-    return outside
+        matched = {b.b + k for b in matcher.get_matching_blocks() for k in range(b.size)}
+        outside[rank] = [op for k, op in enumerate(ops) if k not in matched]
+        inside[rank] = [op for k, op in enumerate(ops) if k in matched]
+    return outside, inside
 
 
 def _mesh_dimensions(info: DistInfo) -> list[list[ProcessGroupSpec]]:
@@ -649,6 +681,8 @@ def _move(ops_of: dict[int, list[Op]], dimension: list[ProcessGroupSpec]) -> int
     """Put each rank's ops on its group of ``dimension``; how many moved."""
     moved = 0
     for rank, ops in ops_of.items():
+        if not ops:
+            continue  # a rank outside a partial group's members issues none
         group = _group_at(dimension, rank).index
         for op in ops:
             assert op.comm is not None
