@@ -418,6 +418,42 @@ def test_values_read_through_a_selection_and_wrapped_ints_keep_their_domains(tmp
     assert not re.search(r'linear_w\w* = _fill\([^)]*"uniform", 0\.5, 1\.5', text), text
 
 
+def test_literals_written_by_setitem_replay_as_zero_unless_they_divide(tmp_path):
+    """``x[...] = literal`` lifts the literal to a 0-d tensor (``aten::lift_fresh``)
+    whose value the trace does not hold. transformers' samplers keep a row's best token
+    with ``remove[..., :1] = False`` (or ``= 0``); filled at random, every token of a
+    row was removed, and multinomial refused the NaN probabilities. A literal that ends
+    up dividing (``counts[counts == 0] = 1``) must still never be 0."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 16)
+    counts = torch.randint(0, 3, (6,))
+
+    def step() -> None:
+        for flags in ((logits > -1e9), (logits > -1e9).long()):
+            remove = flags.clone()
+            remove[:, :1] = False if flags.dtype == torch.bool else 0
+            probs = logits.masked_fill(remove.bool(), float("-inf")).softmax(-1)
+            torch.multinomial(probs, 2)
+        safe = counts.clone()
+        safe[safe == 0] = 1
+        torch.div(torch.arange(6), safe, rounding_mode="floor")
+
+    et_path = tmp_path / "literals.et.json"
+    observer = ExecutionTraceObserver().register_callback(str(et_path))
+    observer.start()
+    step()
+    observer.stop()
+    observer.unregister_callback()
+    program = build_program(load_trace(et_path))
+    literals = [op.args[0].value.storage for op in program.ops if op.name == "aten::lift_fresh"]
+    assert len(literals) == 3 and all(s is not None and s.init is not None for s in literals)
+    assert [(s.init.kind, s.init.low) for s in literals[:2]] == [("zeros", 0), ("randint", 0)]
+    assert literals[2].init.low >= 1  # divides
+    bench = tmp_path / "literals_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    _assert_replays_finite(bench, 3)
+
+
 def test_complex_scalars_the_trace_holds_no_value_of_replay_complex(tmp_path):
     """The observer writes a complex Scalar as "<ComplexDouble>" (complex autograd's
     conj-multiplies, ``x * 1j``): generation stopped at it. It replays as a complex

@@ -222,6 +222,9 @@ class OpFamily:
     no_value_writes: frozenset[str] = frozenset()
     # In-place ops that write one value given as a Scalar over (part of) a tensor.
     fills: frozenset[str] = frozenset()
+    # Ops whose 0-d argument is a Python literal that ``x[...] = literal`` writes into a
+    # tensor; the trace records no value for it.
+    assigned_literals: frozenset[str] = frozenset()
     # In-place ops that replace their written argument whole and read none of its values
     # (as an ``out=`` argument is replaced).
     overwrites: frozenset[str] = frozenset()

@@ -33,6 +33,10 @@ FAMILY = OpFamily(
     fills=frozenset({"aten::fill_", "aten::zero_", "aten::index_fill_",
                      "aten::masked_fill_"}),
     overwrites=frozenset({"aten::copy_", "aten::fill_", "aten::zero_"}),
+    # ``mask[..., :1] = False``, ``x[x < 0] = 0``: the indexing code lifts the literal to
+    # a 0-d tensor. Filled at random, transformers' "keep at least one token" literal
+    # removed every token of a row, and multinomial refused the NaN probabilities.
+    assigned_literals=frozenset({"aten::lift_fresh"}),
     # (values computed from such a result do not derive from its argument's:
     # passes/values.py follows values the replay computes from filled ones)
     metadata_only=frozenset({

@@ -258,6 +258,7 @@ class _Facts:
         self.bias_fan_in: dict[int, int] = {}  # a bias: its weight's fan-in
         self.activation: set[int] = set()  # the input a weight multiplies: not a weight
         self.scalar: set[int] = set()  # storages viewed as 0-d tensors
+        self.literal: set[int] = set()  # 0-d literals x[...] = v writes (ASSIGNED_LITERALS)
         self.scalar_values: dict[int, list[float]] = {}  # recorded values of 0-d views
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
         self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
@@ -382,6 +383,10 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
                             and not item.meta.shape:
                         facts.scalar_values.setdefault(item.storage.index, []).append(value)
 
+    if op.name in oprules.ASSIGNED_LITERALS:
+        facts.literal.update(tv.storage.index for arg in op.args
+                             for tv in iter_tensors(arg.value)
+                             if tv.storage is not None and not tv.meta.shape)
     for arg in op.args:
         if arg.spec.name in oprules.INTEGER_DIVISORS.get(op.name, ()):
             for tv in iter_tensors(arg.value):
@@ -930,6 +935,14 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
     if i in facts.upper:
         high, why = facts.upper[i]
         return Init(FillKind.RANDINT, 0, high, why + f" < {high}")
+    if s.extent == 1 and i in facts.literal and (s.dtype == "bool" or s.dtype in INTEGRAL) \
+            and i not in facts.positive and i not in facts.float_range:
+        # ``keep[..., :1] = False``, ``x[x < 0] = 0``: the likeliest literal (a divisor
+        # still gets 1: _choose).
+        why = "a literal x[...] = v writes: 0, the likeliest"
+        if s.dtype == "bool":
+            return Init(FillKind.ZEROS, 0, 0, why)
+        return Init(FillKind.RANDINT, 0, 1, why)
     if s.dtype == "bool":
         return Init(FillKind.BOOL, 0, 1)
     if s.dtype in QUANTIZED:  # its integer representation, over all of its range
