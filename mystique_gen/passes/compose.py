@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mystique_gen import oprules
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
@@ -101,16 +101,18 @@ def _signature(schema: str) -> Signature | None:
 
 @dataclass
 class _Uses:
-    """Where each storage id, and each tensor id on it, is seen in a selection: the
-    look-ahead :func:`_reallocated_unrecorded` needs."""
+    """Which ops of a selection carry each storage id: the look-ahead
+    :func:`_reallocated_unrecorded` needs."""
 
+    selected: list[Selected]
     at: dict[int, list[int]]  # storage id -> the selection indices whose ops carry it
-    last: dict[tuple[int, int], int]  # (tensor id, storage id) -> the last such index
+    # Per op index, as needed: storage id -> (tensor ids read, tensor ids returned)
+    tensors_of: dict[int, dict[int, tuple[set[int], set[int]]]] = field(
+        default_factory=dict)
 
     @classmethod
     def of(cls, selected: list[Selected]) -> _Uses:
         at: dict[int, list[int]] = {}
-        last: dict[tuple[int, int], int] = {}
         for i, s in enumerate(selected):
             for raws in (s.node.inputs, s.node.outputs):
                 for raw in raws:
@@ -118,8 +120,39 @@ class _Uses:
                         sids = at.setdefault(record[1], [])
                         if not sids or sids[-1] != i:
                             sids.append(i)
-                        last[(record[0], record[1])] = i
-        return cls(at, last)
+        return cls(selected, at)
+
+    def from_(self, sid: int, start: int) -> list[int]:
+        """The indices of the ops that carry storage ``sid``, from op ``start`` on."""
+        at = self.at.get(sid, [])
+        return at[bisect_left(at, start):]
+
+    def read_again(self, sid: int, tensor_ids: set[int], start: int) -> bool:
+        """Whether any of these tensors on storage ``sid`` is read from op ``start`` on
+        before an op makes a tensor of its id there anew (the observer's tensor ids are
+        TensorImpl addresses, which the allocator hands out again: a later view of the
+        same memory often carries an earlier tensor's id)."""
+        pending = set(tensor_ids)
+        for j in self.from_(sid, start):
+            read, returned = self.tensors_at(j).get(sid, (set(), set()))
+            if pending & read:
+                return True
+            pending -= returned
+            if not pending:
+                return False
+        return False
+
+    def tensors_at(self, index: int) -> dict[int, tuple[set[int], set[int]]]:
+        found = self.tensors_of.get(index)
+        if found is None:
+            found = {}
+            node = self.selected[index].node
+            for k, raws in enumerate((node.inputs, node.outputs)):
+                for raw in raws:
+                    for record in tensor_records(raw):
+                        found.setdefault(record[1], (set(), set()))[k].add(record[0])
+            self.tensors_of[index] = found
+        return found
 
 
 def _overwritten_before_read(selected: list[Selected], uses: _Uses, start: int, sid: int,
@@ -128,8 +161,7 @@ def _overwritten_before_read(selected: list[Selected], uses: _Uses, start: int, 
     replaces elements ``span`` of it whole without reading them: an ``out=`` argument,
     or what an oprules.OVERWRITES op writes (``copy_``). Views and metadata queries read
     nothing."""
-    at = uses.at.get(sid, [])
-    for j in at[bisect_left(at, start):]:
+    for j in uses.from_(sid, start):
         node = selected[j].node
         sig = _signature(node.op_schema)
         covered = False
@@ -170,7 +202,7 @@ def _reallocated_unrecorded(selected: list[Selected], uses: _Uses, index: int,
     the tensor's elements whole: whether or not the memory was new, the replay then
     computes the same values."""
     sid = record[1]
-    if any(uses.last.get((tid, sid), -1) >= index for tid in lifetime_tensors):
+    if uses.read_again(sid, lifetime_tensors, index):
         return False
     return _overwritten_before_read(selected, uses, index, sid,
                                     (record[2], record[2] + record[3]))
@@ -208,7 +240,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     wrote: set[int] = set()  # storage ids a recorded op wrote in place
     # Per storage id: the tensor ids seen on it in its current lifetime.
     live: dict[int, set[int]] = {}
-    uses = _Uses.of(selected)
+    uses: _Uses | None = None  # built at the first tensor that needs the look-ahead
     result: Lifetimes = {}
 
     def begin(sid: int) -> None:
@@ -224,6 +256,8 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
 
     for index, s in enumerate(selected):
         node = s.node
+        read_tensors = list(_input_tensors(node.inputs))
+        made_tensors = list(_input_tensors(node.outputs))
         ranges = _parse_range(node.attrs.get("tensor_range"), node.id)
         written = _written_inputs(node.op_schema) if "!" in node.op_schema else ()
         reads_ids = {sid for raw in node.inputs for sid in raw_storage_ids(raw)}
@@ -237,7 +271,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
         # scalar it reads is still the number some call wrapped.)
         made_here.update(sid for raw in node.outputs for sid in raw_storage_ids(raw)
                          if sid not in reads_ids)
-        for _k, record, view in _input_tensors(node.inputs):
+        for _k, record, view in read_tensors:
             sid = record[1]
             if view[1] != () or sid in made_here or view[3] not in WRAPPED_NUMBER_TYPES:
                 continue
@@ -260,13 +294,14 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                 seen.pop(sid, None)
                 live[sid] = set()
             scalars[sid] = node.id
-        for _k, record, _view in _input_tensors(node.inputs):
+        for _k, record, _view in read_tensors:
             sid = record[1]
-            if (sid in allocated and record[0] not in live[sid]
-                    and _reallocated_unrecorded(selected, uses, index, record, live[sid])):
-                begin(sid)
+            if sid in allocated and record[0] not in live[sid]:
+                uses = uses or _Uses.of(selected)
+                if _reallocated_unrecorded(selected, uses, index, record, live[sid]):
+                    begin(sid)
         if ranges:
-            for k, record, view in _input_tensors(node.inputs):
+            for k, record, view in read_tensors:
                 span = ranges.get(k)
                 if span is None:
                     continue
@@ -277,14 +312,14 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     seen[sid] = {}
                     live[sid] = set()
                 seen[sid][view] = span
-        for raws in (node.inputs, node.outputs):
-            for _k, record, view in _input_tensors(raws):
+        for tensors_of_node in (read_tensors, made_tensors):
+            for _k, record, view in tensors_of_node:
                 dtypes.setdefault(record[1], set()).add(view[3])
                 tensors.setdefault(record[1], set()).add(record[0])
                 live.setdefault(record[1], set()).add(record[0])
         reads = {sid: current.get(sid, 0) for sid in reads_ids}
         returned.update((record[0], (record[1], view))
-                        for _k, record, view in _input_tensors(node.outputs))
+                        for _k, record, view in made_tensors)
         writes: dict[int, int] = {}
         for raw in node.outputs:
             for sid in raw_storage_ids(raw):
@@ -305,7 +340,7 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     scalars.pop(sid, None)
                     defined.add(sid)
                     wrote.add(sid)
-        for _k, record, _view in _input_tensors(node.outputs):
+        for _k, record, _view in made_tensors:
             live[record[1]].add(record[0])
         result[node.id] = (reads, writes)
     return result
