@@ -85,10 +85,12 @@ def _gpt2():
     return GPT2LMHeadModel(cfg).eval()
 
 
-def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _tiny_lm(family: str, **overrides):
+    """A tiny decoder-only LM of a transformers family (``"Llama"``, ``"Mistral"``,
+    ``"Gemma2"``) from a config, no weights; ``overrides`` change its config."""
+    import transformers
 
-    cfg = LlamaConfig(
+    config = dict(
         vocab_size=96,
         hidden_size=32,
         intermediate_size=64,
@@ -100,7 +102,12 @@ def _llama():
         eos_token_id=1,
         bos_token_id=2,
     )
-    return LlamaForCausalLM(cfg).eval()
+    cfg = getattr(transformers, f"{family}Config")(**{**config, **overrides})
+    return getattr(transformers, f"{family}ForCausalLM")(cfg).eval()
+
+
+def _llama():
+    return _tiny_lm("Llama")
 
 
 def y_gpt2_generate_sample():
@@ -1472,67 +1479,21 @@ def y_hf_prompt_lookup():
 
 
 def y_hf_mistral_sliding():
-    from transformers import MistralConfig, MistralForCausalLM
-
-    cfg = MistralConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=4,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
-    m = MistralForCausalLM(cfg).eval()
+    m = _tiny_lm("Mistral", sliding_window=4)
     ids = torch.randint(3, 96, (2, 6))
     return lambda: m.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False)
 
 
 def y_hf_llama_dynamic_rope():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8,
-        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
-    m = LlamaForCausalLM(cfg).eval()
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    m = _tiny_lm("Llama", max_position_embeddings=8, rope_parameters=rope)
     ids = torch.randint(3, 96, (1, 6))
     return lambda: m.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
 
 
 def y_hf_gemma2_softcap():
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    cfg = Gemma2Config(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        sliding_window=4,
-        max_position_embeddings=64,
-        final_logit_softcapping=30.0,
-        attn_logit_softcapping=50.0,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
-    m = Gemma2ForCausalLM(cfg).eval()
+    m = _tiny_lm("Gemma2", head_dim=8, sliding_window=4, final_logit_softcapping=30.0,
+                 attn_logit_softcapping=50.0)
     ids = torch.randint(3, 96, (2, 6))
     return lambda: m.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
 

@@ -15,6 +15,21 @@ from mystique_gen.tools.compare import op_multiset
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
+def record_et(step, path: Path) -> Path:
+    """One call of ``step`` under a plain ExecutionTraceObserver (no Kineto, no
+    recorded ranges), as most users capture: the trace written to ``path``."""
+    from torch.profiler import ExecutionTraceObserver
+
+    observer = ExecutionTraceObserver().register_callback(str(path))
+    observer.start()
+    try:
+        step()
+    finally:
+        observer.stop()
+        observer.unregister_callback()
+    return path
+
+
 # Run a generated benchmark with mystique_gen made unimportable: the file must stand alone.
 _RUNNER = (
     "import runpy, sys; sys.modules['mystique_gen'] = None; "

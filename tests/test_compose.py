@@ -26,7 +26,7 @@ from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace, trace_from_document
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
-from tests.conftest import last_json, run_benchmark
+from tests.conftest import last_json, record_et, run_benchmark
 from tests.models import MODELS
 from tests.tracebuilder import MM, RELU, VIEW, TraceBuilder
 
@@ -514,8 +514,6 @@ def test_a_tensor_moved_onto_a_dead_activation_and_overwritten_is_no_view_of_it(
     """The same with a real capture: ``p.data = ...`` records no op (the observer sees
     only the metadata query before it), as FSDP2's ``resize_`` records none. The replay
     must not write the activation that autograd recorded, as the original did not."""
-    from torch.profiler import ExecutionTraceObserver
-
     torch.manual_seed(0)
     lin = torch.nn.Linear(16, 16)
     x, w = torch.randn(4, 16), torch.randn(4, 16)
@@ -529,12 +527,7 @@ def test_a_tensor_moved_onto_a_dead_activation_and_overwritten_is_no_view_of_it(
         (lin(x) * p.view(4, 16)).sum().backward()
 
     step()
-    path = tmp_path / "moved.et.json"
-    observer = ExecutionTraceObserver().register_callback(str(path))
-    observer.start()
-    step()
-    observer.stop()
-    observer.unregister_callback()
+    path = record_et(step, tmp_path / "moved.et.json")
     program = build_program(load_trace(path))
     relu = next(op for op in program.ops if op.name == "aten::relu").outputs[0]
     copy = next(op for op in program.ops if op.name == "aten::copy_")

@@ -28,7 +28,7 @@ from mystique_gen.tools.compare import (
     kineto_times,
     op_multiset,
 )
-from tests.conftest import last_json, run_benchmark
+from tests.conftest import last_json, record_et, run_benchmark
 from tests.tracebuilder import EMBEDDING, VIEW, T, TraceBuilder
 
 INDEX_SELECT = "aten::index_select(Tensor self, int dim, Tensor index) -> Tensor"
@@ -404,12 +404,7 @@ def test_values_read_through_a_selection_and_wrapped_ints_keep_their_domains(tmp
         (h.sum() + lin(torch.randn(4, 8)).square().mean()).backward()
         opt.step()
 
-    et_path = tmp_path / "domains.et.json"
-    observer = ExecutionTraceObserver().register_callback(str(et_path))
-    observer.start()
-    step()
-    observer.stop()
-    observer.unregister_callback()
+    et_path = record_et(step, tmp_path / "domains.et.json")
     bench = tmp_path / "domains_bench.py"
     text = generate(et_path, bench, GenerateOptions(command_line="test"))
     _assert_replays_finite(bench, 3)
@@ -438,12 +433,7 @@ def test_literals_written_by_setitem_replay_as_zero_unless_they_divide(tmp_path)
         safe[safe == 0] = 1
         torch.div(torch.arange(6), safe, rounding_mode="floor")
 
-    et_path = tmp_path / "literals.et.json"
-    observer = ExecutionTraceObserver().register_callback(str(et_path))
-    observer.start()
-    step()
-    observer.stop()
-    observer.unregister_callback()
+    et_path = record_et(step, tmp_path / "literals.et.json")
     program = build_program(load_trace(et_path))
     literals = [op.args[0].value.storage for op in program.ops if op.name == "aten::lift_fresh"]
     assert len(literals) == 3 and all(s is not None and s.init is not None for s in literals)
