@@ -377,6 +377,33 @@ def test_collectives_every_rank_issues_alike_stay_beside_those_that_move():
         [3, 0, 3], [3, 0, 3], [4, 0, 4], [4, 0, 4]]
 
 
+def test_collectives_only_some_ranks_issue_run_on_the_group_of_those_ranks():
+    """On 6 ranks, the members of groups over some ranks only ([0, 1] and [2, 3], no
+    mesh dimension) all-reduce what the others never do, each pair its own size (a
+    tied embedding per pipeline replica). On the default group the members waited for
+    ranks that never came; each pair's calls run on its group. Where a group's members
+    do not issue the same calls, nothing moves (the generator warns instead)."""
+    groups = [ProcessGroupSpec(0, "0", "default_pg", None, 6),
+              ProcessGroupSpec(1, "1", "tied", (0, 1), 2),
+              ProcessGroupSpec(2, "2", "tied", (2, 3), 2)]
+
+    def rank(r: int, sizes: dict[int, list[int]]) -> Program:
+        program = Program.empty()
+        program.ops = [_comm_op(k, ALLREDUCE_INT, numel, CommInfo(
+            call="all_reduce", group=0, group_recorded=False))
+            for k, numel in enumerate(sizes.get(r, []))]
+        program.distributed = DistInfo(world_size=6, rank=r, groups=groups,
+                                       groups_recorded=True)
+        return program
+
+    pairs = [rank(r, {0: [12], 1: [12], 2: [20, 4], 3: [20, 4]}) for r in range(6)]
+    assert regroup_unaligned_collectives(pairs, list(range(6))) == 6
+    assert [[op.comm.group for op in p.ops] for p in pairs] == [[1], [1], [2, 2], [2, 2],
+                                                               [], []]
+    apart = [rank(r, {0: [12], 1: [12], 2: [20], 3: [24]}) for r in range(6)]
+    assert regroup_unaligned_collectives(apart, list(range(6))) == 0
+
+
 ALLGATHER_BASE = (f"c10d::_allgather_base_(Tensor output_tensor, Tensor input_tensor, {PG}, "
                   f"bool async_op=False, int timeout=-1) -> (Tensor, {WORK})")
 BROADCAST = (f"c10d::broadcast_(Tensor[] tensors, {PG}, int root_rank, int root_tensor, "

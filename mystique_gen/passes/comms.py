@@ -581,7 +581,7 @@ def regroup_unaligned_collectives(programs: Sequence[Program],
     """Move the collectives that record no group and sit on the default group to the
     first mesh dimension whose groups' members issue them alike, where the job's ranks
     do not issue them alike, or, where none fits, in part to a group over some ranks
-    only (:func:`_regroup_on_a_partial_group`).
+    only (:func:`_regroup_on_partial_groups`).
 
     Data parallel over a mesh's ``dp`` groups beside pipeline stages of different
     sizes: gloo records no group for each stage's gradient all-reduce, and on the
@@ -607,35 +607,39 @@ def regroup_unaligned_collectives(programs: Sequence[Program],
         chosen = next((d for d in _mesh_dimensions(info) if _issued_alike(d, moving)), None)
         if chosen is not None:
             return _move(moving, chosen)
-    return _regroup_on_a_partial_group(info, unaligned)
+    return _regroup_on_partial_groups(info, unaligned)
 
 
-def _regroup_on_a_partial_group(info: DistInfo, unaligned: dict[int, list[Op]]) -> int:
+def _regroup_on_partial_groups(info: DistInfo, unaligned: dict[int, list[Op]]) -> int:
     """Move the calls that the members of a recorded group over some ranks only issue
-    alike (``new_group([0, 1])``; Megatron's embedding group of the first and last
-    pipeline stage) to that group, where what is left fits a mesh dimension or nothing
-    is left. On the default group, the other ranks never issued them, and the members
-    waited for those ranks forever. The first group, in creation order, that leaves
-    every group's members issuing the same calls wins. Returns how many moved."""
+    alike (``new_group([0, 1])``; Megatron's embedding groups of each replica's first
+    and last pipeline stage) to that group, where what is left then fits a mesh
+    dimension or nothing is left. On the default group, the other ranks never issued
+    them, and the members waited for those ranks forever. Groups take their calls in
+    creation order; where what is left fits nothing, nothing moves. Returns how many
+    moved."""
+    rest = dict(unaligned)
+    taken: list[tuple[ProcessGroupSpec, dict[int, list[Op]]]] = []
     for group in info.groups:
         members = group.ranks
         if members is None or not 1 < len(members) < info.world_size \
-                or not all(unaligned.get(m) for m in members):
+                or not all(rest.get(m) for m in members):
             continue
-        inside = _common_sequence({m: unaligned[m] for m in members})[1]
+        inside = _common_sequence({m: rest[m] for m in members})[1]
         if not inside[members[0]]:
             continue
-        moved = {id(op) for ops in inside.values() for op in ops}
-        rest = {rank: [op for op in ops if id(op) not in moved]
-                for rank, ops in unaligned.items()}
-        if any(rest.values()):
-            dimension = next((d for d in _mesh_dimensions(info) if _issued_alike(d, rest)),
-                             None)
-            if dimension is None:
-                continue
-            return _move(rest, dimension) + _move(inside, [group])
-        return _move(inside, [group])
-    return 0
+        moving = {id(op) for ops in inside.values() for op in ops}
+        rest = {rank: [op for op in ops if id(op) not in moving] for rank, ops in rest.items()}
+        taken.append((group, inside))
+    if not taken:
+        return 0
+    moved = 0
+    if any(rest.values()):
+        dimension = next((d for d in _mesh_dimensions(info) if _issued_alike(d, rest)), None)
+        if dimension is None:
+            return 0
+        moved += _move(rest, dimension)
+    return moved + sum(_move(inside, [group]) for group, inside in taken)
 
 
 def _common_sequence(ops_of: dict[int, list[Op]]
