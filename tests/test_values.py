@@ -444,6 +444,43 @@ def test_literals_written_by_setitem_replay_as_zero_unless_they_divide(tmp_path)
     _assert_replays_finite(bench, 3)
 
 
+def test_buffers_read_through_spectra_ratios_products_and_quantizers_keep_their_domains(
+        tmp_path):
+    """Module state whose values the trace does not hold, each read the way real code
+    reads it, each replayed NaN, out of range or refused before its rule: whitening by
+    ``eigh``'s eigenvalues and a Gaussian's ``logdet`` of a covariance buffer
+    (positive-definite), multinomial over ``c / c.sum()`` of a counts buffer (a range
+    above 0 asks for positive counts), a DDPM schedule ``1 - cumprod(1 - betas)``
+    under a square root (a product in (0, 1) has its factors there, and a complement's
+    range bounds its tensor on both sides), CTC targets (classes of log_probs' last
+    dim: out of range, the kernel reads past its buffers), and per-channel fake
+    quantization with an observer's scale and zero point (positive, in range, and no
+    parameters: the kernel refuses ones that require grad)."""
+    torch.manual_seed(0)
+    lin, proj = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+    cov, counts = torch.eye(4) * 2, torch.rand(16) + 0.1
+    betas, targets = torch.full((8,), 0.01), torch.ones(2, 5, dtype=torch.long)
+    scale, zero_point = torch.full((4,), 0.1), torch.zeros(4, dtype=torch.int32)
+    x, frames = torch.randn(8, 4), torch.randn(12, 2, 4)
+    opt = torch.optim.SGD([*lin.parameters(), *proj.parameters()], lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad()
+        eigenvalues, vectors = torch.linalg.eigh(cov)
+        h = lin(x) @ vectors * eigenvalues.rsqrt() + torch.logdet(cov)
+        h = h * (1 - torch.cumprod(1 - betas, 0)).sqrt()[:, None]
+        q = torch.fake_quantize_per_channel_affine(lin.weight, scale, zero_point, 0, 0, 15)
+        ctc = F.ctc_loss(proj(frames).log_softmax(-1), targets, [12, 12], [5, 5])
+        (h.sum() + (x @ q).sum() + ctc).backward()
+        opt.step()
+        torch.multinomial(counts / counts.sum(), 4, replacement=True)
+
+    et_path = record_et(step, tmp_path / "state.et.json")
+    bench = tmp_path / "state_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    _assert_replays_finite(bench, 3)
+
+
 def test_complex_scalars_the_trace_holds_no_value_of_replay_complex(tmp_path):
     """The observer writes a complex Scalar as "<ComplexDouble>" (complex autograd's
     conj-multiplies, ``x * 1j``): generation stopped at it. It replays as a complex

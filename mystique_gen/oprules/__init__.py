@@ -118,6 +118,7 @@ KEEPS_SIGN: dict[str, tuple[str, ...]] = merged("keeps_sign")
 POSITIVE_IF: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] = merged(
     "positive_if")
 COMPLEMENTS: dict[str, tuple[str, str]] = merged("complements")
+PRODUCTS: dict[str, str] = merged("products")
 FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
@@ -178,7 +179,7 @@ __all__ = [
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "STRIDE_DEPENDENT_VIEWS", "LAYOUT_BY_BACKEND",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
-    "ASSIGNED_LITERALS", "DISTINCT_ALIASES", "FILLS", "OVERWRITES", "METADATA_ONLY",
+    "ASSIGNED_LITERALS", "PRODUCTS", "DISTINCT_ALIASES", "FILLS", "OVERWRITES", "METADATA_ONLY",
     "MKLDNN_LAYOUT", "MKLDNN_OPS",
     "GRAD_REVEALED_BY", "GROUP_RANK_ARGS",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",

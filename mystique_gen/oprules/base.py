@@ -181,6 +181,10 @@ class OpFamily:
     # alpha (``(1 - a) ** 0.5`` beside ``a ** 0.5``: a diffusion schedule's cumulative
     # alphas lie in (0, 1)).
     complements: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Products of their argument's elements (``prod``, ``cumprod``): a result that must
+    # lie in (0, b] with b <= 1 has every factor in (0, b] (a noise schedule's
+    # cumulative product of 1 - beta).
+    products: dict[str, str] = field(default_factory=dict)
     # Floating arguments that must lie in a range: {op: {argument: (low, high)}}.
     float_ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     # Inputs filled so that a data-dependent output keeps its recorded size.

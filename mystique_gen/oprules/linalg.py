@@ -72,5 +72,14 @@ FAMILY = OpFamily(
         "aten::lu_solve": {"LU_pivots": Pivots("LU_data")},
         "aten::lu_unpack": {"LU_pivots": Pivots("LU_data")},
         "aten::linalg_ldl_solve": {"pivots": Pivots("LD")},
+        # A covariance's spectrum and determinant: whitening takes rsqrt of eigh's
+        # eigenvalues and a Gaussian's density logdet, NaN on a matrix of both signs.
+        "aten::linalg_eigh": _SELF,
+        "aten::_linalg_eigh": _A,
+        "aten::linalg_eigvalsh": _SELF,
+        "aten::logdet": _SELF,
+        "aten::det": _SELF,
+        "aten::linalg_det": _A,
+        "aten::_linalg_det": _A,
     },
 )

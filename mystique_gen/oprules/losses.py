@@ -9,9 +9,10 @@ NaN and inf change what value-dependent kernels do, so the replay times another 
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import ClassCount, IntArg, OpFamily
+from mystique_gen.oprules.base import ClassCount, IntArg, OpFamily, SizeOf
 
 _LOSS = {"target": ClassCount("self")}
+_CTC = {"targets": SizeOf("log_probs", -1)}
 _CLASS_WEIGHTS = ("weight",)
 
 FAMILY = OpFamily(
@@ -26,6 +27,11 @@ FAMILY = OpFamily(
         "aten::nll_loss_backward": _LOSS,
         "aten::nll_loss2d_backward": _LOSS,
         "aten::one_hot": {"self": IntArg("num_classes")},
+        # CTC's targets are classes of log_probs' last dim: out of range, the CPU
+        # kernel reads past its buffers (a double free, as eager torch does).
+        "aten::ctc_loss": _CTC,
+        "aten::_ctc_loss": _CTC,
+        "aten::_ctc_loss_backward": _CTC,
     },
     float_ranges={
         "aten::binary_cross_entropy": {"self": (0.05, 0.95), "target": (0.0, 1.0)},

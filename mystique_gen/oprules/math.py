@@ -18,6 +18,7 @@ _KEEPS_SIGN = {
     **{op: _BINARY for op in ("aten::add", "aten::add_", "aten::mul", "aten::mul_",
                               "aten::div", "aten::div_", "aten::maximum", "aten::minimum")},
     **{op: ("self",) for op in ("aten::sum", "aten::mean", "aten::cumsum", "aten::prod",
+                                "aten::cumprod",
                                 "aten::amax", "aten::amin", "aten::clone",
                                 "aten::contiguous", "aten::to", "aten::_to_copy",
                                 "aten::avg_pool1d", "aten::avg_pool2d",
@@ -59,6 +60,7 @@ FAMILY = OpFamily(
         "aten::igammac_": ("self", "other"),
     },
     complements={"aten::rsub": ("self", "other")},
+    products={"aten::prod": "self", "aten::cumprod": "self", "aten::cumprod_": "self"},
     float_ranges={
         "aten::quantile": {"q": (0.0, 1.0)},
         "aten::nanquantile": {"q": (0.0, 1.0)},

@@ -13,7 +13,7 @@ reason. Quantized tensors themselves are filled as their integer representation
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import OpFamily
+from mystique_gen.oprules.base import IntArg, OpFamily
 from mystique_gen.oprules.indexing import EMBEDDING_BAG_RULES
 
 # The packed weight class the ops below take, as their schema names it.
@@ -50,10 +50,29 @@ _TABLE_WHY = ("its packed table's row count is not in the trace (its indices say
 _PACKED_TABLES = ("embedding_bag_byte", "embedding_bag_4bit", "embedding_byte",
                   "embedding_4bit")
 
+# Fake quantization (QAT): x / scale rounded, so a scale must be positive; a fixed
+# (observer-computed) scale and zero point are no parameters, and the per-channel
+# kernels refuse ones that require grad ("not differentiable with respect to argument
+# 'scale'"). The learnable forms train theirs.
+_FAKE_QUANT = ("fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine",
+               "fake_quantize_per_tensor_affine_cachemask",
+               "fake_quantize_per_channel_affine_cachemask",
+               "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams")
+_LEARNABLE_FAKE_QUANT = ("_fake_quantize_learnable_per_tensor_affine",
+                         "_fake_quantize_learnable_per_channel_affine")
+
 FAMILY = OpFamily(
     name="quantized",
     packed_linear=_LINEAR,
-    index_rules={f"quantized::{name}": EMBEDDING_BAG_RULES for name in _BAGS},
+    index_rules={
+        **{f"quantized::{name}": EMBEDDING_BAG_RULES for name in _BAGS},
+        # A zero point lies in [quant_min, quant_max] (the kernels check): below
+        # quant_max, from 0, holds for the signed and unsigned ranges alike.
+        **{f"aten::{name}": {"zero_point": IntArg("quant_max")}
+           for name in _FAKE_QUANT + _LEARNABLE_FAKE_QUANT},
+    },
+    positive_args={f"aten::{name}": ("scale",) for name in _FAKE_QUANT + _LEARNABLE_FAKE_QUANT},
+    not_differentiable={f"aten::{name}": ("scale", "zero_point") for name in _FAKE_QUANT},
     not_replayed={
         **{f"quantized::{name}": _CONV_WHY for name in _CONVS},
         **{f"quantized::{name}": _TABLE_WHY for name in _PACKED_TABLES},

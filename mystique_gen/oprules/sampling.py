@@ -20,6 +20,9 @@ FAMILY = OpFamily(
         "aten::_standard_gamma_grad": ("self", "output"),
         "aten::_sample_dirichlet": ("self",),
         "aten::_dirichlet_grad": ("alpha", "total"),
+        # Weights, not only a range: computed as c / c.sum() from a counts buffer, the
+        # counts must be positive too ("probability entry < 0").
+        "aten::multinomial": ("self",),
     },
     float_ranges={
         "aten::bernoulli": {"self": _PROBABILITY, "p": _PROBABILITY},

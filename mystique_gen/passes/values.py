@@ -516,6 +516,7 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
     for op in reversed(ops):
         _positive_if(op, facts)
         _complement_bound(op, facts)
+        _product_bound(op, facts)
         keeps_sign = oprules.KEEPS_SIGN.get(op.name, ())
         if keeps_sign and not _non_negative_alpha(op):
             keeps_sign = ()
@@ -572,10 +573,44 @@ def _complement_bound(op: Op, facts: _Facts) -> None:
         return
     if alpha.value <= 0:
         return
+    # A result in a range (lo, hi) puts the tensor in ((number - hi), (number - lo)) /
+    # alpha: ``1 - cumprod(1 - beta)`` in (0, 1) keeps each ``1 - beta`` in (0, 1).
+    ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
     for tv in iter_tensors(named.get(rule[0]) or ListValue(())):
+        if tv.storage is None or tv.storage.index in outputs:
+            continue
+        if ranged is not None and ranged[0] >= 0:
+            low, high = ((number.value - ranged[1]) / alpha.value,
+                         (number.value - ranged[0]) / alpha.value)
+            facts.float_range.setdefault(tv.storage.index,
+                                         (low, high, f"{ranged[2]} (via {op.name})"))
+        facts.below.setdefault(tv.storage.index,
+                               (number.value / alpha.value, f"{why} (via {op.name})"))
+
+
+def _product_bound(op: Op, facts: _Facts) -> None:
+    """Where a product's result (:data:`oprules.PRODUCTS`) must lie under b <= 1, and
+    above 0, or in a range within [0, 1], every factor lies in (0, b]: a noise
+    schedule's ``1 - cumprod(1 - beta)`` under a square root needs each ``1 - beta``
+    there."""
+    factors = oprules.PRODUCTS.get(op.name)
+    if factors is None:
+        return
+    outputs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
+               if tv.storage is not None]
+    ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
+    below = next((facts.below[i] for i in outputs if i in facts.below), None)
+    if ranged is not None and ranged[0] >= 0 and ranged[1] <= 1:
+        high, why = ranged[1], ranged[2]
+    elif below is not None and 0 < below[0] <= 1:
+        high, why = below
+    else:
+        return
+    named = {a.spec.name: a.value for a in op.args}
+    for tv in iter_tensors(named.get(factors) or ListValue(())):
         if tv.storage is not None and tv.storage.index not in outputs:
-            facts.below.setdefault(tv.storage.index,
-                                   (number.value / alpha.value, f"{why} (via {op.name})"))
+            facts.float_range.setdefault(tv.storage.index,
+                                         (0.0, high, f"{why} (via {op.name})"))
 
 
 def _positive_if(op: Op, facts: _Facts) -> None:
