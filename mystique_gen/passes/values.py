@@ -573,13 +573,15 @@ def _complement_bound(op: Op, facts: _Facts) -> None:
         return
     if alpha.value <= 0:
         return
-    # A result in a range (lo, hi) puts the tensor in ((number - hi), (number - lo)) /
-    # alpha: ``1 - cumprod(1 - beta)`` in (0, 1) keeps each ``1 - beta`` in (0, 1).
+    # A result in a range (lo, hi) within [0, number] puts the tensor in (number - hi,
+    # number - lo) / alpha: ``cumprod(1 - beta)`` in (0, 1) keeps each beta in (0, 1).
+    # (A power's preferred range, (0.5, 1.5), is no such domain: ``(1 - a) ** 0.5``
+    # only bounds a above.)
     ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
     for tv in iter_tensors(named.get(rule[0]) or ListValue(())):
         if tv.storage is None or tv.storage.index in outputs:
             continue
-        if ranged is not None and ranged[0] >= 0:
+        if ranged is not None and ranged[0] >= 0 and ranged[1] <= number.value:
             low, high = ((number.value - ranged[1]) / alpha.value,
                          (number.value - ranged[0]) / alpha.value)
             facts.float_range.setdefault(tv.storage.index,
