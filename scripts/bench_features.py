@@ -67,13 +67,10 @@ KNOWN = {
     "log1p_of_difference_min": "log1p of a difference of two inputs: no domain for a - b > -1",
     "kalman_cholesky": "positive-definite fills do not carry back through H P H^T + R",
     "cholesky_of_congruence_min": "positive-definite fills do not carry back through H P H^T + R",
-    "icdf_sample": "searchsorted's result (one past the end) is read as an index unguarded",
-    "searchsorted_index_min": "searchsorted's result is read as an index unguarded",
     "index_from_float_buffer_min": "(u * n).long() of a buffer: u's [0, 1) is not in the trace",
     "repeat_interleave_pad": "a SUM fill (repeats) overrides a divisor's nonzero rule",
     "repeats_as_divisor_min": "a SUM fill (repeats) overrides a divisor's nonzero rule",
     "repeats_bounded_index_min": "a SUM fill (repeats) overrides an index bound",
-    "zero_length_mask_min": "lengths compared with arange are filled from 0: a row fully masked",
     "narrow_start_min": "narrow.Tensor's start has no bound",
 }
 OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mismatch",

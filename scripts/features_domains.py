@@ -39,8 +39,9 @@ a leaf that requires grad. Fixed since: eigh/eigvalsh/logdet/det take positive-d
 fills, multinomial's weights are positive (through ``c / c.sum()``), a product in
 (0, 1] has its factors there and a complement's range bounds its tensor on both sides
 (the DDPM schedule), CTC targets are classes of log_probs' last dim, fake quantization's
-scale is positive, its zero point below quant_max and neither a parameter. The others
-are ``known`` in bench_features.py (README: Known limits).
+scale is positive, its zero point below quant_max and neither a parameter, a search's
+result read as an index is wrapped into range, lengths compared with arange lie in
+[1, n]. The others are ``known`` in bench_features.py (README: Known limits).
 """
 
 from __future__ import annotations

@@ -455,14 +455,20 @@ def test_buffers_read_through_spectra_ratios_products_and_quantizers_keep_their_
     range bounds its tensor on both sides), CTC targets (classes of log_probs' last
     dim: out of range, the kernel reads past its buffers), and per-channel fake
     quantization with an observer's scale and zero point (positive, in range, and no
-    parameters: the kernel refuses ones that require grad)."""
+    parameters: the kernel refuses ones that require grad), and inverse-CDF sampling
+    (``searchsorted`` of a filled cdf gives one past the end: wrapped where forward and
+    backward read it as an index), and a padding mask from a lengths buffer (lengths
+    compared with ``arange(n)`` lie in [1, n]: a 0 masked a whole softmax row)."""
     torch.manual_seed(0)
     lin, proj = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
     cov, counts = torch.eye(4) * 2, torch.rand(16) + 0.1
     betas, targets = torch.full((8,), 0.01), torch.ones(2, 5, dtype=torch.long)
     scale, zero_point = torch.full((4,), 0.1), torch.zeros(4, dtype=torch.int32)
     x, frames = torch.randn(8, 4), torch.randn(12, 2, 4)
-    opt = torch.optim.SGD([*lin.parameters(), *proj.parameters()], lr=1e-3)
+    table, probs, u = torch.nn.Parameter(torch.randn(16, 4)), torch.full((16,), 1 / 16), \
+        torch.rand(16)
+    lengths = torch.full((8,), 3)
+    opt = torch.optim.SGD([*lin.parameters(), *proj.parameters(), table], lr=1e-3)
 
     def step() -> None:
         opt.zero_grad()
@@ -471,7 +477,10 @@ def test_buffers_read_through_spectra_ratios_products_and_quantizers_keep_their_
         h = h * (1 - torch.cumprod(1 - betas, 0)).sqrt()[:, None]
         q = torch.fake_quantize_per_channel_affine(lin.weight, scale, zero_point, 0, 0, 15)
         ctc = F.ctc_loss(proj(frames).log_softmax(-1), targets, [12, 12], [5, 5])
-        (h.sum() + (x @ q).sum() + ctc).backward()
+        drawn = table.index_select(0, torch.searchsorted(probs.cumsum(0), u))
+        keep = torch.arange(4)[None, :] < lengths[:, None]
+        h = h.masked_fill(~keep, float("-inf")).softmax(-1)
+        (h.sum() + (x @ q).sum() + ctc + drawn.sum()).backward()
         opt.step()
         torch.multinomial(counts / counts.sum(), 4, replacement=True)
 

@@ -37,6 +37,22 @@ class SizeOf(Bound):
         return None
 
 
+class SizeListAt(Bound):
+    """Element ``dim`` (an int argument) of an int-list argument that holds a shape
+    (``index_select_backward``'s ``self_sizes``)."""
+
+    def __init__(self, sizes: str, dim: str):
+        self.sizes, self.dim = sizes, dim
+
+    def upper(self, args: dict[str, object]) -> int | None:
+        sizes, dim = args.get(self.sizes), args.get(self.dim)
+        if not isinstance(sizes, (list, tuple)) or not isinstance(dim, int) \
+                or not -len(sizes) <= dim < len(sizes):
+            return None
+        size = sizes[dim]
+        return size if isinstance(size, int) and size > 0 else None
+
+
 class ClassCount(Bound):
     """Number of classes of a loss input: dim 1 of (N, C, ...) or dim 0 of (C,)."""
 
@@ -226,6 +242,15 @@ class OpFamily:
     no_value_writes: frozenset[str] = frozenset()
     # In-place ops that write one value given as a Scalar over (part of) a tensor.
     fills: frozenset[str] = frozenset()
+    # Comparisons of an integral input with positions (the result of a ``positions``
+    # op, ``arange(n)``, through views): the input is a length, filled in [1, n]
+    # (``arange(T) < lengths[:, None]``: a length of 0 masked a whole softmax row).
+    length_comparisons: frozenset[str] = frozenset()
+    positions: frozenset[str] = frozenset()
+    # Ops whose integral result is one past the end where a value exceeds every boundary
+    # (``searchsorted``, ``bucketize``): computed from filled values, it is wrapped into
+    # range where an op reads it as an index (passes/values.py).
+    searches: frozenset[str] = frozenset()
     # Ops whose 0-d argument is a Python literal that ``x[...] = literal`` writes into a
     # tensor; the trace records no value for it.
     assigned_literals: frozenset[str] = frozenset()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import IntArg, OpFamily, PerDim, SizeOf
+from mystique_gen.oprules.base import IntArg, OpFamily, PerDim, SizeListAt, SizeOf
 
 _ROWS = SizeOf("weight", 0)
 _ALONG_DIM = SizeOf("self", "dim")
@@ -11,6 +11,9 @@ EMBEDDING_BAG_RULES = {"indices": _ROWS, "offsets": "offsets"}
 
 FAMILY = OpFamily(
     name="embedding and indexing",
+    # Inverse-CDF sampling reads searchsorted(cdf, u) as an index: with a cdf and u
+    # filled at random, u above the cdf's end gave len(cdf) (IndexError).
+    searches=frozenset({"aten::searchsorted", "aten::bucketize"}),
     # A weight that requires grad takes embedding_bag off its forward-only kernel even
     # under no_grad (an inference step of a model's own parameters: 24 us a call
     # against 9 us here); the recorded child tells which one ran.
@@ -25,6 +28,7 @@ FAMILY = OpFamily(
         "aten::_embedding_bag_backward": {"indices": IntArg("num_weights"), "offsets": "offsets"},
         "aten::_embedding_bag_dense_backward": {"indices": IntArg("num_weights")},
         "aten::index_select": {"index": _ALONG_DIM},
+        "aten::index_select_backward": {"index": SizeListAt("self_sizes", "dim")},
         "aten::gather": {"index": _ALONG_DIM},
         "aten::gather_backward": {"index": _ALONG_DIM},
         "aten::scatter": {"index": _ALONG_DIM},

@@ -61,6 +61,8 @@ FAMILY = OpFamily(
     },
     complements={"aten::rsub": ("self", "other")},
     products={"aten::prod": "self", "aten::cumprod": "self", "aten::cumprod_": "self"},
+    length_comparisons=frozenset({"aten::lt", "aten::le", "aten::gt", "aten::ge"}),
+    positions=frozenset({"aten::arange"}),
     float_ranges={
         "aten::quantile": {"q": (0.0, 1.0)},
         "aten::nanquantile": {"q": (0.0, 1.0)},

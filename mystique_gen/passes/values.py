@@ -259,6 +259,7 @@ class _Facts:
         self.activation: set[int] = set()  # the input a weight multiplies: not a weight
         self.scalar: set[int] = set()  # storages viewed as 0-d tensors
         self.literal: set[int] = set()  # 0-d literals x[...] = v writes (ASSIGNED_LITERALS)
+        self.lengths: dict[int, tuple[int, str]] = {}  # compared with arange(n): (n, op)
         self.scalar_values: dict[int, list[float]] = {}  # recorded values of 0-d views
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
         self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
@@ -334,6 +335,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     recorded = recorded or RecordedValues()
     for op in ops:
         _collect(op, facts, recorded)
+    _lengths_against_positions(ops, facts)
     _propagate_bounds(ops, facts)
     _carry_shape_fills(ops, facts)
     _propagate_domains(ops, facts)
@@ -546,6 +548,47 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
                     facts.float_range.setdefault(tv.storage.index, ranged)
                 if below is not None:
                     facts.below.setdefault(tv.storage.index, below)
+
+
+def _lengths_against_positions(ops: list[Op], facts: _Facts) -> None:
+    """An integral input compared (:data:`oprules.LENGTH_COMPARISONS`) with positions,
+    the result of ``arange(n)`` (:data:`oprules.POSITIONS`) through views, is a length:
+    filled in [1, n] where nothing recorded says otherwise. ``arange(T) <
+    lengths[:, None]`` builds a padding mask; filled from 0, a length of 0 masked a
+    whole row, and its softmax was NaN."""
+    by_index = {op.index: op for op in ops}
+
+    def producer(tv: TensorValue) -> Op | None:
+        for _ in range(len(ops)):
+            binding = tv.binding
+            while isinstance(binding, DerivedView):
+                binding = binding.base
+            if not isinstance(binding, OpOutput) or binding.op_index not in by_index:
+                return None
+            op = by_index[binding.op_index]
+            if not op.signature.is_view:
+                return op
+            base = next((t for a in op.args for t in iter_tensors(a.value)), None)
+            if base is None:
+                return None
+            tv = base
+        return None
+
+    for op in ops:
+        if op.name not in oprules.LENGTH_COMPARISONS:
+            continue
+        tensors = [tv for arg in op.args for tv in iter_tensors(arg.value)]
+        if len(tensors) != 2:
+            continue
+        for length, other in (tensors, tensors[::-1]):
+            s = length.storage
+            made = producer(other)
+            if (s is None or not s.materialised or s.dtype not in INTEGRAL or made is None
+                    or made.name not in oprules.POSITIONS or not other.meta.shape):
+                continue
+            positions = next((t for t in made.outputs if isinstance(t, TensorValue)), None)
+            if positions is not None and positions.meta.numel >= 1:
+                facts.lengths.setdefault(s.index, (positions.meta.numel, op.name))
 
 
 def _positive_result(op: Op, facts: _Facts) -> tuple[list[int], str | None]:
@@ -803,8 +846,9 @@ def _guard_computed_values(ops: list[Op], facts: _Facts) -> None:
       positions with the cumulative sum of its filled patch grid and counting, and
       the count reached past the last image: IndexError; Cosmos-3 divides each
       image's patch width by the merge size and takes remainders by that, and a filled
-      width of 1 made the divisor 0: ZeroDivisionError on CPU). Floating values end
-      the chain: an index a model derives from them (``argmax``, ``topk``) is in range
+      width of 1 made the divisor 0: ZeroDivisionError on CPU), and a search's result
+      over filled values (:data:`oprules.SEARCHES`). Floating values end the chain
+      otherwise: an index a model derives from them (``argmax``, ``topk``) is in range
       by construction, and wrapping it would add an op to every routed step.
 
     Where such a value is read as an index with a known bound
@@ -840,6 +884,10 @@ def _guard_computed_values(ops: list[Op], facts: _Facts) -> None:
             tv.meta.dtype in INTEGRAL | {"bool"}
             and (origin(tv.binding) in from_fills or filled(tv) and not keeps)
             for tv in reads)
+        # A search's result is one past the end where a filled value exceeds every
+        # boundary, whichever dtype the values are.
+        arithmetic = arithmetic or op.name in oprules.SEARCHES and any(
+            tv.storage is not None and tv.storage.materialised for tv in reads)
         for _path, tv in output_paths(op.outputs):
             if isinstance(tv.binding, OpOutput):
                 if masked:
@@ -969,6 +1017,11 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         lo, hi = max(lo, limit_lo), min(hi, limit_hi)
         if lo <= hi:
             return Init(FillKind.SPAN, lo, hi, why)
+    if i in facts.lengths and s.dtype in INTEGRAL:
+        n, op_name = facts.lengths[i]
+        high = min(n, facts.upper[i][0] - 1) if i in facts.upper else n
+        if high >= 1:
+            return Init(FillKind.SPAN, 1, high, f"a length: {op_name} against arange({n})")
     if i in facts.upper:
         high, why = facts.upper[i]
         return Init(FillKind.RANDINT, 0, high, why + f" < {high}")
