@@ -84,19 +84,18 @@ def _frozen(value: object) -> object:
     return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
-def _written_inputs(schema: str) -> tuple[int, ...] | None:
-    """Positions of the arguments an op writes; None: unknown (all)."""
-    try:
-        return parse_signature(schema).written
-    except SchemaError:
-        return None
-
-
 def _signature(schema: str) -> Signature | None:
+    """The recorded schema's signature; None where there is none or it does not parse."""
     try:
         return parse_signature(schema) if schema else None
     except SchemaError:
         return None
+
+
+def _written_inputs(schema: str) -> tuple[int, ...] | None:
+    """Positions of the arguments an op writes; None: unknown (all)."""
+    sig = _signature(schema)
+    return sig.written if sig is not None else None
 
 
 @dataclass
@@ -180,7 +179,7 @@ def _overwritten_before_read(selected: list[Selected], uses: _Uses, start: int, 
                     return False  # read, or written by an op that reads it (add_)
         if covered:
             return True
-        if not any(record[1] == sid for raw in node.inputs for record in tensor_records(raw)):
+        if not uses.tensors_at(j).get(sid, (set(), set()))[0]:
             return False  # allocated anew by a recorded op
     return False
 

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
+from typing import TypeVar
 
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
@@ -529,8 +530,7 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
         if not op.signature.is_view and not keeps_sign and not same:
             continue
         outputs, positive = _positive_result(op, facts)
-        ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
-        below = next((facts.below[i] for i in outputs if i in facts.below), None)
+        ranged, below = _first_of(facts.float_range, outputs), _first_of(facts.below, outputs)
         if positive is None and ranged is None and below is None:
             continue
         for arg in op.args:
@@ -591,12 +591,25 @@ def _lengths_against_positions(ops: list[Op], facts: _Facts) -> None:
                 facts.lengths.setdefault(s.index, (positions.meta.numel, op.name))
 
 
+_T = TypeVar("_T")
+
+
+def _output_storages(op: Op) -> list[int]:
+    """The indices of ``op``'s output storages, in order."""
+    return [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
+            if tv.storage is not None]
+
+
+def _first_of(found: dict[int, _T], storages: list[int]) -> _T | None:
+    """What ``found`` holds for the first of ``storages`` it holds anything for."""
+    return next((found[i] for i in storages if i in found), None)
+
+
 def _positive_result(op: Op, facts: _Facts) -> tuple[list[int], str | None]:
     """``op``'s output storages in order, and why the first that must be positive
     must (None: none must)."""
-    outputs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
-               if tv.storage is not None]
-    return outputs, next((facts.positive[i] for i in outputs if i in facts.positive), None)
+    outputs = _output_storages(op)
+    return outputs, _first_of(facts.positive, outputs)
 
 
 def _complement_bound(op: Op, facts: _Facts) -> None:
@@ -620,7 +633,7 @@ def _complement_bound(op: Op, facts: _Facts) -> None:
     # number - lo) / alpha: ``cumprod(1 - beta)`` in (0, 1) keeps each beta in (0, 1).
     # (A power's preferred range, (0.5, 1.5), is no such domain: ``(1 - a) ** 0.5``
     # only bounds a above.)
-    ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
+    ranged = _first_of(facts.float_range, outputs)
     for tv in iter_tensors(named.get(rule[0]) or ListValue(())):
         if tv.storage is None or tv.storage.index in outputs:
             continue
@@ -641,10 +654,8 @@ def _product_bound(op: Op, facts: _Facts) -> None:
     factors = oprules.PRODUCTS.get(op.name)
     if factors is None:
         return
-    outputs = [tv.storage.index for value in op.outputs for tv in iter_tensors(value)
-               if tv.storage is not None]
-    ranged = next((facts.float_range[i] for i in outputs if i in facts.float_range), None)
-    below = next((facts.below[i] for i in outputs if i in facts.below), None)
+    outputs = _output_storages(op)
+    ranged, below = _first_of(facts.float_range, outputs), _first_of(facts.below, outputs)
     if ranged is not None and ranged[0] >= 0 and ranged[1] <= 1:
         high, why = ranged[1], ranged[2]
     elif below is not None and 0 < below[0] <= 1:
