@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch.profiler import ExecutionTraceObserver
 
 from mystique_gen.passes.comms import collective_sequence
 from mystique_gen.sources.et import load_trace
@@ -18,8 +19,6 @@ SHARED_TRACES = ROOT.parent / "shared" / "traces"
 def record_et(step, path: Path) -> Path:
     """One call of ``step`` under a plain ExecutionTraceObserver (no Kineto, no
     recorded ranges), as most users capture: the trace written to ``path``."""
-    from torch.profiler import ExecutionTraceObserver
-
     observer = ExecutionTraceObserver().register_callback(str(path))
     observer.start()
     try:
