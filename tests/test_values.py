@@ -16,10 +16,10 @@ from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.cli import main as tools_main
 from mystique_gen.driver import Source, build_program, generate, generate_source, run_passes
-from mystique_gen.ir import Init, Literal
+from mystique_gen.ir import Init, Literal, TensorMeta
 from mystique_gen.oprules import op_category
 from mystique_gen.options import BuildOptions
-from mystique_gen.passes.values import recorded_values
+from mystique_gen.passes.values import recorded_values, rising_run
 from mystique_gen.sources.et import load_trace, trace_from_document
 from mystique_gen.tools.capture import capture, capture_script
 from mystique_gen.tools.compare import (
@@ -490,6 +490,94 @@ def test_buffers_read_through_spectra_ratios_products_and_quantizers_keep_their_
     _assert_replays_finite(bench, 3)
 
 
+@pytest.mark.parametrize("greater, lesser, extent, run", [
+    # x2 - x1 of boxes [5, 4] by select (and unsqueeze): pairs 2 apart in rows of 4
+    (((5,), (4,), 2), ((5,), (4,), 0), 20, 4),
+    (((5, 1), (4, 1), 3), ((5, 1), (4, 1), 1), 20, 4),
+    # boxes[:, 2:] - boxes[:, :2], and boxes[4:] - boxes[:4] of a 1-D tensor of 8
+    (((5, 2), (4, 1), 2), ((5, 2), (4, 1), 0), 20, 4),
+    (((4,), (1,), 4), ((4,), (1,), 0), 8, 8),
+    # t[1:] - t[:-1]: the whole storage rises; one row of boxes likewise
+    (((7,), (1,), 1), ((7,), (1,), 0), 8, 8),
+    (((2,), (1,), 2), ((2,), (1,), 0), 4, 4),
+    # no run holds every pair: the first further in, rows that straddle runs, shapes
+    # that differ, strides not multiples of the run
+    (((5,), (4,), 0), ((5,), (4,), 2), 20, None),
+    (((5, 3), (4, 1), 2), ((5, 3), (4, 1), 0), 20, None),
+    (((5,), (4,), 2), ((4,), (4,), 0), 20, None),
+    (((3, 2), (6, 4), 2), ((3, 2), (6, 4), 0), 18, None),
+])
+def test_a_positive_difference_of_two_views_rises_within_runs_holding_both(
+        greater, lesser, extent, run):
+    def meta(shape, strides, offset):
+        return TensorMeta(tuple(shape), tuple(strides), offset, "float32", "cpu")
+
+    assert rising_run(meta(*greater), meta(*lesser), extent) == run
+
+
+def test_box_targets_log_positive_widths_of_boxes_gathered_and_joined(tmp_path):
+    """A detector's box regression targets as torchvision computes them: each image's
+    ground truth boxes resized column by column (``stack([x1 * r, ...], 1)``), matched
+    to anchors by index and joined (``cat``); anchors made from a grid's shifts plus
+    each cell's boxes (module state); ``log(gt_w / anchor_w)`` with widths ``x2 - x1``
+    by select, by slice and by unbind. Filled at random, the boxes and cells gave
+    negative widths, and the training replay went NaN. They rise within each box."""
+    torch.manual_seed(0)
+    images = [torch.cat([xy := torch.rand(n, 2) * 50, xy + torch.rand(n, 2) * 20 + 1], 1)
+              for n in (3, 5)]
+    cells = torch.tensor([[-8.0, -8.0, 8.0, 8.0], [-16.0, -8.0, 16.0, 8.0]])
+    head = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        ratio = torch.tensor(64.0) / torch.tensor(50.0)
+        resized = [torch.stack([c * ratio for c in gt.unbind(1)], 1) for gt in images]
+        shifts = torch.arange(0, 32, 8.0)
+        sy, sx = torch.meshgrid(shifts, shifts, indexing="ij")
+        grid = torch.stack([sx.reshape(-1), sy.reshape(-1)] * 2, 1)
+        anchors = (grid.view(-1, 1, 4) + cells.view(1, -1, 4)).reshape(-1, 4)
+        boxes = torch.cat([gt[torch.randint(0, len(gt), (16,))] for gt in resized], 0)
+        dw = torch.log((boxes[:, 2] - boxes[:, 0]) / (anchors[:, 2] - anchors[:, 0]))
+        wh = (boxes[:, 2:] - boxes[:, :2]).log()
+        x1, y1, x2, y2 = boxes.unbind(-1)
+        dh = torch.log(y2.unsqueeze(1) - y1.unsqueeze(1))
+        loss = (head(anchors) - torch.stack([dw, dw, *wh.unbind(1)], 1)).pow(2).mean()
+        (loss + dh.mean() + torch.sqrt(x2 - x1).mean()).backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / "boxes.et.json")
+    bench = tmp_path / "boxes_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    assert bench.read_text().count('"rising", 4, 0') == 3  # two images' boxes, cells
+    _assert_replays_finite(bench, 3)
+
+
+def test_an_index_after_a_mask_is_bounded_by_the_dimension_it_indexes(tmp_path):
+    """FCOS's ``targets[mask, labels[mask]] = 1.0``: a 2-D mask indexes dimensions 0
+    and 1, so the labels index dimension 2. Bounded by dimension 1's size (the list
+    position), the replay's labels ran past dimension 2 and index_put_ raised."""
+    torch.manual_seed(0)
+    x, labels = torch.randn(2, 50, 8), torch.randint(0, 4, (2, 50))
+    head = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        logits = head(x)
+        mask = labels >= 1
+        target = torch.zeros_like(logits)
+        target[mask, labels[mask]] = 1.0
+        F.binary_cross_entropy_with_logits(logits, target).backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / "masked.et.json")
+    bench = tmp_path / "masked_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    assert re.search(r"aten_index_put_\(\w+, \[\w+, _in_range\(\w+, 4\)\]", bench.read_text())
+    _assert_replays_finite(bench, 3)
+
+
 def test_complex_scalars_the_trace_holds_no_value_of_replay_complex(tmp_path):
     """The observer writes a complex Scalar as "<ComplexDouble>" (complex autograd's
     conj-multiplies, ``x * 1j``): generation stopped at it. It replays as a complex
@@ -816,6 +904,9 @@ def test_fill_kinds_produce_the_sizes_they_promise():
     assert int(parts.sum()) == 40 and int(parts.min()) >= 0
     cuts = fill(6, torch.int64, "cpu", "cuts", 0, 30, gens)
     assert cuts[0] == 0 and cuts[-1] == 30 and bool((cuts.diff() >= 0).all())
+    rising = fill(10, torch.float32, "cpu", "rising", 4, 0, gens)
+    assert rising.shape == (10,) and bool((rising > 0).all())
+    assert bool((rising[:8].view(2, 4).diff(dim=1) > 0).all()) and rising[9] > rising[8]
     span = fill(20, torch.int64, "cpu", "span", 3, 11, gens)
     assert int(span.min()) == 3 and int(span.max()) == 11
     fit = namespace["_fit"]

@@ -23,6 +23,7 @@ class FillKind(str, Enum):
     SPD = "spd"  # low x low symmetric positive-definite matrices, one after another
     BOOL = "bool"  # booleans, half true
     UNIFORM = "uniform"  # floats uniform in [low, high)
+    RISING = "rising"  # floats rising within each run of low elements, in (0, 1.5]
     ONES = "ones"
     ZEROS = "zeros"
     DATA = "data"  # recorded integral values (runtime._data)

@@ -119,9 +119,12 @@ POSITIVE_IF: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] =
     "positive_if")
 COMPLEMENTS: dict[str, tuple[str, str]] = merged("complements")
 PRODUCTS: dict[str, str] = merged("products")
+DIFFERENCES: dict[str, tuple[str, str]] = merged("differences")
+INCREASING: dict[str, tuple[str, ...]] = merged("increasing")
 FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
+MOVES_ROWS: dict[str, tuple[str, str]] = merged("moves_rows")
 SAME_VALUES: dict[str, tuple[str, int]] = merged("same_values")
 SAVED_WORKSPACES: dict[str, tuple[str, ...]] = merged("saved_workspaces")
 NOT_DIFFERENTIABLE_BY_OP: dict[str, tuple[str, ...]] = merged("not_differentiable")
@@ -157,6 +160,8 @@ FILLS = _union("fills")
 OVERWRITES = _union("overwrites")
 ASSIGNED_LITERALS = _union("assigned_literals")
 SEARCHES = _union("searches")
+STACKS = _union("stacks")
+SUMS = _union("sums")
 LENGTH_COMPARISONS = _union("length_comparisons")
 POSITIONS = _union("positions")
 METADATA_ONLY = _union("metadata_only")
@@ -192,7 +197,9 @@ __all__ = [
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",
     "FORWARD_AD_LEVELS", "FULL_PRECISION", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
-    "COMPLEMENTS", "KEEPS_SIGN", "LINEAR_PACKED", "PACKED_ARGS", "PACKED_LINEAR",
+    "COMPLEMENTS", "DIFFERENCES", "INCREASING", "KEEPS_SIGN", "LINEAR_PACKED",
+    "MOVES_ROWS", "STACKS", "SUMS",
+    "PACKED_ARGS", "PACKED_LINEAR",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
     "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",

@@ -197,6 +197,17 @@ class OpFamily:
     # alpha (``(1 - a) ** 0.5`` beside ``a ** 0.5``: a diffusion schedule's cumulative
     # alphas lie in (0, 1)).
     complements: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Ops whose result is ``greater - alpha * lesser``: {op: (greater, lesser)}. A result
+    # that must be positive, where both are views of one tensor at two offsets (a box's
+    # ``x2 - x1``), has that tensor filled rising along the dimension between them.
+    differences: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Ops whose result rises with these arguments where every other tensor argument is
+    # 0-d (a scale, a shift, a copy): {op: (argument, ...)}. A stack of such results of
+    # one tensor's columns keeps their order (a resize of boxes, column by column).
+    increasing: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Of those, sums: they rise with all their arguments at once (anchors, a grid's
+    # shifts plus each cell's boxes, rise within each box where the boxes do).
+    sums: frozenset[str] = frozenset()
     # Products of their argument's elements (``prod``, ``cumprod``): a result that must
     # lie in (0, b] with b <= 1 has every factor in (0, b] (a noise schedule's
     # cumulative product of 1 - beta).
@@ -216,6 +227,15 @@ class OpFamily:
     # Ops that copy values from these inputs to their outputs unchanged: a bound or
     # domain a reader puts on the output holds for the inputs too.
     value_preserving: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Ops that copy whole rows (the trailing dimensions after those they select or join
+    # along) of this input unchanged: {op: (input, the argument naming those
+    # dimensions: "dim", or "indices" for the dimensions indexed; "" where the op keeps
+    # every element in memory order)}. A rising order within rows carries back through
+    # them (``cat([gt[idx] for ...])`` of boxes).
+    moves_rows: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Ops that put their tensors side by side along a new dimension (``stack``): a
+    # rising order along it is one between the tensors, element by element.
+    stacks: frozenset[str] = frozenset()
     # Saved state a backward reads back as raw bytes: zero-filled (never NaN).
     saved_workspaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Floating inputs that must not require grad although an autograd op reads them.

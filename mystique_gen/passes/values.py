@@ -255,6 +255,7 @@ class _Facts:
         self.positive: dict[int, str] = {}
         self.float_range: dict[int, tuple[float, float, str]] = {}
         self.below: dict[int, tuple[float, str]] = {}  # floats under a bound (COMPLEMENTS)
+        self.rising: dict[int, tuple[int, str]] = {}  # rising in runs of n (DIFFERENCES)
         self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
         self.bias_fan_in: dict[int, int] = {}  # a bias: its weight's fan-in
         self.activation: set[int] = set()  # the input a weight multiplies: not a weight
@@ -516,10 +517,13 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
     (:data:`oprules.VALUE_PRESERVING`: index, gather, cat, where). A positive result
     of an op that is positive only for some arguments (:data:`oprules.POSITIVE_IF`)
     puts that condition on them."""
+    by_index = {op.index: op for op in ops}
     for op in reversed(ops):
         _positive_if(op, facts)
         _complement_bound(op, facts)
         _product_bound(op, facts)
+        _difference_bound(op, facts)
+        _carry_rising(op, facts, by_index)
         keeps_sign = oprules.KEEPS_SIGN.get(op.name, ())
         if keeps_sign and not _non_negative_alpha(op):
             keeps_sign = ()
@@ -667,6 +671,177 @@ def _product_bound(op: Op, facts: _Facts) -> None:
         if tv.storage is not None and tv.storage.index not in outputs:
             facts.float_range.setdefault(tv.storage.index,
                                          (0.0, high, f"{why} (via {op.name})"))
+
+
+def rising_run(greater: TensorMeta, lesser: TensorMeta, extent: int) -> int | None:
+    """The run of storage elements that, each filled rising, puts every element of
+    ``greater`` above the element of ``lesser`` at the same index: both views of one
+    storage of ``extent`` elements, of one shape and strides, ``greater`` further into
+    it (a box's ``x2`` and ``x1``, two elements apart in rows of 4). None where no run
+    holds every pair."""
+    if greater.shape != lesser.shape or greater.strides != lesser.strides \
+            or greater.storageless or lesser.numel == 0:
+        return None
+    delta = greater.offset - lesser.offset
+    if delta <= 0:
+        return None
+    dims = [(stride, n) for stride, n in zip(lesser.strides, lesser.shape, strict=True)
+            if n > 1]
+    outer = [stride for stride, _ in dims if stride > delta]
+    run = min(outer) if outer else extent
+    if run <= 0 or any(stride % run for stride in outer):
+        return None
+    spread = sum((n - 1) * stride for stride, n in dims if stride < run)
+    return run if lesser.offset % run + spread + delta < run else None
+
+
+def _difference_bound(op: Op, facts: _Facts) -> None:
+    """Where ``op``'s result, ``greater - lesser`` (:data:`oprules.DIFFERENCES`), must be
+    positive and both are views of one tensor at two offsets, that tensor rises within
+    runs holding every pair: a detector's box targets ``log((x2 - x1) / w)``, with
+    boxes filled at random, took logs of negative widths and trained NaN."""
+    rule = oprules.DIFFERENCES.get(op.name)
+    if rule is None:
+        return
+    outputs, why = _positive_result(op, facts)
+    if why is None:  # a range above 0: a denominator's
+        why = next((r[2] for i in outputs if (r := facts.float_range.get(i)) and r[0] > 0),
+                   None)
+    named = {a.spec.name: a.value for a in op.args}
+    greater, lesser = named.get(rule[0]), named.get(rule[1])
+    alpha = named.get("alpha", Literal(1))
+    if why is None or not isinstance(greater, TensorValue) \
+            or not isinstance(lesser, TensorValue) \
+            or not (isinstance(alpha, Literal) and alpha.value == 1):
+        return
+    s = greater.storage
+    if s is None or lesser.storage is not s or s.index in outputs or s.dtype not in FLOATING:
+        return
+    run = rising_run(greater.meta, lesser.meta, s.extent)
+    if run is not None:
+        facts.rising.setdefault(s.index, (run, f"{why} (via {op.name}: {rule[0]} > {rule[1]})"))
+
+
+def _aligned(meta: TensorMeta, run: int) -> bool:
+    """Whether ``meta`` is contiguous and made of whole runs of ``run`` elements,
+    aligned in its storage."""
+    return not meta.storageless and run > 0 and meta.offset % run == 0 \
+        and meta.numel % run == 0 and all(
+            stride == want for stride, want, n in
+            zip(meta.strides, contiguous_strides(meta.shape), meta.shape, strict=True)
+            if n > 1)
+
+
+def _rows_of(meta: TensorMeta, run: int) -> int | None:
+    """Where ``meta`` is aligned runs of ``run`` elements that its last dimensions hold,
+    from the returned one on: that dimension (the first of the largest such tail)."""
+    if not _aligned(meta, run):
+        return None
+    return next((k for k in range(len(meta.shape), -1, -1) if prod(meta.shape[k:]) == run),
+                None)
+
+
+def _moved_dims(value: object, rank: int) -> list[int] | None:
+    """The dimensions an op selects or joins along: its ``dim`` (a Literal), or those
+    its ``indices`` list indexes (a boolean mask indexes as many as it has)."""
+    if isinstance(value, Literal) and isinstance(value.value, int) and rank:
+        return [value.value % rank]
+    if isinstance(value, ListValue):
+        return [d for item, dim in _indexed_dims(value) if isinstance(item, TensorValue)
+                for d in range(dim, dim + (max(len(item.meta.shape), 1)
+                                           if item.meta.dtype in _MASK_DTYPES else 1))]
+    return None
+
+
+def _carry_rising(op: Op, facts: _Facts, by_index: dict[int, Op]) -> None:
+    """Carry a rising order within runs back through an op that copies whole rows
+    (:data:`oprules.MOVES_ROWS`): ``cat([gt_boxes[matched] ...])`` keeps each box's
+    four values together and in order. Through a stack along the runs
+    (:data:`oprules.STACKS`), it orders the stacked tensors, element by element, and
+    where they rise with one tensor's columns (:data:`oprules.INCREASING`: a resize's
+    ``stack([x1 * w, y1 * h, x2 * w, y2 * h], 1)``), that tensor rises along them."""
+    rule = oprules.MOVES_ROWS.get(op.name)
+    out = next((tv for value in op.outputs[:1] for tv in iter_tensors(value)), None)
+    if out is None or out.storage is None or out.storage.index not in facts.rising:
+        return
+    run, why = facts.rising[out.storage.index]
+    if op.name in oprules.SUMS:
+        _terms_rising(op, out, run, f"{why} (via {op.name})", facts)
+    if rule is None:
+        return
+    source, along = rule
+    named = {a.spec.name: a.value for a in op.args}
+    sources = list(iter_tensors(named.get(source) or ListValue(())))
+    if along:  # rows move as wholes where the op moves only dimensions before them
+        rows = _rows_of(out.meta, run)
+        moved = _moved_dims(named.get(along), len(out.meta.shape))
+        if rows is None or moved is None:
+            return
+        if op.name in oprules.STACKS and moved == [rows] \
+                and out.meta.shape[rows:] == (len(sources),):
+            _columns_rising(sources, by_index, f"{why} (via {op.name})", facts)
+            return
+        if any(d >= rows for d in moved):
+            return
+    elif not _aligned(out.meta, run):  # every element keeps its place in memory order
+        return
+    for tv in sources:
+        s = tv.storage
+        if s is None or s is out.storage or s.dtype not in FLOATING \
+                or (_rows_of(tv.meta, run) is None if along else not _aligned(tv.meta, run)):
+            continue
+        facts.rising.setdefault(s.index, (run, f"{why} (via {op.name})"))
+
+
+def _terms_rising(op: Op, out: TensorValue, run: int, why: str, facts: _Facts) -> None:
+    """A sum rises within runs where each of its terms does along the same last
+    dimensions (a 0-d term shifts every element alike)."""
+    rows = _rows_of(out.meta, run)
+    if rows is None or not _non_negative_alpha(op):
+        return
+    tail = out.meta.shape[rows:]
+    for arg in op.args:
+        for tv in iter_tensors(arg.value):
+            s = tv.storage
+            if s is None or s is out.storage or s.dtype not in FLOATING \
+                    or not tv.meta.shape:
+                continue
+            if tail and tuple(tv.meta.shape[-len(tail):]) == tail \
+                    and _rows_of(tv.meta, run) is not None:
+                facts.rising.setdefault(s.index, (run, why))
+
+
+def _columns_rising(tensors: list[TensorValue], by_index: dict[int, Op], why: str,
+                    facts: _Facts) -> None:
+    """Where each of ``tensors`` rises with a view of one storage (through
+    :data:`oprules.INCREASING` ops), the views in order, each further into it: that
+    storage rises within runs holding them all."""
+    views = [_rises_with(tv, by_index) for tv in tensors]
+    if len(views) < 2 or any(v is None or v.storage is not views[0].storage for v in views):
+        return
+    s = views[0].storage
+    offsets = [v.meta.offset for v in views]
+    if s is None or s.dtype not in FLOATING or offsets != sorted(set(offsets)):
+        return
+    run = rising_run(views[-1].meta, views[0].meta, s.extent)
+    if run is not None:
+        facts.rising.setdefault(s.index, (run, why))
+
+
+def _rises_with(tv: TensorValue, by_index: dict[int, Op]) -> TensorValue | None:
+    """The view ``tv`` rises with through ops that scale, shift or copy it (a few)."""
+    for _ in range(4):
+        binding = tv.binding
+        op = by_index.get(binding.op_index) if isinstance(binding, OpOutput) else None
+        if op is None or op.signature.is_view or op.name not in oprules.INCREASING:
+            return tv
+        tensors = [(a.spec.name, t) for a in op.args for t in iter_tensors(a.value)]
+        grows = [t for name, t in tensors if name in oprules.INCREASING[op.name]
+                 and t.meta.shape]
+        if len(grows) != 1 or any(t.meta.shape for _, t in tensors if t is not grows[0]):
+            return None
+        tv = grows[0]
+    return None
 
 
 def _positive_if(op: Op, facts: _Facts) -> None:
@@ -936,14 +1111,28 @@ def _index_bounds(rules: dict[str, object], by_name: dict[str, object],
             shape = args.get(rule.tensor)
             if not isinstance(value, ListValue) or not isinstance(shape, tuple):
                 continue
-            for k, item in enumerate(value.items):
-                if isinstance(item, TensorValue) and k < len(shape) \
-                        and item.meta.dtype != "bool":
-                    yield arg_name, k, item, shape[k]
+            for k, (item, dim) in enumerate(_indexed_dims(value)):
+                if isinstance(item, TensorValue) and dim < len(shape) \
+                        and item.meta.dtype not in _MASK_DTYPES:
+                    yield arg_name, k, item, shape[dim]
         elif isinstance(rule, oprules.Bound):
             high = rule.upper(args)
             for tv in iter_tensors(value) if high is not None else ():
                 yield arg_name, None, tv, high
+
+
+_MASK_DTYPES = ("bool", "uint8")
+
+
+def _indexed_dims(indices: ListValue) -> Iterator[tuple[object, int]]:
+    """Each item of an ``indices`` list with the first dimension it indexes: a mask
+    indexes as many as it has (``t[mask, labels[mask]] = 1`` with a 2-D mask: the
+    labels index dimension 2, not 1)."""
+    dim = 0
+    for item in indices.items:
+        yield item, dim
+        masks = isinstance(item, TensorValue) and item.meta.dtype in _MASK_DTYPES
+        dim += max(len(item.meta.shape), 1) if masks else 1
 
 
 def _mask_rows(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],
@@ -957,7 +1146,7 @@ def _mask_rows(op: Op, rule: oprules.PerDim, value: object, args: dict[str, obje
         return
     selected = args.get(rule.selection) if rule.selection else \
         (_output_shapes(op)[0] if op.outputs else None)
-    for dim, item in enumerate(value.items):
+    for item, dim in _indexed_dims(value):
         if not isinstance(item, TensorValue) or dim >= len(shape) or item.meta.dtype != "bool":
             continue
         # x[mask]: the masked dims collapse into one of (true count) rows at `dim`.
@@ -1059,6 +1248,9 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         value = _one_value(facts.scalar_values.get(i, []))
         if value is not None and s.extent == 1 and not s.dtype.startswith("complex"):
             return Init(FillKind.UNIFORM, value, value, "recorded value")
+        if i in facts.rising:
+            run, why = facts.rising[i]
+            return Init(FillKind.RISING, run, 0, why)
         if i in facts.float_range:
             low, high, why = facts.float_range[i]
             if i in facts.below and high > facts.below[i][0]:  # narrowed under the bound

@@ -2106,6 +2106,14 @@ def _fill_uniform(numel, low, high, gen, device, gens, dtype):
     return torch.rand(numel, generator=gen, device=device) * (high - low) + low
 
 
+def _fill_rising(numel, low, high, gen, device, gens, dtype):
+    # Rising within each run of `low` elements, by steps in [0.5, 1.5) / low: a box's
+    # `x2 - x1` (two elements apart in a run of 4) is positive, and not tiny.
+    run = max(int(low), 1)
+    steps = torch.rand(-(-numel // run), run, generator=gen, device=device) + 0.5
+    return (steps.cumsum(1) / run).reshape(-1)[:numel]
+
+
 def _fill_ones(numel, low, high, gen, device, gens, dtype):
     return torch.ones(numel, dtype=dtype, device=device)
 
@@ -2128,6 +2136,7 @@ _FILLS = {
     "spd": _fill_spd,
     "bool": _fill_bool,
     "uniform": _fill_uniform,
+    "rising": _fill_rising,
     "ones": _fill_ones,
     "zeros": _fill_zeros,
 }
