@@ -834,6 +834,24 @@ def test_fused_attention_backward_matches_the_kernel_that_runs_here(causal):
         torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs)[0], out)
 
 
+def test_an_op_of_a_newer_torch_resolves_to_its_equivalent(monkeypatch, capsys):
+    """A trace of torch 2.13 replayed on 2.9: functional collectives' eager wrapper
+    (``_c10d_functional::_wrap_tensor_autograd``, which 2.9 lacks) hands its tensor
+    back, said on stderr, where a stand-in would refuse to skip a collective's op
+    under torchrun (the whole tensor-parallel replay stopped at it)."""
+    monkeypatch.setitem(runtime._RUNTIME, "equivalents", [])
+    name = "_c10d_functional::_wrap_tensor_autograd.default"
+
+    def missing():
+        raise AttributeError("'_OpNamespace' '_c10d_functional' object has no attribute")
+
+    wrap = runtime._op(missing, name)
+    t = torch.randn(3)
+    assert wrap(t) is t
+    assert runtime._RUNTIME["equivalents"] == [name]
+    assert "running its equivalent in torch ops" in capsys.readouterr().err
+
+
 def test_a_backend_kernel_that_cannot_run_runs_its_equivalent(monkeypatch, capsys):
     """cuDNN's batch-norm backward cannot run on the host: the replay runs its portable
     equivalent (said once on stderr, listed in --json), not stand-in ones."""

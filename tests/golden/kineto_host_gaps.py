@@ -205,8 +205,9 @@ def _op(resolve, name):
         return equivalent
 
 
-# FSDP2's operators (fsdp::, registered by the torch module that defines them), written
-# with torch ops for a torch without that module: the same copies, on the same buffers.
+# Operators some torch lacks (FSDP2's fsdp::, registered by the torch module that
+# defines them; ops of a newer torch), written with torch ops: the same work, on the
+# same buffers.
 def _fsdp_all_gather_copy_in(
     all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank
 ):
@@ -241,7 +242,14 @@ def _fsdp_chunk_cat(tensors, dim, num_chunks, *, out):
     torch._chunk_cat(tensors, dim, num_chunks, out=out)
 
 
+def _wrap_tensor_autograd(tensor):
+    """Functional collectives' eager wrapper of a result (a Python op that torch 2.13
+    defines and 2.9 does not): it hands the tensor back; no data moves."""
+    return tensor
+
+
 _EQUIVALENTS = {
+    "_c10d_functional::_wrap_tensor_autograd.default": _wrap_tensor_autograd,
     "fsdp::all_gather_copy_in.default": _fsdp_all_gather_copy_in,
     "fsdp::split_with_sizes_copy.default": _fsdp_split_with_sizes_copy,
     "fsdp::chunk_cat.default": _fsdp_chunk_cat,
