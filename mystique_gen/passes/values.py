@@ -703,10 +703,9 @@ def _difference_bound(op: Op, facts: _Facts) -> None:
     rule = oprules.DIFFERENCES.get(op.name)
     if rule is None:
         return
+    # (a domain only: a preferred range, a power's base, would reorder a weight read as
+    # ``(w[1:] - w[:-1]) ** 2``)
     outputs, why = _positive_result(op, facts)
-    if why is None:  # a range above 0: a denominator's
-        why = next((r[2] for i in outputs if (r := facts.float_range.get(i)) and r[0] > 0),
-                   None)
     named = {a.spec.name: a.value for a in op.args}
     greater, lesser = named.get(rule[0]), named.get(rule[1])
     alpha = named.get("alpha", Literal(1))
@@ -747,9 +746,8 @@ def _moved_dims(value: object, rank: int) -> list[int] | None:
     if isinstance(value, Literal) and isinstance(value.value, int) and rank:
         return [value.value % rank]
     if isinstance(value, ListValue):
-        return [d for item, dim in _indexed_dims(value) if isinstance(item, TensorValue)
-                for d in range(dim, dim + (max(len(item.meta.shape), 1)
-                                           if item.meta.dtype in _MASK_DTYPES else 1))]
+        return [d for item, dim, width in _indexed_dims(value)
+                if isinstance(item, TensorValue) for d in range(dim, dim + width)]
     return None
 
 
@@ -1111,7 +1109,7 @@ def _index_bounds(rules: dict[str, object], by_name: dict[str, object],
             shape = args.get(rule.tensor)
             if not isinstance(value, ListValue) or not isinstance(shape, tuple):
                 continue
-            for k, (item, dim) in enumerate(_indexed_dims(value)):
+            for k, (item, dim, _) in enumerate(_indexed_dims(value)):
                 if isinstance(item, TensorValue) and dim < len(shape) \
                         and item.meta.dtype not in _MASK_DTYPES:
                     yield arg_name, k, item, shape[dim]
@@ -1124,15 +1122,16 @@ def _index_bounds(rules: dict[str, object], by_name: dict[str, object],
 _MASK_DTYPES = ("bool", "uint8")
 
 
-def _indexed_dims(indices: ListValue) -> Iterator[tuple[object, int]]:
-    """Each item of an ``indices`` list with the first dimension it indexes: a mask
-    indexes as many as it has (``t[mask, labels[mask]] = 1`` with a 2-D mask: the
-    labels index dimension 2, not 1)."""
+def _indexed_dims(indices: ListValue) -> Iterator[tuple[object, int, int]]:
+    """Each item of an ``indices`` list with the first dimension it indexes and how
+    many: a mask indexes as many as it has (``t[mask, labels[mask]] = 1`` with a 2-D
+    mask: the labels index dimension 2, not 1)."""
     dim = 0
     for item in indices.items:
-        yield item, dim
         masks = isinstance(item, TensorValue) and item.meta.dtype in _MASK_DTYPES
-        dim += max(len(item.meta.shape), 1) if masks else 1
+        width = max(len(item.meta.shape), 1) if masks else 1
+        yield item, dim, width
+        dim += width
 
 
 def _mask_rows(op: Op, rule: oprules.PerDim, value: object, args: dict[str, object],
@@ -1146,7 +1145,7 @@ def _mask_rows(op: Op, rule: oprules.PerDim, value: object, args: dict[str, obje
         return
     selected = args.get(rule.selection) if rule.selection else \
         (_output_shapes(op)[0] if op.outputs else None)
-    for item, dim in _indexed_dims(value):
+    for item, dim, _ in _indexed_dims(value):
         if not isinstance(item, TensorValue) or dim >= len(shape) or item.meta.dtype != "bool":
             continue
         # x[mask]: the masked dims collapse into one of (true count) rows at `dim`.
