@@ -444,6 +444,39 @@ def test_literals_written_by_setitem_replay_as_zero_unless_they_divide(tmp_path)
     _assert_replays_finite(bench, 3)
 
 
+def test_literals_that_later_code_tests_for_replay_as_those_values(tmp_path):
+    """The trace holds no value for a literal ``x[...] = v`` writes; where later code
+    tells it, it replays as that value: a matcher's ``matched[iou < t] = -1`` tested
+    with ``matched >= 0`` (-1: filled 0, every anchor matched a box), labels set to
+    -100 where a loss ignores -100, and -2 where ``x == -2`` tests for it."""
+    torch.manual_seed(0)
+    x, boxes_iou = torch.randn(8, 4), torch.rand(8, 5)
+    targets = torch.randint(0, 3, (8,))
+    head = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        best, matched = boxes_iou.max(1)
+        matched[best < 0.5] = -1
+        kind = targets.clone()
+        kind[best > 0.9] = -2
+        labels = targets.clone()
+        labels[labels == 0] = -100
+        logits = head(x)
+        foreground = (matched >= 0) | (kind == -2)
+        (F.cross_entropy(logits, labels) + logits[foreground].sum()).backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / "markers.et.json")
+    bench = tmp_path / "markers_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    text = bench.read_text()
+    for value in (-1, -2, -100):
+        assert f'"span", {value}, {value}, gens)' in text, value
+    _assert_replays_finite(bench, 3)
+
+
 def test_buffers_read_through_spectra_ratios_products_and_quantizers_keep_their_domains(
         tmp_path):
     """Module state whose values the trace does not hold, each read the way real code

@@ -125,6 +125,9 @@ FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
 MOVES_ROWS: dict[str, tuple[str, str]] = merged("moves_rows")
+LITERAL_WRITES: dict[str, tuple[str, str]] = merged("literal_writes")
+MARKER_TESTS: dict[str, str] = merged("marker_tests")
+IGNORED_TARGETS: dict[str, tuple[str, str]] = merged("ignored_targets")
 SAME_VALUES: dict[str, tuple[str, int]] = merged("same_values")
 SAVED_WORKSPACES: dict[str, tuple[str, ...]] = merged("saved_workspaces")
 NOT_DIFFERENTIABLE_BY_OP: dict[str, tuple[str, ...]] = merged("not_differentiable")
@@ -198,7 +201,8 @@ __all__ = [
     "FORWARD_AD_LEVELS", "FULL_PRECISION", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
     "COMPLEMENTS", "DIFFERENCES", "INCREASING", "KEEPS_SIGN", "LINEAR_PACKED",
-    "MOVES_ROWS", "STACKS", "SUMS",
+    "MOVES_ROWS", "STACKS", "SUMS", "LITERAL_WRITES", "MARKER_TESTS",
+    "IGNORED_TARGETS",
     "PACKED_ARGS", "PACKED_LINEAR",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",

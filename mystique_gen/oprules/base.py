@@ -274,6 +274,14 @@ class OpFamily:
     # Ops whose 0-d argument is a Python literal that ``x[...] = literal`` writes into a
     # tensor; the trace records no value for it.
     assigned_literals: frozenset[str] = frozenset()
+    # Ops that write a value into a tensor: {op: (tensor, value)} (``x[mask] = v``).
+    literal_writes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Tests of an integral tensor that tell which literal marks some of its entries:
+    # {op: "equal"} (``x == c`` or ``!=`` with a Scalar c < 0: the marker is c) or
+    # {op: "sign"} (``x >= 0``, ``x < 0``: a marker below 0, -1).
+    marker_tests: dict[str, str] = field(default_factory=dict)
+    # Losses that skip the targets equal to an argument: {op: (target, ignore index)}.
+    ignored_targets: dict[str, tuple[str, str]] = field(default_factory=dict)
     # In-place ops that replace their written argument whole and read none of its values
     # (as an ``out=`` argument is replaced).
     overwrites: frozenset[str] = frozenset()

@@ -43,6 +43,10 @@ FAMILY = OpFamily(
         # Counts; the input is a rate where log_input is off (positive either way).
         "aten::poisson_nll_loss": {"input": (0.05, 1.5), "target": (0.0, 2.0)},
     },
+    ignored_targets={name: ("target", "ignore_index") for name in (
+        "aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss2d",
+        "aten::nll_loss_forward", "aten::nll_loss2d_forward", "aten::nll_loss_backward",
+        "aten::nll_loss2d_backward", "aten::cross_entropy_loss")},
     not_differentiable={
         "aten::nll_loss": _CLASS_WEIGHTS,
         "aten::nll_loss_nd": _CLASS_WEIGHTS,

@@ -37,6 +37,13 @@ FAMILY = OpFamily(
     # a 0-d tensor. Filled at random, transformers' "keep at least one token" literal
     # removed every token of a row, and multinomial refused the NaN probabilities.
     assigned_literals=frozenset({"aten::lift_fresh"}),
+    # Which value such a literal was: ``matched[iou < t] = -1`` then ``matched >= 0``,
+    # ``labels[pad] = -100`` then a loss that ignores -100 (filled 0, every anchor
+    # matched a box, and FCOS's centerness took square roots outside them).
+    literal_writes={name: ("self", "values") for name in (
+        "aten::index_put_", "aten::index_put", "aten::_index_put_impl_")},
+    marker_tests={"aten::eq": "equal", "aten::ne": "equal", "aten::ge": "sign",
+                  "aten::lt": "sign"},
     # (values computed from such a result do not derive from its argument's:
     # passes/values.py follows values the replay computes from filled ones)
     metadata_only=frozenset({

@@ -261,6 +261,8 @@ class _Facts:
         self.activation: set[int] = set()  # the input a weight multiplies: not a weight
         self.scalar: set[int] = set()  # storages viewed as 0-d tensors
         self.literal: set[int] = set()  # 0-d literals x[...] = v writes (ASSIGNED_LITERALS)
+        # what such a literal was, and whether a test names it (not just its sign)
+        self.literal_value: dict[int, tuple[int, str, bool]] = {}
         self.lengths: dict[int, tuple[int, str]] = {}  # compared with arange(n): (n, op)
         self.scalar_values: dict[int, list[float]] = {}  # recorded values of 0-d views
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
@@ -338,6 +340,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for op in ops:
         _collect(op, facts, recorded)
     _lengths_against_positions(ops, facts)
+    _literal_markers(ops, facts)
     _propagate_bounds(ops, facts)
     _carry_shape_fills(ops, facts)
     _propagate_domains(ops, facts)
@@ -552,6 +555,46 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
                     facts.float_range.setdefault(tv.storage.index, ranged)
                 if below is not None:
                     facts.below.setdefault(tv.storage.index, below)
+
+
+def _literal_markers(ops: list[Op], facts: _Facts) -> None:
+    """The value of an integral literal that ``x[...] = v`` writes, where later code
+    tells it (:data:`oprules.MARKER_TESTS`, :data:`oprules.IGNORED_TARGETS`): ``x ==
+    -2`` tests for -2, ``x >= 0`` for a marker below 0 (-1), a loss's ignore index for
+    itself. torchvision's matchers mark unmatched anchors ``matched[...] = -1``;
+    filled 0, every anchor matched a box."""
+    written: dict[int, list[int]] = {}  # storage written into -> literals written
+    for op in ops:
+        named = {a.spec.name: a.value for a in op.args}
+        writes = oprules.LITERAL_WRITES.get(op.name)
+        if writes is not None:
+            target, value = named.get(writes[0]), named.get(writes[1])
+            if isinstance(target, TensorValue) and isinstance(value, TensorValue) \
+                    and target.storage is not None and value.storage is not None \
+                    and value.storage.index in facts.literal \
+                    and target.storage.dtype in INTEGRAL:
+                written.setdefault(target.storage.index, []).append(value.storage.index)
+            continue
+        marker: int | None = None
+        test, ignored = oprules.MARKER_TESTS.get(op.name), oprules.IGNORED_TARGETS.get(op.name)
+        tested, other = named.get("self"), named.get("other")
+        if test is not None and isinstance(other, Literal) and type(other.value) is int:
+            if test == "equal" and other.value < 0:
+                marker = other.value
+            elif test == "sign" and other.value == 0:
+                marker = -1
+        elif ignored is not None:
+            tested, index = named.get(ignored[0]), named.get(ignored[1])
+            if isinstance(index, Literal) and type(index.value) is int and index.value < 0:
+                marker = index.value
+        if marker is None or not isinstance(tested, TensorValue) or tested.storage is None:
+            continue
+        for literal in written.get(tested.storage.index, ()):
+            # (a value tested for equal says more than a sign)
+            named_value = test == "equal" or ignored is not None
+            if literal not in facts.literal_value or named_value:
+                facts.literal_value[literal] = (marker, f"a literal {op.name} tests",
+                                                named_value)
 
 
 def _lengths_against_positions(ops: list[Op], facts: _Facts) -> None:
@@ -1221,6 +1264,12 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         high = min(n, facts.upper[i][0] - 1) if i in facts.upper else n
         if high >= 1:
             return Init(FillKind.SPAN, 1, high, f"a length: {op_name} against arange({n})")
+    if i in facts.literal_value and s.dtype in INTEGRAL:
+        # (a test that names the value wins over a reader's bound: a loss's ignore
+        # index lies outside its classes; a sign alone does not)
+        value, why, named_value = facts.literal_value[i]
+        if named_value or i not in facts.upper:
+            return Init(FillKind.SPAN, value, value, f"{why}: {value}")
     if i in facts.upper:
         high, why = facts.upper[i]
         return Init(FillKind.RANDINT, 0, high, why + f" < {high}")
