@@ -563,10 +563,15 @@ def _literal_markers(ops: list[Op], facts: _Facts) -> None:
     -2`` tests for -2, ``x >= 0`` for a marker below 0 (-1), a loss's ignore index for
     itself. torchvision's matchers mark unmatched anchors ``matched[...] = -1``;
     filled 0, every anchor matched a box."""
+    if not facts.literal:
+        return
     written: dict[int, list[int]] = {}  # storage written into -> literals written
     for op in ops:
-        named = {a.spec.name: a.value for a in op.args}
         writes = oprules.LITERAL_WRITES.get(op.name)
+        test, ignored = oprules.MARKER_TESTS.get(op.name), oprules.IGNORED_TARGETS.get(op.name)
+        if writes is None and test is None and ignored is None:
+            continue
+        named = {a.spec.name: a.value for a in op.args}
         if writes is not None:
             target, value = named.get(writes[0]), named.get(writes[1])
             if isinstance(target, TensorValue) and isinstance(value, TensorValue) \
@@ -576,7 +581,6 @@ def _literal_markers(ops: list[Op], facts: _Facts) -> None:
                 written.setdefault(target.storage.index, []).append(value.storage.index)
             continue
         marker: int | None = None
-        test, ignored = oprules.MARKER_TESTS.get(op.name), oprules.IGNORED_TARGETS.get(op.name)
         tested, other = named.get("self"), named.get("other")
         if test is not None and isinstance(other, Literal) and type(other.value) is int:
             if test == "equal" and other.value < 0:
@@ -589,9 +593,8 @@ def _literal_markers(ops: list[Op], facts: _Facts) -> None:
                 marker = index.value
         if marker is None or not isinstance(tested, TensorValue) or tested.storage is None:
             continue
+        named_value = test == "equal" or ignored is not None  # more than a sign
         for literal in written.get(tested.storage.index, ()):
-            # (a value tested for equal says more than a sign)
-            named_value = test == "equal" or ignored is not None
             if literal not in facts.literal_value or named_value:
                 facts.literal_value[literal] = (marker, f"a literal {op.name} tests",
                                                 named_value)
@@ -802,6 +805,8 @@ def _carry_rising(op: Op, facts: _Facts, by_index: dict[int, Op]) -> None:
     where they rise with one tensor's columns (:data:`oprules.INCREASING`: a resize's
     ``stack([x1 * w, y1 * h, x2 * w, y2 * h], 1)``), that tensor rises along them."""
     rule = oprules.MOVES_ROWS.get(op.name)
+    if rule is None and op.name not in oprules.SUMS:
+        return
     out = next((tv for value in op.outputs[:1] for tv in iter_tensors(value)), None)
     if out is None or out.storage is None or out.storage.index not in facts.rising:
         return
