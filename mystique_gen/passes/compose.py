@@ -274,10 +274,13 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
             sid = record[1]
             if view[1] != () or sid in made_here or view[3] not in WRAPPED_NUMBER_TYPES:
                 continue
+            # (``lift_fresh`` reads a literal Python just made, ``x[m] = -1``, never one
+            # read before, even at a reused tensor id and address)
+            literal = node.name in oprules.ASSIGNED_LITERALS
             if sid in defined:
-                if returned.get(record[0]) == (sid, view) or (
+                if not literal and (returned.get(record[0]) == (sid, view) or (
                         sid not in allocated and view[3] in dtypes.get(sid, ())
-                        and (sid in wrote or record[0] in tensors.get(sid, ()))):
+                        and (sid in wrote or record[0] in tensors.get(sid, ())))):
                     continue
                 # No recorded op returned this tensor as it is read now (same storage,
                 # same view), yet its storage id is one a recorded op allocated, or its
