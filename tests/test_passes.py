@@ -282,6 +282,36 @@ def test_a_collectives_completion_work_is_its_own():
     assert parents[chunk] == parents[copy] == rs
 
 
+@pytest.mark.parametrize("recorded", [True, False])
+def test_program_ops_at_a_freed_private_buffers_address_stay_the_programs(recorded):
+    """A collective's private buffer is freed when it completes; the allocator may then
+    hand its address to the program: to a ``_to_copy`` inside ``mul`` (recorded, below
+    the op), or to a wrapped Python scalar that no op records. An op that reads the
+    collective's input and a tensor at that address after a recorded reuse is the
+    program's, and a collective is never another's completion work: on one rank of 12
+    captures, ``x * r`` and the ``scatter`` of its result were taken for a gather's
+    completion, and the ranks replayed different collectives."""
+    b = TraceBuilder()
+    out, grads = b.tensor((4,)), b.tensor((8,))
+    rs = b.op(REDUCE_SCATTER_, [out, grads, Object(), Object(), True, -1], [out, Object()])
+    private = b.tensor((8,))
+    b.op(CLONE, [grads, None], [private], parent=rs)
+    b.annotation("gloo:reduce_scatter")
+    first = b.op(MUL, [grads, b.tensor(())], [b.tensor((8,))])
+    if recorded:
+        b.op(CLONE, [b.tensor(()), None], [b.tensor((), storage=private.storage_id)],
+             parent=first)
+    product = b.tensor((8,))
+    mul = b.op(MUL, [grads, b.tensor((), storage=private.storage_id)], [product])
+    allreduce = b.op(ALLREDUCE_, [[product], Object(), Object(), None, True, -1],
+                     [[product], Object()])
+    selected = [s.node.id for s in select_ops(trace_from_document(b.doc(), name="t",
+                                                                  sha256="0")).ops]
+    # Unrecorded, the reuse cannot be told from completion work: the mul is the
+    # collective's then, but the next collective still replays.
+    assert selected == ([rs, first, mul, allreduce] if recorded else [rs, first, allreduce])
+
+
 def test_the_tensor_a_barrier_is_given_is_the_barriers():
     """A barrier's call takes no tensor: the process group makes an empty one just
     before its c10d op, and the replayed call makes its own. An empty tensor the

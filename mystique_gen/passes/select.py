@@ -288,9 +288,11 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
             if oprules.ASYNC_SCOPE.match(later.name):
                 levels.add(later.id)
                 continue
+            if _is_collective(later):
+                break  # another began: a collective completes none of its peers
             if not _reads(later, reached):
-                if run or _is_collective(later) or reached & _made(later, set()):
-                    break  # its completion ran, another began, or the buffer is gone
+                if run or reached & _allocated(later, children):
+                    break  # its completion ran, or the buffer is gone
                 skipped = True  # program work between an async collective and its wait
                 continue
             run.append(later)
@@ -354,6 +356,16 @@ def _reads(node: RawNode, storages: set[int]) -> bool:
 def _made(node: RawNode, own: set[int]) -> set[int]:
     """The storages an op returned that are not the collective's own."""
     return {sid for arg in node.outputs for sid in raw_storage_ids(arg)} - own
+
+
+def _allocated(node: RawNode, children: dict[int, list[RawNode]]) -> set[int]:
+    """The storages ``node`` and every op below it returned: an allocation at any depth
+    (mul's ``_to_copy`` of a wrapped scalar) at a private buffer's address means the
+    buffer was freed, and later readers of that address read the program's tensor."""
+    found = _made(node, set())
+    for inner in _below(node.id, children):
+        found |= _made(inner, set())
+    return found
 
 
 def _adopt_front_end_tensor(nodes: list[RawNode], k: int, own: set[int]) -> None:
