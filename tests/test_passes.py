@@ -286,11 +286,11 @@ def test_a_collectives_completion_work_is_its_own():
 def test_program_ops_at_a_freed_private_buffers_address_stay_the_programs(recorded):
     """A collective's private buffer is freed when it completes; the allocator may then
     hand its address to the program: to a ``_to_copy`` inside ``mul`` (recorded, below
-    the op), or to a wrapped Python scalar that no op records. An op that reads the
-    collective's input and a tensor at that address after a recorded reuse is the
-    program's, and a collective is never another's completion work: on one rank of 12
-    captures, ``x * r`` and the ``scatter`` of its result were taken for a gather's
-    completion, and the ranks replayed different collectives."""
+    the op), or to a wrapped Python scalar that no op records (its storage id, but not
+    its tensor id or size). An op that reads the collective's input and a tensor at
+    that address is the program's, and a collective is never another's completion
+    work: on one rank of 12 captures, ``x * r`` and the ``scatter`` of its result were
+    taken for a gather's completion, and the ranks replayed different collectives."""
     b = TraceBuilder()
     out, grads = b.tensor((4,)), b.tensor((8,))
     rs = b.op(REDUCE_SCATTER_, [out, grads, Object(), Object(), True, -1], [out, Object()])
@@ -307,9 +307,7 @@ def test_program_ops_at_a_freed_private_buffers_address_stay_the_programs(record
                      [[product], Object()])
     selected = [s.node.id for s in select_ops(trace_from_document(b.doc(), name="t",
                                                                   sha256="0")).ops]
-    # Unrecorded, the reuse cannot be told from completion work: the mul is the
-    # collective's then, but the next collective still replays.
-    assert selected == ([rs, first, mul, allreduce] if recorded else [rs, first, allreduce])
+    assert selected == [rs, first, mul, allreduce]
 
 
 def test_the_tensor_a_barrier_is_given_is_the_barriers():

@@ -274,8 +274,7 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
         rule = oprules.COMM_OPS.get(node.name)
         if rule is not None and not rule.tensors:
             _adopt_front_end_tensor(trace.nodes, k, own)
-        private = {sid for inner in _below(node.id, children) for arg in inner.outputs
-                   for sid in raw_storage_ids(arg)} - own
+        private = {t for inner in _below(node.id, children) for t in _made(inner, own)}
         if not private:
             continue
         levels = {node.parent}  # its parent, and async scopes opened after it there
@@ -291,7 +290,7 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
             if _is_collective(later):
                 break  # another began: a collective completes none of its peers
             if not _reads(later, reached):
-                if run or reached & _allocated(later, children):
+                if run or {t[1] for t in reached} & _allocated(later, children):
                     break  # its completion ran, or the buffer is gone
                 skipped = True  # program work between an async collective and its wait
                 continue
@@ -299,7 +298,7 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
             reached.update(_made(later, own))
         # Past program work, only a run that finishes into the collective's own tensors
         # is its completion (not a program op at an address the buffer had).
-        if run and (not skipped or any(_reads(op, own) for op in run)):
+        if run and (not skipped or any(_reads_storage(op, own) for op in run)):
             for op in run:
                 op.parent = node.id
             private = reached
@@ -326,7 +325,7 @@ def _functional_waits(trace: RawTrace) -> dict[int, list[int]]:
 
 
 def _completion_in_wait(nodes: list[RawNode], wait: int, collective: RawNode,
-                        private: set[int], own: set[int]) -> None:
+                        private: set[TensorRecord], own: set[int]) -> None:
     """Adopt the ops that finish ``collective`` inside its wait (at position ``wait``):
     they start right after the wait does, each reading the collective's private
     buffers. The observer's stack is shifted by the backend's scope there, so their
@@ -348,23 +347,38 @@ def _completion_in_wait(nodes: list[RawNode], wait: int, collective: RawNode,
         private.update(_made(later, own))
 
 
-def _reads(node: RawNode, storages: set[int]) -> bool:
+# One recorded tensor whole: (tensor id, storage id, offset, numel, itemsize, device).
+# A collective's private buffers are followed as these, not as storage ids: once one is
+# freed, the program's next tensor at its address (a wrapped Python scalar, which no
+# op records) has its storage id but not its size or tensor id.
+TensorRecord = tuple[object, ...]
+
+
+def _records(args: list[RawArg]) -> set[TensorRecord]:
+    return {tuple(record[:6]) for arg in args for record in tensor_records(arg)}
+
+
+def _reads(node: RawNode, tensors: set[TensorRecord]) -> bool:
+    return bool(node.op_schema) and not _records(node.inputs).isdisjoint(tensors)
+
+
+def _reads_storage(node: RawNode, storages: set[int]) -> bool:
     return bool(node.op_schema) and any(
         sid in storages for arg in node.inputs for sid in raw_storage_ids(arg))
 
 
-def _made(node: RawNode, own: set[int]) -> set[int]:
-    """The storages an op returned that are not the collective's own."""
-    return {sid for arg in node.outputs for sid in raw_storage_ids(arg)} - own
+def _made(node: RawNode, own: set[int]) -> set[TensorRecord]:
+    """The tensors an op returned that are not on the collective's own storages."""
+    return {t for t in _records(node.outputs) if t[1] not in own}
 
 
 def _allocated(node: RawNode, children: dict[int, list[RawNode]]) -> set[int]:
     """The storages ``node`` and every op below it returned: an allocation at any depth
     (mul's ``_to_copy`` of a wrapped scalar) at a private buffer's address means the
     buffer was freed, and later readers of that address read the program's tensor."""
-    found = _made(node, set())
+    found = {t[1] for t in _records(node.outputs)}
     for inner in _below(node.id, children):
-        found |= _made(inner, set())
+        found |= {t[1] for t in _records(inner.outputs)}
     return found
 
 
