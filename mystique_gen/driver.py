@@ -45,6 +45,7 @@ from mystique_gen.passes import autograd, frees, hostgaps, link, public_calls, s
 from mystique_gen.passes.comms import (
     CommLowering,
     pair_point_to_point,
+    place_rooted_collectives,
     rank_disagreements,
     regroup_second_reductions,
     regroup_sized_collectives,
@@ -561,6 +562,7 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     if all(p.distributed is None for p in programs):
         raise MystiqueError("these traces hold no communication; combine them with --compose")
     regrouped = regroup_sized_collectives(programs, ranks)
+    rooted = place_rooted_collectives(programs, ranks)
     crossed = regroup_second_reductions(programs, ranks)
     aligned = regroup_unaligned_collectives(programs, ranks)
     moved = pair_point_to_point(programs, ranks)
@@ -570,6 +572,10 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
         notes.append(f"{regrouped} collectives of this job whose group their sizes imply "
                      "run on the mesh dimension whose ranks issue them with the same sizes "
                      "(the first dimension's did not)")
+    if rooted:
+        notes.append(f"{rooted} gathers and scatters of this job on a non-root rank, which "
+                     "records neither their group nor its size, run on the group of their "
+                     "root's matching call")
     if crossed:
         notes.append(f"{crossed} reductions of this job that record no group, of results "
                      "another collective reduced (HSDP's all-reduce over the replicas of "

@@ -17,7 +17,9 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   microbatches, one stage per rank, SGD): sends and recvs that cross (a rank sends the
   next forward while its peer sends a backward);
 * ``mesh2d``: a 2 x 2 device mesh (dp x tp, 4 ranks): collectives on each mesh
-  dimension's subgroup, functional and c10d, as 2-D parallel training issues them;
+  dimension's subgroup, functional and c10d, as 2-D parallel training issues them,
+  list forms (``all_gather`` into a list, list ``reduce_scatter``, ``all_to_all``) and
+  a ``gather`` to a subgroup's first rank;
 * ``pipeline_mesh``: pipeline stages over a 2 x 2 mesh's ``pp`` dimension (GPipe) with
   FSDP2 over ``dp`` (4 ranks), torchtitan's layout: sends and recvs whose peers are
   pp-group ranks, and FSDP2 collectives of different sizes on the two stages;
@@ -283,11 +285,24 @@ def mesh2d() -> Callable[[], object]:
     x = torch.ones(8) * (dist.get_rank() + 1)
     weight = torch.randn(8, 8)
 
+    dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+    tp_root = dist.get_process_group_ranks(tp)[0]
+
     def step() -> object:
         y = fc.wait_tensor(fc.all_reduce(x @ weight, "sum", mesh["tp"]))
         z = fc.wait_tensor(fc.all_gather_tensor(y, 0, mesh["dp"]))
-        dist.all_reduce(z, group=mesh.get_group("dp"))
-        return (z * 2).sum()
+        dist.all_reduce(z, group=dp)
+        # Calls with one tensor per member, whose list length is the group's size (gloo
+        # records no group), and a gather whose non-root ranks pass no list.
+        parts = [torch.empty(8) for _ in range(2)]
+        dist.all_gather(parts, y, group=dp)
+        mine = torch.empty(8)
+        dist.reduce_scatter(mine, list(z.chunk(2)), group=tp)
+        swapped = [torch.empty(4) for _ in range(2)]
+        dist.all_to_all(swapped, list(y.chunk(2)), group=tp)
+        rooted = [torch.empty(8) for _ in range(2)] if dist.get_rank() == tp_root else None
+        dist.gather(mine, rooted, group_dst=0, group=tp)
+        return (z * 2).sum() + sum(p.sum() for p in parts + swapped)
 
     return step
 

@@ -13,13 +13,15 @@ import torch
 from mystique_gen import oprules
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import generate
-from mystique_gen.ir import Arg, ListValue, Op, Program, TensorMeta, TensorValue
+from mystique_gen.ir import Arg, ListValue, Op, Program, TensorMeta, TensorValue, Value
 from mystique_gen.ir.dist import CommInfo, DistInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import parse_signature
 from mystique_gen.passes.comms import (
     collective_sequence,
-    group_by_size,
+    group_of_size,
+    implied_group_size,
     pair_point_to_point,
+    place_rooted_collectives,
     rank_disagreements,
     regroup_second_reductions,
     regroup_sized_collectives,
@@ -52,6 +54,8 @@ ALLTOALL_BASE = (f"c10d::alltoall_base_(Tensor output, Tensor input, {PG}, "
                  f"int timeout=-1) -> {WORK}")
 SEND = f"c10d::send(Tensor[] tensors, {PG}, int dst, int tag) -> {WORK}"
 RECV = f"c10d::recv_(Tensor[] tensors, {PG}, int src, int tag) -> {WORK}"
+GATHER = (f"c10d::gather_(Tensor[][] output_tensors, Tensor[] input_tensors, {PG}, "
+          f"int root_rank, bool async_op=True, int timeout=-1) -> {WORK}")
 
 
 def _trace(tmp_path: Path, *, asynchronous: bool = False) -> Path:
@@ -165,10 +169,12 @@ def test_one_rank_replay_runs_the_coalesced_ops_and_the_monitored_barrier(tmp_pa
     assert replayed == recorded
 
 
-def test_a_gathers_group_is_the_one_its_sizes_imply():
+def test_a_collectives_group_is_the_one_its_sizes_imply():
     """Gloo records no group for c10d collectives; an all-gather's output over its
-    input is the group's size. A 2 x 2 mesh: the world has 4 ranks, this rank is in
-    dp [0, 2] (created first) and tp [0, 1], not in dp [1, 3]."""
+    input is the group's size, and so is the length of a list collective's list of one
+    tensor per member (all_gather into a list, all_to_all, a root's gather). A 2 x 2
+    mesh: the world has 4 ranks, this rank is in dp [0, 2] (created first) and tp
+    [0, 1], not in dp [1, 3]."""
     groups = [ProcessGroupSpec(0, "0", "default_pg", None, 4),
               ProcessGroupSpec(1, "1", "mesh_dp", (0, 2), 2),
               ProcessGroupSpec(2, "2", "mesh_dp", (1, 3), 2),
@@ -177,11 +183,30 @@ def test_a_gathers_group_is_the_one_its_sizes_imply():
     def tensor(n: int) -> TensorValue:
         return TensorValue(0, 0, TensorMeta((n,), (1,), 0, "float32", "cpu"))
 
+    def listed(*items: Value) -> ListValue:
+        return ListValue(tuple(items))
+
     member = frozenset({"0", "1", "3"})
-    assert group_by_size(tensor(16), tensor(8), groups, 0, member) == 1
-    assert group_by_size(tensor(32), tensor(8), groups, 0, member) == 0  # the world
-    assert group_by_size(tensor(24), tensor(8), groups, 0, member) is None  # no such group
-    assert group_by_size(tensor(16), tensor(8), groups, 0, frozenset({"0", "2"})) == 2
+
+    def group(name: str, args: dict[str, Value], member_of: frozenset[str] = member):
+        size = implied_group_size(oprules.COMM_OPS[name], args)
+        return group_of_size(size, groups, 0, member_of)
+
+    def gather_base(big: int, small: int) -> dict[str, Value]:
+        return {"output_tensor": tensor(big), "input_tensor": tensor(small)}
+
+    assert group("c10d::_allgather_base_", gather_base(16, 8)) == 1
+    assert group("c10d::_allgather_base_", gather_base(32, 8)) == 0  # the world
+    assert group("c10d::_allgather_base_", gather_base(24, 8)) is None  # no such group
+    assert group("c10d::_allgather_base_", gather_base(16, 8), frozenset({"0", "2"})) == 2
+    pair, four = listed(tensor(8), tensor(8)), listed(*[tensor(8)] * 4)
+    assert group("c10d::allgather_", {"output_tensors": listed(pair)}) == 1
+    assert group("c10d::allgather_", {"output_tensors": listed(four)}) == 0
+    assert group("c10d::alltoall_", {"output_tensors": pair}) == 1
+    assert group("c10d::reduce_scatter_", {"input_tensors": listed(pair)}) == 1
+    assert group("c10d::allgather_coalesced_", {"output_lists": listed(pair, pair)}) == 1
+    assert group("c10d::gather_", {"output_tensors": listed(pair)}) == 1  # the root
+    assert group("c10d::gather_", {"output_tensors": listed()}) is None  # another rank
 
 
 def _rank_program(rank: int, calls: list[str], members: tuple[int, ...] | None = None):
@@ -276,6 +301,45 @@ def test_sends_and_recvs_run_on_the_group_that_pairs_them():
            _pipeline_rank(2, [("recv", 0, 4)]), _pipeline_rank(3, [])]
     assert pair_point_to_point(odd, [0, 1, 2, 3]) == 0
     assert odd[0].ops[0].comm.group == 0
+
+
+def _gather_rank(rank: int, root: bool, group: int, groups: list[ProcessGroupSpec],
+                 world: int) -> Program:
+    """A rank's gather of 8 elements to the group's first rank, as a gloo trace lowers
+    it: the root passes its list (and sits on a group of that size), the others none."""
+    signature = parse_signature(GATHER)
+    mine = TensorValue(1, 1, TensorMeta((8,), (1,), 0, "float32", "cpu"))
+    parts = [TensorValue(k, k, TensorMeta((8,), (1,), 0, "float32", "cpu")) for k in (2, 3)]
+    listed = ListValue((ListValue(tuple(parts)),) if root else ())
+    op = Op(index=0, node_id=10, signature=signature,
+            args=[Arg(signature.args[1], ListValue((mine,))), Arg(signature.args[0], listed)],
+            outputs=[], thread=1, scope=(),
+            comm=CommInfo(call="gather", group=group, root=0, group_recorded=False,
+                          sized=root))
+    program = Program.empty()
+    program.ops = [op]
+    program.distributed = DistInfo(world_size=world, rank=rank, groups=groups,
+                                   groups_recorded=True)
+    return program
+
+
+def test_a_gathers_other_ranks_join_their_roots_group():
+    """Gloo records no group, and only a gather's root passes the list whose length is
+    the group's size: the other ranks' calls stayed on the default group while the
+    root's went to a subgroup, and the job hung. On a 2 x 2 mesh the roots (ranks 0
+    and 2, each first in its dp group) picked pp, the first dimension of size 2, where
+    rank 2 is second: dp, where each root is first, is chosen, with the other ranks.
+    On a group over some ranks only, the other member joins its root's group."""
+    mesh = _pipeline_rank(0, []).distributed.groups  # pp [0, 2], [1, 3]; dp [0, 1], [2, 3]
+    ranks = [_gather_rank(r, r in (0, 2), 1 if r in (0, 2) else 0, mesh, 4) for r in range(4)]
+    assert regroup_sized_collectives(ranks, [0, 1, 2, 3]) == 4
+    assert [p.ops[0].comm.group for p in ranks] == [3, 3, 4, 4]
+    partial = [ProcessGroupSpec(0, "0", "default", None, 3),
+               ProcessGroupSpec(1, "1", "pair", (1, 2), 2)]
+    pair = [_gather_rank(1, True, 1, partial, 3), _gather_rank(2, False, 0, partial, 3)]
+    assert regroup_sized_collectives(pair, [1, 2]) == 0  # not a mesh dimension
+    assert place_rooted_collectives(pair, [1, 2]) == 1
+    assert [p.ops[0].comm.group for p in pair] == [1, 1]
 
 
 def test_sized_collectives_run_on_the_mesh_dimension_whose_ranks_issue_them_alike():

@@ -149,8 +149,12 @@ class CommRule:
     async so that ranks pair them up in recorded order without deadlock.
     ``group_size``: (larger, smaller) schema arguments whose element counts' ratio is
     the size of the group the op ran on (all-gather: output over input), for traces
-    that do not record the group (gloo: no record_param_comms). A reducing rule's
-    first tensor argument is what it writes (the reduced result). ``same_sizes``: every
+    that do not record the group (gloo: no record_param_comms). ``group_members``: for
+    those traces, the schema argument whose innermost list holds one tensor per member
+    of the group (a list all-gather's outputs, an all-to-all's lists, a root's gather
+    or scatter list; empty on a non-root rank): its length is the group's size. A
+    reducing rule's first tensor argument is what it writes (the reduced result).
+    ``same_sizes``: every
     member of the group passes tensors of the same sizes (not all-to-all, gather,
     scatter or point-to-point), so members that differ would fail."""
 
@@ -168,7 +172,13 @@ class CommRule:
     note: str | None = None
     point_to_point: str | None = None
     group_size: tuple[str, str] | None = None
+    group_members: str | None = None
     same_sizes: bool = True
+
+    @property
+    def implies_group(self) -> bool:
+        """Whether the op's tensors say the size of the group it ran on."""
+        return self.group_size is not None or self.group_members is not None
 
 
 @dataclass(frozen=True)

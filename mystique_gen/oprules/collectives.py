@@ -89,12 +89,14 @@ FAMILY = OpFamily(
         "c10d::reduce_": CommRule("reduce", (("tensors", "one"),), "root_rank", "group_dst",
                                   reduce_op="reduce_op"),
         "c10d::allgather_": CommRule(
-            "all_gather", (("output_tensors", "inner"), ("input_tensors", "one"))),
+            "all_gather", (("output_tensors", "inner"), ("input_tensors", "one")),
+            group_members="output_tensors"),
         "c10d::_allgather_base_": CommRule(
             "all_gather_into_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
             group_size=("output_tensor", "input_tensor")),
         "c10d::allgather_coalesced_": CommRule(
-            "all_gather_coalesced", (("output_lists", "list"), ("input_list", "list"))),
+            "all_gather_coalesced", (("output_lists", "list"), ("input_list", "list")),
+            group_members="output_lists"),
         # Coalesced tensor collectives (FSDP, torch.distributed._coalescing_manager): one
         # call of the harness issues them through a coalescing manager, which torch
         # sends as this op again.
@@ -103,7 +105,7 @@ FAMILY = OpFamily(
             harness=True, group_size=("outputs", "inputs")),
         "c10d::reduce_scatter_": CommRule(
             "reduce_scatter", (("output_tensors", "one"), ("input_tensors", "inner")),
-            reduce_op="reduce_op"),
+            reduce_op="reduce_op", group_members="input_tensors"),
         "c10d::_reduce_scatter_base_": CommRule(
             "reduce_scatter_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
             reduce_op="reduce_op", group_size=("input_tensor", "output_tensor")),
@@ -112,16 +114,16 @@ FAMILY = OpFamily(
             reduce_op="reduce_op", harness=True, group_size=("inputs", "outputs")),
         "c10d::alltoall_": CommRule(
             "all_to_all", (("output_tensors", "list"), ("input_tensors", "list")),
-            same_sizes=False),
+            same_sizes=False, group_members="output_tensors"),
         "c10d::alltoall_base_": CommRule(
             "all_to_all_single", (("output", "tensor"), ("input", "tensor")), splits=True,
             same_sizes=False),
         "c10d::gather_": CommRule(
             "gather", (("input_tensors", "one"), ("output_tensors", "inner_or_none")),
-            "root_rank", "group_dst", same_sizes=False),
+            "root_rank", "group_dst", same_sizes=False, group_members="output_tensors"),
         "c10d::scatter_": CommRule(
             "scatter", (("output_tensors", "one"), ("input_tensors", "inner_or_none")),
-            "root_rank", "group_src", same_sizes=False),
+            "root_rank", "group_src", same_sizes=False, group_members="input_tensors"),
         # Point-to-point: the trace cannot say whether the program sent with send or
         # isend (batch_isend_irecv, pipeline schedules); issued in recorded order but
         # async, they pair up across ranks as recorded, where blocking calls could wait

@@ -39,6 +39,7 @@ from mystique_gen.ir import (
 )
 from mystique_gen.ir.dist import CommInfo, DistInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
+from mystique_gen.oprules.base import CommRule
 from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
 from mystique_gen.passes.ranks import (
     CommScan,
@@ -66,7 +67,7 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
     """One c10d op as an :class:`Op` carrying a :class:`CommInfo`; tensors stay IR values
     so the tensor pass gives them real dataflow bindings. ``member_of``: the names of
     the groups this trace's rank is in (for ops whose group is implied by their sizes:
-    :func:`group_by_size`); ``sparse``: the trace's sparse tensors (DDP all-reduces a
+    :func:`group_of_size`); ``sparse``: the trace's sparse tensors (DDP all-reduces a
     sparse embedding gradient as one)."""
     node = sel.node
     name = sig.qualified_name
@@ -95,11 +96,9 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
 
     facts = scan.ops.get(node.id)
     group = group_index(facts, groups)
-    if group is None and rule.group_size is not None:
-        by_name = {a.spec.name: a.value for a in args}
-        group = group_by_size(by_name.get(rule.group_size[0]),
-                              by_name.get(rule.group_size[1]), groups, default_group,
-                              member_of)
+    if group is None and rule.implies_group:
+        group = group_of_size(implied_group_size(rule, {a.spec.name: a.value for a in args}),
+                              groups, default_group, member_of)
     root = _int_arg(raw, rule.root, node.id) if rule.root else None
     tag = _int_arg(raw, "tag", node.id) if rule.tag else None
     recorded_async = any(raw[a][2].value is True for a in oprules.ASYNC_ARGS if a in raw)
@@ -124,19 +123,32 @@ def lower_comm(sel: Selected, sig: Signature, index: int, scan: CommScan,
               thread=node.tid, scope=sel.scope, comm=info)
 
 
-def group_by_size(larger: Value | None, smaller: Value | None,
-                  groups: list[ProcessGroupSpec], default_group: int,
+def implied_group_size(rule: CommRule, args: dict[str, Value]) -> int | None:
+    """The size of the group an op ran on, as its tensors say (``rule.group_size``: the
+    ratio of two tensors' element counts; ``rule.group_members``: the length of a list
+    of one tensor per member); None where they do not say (a non-root rank's gather)."""
+    if rule.group_size is not None:
+        larger, smaller = (args.get(name) for name in rule.group_size)
+        big = [t.meta.numel for t in iter_tensors(larger)] if larger is not None else []
+        small = [t.meta.numel for t in iter_tensors(smaller)] if smaller is not None else []
+        if not big or not small or small[0] <= 0 or big[0] % small[0]:
+            return None
+        return big[0] // small[0]
+    members = args.get(rule.group_members) if rule.group_members else None
+    while isinstance(members, ListValue) and members.items \
+            and isinstance(members.items[0], ListValue):
+        members = members.items[0]  # [[t0, t1]]: one list per call or input
+    return len(members.items) if isinstance(members, ListValue) and members.items else None
+
+
+def group_of_size(size: int | None, groups: list[ProcessGroupSpec], default_group: int,
                   member_of: frozenset[str]) -> int | None:
-    """The group an all-gather or reduce-scatter ran on, where the trace does not record
-    it: the ratio of its tensors' element counts is the group's size. The default group
-    where it has that size, else the first group of that size this rank is in (in
-    creation order: a device mesh creates its groups dimension by dimension, so every
-    rank picks the same dimension); None where no group fits."""
-    big = [t.meta.numel for t in iter_tensors(larger)] if larger is not None else []
-    small = [t.meta.numel for t in iter_tensors(smaller)] if smaller is not None else []
-    if not big or not small or small[0] <= 0 or big[0] % small[0]:
+    """The group of ``size`` ranks an op ran on, where the trace does not record it:
+    the default group where it has that size, else the first group of that size this
+    rank is in (in creation order: a device mesh creates its groups dimension by
+    dimension, so every rank picks the same dimension); None where no group fits."""
+    if size is None:
         return None
-    size = big[0] // small[0]
     if groups[default_group].size == size:
         return default_group
     fits = [g.index for g in groups if g.size == size and g.name in member_of]
@@ -414,7 +426,7 @@ class CommLowering:
         rule = oprules.COMM_OPS[op.name]
         if rule.reduce_op is None or not op.args:
             return
-        if rule.group_size is None and not comm.group_recorded:
+        if not rule.implies_group and not comm.group_recorded:
             comm.reduces_result_of = next(
                 (self.reduced[tv.trace_id, tv.storage_id] for arg in op.args
                  for tv in iter_tensors(arg.value)
@@ -525,16 +537,38 @@ def regroup_sized_collectives(programs: Sequence[Program], ranks: Sequence[int])
             if op.comm is not None and op.comm.sized and op.comm.group < len(info.groups):
                 size = info.groups[op.comm.group].size
                 sized.setdefault(size, {}).setdefault(rank, []).append(op)
+    # A gather's or scatter's other ranks pass no list, so no size: they go with the
+    # roots' calls of the same tensor, and the roots' places choose the dimension.
+    listless = {rank: [op for op in program.ops if _rooted(op) and not _lists_members(op)]
+                for rank, program in by_rank.items()}
     moved = 0
-    for size, ops_of in sized.items():
+    for size, sized_of in sized.items():
+        calls = {_signature_of(op) for ops in sized_of.values() for op in ops if _rooted(op)}
+        ops_of = {rank: sorted([*sized_of.get(rank, []), *(
+            op for op in listless[rank] if _signature_of(op) in calls)], key=lambda op: op.index)
+            for rank in by_rank}
         dimensions = _dimensions(info.groups, size, info.world_size)
-        current = {op.comm.group for ops in ops_of.values() for op in ops if op.comm}
+        current = {op.comm.group for ops in sized_of.values() for op in ops if op.comm}
         dimensions.sort(key=lambda d: not current <= {g.index for g in d})
         chosen = next((d for d in dimensions if _issued_alike(d, ops_of)
                        and _at_recorded_places(d, ops_of)), None)
         if chosen is not None:
             moved += _move(ops_of, chosen)
     return moved
+
+
+def _rooted(op: Op) -> bool:
+    """A gather or scatter whose group the trace does not record."""
+    rule = oprules.COMM_OPS.get(op.name)
+    return (op.comm is not None and rule is not None and rule.root is not None
+            and rule.group_members is not None and not op.comm.group_recorded)
+
+
+def _lists_members(op: Op) -> bool:
+    """Whether a gather or scatter passes its list of one tensor per member (the
+    root does)."""
+    rule = oprules.COMM_OPS[op.name]
+    return implied_group_size(rule, {a.spec.name: a.value for a in op.args}) is not None
 
 
 def regroup_second_reductions(programs: Sequence[Program], ranks: Sequence[int]) -> int:
@@ -709,10 +743,12 @@ def _issued_alike(dimension: list[ProcessGroupSpec], ops_of: dict[int, list[Op]]
 def _at_recorded_places(dimension: list[ProcessGroupSpec],
                         ops_of: dict[int, list[Op]]) -> bool:
     """Whether each rank sits in its group of ``dimension`` where its collectives'
-    recorded group ranks (``CommInfo.group_rank``) put it."""
+    recorded group ranks (``CommInfo.group_rank``) put it, and each gather's or
+    scatter's root (the rank that passes the list) at the recorded root's place."""
     for g in dimension:
         for place, rank in enumerate(g.ranks or ()):
-            if any(op.comm is not None and op.comm.group_rank not in (None, place)
+            if any(op.comm is not None and (op.comm.group_rank not in (None, place) or (
+                    _rooted(op) and (op.comm.root == place) != _lists_members(op)))
                    for op in ops_of.get(rank, [])):
                 return False
     return True
@@ -737,14 +773,72 @@ def _dimensions(groups: Sequence[ProcessGroupSpec], size: int,
 
 
 def _signature_of(op: Op) -> tuple[object, ...]:
+    """A call and its sizes, as its group's members issue it alike (a gather or
+    scatter by the tensor every member passes: only the root passes the list)."""
     assert op.comm is not None
+    if _rooted(op):
+        return (op.comm.call, *_own_payload(op))
     return (op.comm.call, *_payload(op))
+
+
+def _own_payload(op: Op) -> list[tuple[int, str]]:
+    """(elements, dtype) of what a gather sends or a scatter receives (its first
+    argument): alike on the root and the other ranks."""
+    return [(tv.meta.numel, tv.meta.dtype) for tv in iter_tensors(op.args[0].value)]
 
 
 def _payload(op: Op) -> list[tuple[int, str]]:
     """(elements, dtype) of each tensor a communication op sends or receives."""
     return [(tv.meta.numel, tv.meta.dtype) for arg in op.args
             for tv in iter_tensors(arg.value)]
+
+
+def place_rooted_collectives(programs: Sequence[Program], ranks: Sequence[int]) -> int:
+    """Put a non-root rank's gather or scatter on its root's group.
+
+    Gloo records no group for them, and only the root passes the list whose length is
+    the group's size (:func:`implied_group_size`): on a subgroup, the root's call went
+    to that subgroup and its peers' stayed on the default group, and the ranks waited
+    for each other forever. Each rank's calls of unknown size are matched, in order,
+    with the first unmatched call of a root that has the same call and tensor size, on
+    a group holding both ranks, at whose recorded root place that root sits. Returns
+    how many moved."""
+    by_rank = dict(zip(ranks, programs, strict=True))
+    info = next((p.distributed for p in programs if p.distributed is not None), None)
+    if info is None:
+        return 0
+
+    roots = {r: [op for op in p.ops if _rooted(op) and _lists_members(op)]
+             for r, p in by_rank.items()}
+    taken: set[tuple[int, int]] = set()  # (id() of a root's call, rank) already paired
+    moved = 0
+    for rank, program in by_rank.items():
+        for op in (op for op in program.ops if _rooted(op) and not _lists_members(op)):
+            assert op.comm is not None
+            match = next(((root, call) for root, calls in roots.items() if root != rank
+                          for call in calls if (id(call), rank) not in taken
+                          and _meets_its_root(op, call, rank, root, info)), None)
+            if match is None:
+                continue
+            taken.add((id(match[1]), rank))
+            assert match[1].comm is not None
+            moved += op.comm.group != match[1].comm.group
+            op.comm.group = match[1].comm.group
+    return moved
+
+
+def _meets_its_root(op: Op, call: Op, rank: int, root: int, info: DistInfo) -> bool:
+    """Whether ``call``, the root ``root``'s, is the one ``op`` of ``rank`` joined."""
+    assert op.comm is not None and call.comm is not None
+    if _signature_of(op) != _signature_of(call) or op.comm.root != call.comm.root:
+        return False
+    group = info.groups[call.comm.group] if call.comm.group < len(info.groups) else None
+    if group is None:
+        return False
+    members = group.ranks if group.ranks is not None else (
+        tuple(range(info.world_size)) if group.size == info.world_size else None)
+    return (members is not None and rank in members and call.comm.root is not None
+            and 0 <= call.comm.root < len(members) and members[call.comm.root] == root)
 
 
 def pair_point_to_point(programs: Sequence[Program], ranks: Sequence[int]) -> int:
