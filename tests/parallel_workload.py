@@ -48,6 +48,8 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
 * ``sparse``: DDP over a model with a sparse embedding (``sparse=True``), as DLRM's
   reference trains: its gradient, a sparse COO tensor, is all-reduced as one (gloo
   coalesces it on its worker thread), the dense ones in buckets; SGD;
+* ``hooks``: DDP with ``fp16_compress_hook``, whose decompression runs in a
+  ``Future.then`` callback on gloo's worker thread;
 * ``objects``: Python objects exchanged as training loops log and configure:
   ``all_gather_object`` and ``broadcast_object_list`` (pickles in byte tensors, which
   ``aten::set_`` puts on a storage of the pickle's bytes).
@@ -480,6 +482,25 @@ def sparse_ddp() -> Callable[[], object]:
     return step
 
 
+def compressed_ddp() -> Callable[[], object]:
+    """DDP with torch's fp16 compression hook: the bucket is all-reduced in half
+    precision and decompressed in a Future.then callback (on gloo's worker thread)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+    model.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    return step
+
+
 def side_group() -> Callable[[], object]:
     """A second group over every rank beside the default one (gloo records neither):
     rank 0 issues an async all-reduce on it before a default-group all-reduce, rank 1
@@ -515,7 +536,7 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
          "rooted": rooted, "objects": objects, "vocab": vocab,
          "pipeline_mesh": pipeline_mesh, "hsdp": hsdp, "sparse": sparse_ddp,
-         "stage_dp": stage_dp, "side": side_group}
+         "stage_dp": stage_dp, "side": side_group, "hooks": compressed_ddp}
 
 
 def main(out_dir: str, modes: list[str]) -> int:

@@ -1,7 +1,8 @@
 """Production parallelism replays under torchrun (issue 13): functional collectives in
 tensor parallel on DTensor, FSDP2 (fully_shard, AdamW foreach, fsdp:: copy-in/out ops),
-coalesced c10d collectives, reduce ops and a monitored_barrier, and a 1F1B pipeline's
-sends and recvs, captured per rank at test time (gloo, 2 ranks), replayed from one
+coalesced c10d collectives, reduce ops and a monitored_barrier, a 1F1B pipeline's
+sends and recvs, and DDP's fp16 compression hook (its decompression a Future callback
+on gloo's thread), captured per rank at test time (gloo, 2 ranks), replayed from one
 benchmark; per rank, the replay issues the same collectives (c10d and _c10d_functional)
 in the same order with the same sizes, and the same reduce ops where the trace records
 them (functional collectives name theirs; c10d ops write an opaque ReduceOp)."""
@@ -24,7 +25,7 @@ from tests.test_distributed import _torchrun
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
 MODES = ["tp", "fsdp2", "functional", "coalesced", "reductions", "pipeline", "seqpar",
-         "expert", "rooted", "objects", "vocab", "sparse", "side"]
+         "expert", "rooted", "objects", "vocab", "sparse", "side", "hooks"]
 # What each mode's benchmark must call or say (header notes wrap, so whitespace is
 # compared loosely): functional collectives; FSDP2's own ops, with the import of the
 # torch module that registers them; coalesced collectives as one call each; the c10d
@@ -68,6 +69,8 @@ CALLS = {
     # a background thread's call runs async in the one-thread replay: in line, or
     # waited before the other group's next call, both ranks waited on each other.
     "side": ["group=_GROUPS[0]", "group=_GROUPS[1]", "async_op=True"],
+    # The half-precision all-reduce; the callback's decompression (checked below).
+    "hooks": ["torch.distributed.all_reduce("],
 }
 
 
@@ -98,6 +101,8 @@ def test_replays_the_same_collectives_on_every_rank(captured, mode, tmp_path):
         for r in (0, 1):
             body = text.split(f"def replay_rank{r}(")[1].split("\ndef ")[0]
             assert all(call in body for call in CALLS[mode]), r
+    if mode == "hooks":  # the callback on gloo's thread is the program's: replayed
+        assert _not_replayed(text) == ["none"], _not_replayed(text)
     if mode == "seqpar":  # every wait is one the trace recorded
         body = text.split("def replay_rank0(")[1].split("\ndef ")[0]
         assert "_wait_tensor(" not in body

@@ -235,6 +235,7 @@ MONITORED_BARRIER_ = ("c10d::monitored_barrier_(Tensor tensor, __torch__.torch.c
 CLONE = "aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor"
 CHUNK = "aten::chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"
 COPY_ = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
+DIV_ = "aten::div_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"
 
 
 def _thread(b: TraceBuilder, tid: int) -> int:
@@ -259,6 +260,41 @@ def test_what_a_backend_thread_ran_for_a_collective_is_not_replayed():
     assert [s.node.id for s in sel.ops] == [early, allreduce, mine, late]
     assert [(d.node_id, d.name) for d in sel.not_replayed] == [(flat, "aten::view")]
     assert "backend's worker thread" in sel.not_replayed[0].reason
+
+
+def test_future_callbacks_on_a_backend_thread_are_the_programs():
+    """A ``Future.then`` callback runs on gloo's worker thread (DDP's fp16 hook
+    decompresses its bucket there): an op that makes or writes what the program reads
+    later is replayed, as the reading thread's op, in recorded order, with the callback
+    op whose result it read. What gloo ran itself stays out: copies into the
+    collective's outputs, and a division of a buffer the collective made (gloo's
+    average), even where the program reads that address again later."""
+    b = TraceBuilder()
+    grads, bucket = b.tensor((8,)), b.tensor((8,))
+    half = b.tensor((8,), dtype="float16")
+    compress = b.op(CLONE, [grads, None], [half])
+    allreduce = b.op(ALLREDUCE_, [[half], Object(), Object(), None, True, -1],
+                     [[half], Object()])
+    shard, full = b.tensor((4,)), b.tensor((8,))
+    reduce = b.op(REDUCE_SCATTER_, [shard, full, Object(), Object(), True, -1],
+                  [shard, Object()])
+    private = b.tensor((8,))
+    b.op(CLONE, [full, None], [private], parent=reduce)
+    worker = _thread(b, 2)
+    gloo = b.op(COPY_, [half, b.tensor((8,), dtype="float16"), False], [half], tid=2,
+                parent=worker)
+    average = b.op(DIV_, [private, 2], [private], tid=2, parent=worker)
+    scaled = b.tensor((8,))
+    mul = b.op(MUL, [half, b.tensor(())], [scaled], tid=2, parent=worker)
+    decompress = b.op(COPY_, [bucket, scaled, False], [bucket], tid=2, parent=worker)
+    use = b.op(RELU, [bucket], [b.tensor((8,))])
+    reused = b.op(RELU, [b.tensor((8,), storage=private.storage_id)], [b.tensor((8,))])
+    trace = trace_from_document(b.doc(), name="t", sha256="0")
+    sel = select_ops(trace)
+    assert [s.node.id for s in sel.ops] == [compress, allreduce, reduce, mul, decompress,
+                                            use, reused]
+    assert {s.node.tid for s in sel.ops} == {1}  # the main thread's
+    assert sorted(d.node_id for d in sel.not_replayed) == [gloo, average]
 
 
 def test_a_collectives_completion_work_is_its_own():

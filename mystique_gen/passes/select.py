@@ -763,6 +763,82 @@ def backend_worker_threads(trace: RawTrace) -> set[int]:
     return touches - disqualified
 
 
+def future_callbacks(trace: RawTrace, workers: set[int]) -> dict[int, int]:
+    """The program's ops among those a communication backend's worker thread ran:
+    node id -> the thread whose code reads what they made.
+
+    A ``Future.then`` callback of an async collective runs on the thread that completes
+    the work, gloo's worker (DDP's fp16 compression hook decompresses the bucket
+    there; ``fut.then(lambda f: f.value()[0].mul(0.5))``). What gloo runs itself only
+    fills the collective's tensors and its own buffers; a callback's op makes or writes
+    a tensor that the program reads later on another thread (or that a later callback
+    op of the program reads), before anything else is allocated there. Those ops are
+    replayed, as ops of the reading thread, in recorded order. A write into a buffer a
+    collective made is the backend's, whoever reads that address later."""
+    if not workers:
+        return {}
+    collective = {sid for node in trace.nodes if _is_collective(node)
+                  for arg in (*node.inputs, *node.outputs) for sid in raw_storage_ids(arg)}
+    by_id = {n.id: n for n in trace.nodes}
+    in_collective: dict[int, bool] = {}
+
+    def inside_collective(node: RawNode) -> bool:
+        """Whether an op is part of a collective (its completion work included)."""
+        chain = []
+        cur: RawNode | None = node
+        while cur is not None and cur.id not in in_collective:
+            chain.append(cur)
+            if _is_collective(cur) or is_root(cur) or cur.parent == cur.id:
+                break
+            cur = by_id.get(cur.parent)
+        found = in_collective.get(cur.id, False) if cur is not None and cur not in chain \
+            else cur is not None and _is_collective(cur)
+        for n in chain:
+            in_collective[n.id] = found
+        return found
+
+    made_at: dict[int, list[int]] = {}  # storage -> ids of the ops that allocated it
+    read_by: dict[int, list[tuple[int, int]]] = {}  # storage -> (id, thread) of readers
+    for node in trace.nodes:
+        if not node.op_schema:
+            continue
+        reads = {sid for arg in node.inputs for sid in raw_storage_ids(arg) if sid}
+        for sid in {sid for arg in node.outputs for sid in raw_storage_ids(arg)} - reads:
+            made_at.setdefault(sid, []).append(node.id)
+        if node.tid not in workers and not inside_collective(node):
+            for sid in reads:
+                read_by.setdefault(sid, []).append((node.id, node.tid))
+    candidates = [n for n in trace.nodes if n.tid in workers and n.op_schema
+                  and (n.parent not in by_id or is_root(by_id[n.parent]))]
+    owners: dict[int, int] = {}
+    for node in sorted(candidates, key=lambda n: n.id, reverse=True):  # readers first
+        written = {sid for arg in node.outputs for sid in raw_storage_ids(arg)
+                   if sid and sid not in collective}
+        for sid in written:
+            made = [m for m in made_at.get(sid, ()) if m <= node.id]
+            if made and inside_collective(by_id[max(made)]):
+                continue  # a buffer the collective made (gloo's average divides it)
+            reader = next(((at, tid) for at, tid in sorted(read_by.get(sid, ()))
+                           if at > node.id), None)
+            if reader is not None and not any(node.id < m < reader[0]
+                                              for m in made_at.get(sid, ())):
+                owners[node.id] = reader[1]
+                break
+        if node.id in owners:  # what it read on the worker, a callback op made
+            for sid in {sid for arg in node.inputs for sid in raw_storage_ids(arg) if sid}:
+                read_by.setdefault(sid, []).append((node.id, owners[node.id]))
+    return owners
+
+
+def _adopt_callbacks(trace: RawTrace, owners: dict[int, int]) -> None:
+    """Make each callback op an op of the thread that reads its result (top level)."""
+    roots = {n.tid: n.id for n in trace.nodes
+             if is_root(n) and "thread" in n.name and n.parent != n.id}
+    for node in trace.nodes:
+        if node.id in owners and owners[node.id] in roots:
+            node.tid, node.parent = owners[node.id], roots[owners[node.id]]
+
+
 def select_ops(trace: RawTrace) -> Selection:
     repair_async_nesting(trace)
     by_id = {n.id: n for n in trace.nodes}
@@ -771,6 +847,7 @@ def select_ops(trace: RawTrace) -> Selection:
         # releases covered ones after the first selection): later selections of the
         # same trace (comms, link, compare) then select the same ops.
         trace.backend_threads = backend_worker_threads(trace)
+        _adopt_callbacks(trace, future_callbacks(trace, trace.backend_threads))
         descend = subclass_dispatches(trace) | foreign_composites(trace)
         children = children_of(trace)
         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] = {}  # shared by rounds
