@@ -3147,12 +3147,14 @@ def replay(inputs, device, host):
     )
     del log_softmax, nll_loss_backward
     # AddmmBackward0
-    aten_t(t_x)
-    mm = aten_mm(log_softmax_backward_data, linear_w_10x256)
+    t = aten_t(t_x)
+    mm = aten_mm(log_softmax_backward_data, t)
+    del t
     t = aten_t(log_softmax_backward_data)
     mm_10x256 = aten_mm(t, relu_256x256)
     del t
     t = aten_t(mm_10x256)
+    del mm_10x256
     # autograd::engine::evaluate_function: AddmmBackward0
     sum_ = aten_sum_dim_IntList(log_softmax_backward_data, [0], True, dtype=None)
     del log_softmax_backward_data
@@ -3162,21 +3164,23 @@ def replay(inputs, device, host):
     detach = aten_detach(view)
     del view
     # TBackward0
-    aten_t(t)
+    t_10x256 = aten_t(t)
     del t
     # torch::autograd::AccumulateGrad
-    detach_10x256 = aten_detach(mm_10x256)
-    del mm_10x256
+    detach_10x256 = aten_detach(t_10x256)
+    del t_10x256
     # ReluBackward0
     threshold_backward = aten_threshold_backward(mm, relu_256x256, 0)
     del relu_256x256, mm
     # AddmmBackward0
-    aten_t(t_x_256x256)
-    mm = aten_mm(threshold_backward, linear_w_256x256)
+    t = aten_t(t_x_256x256)
+    mm = aten_mm(threshold_backward, t)
+    del t
     t = aten_t(threshold_backward)
     mm_10x256 = aten_mm(t, relu)
     del t
     t = aten_t(mm_10x256)
+    del mm_10x256
     # autograd::engine::evaluate_function: AddmmBackward0
     sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
     del threshold_backward
@@ -3186,11 +3190,11 @@ def replay(inputs, device, host):
     detach_10x256_1 = aten_detach(view)
     del view
     # TBackward0
-    aten_t(t)
+    t_10x256 = aten_t(t)
     del t
     # torch::autograd::AccumulateGrad
-    detach_10x256_2 = aten_detach(mm_10x256)
-    del mm_10x256
+    detach_10x256_2 = aten_detach(t_10x256)
+    del t_10x256
     # ReluBackward0
     threshold_backward = aten_threshold_backward(mm, relu, 0)
     del relu, mm
@@ -3199,28 +3203,29 @@ def replay(inputs, device, host):
     mm = aten_mm(t, linear_x)
     del t
     t = aten_t(mm)
+    del mm
     # autograd::engine::evaluate_function: AddmmBackward0
     sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
     del threshold_backward
     view = aten_view(sum_, [256])
     del sum_
     # torch::autograd::AccumulateGrad
-    detach_256x256 = aten_detach(view)
+    detach_10x256_3 = aten_detach(view)
     del view
     # TBackward0
-    aten_t(t)
+    t_1 = aten_t(t)
     del t
     # torch::autograd::AccumulateGrad
-    detach_1 = aten_detach(mm)
-    del mm
+    detach_1 = aten_detach(t_1)
+    del t_1
     # Optimizer.step#SGD.step
     aten_mul__Tensor(mul_x, mul_other)
     aten_add__Tensor(mul_x, detach_1, alpha=1)
     del detach_1
     aten_add__Tensor(linear_w, mul_x, alpha=-0.01)
     aten_mul__Tensor(mul_x_256, mul_other_256)
-    aten_add__Tensor(mul_x_256, detach_256x256, alpha=1)
-    del detach_256x256
+    aten_add__Tensor(mul_x_256, detach_10x256_3, alpha=1)
+    del detach_10x256_3
     aten_add__Tensor(linear_b, mul_x_256, alpha=-0.01)
     aten_mul__Tensor(mul_x_256x256, mul_other_256x256)
     aten_add__Tensor(mul_x_256x256, detach_10x256_2, alpha=1)

@@ -833,6 +833,37 @@ def _train_on_the_replay(make_step: Callable[[], Callable[[], None]], tmp_path: 
             op_multiset(replay_et, by_overload=True))
 
 
+def test_views_made_again_after_an_in_place_write_replay_as_the_new_views(tmp_path):
+    """FSDP1's flat parameter: a buffer is chunked, written in place under no_grad (the
+    all-gather), and split again into the parameters' views, twice a step. The second
+    split's views have the first's layouts; bound to the first ones (made before the
+    write, by a function that returns several views), autograd refused them ("a view
+    ... of a function that returns multiple views ... modified inplace"). Each view op
+    binds its own result."""
+    def make_step() -> Callable[[], None]:
+        flat = torch.nn.Parameter(torch.zeros(8))
+        shard = flat.data
+        unsharded = torch.zeros(8)
+        source, x = torch.randn(4), torch.randn(3, 2)
+
+        def step() -> None:
+            for _ in range(2):
+                first, second = unsharded.chunk(2)
+                with torch.no_grad():
+                    first.copy_(source)
+                    second.copy_(source * 2)
+                flat.data = unsharded
+                weight, bias = flat.split([4, 4])
+                torch.nn.functional.linear(x, weight.view(2, 2), bias.view(4)[:2]).sum() \
+                    .backward()
+                flat.data = shard
+        return step
+
+    _text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
+    assert out["skipped_at_runtime"] == []
+    assert replayed == original, (original - replayed, replayed - original)
+
+
 def _median_backward() -> Callable[[], None]:
     """MedianBackward compares the input with the median the forward returned, which
     it reads back under another tensor id: a float32 0-d tensor, no wrapped Python

@@ -255,9 +255,11 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
 
     for op in ops:
         input_sids: set[int] = set()
+        input_tids: set[int] = set()
         for arg in op.args:
             for tv in iter_tensors(arg.value):
                 input_sids.add(tv.storage_id)
+                input_tids.add(tv.trace_id)
                 life = current.get(tv.storage_id)
                 if life is None:
                     life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
@@ -320,7 +322,12 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
             tv.storage = life.storage
             existing = life.views.get(key)
             if existing is not None and aliasing:
-                if op.name in oprules.DISTINCT_ALIASES:  # the same view, its own tensor
+                # The same view, but a tensor of its own: a view op's new tensor (not
+                # its input returned, as ``to`` and ``lift_fresh`` may): an older one of
+                # a multi-output view, split's before an in-place write to their base,
+                # fails autograd where the original read the new one.
+                if op.name in oprules.DISTINCT_ALIASES or (
+                        op.signature.is_view and tv.trace_id not in input_tids):
                     tv.binding = OpOutput(op.index, path)
                     life.distinct[tv.trace_id] = (key, tv.binding)
                     continue
