@@ -101,20 +101,24 @@ def functional() -> Callable[[], object]:
     return step
 
 
+def _sgd_step(model: torch.nn.Module, inputs: torch.Tensor) -> Callable[[], None]:
+    """One SGD training step of ``model`` on ``inputs`` (the loss: its output's sum)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(inputs).sum().backward()
+        opt.step()
+
+    return step
+
+
 def tensor_parallel() -> Callable[[], object]:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 16))
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-    return step
+    return _sgd_step(model, torch.randn(4, 16))
 
 
 def fsdp2() -> Callable[[], object]:
@@ -340,15 +344,7 @@ def seqpar() -> Callable[[], object]:
     parallelize_module(model, mesh, {"0": SequenceParallel(sequence_dim=0),
                                      "1": ColwiseParallel(input_layouts=Shard(0)),
                                      "3": RowwiseParallel(output_layouts=Shard(0))})
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(8, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-    return step
+    return _sgd_step(model, torch.randn(8, 16))
 
 
 class _AllToAll(torch.autograd.Function):
@@ -471,15 +467,7 @@ def sparse_ddp() -> Callable[[], object]:
             return self.head(self.embedding(ids).mean(1))
 
     model = torch.nn.parallel.DistributedDataParallel(Model())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ids = torch.randint(0, 100, (8, 3))
-
-    def step() -> None:
-        opt.zero_grad()
-        model(ids).sum().backward()
-        opt.step()
-
-    return step
+    return _sgd_step(model, torch.randint(0, 100, (8, 3)))
 
 
 def compressed_ddp() -> Callable[[], object]:
@@ -490,15 +478,7 @@ def compressed_ddp() -> Callable[[], object]:
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
     model.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-    return step
+    return _sgd_step(model, torch.randn(4, 16))
 
 
 def side_group() -> Callable[[], object]:
