@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -403,6 +404,48 @@ def test_scaled_gaps_scale_the_recorded_time_and_the_calibrated_costs(monkeypatc
     finally:
         runtime._RUNTIME.update(state)
         runtime._RUNTIME["gap_carry"].clear()
+
+
+def test_a_gap_that_ends_at_a_wait_for_a_peer_holds_that_wait():
+    """A recorded gap before a recv or a collective's wait held the original's wait for
+    its peer (no op records it): the replay waits first, and the gap busy-waits only
+    what is left of it; a wait longer than the gap leaves no debt for the next gaps,
+    and the calibration counts no wait as the replay's own time."""
+    state = {k: runtime._RUNTIME[k] for k in ("host_gaps", "gap_own", "gap_own_us",
+                                               "gap_scale", "own_scale", "gap_marks")}
+    try:
+        runtime._RUNTIME.update(host_gaps=True, gap_own={}, gap_own_us=0.0, gap_scale=1.0,
+                                own_scale=1.0, gap_marks=[])
+        runtime._waited_for_peers(time.perf_counter() - 0.004)  # 4 ms with a peer
+        started = time.perf_counter()
+        runtime._host_gap(5000.0, before=3)  # 5 ms recorded: 1 ms left to wait
+        spun = time.perf_counter() - started
+        assert 0.0009 < spun < 0.003
+        runtime._waited_for_peers(time.perf_counter() - 0.008)
+        runtime._host_gap(5000.0, before=4)  # covered by the 8 ms wait
+        assert runtime._RUNTIME["gap_carry"][None] == 0.0  # no debt carried on
+        assert not runtime._RUNTIME["gap_waited"]
+        waits = [mark[6] for mark in runtime._RUNTIME["gap_marks"]]
+        assert waits[0] == pytest.approx(4000.0, rel=0.05)
+        assert waits[1] == pytest.approx(8000.0, rel=0.05)
+    finally:
+        runtime._RUNTIME.update(state)
+        runtime._RUNTIME["gap_carry"].clear()
+        runtime._RUNTIME["gap_waited"].clear()
+
+
+def test_own_gaps_leave_out_the_waits_for_peers():
+    """The calibration's own time in a gap is the span between two top-level ops less
+    what the replay waited for a peer there (its mark's last field)."""
+    cpu = torch.autograd.DeviceType.CPU
+    span = types.SimpleNamespace
+    events = [span(name="mystique::calibrate", time_range=span(start=0.0, end=100.0),
+                   thread=1, device_type=cpu)]
+    events += [span(name=f"aten::op{k}", time_range=span(start=a, end=b), thread=1,
+                    device_type=cpu) for k, (a, b) in enumerate([(0.0, 10.0), (50.0, 60.0)])]
+    marks = [(1, 45_000, 0.0, 0, 0, 0, 30.0)]  # before op 1, 45 us in; 30 us waited
+    _, per_gap, *_ = runtime._own_gaps(events, marks, trace_start_ns=0)
+    assert per_gap == {1: pytest.approx(10.0)}  # 40 us between the ops, 30 waited
 
 
 def test_gaps_behind_the_replays_own_time_are_turned_off(capsys):

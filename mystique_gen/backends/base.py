@@ -313,15 +313,23 @@ class CodeGen:
         self.grad_state = None
         return lines
 
-    def op_statement(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
-        """The op's statements at indentation ``depth`` (deeper inside a stream block
-        or a host-thread function, see emit/schedule.py)."""
-        lines = self.grad_mode_lines(op.grad_mode, depth)
-        lines += comms.waits_before(self, op, depth)  # async collectives' waits
-        for producer in op.waits_on:  # functional collectives' results (passes/comms.py)
+    def wait_lines(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
+        """The waits for collectives due before ``op``: async ones' works and
+        functional ones' results (passes/comms.py)."""
+        lines = comms.waits_before(self, op, depth)
+        for producer in op.waits_on:
             key = binding_key(OpOutput(producer, (0,)))
             if key in self.ns:
                 lines.append(f"{INDENT * depth}_wait_tensor({self.ns.get(key)})")
+        return lines
+
+    def op_statement(self, op: Op, depth: int = BODY_DEPTH, *, waits: bool = True
+                     ) -> list[str]:
+        """The op's statements at indentation ``depth`` (deeper inside a stream block
+        or a host-thread function, see emit/schedule.py), after its waits unless the
+        caller placed them (before the op's host gap, which holds them)."""
+        lines = self.wait_lines(op, depth) if waits else []
+        lines += self.grad_mode_lines(op.grad_mode, depth)
         if op.derive_before:
             lines.append(INDENT * depth + "with _harness():")
         for view in op.derive_before:

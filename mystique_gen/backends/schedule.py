@@ -14,7 +14,8 @@ into statements that call the template's schedule helpers:
   ``_run_threads``; values that cross threads are bound in ``replay`` (``nonlocal``);
 * ``_host_gap(12.5, before=7)`` before op 7 where a host gap was recorded
   (microseconds); ``_host_gap(12.5, 2, before=7)`` where the profiler recorded two
-  scopes of its own in it.
+  scopes of its own in it; after the op's waits for collectives, whose time the gap
+  holds.
 
 On CPU every helper is a no-op except the threads and the (opt-in) host gaps.
 """
@@ -38,7 +39,9 @@ class Builder(Protocol):
     ns: Namespace
     grad_state: bool | None
 
-    def op_statement(self, op: Op, depth: int = 1) -> list[str]: ...
+    def wait_lines(self, op: Op, depth: int = 1) -> list[str]: ...
+
+    def op_statement(self, op: Op, depth: int = 1, *, waits: bool = True) -> list[str]: ...
 
     def end_grad_mode(self, depth: int) -> list[str]: ...
 
@@ -175,6 +178,8 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
         previous_scope = op.scope
         for p in op.thread_waits:
             lines += helper_call("_await", [str(flags[p])], inner)
+        # Waits for peers first: the recorded gap holds them (`_waited_for_peers`).
+        lines += b.wait_lines(op, inner)
         gap = gap_literal(op.timing.gap_us) if op.timing is not None else None
         if gap is not None:
             assert op.timing is not None
@@ -183,7 +188,7 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
                                                        op.timing.gap_annotations), inner)
         for p in op.stream_waits:
             lines += helper_call("_wait", [b.ns.get(("event", p))], inner)
-        lines += b.op_statement(op, inner)
+        lines += b.op_statement(op, inner, waits=False)
         if op.index in events:
             lines += helper_call("_record", [], inner, b.ns.numbered(("event", op.index), "ev"))
         if op.index in flags:

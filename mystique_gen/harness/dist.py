@@ -14,10 +14,18 @@ to none, so every rank calibrates, and runs the same collectives while it does.
 
 import os
 import sys
+import time
 
 import torch
 
-from mystique_gen.harness.runtime import _RUNTIME, OPS, _harness, _Local, _summary
+from mystique_gen.harness.runtime import (
+    _RUNTIME,
+    OPS,
+    _harness,
+    _Local,
+    _summary,
+    _waited_for_peers,
+)
 
 # <generated-file>
 WORLD_SIZE = 1
@@ -33,7 +41,9 @@ _RUNTIME["rank"] = None
 def _wait_work(work):
     """Wait for an async collective, as the original program did at this point."""
     if work is not None:
+        started = time.perf_counter()
         work.wait()
+        _waited_for_peers(started)
 
 
 def _group_name(index):
@@ -47,9 +57,11 @@ def _wait_tensor(tensor):
     """Wait for the functional collective that produces `tensor` (a coalesced one: each
     tensor of its list), where the original waited inside the op that first read it."""
     if _RUNTIME["comm"]:
+        started = time.perf_counter()
         with _harness():
             for t in tensor if isinstance(tensor, (list, tuple)) else [tensor]:
                 torch.ops._c10d_functional.wait_tensor(t)
+        _waited_for_peers(started)
 
 
 def _coalesced(collective, outputs, inputs, group, async_op, **options):

@@ -1097,6 +1097,8 @@ _RUNTIME = {
     "fits": {},  # (site, device) -> a fit kept for reuse (`_kept_fit`)
     "unmade_bytes": 0,  # inputs not made: only ops that do not exist here read them
     "gap_carry": {},
+    # What each host thread waited for peers since its last gap (`_waited_for_peers`).
+    "gap_waited": {},
     "threads": None,
     "et_observer": False,  # an ExecutionTraceObserver is attached (see _harness)
     "equivalents": [],  # ops run as the harness's equivalents (see _op)
@@ -1340,14 +1342,17 @@ def _host_gap(us, events=0, before=None, calls=0, annotations=0):
     carry = runtime["gap_carry"]
     threads = runtime["threads"]
     thread = None if threads is None else threading.get_ident()
+    waited = runtime["gap_waited"].pop(thread, 0.0) if runtime["gap_waited"] else 0.0
     wait = (
         carry.get(thread, 0.0) + us * runtime["gap_scale"] - own * runtime["own_scale"]
     )
     if wait <= 0:
         carry[thread] = wait
+    elif wait <= waited:
+        carry[thread] = 0.0  # the wait for a peer right before it took the gap's time
     else:
         carry[thread] = 0.0
-        end = time.perf_counter() + wait * 1e-6
+        end = time.perf_counter() + (wait - waited) * 1e-6
         if threads is None:
             while time.perf_counter() < end:
                 pass
@@ -1359,7 +1364,23 @@ def _host_gap(us, events=0, before=None, calls=0, annotations=0):
                 time.sleep(0)
     marks = runtime["gap_marks"]
     if marks is not None:  # last: the op after this gap starts right after it
-        marks.append((before, time.time_ns(), us, events, calls, annotations))
+        marks.append((before, time.time_ns(), us, events, calls, annotations, waited))
+
+
+def _waited_for_peers(started):
+    """Count the time since `started` (`time.perf_counter()`) that this host thread
+    spent waiting for a collective or a recv, for its next `_host_gap`.
+
+    Waiting for a peer is no op, so a recorded gap that ends at such a wait holds it:
+    the wait runs first, and the gap waits only what is left of its time (busy-waited
+    whole and then waited for the peer again, a pipeline's replay with recorded gaps
+    took 2.4x its step). The calibration leaves the waits out of the replay's own host
+    time in each gap (`_own_gaps`)."""
+    runtime = _RUNTIME
+    if runtime["host_gaps"]:
+        thread = None if runtime["threads"] is None else threading.get_ident()
+        waited = runtime["gap_waited"]
+        waited[thread] = waited.get(thread, 0.0) + (time.perf_counter() - started) * 1e6
 
 
 class _ProbeLayer:
@@ -1463,6 +1484,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     first = _profile_own(inputs, device, host, snapshot, iters, original, probes)
     own_mean, own_gaps, schema, busy, own_harness = first
     _RUNTIME["gap_carry"].clear()
+    _RUNTIME["gap_waited"].clear()
     if observed and schema != original.get("observer_schema"):
         why = (
             "no ET observer could be attached here"
@@ -1486,6 +1508,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         own_mean, own_gaps, _, busy, own_harness = _merged(first, again)
         plain_mean, plain_gaps, _, plain_busy, plain_harness = _merged(*plain)
         _RUNTIME["gap_carry"].clear()
+        _RUNTIME["gap_waited"].clear()
     _RUNTIME["gap_observer"] = observed
     _RUNTIME["gap_own_us"], _RUNTIME["gap_own"] = own_mean, own_gaps
     _RUNTIME["gap_event_us"] = _scope_cost(original)
@@ -1636,7 +1659,7 @@ def _profile_own(inputs, device, host, snapshot, iters, facts, probes):
         _RUNTIME["et_observer"] = False
         _RUNTIME["gap_marks"] = None
         os.remove(et_path)
-    _RUNTIME["gap_planned"] = {m[0]: m[2:] for m in marks}
+    _RUNTIME["gap_planned"] = {m[0]: m[2:6] for m in marks}
     try:  # the profiler's zero in wall time, to place each gap's mark
         zero_ns = prof.profiler.kineto_results.trace_start_ns()
     except AttributeError:  # another torch: the mean only
@@ -1803,12 +1826,15 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
     samples, harness_samples = {}, {}
     if trace_start_ns is not None:
         starts = [start for start, _, _ in iterations]
-        for before, wall_ns, *_ in marks:
+        for before, wall_ns, *rest in marks:
             at = (wall_ns - trace_start_ns) / 1000.0
             k = bisect.bisect_right(starts, at) - 1
             span = _gap_at(at, *iterations[k]) if k >= 0 else None
             if span is not None:
-                samples.setdefault(before, []).append(span[1] - span[0])
+                waited = rest[4] if len(rest) > 4 else 0.0  # for a peer: not own time
+                samples.setdefault(before, []).append(
+                    max(0.0, span[1] - span[0] - waited)
+                )
                 harness_samples.setdefault(before, []).append(_overlap(harness, *span))
     per_gap = {k: statistics.median(v) for k, v in samples.items()}
     mean = statistics.median(means) if means else 0.0
@@ -3014,7 +3040,9 @@ _RUNTIME["rank"] = None
 def _wait_work(work):
     """Wait for an async collective, as the original program did at this point."""
     if work is not None:
+        started = time.perf_counter()
         work.wait()
+        _waited_for_peers(started)
 
 
 def _group_name(index):
@@ -3028,9 +3056,11 @@ def _wait_tensor(tensor):
     """Wait for the functional collective that produces `tensor` (a coalesced one: each
     tensor of its list), where the original waited inside the op that first read it."""
     if _RUNTIME["comm"]:
+        started = time.perf_counter()
         with _harness():
             for t in tensor if isinstance(tensor, (list, tuple)) else [tensor]:
                 torch.ops._c10d_functional.wait_tensor(t)
+        _waited_for_peers(started)
 
 
 def _coalesced(collective, outputs, inputs, group, async_op, **options):
