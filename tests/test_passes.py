@@ -628,6 +628,28 @@ def test_parent_cycle_is_an_error_with_node_and_field():
     assert info.value.field == "ctrl_deps"
 
 
+def test_a_tensor_set_onto_a_storage_it_was_handed_is_an_input_with_valid_values():
+    """A DataLoader with worker processes: the main process rebuilds each batch from
+    shared memory (``empty``, then ``set_`` onto the worker's storage, which no
+    recorded op made), so its values were written outside recorded ops. Replayed onto a
+    new storage they were garbage (the labels out of nll_loss's range: IndexError).
+    The storage is built before timing, its values within the rows ``index`` takes."""
+    b = TraceBuilder()
+    table = b.tensor((10, 4))
+    empty = b.tensor((0,), dtype="int64")
+    rows = T(empty.tensor_id, b.new_id(), (3,), (1,), 0, "int64", "cpu")
+    b.op(EMPTY, [[0], 4, 0, Device("cpu"), False, None], [empty])
+    b.op(SET_STORAGE, [empty, "<Storage>", 0, [3], [1]], [rows])
+    b.op(INDEX, [table, [rows]], [b.tensor((3, 4))], attrs={"tensor_range": '{"1":[2,5]}'})
+    doc = b.doc()
+    doc["nodes"][1]["inputs"]["types"][1] = "Storage"  # (the set_: nodes are reversed)
+    program = build_program(trace_from_document(doc, name="t.json", sha256="0"))
+    index_rows = program.ops[-1].args[1].value.items[0]
+    assert isinstance(index_rows.binding, InputView)
+    assert index_rows.storage.materialised
+    assert (index_rows.storage.init.low, index_rows.storage.init.high) == (2, 5)
+
+
 # -- lower --------------------------------------------------------------------------
 
 

@@ -87,7 +87,8 @@ def output_paths(outputs: list[Value]) -> list[tuple[tuple[int, ...], TensorValu
 
 def undefined_reads(ops: list[Op]) -> set[tuple[int, tuple[int, ...]]]:
     """(op index, output path) of every uninitialised output (oprules.
-    UNINITIALISED_OUTPUTS) whose values a recorded op reads before any recorded op
+    UNINITIALISED_OUTPUTS, or a result on a storage an op was handed) whose values a
+    recorded op reads before any recorded op
     writes them: the original defined them outside recorded ops, so the replay must
     build them as inputs. An op that returns a tensor on the same storage (a view,
     ``to`` or ``lift_fresh`` without a copy) reads no values; an argument the op writes
@@ -107,10 +108,17 @@ def undefined_reads(ops: list[Op]) -> set[tuple[int, tuple[int, ...]]]:
                         del pending[sid]  # defined by a recorded op
                     elif sid not in out_sids:
                         found.add(pending.pop(sid))  # values read
-        if op.name in oprules.UNINITIALISED_OUTPUTS:
+        if op.name in oprules.UNINITIALISED_OUTPUTS or _given_a_storage(op):
             for path, tv in outputs:
                 pending[tv.storage_id] = (op.index, path)
     return found
+
+
+def _given_a_storage(op: Op) -> bool:
+    """Whether ``op`` puts its result on a storage the trace does not say how was made
+    (``set_`` onto a DataLoader worker's shared memory, or a pickle's bytes): its
+    values were written outside recorded ops."""
+    return any(arg.spec.type == "Storage" for arg in op.args)
 
 
 def is_non_overlapping_and_dense(meta: TensorMeta) -> bool:
