@@ -34,6 +34,7 @@ from mystique_gen.ir import (
     Literal,
     Op,
     Program,
+    ProgramTiming,
     TraceInfo,
     filter_applied,
     guarded,
@@ -422,17 +423,18 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             "same-session gaps replay only where that correction can be trusted: the "
             f"observer's estimated cost at most {runtime.OBSERVER_TRUST:g}x what is left "
             "to wait, and the median recorded step's gaps above the quietest step's by "
-            f"at most that{_stalled(program.timing.step_gap_totals_us)}; else stderr "
+            f"at most that{_stalled(program.timing)}; else stderr "
             "says which")])
     return program
 
 
-def _stalled(totals: tuple[float, ...]) -> str:
-    """How far a same-session pair's median step's gaps exceed its quietest's, for its
-    note (what the benchmark's calibration weighs against the wait)."""
+def _stalled(timing: ProgramTiming) -> str:
+    """How far the step a same-session pair's gaps add up to exceeds its quietest's,
+    for its note (what the benchmark's calibration weighs against the wait)."""
+    totals = timing.step_gap_totals_us
     if len(totals) < 2:
         return ""
-    stalled = runtime._stalled_us(totals)
+    stalled = runtime._stalled_us(totals, timing.step_gap_typical_us)
     return (f" (these {len(totals)} steps' gaps: the median step's {stalled:.0f} us above "
             "the quietest's)")
 

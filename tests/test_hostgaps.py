@@ -21,7 +21,7 @@ from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.driver import compile_trace, generate
 from mystique_gen.harness import runtime
 from mystique_gen.options import BuildOptions
-from mystique_gen.passes.hostgaps import _match, _observed, _typical_step_scale, profile_gaps
+from mystique_gen.passes.hostgaps import _match, _observed, profile_gaps, typical_step_total
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace
 from mystique_gen.sources.kineto import CpuEvent, load_kineto, profile_beside
@@ -49,12 +49,14 @@ def _ev(index: int, name: str, ts: float, dur: float, tid: int = 1,
 def test_gaps_add_up_to_a_median_steps_host_time():
     """Three steps, each slow in a different gap: every gap's median is 2 us, but a
     typical step spends 2 + 2 + 8 = 12 us between its ops, not 6."""
-    samples = [[2.0, 2.0, 8.0], [2.0, 8.0, 2.0], [8.0, 2.0, 2.0]]
-    assert _typical_step_scale(samples, 3) == pytest.approx(2.0)
-    # Steady gaps need no scaling; nor can gaps be scaled that some step lacks.
-    assert _typical_step_scale([[3.0, 3.0, 3.0], [1.0, 1.0, 1.0]], 3) == 1.0
-    assert _typical_step_scale([[2.0, 2.0, 8.0], [2.0, 8.0]], 3) == 1.0
-    assert _typical_step_scale([[5.0]], 1) == 1.0
+    assert typical_step_total([12.0, 12.0, 12.0], 6.0) == 12.0  # twice the medians' 6
+    # Two of three steps stalled 4 ms at different places: the per-gap medians (1.5 ms)
+    # describe the quietest step, whose total is the program's, not the median's stall
+    # spread over every gap (3.7x before).
+    assert typical_step_total([1500.0, 5500.0, 5500.0], 1500.0) == 1500.0
+    # A step slow throughout (this VM's two speeds) is no stall: the medians lie above
+    # the quietest step, and the median step stays.
+    assert typical_step_total([2.0, 6.0, 4.0], 4.0) == 4.0
 
 
 def test_match_skips_children_and_needs_every_name():
@@ -362,17 +364,22 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     # tracer's stalls of milliseconds: an MLP's gaps read 8.8, 11.8 and 2.9 ms in three
     # steps, its eager step's 0.5 ms): the stall would replay as the program's, so no
     # gaps, and why.
-    def with_totals(totals: str) -> str:
-        return re.sub(r'"step_gaps_us": \[[^]]*\]', f'"step_gaps_us": {totals}', text)
+    def with_totals(totals: str, typical: str) -> str:
+        changed = re.sub(r'"step_gaps_us": \[[^]]*\]', f'"step_gaps_us": {totals}', text)
+        return re.sub(r'"step_gaps_typical_us": [^,]*,', f'"step_gaps_typical_us": {typical},',
+                      changed)
 
-    out, stderr = _run_recorded(tmp_path / "noisy.py", with_totals("[1.0, 1e9, 1e9]"))
+    out, stderr = _run_recorded(tmp_path / "noisy.py", with_totals("[1e9, 1.4e9, 1.4e9]", "1.4e9"))
     assert out["host_gaps_replayed"] is False
     assert "its median recorded step's gaps exceed its quietest step's by" in stderr
     assert "host gaps off" in stderr
-    # A stall in one step of three drops out of the per-gap medians: that spread
-    # alone refuses nothing.
-    out, stderr = _run_recorded(tmp_path / "one_stall.py", with_totals("[1.0, 1.0, 1e9]"))
-    assert "exceed its quietest step's" not in stderr
+    # A stall in one step of three drops out of the per-gap medians, and stalls in two
+    # where the medians describe the quietest step (the gaps add up to its total, not
+    # the median's: passes/hostgaps.py): neither spread refuses anything.
+    for name, totals, typical in (("one_stall", "[1.0, 1.0, 1e9]", "1.0"),
+                                  ("two_stalls", "[1.0, 1e9, 1e9]", "1.0")):
+        out, stderr = _run_recorded(tmp_path / f"{name}.py", with_totals(totals, typical))
+        assert "exceed its quietest step's" not in stderr
 
 
 def test_a_repeating_schedules_pair_replays_a_step_of_its_kineto_cycle(tmp_path):

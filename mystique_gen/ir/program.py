@@ -390,6 +390,9 @@ class ProgramTiming:
     # how far they disagree is the recording's noise, against which the benchmark
     # weighs what a same-session correction leaves to wait (``_calibrate_gaps``).
     step_gap_totals_us: tuple[float, ...] = ()
+    # What the replayed gaps add up to: the median step's, or the quietest's where the
+    # others stalled (passes/hostgaps.py ``typical_step_total``).
+    step_gap_typical_us: float | None = None
     # The eager step the capture timed with no recorder attached (its step.json), where
     # one is beside the Kineto trace. The Kineto span above is a profiled step, with the
     # ET observer attached where linked by id: 10x the eager step, measured on an

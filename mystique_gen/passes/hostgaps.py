@@ -85,8 +85,10 @@ class ProfileGaps:
     # ET node id -> of its scopes, the Python record_function ones (not in ``events``)
     annotations: dict[int, int] = field(default_factory=dict)
     tail_annotations: int = 0
-    # Each step's gaps in total (the tail included), where every gap has one per step.
+    # Each step's gaps in total (the tail included), where every gap has one per step,
+    # and the total the gaps above add up to (``typical_step_total``).
     step_totals: tuple[float, ...] = ()
+    typical_total: float | None = None
 
 
 def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
@@ -174,7 +176,10 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
     gaps = {nid: statistics.median(v) for nid, v in samples.items()}
     tail = statistics.median(t for t, _ in tails) if tails else None
     series = list(samples.values()) + [[t for t, _ in tails]]
-    scale = _typical_step_scale(series, len(steps))
+    totals = _step_totals(series, len(steps))
+    medians = sum(statistics.median(s) for s in series if s)
+    step_total = typical_step_total(totals, medians) if totals else None
+    scale = step_total / medians if step_total is not None and medians > 0 else 1.0
 
     def typical(kind: int) -> dict[int, int]:  # each gap's median count of one kind
         return {nid: round(statistics.median(c[kind] for c in v)) for nid, v in counts.items()}
@@ -192,24 +197,37 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
         tail_calls=tail_count(1),
         annotations={nid: n for nid, n in typical(2).items() if n},
         tail_annotations=tail_count(2),
-        step_totals=tuple(_step_totals(series, len(steps)) or ()),
+        step_totals=tuple(totals or ()),
+        typical_total=step_total,
     )
 
 
-def _typical_step_scale(samples: list[list[float]], steps: int) -> float:
-    """What brings the sum of the per-gap medians to the host time of a median step.
+# A step whose gaps add up to more than this times the quietest step's stalled.
+STALLED_STEP = 1.5
+# The per-gap medians describe the quietest step where they add up to within this of it.
+QUIETEST_MATCH = 1.1
+
+
+def typical_step_total(totals: list[float], medians: float) -> float:
+    """The host time between ops of a typical step, which the replayed gaps add up to
+    (``medians``: the per-gap medians' sum).
 
     Each gap's median over the steps is robust to one step's spike, but gaps are
     skewed (a few slow samples, none much faster), so their medians add up to less
     than a typical step spends: 3 to 10% of the gaps on zoo models, 1 to 4% of the
-    step, and the replay ran that much fast. Scaling every gap by the median of the
-    steps' totals over that sum keeps both. 1 unless every gap has one sample per
-    step."""
-    totals = _step_totals(samples, steps)
-    if totals is None:
-        return 1.0
-    medians = sum(statistics.median(s) for s in samples if s)
-    return statistics.median(totals) / medians if medians > 0 else 1.0
+    step, and the replay ran that much fast. The median of the steps' totals keeps
+    both, save where steps stalled: where the median step exceeds the quietest one by
+    more than ``STALLED_STEP`` and the per-gap medians describe that quietest step
+    (a scheduler's 4 ms in two of three steps, at different places), the quietest
+    step's total is the program's (the median's, spread over every gap, replayed 5x
+    the eager step). A step slow throughout is no stall: its gaps' medians lie above
+    the quietest step."""
+    typical = statistics.median(totals)
+    quietest = min(totals)
+    if typical > STALLED_STEP * quietest and \
+            medians / QUIETEST_MATCH <= quietest <= medians * QUIETEST_MATCH:
+        return quietest
+    return typical
 
 
 def _step_totals(samples: list[list[float]], steps: int) -> list[float] | None:
@@ -264,7 +282,8 @@ def _replace_gaps(program: Program, found: ProfileGaps) -> None:
                              tail_gap_events=found.tail_events,
                              tail_gap_calls=found.tail_calls,
                              tail_gap_annotations=found.tail_annotations,
-                             step_gap_totals_us=found.step_totals)
+                             step_gap_totals_us=found.step_totals,
+                             step_gap_typical_us=found.typical_total)
 
 
 def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,

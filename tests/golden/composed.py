@@ -1493,7 +1493,9 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
             plain_mean, plain_gaps, ratio, (own_harness, plain_harness)
         )
         _RUNTIME["gap_observer_us"], _RUNTIME["gap_wait_us"] = cost, wait
-        stalled = _stalled_us(original.get("step_gaps_us") or [])
+        stalled = _stalled_us(
+            original.get("step_gaps_us") or [], original.get("step_gaps_typical_us")
+        )
         if stalled > wait:
             _gaps_off(
                 f"its median recorded step's gaps exceed its quietest step's by "
@@ -1552,19 +1554,22 @@ def _gap_excesses_us():
         yield us - own
 
 
-def _stalled_us(totals):
-    """How far the median recorded step's gaps exceed the quietest step's (us).
+def _stalled_us(totals, typical=None):
+    """How far the recorded step whose gaps the replay's add up to (`typical`: the
+    median step's where not given) exceeds the quietest step's (us).
 
     The recorders stall for milliseconds in some steps' gaps (the observer with the
     Python tracer: an MLP's three steps held 8.8, 11.8 and 2.9 ms of gaps, its eager
     step 0.5 ms, and its replay ran 10x the eager step). The replayed gaps add up to
     the median step's, so a stall in one step of three drops out, and one in the
-    median step is replayed as the program's. The steps' whole spread refused
-    zoo models whose stall was in one step: the recommender's inference step replayed
-    -36% without its gaps, +4% with them."""
+    median step is replayed as the program's, save where the quietest step is the one
+    the per-gap medians describe and the others stalled (passes/hostgaps.py: then the
+    gaps add up to it). The steps' whole spread refused zoo models whose stall was in
+    one step: the recommender's inference step replayed -36% without its gaps, +4%
+    with them."""
     if len(totals) < 2:
         return 0.0
-    return statistics.median(totals) - min(totals)
+    return (statistics.median(totals) if typical is None else typical) - min(totals)
 
 
 # A same-session correction is trusted while the observer's estimated cost in the
