@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from mystique_gen import __version__
 from mystique_gen.backends.base import GenerateOptions
-from mystique_gen.driver import generate
+from mystique_gen.driver import generate, one_kineto
 from mystique_gen.errors import MystiqueError
 from mystique_gen.options import add_build_arguments, build_options, default_device, device_lines
 from mystique_gen.progress import session
@@ -102,7 +102,7 @@ def run_generate(args: argparse.Namespace, argv: list[str]) -> int:
 
 def run_inspect(args: argparse.Namespace) -> int:
     default_device(args)  # validated as generate would
-    summary = inspect_paths(args.traces, build_options(args), kineto=args.kineto)
+    summary = inspect_paths(args.traces, build_options(args), kineto=one_kineto(args.kineto))
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
 
@@ -235,6 +235,8 @@ def run_capture(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    args.kineto_original = one_kineto(args.kineto_original)
+    args.kineto_replay = one_kineto(args.kineto_replay)
     if args.plot and not (args.kineto_original and args.kineto_replay):
         raise MystiqueError("--plot needs --kineto-original and --kineto-replay")
     if args.plot:
@@ -290,7 +292,7 @@ def diff_parser() -> argparse.ArgumentParser:
 def run_diff(args: argparse.Namespace) -> int:
     default_device(args)  # validated as generate would
     report = diff_paths(args.a, args.b, build_options(args),
-                        kineto_a=args.kineto_a, kineto_b=args.kineto_b)
+                        kineto_a=one_kineto(args.kineto_a), kineto_b=one_kineto(args.kineto_b))
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_diff(report))
     return 0 if report.same else 1
 

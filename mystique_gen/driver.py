@@ -151,6 +151,18 @@ def kineto_paths(kineto: KinetoPaths) -> list[Path]:
                          KINETO_SUFFIX)
 
 
+def one_kineto(path: str | Path | None) -> Path | None:
+    """One Kineto trace: a file, or a directory holding one (``inspect``, ``compare``
+    and ``diff`` take one, as generation does per trace)."""
+    if path is None:
+        return None
+    found = kineto_paths(path)
+    if len(found) != 1:
+        raise MystiqueError(f"{Path(path).name}: {len(found)} Kineto traces in this "
+                            f"directory ({', '.join(f.name for f in found)}); give one")
+    return found[0]
+
+
 def expand_inputs(paths: Sequence[str | Path], named: str = ET_SUFFIX) -> list[Path]:
     """Paths as given; a directory stands for its trace files, sorted naturally: those
     whose names end with ``named`` (``.et.json``: a capture's naming, beside its Kineto,
@@ -368,15 +380,28 @@ def link_kineto(program: Program, build: Build) -> Program:
             linked, total = program.timing.linked_ops, len(program.ops)
             if linked * 2 < total:
                 held = step_listing(sorted(kineto_steps(source.kineto))) or "none annotated"
+                why = (f"it recorded other steps or another run (its steps: {held})"
+                       if not _unprofiled_threads(program) else
+                       f"{_unprofiled_threads(program)} of them run on host threads of "
+                       "which it holds no op (threads started before the profiler, which "
+                       "records them only with profile_all_threads=True)")
                 message = (
                     f"only {linked} of the {total} replayed ops are found in "
-                    f"{source.kineto.name}: it recorded other steps or another run "
-                    f"(its steps: {held}); times, gaps and the "
+                    f"{source.kineto.name}: {why}; times, gaps and the "
                     "original step time stand for the linked ops only (--iteration N "
                     "picks a step it holds)")
                 warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
                 program = replace(program, diagnostics=program.diagnostics + [note(message)])
     return program
+
+
+def _unprofiled_threads(program: Program) -> int:
+    """How many replayed ops run on host threads none of whose ops a linked Kineto
+    trace holds, where other threads' ops it does hold (0 otherwise)."""
+    linked_threads = {op.thread for op in program.ops if op.timing is not None}
+    if not linked_threads:
+        return 0
+    return sum(1 for op in program.ops if op.thread not in linked_threads)
 
 
 def recorded_frees(program: Program, build: Build) -> Program:

@@ -13,8 +13,10 @@ from mystique_gen.backends.layout import names_statement
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.backends.schedule import gap_literal, helper_call
 from mystique_gen.cli import main as cli_main
-from mystique_gen.driver import compile_trace, generate
+from mystique_gen.driver import _unprofiled_threads, compile_trace, generate
 from mystique_gen.errors import TraceError
+from mystique_gen.ir import Op, OpTiming, Program
+from mystique_gen.ir.schema import parse_signature
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.frees import NEVER, allocations
 from mystique_gen.passes.link import link_nodes
@@ -233,6 +235,21 @@ def test_inspect_kineto_json(shared_traces, capsys):
     assert out["step_ms"] == out["original_ms"] and "Kineto span" in out["step_ms_from"]
 
 
+def test_inspect_takes_a_directory_of_one_kineto_trace(shared_traces, tmp_path, capsys):
+    """As generation does (a tensorboard_trace_handler directory): --kineto DIR holding
+    one Kineto trace is that trace; one with several is refused, naming them."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    kineto = (shared_traces / "hta" / "simple_add_kineto.json.gz").read_bytes()
+    (logs / "worker0.1.pt.trace.json.gz").write_bytes(kineto)
+    et = str(shared_traces / "hta" / "simple_add_et.json.gz")
+    assert cli_main(["inspect", et, "--kineto", str(logs), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["linked_ops"] == 10
+    (logs / "worker0.2.pt.trace.json.gz").write_bytes(kineto)
+    assert cli_main(["inspect", et, "--kineto", str(logs)]) == 2
+    assert "2 Kineto traces in this directory" in capsys.readouterr().err
+
+
 def test_kineto_loader_errors_are_clean():
     with pytest.raises(TraceError, match="traceEvents"):
         kineto_from_document({"nodes": []}, name="et.json")
@@ -419,3 +436,20 @@ def test_values_are_held_until_the_op_after_which_the_original_freed_them(tmp_pa
     plain = compile_trace(et, kineto=_held_locals(tmp_path, [])[1])
     assert {op.index: [r.op_index for r in op.free_after] for op in plain.ops} == {
         0: [], 1: [1], 2: [0], 3: [2, 3]}
+
+
+def test_ops_of_threads_the_profiler_never_saw_are_named_as_such():
+    """A thread started before the profiler is recorded by the ET observer but not by
+    Kineto (without profile_all_threads): its ops are unlinked because of the thread,
+    not because the Kineto trace holds other steps, and the warning says so."""
+    relu = parse_signature("aten::relu(Tensor self) -> Tensor")
+
+    def op(index: int, thread: int, linked: bool) -> Op:
+        return Op(index=index, node_id=10 + index, signature=relu, args=[], outputs=[],
+                  thread=thread, scope=(), timing=OpTiming(1.0, 1.0) if linked else None)
+
+    program = Program.empty()
+    program.ops = [op(0, 1, True), op(1, 2, False), op(2, 1, False), op(3, 2, False)]
+    assert _unprofiled_threads(program) == 2  # thread 2's; thread 1's miss is a step's
+    program.ops = [op(0, 1, False), op(1, 2, False)]
+    assert _unprofiled_threads(program) == 0  # nothing linked: another run
