@@ -784,17 +784,21 @@ def future_callbacks(trace: RawTrace, workers: set[int]) -> dict[int, int]:
 
     def inside_collective(node: RawNode) -> bool:
         """Whether an op is part of a collective (its completion work included)."""
-        chain = []
+        chain: list[int] = []  # the ids walked up, answered alike
         cur: RawNode | None = node
-        while cur is not None and cur.id not in in_collective:
-            chain.append(cur)
-            if _is_collective(cur) or is_root(cur) or cur.parent == cur.id:
+        found = False
+        while cur is not None:
+            if cur.id in in_collective:
+                found = in_collective[cur.id]
+                break
+            chain.append(cur.id)
+            if _is_collective(cur):
+                found = True
+                break
+            if is_root(cur) or cur.parent == cur.id:
                 break
             cur = by_id.get(cur.parent)
-        found = in_collective.get(cur.id, False) if cur is not None and cur not in chain \
-            else cur is not None and _is_collective(cur)
-        for n in chain:
-            in_collective[n.id] = found
+        in_collective.update(dict.fromkeys(chain, found))
         return found
 
     made_at: dict[int, list[int]] = {}  # storage -> ids of the ops that allocated it
