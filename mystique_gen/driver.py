@@ -380,11 +380,11 @@ def link_kineto(program: Program, build: Build) -> Program:
             linked, total = program.timing.linked_ops, len(program.ops)
             if linked * 2 < total:
                 held = step_listing(sorted(kineto_steps(source.kineto))) or "none annotated"
-                why = (f"it recorded other steps or another run (its steps: {held})"
-                       if not _unprofiled_threads(program) else
-                       f"{_unprofiled_threads(program)} of them run on host threads of "
-                       "which it holds no op (threads started before the profiler, which "
-                       "records them only with profile_all_threads=True)")
+                unprofiled = _unprofiled_threads(program)
+                why = (f"{unprofiled} of them run on host threads of which it holds no op "
+                       "(threads started before the profiler, which records them only "
+                       "with profile_all_threads=True)" if unprofiled else
+                       f"it recorded other steps or another run (its steps: {held})")
                 message = (
                     f"only {linked} of the {total} replayed ops are found in "
                     f"{source.kineto.name}: {why}; times, gaps and the "

@@ -835,10 +835,17 @@ def _meets_its_root(op: Op, call: Op, rank: int, root: int, info: DistInfo) -> b
     group = info.groups[call.comm.group] if call.comm.group < len(info.groups) else None
     if group is None:
         return False
-    members = group.ranks if group.ranks is not None else (
-        tuple(range(info.world_size)) if group.size == info.world_size else None)
+    members = _members(group, info.world_size)
     return (members is not None and rank in members and call.comm.root is not None
             and 0 <= call.comm.root < len(members) and members[call.comm.root] == root)
+
+
+def _members(group: ProcessGroupSpec, world_size: int) -> tuple[int, ...] | None:
+    """A group's global ranks in group order: recorded, or every rank for a group over
+    the whole world; None where unknown."""
+    if group.ranks is not None:
+        return group.ranks
+    return tuple(range(world_size)) if group.size == world_size else None
 
 
 def pair_point_to_point(programs: Sequence[Program], ranks: Sequence[int]) -> int:
@@ -884,8 +891,7 @@ def _peers(program: Program, rank: int, op: Op) -> list[tuple[int, int]]:
         return []
     found = []
     for g in info.groups:
-        members = g.ranks if g.ranks is not None else (
-            tuple(range(info.world_size)) if g.size == info.world_size else None)
+        members = _members(g, info.world_size)
         if members and rank in members and 0 <= comm.root < len(members) \
                 and members[comm.root] != rank:
             found.append((g.index, members[comm.root]))

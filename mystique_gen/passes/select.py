@@ -82,6 +82,12 @@ def is_root(node: RawNode) -> bool:
     return node.name.startswith(ROOT_PREFIXES)
 
 
+def thread_roots(trace: RawTrace) -> dict[int, int]:
+    """Each host thread's root node (the observer's ``[...|thread]``): tid -> node id."""
+    return {n.tid: n.id for n in trace.nodes
+            if is_root(n) and "thread" in n.name and n.parent != n.id}
+
+
 def children_of(trace: RawTrace) -> dict[int, list[RawNode]]:
     """Each node's children, in node order, as the parent links stand now."""
     children: dict[int, list[RawNode]] = {}
@@ -162,8 +168,7 @@ def restore_nesting(trace: RawTrace, by_id: dict[int, RawNode]) -> bool:
     its recorded parents, and the repairs below make what they can of them."""
     if not _written_in_end_order(trace, by_id):
         return False
-    roots = {n.tid: n.id for n in trace.nodes
-             if is_root(n) and "thread" in n.name and n.parent != n.id}
+    roots = thread_roots(trace)
     by_thread: dict[int, list[RawNode]] = {}
     for node in trace.nodes:  # id order: the order they started
         if not is_root(node):
@@ -836,8 +841,7 @@ def future_callbacks(trace: RawTrace, workers: set[int]) -> dict[int, int]:
 
 def _adopt_callbacks(trace: RawTrace, owners: dict[int, int]) -> None:
     """Make each callback op an op of the thread that reads its result (top level)."""
-    roots = {n.tid: n.id for n in trace.nodes
-             if is_root(n) and "thread" in n.name and n.parent != n.id}
+    roots = thread_roots(trace)
     for node in trace.nodes:
         if node.id in owners and owners[node.id] in roots:
             node.tid, node.parent = owners[node.id], roots[owners[node.id]]

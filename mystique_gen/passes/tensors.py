@@ -88,11 +88,11 @@ def output_paths(outputs: list[Value]) -> list[tuple[tuple[int, ...], TensorValu
 def undefined_reads(ops: list[Op]) -> set[tuple[int, tuple[int, ...]]]:
     """(op index, output path) of every uninitialised output (oprules.
     UNINITIALISED_OUTPUTS, or a result on a storage an op was handed) whose values a
-    recorded op reads before any recorded op
-    writes them: the original defined them outside recorded ops, so the replay must
-    build them as inputs. An op that returns a tensor on the same storage (a view,
-    ``to`` or ``lift_fresh`` without a copy) reads no values; an argument the op writes
-    defines them (``copy_``, ``fill_``, an ``out=``), unless it only changes metadata."""
+    recorded op reads before any recorded op writes them: the original defined them
+    outside recorded ops, so the replay must build them as inputs. An op that returns a
+    tensor on the same storage (a view, ``to`` or ``lift_fresh`` without a copy) reads
+    no values; an argument the op writes defines them (``copy_``, ``fill_``, an
+    ``out=``), unless it only changes metadata."""
     pending: dict[int, tuple[int, tuple[int, ...]]] = {}  # storage id -> its empty output
     found: set[tuple[int, tuple[int, ...]]] = set()
     for op in ops:
