@@ -23,7 +23,8 @@ from mystique_gen.ir import Init
 
 
 def test_every_fill_kind_has_a_filler_and_back():
-    assert {k.value for k in FillKind} - {FillKind.DATA.value} == set(runtime._FILLS)
+    assert {k.value for k in FillKind} - {FillKind.DATA.value, FillKind.VALUES.value} == \
+        set(runtime._FILLS)
 
 
 def test_an_unknown_fill_kind_is_a_generation_error():
@@ -406,22 +407,39 @@ def test_scaled_gaps_scale_the_recorded_time_and_the_calibrated_costs(monkeypatc
         runtime._RUNTIME["gap_carry"].clear()
 
 
-def test_a_gap_that_ends_at_a_wait_for_a_peer_holds_that_wait():
+class _SteppingClock:
+    """A stand-in for the ``time`` module whose clock moves 10 us a reading: a busy-wait
+    under it takes as many readings as the time it waits, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-5
+        return self.now
+
+    def time_ns(self) -> int:
+        return int(self.now * 1e9)
+
+
+def test_a_gap_that_ends_at_a_wait_for_a_peer_holds_that_wait(monkeypatch):
     """A recorded gap before a recv or a collective's wait held the original's wait for
     its peer (no op records it): the replay waits first, and the gap busy-waits only
     what is left of it; a wait longer than the gap leaves no debt for the next gaps,
     and the calibration counts no wait as the replay's own time."""
+    clock = _SteppingClock()
+    monkeypatch.setattr(runtime, "time", clock)
     state = {k: runtime._RUNTIME[k] for k in ("host_gaps", "gap_own", "gap_own_us",
                                                "gap_scale", "own_scale", "gap_marks")}
     try:
         runtime._RUNTIME.update(host_gaps=True, gap_own={}, gap_own_us=0.0, gap_scale=1.0,
                                 own_scale=1.0, gap_marks=[])
-        runtime._waited_for_peers(time.perf_counter() - 0.004)  # 4 ms with a peer
-        started = time.perf_counter()
+        runtime._waited_for_peers(clock.perf_counter() - 0.004)  # 4 ms with a peer
+        started = clock.now
         runtime._host_gap(5000.0, before=3)  # 5 ms recorded: 1 ms left to wait
-        spun = time.perf_counter() - started
-        assert 0.0009 < spun < 0.003
-        runtime._waited_for_peers(time.perf_counter() - 0.008)
+        spun = clock.now - started
+        assert spun == pytest.approx(0.001, abs=3e-5)
+        runtime._waited_for_peers(clock.perf_counter() - 0.008)
         runtime._host_gap(5000.0, before=4)  # covered by the 8 ms wait
         assert runtime._RUNTIME["gap_carry"][None] == 0.0  # no debt carried on
         assert not runtime._RUNTIME["gap_waited"]
