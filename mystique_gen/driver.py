@@ -79,6 +79,8 @@ from mystique_gen.passes.select import (
 )
 from mystique_gen.passes.tensors import peak_bytes, plan_tensors
 from mystique_gen.passes.values import (
+    CapturedInputs,
+    LiteralRecord,
     RecordedValues,
     ScalarRecord,
     assign_values,
@@ -90,6 +92,7 @@ from mystique_gen.sources.et import RawTrace, load_trace
 from mystique_gen.sources.kineto import (
     KinetoTrace,
     host_probe_of,
+    literals_of,
     load_kineto,
     profile_beside,
     scalars_of,
@@ -115,6 +118,8 @@ class Source:
     num_threads: int | None = None  # intra-op CPU threads the capture ran with (step.json)
     # 0-d floating argument values the capture recorded beside the trace (step.json)
     scalars: ScalarRecord = field(default_factory=dict)
+    # the values of the literals each step built alike (step.json), in call order
+    literals: LiteralRecord = field(default_factory=list)
 
 
 def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
@@ -122,7 +127,7 @@ def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
     capture's profile-only trace named beside it."""
     sidecar = sidecar_beside(path)
     source = Source(load_trace(path), resources_dir(path), scalars=scalars_of(sidecar),
-                    num_threads=threads_of(sidecar))
+                    literals=literals_of(sidecar), num_threads=threads_of(sidecar))
     if kineto is not None:
         link_source(source, load_kineto(kineto), kineto)
     return source
@@ -216,7 +221,8 @@ def lower_sources(program: Program, build: Build) -> Program:
     """Select, filter, lower, rename and retarget every trace; compose and repeat."""
     options = build.options
     names: dict[tuple[int, int, int], int] = {}
-    parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume, s.scalars,
+    parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume,
+                         CapturedInputs(s.scalars, s.literals),
                          kineto_steps(s.kineto) if k == 0 else frozenset())
              for k, s in enumerate(build.sources)]
     lines: list[str] = []
@@ -265,7 +271,7 @@ def lower_sources(program: Program, build: Build) -> Program:
 
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
                 names: dict[tuple[int, int, int], int], consume: bool,
-                scalars: ScalarRecord | None = None,
+                captured: CapturedInputs | None = None,
                 profiled_steps: frozenset[int] = frozenset()) -> Part:
     """``consume``: the caller no longer needs the trace's recorded arguments, so
     lowering may release them as it goes. ``profiled_steps``: see filter_selection."""
@@ -275,7 +281,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     kept, lines = filter_selection(trace, selection, options, profiled_steps)
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops)
-    recorded = recorded_values(trace, resources, scalars)
+    recorded = recorded_values(trace, resources, captured)
     comm = CommLowering(trace, sparse, serial=not options.threaded)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume, sparse=sparse)
     rename_storages(ops, lifetimes, k, names)

@@ -672,7 +672,59 @@ def test_recorded_constants_keep_a_gated_recurrence_finite(tmp_path):
                                                    GenerateOptions(command_line="test"))
 
 
+def test_literals_the_step_builds_replay_as_it_built_them(tmp_path):
+    """A step's own constants, built from Python data (``torch.tensor([...])``, the
+    index list of ``x[:, [0, 2, 5]]``): the ET records their shapes, not their values,
+    and the square root of a difference of two, filled at random, replayed NaN. The
+    capture records short literals that two steps build alike, and the replay builds
+    them so; a literal of data, another every step, is not recorded."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 6)
+    x = torch.randn(4, 6)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    batch = iter(range(10_000))
+
+    def step() -> None:
+        opt.zero_grad()
+        picked = lin(x)[:, [0, 2, 5]]
+        scale = torch.sqrt(torch.tensor([1.0, 4.0, 9.0]) - torch.tensor([0.5, 0.5, 0.5]))
+        seen = torch.tensor([next(batch), 7])  # data: another value every step
+        ((picked * scale).sum() + seen.sum() * 0.0).backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="lit", kineto=False, timing_iters=1)
+    literals = json.loads(result.sidecar_path.read_text())["literals"]
+    assert literals == [[0, 2, 5], [1.0, 4.0, 9.0], [0.5, 0.5, 0.5], None]
+    bench = tmp_path / "lit_bench.py"
+    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    assert "_values([0, 2, 5], torch.int64, device)" in text
+    assert "_values([1.0, 4.0, 9.0], torch.float32, device)" in text
+    assert text.count("_values([") == 3
+    _assert_replays_finite(bench, 3)
+
+
+def test_literals_pair_with_the_traces_calls_one_for_one():
+    """The k-th recorded literal is the trace's k-th ``aten::lift_fresh``, where it has
+    as many elements; one literal more or fewer than the trace's calls: none is used."""
+    b = TraceBuilder()
+    first, second = b.tensor((3,), dtype="int64"), b.tensor((2,))
+    b.op(LIFT_FRESH, [first], [first])
+    b.op(LIFT_FRESH, [second], [second])
+    b.op(MUL, [b.tensor((2,)), second], [b.tensor((2,))])
+    trace = trace_from_document(b.doc(), name="t.json", sha256="0")
+    inits = {s.dtype: s.init for s in run_passes(
+        [Source(trace, literals=[[0, 2, 5], [0.25, 4.0]])], BuildOptions()).storages
+        if s.materialised and s.extent in (2, 3) and s.dtype in ("int64", "float32")
+        and s.init is not None and s.init.kind == "values"}
+    assert inits["int64"].values == (0, 2, 5) and inits["float32"].values == (0.25, 4.0)
+    for literals in ([[0, 2, 5]], [[0, 2, 5], [0.25, 4.0], [1.0]]):
+        program = run_passes([Source(trace, literals=literals)], BuildOptions())
+        assert not any(s.init is not None and s.init.kind == "values"
+                       for s in program.storages)
+
+
 MUL = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+LIFT_FRESH = "aten::lift_fresh(Tensor(a) self) -> Tensor(a)"
 
 
 @pytest.mark.parametrize("values", [[-8.0, -8.0], [-8.0, 2.0]])

@@ -279,6 +279,8 @@ class CodeGen:
         init = storage.init
         if init is not None and init.kind is FillKind.DATA:
             return valuefill.data_call(init, storage.dtype, self.device_expr(storage.device))
+        if init is not None and init.kind is FillKind.VALUES:
+            return valuefill.values_call(init, storage.dtype, self.device_expr(storage.device))
         kind, low, high = (init.kind, init.low, init.high) if init else (FillKind.ZEROS, 0, 0)
         args: list[Node] = [
             Atom(str(storage.extent)),

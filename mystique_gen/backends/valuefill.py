@@ -1,6 +1,8 @@
 """Emitters for input values and data-dependent outputs.
 
-``_data(...)`` embeds integral values the trace saved; ``t = _fit(t, shape, strides)``
+``_data(...)`` embeds integral values the trace saved, ``_values([...], ...)`` the
+elements of a literal the step built (as the capture recorded them); ``t = _fit(t,
+shape, strides)``
 follows an op whose output size depends on input values (nonzero, unique, masked
 selection, routing in a mixture of experts), so later statements see the recorded
 size whatever the replayed values are; ``t = _fit_nnz(t, nnz)`` does the same for a
@@ -23,6 +25,17 @@ def data_call(init: Init, dtype: str, device: str) -> Node:
     return exprs.call("_data", [
         Atom(exprs.str_literal(init.data.hex())),
         Atom(str(int(init.low))),
+        Atom(exprs.torch_attr(dtype)),
+        Atom(device),
+    ])
+
+
+def values_call(init: Init, dtype: str, device: str) -> Node:
+    """``_values([v, ...], torch.<dtype>, device)`` for a kind "values" fill."""
+    if init.kind != "values":
+        raise ValueError(f"not a values fill: {init.kind}")
+    return exprs.call("_values", [
+        exprs.list_display([Atom(exprs.scalar_literal(v)) for v in init.values]),
         Atom(exprs.torch_attr(dtype)),
         Atom(device),
     ])

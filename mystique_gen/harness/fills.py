@@ -1,8 +1,9 @@
 """The fill kinds: how the generated file fills a materialised input buffer.
 
-Each kind names a filler in ``runtime._FILLS`` (``_fill_<kind>``), except ``DATA``,
-which ``runtime._data`` writes from recorded values; tests/test_harness.py checks that
-the two lists agree. The IR's ``Init.kind`` is a FillKind, so a kind no filler knows
+Each kind names a filler in ``runtime._FILLS`` (``_fill_<kind>``), except ``DATA`` and
+``VALUES``, which ``runtime._data`` and ``runtime._values`` write from recorded values
+(``DATA`` packed, ``VALUES`` as a list the reader sees); tests/test_harness.py checks
+that the two lists agree. The IR's ``Init.kind`` is a FillKind, so a kind no filler knows
 is an error when the IR is built, never a buffer of zeros at run time.
 """
 
@@ -27,3 +28,4 @@ class FillKind(str, Enum):
     ONES = "ones"
     ZEROS = "zeros"
     DATA = "data"  # recorded integral values (runtime._data)
+    VALUES = "values"  # a literal's recorded values, as a list (runtime._values)

@@ -82,6 +82,7 @@ class Init:
     high: float | int = 1
     why: str = ""  # provenance, e.g. "aten::embedding_bag indices < 1000 rows"
     data: bytes = b""  # kind "data": recorded values, little-endian ints of ``low`` bytes
+    values: tuple[float | int, ...] = ()  # kind "values": a recorded literal's elements
 
     def __post_init__(self) -> None:
         try:

@@ -3,10 +3,12 @@
 Sources, strongest first:
 
 1. integral data the trace saved in ``<trace>_resources/nid_<node>_tid_<k>.dat``
-   (``ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA``), embedded when small,
-   and the values of 0-d floating arguments (wrapped Python numbers, mostly) that
-   ``mystique_gen.tools.capture`` recorded in its ``<name>.step.json`` (``scalars``),
-   where every op reading the storage recorded the same value;
+   (``ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA``), embedded when small;
+   what ``mystique_gen.tools.capture`` recorded in its ``<name>.step.json``: the values
+   of 0-d floating arguments (wrapped Python numbers, mostly; ``scalars``), where every
+   op reading the storage recorded the same value, and of short tensors the step built
+   from Python data alike in two steps (``literals``: ``torch.tensor([0.5, 2.0])``, the
+   index list of ``x[:, [0, 2]]``), embedded as they were;
 2. data-dependent output sizes (:data:`oprules.SHAPE_RULES`): a mask with the recorded
    number of true values, as many distinct values as ``unique`` returned, repeats that
    add up to the recorded output, jagged lengths that add up to the values;
@@ -77,11 +79,25 @@ class RecordedValues:
     data: dict[tuple[int, int], Path] = field(default_factory=dict)
     ordinals: dict[int, list[list[int | None]]] = field(default_factory=dict)
     scalars: dict[tuple[int, int], float] = field(default_factory=dict)  # 0-d values
+    literals: dict[tuple[int, int], list[float | int]] = field(default_factory=dict)
 
 
 # Recorded values per op overload and tensor ordinal, in call order: the capture
 # sidecar's ``scalars`` (mystique_gen.tools.capture.record_scalars).
 ScalarRecord = dict[str, dict[str, list[float]]]
+# Each ``aten::lift_fresh`` call's values (row-major), or None, in call order: the
+# sidecar's ``literals``.
+LiteralRecord = list[list[float | int] | None]
+# The op that makes a tensor of Python data (torch.tensor, a list index) a tensor.
+LITERAL_OP = "aten::lift_fresh"
+
+
+@dataclass
+class CapturedInputs:
+    """What the capture recorded of the values the ET leaves out (its sidecar)."""
+
+    scalars: ScalarRecord = field(default_factory=dict)
+    literals: LiteralRecord = field(default_factory=list)
 
 
 def resources_dir(trace_path: str | Path) -> Path | None:
@@ -127,13 +143,16 @@ def _parse_range(text: object, node_id: int) -> dict[int, tuple[int, int]]:
 
 
 def recorded_values(trace: RawTrace, resources: Path | None = None,
-                    scalars: ScalarRecord | None = None) -> RecordedValues:
+                    captured: CapturedInputs | None = None) -> RecordedValues:
     """Ranges and saved data of every node that has them, and the recorded values of
-    0-d floating inputs (:func:`match_scalars`)."""
+    0-d floating inputs (:func:`match_scalars`) and literals (:func:`match_literals`)."""
     found = RecordedValues()
-    if scalars:
-        found.scalars = match_scalars(trace, scalars)
-    with_scalars = {node_id for node_id, _ in found.scalars}
+    if captured is not None and captured.scalars:
+        found.scalars = match_scalars(trace, captured.scalars)
+    if captured is not None and captured.literals:
+        found.literals = match_literals(trace, captured.literals)
+    with_scalars = {node_id for node_id, _ in found.scalars} | \
+        {node_id for node_id, _ in found.literals}
     saved: dict[tuple[int, int], Path] = {}
     if resources is not None:
         for f in resources.glob("nid_*_tid_*.dat"):
@@ -173,6 +192,26 @@ def match_scalars(trace: RawTrace, recorded: ScalarRecord) -> dict[tuple[int, in
         values = recorded[op].get(str(k), [])
         if len(values) == len(node_ids):
             found.update(((nid, k), float(v)) for nid, v in zip(node_ids, values, strict=True))
+    return found
+
+
+def match_literals(trace: RawTrace, recorded: LiteralRecord
+                   ) -> dict[tuple[int, int], list[float | int]]:
+    """(node id, 0) -> values: the k-th recorded literal is the trace's k-th
+    ``aten::lift_fresh`` node (in id order), where it has as many elements. Where the
+    counts differ (the recorded steps built other literals, or another thread built
+    some), none is matched."""
+    nodes = [node for node in trace.nodes if node.name == LITERAL_OP]
+    if len(nodes) != len(recorded):
+        return {}
+    found: dict[tuple[int, int], list[float | int]] = {}
+    for node, values in zip(nodes, recorded, strict=True):
+        raw = node.inputs[0] if node.inputs else None
+        if values is None or raw is None or not raw.type.startswith("Tensor") \
+                or not isinstance(raw.shape, list) \
+                or prod(d for d in raw.shape if isinstance(d, int)) != len(values):
+            continue
+        found[(node.id, 0)] = values
     return found
 
 
@@ -251,7 +290,8 @@ class _Facts:
         self.offsets: dict[int, tuple[int, bool, str]] = {}  # indices count, last fixed
         self.shape: dict[int, tuple[tuple[str, int, int], str]] = {}  # data-dependent fill
         self.ranges: dict[int, tuple[int, int]] = {}  # recorded [min, max], union of views
-        self.data: dict[int, list[int]] = {}
+        self.data: dict[int, list[float | int]] = {}  # recorded values (ints unless literal)
+        self.literals: set[int] = set()  # of those, the literals the step built (VALUES)
         self.positive: dict[int, str] = {}
         self.float_range: dict[int, tuple[float, float, str]] = {}
         self.below: dict[int, tuple[float, str]] = {}  # floats under a bound (COMPLEMENTS)
@@ -319,7 +359,12 @@ class _Facts:
         (self.shape if s.materialised else self.computed_shape).setdefault(s.index, (init, why))
 
     def recorded(self, tv: TensorValue, span: tuple[int, int] | None,
-                 data: Path | None) -> None:
+                 data: Path | None, literal: list[float | int] | None = None) -> None:
+        s = tv.storage
+        if literal is not None and s is not None and s.materialised \
+                and _covers(tv.meta, s) and len(literal) == tv.meta.numel:
+            self.data[s.index] = literal
+            self.literals.add(s.index)
         s = self.integral(tv)
         if s is None:
             return
@@ -384,7 +429,8 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
                 k = row[j] if j < len(row) else None
                 if isinstance(item, TensorValue) and k is not None:
                     facts.recorded(item, recorded.ranges.get((op.node_id, k)),
-                                   recorded.data.get((op.node_id, k)))
+                                   recorded.data.get((op.node_id, k)),
+                                   recorded.literals.get((op.node_id, k)))
                     value = recorded.scalars.get((op.node_id, k))
                     if value is not None and item.storage is not None \
                             and not item.meta.shape:
@@ -1239,8 +1285,11 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
     i = s.index
     if i in facts.workspace:
         return Init(FillKind.ZEROS, 0, 0, facts.workspace[i])
+    if i in facts.literals:  # a constant of the step's code: as the original built it
+        return Init(FillKind.VALUES, 0, len(facts.data[i]), "recorded literal",
+                    values=tuple(facts.data[i]))
     if i in facts.data:
-        values = facts.data[i]
+        values = [int(v) for v in facts.data[i]]
         high = facts.upper.get(i, (None, ""))[0]
         packed = _narrow(values)
         if packed and (high is None or all(0 <= v < high for v in values)):

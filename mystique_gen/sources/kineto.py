@@ -334,6 +334,18 @@ def scalars_of(sidecar: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
             for op, by in found.items() if isinstance(op, str) and isinstance(by, dict)}
 
 
+def literals_of(sidecar: dict[str, Any]) -> list[list[float | int] | None]:
+    """The values of the literals the capture recorded (the sidecar's ``literals``: per
+    ``aten::lift_fresh`` call, in call order, its values flattened, or None where it
+    recorded none), if any."""
+    found = sidecar.get("literals")
+    if not isinstance(found, list):
+        return []
+    return [values if isinstance(values, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) else None
+        for values in found]
+
+
 def _positive(sidecar: dict[str, Any], key: str) -> float | None:
     value = sidecar.get(key)
     return float(value) if isinstance(value, (int, float)) and value > 0 else None

@@ -172,25 +172,49 @@ class _Recorder:
 
 
 class _ScalarRecorder(TorchDispatchMode):
-    """Records the value of every 0-d floating tensor argument of every op, by op
-    overload and tensor ordinal (the ET's: every tensor among the inputs, list elements
-    included, in schema order), in call order.
+    """Records, over one or more steps (:meth:`next_step` between them):
 
-    The ET records a tensor's metadata, not its values, and 0-d floating tensors are
-    mostly Python numbers wrapped by the argument parser: model constants (the -8.0 of
-    RecurrentGemma's gate, ``-8.0 * gate * softplus(a)``, whose square root of ``1 -
-    exp(2x)`` a positive stand-in turns to NaN), optimizer betas and step sizes. The
-    values pass fills them with these (passes/values.py)."""
+    * in the first step, the value of every 0-d floating tensor argument of every op, by
+      op overload and tensor ordinal (the ET's: every tensor among the inputs, list
+      elements included, in schema order), in call order. The ET records a tensor's
+      metadata, not its values, and 0-d floating tensors are mostly Python numbers
+      wrapped by the argument parser: model constants (the -8.0 of RecurrentGemma's
+      gate, ``-8.0 * gate * softplus(a)``, whose square root of ``1 - exp(2x)`` a
+      positive stand-in turns to NaN), optimizer betas and step sizes;
+    * in every step, the values of each tensor the step builds from Python data
+      (``aten::lift_fresh``: ``torch.tensor([0.5, 2.0])``, the index of ``x[:, [0, 2]]``)
+      of at most :data:`MAX_LITERAL_ELEMENTS` elements, in call order
+      (:meth:`literals`).
+
+    The values pass fills those inputs with these (passes/values.py)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.values: dict[str, dict[int, list[float]]] = {}
+        self.steps: list[list[list[float | int] | None]] = [[]]  # literals, per step
+
+    def next_step(self) -> None:
+        self.steps.append([])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         with suppress(Exception):  # recording never fails the step it watches
-            self._record(func, args, kwargs)
+            if func is torch.ops.aten.lift_fresh.default:
+                self.steps[-1].append(_literal_values(args[0]))
+            if len(self.steps) == 1:
+                self._record(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def literals(self) -> list[list[float | int] | None]:
+        """Each literal's values where every complete step built the same ones in the
+        same call (the model's constants), else None (data the step built from Python
+        lists, different every step, is not recorded); [] unless at least two steps
+        completed and built as many literals."""
+        done = self.steps[:-1] if len(self.steps) > 1 else []
+        if len(done) < 2 or len({len(step) for step in done}) != 1:
+            return []
+        return [first if all(step[k] == first for step in done[1:]) else None
+                for k, first in enumerate(done[0])]
 
     def _record(self, func, args, kwargs) -> None:  # noqa: ANN001
         schema = func._schema
@@ -219,15 +243,44 @@ class _ScalarRecorder(TorchDispatchMode):
                 for op, by in sorted(self.values.items())}
 
 
-def record_scalars(step_fn: Callable[[], object]) -> dict[str, dict[str, list[float]]]:
-    """The 0-d floating arguments of one call of ``step_fn`` (:class:`_ScalarRecorder`)."""
+# Literals of at most this many elements are recorded: a model's constants are short
+# (a normalisation's mean, an index list); a batch built from Python lists is data.
+MAX_LITERAL_ELEMENTS = 64
+
+
+def _literal_values(tensor: object) -> list[float | int] | None:
+    """A literal's values, flattened in row-major order, where it is a short real or
+    boolean tensor on the host."""
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" \
+            or tensor.numel() > MAX_LITERAL_ELEMENTS or tensor.is_complex() \
+            or tensor.layout != torch.strided:
+        return None
+    values = tensor.detach().reshape(-1).tolist()
+    return [int(v) for v in values] if tensor.dtype == torch.bool else values
+
+
+@dataclass
+class RecordedInputs:
+    """What the steps under :class:`_ScalarRecorder` recorded, as the sidecar stores it."""
+
+    scalars: dict[str, dict[str, list[float]]]
+    literals: list[list[float | int] | None]
+
+
+def record_scalars(step_fn: Callable[[], object]) -> RecordedInputs:
+    """The 0-d floating arguments of one call of ``step_fn`` and the literals that two
+    calls build alike (:class:`_ScalarRecorder`)."""
     recorder = _ScalarRecorder()
     try:
         with recorder:
             step_fn()
+            recorder.next_step()
+            step_fn()
+            recorder.next_step()
     except Exception:  # noqa: BLE001 (a step that cannot run under a mode: no values)
-        return {}
-    return recorder.recorded()
+        if len(recorder.steps) == 1:
+            return RecordedInputs({}, [])
+    return RecordedInputs(recorder.recorded(), recorder.literals())
 
 
 def _step_peak(trace: Path) -> int:
@@ -293,8 +346,8 @@ def capture(
         step_fn()
     finally:
         recorder.stop()
-    # One more step, under a dispatch mode that slows it: the values the ET leaves out.
-    scalars = record_scalars(step_fn)
+    # Two more steps, under a dispatch mode that slows them: the values the ET leaves out.
+    inputs = record_scalars(step_fn)
     if recorder.profile_path is not None:
 
 
@@ -308,7 +361,7 @@ def capture(
             recorder.stop_profile()
     return _write_sidecar(out, name, times, warmup, recorder,
                           {"boundary": "step_fn call", "profile_steps": max(1, profile_steps),
-                           "scalars": scalars})
+                           "scalars": inputs.scalars, "literals": inputs.literals})
 
 
 class CaptureDone(BaseException):
@@ -324,7 +377,7 @@ class ScriptError(Exception):
 
 @dataclass
 class _StepClock:
-    """Optimizer-step boundaries: warm-up, timed steps, one recorded step, one under
+    """Optimizer-step boundaries: warm-up, timed steps, one recorded step, two under
     the scalar recorder (:func:`record_scalars`), then (with Kineto) ``profile_steps``
     steps profiled without the ET observer, each in a
     ``MystiqueProfiledStep`` annotation as :func:`capture` profiles them, so that
@@ -343,9 +396,9 @@ class _StepClock:
     def __post_init__(self) -> None:
         self.times: list[float] = []
         self.scope: record_function | None = None
-        # The step after the recorded one runs under it (record_scalars).
+        # The two steps after the recorded one run under it (record_scalars).
         self.scalar_mode: _ScalarRecorder | None = None
-        self.scalars: dict[str, dict[str, list[float]]] = {}
+        self.inputs = RecordedInputs({}, [])
 
     def on_step(self) -> None:
         _sync()
@@ -367,6 +420,9 @@ class _StepClock:
             self.scalar_mode.__enter__()
             return
         if self.scalar_mode is not None:
+            self.scalar_mode.next_step()
+            if len(self.scalar_mode.steps) < 3:
+                return
             self.finish_scalars()
             if self.recorder.profile_path is None:
                 raise CaptureDone
@@ -386,7 +442,8 @@ class _StepClock:
         """Leave the scalar recorder's mode and keep what it recorded."""
         if self.scalar_mode is not None:
             self.scalar_mode.__exit__(None, None, None)
-            self.scalars = self.scalar_mode.recorded()
+            self.inputs = RecordedInputs(self.scalar_mode.recorded(),
+                                         self.scalar_mode.literals())
             self.scalar_mode = None
 
     def finish_profile(self) -> None:
@@ -503,16 +560,17 @@ def capture_script(
         clock.finish_scalars()
         if clock.profiling:
             clock.finish_profile()
-    # The recorded step, one for the scalars' values and, with Kineto, at least one
-    # profiled step; the script may end before all of those.
-    recorded = 3 if kineto else 2
+    # The recorded step, two for the scalars' and literals' values and, with Kineto, at
+    # least one profiled step; the script may end before all of those.
+    recorded = 4 if kineto else 3
     needed = warmup + timing_iters + recorded
     if clock.steps < needed:
         raise ScriptError(
             f"the script made {clock.steps} optimizer steps; capture needs {needed} "
             f"(--warmup {warmup} + --timing-iters {timing_iters} + {recorded} recorded)")
     extra: dict[str, object] = {"boundary": "optimizer step", "command": argv,
-                                "scalars": clock.scalars}
+                                "scalars": clock.inputs.scalars,
+                                "literals": clock.inputs.literals}
     if kineto:
         extra["profile_steps"] = clock.profiled
     return _write_sidecar(out, name, clock.times, warmup, recorder, extra)

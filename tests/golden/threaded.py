@@ -2237,6 +2237,13 @@ def _data(hex_values, width, dtype, device):
     return torch.tensor(values, dtype=torch.int64).to(device=device, dtype=dtype)
 
 
+def _values(values, dtype, device):
+    """A literal the traced step built from Python data (`torch.tensor([...])`, the
+    index list of `x[:, [0, 2]]`), its elements as the capture recorded them."""
+    wide = torch.float64 if any(isinstance(v, float) for v in values) else torch.int64
+    return torch.tensor(values, dtype=wide).to(device=device, dtype=dtype)
+
+
 def _fit(value, shape, strides, rows_of_one=False, site=None):
     """A data-dependent output at its recorded size: rows cut or repeated (so indices
     stay valid), laid out as recorded. Already the right size: returned as it is.
