@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import runpy
 import statistics
@@ -256,7 +257,23 @@ def _literal_values(tensor: object) -> list[float | int] | None:
             or tensor.layout != torch.strided:
         return None
     values = tensor.detach().reshape(-1).tolist()
-    return [int(v) for v in values] if tensor.dtype == torch.bool else values
+    if tensor.dtype == torch.bool:
+        return [int(v) for v in values]
+    if tensor.is_floating_point():
+        return [_shortest(v, tensor.dtype) for v in values]
+    return values
+
+
+def _shortest(value: float, dtype: torch.dtype) -> float:
+    """The shortest decimal that is ``value`` in ``dtype``: the file says 0.485, as the
+    code did, not float32's 0.48500001430511475."""
+    if not math.isfinite(value):
+        return value
+    for digits in range(1, 18):
+        near = float(f"{value:.{digits}g}")
+        if torch.tensor(near, dtype=dtype).item() == value:
+            return near
+    return value
 
 
 @dataclass
