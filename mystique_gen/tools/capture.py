@@ -19,6 +19,7 @@ Two entry points:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch._C._profiler import _disable_execution_trace_observer
 from torch.optim import Optimizer
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
@@ -115,6 +117,7 @@ class _Recorder:
                          DATA_ENV: index_ops() if integral_data else None})
         self.prof = None
         self.observer = None
+        self.script_profiles = False  # the script started a torch.profiler of its own
         self.step_peak_bytes: int | None = None
         self.probes: list[float] = []  # the host's speed beside each profile-only step
 
@@ -126,8 +129,11 @@ class _Recorder:
     def start(self) -> None:
 
         self.env.__enter__()
+        if self.kineto_path is not None and (self.script_profiles or _profiler_running()):
+            self._without_kineto("the script runs its own torch.profiler")
         self.observer = ExecutionTraceObserver()
         self.observer.register_callback(str(self.et_path))
+        _RECORDING.append(self.observer)
         if self.integral_data:
             self.observer.set_extra_resource_collection(True)
         if self.kineto_path is not None:
@@ -141,25 +147,48 @@ class _Recorder:
         else:
             self.observer.start()
 
-    def start_profile(self) -> None:
-        """Profile (Kineto only, no ET) the next step."""
+    def _without_kineto(self, why: str) -> None:
+        """Go on with the ET alone: only one profiler session runs at a time, and the
+        script's own ended or would end the capture's (which then crashed exporting)."""
+        if self.kineto_path is not None:
+            print(f"mystique-gen: warning: {why}: recording the execution trace only, "
+                  "without its Kineto trace and profile-only steps (host gaps and "
+                  "`compare`'s times need them; run the script without its profiler)",
+                  file=sys.stderr)
+        self.kineto_path = self.profile_path = None
 
+    def start_profile(self) -> bool:
+        """Profile (Kineto only, no ET) the next step; False where the script's own
+        profiler runs (then the capture has no profile-only steps)."""
+        if self.script_profiles or _profiler_running():
+            self._without_kineto("the script runs its own torch.profiler")
+            return False
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self.prof = profile(activities=activities)
         self.prof.start()
+        return True
 
     def stop_profile(self) -> None:
-        assert self.prof is not None and self.profile_path is not None
+        assert self.prof is not None
         _sync()
+        if not _profiler_running():  # the script's own profiler ended the session
+            self._without_kineto("the script's own torch.profiler ended the capture's "
+                                 "profiling session")
+            return
         self.prof.stop()
+        assert self.profile_path is not None
         self.prof.export_chrome_trace(str(self.profile_path))
 
     def stop(self) -> None:
         assert self.observer is not None
         _sync()
         try:
+            if self.prof is not None and not _profiler_running():
+                self._without_kineto("the script's own torch.profiler ended the "
+                                     "capture's profiling session")
+                self.prof = None
             if self.prof is not None:
                 self.prof.stop()
                 assert self.kineto_path is not None
@@ -169,7 +198,34 @@ class _Recorder:
                 self.observer.stop()
             self.observer.unregister_callback()
         finally:
+            _RECORDING.clear()
+            self.prof = None
             self.env.__exit__(None, None, None)
+
+
+def _profiler_running() -> bool:
+    """Whether a profiler session (Kineto's, one per process) is running."""
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+# The ET observer while it records. A process forked meanwhile (a DataLoader worker
+# started in the recorded step) inherits it and the open trace file, and appended its
+# own ops to the parent's trace ("extra data after the document", duplicate node ids).
+_RECORDING: list[ExecutionTraceObserver] = []
+
+
+def _silence_forked_child() -> None:
+    """In a child forked while the ET records: record nothing, and never finalise the
+    parent's file (the observer's own finaliser would)."""
+    for observer in _RECORDING:
+        with suppress(Exception):
+            _disable_execution_trace_observer()
+            observer._execution_trace_running = False
+            observer._registered = False
+    _RECORDING.clear()
+
+
+os.register_at_fork(after_in_child=_silence_forked_child)
 
 
 class _ScalarRecorder(TorchDispatchMode):
@@ -193,6 +249,14 @@ class _ScalarRecorder(TorchDispatchMode):
         super().__init__()
         self.values: dict[str, dict[int, list[float]]] = {}
         self.steps: list[list[list[float | int] | None]] = [[]]  # literals, per step
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Under a mode that does not, Dynamo skips compiled frames, and kept skipping
+        # them after the mode exited: a torch.compile'd model ran eager in every later
+        # step (the profile-only steps timed the eager model). Compiled code's ops are
+        # also what the ET records of it.
+        return True
 
     def next_step(self) -> None:
         self.steps.append([])
@@ -365,10 +429,7 @@ def capture(
         recorder.stop()
     # Two more steps, under a dispatch mode that slows them: the values the ET leaves out.
     inputs = record_scalars(step_fn)
-    if recorder.profile_path is not None:
-
-
-        recorder.start_profile()
+    if recorder.profile_path is not None and recorder.start_profile():
         try:
             for _ in range(max(1, profile_steps)):
                 recorder.probe()
@@ -441,9 +502,8 @@ class _StepClock:
             if len(self.scalar_mode.steps) < 3:
                 return
             self.finish_scalars()
-            if self.recorder.profile_path is None:
+            if self.recorder.profile_path is None or not self.recorder.start_profile():
                 raise CaptureDone
-            self.recorder.start_profile()
             self.profiling = True
             self.recorder.probe()
             self._open_scope()
@@ -554,10 +614,14 @@ def capture_script(
         lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
         else clock.on_step())
     restore = _step_wrapper(clock.on_step)
+    unwatch = _watch_script_profilers(recorder)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = list(argv)
-    if module is None:
-        sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+    # As python puts them first: the script's folder, or for -m the working directory.
+    sys.path.insert(0, str(Path(argv[0]).resolve().parent) if module is None else os.getcwd())
+    if module is not None and _find_module(module) is None:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        raise ScriptError(f"no module named {module!r} (from {os.getcwd()})")
     try:
         if module is None:
             runpy.run_path(argv[0], run_name="__main__")
@@ -571,6 +635,7 @@ def capture_script(
     finally:
         handle.remove()
         restore()
+        unwatch()
         sys.argv, sys.path[:] = saved_argv, saved_path
         if clock.recording:
             recorder.stop()
@@ -579,7 +644,8 @@ def capture_script(
             clock.finish_profile()
     # The recorded step, two for the scalars' and literals' values and, with Kineto, at
     # least one profiled step; the script may end before all of those.
-    recorded = 4 if kineto else 3
+    recorded = 4 if recorder.kineto_path is not None else 3  # (the script's profiler
+    # may have taken Kineto away)
     needed = warmup + timing_iters + recorded
     if clock.steps < needed:
         raise ScriptError(
@@ -588,9 +654,34 @@ def capture_script(
     extra: dict[str, object] = {"boundary": "optimizer step", "command": argv,
                                 "scalars": clock.inputs.scalars,
                                 "literals": clock.inputs.literals}
-    if kineto:
+    if recorder.kineto_path is not None:
         extra["profile_steps"] = clock.profiled
     return _write_sidecar(out, name, clock.times, warmup, recorder, extra)
+
+
+def _watch_script_profilers(recorder: _Recorder) -> Callable[[], None]:
+    """Mark ``recorder`` once the script starts a ``torch.profiler.profile`` of its own
+    (a scheduled one starts its sessions later, in ``step()``): one profiler session
+    runs at a time, and either the script's ended the capture's (which then crashed
+    exporting it) or the capture's made the script's fail to start. Returns the undo."""
+    cls = torch.profiler.profile
+    original = cls.start
+
+    def start(self: profile) -> None:
+        if self is not recorder.prof:
+            recorder.script_profiles = True
+        original(self)
+
+    cls.start = start  # type: ignore[method-assign]
+    return lambda: setattr(cls, "start", original)
+
+
+def _find_module(name: str) -> object | None:
+    """``name``'s module spec, or None where neither it nor a parent package exists."""
+    try:
+        return importlib.util.find_spec(name)
+    except ImportError:  # a parent package that does not exist
+        return None
 
 
 def result_dict(result: CaptureResult) -> dict[str, object]:

@@ -1,0 +1,115 @@
+"""The capture helper on scripts as users write them: a DataLoader forked inside the
+recorded step, a package run with ``-m``, a script that runs its own profiler, a
+``torch.compile``d model. (More capture tests, with the replay they feed, live in
+tests/test_values.py.)"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+from mystique_gen.cli import main as tools_main
+from mystique_gen.sources.et import load_trace
+from mystique_gen.tools.capture import capture
+
+
+def _script(path, body: str) -> str:
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def _capture(out, *argv: str) -> int:
+    return tools_main(["capture", "-o", str(out), "--name", "s", "--warmup", "1",
+                       "--timing-iters", "1", "--profile-steps", "2", "--", *argv])
+
+
+def test_workers_forked_in_the_recorded_step_leave_its_trace_whole(tmp_path):
+    """A new DataLoader iterator every step forks its workers while the ET records:
+    they inherited the observer and the open file and appended their own ops to it
+    (the trace failed to parse). A forked child records nothing now."""
+    script = _script(tmp_path / "train.py", """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(12):
+            x, y = next(iter(DataLoader(data, batch_size=16, num_workers=1)))
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        """)
+    assert _capture(tmp_path / "o", "python", script) == 0
+    trace = load_trace(tmp_path / "o" / "s.et.json")
+    names = [node.name for node in trace.nodes]
+    assert "aten::addmm" in names and "aten::mse_loss" in names
+
+
+def test_a_package_module_runs_from_the_working_directory(tmp_path, monkeypatch, capsys):
+    """``capture -- python -m pkg.train`` finds ``pkg`` in the working directory, as
+    ``python -m`` does; a module that does not exist is a one-line error."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    _script(tmp_path / "pkg" / "train.py", """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(12):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+        """)
+    monkeypatch.chdir(tmp_path)
+    assert _capture(tmp_path / "o", "python", "-m", "pkg.train") == 0
+    assert (tmp_path / "o" / "s.et.json").is_file()
+    capsys.readouterr()
+    assert _capture(tmp_path / "o2", "python", "-m", "nopkg.train") == 2
+    assert "no module named 'nopkg.train'" in capsys.readouterr().err
+
+
+def test_a_script_running_its_own_profiler_is_captured_without_kineto(tmp_path, capsys):
+    """Only one profiler session runs at a time: the script's scheduled profiler ended
+    the capture's, and exporting it crashed the process. The capture records the ET
+    alone then and says why."""
+    script = _script(tmp_path / "train.py", """
+        import torch
+        from torch.profiler import profile, schedule
+        model = torch.nn.Linear(16, 4)
+        opt = torch.optim.Adam(model.parameters())
+        with profile(schedule=schedule(wait=1, warmup=1, active=2, repeat=4)) as prof:
+            for _ in range(30):
+                opt.zero_grad()
+                model(torch.randn(8, 16)).sum().backward()
+                opt.step()
+                prof.step()
+        """)
+    assert _capture(tmp_path / "o", "python", script) == 0
+    assert "the script runs its own torch.profiler" in capsys.readouterr().err
+    sidecar = json.loads((tmp_path / "o" / "s.step.json").read_text())
+    assert sidecar["kineto"] is None and sidecar["profile"] is None
+    assert "aten::addmm" in {node.name for node in load_trace(tmp_path / "o" / "s.et.json").nodes}
+
+
+@pytest.mark.slow
+def test_a_compiled_model_stays_compiled_after_the_capture(tmp_path):
+    """The capture's value recorder is a dispatch mode; Dynamo skipped compiled frames
+    under it, and kept skipping them afterwards: the profile-only steps timed the eager
+    model. They profile the compiled one."""
+    torch._dynamo.reset()
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                              torch.nn.Linear(32, 4)), backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="c", warmup=2, timing_iters=1, profile_steps=2)
+    profiled = json.loads((tmp_path / "c.profile.json").read_text())["traceEvents"]
+    names = {event.get("name") for event in profiled}
+    assert "CompiledFunction" in names
+    assert "CompiledFunction" in result.et_path.read_text()
