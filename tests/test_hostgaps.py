@@ -59,6 +59,29 @@ def test_gaps_add_up_to_a_median_steps_host_time():
     assert typical_step_total([2.0, 6.0, 4.0], 4.0) == 4.0
 
 
+def test_gaps_scale_by_the_skew_of_gaps_not_by_stalls(captured):
+    """Every profiled step stalled 1 ms at a different place (a busy machine): the
+    per-gap medians drop the stalls and every step adds up to far more than they do.
+    The gaps scale by at most the skew measured on the zoo (10%), not by the stalls
+    (3.6x here): the eager step does not repeat them."""
+    trace = load_trace(captured.et_path)
+    nodes = [s.node for s in select_ops(trace).ops]
+    events, t = [], 0.0
+    for stalled in (3, 7, 11):
+        start = t
+        for k, node in enumerate(nodes):
+            events.append(_ev(len(events), node.name, t, 1.0))
+            t += 1.0 + 10.0 + (1000.0 if k == stalled else 0.0)
+        events.append(_ev(len(events), STEP_SCOPE, start - 0.5, t - start))
+        t += 100.0
+    found = profile_gaps(trace, sorted(events, key=lambda e: (e.ts, -e.dur)))
+    assert found is not None and found.typical_total is not None
+    medians = sum(found.gaps.values()) / 1.1 + found.tail / 1.1
+    assert min(found.step_totals) > 3 * medians
+    assert found.gaps[nodes[5].id] == pytest.approx(11.0)  # 10 us, scaled by 1.1
+    assert found.typical_total == pytest.approx(1.1 * medians)
+
+
 def test_match_skips_children_and_needs_every_name():
     events = [_ev(0, "a", 0, 10), _ev(1, "b", 2, 3), _ev(2, "b", 12, 2), _ev(3, "c", 20, 1)]
     assert [e.index for e in _match(["a", "b", "c"], events)] == [0, 2, 3]
@@ -91,7 +114,12 @@ def test_profile_gaps_median_over_steps(captured):
     n = len(nodes)
     assert found.step_totals == pytest.approx(
         [0.5 + (n - 1) * gap + gap - 0.5 for gap in (2.0, 6.0, 4.0)])
-    assert profile_gaps(trace, events[1:]) is None  # an op missing from the first step
+    # An op missing from the first step: the other two give the gaps; from two of the
+    # three, one step is too few.
+    partial = profile_gaps(trace, events[1:])
+    assert partial is not None and (partial.steps, partial.profiled) == (2, 3)
+    second = len(nodes) + 1  # the second step's first op
+    assert profile_gaps(trace, events[1:second] + events[second + 1:]) is None
 
 
 def test_profile_gaps_count_the_profilers_own_scopes(captured):
@@ -137,6 +165,33 @@ def test_capture_profile_is_found_and_used(captured):
     # Every op has a gap, the first one from the step's start; and a tail after the last.
     assert all(op.timing.gap_us is not None for op in timed)
     assert program.timing.tail_gap_us is not None and program.timing.tail_gap_us >= 0
+
+
+def test_gaps_come_from_the_profiled_steps_of_the_recorded_kind(tmp_path):
+    """A script whose steps differ (an evaluation every other step, a GAN's halves):
+    the profiled steps that hold the recorded step's ops give its gaps. One step of
+    another kind among them dropped every profiled gap for the linked ones, which carry
+    the ET observer."""
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    calls = iter(range(1_000))
+
+    def step() -> None:
+        opt.zero_grad()
+        out = model(torch.randn(4, 16))
+        if next(calls) % 2:  # every other step: one more op
+            out = torch.tanh(out)
+        out.sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="alt", timing_iters=1, profile_steps=4)
+    program = compile_trace(result.et_path, kineto=result.kineto_path)
+    assert program.timing is not None
+    assert program.timing.host_gaps == ("alt.profile.json (median of 2 profiled steps; "
+                                        "2 other profiled steps ran other ops)")
+    assert all(op.timing is not None and op.timing.gap_us is not None
+               for op in program.ops)
 
 
 def test_without_sidecar_gaps_stay_linked(captured, tmp_path):
