@@ -48,6 +48,32 @@ def test_workers_forked_in_the_recorded_step_leave_its_trace_whole(tmp_path):
     assert "aten::addmm" in names and "aten::mse_loss" in names
 
 
+def test_a_step_ends_where_the_last_of_several_optimizers_steps(tmp_path):
+    """A GAN steps its discriminator's optimizer, then its generator's, every
+    iteration: each ended a step, so the recorded step was half an iteration. A step
+    ends at the step of the optimizer that steps last in the script's cycle."""
+    script = _script(tmp_path / "gan.py", """
+        import torch
+        g, d = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        opt_g = torch.optim.Adam(g.parameters())
+        opt_d = torch.optim.SGD(d.parameters(), lr=0.1)
+        for _ in range(20):
+            fake = g(torch.randn(6, 4))
+            opt_d.zero_grad()
+            (d(fake.detach()).mean() - d(torch.randn(6, 8)).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            (-d(fake).mean()).backward()
+            opt_g.step()
+        """)
+    assert _capture(tmp_path / "o", "python", script) == 0
+    names = [node.name for node in load_trace(tmp_path / "o" / "s.et.json").nodes]
+    assert names.count("Optimizer.step#SGD.step") == 1
+    assert names.count("Optimizer.step#Adam.step") == 1
+    # the step runs from the generator's update to the next: all of one iteration
+    assert names.index("Optimizer.step#SGD.step") < names.index("Optimizer.step#Adam.step")
+
+
 def test_a_package_module_runs_from_the_working_directory(tmp_path, monkeypatch, capsys):
     """``capture -- python -m pkg.train`` finds ``pkg`` in the working directory, as
     ``python -m`` does; a module that does not exist is a one-line error."""

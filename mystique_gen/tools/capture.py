@@ -474,11 +474,17 @@ class _StepClock:
     def __post_init__(self) -> None:
         self.times: list[float] = []
         self.scope: record_function | None = None
+        # The optimizers in the order they first stepped, and the last of them
+        # (the one whose steps end the script's steps), once one steps again.
+        self.cycle: list[int] = []
+        self.last_in_cycle: int | None = None
         # The two steps after the recorded one run under it (record_scalars).
         self.scalar_mode: _ScalarRecorder | None = None
         self.inputs = RecordedInputs({}, [])
 
-    def on_step(self) -> None:
+    def on_step(self, optimizer: object = None) -> None:
+        if not self._ends_a_step(optimizer):
+            return
         _sync()
         now = time.perf_counter()
         self.steps += 1
@@ -515,6 +521,22 @@ class _StepClock:
             self.recording = True
         self.last = time.perf_counter()
 
+    def _ends_a_step(self, optimizer: object) -> bool:
+        """Whether this ``optimizer.step()`` ends a step of the script: a step of the
+        optimizer that steps last in the script's cycle of optimizers (the order they
+        first step in, up to the first that steps again). A GAN steps its
+        discriminator's and its generator's in turn, and each ended a step: the
+        recorded step was half an iteration, and the timed ones alternated halves.
+        With one optimizer, every step of it ends one."""
+        key = id(optimizer)
+        if self.last_in_cycle is None:
+            if key not in self.cycle:
+                self.cycle.append(key)
+                self.steps += 1  # a warm-up step of its own, until the cycle is known
+                return False
+            self.last_in_cycle = self.cycle[-1]
+        return key == self.last_in_cycle
+
     def finish_scalars(self) -> None:
         """Leave the scalar recorder's mode and keep what it recorded."""
         if self.scalar_mode is not None:
@@ -544,10 +566,10 @@ class _StepClock:
 
 
 # The step callback of the capture in progress; the wrappers below call it.
-_ACTIVE: list[Callable[[], None]] = []
+_ACTIVE: list[Callable[[object], None]] = []
 
 
-def _step_wrapper(on_step: Callable[[], None]) -> Callable[[], None]:
+def _step_wrapper(on_step: Callable[[object], None]) -> Callable[[], None]:
     """Call ``on_step`` after each ``optimizer.step()`` returns, outside its profiler
     scope: starting or stopping the profiler inside an open ``record_function`` scope
     (where torch.optim's own post hooks run) corrupts the profiler's state. Optimizer
@@ -566,7 +588,7 @@ def _step_wrapper(on_step: Callable[[], None]) -> Callable[[], None]:
         def step(*args: object, **kwargs: object) -> object:
             out = inner(*args, **kwargs)
             if _ACTIVE:
-                _ACTIVE[0]()
+                _ACTIVE[0](args[0] if args else None)  # the optimizer
             return out
 
         step._mystique = True  # type: ignore[attr-defined]
@@ -612,7 +634,7 @@ def capture_script(
     clock = _StepClock(warmup, timing_iters, recorder, max(1, profile_steps))
     handle = register_optimizer_step_post_hook(
         lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
-        else clock.on_step())
+        else clock.on_step(opt))
     restore = _step_wrapper(clock.on_step)
     unwatch = _watch_script_profilers(recorder)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
