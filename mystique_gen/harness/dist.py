@@ -367,6 +367,17 @@ class _Ranks(_Local):
         known = [p for p in self.peaks if p is not None]
         return max(known) if known else None
 
+    def any_rank(self, flag):
+        """Whether `flag` holds on any rank: a decision every rank must take alike
+        (how many passes each replays)."""
+        if not self.comm:
+            return bool(flag)
+        mine = torch.tensor(
+            [1 if flag else 0], dtype=torch.int64, device=self.gather_device
+        )
+        torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
+        return bool(int(mine))
+
     def _gather(self, values):
         mine = torch.tensor(values, dtype=torch.float64, device=self.gather_device)
         every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]

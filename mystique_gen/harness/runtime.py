@@ -1443,10 +1443,16 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         replay(inputs, device, host)
         _sync(device)
     observed = bool(original and original.get("observer_in_gaps"))
+    # Every rank of a job replays as many passes, so that their collectives meet: the
+    # passes without the observer run wherever any rank's gaps carry one (a rank whose
+    # gaps came from profile-only steps beside one whose came from its ET's own
+    # session ran 11 replays against 38, and the job hung).
+    observed_anywhere = _JOB.any_rank(observed)
     first = _profile_own(inputs, device, host, snapshot, iters, original, probes)
     own_mean, own_gaps, schema, busy, own_harness = first
     _RUNTIME["gap_carry"].clear()
     _RUNTIME["gap_waited"].clear()
+    refused = None
     if observed and schema != original.get("observer_schema"):
         why = (
             "no ET observer could be attached here"
@@ -1455,22 +1461,28 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
             f"{original.get('observer_schema') or 'unknown'}: its cost does not "
             "stand for the other's"
         )
-        _gaps_off(f"it cannot be calibrated out ({why})")
-        return
-    if observed:  # (still bookkeeping only: gap_own_us is infinite)
+        refused = f"it cannot be calibrated out ({why})"
+    if observed_anywhere:  # (still bookkeeping only: gap_own_us is infinite)
         # Passes with and without the observer in the order with, without, without,
         # with: this VM switches speed over seconds, and the observer's cost is their
         # difference; an order that pairs them cancels a drift between the passes.
-        without = {**original, "observer_in_gaps": False}
+        without = {**(original or {}), "observer_in_gaps": False}
         plain = [
             _profile_own(inputs, device, host, snapshot, iters, without, [])
             for _ in range(2)
         ]
         again = _profile_own(inputs, device, host, snapshot, iters, original, probes)
-        own_mean, own_gaps, _, busy, own_harness = _merged(first, again)
-        plain_mean, plain_gaps, _, plain_busy, plain_harness = _merged(*plain)
+        if observed:
+            own_mean, own_gaps, _, busy, own_harness = _merged(first, again)
+            plain_mean, plain_gaps, _, plain_busy, plain_harness = _merged(*plain)
         _RUNTIME["gap_carry"].clear()
         _RUNTIME["gap_waited"].clear()
+    if original is None:  # passes run for the other ranks: no gaps of its own
+        _RUNTIME["host_gaps"] = False
+        return
+    if refused is not None:
+        _gaps_off(refused)
+        return
     _RUNTIME["gap_observer"] = observed
     _RUNTIME["gap_own_us"], _RUNTIME["gap_own"] = own_mean, own_gaps
     _RUNTIME["gap_event_us"] = _scope_cost(original)
@@ -2843,6 +2855,10 @@ class _Local:
     def where(self, device):
         return f"on {device}"
 
+    def any_rank(self, flag):
+        """Whether `flag` holds on any rank of the job (here: on this process)."""
+        return bool(flag)
+
 
 def _set_threads(threads, device):
     """Run with `threads` intra-op CPU threads where given; else say so on stderr where
@@ -2902,8 +2918,12 @@ def main(argv=None):
     _sync(device)
     if args.warmup or args.cuda_graph:  # an iteration ran: its writes are known
         snapshot = _written_only(snapshot, inputs, versions)
-    if _RUNTIME["host_gaps"] and original is not None and not args.cuda_graph:
-        _calibrate_gaps(inputs, device, host, snapshot, original=original)
+    calibrating = _RUNTIME["host_gaps"] and original is not None and not args.cuda_graph
+    if job.any_rank(calibrating):  # (every rank replays the calibration's passes)
+        _RUNTIME["host_gaps"] = True  # bookkeeping only, on a rank without gaps
+        _calibrate_gaps(
+            inputs, device, host, snapshot, original=original if calibrating else None
+        )
         if args.host_gaps == "scaled" and _RUNTIME["host_gaps"]:
             _scale_host_gaps(original)  # not where the calibration turned gaps off
     times = []
