@@ -6,14 +6,14 @@ tests/test_values.py.)"""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
-import torch
 
 from mystique_gen.cli import main as tools_main
 from mystique_gen.sources.et import load_trace
-from mystique_gen.tools.capture import capture
 
 
 def _script(path, body: str) -> str:
@@ -123,19 +123,24 @@ def test_a_script_running_its_own_profiler_is_captured_without_kineto(tmp_path, 
 def test_a_compiled_model_stays_compiled_after_the_capture(tmp_path):
     """The capture's value recorder is a dispatch mode; Dynamo skipped compiled frames
     under it, and kept skipping them afterwards: the profile-only steps timed the eager
-    model. They profile the compiled one."""
-    torch._dynamo.reset()
-    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
-                                              torch.nn.Linear(32, 4)), backend="aot_eager")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(torch.randn(8, 16)).sum().backward()
-        opt.step()
-
-    result = capture(step, tmp_path, name="c", warmup=2, timing_iters=1, profile_steps=2)
-    profiled = json.loads((tmp_path / "c.profile.json").read_text())["traceEvents"]
-    names = {event.get("name") for event in profiled}
-    assert "CompiledFunction" in names
-    assert "CompiledFunction" in result.et_path.read_text()
+    model. They profile the compiled one. (A process of its own, as a user runs it.)"""
+    script = _script(tmp_path / "train.py", """
+        import torch
+        model = torch.compile(torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)),
+            backend="aot_eager")
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(20):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+        """)
+    out = tmp_path / "o"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mystique_gen", "capture", "-o", str(out), "--name", "c",
+         "--warmup", "2", "--timing-iters", "1", "--profile-steps", "2", "--",
+         "python", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    profiled = json.loads((out / "c.profile.json").read_text())["traceEvents"]
+    assert "CompiledFunction" in {event.get("name") for event in profiled}
+    assert "CompiledFunction" in (out / "c.et.json").read_text()
