@@ -144,3 +144,37 @@ def test_a_compiled_model_stays_compiled_after_the_capture(tmp_path):
     profiled = json.loads((out / "c.profile.json").read_text())["traceEvents"]
     assert "CompiledFunction" in {event.get("name") for event in profiled}
     assert "CompiledFunction" in (out / "c.et.json").read_text()
+
+
+def test_a_step_on_integer_dtensors_is_recorded_whole(tmp_path):
+    """The ET observer computing an integral range of an integer DTensor raised, and
+    recorded nothing more of the step (a 239-op FSDP2 + tensor-parallel step became 12
+    ops, without a word). A warm-up step under a dispatch mode finds such tensors, and
+    the capture records without integral ranges, saying so. (A process of its own: it
+    makes a process group.)"""
+    script = _script(tmp_path / "dt.py", f"""
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, distribute_tensor
+        from mystique_gen.tools.capture import capture
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1")
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        mesh = init_device_mesh("cpu", (1,))
+        ids = distribute_tensor(torch.randint(0, 8, (4,)), mesh, [Replicate()])
+        w = torch.randn(8, 8)
+
+        def step():
+            return (w.sin() @ w).relu().sum() + (ids + 1).to_local().sum()
+
+        capture(step, {str(tmp_path / "o")!r}, name="dt", warmup=1, timing_iters=1,
+                profile_steps=1)
+        dist.destroy_process_group()
+        """)
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recording without integral tensor ranges" in proc.stderr
+    names = [node.name for node in load_trace(tmp_path / "o" / "dt.et.json").nodes]
+    assert "aten::mm" in names and "aten::relu" in names

@@ -482,24 +482,29 @@ EMPTY_LIKE = ("aten::empty_like(Tensor self, *, ScalarType? dtype=None, Layout? 
               " -> Tensor")
 
 
-@pytest.mark.parametrize("namespace,child,descends,scoped", [
-    ("mylib", MUL, True, False),  # a model's own op: replayed as what it ran
+@pytest.mark.parametrize("name,child,descends,scoped", [
+    ("mylib::scale", MUL, True, False),  # a model's own op: replayed as what it ran
     # custom_op with register_autograd: its body runs inside a GeneratedBackwardFor_ scope
-    ("mylib", MUL, True, True),
-    ("mylib", EMPTY_LIKE, False, True),  # its own kernel did the work: kept whole, guarded
-    ("mylib", EMPTY_LIKE, False, False),
-    ("fsdp", MUL, False, False),  # torch registers it when the benchmark imports its module
-    ("aten", MUL, False, False),  # a composite of torch's own: whole, as ever
+    ("mylib::scale", MUL, True, True),
+    # its own kernel did the work: kept whole, guarded
+    ("mylib::scale", EMPTY_LIKE, False, True),
+    ("mylib::scale", EMPTY_LIKE, False, False),
+    # torch registers it when the benchmark imports its module
+    ("fsdp::scale", MUL, False, False),
+    ("aten::relu", MUL, False, False),  # a composite of torch's own: whole, as ever
+    # an op of a newer PyTorch (aten::linalg_polar of 2.14 on 2.13): as its children
+    ("aten::scale", MUL, True, False),
 ])
 def test_an_op_the_benchmark_cannot_load_replays_as_its_recorded_children(
-        namespace, child, descends, scoped):
+        name, child, descends, scoped):
     """A model's ``torch.library`` op (the benchmark imports torch alone, never the
     model) stood in for with an empty result: its compute was lost. Its recorded
     children are the compute it ran, on torch's own kernels, also where a scope with
-    no schema sits between them (the op was then skipped at run time)."""
+    no schema sits between them (the op was then skipped at run time). So are those of
+    an op the generating PyTorch does not have (a newer PyTorch's trace)."""
     b = TraceBuilder()
     x, out = b.tensor((4, 4)), b.tensor((4, 4))
-    op = b.op(f"{namespace}::scale(Tensor x) -> Tensor", [x], [out])
+    op = b.op(f"{name}(Tensor x) -> Tensor", [x], [out])
     body = b.annotation("GeneratedBackwardFor_mylib_scale_default", parent=op) \
         if scoped else op
     inner = b.op(child, [x, x] if child == MUL else [x, None, None, None, None, None],

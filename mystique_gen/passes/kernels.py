@@ -36,6 +36,19 @@ def guard_reason(qualified: str) -> str | None:
     return oprules.device_specific_reason(namespace, name, overload)
 
 
+@lru_cache(maxsize=4096)
+def unknown_here(qualified: str) -> bool:
+    """Whether this PyTorch has no operator ``namespace::name[.overload]``: a trace of a
+    newer PyTorch (``aten::linalg_polar``, new in 2.14, on 2.13)."""
+    namespace, _, rest = qualified.partition("::")
+    name, _, overload = rest.partition(".")
+    try:
+        getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+    except (AttributeError, RuntimeError):
+        return True
+    return False
+
+
 def _on_every_device(qualified: str) -> bool:
     """Whether this PyTorch has a kernel of the op for every device it was built for;
     True for an op it does not know (lowering says what is wrong with that)."""

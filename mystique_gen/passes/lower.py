@@ -209,7 +209,8 @@ def _guard(sig: Signature) -> str | None:
         packet = getattr(getattr(torch.ops, sig.namespace), sig.name)
         getattr(packet, sig.overload)
     except (AttributeError, RuntimeError):
-        return "not an operator of the PyTorch that generated this file"
+        return (f"not an operator of torch {torch.__version__}, which generated this "
+                "file")
     return None
 
 

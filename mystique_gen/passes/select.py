@@ -42,6 +42,7 @@ ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execut
 SUBCLASS_DISPATCH = "PythonSubclass"  # the observer's node for __torch_dispatch__
 FOREIGN_NOTE = ("its namespace is not loaded by the benchmark (torch alone): replayed as "
                 "its recorded children")
+NEWER_NOTE = "not an operator of this PyTorch (a newer one's): replayed as its recorded children"
 BACKEND_THREAD_NOTE = ("a communication backend's worker thread ran it for a collective; "
                        "the replayed collective runs it again")
 # AOTAutograd's autograd.Function around a torch.compile'd graph, forward and backward.
@@ -943,8 +944,9 @@ def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, R
 
 def foreign_composites(trace: RawTrace) -> set[int]:
     """Ops of a namespace the benchmark does not load (a model's own ``torch.library``
-    ops, an extension's: the file imports torch alone) whose recorded children all
-    run on torch's own kernels, and compute: they are replayed as those children,
+    ops, an extension's: the file imports torch alone), or that this PyTorch does not
+    have (a newer one's: ``aten::linalg_polar`` of a 2.14 trace), whose recorded
+    children all run on torch's own kernels, and compute: they are replayed as those children,
     which are what the op ran. Ops without such children (a C++ or Triton kernel of
     their own) stay whole, guarded: they run where their library is loaded, and stand
     in elsewhere. An op that mutates its arguments (``mutates_args``) computes by
@@ -1008,8 +1010,11 @@ def _children_return_its_results(node: RawNode, children: dict[int, list[RawNode
 
 def _foreign(node: RawNode) -> bool:
     namespace, _, rest = node.name.partition("::")
-    return bool(node.op_schema and rest) and namespace not in oprules.CORE_NAMESPACES \
-        and namespace not in oprules.COMMUNICATION_NAMESPACES \
+    if not (node.op_schema and rest):
+        return False
+    if namespace in oprules.CORE_NAMESPACES:  # one of a newer PyTorch's
+        return kernels.unknown_here(node.op_schema.split("(", 1)[0].strip())
+    return namespace not in oprules.COMMUNICATION_NAMESPACES \
         and namespace not in oprules.NAMESPACE_MODULES \
         and namespace not in oprules.TORCH_NATIVE_NAMESPACES
 
@@ -1115,7 +1120,8 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
                                                                          dispatched)))
             threads.add(node.tid)
         elif node.op_schema and _foreign(node):
-            skipped.append(not_replayed(node.id, node.name, FOREIGN_NOTE))
+            core = node.name.partition("::")[0] in oprules.CORE_NAMESPACES
+            skipped.append(not_replayed(node.id, node.name, NEWER_NOTE if core else FOREIGN_NOTE))
         elif node.attrs.get("kernel_backend"):
             backend = str(node.attrs.get("kernel_backend"))[:40]
             skipped.append(not_replayed(

@@ -37,7 +37,7 @@ from torch._C._profiler import _disable_execution_trace_observer
 from torch.optim import Optimizer
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from mystique_gen import oprules
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
@@ -113,13 +113,29 @@ class _Recorder:
         # is profiled without it, for `mystique-gen compare --kineto-original`.
         self.profile_path = out / f"{name}.profile.json" if kineto else None
         self.integral_data = integral_data
-        self.env = _env({RANGE_ENV: "1" if integral_ranges else None,
-                         DATA_ENV: index_ops() if integral_data else None})
+        self.integral_ranges = integral_ranges
+        self.env = self._environment()
         self.prof = None
         self.observer = None
         self.script_profiles = False  # the script started a torch.profiler of its own
         self.step_peak_bytes: int | None = None
         self.probes: list[float] = []  # the host's speed beside each profile-only step
+
+    def _environment(self):  # noqa: ANN202 (a context manager)
+        return _env({RANGE_ENV: "1" if self.integral_ranges else None,
+                     DATA_ENV: index_ops() if self.integral_data else None})
+
+    def without_ranges(self) -> None:
+        """Record no integral ranges: the observer computing one of an integral tensor
+        of a subclass (an integer DTensor) raises, and records nothing more of the step
+        (the Kineto trace neither): a 239-op FSDP2 + tensor-parallel step became 12."""
+        if self.integral_ranges:
+            print("mystique-gen: warning: the step passes integral tensors of a tensor "
+                  "subclass (DTensor) to its ops: recording without integral tensor "
+                  "ranges, whose computation stops the ET observer on them (index "
+                  "inputs are filled from their readers' bounds instead)", file=sys.stderr)
+        self.integral_ranges = False
+        self.env = self._environment()
 
     def probe(self) -> None:
         """Time the harness's Python probe next to a profile-only step (outside its
@@ -308,6 +324,41 @@ class _ScalarRecorder(TorchDispatchMode):
                 for op, by in sorted(self.values.items())}
 
 
+class _SubclassProbe(TorchDispatchMode):
+    """Sees whether the step passes an integral tensor of a tensor subclass (an integer
+    DTensor) to an op (:meth:`_Recorder.without_ranges`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found = False
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # (as _ScalarRecorder: a compiled model stays compiled)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if not self.found:
+            self.found = any(_integral_subclass(a) for a in (*args, *kwargs.values()))
+        return func(*args, **kwargs)
+
+
+def _integral_subclass(value: object) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_integral_subclass(v) for v in value)
+    return isinstance(value, torch.Tensor) and type(value) not in (
+        torch.Tensor, torch.nn.Parameter) and not value.is_floating_point() \
+        and not value.is_complex()
+
+
+def uses_integral_subclasses(step_fn: Callable[[], object]) -> bool:
+    """Run ``step_fn`` once (a warm-up step) under :class:`_SubclassProbe`."""
+    probe = _SubclassProbe()
+    with probe:
+        step_fn()
+    return probe.found
+
+
 # Literals of at most this many elements are recorded: a model's constants are short
 # (a normalisation's mean, an index list); a batch built from Python lists is data.
 MAX_LITERAL_ELEMENTS = 64
@@ -419,9 +470,11 @@ def capture(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    times = time_step(step_fn, warmup=warmup, iters=timing_iters)
     recorder = _Recorder(out, name, kineto=kineto, integral_ranges=integral_ranges,
                          integral_data=integral_data)
+    if integral_ranges and uses_integral_subclasses(step_fn):  # (one more warm-up step)
+        recorder.without_ranges()
+    times = time_step(step_fn, warmup=warmup, iters=timing_iters)
     recorder.start()
     try:
         step_fn()
@@ -474,6 +527,7 @@ class _StepClock:
     def __post_init__(self) -> None:
         self.times: list[float] = []
         self.scope: record_function | None = None
+        self.probe: _SubclassProbe | None = None  # the first step's (start_probe)
         # The optimizers in the order they first stepped, and the last of them
         # (the one whose steps end the script's steps), once one steps again.
         self.cycle: list[int] = []
@@ -483,6 +537,7 @@ class _StepClock:
         self.inputs = RecordedInputs({}, [])
 
     def on_step(self, optimizer: object = None) -> None:
+        self.finish_probe()
         if not self._ends_a_step(optimizer):
             return
         _sync()
@@ -520,6 +575,24 @@ class _StepClock:
             self.recorder.start()
             self.recording = True
         self.last = time.perf_counter()
+
+    def start_probe(self) -> None:
+        """Watch the script's first step for integral tensors of a subclass."""
+        if self.recorder.integral_ranges:
+            self.probe = _SubclassProbe()
+            self.probe.__enter__()
+
+    def finish_probe(self) -> None:
+        """Leave the probe after the first step (where it is still the innermost mode:
+        a mode the script entered since stays on top) and record without ranges where
+        it found one."""
+        if self.probe is None:
+            return
+        if _get_current_dispatch_mode() is self.probe:
+            self.probe.__exit__(None, None, None)
+        if self.probe.found:
+            self.recorder.without_ranges()
+        self.probe = None
 
     def _ends_a_step(self, optimizer: object) -> bool:
         """Whether this ``optimizer.step()`` ends a step of the script: a step of the
@@ -637,6 +710,7 @@ def capture_script(
         else clock.on_step(opt))
     restore = _step_wrapper(clock.on_step)
     unwatch = _watch_script_profilers(recorder)
+    clock.start_probe()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = list(argv)
     # As python puts them first: the script's folder, or for -m the working directory.
@@ -658,6 +732,7 @@ def capture_script(
         handle.remove()
         restore()
         unwatch()
+        clock.finish_probe()
         sys.argv, sys.path[:] = saved_argv, saved_path
         if clock.recording:
             recorder.stop()
