@@ -52,6 +52,7 @@ from mystique_gen.passes.comms import (
     regroup_sized_collectives,
     regroup_unaligned_collectives,
     replace_inferred_waits,
+    unpaired_point_to_point,
 )
 from mystique_gen.passes.compose import (
     combined_info,
@@ -625,7 +626,9 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
                      "no group for them): on the default group a peer was another rank")
     for program in programs:
         program.diagnostics.extend(note(n) for n in notes)
-    for first, other, message in rank_disagreements(programs, ranks):
+    disagreements = rank_disagreements(programs, ranks) + \
+        unpaired_point_to_point(programs, ranks)
+    for first, other, message in disagreements:
         warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
         for k in (first, other):
             programs[k].diagnostics.append(note(message))

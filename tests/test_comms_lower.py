@@ -26,6 +26,7 @@ from mystique_gen.passes.comms import (
     regroup_second_reductions,
     regroup_sized_collectives,
     regroup_unaligned_collectives,
+    unpaired_point_to_point,
 )
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
@@ -301,6 +302,21 @@ def test_sends_and_recvs_run_on_the_group_that_pairs_them():
            _pipeline_rank(2, [("recv", 0, 4)]), _pipeline_rank(3, [])]
     assert pair_point_to_point(odd, [0, 1, 2, 3]) == 0
     assert odd[0].ops[0].comm.group == 0
+
+
+def test_a_send_without_its_recv_is_reported():
+    """A filter that keeps a recv but not its send (``--max-ops``) left the receiver
+    waiting forever, without a word: each pair of ranks whose sends and recvs to each
+    other differ in number is reported."""
+    stage0 = [("send", 1, 8), ("recv", 1, 8)]
+    stage1 = [("recv", 0, 8), ("send", 0, 8)]
+    programs = [_pipeline_rank(r, stage0 if r < 2 else stage1) for r in range(4)]
+    pair_point_to_point(programs, [0, 1, 2, 3])
+    assert unpaired_point_to_point(programs, [0, 1, 2, 3]) == []
+    programs[2].ops = programs[2].ops[:1]  # rank 2 receives, but never sends back
+    found = unpaired_point_to_point(programs, [0, 1, 2, 3])
+    assert [(a, b) for a, b, _ in found] == [(2, 0)]
+    assert "rank 2 sends rank 0 0 tensor(s), and rank 0 receives 1 from it" in found[0][2]
 
 
 def _gather_rank(rank: int, root: bool, group: int, groups: list[ProcessGroupSpec],

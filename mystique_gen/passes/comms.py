@@ -883,6 +883,47 @@ def pair_point_to_point(programs: Sequence[Program], ranks: Sequence[int]) -> in
     return moved
 
 
+def unpaired_point_to_point(programs: Sequence[Program],
+                            ranks: Sequence[int]) -> list[tuple[int, int, str]]:
+    """Where one rank sends another more or fewer tensors than that rank receives from
+    it (after :func:`pair_point_to_point`): a filter that kept a recv but not its send
+    (``--max-ops``) left the receiver waiting forever, and nothing said so. Per pair of
+    ranks that differ: (program index, program index, message). Ranks the benchmark
+    does not hold are not counted."""
+    index = {rank: k for k, rank in enumerate(ranks)}
+    counts: dict[tuple[int, int, str], int] = {}  # (from, to, "send"|"recv") -> calls
+    for k, program in enumerate(programs):
+        for op in program.ops:
+            kind = oprules.COMM_OPS[op.name].point_to_point if op.comm is not None else None
+            peer = _peer_of(program, ranks[k], op) if kind else None
+            if peer is None or peer not in index:
+                continue
+            key = (ranks[k], peer, kind) if kind == "send" else (peer, ranks[k], str(kind))
+            counts[key] = counts.get(key, 0) + 1
+    found = []
+    for src, dst in sorted({(a, b) for a, b, _ in counts}):
+        sent, received = counts.get((src, dst, "send"), 0), counts.get((src, dst, "recv"), 0)
+        if sent != received:
+            found.append((index[src], index[dst], (
+                f"rank {src} sends rank {dst} {sent} tensor(s), and rank {dst} receives "
+                f"{received} from it: the benchmark would hang at the unpaired ones "
+                "(a filter may have kept one end of a send and recv without the other)")))
+    return found
+
+
+def _peer_of(program: Program, rank: int, op: Op) -> int | None:
+    """The global rank a send or recv addresses on the group it runs on."""
+    info, comm = program.distributed, op.comm
+    if info is None or comm is None or comm.root is None:
+        return None
+    for g in info.groups:
+        if g.index == comm.group:
+            members = _members(g, info.world_size)
+            if members and 0 <= comm.root < len(members) and members[comm.root] != rank:
+                return members[comm.root]
+    return None
+
+
 def _peers(program: Program, rank: int, op: Op) -> list[tuple[int, int]]:
     """(group index, global rank) this send or recv may address: its recorded peer
     within each group holding ``rank``, never itself, the group it has first."""
