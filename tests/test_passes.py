@@ -297,6 +297,27 @@ def test_future_callbacks_on_a_backend_thread_are_the_programs():
     assert sorted(d.node_id for d in sel.not_replayed) == [gloo, average]
 
 
+MATMUL = "aten::matmul(Tensor self, Tensor other) -> Tensor"
+
+
+def test_a_callback_op_whose_kernel_allocates_its_result_is_the_programs():
+    """A callback's ``f.value()[0] @ w`` on gloo's worker: its result is allocated by
+    the ``mm`` below it, which read as a new allocation between the op and its reader,
+    and the matmul was dropped ("the replayed collective runs it again") while the
+    ``tanh`` after it replayed on a stand-in."""
+    b = TraceBuilder()
+    x, w = b.tensor((8, 8)), b.tensor((8, 8))
+    allreduce = b.op(ALLREDUCE_, [[x], Object(), Object(), None, True, -1], [[x], Object()])
+    worker = _thread(b, 2)
+    product, activated = b.tensor((8, 8)), b.tensor((8, 8))
+    matmul = b.op(MATMUL, [x, w], [product], tid=2, parent=worker)
+    b.op(MM, [x, w], [product], tid=2, parent=matmul)
+    tanh = b.op(RELU, [product], [activated], tid=2, parent=worker)
+    use = b.op(RELU, [activated], [b.tensor((8, 8))])
+    trace = trace_from_document(b.doc(), name="t", sha256="0")
+    assert [s.node.id for s in select_ops(trace).ops] == [allreduce, matmul, tanh, use]
+
+
 def test_a_collectives_completion_work_is_its_own():
     """gloo's reduce-scatter reduces a private clone, then chunks it and copies this
     rank's part into the output on the waiting thread, after its async scope: those

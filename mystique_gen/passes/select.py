@@ -830,7 +830,9 @@ def future_callbacks(trace: RawTrace, workers: set[int]) -> dict[int, int]:
                 continue  # a buffer the collective made (gloo's average divides it)
             reader = next(((at, tid) for at, tid in sorted(read_by.get(sid, ()))
                            if at > node.id), None)
+            # (an allocation below the op is its own result's: matmul's mm)
             if reader is not None and not any(node.id < m < reader[0]
+                                              and not _descends_from(by_id, m, node.id)
                                               for m in made_at.get(sid, ())):
                 owners[node.id] = reader[1]
                 break
@@ -838,6 +840,16 @@ def future_callbacks(trace: RawTrace, workers: set[int]) -> dict[int, int]:
             for sid in {sid for arg in node.inputs for sid in raw_storage_ids(arg) if sid}:
                 read_by.setdefault(sid, []).append((node.id, owners[node.id]))
     return owners
+
+
+def _descends_from(by_id: dict[int, RawNode], node_id: int, ancestor: int) -> bool:
+    """Whether node ``node_id`` lies below node ``ancestor`` (ids grow downwards)."""
+    cur = by_id.get(node_id)
+    while cur is not None and cur.id > ancestor and cur.parent != cur.id:
+        if cur.parent == ancestor:
+            return True
+        cur = by_id.get(cur.parent)
+    return False
 
 
 def _adopt_callbacks(trace: RawTrace, owners: dict[int, int]) -> None:
