@@ -297,6 +297,26 @@ def test_future_callbacks_on_a_backend_thread_are_the_programs():
     assert sorted(d.node_id for d in sel.not_replayed) == [gloo, average]
 
 
+def test_a_callback_that_writes_the_collectives_tensor_is_the_programs():
+    """DDP's documented hook, ``fut.then(lambda f: f.value()[0].div_(world))``: on
+    gloo's worker it writes the all-reduced bucket in place, reading only a number;
+    it was taken for gloo's own copy into its output and dropped (and kept on a rank
+    whose future had completed before ``then``: the ranks replayed different
+    programs). gloo's copy reads a buffer no program op made, and stays gloo's."""
+    b = TraceBuilder()
+    bucket = b.tensor((8,))
+    allreduce = b.op(ALLREDUCE_, [[bucket], Object(), Object(), None, True, -1],
+                     [[bucket], Object()])
+    worker = _thread(b, 2)
+    gloo = b.op(COPY_, [bucket, b.tensor((8,)), False], [bucket], tid=2, parent=worker)
+    average = b.op("aten::div_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)",
+                   [bucket, b.tensor((), dtype="int64")], [bucket], tid=2, parent=worker)
+    use = b.op(RELU, [bucket], [b.tensor((8,))])
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [allreduce, average, use]
+    assert [d.node_id for d in sel.not_replayed] == [gloo]
+
+
 MATMUL = "aten::matmul(Tensor self, Tensor other) -> Tensor"
 
 

@@ -820,10 +820,33 @@ def future_callbacks(trace: RawTrace, workers: set[int]) -> dict[int, int]:
                 read_by.setdefault(sid, []).append((node.id, node.tid))
     candidates = [n for n in trace.nodes if n.tid in workers and n.op_schema
                   and (n.parent not in by_id or is_root(by_id[n.parent]))]
+
+    def of_the_program(node: RawNode, sid: int) -> bool:
+        """Whether a write into the collective's tensor ``sid`` is a callback's: it
+        reads nothing but that tensor, numbers (0-d tensors) and what the program's
+        threads made (DDP's documented hook, ``f.value()[0].div_(world)``); gloo's own
+        copies into its outputs read buffers it made on its worker."""
+        try:
+            written = parse_signature(node.op_schema).written
+        except SchemaError:
+            return False
+        if not any(sid in raw_storage_ids(node.inputs[i]) for i in written
+                   if i < len(node.inputs)):
+            return False  # (a view of it, say: no write at all)
+        for arg in node.inputs:
+            sids = set(raw_storage_ids(arg))
+            if not sids or sid in sids or arg.shape == []:
+                continue
+            made = [m for other in sids for m in made_at.get(other, ()) if m < node.id]
+            maker = by_id[max(made)] if made else None
+            if maker is None or maker.tid in workers or inside_collective(maker):
+                return False
+        return True
+
     owners: dict[int, int] = {}
     for node in sorted(candidates, key=lambda n: n.id, reverse=True):  # readers first
         written = {sid for arg in node.outputs for sid in raw_storage_ids(arg)
-                   if sid and sid not in collective}
+                   if sid and (sid not in collective or of_the_program(node, sid))}
         for sid in written:
             made = [m for m in made_at.get(sid, ()) if m <= node.id]
             if made and inside_collective(by_id[max(made)]):
