@@ -359,6 +359,36 @@ def test_a_collectives_completion_work_is_its_own():
     assert parents[chunk] == parents[copy] == rs
 
 
+def test_two_collectives_in_flight_each_complete_their_own():
+    """Two async reduce-scatters in flight: gloo finished the first (chunked its clone
+    and copied into its output) after the second began, and those ops, recorded past
+    another collective, were replayed as the program's: an extra chunk and copy
+    overwrote the first output with a stand-in's values."""
+    b = TraceBuilder()
+    outs, privates, scatters = [], [], []
+    for _ in range(2):
+        out, flat = b.tensor((4,)), b.tensor((8,))
+        rs = b.op(REDUCE_SCATTER_, [out, flat, Object(), Object(), True, -1],
+                  [out, Object()])
+        private = b.tensor((8,))
+        b.op(CLONE, [flat, None], [private], parent=rs)
+        outs.append(out)
+        privates.append(private)
+        scatters.append(rs)
+    completions = []
+    for out, private in zip(outs, privates, strict=True):
+        parts = [b.view(private, (4,)), b.view(private, (4,), offset=4)]
+        chunk = b.op(CHUNK, [private, 2, 0], [parts])
+        copy = b.op(COPY_, [out, parts[0], False], [out])
+        completions.append((chunk, copy))
+    after = b.op(RELU, [outs[0]], [b.tensor((4,))])
+    trace = trace_from_document(b.doc(), name="t", sha256="0")
+    assert [s.node.id for s in select_ops(trace).ops] == [*scatters, after]
+    parents = {n.id: n.parent for n in trace.nodes}
+    for rs, (chunk, copy) in zip(scatters, completions, strict=True):
+        assert parents[chunk] == parents[copy] == rs
+
+
 @pytest.mark.parametrize("recorded", [True, False])
 def test_program_ops_at_a_freed_private_buffers_address_stay_the_programs(recorded):
     """A collective's private buffer is freed when it completes; the allocator may then

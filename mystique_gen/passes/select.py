@@ -267,8 +267,8 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
     never returned, which no program code can reach: they are its implementation,
     and the replayed collective runs them again. They are recorded after the
     collective's own node or after its async scope, or where an async collective's
-    ``wait()`` ran, after program ops issued meanwhile (up to the next collective on
-    its thread, or an op that allocates at the buffer's address: it was freed), or,
+    ``wait()`` ran, after program ops and other collectives issued meanwhile (up to an
+    op that allocates at the buffer's address: it was freed), or,
     for a functional collective, inside the wait_tensor that waits for its result
     (:func:`_completion_in_wait`)."""
     children = children_of(trace)
@@ -294,7 +294,11 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
                 levels.add(later.id)
                 continue
             if _is_collective(later):
-                break  # another began: a collective completes none of its peers
+                # A collective completes none of its peers, but two may be in flight:
+                # gloo finished the first of two async reduce-scatters after the
+                # second began (its chunk and copy were replayed as program ops).
+                skipped = True
+                continue
             if not _reads(later, reached):
                 if run or {t[1] for t in reached} & _allocated(later, children):
                     break  # its completion ran, or the buffer is gone
