@@ -180,8 +180,8 @@ def test_gaps_come_from_the_profiled_steps_of_the_recorded_kind(tmp_path):
     def step() -> None:
         opt.zero_grad()
         out = model(torch.randn(4, 16))
-        if next(calls) % 2:  # every other step: one more op
-            out = torch.tanh(out)
+        # steps of two kinds in turn (the ops of neither are a part of the other's)
+        out = torch.tanh(out) if next(calls) % 2 else torch.sigmoid(out)
         out.sum().backward()
         opt.step()
 
