@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from mystique_gen.cli import main as tools_main
 from mystique_gen.sources.et import load_trace
@@ -94,6 +95,9 @@ def test_a_package_module_runs_from_the_working_directory(tmp_path, monkeypatch,
     capsys.readouterr()
     assert _capture(tmp_path / "o2", "python", "-m", "nopkg.train") == 2
     assert "no module named 'nopkg.train'" in capsys.readouterr().err
+    # and the refused capture left nothing behind in this process (it had left its
+    # first-step probe on as a dispatch mode, and every later ET here was empty)
+    assert _get_current_dispatch_mode() is None
 
 
 def test_a_script_running_its_own_profiler_is_captured_without_kineto(tmp_path, capsys):

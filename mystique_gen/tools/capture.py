@@ -700,6 +700,16 @@ def capture_script(
         module, argv = argv[1], argv[1:]
     elif not Path(argv[0]).is_file():
         raise ScriptError(f"no such script: {argv[0]}")
+    # As python puts them first: the script's folder, or for -m the working directory.
+    search = str(Path(argv[0]).resolve().parent) if module is None else os.getcwd()
+    if module is not None:
+        sys.path.insert(0, search)
+        try:
+            found = _find_module(module)
+        finally:
+            sys.path.remove(search)
+        if found is None:
+            raise ScriptError(f"no module named {module!r} (from {search})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     recorder = _Recorder(out, name, kineto=kineto, integral_ranges=integral_ranges,
@@ -713,11 +723,7 @@ def capture_script(
     clock.start_probe()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = list(argv)
-    # As python puts them first: the script's folder, or for -m the working directory.
-    sys.path.insert(0, str(Path(argv[0]).resolve().parent) if module is None else os.getcwd())
-    if module is not None and _find_module(module) is None:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        raise ScriptError(f"no module named {module!r} (from {os.getcwd()})")
+    sys.path.insert(0, search)
     try:
         if module is None:
             runpy.run_path(argv[0], run_name="__main__")
