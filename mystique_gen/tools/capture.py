@@ -157,9 +157,15 @@ class _Recorder:
             if torch.cuda.is_available():
                 activities.append(ProfilerActivity.CUDA)
             # profile_memory: the step's peak allocation (step.json), beside its ET.
-            self.prof = profile(activities=activities, execution_trace_observer=self.observer,
-                                profile_memory=True)
-            self.prof.start()
+            try:
+                self.prof = profile(activities=activities, profile_memory=True,
+                                    execution_trace_observer=self.observer)
+            except TypeError:  # torch before 2.2 attaches no observer: started beside it
+                self.prof = profile(activities=activities, profile_memory=True)
+                self.prof.start()
+                self.observer.start()
+            else:
+                self.prof.start()
         else:
             self.observer.start()
 
@@ -206,6 +212,7 @@ class _Recorder:
                                      "capture's profiling session")
                 self.prof = None
             if self.prof is not None:
+                self.observer.stop()  # (the profiler stops one it was given, too)
                 self.prof.stop()
                 assert self.kineto_path is not None
                 self.prof.export_chrome_trace(str(self.kineto_path))
