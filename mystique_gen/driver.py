@@ -81,9 +81,7 @@ from mystique_gen.passes.select import (
 from mystique_gen.passes.tensors import peak_bytes, plan_tensors
 from mystique_gen.passes.values import (
     CapturedInputs,
-    LiteralRecord,
     RecordedValues,
-    ScalarRecord,
     assign_values,
     mark_only_guarded_readers,
     recorded_values,
@@ -117,18 +115,18 @@ class Source:
     host_probe_us: float | None = None  # the capture host's speed while profiling them
     step_ms: float | None = None  # the eager step the capture timed (its step.json)
     num_threads: int | None = None  # intra-op CPU threads the capture ran with (step.json)
-    # 0-d floating argument values the capture recorded beside the trace (step.json)
-    scalars: ScalarRecord = field(default_factory=dict)
-    # the values of the literals each step built alike (step.json), in call order
-    literals: LiteralRecord = field(default_factory=list)
+    # the values of 0-d floating arguments and of the literals each step built alike,
+    # which the capture recorded beside the trace (step.json)
+    captured: CapturedInputs = field(default_factory=CapturedInputs)
 
 
 def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
     """A trace file, its resources folder and, with ``kineto``, the Kineto trace and the
     capture's profile-only trace named beside it."""
     sidecar = sidecar_beside(path)
-    source = Source(load_trace(path), resources_dir(path), scalars=scalars_of(sidecar),
-                    literals=literals_of(sidecar), num_threads=threads_of(sidecar))
+    source = Source(load_trace(path), resources_dir(path),
+                    captured=CapturedInputs(scalars_of(sidecar), literals_of(sidecar)),
+                    num_threads=threads_of(sidecar))
     if kineto is not None:
         link_source(source, load_kineto(kineto), kineto)
     return source
@@ -223,8 +221,7 @@ def lower_sources(program: Program, build: Build) -> Program:
     options = build.options
     names: dict[tuple[int, int, int], int] = {}
     parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume,
-                         CapturedInputs(s.scalars, s.literals),
-                         kineto_steps(s.kineto) if k == 0 else frozenset())
+                         s.captured, kineto_steps(s.kineto) if k == 0 else frozenset())
              for k, s in enumerate(build.sources)]
     lines: list[str] = []
     if len(parts) > 1:

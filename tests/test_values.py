@@ -19,7 +19,7 @@ from mystique_gen.driver import Source, build_program, generate, generate_source
 from mystique_gen.ir import Init, Literal, TensorMeta
 from mystique_gen.oprules import op_category
 from mystique_gen.options import BuildOptions
-from mystique_gen.passes.values import recorded_values, rising_run
+from mystique_gen.passes.values import CapturedInputs, recorded_values, rising_run
 from mystique_gen.sources.et import load_trace, trace_from_document
 from mystique_gen.tools.capture import capture, capture_script
 from mystique_gen.tools.compare import (
@@ -712,13 +712,15 @@ def test_literals_pair_with_the_traces_calls_one_for_one():
     b.op(LIFT_FRESH, [second], [second])
     b.op(MUL, [b.tensor((2,)), second], [b.tensor((2,))])
     trace = trace_from_document(b.doc(), name="t.json", sha256="0")
+    captured = CapturedInputs(literals=[[0, 2, 5], [0.25, 4.0]])
     inits = {s.dtype: s.init for s in run_passes(
-        [Source(trace, literals=[[0, 2, 5], [0.25, 4.0]])], BuildOptions()).storages
+        [Source(trace, captured=captured)], BuildOptions()).storages
         if s.materialised and s.extent in (2, 3) and s.dtype in ("int64", "float32")
         and s.init is not None and s.init.kind == "values"}
     assert inits["int64"].values == (0, 2, 5) and inits["float32"].values == (0.25, 4.0)
     for literals in ([[0, 2, 5]], [[0, 2, 5], [0.25, 4.0], [1.0]]):
-        program = run_passes([Source(trace, literals=literals)], BuildOptions())
+        program = run_passes([Source(trace, captured=CapturedInputs(literals=literals))],
+                             BuildOptions())
         assert not any(s.init is not None and s.init.kind == "values"
                        for s in program.storages)
 
@@ -737,7 +739,7 @@ def test_each_reader_of_a_recorded_scalar_replays_its_own_value(values):
     b.op(MUL, [x, scale], [b.tensor((4,))])
     b.op(MUL, [x, scale], [b.tensor((4,))])
     trace = trace_from_document(b.doc(), name="t.json", sha256="0")
-    source = Source(trace, scalars={"aten::mul.Tensor": {"1": values}})
+    source = Source(trace, captured=CapturedInputs({"aten::mul.Tensor": {"1": values}}))
     program = run_passes([source], BuildOptions())
     read = [op.args[1].value.storage.init for op in program.ops]
     assert [(init.low, init.high, init.why) for init in read] == \

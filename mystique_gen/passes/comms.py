@@ -913,15 +913,8 @@ def unpaired_point_to_point(programs: Sequence[Program],
 
 def _peer_of(program: Program, rank: int, op: Op) -> int | None:
     """The global rank a send or recv addresses on the group it runs on."""
-    info, comm = program.distributed, op.comm
-    if info is None or comm is None or comm.root is None:
-        return None
-    for g in info.groups:
-        if g.index == comm.group:
-            members = _members(g, info.world_size)
-            if members and 0 <= comm.root < len(members) and members[comm.root] != rank:
-                return members[comm.root]
-    return None
+    group = op.comm.group if op.comm is not None else None
+    return next((peer for g, peer in _peers(program, rank, op) if g == group), None)
 
 
 def _peers(program: Program, rank: int, op: Op) -> list[tuple[int, int]]:

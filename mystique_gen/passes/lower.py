@@ -205,10 +205,7 @@ def _guard(sig: Signature) -> str | None:
             importlib.import_module(oprules.NAMESPACE_MODULES[sig.namespace])
     if reason:
         return reason
-    try:
-        packet = getattr(getattr(torch.ops, sig.namespace), sig.name)
-        getattr(packet, sig.overload)
-    except (AttributeError, RuntimeError):
+    if kernels.unknown_here(f"{sig.namespace}::{sig.name}.{sig.overload}"):
         return (f"not an operator of torch {torch.__version__}, which generated this "
                 "file")
     return None

@@ -85,11 +85,10 @@ class RecordedValues:
 # Recorded values per op overload and tensor ordinal, in call order: the capture
 # sidecar's ``scalars`` (mystique_gen.tools.capture.record_scalars).
 ScalarRecord = dict[str, dict[str, list[float]]]
-# Each ``aten::lift_fresh`` call's values (row-major), or None, in call order: the
-# sidecar's ``literals``.
+# Each call's values (row-major), or None, in call order, of the op that makes Python
+# data a tensor (``aten::lift_fresh``: oprules ``ASSIGNED_LITERALS``): the sidecar's
+# ``literals``.
 LiteralRecord = list[list[float | int] | None]
-# The op that makes a tensor of Python data (torch.tensor, a list index) a tensor.
-LITERAL_OP = "aten::lift_fresh"
 
 
 @dataclass
@@ -201,7 +200,7 @@ def match_literals(trace: RawTrace, recorded: LiteralRecord
     ``aten::lift_fresh`` node (in id order), where it has as many elements. Where the
     counts differ (the recorded steps built other literals, or another thread built
     some), none is matched."""
-    nodes = [node for node in trace.nodes if node.name == LITERAL_OP]
+    nodes = [node for node in trace.nodes if node.name in oprules.ASSIGNED_LITERALS]
     if len(nodes) != len(recorded):
         return {}
     found: dict[tuple[int, int], list[float | int]] = {}

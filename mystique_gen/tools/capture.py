@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from mystique_gen import oprules
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
 from mystique_gen.harness.runtime import _host_probe_us, _trace_peaks
+from mystique_gen.passes.values import CapturedInputs
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
@@ -145,23 +146,20 @@ class _Recorder:
     def start(self) -> None:
 
         self.env.__enter__()
-        if self.kineto_path is not None and (self.script_profiles or _profiler_running()):
-            self._without_kineto("the script runs its own torch.profiler")
+        if self.kineto_path is not None:
+            self._may_profile()
         self.observer = ExecutionTraceObserver()
         self.observer.register_callback(str(self.et_path))
         _RECORDING.append(self.observer)
         if self.integral_data:
             self.observer.set_extra_resource_collection(True)
         if self.kineto_path is not None:
-            activities = [ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(ProfilerActivity.CUDA)
             # profile_memory: the step's peak allocation (step.json), beside its ET.
             try:
-                self.prof = profile(activities=activities, profile_memory=True,
+                self.prof = profile(activities=_activities(), profile_memory=True,
                                     execution_trace_observer=self.observer)
             except TypeError:  # torch before 2.2 attaches no observer: started beside it
-                self.prof = profile(activities=activities, profile_memory=True)
+                self.prof = profile(activities=_activities(), profile_memory=True)
                 self.prof.start()
                 self.observer.start()
             else:
@@ -179,25 +177,36 @@ class _Recorder:
                   file=sys.stderr)
         self.kineto_path = self.profile_path = None
 
-    def start_profile(self) -> bool:
-        """Profile (Kineto only, no ET) the next step; False where the script's own
-        profiler runs (then the capture has no profile-only steps)."""
+    def _may_profile(self) -> bool:
+        """Whether the capture may start a profiler session: not beside the script's
+        own (then it goes on without Kineto)."""
         if self.script_profiles or _profiler_running():
             self._without_kineto("the script runs its own torch.profiler")
             return False
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        self.prof = profile(activities=activities)
+        return True
+
+    def _session_lost(self) -> bool:
+        """Whether the script's own profiler ended the capture's session (then it goes
+        on without Kineto)."""
+        if _profiler_running():
+            return False
+        self._without_kineto("the script's own torch.profiler ended the capture's "
+                             "profiling session")
+        return True
+
+    def start_profile(self) -> bool:
+        """Profile (Kineto only, no ET) the next step; False where the script's own
+        profiler runs (then the capture has no profile-only steps)."""
+        if not self._may_profile():
+            return False
+        self.prof = profile(activities=_activities())
         self.prof.start()
         return True
 
     def stop_profile(self) -> None:
         assert self.prof is not None
         _sync()
-        if not _profiler_running():  # the script's own profiler ended the session
-            self._without_kineto("the script's own torch.profiler ended the capture's "
-                                 "profiling session")
+        if self._session_lost():
             return
         self.prof.stop()
         assert self.profile_path is not None
@@ -207,9 +216,7 @@ class _Recorder:
         assert self.observer is not None
         _sync()
         try:
-            if self.prof is not None and not _profiler_running():
-                self._without_kineto("the script's own torch.profiler ended the "
-                                     "capture's profiling session")
+            if self.prof is not None and self._session_lost():
                 self.prof = None
             if self.prof is not None:
                 self.observer.stop()  # (the profiler stops one it was given, too)
@@ -224,6 +231,13 @@ class _Recorder:
             _RECORDING.clear()
             self.prof = None
             self.env.__exit__(None, None, None)
+
+
+def _activities() -> list[ProfilerActivity]:
+    """What the capture profiles: the host, and the GPU where there is one."""
+    if torch.cuda.is_available():
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    return [ProfilerActivity.CPU]
 
 
 def _profiler_running() -> bool:
@@ -251,7 +265,19 @@ def _silence_forked_child() -> None:
 os.register_at_fork(after_in_child=_silence_forked_child)
 
 
-class _ScalarRecorder(TorchDispatchMode):
+class _StepMode(TorchDispatchMode):
+    """A dispatch mode the capture runs a step of the program under."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Under a mode that does not, Dynamo skips compiled frames, and kept skipping
+        # them after the mode exited: a torch.compile'd model ran eager in every later
+        # step (the profile-only steps timed the eager model). Compiled code's ops are
+        # also what the ET records of it.
+        return True
+
+
+class _ScalarRecorder(_StepMode):
     """Records, over one or more steps (:meth:`next_step` between them):
 
     * in the first step, the value of every 0-d floating tensor argument of every op, by
@@ -273,21 +299,13 @@ class _ScalarRecorder(TorchDispatchMode):
         self.values: dict[str, dict[int, list[float]]] = {}
         self.steps: list[list[list[float | int] | None]] = [[]]  # literals, per step
 
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        # Under a mode that does not, Dynamo skips compiled frames, and kept skipping
-        # them after the mode exited: a torch.compile'd model ran eager in every later
-        # step (the profile-only steps timed the eager model). Compiled code's ops are
-        # also what the ET records of it.
-        return True
-
     def next_step(self) -> None:
         self.steps.append([])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         with suppress(Exception):  # recording never fails the step it watches
-            if func is torch.ops.aten.lift_fresh.default:
+            if func.name() in oprules.ASSIGNED_LITERALS:  # aten::lift_fresh
                 self.steps[-1].append(_literal_values(args[0]))
             if len(self.steps) == 1:
                 self._record(func, args, kwargs)
@@ -331,17 +349,13 @@ class _ScalarRecorder(TorchDispatchMode):
                 for op, by in sorted(self.values.items())}
 
 
-class _SubclassProbe(TorchDispatchMode):
+class _SubclassProbe(_StepMode):
     """Sees whether the step passes an integral tensor of a tensor subclass (an integer
     DTensor) to an op (:meth:`_Recorder.without_ranges`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.found = False
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True  # (as _ScalarRecorder: a compiled model stays compiled)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
@@ -398,15 +412,7 @@ def _shortest(value: float, dtype: torch.dtype) -> float:
     return value
 
 
-@dataclass
-class RecordedInputs:
-    """What the steps under :class:`_ScalarRecorder` recorded, as the sidecar stores it."""
-
-    scalars: dict[str, dict[str, list[float]]]
-    literals: list[list[float | int] | None]
-
-
-def record_scalars(step_fn: Callable[[], object]) -> RecordedInputs:
+def record_scalars(step_fn: Callable[[], object]) -> CapturedInputs:
     """The 0-d floating arguments of one call of ``step_fn`` and the literals that two
     calls build alike (:class:`_ScalarRecorder`)."""
     recorder = _ScalarRecorder()
@@ -418,8 +424,8 @@ def record_scalars(step_fn: Callable[[], object]) -> RecordedInputs:
             recorder.next_step()
     except Exception:  # noqa: BLE001 (a step that cannot run under a mode: no values)
         if len(recorder.steps) == 1:
-            return RecordedInputs({}, [])
-    return RecordedInputs(recorder.recorded(), recorder.literals())
+            return CapturedInputs()
+    return CapturedInputs(recorder.recorded(), recorder.literals())
 
 
 def _step_peak(trace: Path) -> int:
@@ -541,7 +547,7 @@ class _StepClock:
         self.last_in_cycle: int | None = None
         # The two steps after the recorded one run under it (record_scalars).
         self.scalar_mode: _ScalarRecorder | None = None
-        self.inputs = RecordedInputs({}, [])
+        self.inputs = CapturedInputs()
 
     def on_step(self, optimizer: object = None) -> None:
         self.finish_probe()
@@ -621,7 +627,7 @@ class _StepClock:
         """Leave the scalar recorder's mode and keep what it recorded."""
         if self.scalar_mode is not None:
             self.scalar_mode.__exit__(None, None, None)
-            self.inputs = RecordedInputs(self.scalar_mode.recorded(),
+            self.inputs = CapturedInputs(self.scalar_mode.recorded(),
                                          self.scalar_mode.literals())
             self.scalar_mode = None
 
