@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mystique_gen import progress
+from mystique_gen import oprules, progress
 from mystique_gen.backends import distributed as dist_backend
 from mystique_gen.backends import single as single_backend
 from mystique_gen.backends.base import GenerateOptions
@@ -273,6 +273,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
                 profiled_steps: frozenset[int] = frozenset()) -> Part:
     """``consume``: the caller no longer needs the trace's recorded arguments, so
     lowering may release them as it goes. ``profiled_steps``: see filter_selection."""
+    strides = trace.records_strides  # before any recorded argument is released
     selection = select_ops(trace)
     sparse = trace_sparse_tensors(trace)  # read below ops whose arguments are released
     release_covered_arguments(selection)
@@ -309,14 +310,21 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     if options.compose is not None:
         # Node ids of different traces overlap: say which trace each one is from.
         not_replayed = [replace(s, name=f"trace {k + 1}: {s.name}") for s in not_replayed]
-    info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count)
+    if not strides:
+        views = sum(1 for op in ops if op.name in oprules.STRIDE_DEPENDENT_VIEWS)
+        part_notes.append("the trace records no strides (torch 2.3 or older): every tensor "
+                          f"is taken to be row-major, and {views} views copy their input "
+                          "where this device's kernels lay it out so that they cannot "
+                          "view it")
+    info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count,
+                     strides_recorded=strides)
     return Part(info, ops, not_replayed, kept.threads, lines, recorded, comm, part_notes)
 
 
 # -- the passes over one Program ------------------------------------------------------------
 def plan_storage(program: Program, build: Build) -> Program:
     """Storages, views, dataflow and frees (passes/tensors.py); devices and peak memory."""
-    plan = plan_tensors(program.ops)
+    plan = plan_tensors(program.ops, strides_recorded=program.trace.strides_recorded)
     devices = Counter(tv.meta.device for op in program.ops for arg in op.args
                       for tv in iter_tensors(arg.value))
     accelerators = [d for d in devices if d != "cpu"]

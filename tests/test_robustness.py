@@ -520,6 +520,41 @@ def test_a_view_of_a_kernel_output_laid_out_elsewhere_still_views(tmp_path, caps
     assert last_json(proc.stdout)["skipped_at_runtime"] == []
 
 
+def test_a_trace_without_strides_views_a_copy_where_its_layout_refuses(tmp_path, capsys):
+    """Observers before torch 2.4 wrote no strides, and torch 2.1's attention laid its
+    output out by sequence, which the model's permute-and-view relied on. Replayed with
+    that layout guessed row-major, a torch 2.1 Llama stopped at the view ("view size is
+    not compatible with input tensor's size and stride"). Without strides no layout is
+    imposed; a view its input refuses views a contiguous copy, says so once, and the
+    header says why."""
+    b = TraceBuilder(schema="1.0.1")
+    batch, heads, length, dim = 2, 4, 8, 16
+    q = b.tensor((batch, heads, length, dim))
+    out = b.tensor((batch, heads, length, dim))
+    permuted = b.view(out, (length, batch, heads, dim))
+    viewed = b.view(out, (length * batch, heads * dim))
+    b.op(SDPA, [q, q, q, None, 0.0, False, None, False], [out])
+    b.op(PERMUTE, [out, [2, 0, 1, 3]], [permuted])
+    b.op(VIEW, [permuted, [length * batch, heads * dim]], [viewed])
+    b.op(RELU, [viewed], [b.tensor((length * batch, heads * dim))])
+    doc = b.doc()
+    for node in doc["nodes"]:
+        for field in ("inputs", "outputs"):
+            if isinstance(node.get(field), dict):
+                node[field].pop("strides", None)
+    rc, err, path = generate(tmp_path, write(tmp_path, doc), capsys)
+    assert rc == 0, err
+    source = path.read_text()
+    header = " ".join(source.split('"""')[1].split())
+    assert "the trace records no strides (torch 2.3 or older)" in header
+    text = re.sub(r"\s+", "", source)
+    assert "=_laid_out(" not in text and text.count("=_viewed(") == 1
+    proc = run_benchmark(path, "--device", "cpu", "--iters", "2", "--warmup", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("views a contiguous copy") == 1
+    assert last_json(proc.stdout)["skipped_at_runtime"] == []
+
+
 def test_sync_batch_norm_from_a_gpu_trace_runs_on_the_host(tmp_path, capsys):
     """SyncBatchNorm calls CUDA-only kernels by name (no name says so: the generating
     PyTorch's dispatcher does); the benchmark stopped at the first one on the host. It

@@ -365,6 +365,8 @@ class CodeGen:
             site = len(self.fallback_rows)
             self.fallback_rows.append(self._fallback_row(op))
             call = exprs.call("_guarded", [Atom(str(site)), handle, *args])
+        elif op.copy_if_unviewable:
+            call = exprs.call("_viewed", [Atom(str(op.index)), handle, *args])
         else:
             call = exprs.call(flat(handle), args)
         targets = self._targets(op)

@@ -1066,6 +1066,7 @@ _RUNTIME = {
     "equivalents": [],  # ops run as the harness's equivalents (see _op)
     "ported": {},  # op -> why it ran as its portable equivalent (see _guarded)
     "dual_levels": [],  # forward-AD levels entered (`_dual_levels`), innermost last
+    "copied_views": set(),  # sites of views that view a contiguous copy (`_viewed`)
 }
 
 
@@ -2307,6 +2308,29 @@ def _laid_out(value, strides):
             value.shape, strides, dtype=value.dtype, device=value.device
         )
         return laid.copy_(value)
+
+
+def _viewed(site, view, source, *args, **kwargs):
+    """A view of a trace that recorded no strides (`Op.copy_if_unviewable`): the layout
+    the original viewed is unknown, and this device's kernel may have laid `source` out
+    so that it cannot be viewed (torch 2.1's attention laid its output out by sequence,
+    later ones by head). There, it views a contiguous copy, from then on at this site,
+    and says so once."""
+    copied = _RUNTIME["copied_views"]
+    if site not in copied:
+        try:
+            return view(source, *args, **kwargs)
+        except RuntimeError:
+            if source.is_contiguous():
+                raise
+            copied.add(site)
+            print(
+                f"mystique: {view} at op {site} views a contiguous copy: the trace "
+                "recorded no strides, and its input is laid out here so that it cannot "
+                "view it",
+                file=sys.stderr,
+            )
+    return view(source.contiguous(), *args, **kwargs)
 
 
 # A fit kept at its site is an index or a mask (no floating data, which a later op

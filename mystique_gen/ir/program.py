@@ -263,6 +263,10 @@ class Op:
     # op's kernel may give otherwise where the replay runs: the file lays them out as
     # recorded (passes/tensors.py keep_viewed_layouts).
     keep_layout: tuple[int, ...] = ()
+    # A stride-dependent view in a trace that recorded no strides: the layout it reads
+    # is unknown, and where this device's kernels laid it out so that it cannot view
+    # it, the file views a contiguous copy (runtime ``_viewed``).
+    copy_if_unviewable: bool = False
     # Index arguments computed from values that are not the original's (what a fitted
     # mask selected, integer arithmetic on filled integers), by (argument name, position
     # in its list or None): the size they index (passes/values.py). They may fall out of
@@ -426,6 +430,9 @@ class TraceInfo:
     # Intra-op CPU threads the capture ran with (its step.json), where known: the
     # benchmark says so where it runs with another count.
     num_threads: int | None = None
+    # The observer wrote strides (passes/tensors.py keep_viewed_layouts): without them
+    # every tensor is taken to be row-major.
+    strides_recorded: bool = True
 
 
 @dataclass

@@ -385,6 +385,7 @@ def combined_info(infos: list[TraceInfo]) -> TraceInfo:
     digest = hashlib.sha256("\n".join(i.sha256 for i in infos).encode()).hexdigest()
     schemas = list(dict.fromkeys(i.schema for i in infos))
     return TraceInfo(" + ".join(i.name for i in infos), digest, " + ".join(schemas),
-                     sum(i.node_count for i in infos))
+                     sum(i.node_count for i in infos),
+                     strides_recorded=all(i.strides_recorded for i in infos))
 
 

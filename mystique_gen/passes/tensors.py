@@ -237,7 +237,7 @@ def _tensors_of(op: Op) -> Iterator[TensorValue]:
         yield from iter_tensors(value)
 
 
-def plan_tensors(ops: list[Op]) -> TensorPlan:
+def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
     split = split_storages_without_memory(ops)
     undefined = undefined_reads(ops)
     current: dict[int, _Lifetime] = {}
@@ -367,21 +367,29 @@ def plan_tensors(ops: list[Op]) -> TensorPlan:
             base = view.base
             if isinstance(base, OpOutput):
                 ops[base.op_index].outputs_viewed_by_offset = True
-    keep_viewed_layouts(ops)
+    keep_viewed_layouts(ops, strides_recorded)
     _plan_frees(ops)
     return TensorPlan(storages=storages, notes=notes)
 
 
-def keep_viewed_layouts(ops: list[Op]) -> None:
+def keep_viewed_layouts(ops: list[Op], strides_recorded: bool = True) -> None:
     """Mark the kernel outputs (``Op.keep_layout``) that a stride-dependent view reads
     through views and in-place ops only, where the kernel may lay them out otherwise
     on the replay's device: its recorded layout is not contiguous (a layout the kernel
     chose), or the kernel lays its output out by backend. A view that cannot view the
     other layout stops the replay ("view size is not compatible with input tensor's
     size and stride"), and the model's ``.contiguous()`` before it, a no-op where the
-    trace was made, left no record that would copy."""
+    trace was made, left no record that would copy.
+
+    Where the trace recorded no strides (``strides_recorded`` False), the layout each
+    such view read is unknown (a torch 2.1 attention's output was laid out by its
+    sequence): the view copies its input where it cannot view it
+    (``Op.copy_if_unviewable``), and no guessed layout is imposed."""
     for op in ops:
         if op.name not in oprules.STRIDE_DEPENDENT_VIEWS or not op.args:
+            continue
+        if not strides_recorded:
+            op.copy_if_unviewable = True
             continue
         tv = next(iter_tensors(op.args[0].value), None)
         while tv is not None and isinstance(tv.binding, OpOutput) \

@@ -118,6 +118,13 @@ class RawTrace:
         return any("ts" in n.attrs and "inclusive_dur" in n.attrs for n in self.nodes)
 
     @property
+    def records_strides(self) -> bool:
+        """Whether the observer wrote tensors' strides (torch 2.4 and later): without
+        them, every tensor is taken to be row-major, which a kernel's result may not
+        have been where the trace was made."""
+        return any(arg.strides is not None for n in self.nodes for arg in n.inputs)
+
+    @property
     def node_count(self) -> int:
         return len(self.nodes)
 
