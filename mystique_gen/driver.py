@@ -313,9 +313,9 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     if not strides:
         views = sum(1 for op in ops if op.name in oprules.STRIDE_DEPENDENT_VIEWS)
         part_notes.append("the trace records no strides (torch 2.3 or older): every tensor "
-                          f"is taken to be row-major, and {views} views copy their input "
-                          "where this device's kernels lay it out so that they cannot "
-                          "view it")
+                          f"is taken to be row-major, and its {views} views copy their "
+                          "input only where this device's kernels lay it out so that "
+                          "they cannot view it")
     info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count,
                      strides_recorded=strides)
     return Part(info, ops, not_replayed, kept.threads, lines, recorded, comm, part_notes)
@@ -387,6 +387,12 @@ def link_kineto(program: Program, build: Build) -> Program:
     if source.kineto is not None:
         build.links = link.attach_timing(program, source.trace, source.kineto,
                                          serial=not build.options.threaded)
+        if build.links.other_process is not None:
+            et_pid, kineto_pid = build.links.other_process
+            program = replace(program, diagnostics=program.diagnostics + [note(
+                f"{source.kineto.name} was recorded by another process (pid {kineto_pid}) "
+                f"than the ET (pid {et_pid}): ids are not shared, so ops link by name "
+                "and order")])
         if program.timing is not None:
             program.timing.measured_step_ms = source.step_ms
             linked, total = program.timing.linked_ops, len(program.ops)
@@ -438,11 +444,14 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
         hostgaps.apply_profile_gaps(program, source.trace, source.profile,
                                     source.host_probe_us, serial=serial)
     steps = 0
-    if source.kineto is not None and source.profile is None:
+    if source.kineto is not None and source.profile is None and not (
+            build.links is not None and build.links.other_process is not None):
         steps = hostgaps.apply_session_steps(program, source.trace, source.kineto,
                                              build.links.offset if build.links else None,
                                              serial=serial)
     if program.timing is not None and program.timing.observer_in_gaps:
+        why = "its record function ids show one" if build.links is not None and \
+            build.links.other_process is not None else "linked by id"
         # Medians over several steps need no damping.
         damped = hostgaps.damp_spikes(program, serial=serial) if steps < 2 else 0
         if damped:
@@ -452,7 +461,7 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
                 "replayed at that median, as the machine's, not the program's")])
         program = replace(program, diagnostics=program.diagnostics + [note(
             f"host gaps from {program.timing.host_gaps if steps else program.timing.kineto}, "
-            "recorded with the ET observer attached (linked by id; no profile-only steps "
+            f"recorded with the ET observer attached ({why}; no profile-only steps "
             "beside it): with --host-gaps "
             "recorded the benchmark calibrates the observer's cost out, or replays no "
             "gaps where it cannot (no observer there, or one that writes another schema "

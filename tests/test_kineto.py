@@ -91,6 +91,37 @@ def test_order_fallback_without_ids(pair, tmp_path):
     assert fraction >= 0.95 and set(methods) == {"order"}
 
 
+@pytest.mark.parametrize("profiler", ["before 2.4", "2.4 and later"])
+def test_a_kineto_trace_of_another_process_links_by_order(pair, tmp_path, profiler):
+    """Ids count from the same start in every process. A torch 2.1 ET with a Kineto
+    trace of another run (its External ids carry the record function ids) linked the
+    same step's ops by id by chance, and was taken for a pair recorded together: its
+    gaps were corrected for an observer. Across processes nothing links by id, the
+    header says why, and the observer is in the gaps only where the Kineto trace's
+    own record function ids show one (2.4 and later)."""
+    et, kineto = pair
+    doc = json.loads(kineto.read_text())
+    pids = {ev["pid"] for ev in doc["traceEvents"] if ev.get("ph") == "X"
+            and isinstance(ev.get("pid"), int)}
+    for ev in doc["traceEvents"]:
+        if ev.get("pid") in pids:
+            ev["pid"] += 1
+        args = ev.get("args")
+        if profiler == "before 2.4" and isinstance(args, dict) and \
+                "Record function id" in args:
+            args["External id"] = args.pop("Record function id")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    program = compile_trace(et, kineto=other)
+    assert program.timing is not None
+    assert set(program.timing.link_methods) == {"order"}
+    assert program.timing.linked_ops >= 0.95 * len(program.ops)
+    assert program.timing.observer_in_gaps == (profiler == "2.4 and later")
+    notes = " ".join(" ".join(d.reason.split()) for d in program.diagnostics)
+    assert "other.json was recorded by another process" in notes
+    assert ("its record function ids show one" in notes) == (profiler == "2.4 and later")
+
+
 def test_links_point_at_equally_named_events(pair):
     et, kineto = pair
     trace, k = load_trace(et), load_kineto(kineto)

@@ -44,6 +44,21 @@ class Links:
     events: dict[int, CpuEvent]  # ET node id -> Kineto CPU event
     methods: dict[int, str]  # ET node id -> how it was linked
     offset: int | None  # the constant id offset used by method 3, if any
+    # (ET's process id, Kineto's) where they differ: no id is shared, all link by order.
+    other_process: tuple[int, int] | None = None
+
+
+def other_process(trace: RawTrace, kineto: KinetoTrace) -> tuple[int, int] | None:
+    """(the ET's process id, the Kineto trace's) where both name their process and they
+    differ, else None. Ids agree only within one process: in two processes both count
+    from the same start, and a torch before 2.4, whose Kineto trace writes no record
+    function id, would link the same step's ops by id by chance and take a separate
+    profile for one recorded with the observer attached."""
+    pid = trace.metadata.get("pid")
+    pids = {e.pid for e in kineto.cpu_ops if type(e.pid) is int and e.pid > 0}
+    if type(pid) is not int or pid <= 0 or not pids or pid in pids:
+        return None
+    return pid, min(pids)
 
 
 def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
@@ -58,8 +73,10 @@ def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
             methods[node.id] = method
             used.add(ev.index)
 
-    by_rf = _unique_index(kineto.cpu_ops, lambda e: e.rf_id)
-    by_ext = _unique_index(kineto.cpu_ops, lambda e: e.external_id)
+    elsewhere = other_process(trace, kineto)
+    by_rf = _unique_index(kineto.cpu_ops, lambda e: e.rf_id) if elsewhere is None else {}
+    by_ext = _unique_index(kineto.cpu_ops, lambda e: e.external_id) \
+        if elsewhere is None else {}
     for node in nodes:
         if node.rf_id is not None:
             take(node, by_rf.get(node.rf_id), METHODS[0])
@@ -67,7 +84,7 @@ def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
         if node.id not in events and node.rf_id is not None:
             take(node, by_ext.get(node.rf_id), METHODS[1])
 
-    offset = _common_offset(
+    offset = None if elsewhere is not None else _common_offset(
         [n for n in nodes if n.id not in events and n.rf_id is not None],
         [e for e in kineto.cpu_ops if e.index not in used and e.external_id is not None])
     if offset is not None:
@@ -80,7 +97,7 @@ def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
     for name, group in pending_nodes.items():
         for node, ev in zip(group, pending_events.get(name, []), strict=False):
             take(node, ev, METHODS[3])
-    return Links(events, methods, offset)
+    return Links(events, methods, offset, elsewhere)
 
 
 def _unique_index(events: list[CpuEvent], key) -> dict[int, CpuEvent]:
@@ -191,7 +208,8 @@ def attach_timing(program: Program, trace: RawTrace, kineto: KinetoTrace, *,
     # unless the Kineto trace shows no observer was attached (a profile of other steps
     # whose External ids, counted from 1 as the ET's rf_ids are, matched by chance).
     by_id = sum(used_methods[m] for m in METHODS if m != "order")
-    observed = by_id * 2 > linked and not kineto.without_observer
+    observed = (by_id * 2 > linked or links.other_process is not None
+                and kineto.with_observer) and not kineto.without_observer
     program.timing = ProgramTiming(
         kineto=kineto.name, sha256=kineto.sha256, original_ms=original_ms, linked_ops=linked,
         link_methods={m: used_methods[m] for m in METHODS if used_methods[m]},

@@ -120,6 +120,12 @@ class KinetoTrace:
     python_calls: list[CpuEvent] = field(default_factory=list)  # with_stack: by start
 
     @property
+    def with_observer(self) -> bool:
+        """Recorded with an ET observer attached: some CPU op has a record function id
+        (torch 2.4 and later write one; see without_observer)."""
+        return any(e.rf_id for e in self.cpu_ops)
+
+    @property
     def without_observer(self) -> bool:
         """Recorded without an ET observer: every CPU op writes "Record function id"
         as 0. Torch draws those ids only for a callback that asks for them, as the
