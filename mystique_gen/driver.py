@@ -313,9 +313,10 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     if not strides:
         views = sum(1 for op in ops if op.name in oprules.STRIDE_DEPENDENT_VIEWS)
         part_notes.append("the trace records no strides (torch 2.3 or older): every tensor "
-                          f"is taken to be row-major, and its {views} views copy their "
-                          "input only where this device's kernels lay it out so that "
-                          "they cannot view it")
+                          "is taken to be row-major" + (
+                              f", and its {views} views copy their input only where this "
+                              "device's kernels lay it out so that they cannot view it"
+                              if views else ""))
     info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count,
                      strides_recorded=strides)
     return Part(info, ops, not_replayed, kept.threads, lines, recorded, comm, part_notes)

@@ -17,8 +17,7 @@ Ops not replayed:
 
 Notes:
   - the trace records no strides (torch 2.3 or older): every tensor is taken to be
-      row-major, and 0 views copy their input where this device's kernels lay it
-      out so that they cannot view it
+      row-major
   - 10 collectives run async; 10 waits placed where the trace waits, the rest
       before the first op that uses their tensors or the next collective on their
       group
