@@ -317,7 +317,15 @@ def _nnpack_convolution(input, weight, bias, padding, stride=1):
 
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
-    """The fused attention kernels' forward: the best kernel this device has."""
+    """The fused attention kernels' forward: the best kernel this device has. Grouped
+    query attention (fewer key/value heads than query heads, which the fused kernels
+    take as they are) repeats each key/value head for its group of query heads, as
+    `enable_gqa=True` does; its backward sums their grads back."""
+    heads = query.size(-3) if query.dim() >= 3 and key.dim() >= 3 else 0
+    kv_heads = key.size(-3) if heads else 0
+    if kv_heads and kv_heads != heads and heads % kv_heads == 0:
+        key = key.repeat_interleave(heads // kv_heads, dim=-3)
+        value = value.repeat_interleave(heads // kv_heads, dim=-3)
     return (
         torch.nn.functional.scaled_dot_product_attention(
             query,
@@ -2500,12 +2508,23 @@ def _in_range(index, size, keep=None):
     [0, size) where an op reads it: what `_fit_mask` selected beyond the replay's own
     values, or integers computed from filled ones, can fall outside the tensor they
     index (the original's never did). A valid index, negative ones too, names the same
-    element after the wrap; `keep`, a loss's ignore index, stays as it is."""
+    element after the wrap; `keep`, a loss's ignore index, stays as it is. The wrapped
+    index keeps the index's strides: its reader takes another path for a strided one
+    (`index_select` makes a beam search's strided beam index contiguous first)."""
     if size <= 0:
         return index
     with _harness():
         wrapped = index.remainder(size)
-        return wrapped if keep is None else torch.where(index == keep, index, wrapped)
+        if keep is not None:
+            wrapped = torch.where(index == keep, index, wrapped)
+        if wrapped.stride() != index.stride() and not any(
+            st == 0 and n > 1 for n, st in zip(index.shape, index.stride(), strict=True)
+        ):
+            laid = torch.empty_strided(
+                index.shape, index.stride(), dtype=wrapped.dtype, device=wrapped.device
+            )
+            wrapped = laid.copy_(wrapped)
+        return wrapped
 
 
 def _rows_of_one(values):
@@ -3086,36 +3105,45 @@ def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
     linear_x_buf = _fill(16384, torch.float32, device, "uniform", -1.0, 1.0, gens)
     linear_x = linear_x_buf.as_strided([64, 256], [256, 1], 0)
+    linear_x = linear_x.detach()
     linear_x.requires_grad_()
     linear_w_buf = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     linear_w = linear_w_buf.as_strided([256, 256], [256, 1], 0)
+    linear_w = linear_w.detach()
     linear_w.requires_grad_()
     linear_b_buf = _fill(256, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     linear_b = linear_b_buf.as_strided([256], [1], 0)
+    linear_b = linear_b.detach()
     linear_b.requires_grad_()
     linear_w_256x256_buf = _fill(
         65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens
     )
     linear_w_256x256 = linear_w_256x256_buf.as_strided([256, 256], [256, 1], 0)
+    linear_w_256x256 = linear_w_256x256.detach()
     linear_w_256x256.requires_grad_()
     linear_b_256_buf = _fill(
         256, torch.float32, device, "uniform", -0.0625, 0.0625, gens
     )
     linear_b_256 = linear_b_256_buf.as_strided([256], [1], 0)
+    linear_b_256 = linear_b_256.detach()
     linear_b_256.requires_grad_()
     linear_w_10x256_buf = _fill(
         2560, torch.float32, device, "uniform", -0.0625, 0.0625, gens
     )
     linear_w_10x256 = linear_w_10x256_buf.as_strided([10, 256], [256, 1], 0)
+    linear_w_10x256 = linear_w_10x256.detach()
     linear_w_10x256.requires_grad_()
     linear_b_10_buf = _fill(10, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     linear_b_10 = linear_b_10_buf.as_strided([10], [1], 0)
+    linear_b_10 = linear_b_10.detach()
     linear_b_10.requires_grad_()
     target_buf = _fill(64, torch.int64, device, "span", 0, 9, gens)
     target = target_buf.as_strided([64], [1], 0)
     t_x = linear_w_10x256_buf.as_strided([256, 10], [1, 256], 0)
+    t_x = t_x.detach()
     t_x.requires_grad_()
     t_x_256x256 = linear_w_256x256_buf.as_strided([256, 256], [1, 256], 0)
+    t_x_256x256 = t_x_256x256.detach()
     t_x_256x256.requires_grad_()
     mul_x_buf = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     mul_x = mul_x_buf.as_strided([256, 256], [256, 1], 0)

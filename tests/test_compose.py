@@ -549,3 +549,52 @@ def test_options_validate():
         BuildOptions(iteration="first")
     with pytest.raises(OptionError):
         BuildOptions(repeat=0)
+
+
+def _grouped_attention_step() -> callable:
+    """A training step of grouped-query attention (4 query heads, 2 key/value heads)
+    whose scores' mask is filled with float32's lowest value, as HF models fill it,
+    with noise made inside the step (``torch.randn``, default dtype)."""
+    torch.manual_seed(0)
+    q_proj, kv_proj = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+    params = [*q_proj.parameters(), *kv_proj.parameters()]
+    opt = torch.optim.SGD(params, lr=1e-3)
+    x = torch.randn(2, 8, 32)
+    causal = torch.ones(8, 8, dtype=torch.bool).triu(1)
+
+    def step() -> None:
+        q = q_proj(x).view(2, 8, 4, 8).transpose(1, 2)
+        k, v = kv_proj(x).view(2, 8, 4, 8).transpose(1, 2).chunk(2, dim=1)
+        scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).masked_fill(
+            causal, torch.finfo(torch.float32).min)
+        mixed = scores.softmax(-1) @ v.repeat_interleave(2, dim=1)
+        fused = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True)
+        loss = (mixed + fused + torch.randn(mixed.shape) * 1e-3).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_attention_recast_to_half_precision_runs_every_op(tmp_path, dtype):
+    """Recast to half precision, a step stopped where the recorded numbers or tensors
+    kept float32's meaning: a mask filled with float32's lowest value ("value cannot
+    be converted to type c10::Half without overflow"), noise made at the default
+    dtype (float32 meeting half weights), and the fused attention's logsumexp, which
+    its backward takes only as float32. The number saturates at the type's largest,
+    factory ops name the type, logsumexp stays float32; every op runs, finite."""
+    torch.set_num_threads(1)
+    result = capture(_grouped_attention_step(), tmp_path, name="attn", kineto=False,
+                     timing_iters=1)
+    program = build_program(load_trace(result.et_path), options=BuildOptions(dtype=dtype))
+    (line,) = [f for f in program.filters if f.startswith(f"dtype {dtype}")]
+    assert "1 number(s) beyond its range saturated at its largest" in line
+    assert "factory op(s) given the type" in line and "storages kept as recorded" in line
+    bench = _generate(tmp_path, str(result.et_path), "--dtype", dtype)
+    replayed, out = _replay(bench)
+    assert replayed == op_multiset(result.et_path)
+    assert out["skipped_at_runtime"] == [] and out["equivalents_at_runtime"] == []
+    assert out["nonfinite_inputs"] == []

@@ -232,9 +232,13 @@ class CodeGen:
                 base = self.storage_name(binding.storage, name)
                 self.input_lines.extend(
                     lay_out(f"{name} = ", _input_view(base, binding.meta), BODY_DEPTH))
-                if id(binding) in self.unviewed:
+                # A parameter (passes/autograd.py) is a leaf of its own, not a view of
+                # its buffer: under no_grad a view of a view-leaf does not require grad
+                # (``w.t()`` in ``linear``), and matmul then took an expanded bmm where
+                # the original, whose parameters are real leaves, folded to mm.
+                if id(binding) in self.unviewed or binding.storage.requires_grad:
                     self.input_lines.append(f"{INDENT * BODY_DEPTH}{name} = {name}.detach()")
-                if binding.storage.requires_grad:  # a parameter (passes/autograd.py)
+                if binding.storage.requires_grad:
                     self.input_lines.append(f"{INDENT * BODY_DEPTH}{name}.requires_grad_()")
                 self.input_names.append(name)
             return name

@@ -71,6 +71,7 @@ from mystique_gen.oprules.collectives import (
     reduce_op_name,
     wire_form,
 )
+from mystique_gen.oprules.linalg import matmul_grad_operand
 from mystique_gen.oprules.normalization import NOT_DIFFERENTIABLE_ARGS
 from mystique_gen.oprules.quantized import LINEAR_PACKED
 
@@ -194,7 +195,7 @@ __all__ = [
     "DISTINCT_ALIASES", "FILLS", "OVERWRITES",
     "METADATA_ONLY",
     "MKLDNN_LAYOUT", "MKLDNN_OPS",
-    "GRAD_REVEALED_BY", "GROUP_RANK_ARGS",
+    "GRAD_REVEALED_BY", "GROUP_RANK_ARGS", "matmul_grad_operand",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",

@@ -3,6 +3,8 @@ pivots a factorisation's solve reads."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from mystique_gen.harness.fills import FillKind
 from mystique_gen.oprules.base import Facts, Fill, OpFamily, OutShapes
 
@@ -41,6 +43,34 @@ class Pivots(Fill):
 
 
 _SELF, _A = {"self": PositiveDefinite("self")}, {"A": PositiveDefinite("A")}
+
+def matmul_grad_operand(a_shape: Any, a_strides: Any, b_shape: Any, b_strides: Any
+                        ) -> int | None:
+    """For a recorded ``aten::matmul`` of operands of these shapes and strides that
+    folded its batched operand into one ``mm``: the position (0 or 1) of the operand
+    that required grad, where the strides alone would not let it fold (at::native's
+    ``should_fold``: a batched operand whose leading dimensions are not contiguous, or
+    a matrix times a batch); else None. Grad mode on or off, a parameter requires grad
+    (an inference step under ``no_grad``); replayed without, matmul runs an expanded
+    ``bmm`` instead, twice as slow on Mamba's projections of transposed states and a
+    language model's head on the last position in ``generate``."""
+    if not all(isinstance(x, list) for x in (a_shape, a_strides, b_shape, b_strides)):
+        return None
+    first_larger = len(a_shape) >= len(b_shape)
+    shape, strides = list(a_shape if first_larger else b_shape), \
+        list(a_strides if first_larger else b_strides)
+    small = b_shape if first_larger else a_shape
+    if not first_larger:  # tensor2.mT
+        if len(shape) < 2:
+            return None
+        shape[-2:], strides[-2:] = shape[:-3:-1], strides[:-3:-1]
+    if len(shape) < 3 or len(small) > 2 or len(strides) != len(shape) \
+            or not all(isinstance(n, int) for n in shape + strides):
+        return None
+    foldable = len(a_shape) != 2 and (0 in shape or all(
+        strides[i] == strides[i + 1] * shape[i + 1] for i in range(len(shape) - 2)))
+    return None if foldable else (1 if first_larger else 0)
+
 
 FAMILY = OpFamily(
     name="linear algebra",

@@ -70,6 +70,23 @@ FAMILY = OpFamily(
         "aten::_scaled_dot_product_cudnn_attention",
         "aten::_scaled_dot_product_fused_attention_overrideable",
     }),
+    # The fused attention kernels' logsumexp is float32 whatever the inputs' type, and
+    # their backwards take it only so: a recast to half or bfloat16 keeps it
+    # (``expected scalar type Float but found Half`` in the CPU flash backward).
+    full_precision={
+        **{op: ((), (1,)) for op in (
+            "aten::_scaled_dot_product_flash_attention",
+            "aten::_scaled_dot_product_flash_attention_for_cpu",
+            "aten::_scaled_dot_product_efficient_attention",
+            "aten::_scaled_dot_product_cudnn_attention",
+            "aten::_flash_attention_forward", "aten::_efficient_attention_forward")},
+        **{op: (("logsumexp",), ()) for op in (
+            "aten::_scaled_dot_product_flash_attention_backward",
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+            "aten::_scaled_dot_product_efficient_attention_backward",
+            "aten::_scaled_dot_product_cudnn_attention_backward",
+            "aten::_flash_attention_backward", "aten::_efficient_attention_backward")},
+    },
     # A quantization observer reads ``x.detach()``: bound to ``x`` itself, its min and
     # max recorded autograd nodes in the replay, and the scale they made required grad.
     distinct_aliases=frozenset({"aten::detach"}),

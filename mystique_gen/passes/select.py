@@ -1176,6 +1176,7 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
         elif is_op_name(node.name) and node.id not in has_children:
             skipped.append(not_replayed(node.id, node.name, "no operator schema recorded"))
     _reveal_grad(selected, covered)
+    _reveal_fold(selected, covered)
     _mark_grad_node_makers(selected, trace, by_id)
     return Selection(selected, skipped, sorted(threads), covered)
 
@@ -1287,6 +1288,48 @@ def _reveal_grad(selected: list[Selected], covered: list[RawNode]) -> None:
         child, args = oprules.GRAD_REVEALED_BY[selected[k].node.name]
         if node.name == child:
             selected[k] = replace(selected[k], requires_grad_args=args)
+
+
+def _reveal_fold(selected: list[Selected], covered: list[RawNode]) -> None:
+    """Mark the operand of a matmul (selected, or inside a selected ``linear`` or other
+    composite) whose recorded ``mm`` shows it required grad
+    (``oprules.matmul_grad_operand``), by the selected op's argument on the same
+    storage."""
+    position = {sel.node.id: k for k, sel in enumerate(selected)}
+    nodes = {node.id: node for node in covered}
+    nodes.update((sel.node.id, sel.node) for sel in selected)
+    folded = {node.parent for node in covered if node.name in ("aten::mm", "aten::mv")}
+    for node_id in folded:
+        matmul = nodes.get(node_id)
+        if matmul is None or matmul.name != "aten::matmul":
+            continue
+        if len(matmul.inputs) < 2:
+            continue
+        a, b = matmul.inputs[0], matmul.inputs[1]
+        operand = oprules.matmul_grad_operand(a.shape, a.strides, b.shape, b.strides)
+        if operand is None:
+            continue
+        storages = set(raw_storage_ids(matmul.inputs[operand])) - {0}
+        owner, seen = matmul, 0
+        while owner.id not in position and owner.parent in nodes and seen < 64:
+            owner, seen = nodes[owner.parent], seen + 1
+        k = position.get(owner.id)
+        if k is None or not storages:
+            continue
+        sel = selected[k]
+        names = [spec.name for spec, raw in zip(_arg_specs(sel), sel.node.inputs, strict=False)
+                 if storages & set(raw_storage_ids(raw))]
+        if names:
+            selected[k] = replace(sel, requires_grad_args=tuple(
+                dict.fromkeys(sel.requires_grad_args + tuple(names))))
+
+
+def _arg_specs(sel: Selected) -> list:
+    """The selected op's argument specs, in recorded order (empty if unknown)."""
+    try:
+        return list(parse_signature(sel.node.op_schema).args)
+    except SchemaError:
+        return []
 
 
 # Covered nodes whose arguments later passes read (passes/comms.py): collectives'

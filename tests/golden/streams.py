@@ -353,7 +353,15 @@ def _nnpack_convolution(input, weight, bias, padding, stride=1):
 
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
-    """The fused attention kernels' forward: the best kernel this device has."""
+    """The fused attention kernels' forward: the best kernel this device has. Grouped
+    query attention (fewer key/value heads than query heads, which the fused kernels
+    take as they are) repeats each key/value head for its group of query heads, as
+    `enable_gqa=True` does; its backward sums their grads back."""
+    heads = query.size(-3) if query.dim() >= 3 and key.dim() >= 3 else 0
+    kv_heads = key.size(-3) if heads else 0
+    if kv_heads and kv_heads != heads and heads % kv_heads == 0:
+        key = key.repeat_interleave(heads // kv_heads, dim=-3)
+        value = value.repeat_interleave(heads // kv_heads, dim=-3)
     return (
         torch.nn.functional.scaled_dot_product_attention(
             query,
@@ -2536,12 +2544,23 @@ def _in_range(index, size, keep=None):
     [0, size) where an op reads it: what `_fit_mask` selected beyond the replay's own
     values, or integers computed from filled ones, can fall outside the tensor they
     index (the original's never did). A valid index, negative ones too, names the same
-    element after the wrap; `keep`, a loss's ignore index, stays as it is."""
+    element after the wrap; `keep`, a loss's ignore index, stays as it is. The wrapped
+    index keeps the index's strides: its reader takes another path for a strided one
+    (`index_select` makes a beam search's strided beam index contiguous first)."""
     if size <= 0:
         return index
     with _harness():
         wrapped = index.remainder(size)
-        return wrapped if keep is None else torch.where(index == keep, index, wrapped)
+        if keep is not None:
+            wrapped = torch.where(index == keep, index, wrapped)
+        if wrapped.stride() != index.stride() and not any(
+            st == 0 and n > 1 for n, st in zip(index.shape, index.stride(), strict=True)
+        ):
+            laid = torch.empty_strided(
+                index.shape, index.stride(), dtype=wrapped.dtype, device=wrapped.device
+            )
+            wrapped = laid.copy_(wrapped)
+        return wrapped
 
 
 def _rows_of_one(values):

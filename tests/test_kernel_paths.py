@@ -1,0 +1,73 @@
+"""The replay takes the kernels the original took, where the op's choice of kernel
+depends on facts beyond shapes and dtypes: whether an operand required grad, an
+index's strides, grouped key/value heads."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from mystique_gen.backends.base import GenerateOptions
+from mystique_gen.driver import generate
+from mystique_gen.harness import runtime
+from mystique_gen.oprules import matmul_grad_operand as _matmul
+from mystique_gen.sources.et import load_trace
+from tests.conftest import record_et, run_benchmark
+
+
+def _kernels(path) -> Counter[str]:
+    """Every recorded matmul kernel, children of composites included."""
+    return Counter(n.name for n in load_trace(path).nodes
+                   if n.name in ("aten::mm", "aten::bmm"))
+
+
+@pytest.mark.slow
+def test_an_inference_step_folds_matmuls_as_the_original_did(tmp_path):
+    """Under no_grad, matmul folds a non-contiguous batch into one mm only where the
+    weight requires grad, as a model's parameters do; replayed with plain tensors it
+    ran an expanded bmm (Mamba's projections of transposed states, twice as slow; a
+    language model's head on the last position in generate())."""
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(16, 8)
+    states = torch.randn(2, 16, 12)
+
+    @torch.no_grad()
+    def step() -> None:
+        hidden = proj(states.transpose(1, 2))
+        proj.weight.t().matmul(hidden[:, -1:].transpose(1, 2).squeeze(0).unsqueeze(0))
+
+    original = record_et(step, tmp_path / "step.et.json")
+    assert _kernels(original)["aten::mm"] == 2
+    bench = tmp_path / "bench.py"
+    generate(original, bench, GenerateOptions(command_line="test"))
+    replay = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                         "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _kernels(replay) == _kernels(original)
+
+
+def test_a_fold_that_strides_do_not_allow_reveals_the_matrix_required_grad():
+    # Mamba's x_proj of hidden_states.transpose(1, 2): folded to mm only because the
+    # weight required grad (an inference step under no_grad).
+    assert _matmul([2, 8, 64], [512, 1, 8], [64, 18], [1, 64]) == 1
+    # A contiguous batch folds anyway: nothing revealed.
+    assert _matmul([2, 8, 64], [512, 64, 1], [64, 18], [1, 64]) is None
+    # A matrix times a batch folds only for grad: the matrix (first) required it.
+    assert _matmul([64, 2], [2, 1], [2, 2, 8], [144, 1, 18]) == 0
+
+
+def test_attention_equivalent_takes_grouped_query_attention():
+    q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 8, 16)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, k, 0.0, True)[0]
+    (got,) = runtime._attention(q, k, k, None, 0.0, True, None)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_wrapped_index_keeps_its_strides():
+    index = torch.arange(36).view(6, 6)[:, 0]  # stride 6
+    wrapped = runtime._in_range(index, 5)
+    assert wrapped.stride() == index.stride()
+    assert wrapped.tolist() == [i % 5 for i in index.tolist()]
