@@ -165,7 +165,8 @@ def capture_parser() -> argparse.ArgumentParser:
         epilog="example: mystique-gen capture -o traces -- python train.py --epochs 1",
     )
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder")
-    p.add_argument("--name", default="trace", help="file stem (default: trace)")
+    p.add_argument("--name", default="trace", help="file stem (default: trace; under "
+                   "torchrun each rank adds -rank-<RANK>)")
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
     p.add_argument("--timing-iters", type=int, default=5,
                    help="timed steps for the eager step time")

@@ -400,9 +400,13 @@ def link_kineto(program: Program, build: Build) -> Program:
             if linked * 2 < total:
                 held = step_listing(sorted(kineto_steps(source.kineto))) or "none annotated"
                 unprofiled = _unprofiled_threads(program)
+                incoherent = build.links.incoherent if build.links else None
                 why = (f"{unprofiled} of them run on host threads of which it holds no op "
                        "(threads started before the profiler, which records them only "
                        "with profile_all_threads=True)" if unprofiled else
+                       f"it recorded other ops, not this trace's ({incoherent}; "
+                       "another program?), and links by name and order are not used"
+                       if incoherent else
                        f"it recorded other steps or another run (its steps: {held})")
                 message = (
                     f"only {linked} of the {total} replayed ops are found in "

@@ -182,3 +182,22 @@ def test_a_step_on_integer_dtensors_is_recorded_whole(tmp_path):
     assert "recording without integral tensor ranges" in proc.stderr
     names = [node.name for node in load_trace(tmp_path / "o" / "dt.et.json").nodes]
     assert "aten::mm" in names and "aten::relu" in names
+
+
+def test_each_rank_of_a_launched_job_writes_its_own_files(monkeypatch):
+    """Under torchrun every rank runs the same ``mystique-gen capture --name step``: with
+    one name the ranks wrote one set of files at once (an ET that was no JSON, another
+    rank's Kineto trace, no profile). Each rank adds its rank to the stem, unless the
+    stem already ends with it; a single process keeps the name."""
+    from mystique_gen.tools.capture import rank_stem
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert rank_stem("step") == "step"
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert rank_stem("step") == "step"
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert rank_stem("step") == "step-rank-3"
+    assert rank_stem("tp-rank-3") == "tp-rank-3"
+    assert rank_stem("tp-rank-13") == "tp-rank-13-rank-3"

@@ -55,6 +55,7 @@ ALLTOALL_BASE = (f"c10d::alltoall_base_(Tensor output, Tensor input, {PG}, "
                  f"int timeout=-1) -> {WORK}")
 SEND = f"c10d::send(Tensor[] tensors, {PG}, int dst, int tag) -> {WORK}"
 RECV = f"c10d::recv_(Tensor[] tensors, {PG}, int src, int tag) -> {WORK}"
+RECV_ANY = f"c10d::recv_any_source_(Tensor[] tensors, {PG}, int tag) -> {WORK}"
 GATHER = (f"c10d::gather_(Tensor[][] output_tensors, Tensor[] input_tensors, {PG}, "
           f"int root_rank, bool async_op=True, int timeout=-1) -> {WORK}")
 
@@ -317,6 +318,31 @@ def test_a_send_without_its_recv_is_reported():
     found = unpaired_point_to_point(programs, [0, 1, 2, 3])
     assert [(a, b) for a, b, _ in found] == [(2, 0)]
     assert "rank 2 sends rank 0 0 tensor(s), and rank 0 receives 1 from it" in found[0][2]
+
+
+def test_a_recv_from_any_source_pairs_with_the_send_no_named_recv_takes():
+    """``dist.recv(t)`` without ``src`` (``recv_any_source_``) was not replayed, and its
+    senders' isends waited forever (the job hung; the generator blamed a filter). It
+    replays as a recv from any source, and each pairs with a send to its rank that no
+    named recv takes, so that no pair is reported unpaired."""
+    def rank(r: int) -> Program:
+        program = _pipeline_rank(r, [("send", 0, 8)] if r else [])
+        if r == 0:  # rank 0 receives from ranks 1 and 2 (any source), 3 by name
+            program.ops = [_comm_op(i, RECV_ANY, 8, CommInfo(call="recv", group=0, tag=0))
+                           for i in range(2)]
+            program.ops.append(_comm_op(2, RECV, 8, CommInfo(call="recv", group=0,
+                                                             root=3, tag=0)))
+        return program
+
+    programs = [rank(r) for r in range(4)]
+    pair_point_to_point(programs, [0, 1, 2, 3])
+    assert unpaired_point_to_point(programs, [0, 1, 2, 3]) == []
+    assert [op.comm.root for op in programs[0].ops] == [1, 2, 3]
+    programs[2].ops = []  # rank 2 sends nothing: one recv from any source is left
+    programs[0].ops[1].comm.root = None
+    programs[0].ops[0].comm.root = None
+    pair_point_to_point(programs, [0, 1, 2, 3])
+    assert [op.comm.root for op in programs[0].ops] == [1, None, 3]
 
 
 def _gather_rank(rank: int, root: bool, group: int, groups: list[ProcessGroupSpec],

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
 
 from mystique_gen.backends.layout import names_statement
 from mystique_gen.backends.render import format_with_black
@@ -89,6 +90,65 @@ def test_order_fallback_without_ids(pair, tmp_path):
 
     fraction, methods = _linked_fraction(pair[0], _rewrite(pair[1], tmp_path / "k.json", strip))
     assert fraction >= 0.95 and set(methods) == {"order"}
+
+
+def test_a_later_cycle_links_its_own_steps_when_ids_drift(tmp_path):
+    """A repeating schedule's observer writes both cycles into one ET; each cycle's
+    Kineto trace holds its own steps. Before torch 2.4 (no record function id), the
+    second cycle's External ids run ahead of the ET's rf_ids (here by 400): the offset
+    vote paired the first cycle's nodes with the second cycle's events, and the step
+    the Kineto trace holds (the default) linked none of its ops."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+    et_path, cycles = tmp_path / "rep.et.json", []
+
+    def export(prof: profile) -> None:
+        cycles.append(tmp_path / f"c{len(cycles)}.json")
+        prof.export_chrome_trace(str(cycles[-1]))
+
+    observer = ExecutionTraceObserver().register_callback(str(et_path))
+    with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
+                 schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+                 on_trace_ready=export) as prof:
+        for _ in range(9):
+            model(x).sum().backward()
+            prof.step()
+    observer.unregister_callback()
+    doc = json.loads(cycles[1].read_text())
+    for ev in doc["traceEvents"]:
+        args = ev.get("args")
+        if isinstance(args, dict) and "Record function id" in args:
+            args["External id"] = args.pop("Record function id") + 400
+    second = tmp_path / "second.json"
+    second.write_text(json.dumps(doc))
+    program = compile_trace(et_path, kineto=second)
+    assert program.timing is not None
+    assert program.timing.linked_ops >= 0.95 * len(program.ops)
+    assert set(program.timing.link_methods) == {"external_id_offset"}
+
+
+def test_a_kineto_trace_of_other_ops_links_nothing_by_order(pair, tmp_path):
+    """Links by name and order pair any two traces that share op names: an MLP's ET
+    with a transformer's or a CNN's Kineto trace linked 35-62 of their ops by order,
+    above the half that warns, and replayed gaps between unrelated ops (5x the step).
+    The same events in another order (time reversed, nesting kept) link none."""
+    et, kineto = pair
+    doc = json.loads(kineto.read_text())
+    end = max(ev["ts"] + ev.get("dur", 0) for ev in doc["traceEvents"] if "ts" in ev)
+    for ev in doc["traceEvents"]:
+        if "ts" in ev:
+            ev["ts"] = end - ev["ts"] - ev.get("dur", 0)
+        args = ev.get("args")
+        if isinstance(args, dict):
+            args.pop("Record function id", None)
+            args.pop("External id", None)
+    other = tmp_path / "reversed.json"
+    other.write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match="it recorded other ops, not this trace's"):
+        program = compile_trace(et, kineto=other)
+    assert program.timing is not None and program.timing.linked_ops == 0
 
 
 @pytest.mark.parametrize("profiler", ["before 2.4", "2.4 and later"])

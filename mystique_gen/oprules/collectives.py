@@ -134,12 +134,16 @@ FAMILY = OpFamily(
         "c10d::recv_": CommRule("recv", (("tensors", "one"),), "src", "group_src", tag=True,
                                 async_call="irecv", has_async_arg=False,
                                 point_to_point="recv", same_sizes=False),
+        # A recv from any source (``dist.recv(t)`` without ``src``) replays as one, as
+        # recorded (no root keyword: the peer pair_point_to_point infers, the rank
+        # whose send to this one no named recv pairs, only counts the pairs).
+        "c10d::recv_any_source_": CommRule("recv", (("tensors", "one"),), tag=True,
+                                           async_call="irecv", has_async_arg=False,
+                                           point_to_point="recv", same_sizes=False),
         "c10d::barrier": CommRule("barrier", ()),
         "c10d::monitored_barrier_": CommRule(
             "_monitored_barrier", (), harness=True, has_async_arg=False,
             scalars=(("wait_all_ranks", "wait_all_ranks"),), note=MONITORED_BARRIER_NOTE),
     },
-    comm_not_replayed={
-        "c10d::recv_any_source_": "the sender is chosen at run time; not reproducible",
-    },
+    comm_not_replayed={},
 )

@@ -862,6 +862,7 @@ def pair_point_to_point(programs: Sequence[Program], ranks: Sequence[int]) -> in
     p2p = {r: [op for op in prog.ops if op.comm is not None
                and oprules.COMM_OPS[op.name].point_to_point] for r, prog in by_rank.items()}
     matched: set[int] = set()  # id() of recvs already paired
+    unpaired: list[tuple[int, Op]] = []  # sends no named recv takes, in rank order
     moved = 0
     for rank, ops in p2p.items():
         for send in ops:
@@ -880,6 +881,31 @@ def pair_point_to_point(programs: Sequence[Program], ranks: Sequence[int]) -> in
                     moved += op.comm.group != group
                     op.comm.group = group
                 break
+            else:
+                unpaired.append((rank, send))
+    # Recvs from any source (``recv_any_source_``: no peer recorded): each takes, in
+    # recorded order, the first send to its rank that no named recv paired, of the
+    # same tensor and tag, on a group holding both; that sender is its peer for
+    # unpaired_point_to_point (the call names none: it replays from any source).
+    for rank, send in unpaired:
+        info = by_rank[rank].distributed
+        assert info is not None  # it has a send
+        for group, peer in _peers(by_rank[rank], rank, send):
+            members = _members(info.groups[group], info.world_size)
+            if not members or peer not in by_rank:
+                continue
+            recv = next((op for op in p2p.get(peer, ()) if id(op) not in matched
+                         and op.comm is not None and op.comm.root is None
+                         and oprules.COMM_OPS[op.name].point_to_point == "recv"
+                         and _carries_the_same(send, op)), None)
+            if recv is None:
+                continue
+            matched.add(id(recv))
+            assert recv.comm is not None and send.comm is not None
+            moved += recv.comm.group != group
+            send.comm.group = recv.comm.group = group
+            recv.comm.root = members.index(rank)
+            break
     return moved
 
 

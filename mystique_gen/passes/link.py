@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from mystique_gen.ir import KernelRecord, OpTiming, Program, ProgramTiming
+from mystique_gen.passes.filters import STEP_RE
 from mystique_gen.passes.select import is_root, select_ops
 from mystique_gen.sources.et import RawNode, RawTrace
 from mystique_gen.sources.kineto import (
@@ -46,6 +47,9 @@ class Links:
     offset: int | None  # the constant id offset used by method 3, if any
     # (ET's process id, Kineto's) where they differ: no id is shared, all link by order.
     other_process: tuple[int, int] | None = None
+    # Why the links by order were dropped (they did not pair the ET with a recording of
+    # the same ops: another program's trace), else None.
+    incoherent: str | None = None
 
 
 def other_process(trace: RawTrace, kineto: KinetoTrace) -> tuple[int, int] | None:
@@ -62,12 +66,26 @@ def other_process(trace: RawTrace, kineto: KinetoTrace) -> tuple[int, int] | Non
 
 
 def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
-    nodes = [n for n in trace.nodes if not is_root(n)]
+    node_steps, event_steps = _node_steps(trace), _event_steps(kineto)
+    held = set(event_steps.values())
+    # Where both mark their steps (ProfilerStep#N), a node of a step the Kineto trace
+    # does not hold links to nothing, and a node links only to an event of its own step:
+    # a repeating schedule's observer writes every cycle into one ET, each cycle's Kineto
+    # trace holds its own, and before torch 2.4 the ET's rf_ids and the Kineto trace's
+    # External ids drift apart between cycles; taken in order, the first cycle's nodes
+    # met the second cycle's events, their difference won the offset vote, and the
+    # step the Kineto trace holds was left with nothing linked.
+    nodes = [n for n in trace.nodes if not is_root(n)
+             and (not held or node_steps.get(n.id) is None or node_steps[n.id] in held)]
     events: dict[int, CpuEvent] = {}
     methods: dict[int, str] = {}
     used: set[int] = set()
 
     def take(node: RawNode, ev: CpuEvent | None, method: str) -> None:
+        step, ev_step = node_steps.get(node.id), \
+            (event_steps.get(ev.index) if ev is not None else None)
+        if step is not None and ev_step is not None and step != ev_step:
+            return
         if ev is not None and ev.index not in used and ev.name == node.name:
             events[node.id] = ev
             methods[node.id] = method
@@ -97,7 +115,99 @@ def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
     for name, group in pending_nodes.items():
         for node, ev in zip(group, pending_events.get(name, []), strict=False):
             take(node, ev, METHODS[3])
-    return Links(events, methods, offset, elsewhere)
+    incoherent = _incoherent_order_links(nodes, events, methods, kineto)
+    if incoherent is not None:
+        for node_id in [i for i, m in methods.items() if m == METHODS[3]]:
+            del events[node_id], methods[node_id]
+    return Links(events, methods, offset, elsewhere, incoherent)
+
+
+# Links by order pair the k-th node of a name with the k-th event of that name, which
+# any two traces sharing op names (aten::linear, aten::add_) satisfy. A recording of the
+# ET's own ops keeps their order (node ids count up as ops start, on each thread) and
+# holds few ops between them that the ET lacks; another program's trace does neither.
+ORDER_INVERSIONS_MAX = 0.05  # of consecutive order-linked pairs on a thread
+WINDOW_LINKED_MIN = 0.5  # of the Kineto ops in the linked span, on the linked threads
+
+
+def _incoherent_order_links(nodes: list[RawNode], events: dict[int, CpuEvent],
+                            methods: dict[int, str], kineto: KinetoTrace) -> str | None:
+    """Why the order links do not pair the ET with a recording of its own ops, or None."""
+    ordered = [n for n in nodes if methods.get(n.id) == METHODS[3]]
+    if len(ordered) < 2:
+        return None
+    by_thread: dict[int, list[CpuEvent]] = defaultdict(list)
+    for node in sorted(ordered, key=lambda n: n.id):
+        by_thread[node.tid].append(events[node.id])
+    pairs = sum(max(0, len(evs) - 1) for evs in by_thread.values())
+    inversions = sum(1 for evs in by_thread.values() for a, b in zip(evs, evs[1:], strict=False)
+                     if b.ts < a.ts)
+    if pairs and inversions > ORDER_INVERSIONS_MAX * pairs:
+        return (f"{inversions} of {pairs} consecutive ops linked by name and order run "
+                "in another order there")
+    linked = [events[n.id] for n in ordered]
+    lo, hi = min(e.ts for e in linked), max(e.end for e in linked)
+    threads = {(e.pid, e.tid) for e in linked}
+    used = {e.index for e in events.values()}
+    window = [e for e in kineto.cpu_ops if lo <= e.ts < hi and (e.pid, e.tid) in threads
+              and not e.annotation]
+    found = sum(1 for e in window if e.index in used)
+    if window and found < WINDOW_LINKED_MIN * len(window):
+        return (f"only {found} of the {len(window)} ops it recorded in the span the ET's "
+                "ops link to are the ET's")
+    return None
+
+
+def _node_steps(trace: RawTrace) -> dict[int, int]:
+    """ET node id -> the N of the ``ProfilerStep#N`` annotation above it, where one is."""
+    by_id = {n.id: n for n in trace.nodes}
+    found: dict[int, int | None] = {}
+
+    def step_of(node_id: int) -> int | None:
+        chain = []
+        step = None
+        while node_id in by_id and node_id not in found:
+            node = by_id[node_id]
+            chain.append(node_id)
+            m = STEP_RE.fullmatch(node.name)
+            if m and not node.op_schema:
+                step = int(m.group(1))
+                break
+            if node.parent == node_id:
+                break
+            node_id = node.parent
+        else:
+            step = found.get(node_id)
+        for i in chain:
+            found[i] = step
+        return step
+
+    for n in trace.nodes:
+        step_of(n.id)
+    return {i: s for i, s in found.items() if s is not None}
+
+
+def _event_steps(kineto: KinetoTrace) -> dict[int, int]:
+    """Kineto CPU event index -> the N of the ``ProfilerStep#N`` event whose span holds
+    its start on its thread, where one does."""
+    spans: dict[tuple[object, object], list[tuple[float, float, int]]] = defaultdict(list)
+    for e in kineto.cpu_ops:
+        m = STEP_RE.fullmatch(e.name)
+        if m:
+            spans[(e.pid, e.tid)].append((e.ts, e.end, int(m.group(1))))
+    if not spans:
+        return {}
+    starts = {k: [s for s, _, _ in sorted(v)] for k, v in spans.items()}
+    ordered = {k: sorted(v) for k, v in spans.items()}
+    found: dict[int, int] = {}
+    for e in kineto.cpu_ops:
+        key = (e.pid, e.tid)
+        if key not in ordered:
+            continue
+        i = bisect.bisect_right(starts[key], e.ts) - 1
+        if i >= 0 and e.ts <= ordered[key][i][1]:
+            found[e.index] = ordered[key][i][2]
+    return found
 
 
 def _unique_index(events: list[CpuEvent], key) -> dict[int, CpuEvent]:

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import runpy
 import statistics
 import sys
@@ -483,6 +484,7 @@ def capture(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    name = rank_stem(name)
     recorder = _Recorder(out, name, kineto=kineto, integral_ranges=integral_ranges,
                          integral_data=integral_data)
     if integral_ranges and uses_integral_subclasses(step_fn):  # (one more warm-up step)
@@ -685,6 +687,23 @@ def _step_wrapper(on_step: Callable[[object], None]) -> Callable[[], None]:
     return _ACTIVE.clear
 
 
+def rank_stem(name: str) -> str:
+    """``name`` for this process's files: ``<name>-rank-<RANK>`` where a launcher started
+    it as one rank of several (torchrun, or srun with torchrun: ``RANK`` and
+    ``WORLD_SIZE`` > 1 in the environment) and ``name`` does not already end with its
+    rank. Every rank runs the same command line (``mystique-gen capture -o traces --
+    python train.py``), so with one name the ranks wrote one set of files at once: an
+    ET that was no JSON (two ranks' text interleaved), a Kineto trace of either rank
+    and no profile (one rank renamed the other's). A directory of the ranks' files is
+    then one job's traces (``mystique-gen traces/ --kineto traces/``)."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if not (rank.isdigit() and world.isdigit()) or int(world) <= 1:
+        return name
+    if re.search(rf"rank[-_.]?0*{int(rank)}$", name):
+        return name
+    return f"{name}-rank-{int(rank)}"
+
+
 def capture_script(
     argv: list[str],
     out_dir: str | Path,
@@ -725,6 +744,7 @@ def capture_script(
             raise ScriptError(f"no module named {module!r} (from {search})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    name = rank_stem(name)
     recorder = _Recorder(out, name, kineto=kineto, integral_ranges=integral_ranges,
                          integral_data=integral_data)
     clock = _StepClock(warmup, timing_iters, recorder, max(1, profile_steps))
