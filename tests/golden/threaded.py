@@ -2863,8 +2863,9 @@ class _Local:
         return ORIGINAL
 
     def original_ms(self):
-        """The original step time the result reports, or None without --kineto."""
-        return ORIGINAL["step_ms"] if ORIGINAL is not None else None
+        """The original step time the result reports, or None without --kineto or
+        where none of the replayed ops linked to it (a span of nothing is 0 ms)."""
+        return ORIGINAL["step_ms"] or None if ORIGINAL is not None else None
 
     def iteration_times(self, times):
         """The times the result reports: this process's."""
