@@ -45,6 +45,7 @@ from mystique_gen.options import BuildOptions
 from mystique_gen.passes import autograd, frees, hostgaps, link, public_calls, streams
 from mystique_gen.passes.comms import (
     CommLowering,
+    ambiguous_regrouping,
     pair_point_to_point,
     place_rooted_collectives,
     rank_disagreements,
@@ -617,6 +618,7 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     regrouped = regroup_sized_collectives(programs, ranks)
     rooted = place_rooted_collectives(programs, ranks)
     crossed = regroup_second_reductions(programs, ranks)
+    ambiguous = ambiguous_regrouping(programs, ranks)
     aligned = regroup_unaligned_collectives(programs, ranks)
     moved = pair_point_to_point(programs, ranks)
     replace_inferred_waits(programs)
@@ -639,6 +641,11 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
                      "ranks do not issue alike (so the default group could not run them), "
                      "run on the first mesh dimension, or group over some ranks only, "
                      "whose members issue them with the same sizes")
+    if ambiguous:
+        notes.append(f"{ambiguous} collectives of this job that record no group stay on "
+                     "the default group, as every rank issues them alike, though the mesh "
+                     "dimension that takes the others would fit them too: nothing "
+                     "recorded tells the two placements apart, so this one is a guess")
     if moved:
         notes.append(f"{moved} sends and recvs of this job run on the process group whose "
                      "members name each other at their recorded peers (the trace records "

@@ -17,6 +17,7 @@ from mystique_gen.ir import Arg, ListValue, Op, Program, TensorMeta, TensorValue
 from mystique_gen.ir.dist import CommInfo, DistInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import parse_signature
 from mystique_gen.passes.comms import (
+    ambiguous_regrouping,
     collective_sequence,
     group_of_size,
     implied_group_size,
@@ -478,9 +479,31 @@ def test_collectives_every_rank_issues_alike_stay_beside_those_that_move():
         return program
 
     stages = [rank(r) for r in range(4)]
+    # The loss's all-reduce would fit dp as well: the header says the choice is a guess.
+    assert ambiguous_regrouping(stages, [0, 1, 2, 3]) == 4
     assert regroup_unaligned_collectives(stages, [0, 1, 2, 3]) == 8
     assert [[op.comm.group for op in p.ops] for p in stages] == [
         [3, 0, 3], [3, 0, 3], [4, 0, 4], [4, 0, 4]]
+    assert ambiguous_regrouping(stages, [0, 1, 2, 3]) == 0  # nothing left to place
+
+
+def test_a_placement_that_sizes_alone_decide_is_reported_as_a_guess():
+    """Ranks 0 and 1 all-reduce 4, 2 and 4 elements, ranks 2 and 3 2, 4 and 8: the 2 on
+    the world group and the rest on [0, 1] and [2, 3] in truth, but by size the 4s
+    line up as well, and two of them were kept on the world group without a word. Both
+    placements fit what gloo recorded; the count of calls placed by guess is reported,
+    and none where the stages' sizes leave one placement only."""
+    def rank(r: int, sizes: tuple[int, ...]) -> Program:
+        program = _pipeline_rank(r, [])
+        program.ops = [_comm_op(k, ALLREDUCE_INT, numel, CommInfo(
+            call="all_reduce", group=0, group_recorded=False))
+            for k, numel in enumerate(sizes)]
+        return program
+
+    mixed = [rank(r, (4, 2, 4) if r < 2 else (2, 4, 8)) for r in range(4)]
+    assert ambiguous_regrouping(mixed, [0, 1, 2, 3]) == 8
+    lone = [rank(r, (32,) if r < 2 else (8,)) for r in range(4)]
+    assert ambiguous_regrouping(lone, [0, 1, 2, 3]) == 0
 
 
 def test_collectives_only_some_ranks_issue_run_on_the_group_of_those_ranks():

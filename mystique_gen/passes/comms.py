@@ -623,17 +623,10 @@ def regroup_unaligned_collectives(programs: Sequence[Program],
     Where every rank issues the same calls with the same sizes, they stay (nothing
     tells which group was meant, and the default group runs them). Run after the other
     regroupings. Returns how many collectives moved."""
-    by_rank = dict(zip(ranks, programs, strict=True))
-    info = next((p.distributed for p in programs if p.distributed is not None), None)
-    if info is None:
+    found = _ungrouped_calls(programs, ranks)
+    if found is None:
         return 0
-    default = default_group_index(info.groups) if info.groups else 0
-    ops_of = {rank: [op for op in program.ops if op.comm is not None
-                     and not op.comm.group_recorded and op.comm.group == default
-                     and not oprules.COMM_OPS[op.name].point_to_point]
-              for rank, program in by_rank.items()}
-    if len({tuple(_signature_of(op) for op in ops) for ops in ops_of.values()}) <= 1:
-        return 0
+    info, ops_of = found
     # The calls every rank issues alike, in order (a world all-reduce of a loss beside
     # the stages' gradients), stay on the default group: only the others move.
     unaligned = _common_sequence(ops_of)[0]
@@ -642,6 +635,41 @@ def regroup_unaligned_collectives(programs: Sequence[Program],
         if chosen is not None:
             return _move(moving, chosen)
     return _regroup_on_partial_groups(info, unaligned)
+
+
+def _ungrouped_calls(programs: Sequence[Program], ranks: Sequence[int]
+                     ) -> tuple[DistInfo, dict[int, list[Op]]] | None:
+    """The job's groups and, per rank, its collectives that record no group and sit on
+    the default group, where the ranks do not issue them alike; else None."""
+    info = next((p.distributed for p in programs if p.distributed is not None), None)
+    if info is None:
+        return None
+    default = default_group_index(info.groups) if info.groups else 0
+    ops_of = {rank: [op for op in program.ops if op.comm is not None
+                     and not op.comm.group_recorded and op.comm.group == default
+                     and not oprules.COMM_OPS[op.name].point_to_point]
+              for rank, program in zip(ranks, programs, strict=True)}
+    if len({tuple(_signature_of(op) for op in ops) for ops in ops_of.values()}) <= 1:
+        return None
+    return info, ops_of
+
+
+def ambiguous_regrouping(programs: Sequence[Program], ranks: Sequence[int]) -> int:
+    """How many calls :func:`regroup_unaligned_collectives` will keep on the default
+    group (every rank issues them alike, in order) that a mesh dimension's members
+    issue alike together with the calls that move: both placements fit what the ranks
+    recorded, and gloo records no group to tell them apart. Size alone can match calls
+    of different groups (an all-reduce of 4 elements on [0, 1] and another on [2, 3]
+    met on the world group). 0 where the placement is unambiguous; call it before."""
+    found = _ungrouped_calls(programs, ranks)
+    if found is None:
+        return 0
+    info, ops_of = found
+    unaligned = _common_sequence(ops_of)[0]
+    kept = sum(len(ops_of[r]) - len(unaligned[r]) for r in ops_of)
+    if not kept or not any(_issued_alike(d, unaligned) for d in _mesh_dimensions(info)):
+        return 0
+    return kept if any(_issued_alike(d, ops_of) for d in _mesh_dimensions(info)) else 0
 
 
 def _regroup_on_partial_groups(info: DistInfo, unaligned: dict[int, list[Op]]) -> int:
