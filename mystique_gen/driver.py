@@ -62,7 +62,12 @@ from mystique_gen.passes.compose import (
     storage_lifetimes,
     storages_of,
 )
-from mystique_gen.passes.filters import filter_selection, kineto_steps, step_listing
+from mystique_gen.passes.filters import (
+    filter_selection,
+    kineto_steps,
+    step_listing,
+    unmarked_steps,
+)
 from mystique_gen.passes.lower import COMPLEX_STAND_IN, lower_ops
 from mystique_gen.passes.numbers import EPSILON_STAND_IN, replay_wrapped_numbers, restore_epsilons
 from mystique_gen.passes.ranks import (
@@ -279,13 +284,14 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     sparse = trace_sparse_tensors(trace)  # read below ops whose arguments are released
     release_covered_arguments(selection)
     kept, lines = filter_selection(trace, selection, options, profiled_steps)
+    several = unmarked_steps(trace, kept)
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops)
     recorded = recorded_values(trace, resources, captured)
     comm = CommLowering(trace, sparse, serial=not options.threaded)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume, sparse=sparse)
     rename_storages(ops, lifetimes, k, names)
-    part_notes = []
+    part_notes = [several] if several else []
     numbers = replay_wrapped_numbers(ops, recorded)
     if numbers:
         part_notes.append(f"{numbers} wrapped Python numbers (0-d tensor arguments whose "

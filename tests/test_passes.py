@@ -30,7 +30,7 @@ from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops, sparse_tensors
 from mystique_gen.sources.et import RawArg, RawNode, load_trace, trace_from_document
 from mystique_gen.tools.compare import op_multiset
-from tests.conftest import run_benchmark
+from tests.conftest import record_et, run_benchmark
 from tests.tracebuilder import (
     ADD_,
     ALLREDUCE_,
@@ -1394,3 +1394,25 @@ def test_an_op_without_a_kernel_for_every_device_is_guarded():
     assert kernels.guard_reason("aten::_spsolve.default") == "kernels for some devices only"
     assert kernels.guard_reason("aten::cudnn_batch_norm.default") == (
         "backend-specific kernel, with a portable equivalent")
+
+
+def test_an_et_of_several_unmarked_steps_says_they_replay_as_one_iteration(tmp_path):
+    """An observer started and stopped by hand around three optimizer steps marks no
+    ProfilerStep#N: the three replay as one iteration, three steps long, which the
+    header said nothing of (an MLP's iteration read 1.5x its eager step). One step,
+    or steps marked, need no note."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(2, 4)
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    three = record_et(lambda: steps(3), tmp_path / "three.json")
+    notes = " ".join(" ".join(n.split()) for n in build_program(load_trace(three)).notes)
+    assert "the trace holds 3 steps of optimizer Adam and marks none" in notes
+    one = record_et(lambda: steps(1), tmp_path / "one.json")
+    assert not any("steps of optimizer" in n for n in build_program(load_trace(one)).notes)

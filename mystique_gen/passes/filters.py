@@ -27,6 +27,7 @@ from mystique_gen.sources.et import RawNode, RawTrace
 from mystique_gen.sources.kineto import KinetoTrace
 
 STEP_RE = re.compile(r"ProfilerStep#(\d+)")
+OPTIMIZER_STEP_RE = re.compile(r"Optimizer\.step#(.+)\.step")
 
 
 def is_communication(name: str) -> bool:
@@ -161,6 +162,30 @@ def steps(trace: RawTrace) -> list[tuple[int, RawNode]]:
         if m and not n.op_schema:
             found.append((int(m.group(1)), n))
     return found
+
+
+def unmarked_steps(trace: RawTrace, selection: Selection) -> str | None:
+    """A note where the kept ops hold several steps of one optimizer and the trace
+    marks no ``ProfilerStep#N`` (an observer started and stopped by hand around N
+    steps): they all replay in one iteration, which is then N steps long, and no
+    --iteration can pick one."""
+    if steps(trace):
+        return None
+    tree = _Tree(trace)
+    counts: dict[str, set[int]] = {}
+    for sel in selection.ops:
+        for a in tree.ancestors(sel.node.id):
+            m = OPTIMIZER_STEP_RE.fullmatch(tree.by_id[a].name)
+            if m and not tree.by_id[a].op_schema:
+                counts.setdefault(m.group(1), set()).add(a)
+    if not counts:
+        return None
+    name, found = max(counts.items(), key=lambda kv: len(kv[1]))
+    if len(found) < 2:
+        return None
+    return (f"the trace holds {len(found)} steps of optimizer {name} and marks none "
+            "(no ProfilerStep#N): they replay as one iteration, and iteration times are "
+            f"of {len(found)} steps (record one step, or keep fewer ops with --max-ops)")
 
 
 def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
