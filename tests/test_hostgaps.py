@@ -534,18 +534,20 @@ def test_gaps_recorded_with_shapes_and_stacks_are_calibrated_under_them(tmp_path
     in a gap at the cost it measures per call."""
     # The observer on one step: the gaps come from the others, with no observer's
     # cost to calibrate out (whose trust bound a loaded machine can trip).
+    # with_modules shows in no event: read from the file's header (torch 2.6 and on).
     et_path, kineto = _profiled_pair(tmp_path, "stack", active=3, observed_step=1,
-                                     record_shapes=True, with_stack=True)
-    assert load_kineto(kineto).options == {"record_shapes", "with_stack"}
+                                     record_shapes=True, with_stack=True, with_modules=True)
+    assert load_kineto(kineto).options == {"record_shapes", "with_stack", "with_modules"}
     program = compile_trace(et_path, kineto=kineto)
     assert program.timing is not None
-    assert program.timing.profiler_options == ("record_shapes", "with_stack")
+    assert program.timing.profiler_options == ("record_shapes", "with_modules",
+                                               "with_stack")
     assert not program.timing.observer_in_gaps
     # The modules' forward calls between ops, counted per gap.
     assert sum(op.timing.gap_calls for op in program.ops if op.timing is not None) > 0
     bench = tmp_path / "bench.py"
     text = generate(et_path, bench, kineto=kineto)
-    assert '"profiler_options": ["record_shapes", "with_stack"]' in text
+    assert '"profiler_options": ["record_shapes", "with_modules", "with_stack"]' in text
     assert re.search(r"_host_gap\([\d.]+[^)]*calls=\d+", text)
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
                          "--json", "--host-gaps", "recorded")

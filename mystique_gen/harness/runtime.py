@@ -1956,7 +1956,7 @@ def _python_call_cost(original):
 
 
 # The profiler options `_recorded_as` sets as the original's recorders had them.
-_PROFILER_OPTIONS = ("record_shapes", "with_flops", "with_stack")
+_PROFILER_OPTIONS = ("record_shapes", "with_flops", "with_stack", "with_modules")
 # The device activities it records as well where the original's did and this replay
 # runs on that device: option -> device type.
 _DEVICE_ACTIVITIES = {"cuda_activity": "cuda", "xpu_activity": "xpu"}

@@ -43,6 +43,9 @@ PYTHON_CATEGORY = "python_function"
 # The torch.profiler.profile options a CPU-op argument shows were on (with_stack shows
 # as python_function events); the harness's _recorded_as sets them again.
 _OPTION_ARGS = {"Input Dims": "record_shapes", "flops": "with_flops"}
+# The options torch 2.6 and later write at the top of the file where they were on:
+# read first (with_modules shows in no event argument).
+_HEADER_OPTIONS = ("record_shapes", "with_flops", "with_stack", "with_modules")
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "hip_runtime",
                                 "privateuse1_runtime", "xpu_runtime"})
 # A device activity the profiler recorded, as the option _recorded_as turns on again:
@@ -156,7 +159,8 @@ def kineto_from_document(doc: Any, *, name: str, sha256: str = "") -> KinetoTrac
     gpu: list[GpuEvent] = []
     memory: list[MemoryEvent] = []
     python: list[CpuEvent] = []
-    options: set[str] = set()
+    options = {key for key in _HEADER_OPTIONS
+               if isinstance(doc, dict) and doc.get(key) in (1, True)}
     for i, ev in enumerate(events):
         if isinstance(ev, dict) and ev.get("ph") == "i" and ev.get("name") == "[memory]":
             found = _memory_event(ev, f"traceEvents[{i}]")
