@@ -2553,14 +2553,11 @@ def _in_range(index, size, keep=None):
         wrapped = index.remainder(size)
         if keep is not None:
             wrapped = torch.where(index == keep, index, wrapped)
-        if wrapped.stride() != index.stride() and not any(
-            st == 0 and n > 1 for n, st in zip(index.shape, index.stride(), strict=True)
-        ):
-            laid = torch.empty_strided(
-                index.shape, index.stride(), dtype=wrapped.dtype, device=wrapped.device
-            )
-            wrapped = laid.copy_(wrapped)
-        return wrapped
+    if any(
+        st == 0 and n > 1 for n, st in zip(index.shape, index.stride(), strict=True)
+    ):
+        return wrapped  # an expanded index: no layout of its own to copy into
+    return _laid_out(wrapped, index.stride())
 
 
 def _rows_of_one(values):
