@@ -222,8 +222,17 @@ def _tree(children: st.SearchStrategy[Node]) -> st.SearchStrategy[Node]:
 STATEMENT_CALL = _tree(st.recursive(ATOM, _tree, max_leaves=30))  # a call or a list
 
 
+LONG_TARGETS = [  # a multi-output op's results (a fused kernel's backward, batch norm's)
+    "scaled_dot_product_flash_attention_for_cpu_backward_32_1 = ",
+    "native_layer_norm, native_layer_norm_32, native_layer_norm_32_1 = ",
+    "_, mkldnn_rnn_layer_backward, mkldnn_rnn_layer_backward_1, "
+    "mkldnn_rnn_layer_backward_2, mkldnn_rnn_layer_backward_3, _, _ = ",
+]
+
+
 @settings(max_examples=2 * EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(node=STATEMENT_CALL, prefix=st.sampled_from(["", "t0 = ", "t0, _, t12 = ", "return "]),
+@given(node=STATEMENT_CALL,
+       prefix=st.sampled_from(["", "t0 = ", "t0, _, t12 = ", "return ", *LONG_TARGETS]),
        depth=st.integers(min_value=0, max_value=2))
 def test_lay_out_equals_black(node, prefix, depth):
     lines = lay_out(prefix, node, depth)

@@ -1130,19 +1130,23 @@ def test_cudnn_rnns_run_as_torchs_portable_rnns_with_their_gradients(mode, packe
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_the_hosts_lstm_layer_runs_as_torchs_portable_lstm(reverse):
+def test_the_hosts_lstm_layer_runs_as_torchs_portable_lstm(reverse, batch_first):
     """A host trace's LSTM runs oneDNN's layer and, in autograd, its backward by name
-    (neither runs on a GPU): the equivalents match both, here where they run."""
+    (neither runs on a GPU): the equivalents match both, here where they run. The
+    layer's input is time-major even for a batch_first LSTM (aten::mkldnn_rnn
+    transposes it first, and passes the flag on): the equivalent read it as
+    batch-major there, and raised or crashed in torch._VF.lstm."""
     torch.manual_seed(0)
     x, h, c = torch.randn(6, 3, 4), torch.randn(3, 5), torch.randn(3, 5)
     weights = [torch.randn(20, 4), torch.randn(20, 5), torch.randn(20), torch.randn(20)]
-    flags = (reverse, [], 2, 5, 1, True, False, False, True)
+    flags = (reverse, [], 2, 5, 1, True, False, batch_first, True)
     want = torch.ops.aten.mkldnn_rnn_layer.default(x, *weights, h, c, *flags)
     got = runtime.PORTABLE["aten::mkldnn_rnn_layer.default"](x, *weights, h, c, *flags)
     torch.testing.assert_close(got, want[:3])
     grads = [torch.randn_like(t) for t in want[:3]]
-    back = (reverse, 2, 5, 1, True, True, False, [], False, want[3])
+    back = (reverse, 2, 5, 1, True, True, False, [], batch_first, want[3])
     expected = torch.ops.aten.mkldnn_rnn_layer_backward.default(
         x, *weights, h, c, *want[:3], *grads, *back)
     got = runtime.PORTABLE["aten::mkldnn_rnn_layer_backward.default"](

@@ -66,7 +66,33 @@ def _split_keyword(node: Node) -> tuple[str, Node]:
 
 
 def lay_out(prefix: str, node: Node, depth: int, suffix: str = "") -> list[str]:
-    """Lines for ``prefix + node + suffix`` at indentation ``depth``."""
+    """Lines for ``prefix + node + suffix`` at indentation ``depth``.
+
+    An assignment whose first line, split at its call, is still too long is laid
+    out as black lays it out: the right-hand side wrapped in parentheses where every
+    line then fits (black's "second opinion" with optional parentheses), else, for
+    several targets, the targets one per line in parentheses, then ``) = `` and the
+    right-hand side laid out as any other (``(\n    a,\n    b,\n) = call(...)``)."""
+    lines = _lay_out(prefix, node, depth, suffix)
+    indent = INDENT * depth
+    targets = prefix[: -len(" = ")] if prefix.endswith(" = ") else ""
+    if (not targets or suffix or len(lines[0]) <= LINE_LENGTH
+            or not all(t.strip().isidentifier() for t in targets.split(","))):
+        return lines
+    names = [t.strip() for t in targets.split(",")]
+    inner = INDENT * (depth + 1)
+    exploded = [indent + "(", *(inner + name + "," for name in names),
+                *_lay_out(") = ", node, depth)]
+    if len(lines) == 1 or not isinstance(node, Group) \
+            or lines[0] != indent + prefix + node.head:  # the right-hand side stays whole
+        return exploded if len(names) > 1 else lines
+    wrapped = [indent + prefix + "(", *_lay_out("", node, depth + 1), indent + ")"]
+    if all(len(line) <= LINE_LENGTH for line in wrapped):
+        return wrapped
+    return exploded if len(names) > 1 else lines
+
+
+def _lay_out(prefix: str, node: Node, depth: int, suffix: str = "") -> list[str]:
     indent = INDENT * depth
     line = indent + prefix + flat(node) + suffix
     if len(line) <= LINE_LENGTH or not isinstance(node, Group) or not node.items:
@@ -80,11 +106,11 @@ def lay_out(prefix: str, node: Node, depth: int, suffix: str = "") -> list[str]:
         return [opener, inner + body, closer]
     if len(node.items) == 1:
         item_prefix, item = _split_keyword(node.items[0])
-        return [opener, *lay_out(item_prefix, item, depth + 1), closer]
+        return [opener, *_lay_out(item_prefix, item, depth + 1), closer]
     lines = [opener]
     for item in node.items:
         item_prefix, value = _split_keyword(item)
-        lines.extend(lay_out(item_prefix, value, depth + 1, ","))
+        lines.extend(_lay_out(item_prefix, value, depth + 1, ","))
     lines.append(closer)
     return lines
 

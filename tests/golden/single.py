@@ -899,11 +899,12 @@ def _mkldnn_rnn_layer(
     train,
 ):
     """oneDNN's LSTM layer on the host (one layer, one direction; hx_ and cx_ are
-    batch x hidden): output, hy and cy; its workspace stands in."""
-    time = 1 if batch_first else 0
+    batch x hidden): output, hy and cy; its workspace stands in. The layer's input
+    is time-major whatever ``batch_first`` says: ``aten::mkldnn_rnn`` transposes a
+    batch-first input before it calls the layer, which ignores the flag."""
     weights = [weight0, weight1] + ([weight2, weight3] if has_biases else [])
     out, hy, cy = torch._VF.lstm(
-        input.flip(time) if reverse else input,
+        input.flip(0) if reverse else input,
         (hx_.unsqueeze(0), cx_.unsqueeze(0)),
         weights,
         has_biases,
@@ -911,9 +912,9 @@ def _mkldnn_rnn_layer(
         0.0,
         train,
         False,
-        batch_first,
+        False,
     )
-    return (out.flip(time) if reverse else out), hy[0], cy[0]
+    return (out.flip(0) if reverse else out), hy[0], cy[0]
 
 
 def _mkldnn_rnn_layer_backward(
