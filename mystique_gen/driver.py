@@ -57,6 +57,7 @@ from mystique_gen.passes.comms import (
 )
 from mystique_gen.passes.compose import (
     combined_info,
+    inner_allocations,
     place_in_parallel,
     rename_storages,
     storage_lifetimes,
@@ -282,11 +283,12 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     strides = trace.records_strides  # before any recorded argument is released
     selection = select_ops(trace)
     sparse = trace_sparse_tensors(trace)  # read below ops whose arguments are released
+    inner = inner_allocations(selection)
     release_covered_arguments(selection)
     kept, lines = filter_selection(trace, selection, options, profiled_steps)
     several = unmarked_steps(trace, kept)
     # Everything that reads recorded arguments runs before lowering releases them.
-    lifetimes = storage_lifetimes(selection.ops)
+    lifetimes = storage_lifetimes(selection.ops, inner)
     recorded = recorded_values(trace, resources, captured)
     comm = CommLowering(trace, sparse, serial=not options.threaded)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume, sparse=sparse)

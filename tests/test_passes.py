@@ -1416,3 +1416,36 @@ def test_an_et_of_several_unmarked_steps_says_they_replay_as_one_iteration(tmp_p
     assert "the trace holds 3 steps of optimizer Adam and marks none" in notes
     one = record_et(lambda: steps(1), tmp_path / "one.json")
     assert not any("steps of optimizer" in n for n in build_program(load_trace(one)).notes)
+
+
+SDPA = ("aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
+        "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, "
+        "float? scale=None, bool enable_gqa=False) -> Tensor")
+FLASH_CPU = ("aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, "
+             "Tensor value, float dropout_p=0.0, bool is_causal=False, *, Tensor? "
+             "attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)")
+
+
+def test_a_storage_allocated_inside_a_composite_is_not_an_earlier_tensor():
+    """Attention replays whole; its kernel's logsumexp, which the backward reads, is
+    made inside it, on memory a freed tensor had (a rotary embedding's, in a Llama).
+    The backward read that embedding as its logsumexp: wrong values, and under --dtype
+    float16 a half tensor where the kernel takes float32 only. A storage an op inside
+    a replayed one allocated begins a new lifetime there: a later read is an input."""
+    b = TraceBuilder()
+    x = b.tensor((2, 4, 16))
+    rope = b.tensor((2, 4, 16))
+    b.op(RELU, [x], [rope])
+    b.op(RELU, [rope], [b.tensor((2, 4, 16))])
+    q = b.tensor((2, 4, 16, 8))
+    out = b.tensor((2, 4, 16, 8))
+    logsumexp = b.tensor((2, 4, 16), storage=rope.storage_id)  # the freed rope's memory
+    sdpa = b.op(SDPA, [q, q, q, None, 0.0, True, None, False], [out])
+    b.op(FLASH_CPU, [q, q, q, 0.0, True, None, None], [out, logsumexp], parent=sdpa)
+    b.op(RELU, [logsumexp], [b.tensor((2, 4, 16))])
+    program = build_program(trace_from_document(b.doc(), name="t.json", sha256=""))
+    reader = program.ops[-1]
+    assert reader.name == "aten::relu" and [o.name for o in program.ops].count(
+        "aten::scaled_dot_product_attention") == 1
+    (arg,) = [tv for a in reader.args for tv in iter_tensors(a.value)]
+    assert isinstance(arg.binding, InputView), arg.binding

@@ -26,7 +26,7 @@ from mystique_gen import oprules
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.lower import list_element_types
-from mystique_gen.passes.select import Selected
+from mystique_gen.passes.select import Selected, Selection
 from mystique_gen.passes.tensors import output_paths
 from mystique_gen.passes.values import _parse_range
 from mystique_gen.sources.et import RawArg, raw_storage_ids, tensor_records
@@ -207,7 +207,48 @@ def _reallocated_unrecorded(selected: list[Selected], uses: _Uses, index: int,
                                     (record[2], record[2] + record[3]))
 
 
-def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
+def inner_allocations(selection: Selection) -> dict[int, frozenset[int]]:
+    """Per selected node id: the storage ids ops inside it allocated (an output on a
+    storage that op did not read) and it neither reads nor returns. A composite replayed
+    whole (attention, whose kernel's logsumexp its backward reads later) leaves them
+    unmade; the ids' earlier tensors were freed before, so a later read is of another
+    tensor than the one last seen there (a rotary embedding's, in a Llama: the
+    backward read it as its logsumexp). Read the covered nodes' arguments before they
+    are released."""
+    selected = {s.node.id for s in selection.ops}
+    parent_of = {n.id: n.parent for n in selection.covered}
+    owner: dict[int, int | None] = {}
+
+    def selected_above(node_id: int) -> int | None:
+        chain = []
+        while node_id not in selected and node_id not in owner and node_id in parent_of \
+                and len(chain) < 1024:
+            chain.append(node_id)
+            node_id = parent_of[node_id]
+        found = node_id if node_id in selected else owner.get(node_id)
+        for visited in chain:
+            owner[visited] = found
+        return found
+
+    made: dict[int, set[int]] = {}
+    for node in selection.covered:
+        reads = {sid for raw in node.inputs for sid in raw_storage_ids(raw)}
+        fresh = {sid for raw in node.outputs for sid in raw_storage_ids(raw)} - reads - {0}
+        above = selected_above(node.id) if fresh else None
+        if above is not None:
+            made.setdefault(above, set()).update(fresh)
+    found: dict[int, frozenset[int]] = {}
+    for s in selection.ops:
+        own = {sid for raw in (*s.node.inputs, *s.node.outputs)
+               for sid in raw_storage_ids(raw)}
+        inner = made.get(s.node.id, set()) - own
+        if inner:
+            found[s.node.id] = frozenset(inner)
+    return found
+
+
+def storage_lifetimes(selected: list[Selected],
+                      inner: dict[int, frozenset[int]] | None = None) -> Lifetimes:
     """Per node id: the lifetime number of each storage id it reads, and of each it writes.
 
     An output whose storage id none of the op's inputs carries starts a new lifetime
@@ -223,7 +264,8 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
     reuses as well. (Should an unrecorded write have changed a live tensor, its reads
     still get fills matching what each read saw.) A read of another tensor on a storage
     a recorded op allocated starts one too where the allocator gave that memory out
-    again without a recorded op (:func:`_reallocated_unrecorded`).
+    again without a recorded op (:func:`_reallocated_unrecorded`), and so does a
+    storage an op inside a selected one allocated (``inner``, :func:`inner_allocations`).
     """
     current: dict[int, int] = {}
     # Per storage id, since its last write: view -> recorded range.
@@ -344,6 +386,8 @@ def storage_lifetimes(selected: list[Selected]) -> Lifetimes:
                     wrote.add(sid)
         for _k, record, _view in made_tensors:
             live[record[1]].add(record[0])
+        for sid in (inner or {}).get(node.id, ()):
+            begin(sid)  # allocated inside the op, which the replay does not make
         result[node.id] = (reads, writes)
     return result
 
