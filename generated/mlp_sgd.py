@@ -3104,8 +3104,6 @@ def make_inputs(device, host, gens):
     """Every tensor the trace reads before any replayed op writes it."""
     linear_x_buf = _fill(16384, torch.float32, device, "uniform", -1.0, 1.0, gens)
     linear_x = linear_x_buf.as_strided([64, 256], [256, 1], 0)
-    linear_x = linear_x.detach()
-    linear_x.requires_grad_()
     linear_w_buf = _fill(65536, torch.float32, device, "uniform", -0.0625, 0.0625, gens)
     linear_w = linear_w_buf.as_strided([256, 256], [256, 1], 0)
     linear_w = linear_w.detach()

@@ -71,3 +71,75 @@ def test_a_wrapped_index_keeps_its_strides():
     wrapped = runtime._in_range(index, 5)
     assert wrapped.stride() == index.stride()
     assert wrapped.tolist() == [i % 5 for i in index.tolist()]
+
+
+def _dtyped(path, names) -> Counter[tuple[str, tuple[str, ...]]]:
+    """Every recorded op of ``names``, children included, by its tensor inputs' dtypes."""
+    return Counter((n.name, tuple(a.type for a in n.inputs if a.type.startswith("Tensor(")))
+                   for n in load_trace(path).nodes if n.name in names)
+
+
+@pytest.mark.slow
+def test_an_autocast_step_runs_its_kernels_in_the_cast_dtype(tmp_path):
+    """Under torch.autocast, linear is recorded on float32 arguments; autocast casts
+    them and calls linear again on bfloat16 ones. Replayed whole, without the autocast
+    context, it ran a float32 GEMM, and every op after it on float32 tensors (an
+    inference step: nothing made the selection descend into it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 8), torch.nn.Softmax(-1))
+    x = torch.randn(4, 16)
+
+    @torch.no_grad()
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x)
+
+    original = record_et(step, tmp_path / "step.et.json")
+    names = ("aten::addmm", "aten::gelu", "aten::_softmax")
+    assert ("aten::addmm", ("Tensor(c10::BFloat16)",) * 3) in _dtyped(original, names)
+    bench = tmp_path / "bench.py"
+    generate(original, bench, GenerateOptions(command_line="test"))
+    replay = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                         "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _dtyped(replay, names) == _dtyped(original, names)
+
+
+def _names(path, names) -> Counter[str]:
+    return Counter(n.name for n in load_trace(path).nodes if n.name in names)
+
+
+@pytest.mark.slow
+def test_a_training_steps_data_does_not_require_grad(tmp_path):
+    """A batch and a float attention mask are read by ops that record autograd nodes
+    (their weights require grad), but the step never updates them: they are data, and
+    did not require grad. Made parameters, max_pool1d of the batch computed indices
+    (max_pool1d_with_indices) and attention with the mask left the flash kernel for
+    the math one."""
+    torch.manual_seed(0)
+    conv, proj = torch.nn.Conv1d(4, 4, 3, padding=1), torch.nn.Linear(8, 24)
+    opt = torch.optim.SGD(list(conv.parameters()) + list(proj.parameters()), lr=0.1)
+    x, mask = torch.randn(2, 4, 8), torch.randn(4, 4)
+
+    def step() -> None:
+        opt.zero_grad()
+        pooled = torch.nn.functional.max_pool1d(x, 2)
+        q, k, v = proj(conv(x)).view(2, 4, 2, 12).transpose(1, 2).chunk(3, dim=-1)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        (att.sum() + pooled.sum()).backward()
+        opt.step()
+
+    original = record_et(step, tmp_path / "step.et.json")
+    names = ("aten::max_pool1d_with_indices", "aten::_scaled_dot_product_flash_attention_for_cpu",
+             "aten::_scaled_dot_product_attention_math")
+    assert _names(original, names) == Counter(
+        {"aten::_scaled_dot_product_flash_attention_for_cpu": 1})
+    bench = tmp_path / "bench.py"
+    generate(original, bench, GenerateOptions(command_line="test"))
+    replay = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                         "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _names(replay, names) == _names(original, names)

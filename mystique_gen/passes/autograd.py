@@ -119,9 +119,34 @@ def _mark_parameters(ops: list[Op]) -> None:
                     written.add(s.index)  # never a parameter
                 elif op.made_grad_node is not False:
                     read.add(s.index)
+    parameters = read - written
+    updated = _updated_after_forward(ops)
+    if parameters & updated:
+        # The step updates its parameters (an optimizer): what it reads in grad mode and
+        # never updates is data (a batch, a float attention mask), which did not
+        # require grad. Marked, it changes kernels: max_pool1d computes indices, and
+        # attention with a mask that requires grad leaves the flash kernel for math.
+        parameters &= updated
     for op in ops:
         for arg in op.args:
             for tv in iter_tensors(arg.value):
                 s = tv.storage
-                if s is not None and s.index in read and s.index not in written:
+                if s is not None and s.index in parameters:
                     s.requires_grad = True
+
+
+def _updated_after_forward(ops: list[Op]) -> set[int]:
+    """Storages written in place, without grad, after the last op in grad mode (an
+    optimizer's update of the parameters)."""
+    last = max((k for k, op in enumerate(ops) if op.records_grad), default=len(ops))
+    updated: set[int] = set()
+    for op in ops[last + 1:]:
+        if op.records_grad:
+            continue
+        for arg in op.args:
+            if not arg.spec.writes:
+                continue
+            for tv in iter_tensors(arg.value):
+                if tv.storage is not None and tv.storage.materialised:
+                    updated.add(tv.storage.index)
+    return updated

@@ -484,6 +484,38 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
     return found
 
 
+# What autocast casts an argument with before it dispatches the op again.
+AUTOCAST_CASTS = frozenset({"aten::to", "aten::_to_copy"})
+
+
+def _tensor_dtypes(args: list[RawArg]) -> list[str]:
+    return [arg.type for arg in args if arg.type.startswith("Tensor(")]
+
+
+def autocast_dispatches(trace: RawTrace) -> set[int]:
+    """Node ids of the ops that ``torch.autocast`` dispatched again: it casts the
+    arguments (``aten::to`` children: to bfloat16 for a matmul or a convolution, to
+    float32 for a softmax or a loss) and calls the same op on the casts (a child of
+    the same name whose tensor arguments have other dtypes). The op's recorded
+    arguments are the uncast ones: replayed whole, without the autocast context the
+    step ran in, it would run its kernel in the uncast dtype (a float32 GEMM for a
+    bfloat16 one) and hand every op after it tensors of another dtype. The selection
+    descends into them: the casts and the op on the cast tensors, what the step ran."""
+    children = children_of(trace)
+    found: set[int] = set()
+    for node in trace.nodes:
+        if not node.op_schema or node.name in AUTOCAST_CASTS:
+            continue
+        kids = _op_children(node.id, children)
+        if not any(k.name in AUTOCAST_CASTS for k in kids):
+            continue
+        own = _tensor_dtypes(node.inputs)
+        if any(k.name == node.name and k.op_schema == node.op_schema
+               and _tensor_dtypes(k.inputs) != own for k in kids):
+            found.add(node.id)
+    return found
+
+
 def _on_storageless(node: RawNode, sparse: SparseTensors) -> bool:
     """Whether a tensor argument of the node has no storage (recorded device "") and is
     no sparse or MKLDNN tensor. An undefined tensor (an optional weight left out) is recorded the
@@ -896,7 +928,8 @@ def select_ops(trace: RawTrace) -> Selection:
         # same trace (comms, link, compare) then select the same ops.
         trace.backend_threads = backend_worker_threads(trace)
         _adopt_callbacks(trace, future_callbacks(trace, trace.backend_threads))
-        descend = subclass_dispatches(trace) | foreign_composites(trace)
+        descend = subclass_dispatches(trace) | foreign_composites(trace) \
+            | autocast_dispatches(trace)
         children = children_of(trace)
         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] = {}  # shared by rounds
         while True:
