@@ -11,6 +11,8 @@ import argparse
 import re
 from dataclasses import dataclass
 
+import torch
+
 from mystique_gen.errors import OptionError
 
 MODES = ("full", "compute", "comm")
@@ -129,6 +131,11 @@ def default_device(args: argparse.Namespace) -> str | None:
     if not DEVICE_RE.match(device):
         raise OptionError(f"--device {device[:40]!r} is not a device such as cpu, cuda or "
                           "cuda:1")
+    try:  # a device type PyTorch knows (this one need not have it)
+        torch.device(device)
+    except RuntimeError:
+        raise OptionError(f"--device {device[:40]!r} is not a device type PyTorch knows "
+                          "(cpu, cuda, xpu, mps, ...)") from None
     return device
 
 

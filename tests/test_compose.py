@@ -347,6 +347,36 @@ def test_device_must_be_a_device(traces, tmp_path, capsys):
     assert main([str(traces["mlp_sgd"]), "--device", "cuda; import os", "-o",
                  str(tmp_path / "x.py")]) == 2
     assert "is not a device" in capsys.readouterr().err
+    # A well-formed name of no device type PyTorch has: refused here, not at run time.
+    assert main([str(traces["mlp_sgd"]), "--device", "tpu", "-o",
+                 str(tmp_path / "x.py")]) == 2
+    assert "is not a device type PyTorch knows" in capsys.readouterr().err
+
+
+def test_filters_that_leave_no_op_are_refused(traces, tmp_path, capsys):
+    """A benchmark that times nothing (an --include that matches no op) was written
+    without a word; it is an error naming the filters."""
+    assert main([str(traces["mlp_sgd"]), "--include", "zzz", "-o",
+                 str(tmp_path / "x.py")]) == 2
+    assert "the filters leave no op of" in capsys.readouterr().err
+    assert not (tmp_path / "x.py").exists()
+
+
+@pytest.mark.slow
+def test_the_benchmark_refuses_a_device_or_count_it_cannot_run(traces, tmp_path):
+    """--device cuda on a build without CUDA, an unknown device, and negative counts
+    ended in tracebacks or ran with nonsense (--iters -1 reported 0 iterations): one
+    line each, and a nonzero exit."""
+    bench = _generate(tmp_path, str(traces["mlp_sgd"]))
+    bad = [("--device", "bogus"), ("--iters", "-1"), ("--warmup", "-2")]
+    if not torch.cuda.is_available():
+        bad.append(("--device", "cuda"))
+    for flag, value in bad:
+        proc = run_benchmark(bench, flag, value, "--iters", "1") if flag != "--iters" \
+            else run_benchmark(bench, flag, value)
+        assert proc.returncode != 0, (flag, value)
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert f"{flag} {value}" in proc.stderr or f"{flag} must be" in proc.stderr
 
 
 # -- generation-level checks ---------------------------------------------------------

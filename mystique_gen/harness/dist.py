@@ -24,6 +24,7 @@ from mystique_gen.harness.runtime import (
     _harness,
     _Local,
     _summary,
+    _usable_device,
     _waited_for_peers,
 )
 
@@ -269,7 +270,7 @@ class _Ranks(_Local):
 
     def device(self, args):
         """Under torchrun, "cuda" means this process's local GPU."""
-        device = torch.device(args.device)
+        device = _usable_device(args.device)
         if device.type == "cuda" and device.index is None and _launched():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return super().device(args)

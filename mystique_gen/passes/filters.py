@@ -128,6 +128,9 @@ def filter_selection(trace: RawTrace, selection: Selection, options: BuildOption
         # Nodes after the first dropped op are dropped too, not-replayed ones included.
         limit = ops[options.max_ops].node.id
         apply(f"max-ops {options.max_ops}", lambda n: n.id < limit)
+    if selection.ops and not ops:  # a benchmark that times nothing helps no one
+        raise OptionError(f"the filters leave no op of {trace.name} to replay: "
+                          + "; ".join(lines))
     threads = sorted({s.node.tid for s in ops})
     return Selection(ops, skipped, threads), lines
 
