@@ -167,9 +167,9 @@ def _parse_args(argv=None):
     )
     _JOB.add_arguments(parser)
     args = parser.parse_args(argv)
-    for flag in ("warmup", "iters"):
-        if getattr(args, flag) < 0:
-            parser.error(f"--{flag} must be 0 or more, not {getattr(args, flag)}")
+    for flag, count in (("warmup", args.warmup), ("iters", args.iters)):
+        if count < 0:
+            parser.error(f"--{flag} must be 0 or more, not {count}")
     return args
 
 
