@@ -67,7 +67,11 @@ def other_process(trace: RawTrace, kineto: KinetoTrace) -> tuple[int, int] | Non
 
 def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
     node_steps, event_steps = _node_steps(trace), _event_steps(kineto)
-    held = set(event_steps.values())
+    # (Only where the two share step numbers: a Kineto trace of another session,
+    # numbered otherwise, still links by order.)
+    held = set(event_steps.values()) & set(node_steps.values())
+    if not held:
+        node_steps, event_steps = {}, {}
     # Where both mark their steps (ProfilerStep#N), a node of a step the Kineto trace
     # does not hold links to nothing, and a node links only to an event of its own step:
     # a repeating schedule's observer writes every cycle into one ET, each cycle's Kineto
