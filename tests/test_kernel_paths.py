@@ -14,6 +14,7 @@ from mystique_gen.driver import generate
 from mystique_gen.harness import runtime
 from mystique_gen.oprules import matmul_grad_operand as _matmul
 from mystique_gen.sources.et import load_trace
+from mystique_gen.tools.compare import op_multiset
 from tests.conftest import record_et, run_benchmark
 
 
@@ -143,3 +144,36 @@ def test_a_training_steps_data_does_not_require_grad(tmp_path):
                          "--et", str(replay))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _names(replay, names) == _names(original, names)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+def test_sequence_lengths_computed_in_the_step_pack_as_recorded(tmp_path, enforce_sorted):
+    """Lengths computed from the tokens (`(tokens != 0).sum(1)`) come from filled
+    tokens in the replay: unsorted for a pack that requires them sorted, or adding up
+    to other rows than the GRU's recorded weights-times-rows product (13 for 12), and
+    the benchmark stopped. They are fitted where they are made, as a computed mask is:
+    the pack gets lengths of the recorded total, longest and order."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4, padding_idx=0)
+    rnn = torch.nn.GRU(4, 4, batch_first=True)
+    tokens = torch.tensor([[1, 2, 3, 4, 5], [3, 4, 2, 0, 0], [7, 1, 0, 0, 0]])
+    if not enforce_sorted:
+        tokens = tokens.flip(0)
+
+    def step() -> None:
+        lengths = (tokens != 0).sum(1)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(
+            emb(tokens), lengths, batch_first=True, enforce_sorted=enforce_sorted)
+        _, hidden = rnn(packed)
+        hidden.sum().backward()
+
+    original = record_et(step, tmp_path / "step.et.json")
+    bench = tmp_path / "bench.py"
+    text = generate(original, bench, GenerateOptions(command_line="test"))
+    assert "_fit_lengths(" in text.split("def replay", 1)[1]
+    replay = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert op_multiset(replay, by_overload=True) == op_multiset(original, by_overload=True)

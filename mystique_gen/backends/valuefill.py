@@ -54,8 +54,10 @@ def _shape_rows(value: object) -> tuple[Node, Node] | None:
 def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     """``t = _fit(t, shape, strides)`` for each named output of a data-dependent op;
     then ``m = _fit_mask(m, count)`` for each boolean result a data-dependent op reads
-    as its mask. Where the op's fits are reusable (``Op.fits_reusable``) each call names
-    its site, ``site=(op index, output position)``, under which the file keeps it."""
+    as its mask, and ``n = _fit_lengths(n, rows, longest)`` for each computed result it
+    reads as sequence lengths. Where the op's fits are reusable (``Op.fits_reusable``)
+    each call names its site, ``site=(op index, output position)``, under which the
+    file keeps it."""
     lines: list[str] = []
 
     def site(position: int) -> list[Node]:
@@ -82,6 +84,11 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
         if position < len(targets) and targets[position] != "_":
             call = exprs.call("_fit_mask", [Atom(targets[position]), Atom(str(count)),
                                             *site(position)])
+            lines.extend(lay_out(f"{targets[position]} = ", call, depth))
+    for position, (rows, longest) in sorted(op.fit_lengths.items()):
+        if position < len(targets) and targets[position] != "_":
+            call = exprs.call("_fit_lengths", [Atom(targets[position]), Atom(str(rows)),
+                                               Atom(str(longest)), *site(position)])
             lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines
 

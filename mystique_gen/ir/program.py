@@ -255,6 +255,11 @@ class Op:
     # computed mask, so it is fitted to that count where it is made, and every reader
     # (the forward's x[mask], the backward's index_put_ with it) sees one mask.
     true_counts: dict[int, int] = field(default_factory=dict)
+    # Integer results a data-dependent op later reads as its lengths
+    # (``pack_padded_sequence``), by output position: (the rows they add up to, the
+    # longest) as recorded. Computed from replayed values (``(tokens != 0).sum(1)``),
+    # they are fitted where they are made, as masks are.
+    fit_lengths: dict[int, tuple[int, int]] = field(default_factory=dict)
     # What the file fits after this op (its data-dependent outputs, the masks above) is
     # made by it and written by no later op (passes/values.py): a fit made once may
     # serve every iteration, which the file keys by the op's index.

@@ -310,6 +310,9 @@ class _Facts:
         # (op index, output position) -> true elements of a computed mask (None: readers
         # disagree)
         self.true_counts: dict[tuple[int, int], int | None] = {}
+        # (op index, output position) -> (rows, longest) of computed sequence lengths
+        # (None: readers disagree)
+        self.fit_lengths: dict[tuple[int, int], tuple[int, int] | None] = {}
         # Data-dependent fills wanted by computed storages, carried back to the inputs
         # they were copied or sorted from (_carry_shape_fills).
         self.computed_shape: dict[int, tuple[tuple[str, int, int], str]] = {}
@@ -350,6 +353,14 @@ class _Facts:
             key = (tv.binding.op_index, tv.binding.path[0])
             self.true_counts[key] = init[1] if self.true_counts.get(key, init[1]) == init[1] \
                 else None
+            return
+        if init is not None and init[0] == FillKind.DESCENDING \
+                and isinstance(tv.binding, OpOutput) and len(tv.binding.path) == 1:
+            # Sequence lengths a replayed op computed: fitted where they are made
+            # (Op.fit_lengths), as a computed mask is.
+            key, wanted = (tv.binding.op_index, tv.binding.path[0]), (init[1], init[2])
+            self.fit_lengths[key] = wanted \
+                if self.fit_lengths.get(key, wanted) == wanted else None
             return
         if init is None or s is None:
             return
@@ -392,6 +403,9 @@ def assign_values(ops: list[Op], storages: list[Storage],
     by_index = {op.index: op for op in ops}
     for (index, position), count in _masks_to_fit(ops, facts.true_counts).items():
         by_index[index].true_counts[position] = count
+    for (index, position), lengths in facts.fit_lengths.items():
+        if lengths is not None:
+            by_index[index].fit_lengths[position] = lengths
     _reusable_fits(ops)
     _guard_computed_values(ops, facts)
     for s in storages:
@@ -1013,7 +1027,7 @@ def _reusable_fits(ops: list[Op]) -> None:
                         last_write[id(tv.storage)] = op.index
     for op in ops:
         fits = any(fits_output(op, value) for value in op.outputs)
-        if not (fits or op.true_counts):
+        if not (fits or op.true_counts or op.fit_lengths):
             continue
         made = [tv.storage for value in op.outputs for tv in iter_tensors(value)]
         op.fits_reusable = bool(made) and all(

@@ -2513,6 +2513,33 @@ def _fit_mask(mask, count, site=None):
         return _keep_fit(site, mask, fitted)
 
 
+def _fit_lengths(lengths, rows, longest, site=None):
+    """Sequence lengths the replay computed (`(tokens != 0).sum(1)`), as
+    pack_padded_sequence needs the recorded ones: each in [1, `longest`], adding up to
+    `rows`, non-increasing (what `enforce_sorted` asks; an unsorted pack sorts them
+    anyway). Lengths of the replay's own filled tokens missed all three (13 rows for
+    the recorded 12, unsorted, or a 0). Already so: returned as they are. At a `site`
+    (see `_fit`) the first iteration's are kept and reused."""
+    kept = _kept_fit(site, lengths)
+    if kept is not None:
+        return kept
+    with _harness():
+        fitted = lengths
+        numel = lengths.numel()
+        if not (
+            numel
+            and int(lengths.sum()) == rows
+            and int(lengths.max()) == longest
+            and int(lengths.min()) >= 1
+            and bool((lengths.reshape(-1).diff() <= 0).all())
+        ):
+            parts = _fill_descending(
+                numel, rows, longest, None, lengths.device, None, lengths.dtype
+            )
+            fitted = parts.reshape(lengths.shape)
+        return _keep_fit(site, lengths, fitted)
+
+
 def _nonzero(divisor):
     """An integer divisor the replay computed from its own values, with 1 where it is
     0: those values are not the original's (filled inputs, fitted masks), and an
