@@ -357,11 +357,11 @@ class _Facts:
         if init is not None and init[0] == FillKind.DESCENDING \
                 and isinstance(tv.binding, OpOutput) and len(tv.binding.path) == 1:
             # Sequence lengths a replayed op computed: fitted where they are made
-            # (Op.fit_lengths), as a computed mask is.
+            # (Op.fit_lengths), as a computed mask is, unless _carry_shape_fills carries
+            # the fill back to where they were copied or sorted from.
             key, wanted = (tv.binding.op_index, tv.binding.path[0]), (init[1], init[2])
             self.fit_lengths[key] = wanted \
                 if self.fit_lengths.get(key, wanted) == wanted else None
-            return
         if init is None or s is None:
             return
         if s.dtype.startswith("complex") or not _covers(tv.meta, s):
@@ -564,6 +564,7 @@ def _carry_shape_fills(ops: list[Op], facts: _Facts) -> None:
                 or source.meta.numel != out.meta.numel:
             continue
         init, why = wanted
+        facts.fit_lengths.pop((op.index, rule[1]), None)  # fitted at the source instead
         facts.shape_fill(source, init, f"{why} (via {op.name})")
 
 
