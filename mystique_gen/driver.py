@@ -406,13 +406,17 @@ def link_kineto(program: Program, build: Build) -> Program:
         if program.timing is not None:
             program.timing.measured_step_ms = source.step_ms
             linked, total = program.timing.linked_ops, len(program.ops)
-            if linked * 2 < total:
+            unprofiled = _unprofiled_threads(program)
+            # A host thread the profiler never saw (a Python thread, without
+            # profile_all_threads) is unlinked as a whole however many ops others link:
+            # its times and gaps are missing, so say so whatever the share.
+            if linked * 2 < total or unprofiled:
                 held = step_listing(sorted(kineto_steps(source.kineto))) or "none annotated"
-                unprofiled = _unprofiled_threads(program)
                 incoherent = build.links.incoherent if build.links else None
                 why = (f"{unprofiled} of them run on host threads of which it holds no op "
-                       "(threads started before the profiler, which records them only "
-                       "with profile_all_threads=True)" if unprofiled else
+                       "(threads the profiler did not follow: without "
+                       "profile_all_threads=True it records only the thread that "
+                       "started it and those torch starts itself)" if unprofiled else
                        f"it recorded other ops, not this trace's ({incoherent}; "
                        "another program?), and links by name and order are not used"
                        if incoherent else

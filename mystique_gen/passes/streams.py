@@ -123,7 +123,10 @@ def plan_schedule(program: Program, *, threaded: bool = False) -> None:
         op.thread_waits = sorted(thread_waits)
 
         for path, tv in output_paths(op.outputs):
-            if tv.storage is not None:
+            # A view (``t``, ``detach``, ``view`` of a shared weight) writes no data:
+            # counted as its storage's writer, later readers of the base on other
+            # threads or streams waited for it, an order the program never had.
+            if tv.storage is not None and not op.signature.is_view:
                 last_writer[id(tv.storage)] = op.index
             defined_by.setdefault(binding_key(OpOutput(op.index, path[:1])), op.index)
 
