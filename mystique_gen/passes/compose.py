@@ -26,7 +26,7 @@ from mystique_gen import oprules
 from mystique_gen.ir import Op, Storage, TraceInfo, iter_tensors
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes.lower import list_element_types
-from mystique_gen.passes.select import Selected, Selection
+from mystique_gen.passes.select import Selected, Selection, nearest_selected
 from mystique_gen.passes.tensors import output_paths
 from mystique_gen.passes.values import _parse_range
 from mystique_gen.sources.et import RawArg, raw_storage_ids, tensor_records
@@ -215,21 +215,7 @@ def inner_allocations(selection: Selection) -> dict[int, frozenset[int]]:
     tensor than the one last seen there (a rotary embedding's, in a Llama: the
     backward read it as its logsumexp). Read the covered nodes' arguments before they
     are released."""
-    selected = {s.node.id for s in selection.ops}
-    parent_of = {n.id: n.parent for n in selection.covered}
-    owner: dict[int, int | None] = {}
-
-    def selected_above(node_id: int) -> int | None:
-        chain = []
-        while node_id not in selected and node_id not in owner and node_id in parent_of \
-                and len(chain) < 1024:
-            chain.append(node_id)
-            node_id = parent_of[node_id]
-        found = node_id if node_id in selected else owner.get(node_id)
-        for visited in chain:
-            owner[visited] = found
-        return found
-
+    selected_above = nearest_selected({s.node.id for s in selection.ops}, selection.covered)
     made: dict[int, set[int]] = {}
     for node in selection.covered:
         reads = {sid for raw in node.inputs for sid in raw_storage_ids(raw)}

@@ -167,6 +167,22 @@ def steps(trace: RawTrace) -> list[tuple[int, RawNode]]:
     return found
 
 
+def node_steps(trace: RawTrace) -> dict[int, int]:
+    """Node id -> the N of the ``ProfilerStep#N`` annotation it is or lies under, where
+    one is."""
+    marked = {node.id: number for number, node in steps(trace)}
+    if not marked:
+        return {}
+    tree = _Tree(trace)
+    found: dict[int, int] = {}
+    for n in trace.nodes:
+        number = next((marked[a] for a in (n.id, *tree.ancestors(n.id)) if a in marked),
+                      None)
+        if number is not None:
+            found[n.id] = number
+    return found
+
+
 def unmarked_steps(trace: RawTrace, selection: Selection) -> str | None:
     """A note where the kept ops hold several steps of one optimizer and the trace
     marks no ``ProfilerStep#N`` (an observer started and stopped by hand around N

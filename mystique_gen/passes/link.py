@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from mystique_gen.ir import KernelRecord, OpTiming, Program, ProgramTiming
-from mystique_gen.passes.filters import STEP_RE
+from mystique_gen.passes.filters import STEP_RE, node_steps
 from mystique_gen.passes.select import is_root, select_ops
 from mystique_gen.sources.et import RawNode, RawTrace
 from mystique_gen.sources.kineto import (
@@ -66,12 +66,12 @@ def other_process(trace: RawTrace, kineto: KinetoTrace) -> tuple[int, int] | Non
 
 
 def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
-    node_steps, event_steps = _node_steps(trace), _event_steps(kineto)
+    steps_of_nodes, event_steps = node_steps(trace), _event_steps(kineto)
     # (Only where the two share step numbers: a Kineto trace of another session,
     # numbered otherwise, still links by order.)
-    held = set(event_steps.values()) & set(node_steps.values())
+    held = set(event_steps.values()) & set(steps_of_nodes.values())
     if not held:
-        node_steps, event_steps = {}, {}
+        steps_of_nodes, event_steps = {}, {}
     # Where both mark their steps (ProfilerStep#N), a node of a step the Kineto trace
     # does not hold links to nothing, and a node links only to an event of its own step:
     # a repeating schedule's observer writes every cycle into one ET, each cycle's Kineto
@@ -80,13 +80,13 @@ def link_nodes(trace: RawTrace, kineto: KinetoTrace) -> Links:
     # met the second cycle's events, their difference won the offset vote, and the
     # step the Kineto trace holds was left with nothing linked.
     nodes = [n for n in trace.nodes if not is_root(n)
-             and (not held or node_steps.get(n.id) is None or node_steps[n.id] in held)]
+             and (not held or steps_of_nodes.get(n.id) is None or steps_of_nodes[n.id] in held)]
     events: dict[int, CpuEvent] = {}
     methods: dict[int, str] = {}
     used: set[int] = set()
 
     def take(node: RawNode, ev: CpuEvent | None, method: str) -> None:
-        step, ev_step = node_steps.get(node.id), \
+        step, ev_step = steps_of_nodes.get(node.id), \
             (event_steps.get(ev.index) if ev is not None else None)
         if step is not None and ev_step is not None and step != ev_step:
             return
@@ -160,35 +160,6 @@ def _incoherent_order_links(nodes: list[RawNode], events: dict[int, CpuEvent],
         return (f"only {found} of the {len(window)} ops it recorded in the span the ET's "
                 "ops link to are the ET's")
     return None
-
-
-def _node_steps(trace: RawTrace) -> dict[int, int]:
-    """ET node id -> the N of the ``ProfilerStep#N`` annotation above it, where one is."""
-    by_id = {n.id: n for n in trace.nodes}
-    found: dict[int, int | None] = {}
-
-    def step_of(node_id: int) -> int | None:
-        chain = []
-        step = None
-        while node_id in by_id and node_id not in found:
-            node = by_id[node_id]
-            chain.append(node_id)
-            m = STEP_RE.fullmatch(node.name)
-            if m and not node.op_schema:
-                step = int(m.group(1))
-                break
-            if node.parent == node_id:
-                break
-            node_id = node.parent
-        else:
-            step = found.get(node_id)
-        for i in chain:
-            found[i] = step
-        return step
-
-    for n in trace.nodes:
-        step_of(n.id)
-    return {i: s for i, s in found.items() if s is not None}
 
 
 def _event_steps(kineto: KinetoTrace) -> dict[int, int]:

@@ -492,7 +492,7 @@ def _tensor_dtypes(args: list[RawArg]) -> list[str]:
     return [arg.type for arg in args if arg.type.startswith("Tensor(")]
 
 
-def autocast_dispatches(trace: RawTrace) -> set[int]:
+def autocast_dispatches(trace: RawTrace, children: dict[int, list[RawNode]]) -> set[int]:
     """Node ids of the ops that ``torch.autocast`` dispatched again: it casts the
     arguments (``aten::to`` children: to bfloat16 for a matmul or a convolution, to
     float32 for a softmax or a loss) and calls the same op on the casts (a child of
@@ -501,7 +501,6 @@ def autocast_dispatches(trace: RawTrace) -> set[int]:
     step ran in, it would run its kernel in the uncast dtype (a float32 GEMM for a
     bfloat16 one) and hand every op after it tensors of another dtype. The selection
     descends into them: the casts and the op on the cast tensors, what the step ran."""
-    children = children_of(trace)
     found: set[int] = set()
     for node in trace.nodes:
         if not node.op_schema or node.name in AUTOCAST_CASTS:
@@ -928,9 +927,9 @@ def select_ops(trace: RawTrace) -> Selection:
         # same trace (comms, link, compare) then select the same ops.
         trace.backend_threads = backend_worker_threads(trace)
         _adopt_callbacks(trace, future_callbacks(trace, trace.backend_threads))
-        descend = subclass_dispatches(trace) | foreign_composites(trace) \
-            | autocast_dispatches(trace)
         children = children_of(trace)
+        descend = subclass_dispatches(trace) | foreign_composites(trace, children) \
+            | autocast_dispatches(trace, children)
         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] = {}  # shared by rounds
         while True:
             selection = _select(trace, by_id, descend, trace.backend_threads)
@@ -1014,7 +1013,7 @@ def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, R
             and _children_return_its_results(by_id[i], children)}
 
 
-def foreign_composites(trace: RawTrace) -> set[int]:
+def foreign_composites(trace: RawTrace, children: dict[int, list[RawNode]]) -> set[int]:
     """Ops of a namespace the benchmark does not load (a model's own ``torch.library``
     ops, an extension's: the file imports torch alone), or that this PyTorch does not
     have (a newer one's: ``aten::linalg_polar`` of a 2.14 trace), whose recorded
@@ -1024,7 +1023,6 @@ def foreign_composites(trace: RawTrace) -> set[int]:
     in elsewhere. An op that mutates its arguments (``mutates_args``) computes by
     writing in place: ``x.clamp_(min=0)`` is its body's work. One that calls another
     such op replays as well, the inner one as its own children."""
-    children = children_of(trace)
     candidates = {node.id: _op_children(node.id, children) for node in trace.nodes
                   if _foreign(node) and _children_return_its_results(node, children, True)}
     candidates = {i: kids for i, kids in candidates.items()
@@ -1323,6 +1321,29 @@ def _reveal_grad(selected: list[Selected], covered: list[RawNode]) -> None:
             selected[k] = replace(selected[k], requires_grad_args=args)
 
 
+def nearest_selected(selected: set[int], covered: list[RawNode]
+                     ) -> Callable[[int], int | None]:
+    """A lookup: the id of the selected op a node is (one of ``selected``) or lies in
+    (through the parents of ``covered``, the nodes inside selected ops), else None;
+    each walk's nodes remembered, so that all the covered nodes' lookups cost one
+    pass."""
+    parent_of = {n.id: n.parent for n in covered}
+    owner: dict[int, int | None] = {}
+
+    def lookup(node_id: int) -> int | None:
+        chain: dict[int, None] = {}  # (ordered; a parent cycle ends the walk)
+        while node_id not in selected and node_id not in owner and node_id in parent_of \
+                and node_id not in chain:
+            chain[node_id] = None
+            node_id = parent_of[node_id]
+        found = node_id if node_id in selected else owner.get(node_id)
+        for visited in chain:
+            owner[visited] = found
+        return found
+
+    return lookup
+
+
 def _reveal_fold(selected: list[Selected], covered: list[RawNode]) -> None:
     """Mark the operand of a matmul (selected, or inside a selected ``linear`` or other
     composite) whose recorded ``mm`` shows it required grad
@@ -1331,6 +1352,7 @@ def _reveal_fold(selected: list[Selected], covered: list[RawNode]) -> None:
     position = {sel.node.id: k for k, sel in enumerate(selected)}
     nodes = {node.id: node for node in covered}
     nodes.update((sel.node.id, sel.node) for sel in selected)
+    owner_of = nearest_selected(set(position), covered)
     folded = {node.parent for node in covered if node.name in ("aten::mm", "aten::mv")}
     for node_id in folded:
         matmul = nodes.get(node_id)
@@ -1343,10 +1365,8 @@ def _reveal_fold(selected: list[Selected], covered: list[RawNode]) -> None:
         if operand is None:
             continue
         storages = set(raw_storage_ids(matmul.inputs[operand])) - {0}
-        owner, seen = matmul, 0
-        while owner.id not in position and owner.parent in nodes and seen < 64:
-            owner, seen = nodes[owner.parent], seen + 1
-        k = position.get(owner.id)
+        owner = owner_of(matmul.id)
+        k = position.get(owner) if owner is not None else None
         if k is None or not storages:
             continue
         sel = selected[k]
