@@ -15,6 +15,8 @@ import math
 from collections import Counter
 from dataclasses import replace
 
+import torch
+
 from mystique_gen.ir import (
     ListValue,
     Literal,
@@ -28,8 +30,8 @@ from mystique_gen.oprules import FULL_PRECISION
 
 RECAST = frozenset({"float16", "bfloat16", "float32", "float64"})
 REDUCED = frozenset({"float16", "bfloat16"})
-# The largest finite value of each reduced type (torch.finfo(...).max).
-_LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+# The largest finite value of each reduced type.
+_LARGEST = {name: torch.finfo(getattr(torch, name)).max for name in REDUCED}
 
 
 def _numeric(type_: str) -> bool:
