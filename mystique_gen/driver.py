@@ -461,15 +461,16 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
     if source.profile is not None:
         hostgaps.apply_profile_gaps(program, source.trace, source.profile,
                                     source.host_probe_us, serial=serial)
+    # A Kineto trace of another process shares no ids with the ET: its steps cannot
+    # be told apart by them (passes/link.py other_process).
+    elsewhere = build.links is not None and build.links.other_process is not None
     steps = 0
-    if source.kineto is not None and source.profile is None and not (
-            build.links is not None and build.links.other_process is not None):
+    if source.kineto is not None and source.profile is None and not elsewhere:
         steps = hostgaps.apply_session_steps(program, source.trace, source.kineto,
                                              build.links.offset if build.links else None,
                                              serial=serial)
     if program.timing is not None and program.timing.observer_in_gaps:
-        why = "its record function ids show one" if build.links is not None and \
-            build.links.other_process is not None else "linked by id"
+        why = "its record function ids show one" if elsewhere else "linked by id"
         # Medians over several steps need no damping.
         damped = hostgaps.damp_spikes(program, serial=serial) if steps < 2 else 0
         if damped:
