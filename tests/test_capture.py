@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from mystique_gen.cli import main as tools_main
 from mystique_gen.sources.et import load_trace
+from mystique_gen.tools.capture import rank_stem
 
 
 def _script(path, body: str) -> str:
@@ -189,8 +190,6 @@ def test_each_rank_of_a_launched_job_writes_its_own_files(monkeypatch):
     one name the ranks wrote one set of files at once (an ET that was no JSON, another
     rank's Kineto trace, no profile). Each rank adds its rank to the stem, unless the
     stem already ends with it; a single process keeps the name."""
-    from mystique_gen.tools.capture import rank_stem
-
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert rank_stem("step") == "step"
