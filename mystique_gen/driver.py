@@ -513,6 +513,8 @@ def assign_streams(program: Program, build: Build) -> Program:
 def plan_schedule(program: Program, build: Build) -> Program:
     """Stream and thread waits; composed parallel traces get a host thread each."""
     streams.plan_schedule(program, threaded=build.options.threaded)
+    if build.options.compose == "parallel":
+        program.threaded_by = "--compose parallel"
     return program
 
 

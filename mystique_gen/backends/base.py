@@ -554,7 +554,7 @@ class CodeGen:
             f"  nodes: {t.node_count}",
             f"Command: {d(self.options.command_line, 200)}",
             f"Replayed ops: {len(p.ops)} on {len(p.threads)} host thread(s) "
-            + ("each on its own thread (--threads)" if p.threaded else "in node order"),
+            + (f"each on its own thread ({p.threaded_by})" if p.threaded else "in node order"),
             f"Recorded devices: {', '.join(p.devices) or 'none'} "
             f"(--device replaces {p.primary_device})",
             f"Estimated peak memory: {_human_bytes(p.peak_bytes)}"

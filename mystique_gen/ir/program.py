@@ -459,6 +459,7 @@ class Program:
     timing: ProgramTiming | None = None  # set when a Kineto trace is linked
     streams: list[StreamInfo] = field(default_factory=list)  # recorded streams, main first
     threaded: bool = False  # replay each distinct Op.thread on its own Python thread
+    threaded_by: str = "--threads"  # the flag that asked for it (the header says)
     distributed: DistInfo | None = None  # ranks and process groups (passes/ranks.py)
     # Forward-AD dual levels live during an iteration: one past the highest level an op
     # names (oprules/forward_ad.py); 0: no op needs one.

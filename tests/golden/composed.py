@@ -6,7 +6,7 @@ Source trace: threads.et.json + two_stream.et.json
   nodes: 14
 Command: mystique-gen threads.et.json two_stream.et.json --compose parallel -o
       composed.py
-Replayed ops: 10 on 2 host thread(s) each on its own thread (--threads)
+Replayed ops: 10 on 2 host thread(s) each on its own thread (--compose parallel)
 Recorded devices: cpu (--device replaces cpu)
 Estimated peak memory: 448 B
 
