@@ -285,7 +285,7 @@ def diff_parser() -> argparse.ArgumentParser:
                    help="Kineto trace of A's run: also compare time per op category")
     p.add_argument("--kineto-b", metavar="K2", help="Kineto trace of B's run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_build_arguments(p)
+    add_build_arguments(p, compose=False)  # each side is one workload
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
 

@@ -75,8 +75,9 @@ def _positive(text: str) -> int:
     return value
 
 
-def add_build_arguments(parser: argparse.ArgumentParser) -> None:
-    """The selection, composition and retargeting flags shared by generate and inspect."""
+def add_build_arguments(parser: argparse.ArgumentParser, *, compose: bool = True) -> None:
+    """The selection, composition and retargeting flags shared by generate and inspect
+    (and diff, whose sides are one workload each: without ``--compose``)."""
     g = parser.add_argument_group("select, combine and retarget")
     g.add_argument("--mode", choices=MODES, default="full",
                    help="full: every op; compute: no communication ops; comm: only them")
@@ -91,10 +92,11 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
                    help="keep the ops under the first annotation whose name contains NAME")
     g.add_argument("--max-ops", type=_positive, metavar="N",
                    help="keep the first N ops left by the other filters")
-    g.add_argument("--compose", choices=COMPOSE_MODES,
-                   help="combine several traces, each with its own tensors: sequence runs "
-                        "them one after another in each iteration, parallel at once, each "
-                        "on its own host thread (and its own stream on GPU)")
+    if compose:
+        g.add_argument("--compose", choices=COMPOSE_MODES,
+                       help="combine several traces, each with its own tensors: sequence "
+                            "runs them one after another in each iteration, parallel at "
+                            "once, each on its own host thread (and its own stream on GPU)")
     g.add_argument("--repeat", type=_positive, default=1, metavar="K",
                    help="replay the op list K times per iteration")
     g.add_argument("--dtype", choices=DTYPES,
@@ -115,7 +117,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
         iteration=str(args.iteration),
         subgraph=args.subgraph,
         max_ops=args.max_ops,
-        compose=args.compose,
+        compose=getattr(args, "compose", None),
         repeat=args.repeat,
         dtype=args.dtype,
         public_calls=not args.dispatcher_calls,

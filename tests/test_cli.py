@@ -42,6 +42,14 @@ def test_inspect_text(tmp_path, capsys):
     assert "aten::mm" in out and "not replayed:" in out
 
 
+def test_inspect_refuses_a_directory_in_words(tmp_path, capsys):
+    """A directory of rank traces read as 'no such trace file' before."""
+    _trace(tmp_path)
+    assert main(["inspect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a directory of rank traces" in err[0]
+
+
 def test_missing_trace_is_one_line_exit_2_and_no_output(tmp_path, capsys):
     out = tmp_path / "bench.py"
     assert main([str(tmp_path / "nope.json"), "-o", str(out)]) == 2

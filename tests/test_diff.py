@@ -156,6 +156,20 @@ def test_benchmarks_compare_by_overload_sequence(tmp_path, capsys):
     assert rc == 0 and report["notes"]
 
 
+def test_selection_flags_are_refused_for_benchmarks(tmp_path, capsys):
+    """A benchmark's ops are already selected: --include on two files was ignored."""
+    a = _bench(_trace(tmp_path / "a.json"), tmp_path / "a.py")
+    b = _bench(_trace(tmp_path / "b.json", extra_relu=True), tmp_path / "b.py")
+    capsys.readouterr()
+    assert main(["diff", str(a), str(b), "--include", "aten::mm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "selection flags" in err[0]
+    assert main(["diff", str(a), str(b), "--dispatcher-calls"]) == 1  # no selection
+    with pytest.raises(SystemExit) as exit_:  # each side is one workload: no --compose
+        main(["diff", str(a), str(b), "--compose", "sequence"])
+    assert exit_.value.code == 2
+
+
 @pytest.mark.parametrize("case", ["mixed", "missing", "not_a_benchmark", "one_kineto"])
 def test_errors_are_one_line_exit_2(tmp_path, capsys, case):
     trace = _trace(tmp_path / "a.json")

@@ -104,6 +104,17 @@ def test_no_imports_inside_functions():
     assert not bad, "\n".join(bad)
 
 
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages a wheel holds: a subpackage missing there is
+    absent from a non-editable install (`pip install .`), and importing the CLI fails."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    packages = {".".join(p.parent.relative_to(PACKAGE.parent).parts)
+                for p in PACKAGE.rglob("__init__.py")}
+    assert packages - listed == set(), "add them to [tool.setuptools] packages"
+
+
 def test_harness_imports_only_the_standard_library_and_torch():
     harness = [p for m, p in _modules().items() if m.split(".")[1:2] == ["harness"]]
     if not harness:

@@ -642,6 +642,10 @@ def diff_paths(a: str | Path, b: str | Path, options: BuildOptions | None = None
     if wa.kind != wb.kind:
         raise OptionError(f"{wa.name} is a {wa.kind} and {wb.name} a {wb.kind}: diff two "
                           "traces or two generated benchmarks")
+    if wa.kind == "benchmark" and replace(options, public_calls=True) != BuildOptions():
+        raise OptionError(f"{wa.name} and {wb.name} are generated benchmarks: selection "
+                          "flags (--mode, --include, --iteration, ...) select from traces; "
+                          "generate the benchmarks with them instead")
     notes = []
     if wa.kind == "benchmark":
         notes.append("generated benchmarks compare by op overload sequence only (their "

@@ -10,6 +10,7 @@ from typing import Any
 
 from mystique_gen import oprules
 from mystique_gen.driver import check_trace_count, load_source, run_passes
+from mystique_gen.errors import OptionError
 from mystique_gen.ir import Level, Program, iter_tensors
 from mystique_gen.ir.schema import is_op_name
 from mystique_gen.options import BuildOptions
@@ -22,6 +23,10 @@ def inspect_paths(paths: Sequence[str | Path], options: BuildOptions, *,
                   kineto: str | Path | None = None) -> dict[str, Any]:
     """The summary of what ``options`` keep of the traces (several need --compose), with
     the Kineto link where ``kineto`` is given."""
+    for path in paths:
+        if Path(path).is_dir():
+            raise OptionError(f"{Path(path).name}: inspect reads trace files, not a directory "
+                              "of rank traces; inspect one rank's file")
     check_trace_count(len(paths), options)
     sources = [load_source(p, kineto) for p in paths]
     # inspect writes no code: no need to probe which public function calls each op.
