@@ -23,7 +23,8 @@ from mystique_gen.ir import Init
 
 
 def test_every_fill_kind_has_a_filler_and_back():
-    assert {k.value for k in FillKind} - {FillKind.DATA.value, FillKind.VALUES.value} == \
+    assert {k.value for k in FillKind} - {FillKind.DATA.value, FillKind.VALUES.value,
+                                         FillKind.NORMS.value} == \
         set(runtime._FILLS)
 
 

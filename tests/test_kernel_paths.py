@@ -1,6 +1,7 @@
 """The replay takes the kernels the original took, where the op's choice of kernel
 depends on facts beyond shapes and dtypes: whether an operand required grad, an
-index's strides, grouped key/value heads."""
+index's strides, grouped key/value heads, input values its recorded children show
+(oprules/kernel_paths.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import generate
 from mystique_gen.harness import runtime
+from mystique_gen.oprules import KERNEL_PATHS
 from mystique_gen.oprules import matmul_grad_operand as _matmul
 from mystique_gen.sources.et import load_trace
 from mystique_gen.tools.compare import op_multiset
@@ -177,3 +179,114 @@ def test_sequence_lengths_computed_in_the_step_pack_as_recorded(tmp_path, enforc
                          "--et", str(replay))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert op_multiset(replay, by_overload=True) == op_multiset(original, by_overload=True)
+
+
+def _all_ops(path) -> Counter[tuple[str, tuple[str, ...]]]:
+    """Every recorded op, children of composites included, by its tensor inputs' shapes;
+    not what the replay's harness ran (its scope), nor undefined optional tensors (the
+    original's kernels pass them, the replay passes None)."""
+    nodes = load_trace(path).nodes
+    parent = {n.id: n.parent for n in nodes}
+    harness = {n.id for n in nodes if runtime.HARNESS_SCOPE in n.name}
+    ops: Counter[tuple[str, tuple[str, ...]]] = Counter()
+    for n in nodes:
+        seen, at = set(), n.id
+        while at not in harness and at not in seen and at in parent:
+            seen.add(at)
+            at = parent[at]
+        if at in harness or not n.op_schema:
+            continue
+        ops[(n.name, tuple(str(a.shape) for a in n.inputs
+                           if a.type.startswith("Tensor(") and "nullptr" not in a.type))] += 1
+    return ops
+
+
+def _renormed_rows():
+    """Six of ten looked-up rows above max_norm: embedding_renorm_ scales each (a mul_)."""
+    emb = torch.nn.Embedding(20, 4, max_norm=1.0)
+    with torch.no_grad():
+        emb.weight.mul_(0.4)
+        emb.weight[:6].mul_(5.0)
+    ids = torch.tensor([[0, 1, 2, 7, 8], [3, 4, 5, 9, 3]])
+    return lambda: emb(ids).sum().backward()
+
+
+def _packed_lengths():
+    """Lengths [7, 5, 2], not the longest first and the rest even ([7, 4, 3])."""
+    rnn = torch.nn.GRU(4, 4, batch_first=True)
+    x, lengths = torch.randn(3, 7, 4), torch.tensor([7, 5, 2])
+
+    def step() -> None:
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
+        out, _ = rnn(packed)
+        torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0].sum().backward()
+    return step
+
+
+def _computed_lengths():
+    """Lengths the step computes, [6, 5, 1], unsorted: fitted to the recorded total and
+    longest alone they were [6, 3, 3], packed in other blocks."""
+    emb, rnn = torch.nn.Embedding(10, 4, padding_idx=0), torch.nn.GRU(4, 4)
+    tokens = torch.tensor([[3, 4, 2, 1, 1, 0], [1, 2, 3, 4, 5, 6], [7, 0, 0, 0, 0, 0]])
+
+    def step() -> None:
+        lengths = (tokens != 0).sum(1)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(
+            emb(tokens).transpose(0, 1), lengths, enforce_sorted=False)
+        rnn(packed)[1].sum().backward()
+    return step
+
+
+def _empty_bags():
+    """Three of six max-mode bags empty: the backward's nonzero(bag_size) keeps three."""
+    bag = torch.nn.EmbeddingBag(20, 4, mode="max")
+    ids, offsets = torch.arange(1, 9), torch.tensor([0, 2, 2, 5, 5, 5])
+    return lambda: bag(ids, offsets).sum().backward()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make_step", [_renormed_rows, _packed_lengths, _computed_lengths,
+                                       _empty_bags])
+def test_kernel_paths_that_values_decide_run_as_recorded(tmp_path, make_step):
+    """Filled values took other paths through these kernels: no row above max_norm (16
+    mul_ in a model's step, none replayed), lengths packed in other blocks (a
+    contiguous less), other bags empty (the backward's nonzero, index_select and
+    index_add_ at other sizes). Filled as the recorded children show, every op,
+    children included, runs at the recorded sizes."""
+    torch.manual_seed(0)
+    original = record_et(make_step(), tmp_path / "step.et.json")
+    bench = tmp_path / "bench.py"
+    generate(original, bench, GenerateOptions(command_line="test"))
+    replay = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                         "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _all_ops(replay) == _all_ops(original)
+
+
+def test_bag_offsets_leave_the_recorded_bags_empty():
+    gens = {"cpu": torch.Generator().manual_seed(0)}
+    for numel, empty, total in ((6, 3, 8), (5, 0, 5), (4, 4, 0), (7, 6, 1)):
+        offsets = runtime._fill_bags(numel, empty, total, gens["cpu"], "cpu", gens, None)
+        ends = torch.cat([offsets[1:], torch.tensor([total])])
+        assert offsets[0] == 0 and bool((ends >= offsets).all())
+        assert int((ends == offsets).sum()) == empty
+    cuts = runtime._fill_bag_cuts(7, 2, 9, gens["cpu"], "cpu", gens, None)
+    assert cuts[-1] == 9 and int((cuts[1:] == cuts[:-1]).sum()) == 2
+
+
+def test_a_renormed_table_has_the_recorded_rows_above_max_norm():
+    gens = {"cpu": torch.Generator().manual_seed(0)}
+    table = runtime._norms(40, 4, 0.5, 1.0, [1, 2.5, 7, 0.75], torch.float32, "cpu",
+                           gens).view(10, 4)
+    norms = torch.linalg.vector_norm(table, ord=1.0, dim=1)
+    assert (norms > 0.5).nonzero().flatten().tolist() == [1, 7]
+    torch.testing.assert_close(norms[[1, 7]], torch.tensor([2.5, 0.75]))
+
+
+def test_packed_runs_give_the_recorded_lengths():
+    rule = KERNEL_PATHS["aten::_pack_padded_sequence"]
+    # batch sizes [3, 3, 2, 2, 2, 1, 1]: 14 rows over 7 steps
+    facts = rule.facts({"lengths": (3,)}, [(14, 4), (7,)], (3, 3, 2, 2, 2, 1, 1))
+    assert facts is not None and facts.values == (("lengths", (7, 5, 2)),)
+    assert rule.facts({"lengths": (3,)}, [(15, 4), (7,)], (3, 3, 2, 2, 2, 1, 1)) is None

@@ -285,6 +285,9 @@ class CodeGen:
             return valuefill.data_call(init, storage.dtype, self.device_expr(storage.device))
         if init is not None and init.kind is FillKind.VALUES:
             return valuefill.values_call(init, storage.dtype, self.device_expr(storage.device))
+        if init is not None and init.kind is FillKind.NORMS:
+            return valuefill.norms_call(init, storage.extent, storage.dtype,
+                                        self.device_expr(storage.device))
         kind, low, high = (init.kind, init.low, init.high) if init else (FillKind.ZEROS, 0, 0)
         args: list[Node] = [
             Atom(str(storage.extent)),

@@ -41,6 +41,24 @@ def values_call(init: Init, dtype: str, device: str) -> Node:
     ])
 
 
+def norms_call(init: Init, numel: int, dtype: str, device: str) -> Node:
+    """``_norms(numel, row, max_norm, norm_type, [row, norm, ...], torch.<dtype>,
+    device, gens)`` for a kind "norms" fill (``init.values``: the norm type, then each
+    row above max_norm and its norm)."""
+    if init.kind != "norms" or not init.values:
+        raise ValueError(f"not a norms fill: {init.kind}")
+    return exprs.call("_norms", [
+        Atom(str(int(numel))),
+        Atom(str(int(init.low))),
+        Atom(exprs.scalar_literal(float(init.high))),
+        Atom(exprs.scalar_literal(float(init.values[0]))),
+        exprs.list_display([Atom(exprs.scalar_literal(v)) for v in init.values[1:]]),
+        Atom(exprs.torch_attr(dtype)),
+        Atom(device),
+        Atom("gens"),
+    ])
+
+
 def _shape_rows(value: object) -> tuple[Node, Node] | None:
     if isinstance(value, TensorValue):
         return exprs.int_list(value.meta.shape), exprs.int_list(value.meta.strides)
@@ -55,7 +73,8 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     """``t = _fit(t, shape, strides)`` for each named output of a data-dependent op;
     then ``m = _fit_mask(m, count)`` for each boolean result a data-dependent op reads
     as its mask, and ``n = _fit_lengths(n, rows, longest)`` for each computed result it
-    reads as sequence lengths. Where the op's fits are reusable (``Op.fits_reusable``)
+    reads as sequence lengths (``recorded=[...]``: the lengths its recorded children
+    showed, ``Op.recorded_lengths``). Where the op's fits are reusable (``Op.fits_reusable``)
     each call names its site, ``site=(op index, output position)``, under which the
     file keeps it."""
     lines: list[str] = []
@@ -87,8 +106,11 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
             lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     for position, (rows, longest) in sorted(op.fit_lengths.items()):
         if position < len(targets) and targets[position] != "_":
+            recorded = op.recorded_lengths.get(position)
+            exact = [] if recorded is None else [exprs.keyword("recorded", exprs.int_list(
+                recorded))]
             call = exprs.call("_fit_lengths", [Atom(targets[position]), Atom(str(rows)),
-                                               Atom(str(longest)), *site(position)])
+                                               Atom(str(longest)), *site(position), *exact])
             lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines
 

@@ -260,6 +260,9 @@ class Op:
     # longest) as recorded. Computed from replayed values (``(tokens != 0).sum(1)``),
     # they are fitted where they are made, as masks are.
     fit_lengths: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Of those, the lengths a data-dependent op's recorded children showed, longest
+    # first (oprules.KERNEL_PATHS: a pack's blocks): fitted to these exactly.
+    recorded_lengths: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # What the file fits after this op (its data-dependent outputs, the masks above) is
     # made by it and written by no later op (passes/values.py): a fit made once may
     # serve every iteration, which the file keys by the op's index.
@@ -315,6 +318,9 @@ class Op:
     # Arguments that required grad although the op recorded no node (their kernel
     # depends on it: oprules.GRAD_REVEALED_BY); passes/autograd.py makes them leaves.
     requires_grad_args: tuple[str, ...] = ()
+    # What the recorded children showed about the input values that decide the
+    # kernel's path (oprules.KERNEL_PATHS; passes/values.py fills the inputs so).
+    kernel_path: tuple | None = None
     # The public function that dispatches exactly this overload ("torch.add"), where
     # probing proved one (passes/public_calls.py); None: call it through torch.ops.
     public_call: str | None = None

@@ -17,6 +17,7 @@ from mystique_gen.oprules import (
     datadep,
     forward_ad,
     indexing,
+    kernel_paths,
     linalg,
     losses,
     math,
@@ -51,7 +52,9 @@ from mystique_gen.oprules.base import (
     CommRule,
     Fill,
     IntArg,
+    KernelPath,
     OpFamily,
+    PathFacts,
     PerDim,
     SizeOf,
 )
@@ -92,6 +95,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     sparse.FAMILY,
     forward_ad.FAMILY,
     quantized.FAMILY,
+    kernel_paths.FAMILY,
 )
 
 # Saved integral data is embedded in the benchmark up to this many elements per
@@ -146,6 +150,7 @@ FORWARD_AD_LEVELS: dict[str, str] = merged("forward_ad_levels")
 PACKED_LINEAR: dict[str, str] = merged("packed_linear")
 PACKED_ARGS: dict[str, tuple[str, str, tuple[str, ...]]] = merged("packed_args")
 FULL_PRECISION: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = merged("full_precision")
+KERNEL_PATHS: dict[str, KernelPath] = merged("kernel_paths")
 
 
 def _union(field_name: str) -> frozenset[str]:
@@ -196,6 +201,7 @@ __all__ = [
     "METADATA_ONLY",
     "MKLDNN_LAYOUT", "MKLDNN_OPS",
     "GRAD_REVEALED_BY", "GROUP_RANK_ARGS", "matmul_grad_operand",
+    "KERNEL_PATHS", "KernelPath", "PathFacts",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
     "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",

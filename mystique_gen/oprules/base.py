@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mystique_gen.harness.fills import FillKind
+from mystique_gen.sources.et import RawNode
 
 
 class Bound:
@@ -124,6 +125,32 @@ def _out(outputs: OutShapes, index: int = 0, element: int | None = None) -> tupl
     if element is not None:
         shape = shape[element] if isinstance(shape, list) and element < len(shape) else None
     return shape if isinstance(shape, tuple) else None
+
+
+@dataclass(frozen=True)
+class PathFacts:
+    """What an op's recorded children show about the values its arguments held, where
+    the kernel's path (which children it ran, at which sizes) depends on them.
+    ``values``: (argument, the integers it held; a multiset where the order is not
+    recorded). ``fills``: (argument, a data-dependent fill as ``Fill.init`` gives).
+    ``row_norms``: (table argument, max_norm, norm_type, ((row, its norm), ...)): the
+    rows whose norms exceeded max_norm."""
+
+    values: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    fills: tuple[tuple[str, tuple[str, int, int]], ...] = ()
+    row_norms: tuple[tuple[str, float, float, tuple[tuple[int, float], ...]], ...] = ()
+
+
+class KernelPath:
+    """Reads an op's recorded children (``read``, at selection: the raw nodes) into
+    plain facts kept on the op, and turns them into fills of its arguments (``facts``,
+    at the values pass, with the op's argument facts and output shapes)."""
+
+    def read(self, node: RawNode, below: list[RawNode]) -> tuple | None:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def facts(self, args: Facts, outputs: OutShapes, recorded: tuple) -> PathFacts | None:
+        raise NotImplementedError  # pragma: no cover - abstract
 
 
 class Fill:
@@ -281,6 +308,10 @@ class OpFamily:
     # (``searchsorted``, ``bucketize``): computed from filled values, it is wrapped into
     # range where an op reads it as an index (passes/values.py).
     searches: frozenset[str] = frozenset()
+    # Ops whose recorded children show values their inputs held where the kernel's
+    # path depends on them (rows renormalised, empty bags, packed lengths):
+    # {op: KernelPath} (oprules/kernel_paths.py).
+    kernel_paths: dict[str, KernelPath] = field(default_factory=dict)
     # Ops whose 0-d argument is a Python literal that ``x[...] = literal`` writes into a
     # tensor; the trace records no value for it.
     assigned_literals: frozenset[str] = frozenset()

@@ -128,6 +128,7 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
                           and not isinstance(seq_id, bool) else None),
             made_grad_node=sel.made_grad_node,
             requires_grad_args=sel.requires_grad_args,
+            kernel_path=sel.kernel_path,
             domains=inherited_domains(sel.composites, args),
         ))
     return ops, skipped

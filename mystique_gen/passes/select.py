@@ -69,6 +69,8 @@ class Selected:
     # children (:func:`escaping_composites`): their arguments' domains hold for the
     # same tensors it reads (passes/lower.py ``inherited_domains``).
     composites: tuple[RawNode, ...] = ()
+    # What its recorded children show about its inputs' values (oprules.KERNEL_PATHS).
+    kernel_path: tuple | None = None
 
 
 @dataclass
@@ -1207,6 +1209,7 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
         elif is_op_name(node.name) and node.id not in has_children:
             skipped.append(not_replayed(node.id, node.name, "no operator schema recorded"))
     _reveal_grad(selected, covered)
+    _read_kernel_paths(selected, covered)
     _reveal_fold(selected, covered)
     _mark_grad_node_makers(selected, trace, by_id)
     return Selection(selected, skipped, sorted(threads), covered)
@@ -1319,6 +1322,27 @@ def _reveal_grad(selected: list[Selected], covered: list[RawNode]) -> None:
         child, args = oprules.GRAD_REVEALED_BY[selected[k].node.name]
         if node.name == child:
             selected[k] = replace(selected[k], requires_grad_args=args)
+
+
+def _read_kernel_paths(selected: list[Selected], covered: list[RawNode]) -> None:
+    """Keep what the recorded children of ops whose kernel path their values decide
+    show about those values (oprules.KERNEL_PATHS), read from every node below them
+    in node order."""
+    reading = {sel.node.id: k for k, sel in enumerate(selected)
+               if sel.node.name in oprules.KERNEL_PATHS}
+    if not reading:
+        return
+    owner = nearest_selected(set(reading), covered)
+    below: dict[int, list[RawNode]] = {}
+    for node in covered:
+        found = owner(node.parent)
+        if found is not None:
+            below.setdefault(found, []).append(node)
+    for node_id, k in reading.items():
+        node = selected[k].node
+        nodes = sorted(below.get(node_id, []), key=lambda n: n.id)
+        selected[k] = replace(selected[k], kernel_path=oprules.KERNEL_PATHS[node.name].read(
+            node, nodes))
 
 
 def nearest_selected(selected: set[int], covered: list[RawNode]

@@ -316,6 +316,13 @@ class _Facts:
         # Data-dependent fills wanted by computed storages, carried back to the inputs
         # they were copied or sorted from (_carry_shape_fills).
         self.computed_shape: dict[int, tuple[tuple[str, int, int], str]] = {}
+        # Values a kernel's recorded children showed a computed storage held, carried
+        # back the same way (oprules.KERNEL_PATHS).
+        self.computed_data: dict[int, tuple[list[int], str]] = {}
+        # Tables whose rows' norms a kernel's recorded children showed (embedding_renorm_
+        # scales the rows above max_norm): (row length, max_norm, norm_type, {row: norm},
+        # why); a row's first recorded norm wins (renormalised, it is under max_norm).
+        self.norms: dict[int, tuple[int, float, float, dict[int, float], str]] = {}
 
     def view(self, tv: TensorValue) -> None:
         s = tv.storage
@@ -368,6 +375,28 @@ class _Facts:
             return
         (self.shape if s.materialised else self.computed_shape).setdefault(s.index, (init, why))
 
+    def known(self, tv: TensorValue, values: list[int], why: str) -> None:
+        """Values a kernel's recorded children showed ``tv`` held (recorded data wins)."""
+        s = tv.storage
+        if s is None or s.dtype not in INTEGRAL or not _covers(tv.meta, s) \
+                or len(values) != tv.meta.numel:
+            return
+        if s.materialised:
+            self.data.setdefault(s.index, values)
+        else:
+            self.computed_data.setdefault(s.index, (values, why))
+
+    def row_norms(self, tv: TensorValue, max_norm: float, norm_type: float,
+                  rows: tuple[tuple[int, float], ...], why: str) -> None:
+        s = tv.storage
+        if s is None or not s.materialised or s.dtype not in FLOATING \
+                or len(tv.meta.shape) != 2 or not _covers(tv.meta, s):
+            return
+        _, _, _, known, _ = self.norms.setdefault(
+            s.index, (tv.meta.shape[1], max_norm, norm_type, {}, why))
+        for row, norm in rows:
+            known.setdefault(row, norm)
+
     def recorded(self, tv: TensorValue, span: tuple[int, int] | None,
                  data: Path | None, literal: list[float | int] | None = None) -> None:
         s = tv.storage
@@ -406,6 +435,11 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for (index, position), lengths in facts.fit_lengths.items():
         if lengths is not None:
             by_index[index].fit_lengths[position] = lengths
+            out = by_index[index].outputs[position]
+            known = facts.computed_data.get(out.storage.index) \
+                if isinstance(out, TensorValue) and out.storage is not None else None
+            if known is not None and sum(known[0]) == lengths[0]:
+                by_index[index].recorded_lengths[position] = tuple(known[0])
     _reusable_fits(ops)
     _guard_computed_values(ops, facts)
     for s in storages:
@@ -469,6 +503,9 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             for tv in iter_tensors(arg.value):
                 if tv.storage is not None:
                     facts.workspace[tv.storage.index] = f"{op.name} {arg.spec.name}"
+    path = oprules.KERNEL_PATHS.get(op.name)
+    if path is not None and op.kernel_path is not None:
+        _kernel_path_facts(op, path, facts)
     if not (index_rules or shape_rules or positive or float_ranges or take):
         return
     args = _arg_facts(op)
@@ -507,6 +544,31 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
                 facts.float_range.setdefault(tv.storage.index, (low, high, f"{op.name} {arg_name}"))
+
+
+def _kernel_path_facts(op: Op, rule: oprules.KernelPath, facts: _Facts) -> None:
+    """Fill the inputs whose values decided the kernel's path as its recorded children
+    show them (oprules.KERNEL_PATHS): the replay then runs the children the original
+    ran (embedding_renorm_'s row scalings, a bag backward's non-empty bags, a pack's
+    blocks)."""
+    assert op.kernel_path is not None
+    found = rule.facts(_arg_facts(op), _output_shapes(op), op.kernel_path)
+    if found is None:
+        return
+    by_name = {a.spec.name: a.value for a in op.args}
+    why = f"{op.name}'s recorded children"
+    for name, values in found.values:
+        tv = by_name.get(name)
+        if isinstance(tv, TensorValue):
+            facts.known(tv, list(values), why)
+    for name, init in found.fills:
+        tv = by_name.get(name)
+        if isinstance(tv, TensorValue):
+            facts.shape_fill(tv, init, why)
+    for name, max_norm, norm_type, rows in found.row_norms:
+        tv = by_name.get(name)
+        if isinstance(tv, TensorValue):
+            facts.row_norms(tv, max_norm, norm_type, rows, why)
 
 
 def _inherited_domains(op: Op, facts: _Facts) -> None:
@@ -560,8 +622,14 @@ def _carry_shape_fills(ops: list[Op], facts: _Facts) -> None:
         wanted = facts.computed_shape.get(out.storage.index) \
             if isinstance(out, TensorValue) and out.storage is not None else None
         source = next((a.value for a in op.args if a.spec.name == rule[0]), None)
-        if wanted is None or not isinstance(source, TensorValue) \
-                or source.meta.numel != out.meta.numel:
+        if not isinstance(source, TensorValue) or source.meta.numel != out.meta.numel:
+            continue
+        known = facts.computed_data.get(out.storage.index) \
+            if isinstance(out, TensorValue) and out.storage is not None else None
+        if known is not None:  # (a multiset: a sort's source holds the same values)
+            facts.fit_lengths.pop((op.index, rule[1]), None)
+            facts.known(source, known[0], f"{known[1]} (via {op.name})")
+        if wanted is None:
             continue
         init, why = wanted
         facts.fit_lengths.pop((op.index, rule[1]), None)  # fitted at the source instead
@@ -1361,6 +1429,11 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         kind, low, high = oprules.DEFAULT_INTEGRAL
         return Init(kind, low, high)
     if s.dtype in FLOATING or s.dtype.startswith("complex"):
+        if i in facts.norms:
+            row, max_norm, norm_type, over, why = facts.norms[i]
+            flat = tuple(v for pair in sorted(over.items()) for v in pair)
+            return Init(FillKind.NORMS, row, max_norm, f"{why}: {len(over)} rows above "
+                        f"max_norm {max_norm:g}", values=(norm_type, *flat))
         value = _one_value(facts.scalar_values.get(i, []))
         if value is not None and s.extent == 1 and not s.dtype.startswith("complex"):
             return Init(FillKind.UNIFORM, value, value, "recorded value")

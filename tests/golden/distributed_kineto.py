@@ -2122,6 +2122,29 @@ def _fill_cuts(numel, low, high, gen, device, gens, dtype):
     return t
 
 
+def _fill_bags(numel, low, high, gen, device, gens, dtype):
+    # Offsets of `numel` bags over `high` indices, exactly `low` of them empty (a
+    # max-mode bag's backward selects the others): the rest 1 or more, chosen at random.
+    full = numel - min(low, numel)
+    if not full:
+        return torch.full((numel,), high, dtype=torch.int64, device=device)
+    cpu = gens["cpu"]
+    cuts = torch.randperm(max(high - 1, 0), generator=cpu)[: full - 1] + 1
+    sizes = torch.zeros(numel, dtype=torch.int64)
+    edges = torch.cat(
+        [torch.tensor([0]), torch.sort(cuts).values, torch.tensor([high])]
+    )
+    chosen = torch.sort(torch.randperm(numel, generator=cpu)[:full]).values
+    sizes[chosen] = edges[1:] - edges[:-1]
+    return (torch.cumsum(sizes, 0) - sizes).to(device)
+
+
+def _fill_bag_cuts(numel, low, high, gen, device, gens, dtype):
+    # The same, with the end of the last bag after them (include_last_offset).
+    starts = _fill_bags(max(numel - 1, 0), low, high, gen, device, gens, dtype)
+    return torch.cat([starts, torch.tensor([high], device=device)])[:numel]
+
+
 def _fill_span(numel, low, high, gen, device, gens, dtype):
     # A recorded [low, high] range with both ends present (bincount's length).
     t = torch.randint(low, high + 1, (numel,), generator=gen, device=device)
@@ -2209,6 +2232,8 @@ _FILLS = {
     "randint": _fill_randint,
     "offsets": _fill_offsets,
     "cuts": _fill_cuts,
+    "bags": _fill_bags,
+    "bag_cuts": _fill_bag_cuts,
     "span": _fill_span,
     "mask": _fill_mask,
     "runs": _fill_runs,
@@ -2320,6 +2345,25 @@ def _values(values, dtype, device):
     index list of `x[:, [0, 2]]`), its elements as the capture recorded them."""
     wide = torch.float64 if any(isinstance(v, float) for v in values) else torch.int64
     return torch.tensor(values, dtype=wide).to(device=device, dtype=dtype)
+
+
+def _norms(numel, row, max_norm, norm_type, over, dtype, device, gens):
+    """An embedding table: `numel` elements in rows of `row`, filled as nn.Linear fills
+    its weights, every row's `norm_type`-norm at most half of `max_norm`, but the rows
+    of `over` ([row, norm, row, norm, ...]) at their norms, above it: the rows the
+    original's embedding_renorm_ scaled (the others, filled at random, were scaled or
+    not by chance)."""
+    bound = 1.0 / max(row, 1) ** 0.5
+    gen = gens[torch.device(device).type]
+    t = torch.rand(numel, generator=gen, device=device) * (2 * bound) - bound
+    t = t.view(-1, row)
+    norms = torch.linalg.vector_norm(t, ord=norm_type, dim=1, keepdim=True)
+    norms = norms.clamp_min(1e-12)
+    target = norms.clamp(max=max_norm / 2)
+    if over:
+        rows = torch.tensor(over[0::2], dtype=torch.int64, device=device)
+        target[rows] = torch.tensor(over[1::2], device=device).unsqueeze(1)
+    return (t * (target / norms)).reshape(-1).to(dtype)
 
 
 def _fit(value, shape, strides, rows_of_one=False, site=None):
@@ -2551,20 +2595,26 @@ def _fit_mask(mask, count, site=None):
         return _keep_fit(site, mask, fitted)
 
 
-def _fit_lengths(lengths, rows, longest, site=None):
+def _fit_lengths(lengths, rows, longest, site=None, recorded=None):
     """Sequence lengths the replay computed (`(tokens != 0).sum(1)`), as
     pack_padded_sequence needs the recorded ones: each in [1, `longest`], adding up to
     `rows`, non-increasing (what `enforce_sorted` asks; an unsorted pack sorts them
     anyway). Lengths of the replay's own filled tokens missed all three (13 rows for
     the recorded 12, unsorted, or a 0). Already so: returned as they are. At a `site`
-    (see `_fit`) the first iteration's are kept and reused."""
+    (see `_fit`) the first iteration's are kept and reused. `recorded`: the lengths
+    the trace shows (the pack's blocks), longest first: fitted to those exactly, as
+    lengths of the same total and longest packed in other blocks."""
     kept = _kept_fit(site, lengths)
     if kept is not None:
         return kept
     with _harness():
         fitted = lengths
         numel = lengths.numel()
-        if not (
+        if recorded is not None:
+            if lengths.reshape(-1).tolist() != list(recorded):
+                fitted = torch.tensor(recorded, dtype=lengths.dtype)
+                fitted = fitted.to(lengths.device).reshape(lengths.shape)
+        elif not (
             numel
             and int(lengths.sum()) == rows
             and int(lengths.max()) == longest
