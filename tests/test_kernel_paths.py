@@ -27,6 +27,17 @@ def _kernels(path) -> Counter[str]:
 
 
 @pytest.mark.slow
+def _replayed(original, tmp_path):
+    """The ET of one iteration of the benchmark generated from ``original``."""
+    bench = tmp_path / "bench.py"
+    generate(original, bench, GenerateOptions(command_line="test"))
+    replay = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                         "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return replay
+
+
 def test_an_inference_step_folds_matmuls_as_the_original_did(tmp_path):
     """Under no_grad, matmul folds a non-contiguous batch into one mm only where the
     weight requires grad, as a model's parameters do; replayed with plain tensors it
@@ -43,13 +54,7 @@ def test_an_inference_step_folds_matmuls_as_the_original_did(tmp_path):
 
     original = record_et(step, tmp_path / "step.et.json")
     assert _kernels(original)["aten::mm"] == 2
-    bench = tmp_path / "bench.py"
-    generate(original, bench, GenerateOptions(command_line="test"))
-    replay = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
-                         "--et", str(replay))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert _kernels(replay) == _kernels(original)
+    assert _kernels(_replayed(original, tmp_path)) == _kernels(original)
 
 
 def test_a_fold_that_strides_do_not_allow_reveals_the_matrix_required_grad():
@@ -101,13 +106,7 @@ def test_an_autocast_step_runs_its_kernels_in_the_cast_dtype(tmp_path):
     original = record_et(step, tmp_path / "step.et.json")
     names = ("aten::addmm", "aten::gelu", "aten::_softmax")
     assert ("aten::addmm", ("Tensor(c10::BFloat16)",) * 3) in _dtyped(original, names)
-    bench = tmp_path / "bench.py"
-    generate(original, bench, GenerateOptions(command_line="test"))
-    replay = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
-                         "--et", str(replay))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert _dtyped(replay, names) == _dtyped(original, names)
+    assert _dtyped(_replayed(original, tmp_path), names) == _dtyped(original, names)
 
 
 def _names(path, names) -> Counter[str]:
@@ -139,13 +138,7 @@ def test_a_training_steps_data_does_not_require_grad(tmp_path):
              "aten::_scaled_dot_product_attention_math")
     assert _names(original, names) == Counter(
         {"aten::_scaled_dot_product_flash_attention_for_cpu": 1})
-    bench = tmp_path / "bench.py"
-    generate(original, bench, GenerateOptions(command_line="test"))
-    replay = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
-                         "--et", str(replay))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert _names(replay, names) == _names(original, names)
+    assert _names(_replayed(original, tmp_path), names) == _names(original, names)
 
 
 @pytest.mark.slow
@@ -255,13 +248,7 @@ def test_kernel_paths_that_values_decide_run_as_recorded(tmp_path, make_step):
     children included, runs at the recorded sizes."""
     torch.manual_seed(0)
     original = record_et(make_step(), tmp_path / "step.et.json")
-    bench = tmp_path / "bench.py"
-    generate(original, bench, GenerateOptions(command_line="test"))
-    replay = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
-                         "--et", str(replay))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert _all_ops(replay) == _all_ops(original)
+    assert _all_ops(_replayed(original, tmp_path)) == _all_ops(original)
 
 
 def test_bag_offsets_leave_the_recorded_bags_empty():
