@@ -73,6 +73,7 @@ from mystique_gen.passes.lower import COMPLEX_STAND_IN, lower_ops
 from mystique_gen.passes.numbers import EPSILON_STAND_IN, replay_wrapped_numbers, restore_epsilons
 from mystique_gen.passes.ranks import (
     check_kineto_count,
+    check_rank_set,
     is_multi_rank_set,
     job_groups,
     match_kineto,
@@ -596,9 +597,11 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
     if kinetos and options.compose is not None:
         raise OptionError("--kineto links one trace; it cannot go with --compose")
     sources = [load_source(p) for p in files]
+    if len(sources) > 1 and options.compose is None:
+        check_rank_set([s.trace for s in sources])
     if (len(sources) > 1 and options.compose is None
             and is_multi_rank_set([s.trace for s in sources])):
-        return _compile_ranks(sources, options, consume, kinetos)
+        return _compile_ranks(sources, options, consume, kinetos, [str(f) for f in files])
     check_trace_count(len(sources), options)
     if len(kinetos) > 1:
         raise OptionError(f"{len(kinetos)} Kineto traces "
@@ -612,8 +615,8 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
 
 
 def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
-                   kinetos: list[Path]) -> Compiled:
-    ranks, how = order_ranks([s.trace for s in sources])
+                   kinetos: list[Path], paths: list[str]) -> Compiled:
+    ranks, how = order_ranks([s.trace for s in sources], paths)
     merged = job_groups([s.trace for s in sources])
     if merged is not None:
         for source, groups in zip(sources, merged, strict=True):

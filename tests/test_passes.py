@@ -1233,6 +1233,26 @@ def test_a_detached_tensor_is_read_as_itself_not_as_the_view_it_aliases():
     assert _tensor_args(program.ops[3])[0].binding == OpOutput(0, (0,))
 
 
+def test_a_view_made_without_grad_of_a_tensor_that_requires_grad_requires_grad():
+    """DTensor's from_local views an activation under no_grad, and a view of a tensor
+    that requires grad requires grad in any mode: the pipeline's backward mm that read
+    it must replay with grad off. Left in grad mode, it built a graph, the gradient it
+    accumulated required grad, and gloo refused to reduce-scatter it (8 ranks, pp x
+    FSDP2 x TP)."""
+    view_as = "aten::view_as(Tensor(a) self, Tensor other) -> Tensor(a)"
+    b = TraceBuilder()
+    x, w, y, z = b.tensor((4, 4)), b.tensor((4, 4)), b.tensor((4, 4)), b.tensor((4, 4))
+    b.op(MM, [x, w], [y], attrs={"seq_id": 0})                           # forward
+    b.op(RELU, [y], [z], attrs={"seq_id": 1})
+    v = b.view(z, (4, 4))
+    b.op(view_as, [z, z], [v], attrs={"seq_id": -1})                     # no_grad view
+    grad = b.tensor((4, 4))
+    b.op(MM, [grad, v], [b.tensor((4, 4))], attrs={"seq_id": -1})        # backward
+    b.op(RELU, [grad], [b.tensor((4, 4))], attrs={"seq_id": -1})         # reads no such
+    program = _program(b)
+    assert [op.grad_mode for op in program.ops] == [True, True, False, False, None]
+
+
 def test_trace_without_autograd_replays_with_grad_off():
     b = TraceBuilder()
     x = b.tensor((2, 2))

@@ -23,6 +23,8 @@ without autograd would be faster than the original. This pass:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mystique_gen import oprules
 from mystique_gen.ir import (
     Binding,
@@ -77,11 +79,23 @@ def plan_autograd(ops: list[Op]) -> None:
             op.grad_mode = True
         elif reads:
             op.grad_mode = False
-        if not (op.grad_mode and reads):
+        # A view of a tensor that requires grad requires grad in any grad mode (DTensor's
+        # from_local views its input under no_grad): taken as not, the backward ops that
+        # read it replayed in grad mode, built a graph, and the gradient they accumulated
+        # into required grad, which gloo's reduce-scatter then refused to write.
+        if not (op.grad_mode and reads
+                or op.signature.is_view and _aliased_requires(op, requires)):
             continue
         for _path, tv in output_paths(op.outputs):
             if tv.meta.dtype in FLOATING and isinstance(tv.binding, (OpOutput, DerivedView)):
                 requiring.add(id(tv.binding))
+
+
+def _aliased_requires(op: Op, requires: Callable[[Binding | None], bool]) -> bool:
+    """Whether the tensor a view op aliases (its first argument) requires grad; a
+    ``detach`` (oprules.DISTINCT_ALIASES) aliases it without its autograd history."""
+    return (op.name not in oprules.DISTINCT_ALIASES and bool(op.args)
+            and any(requires(tv.binding) for tv in iter_tensors(op.args[0].value)))
 
 
 def _mark_revealed(ops: list[Op]) -> None:

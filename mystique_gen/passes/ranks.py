@@ -106,9 +106,7 @@ def job_groups(traces: Sequence[RawTrace]) -> list[list[ProcessGroupSpec]] | Non
             seen = merged.setdefault(g.name, g)
             if (seen.desc, seen.ranks, seen.size) != (g.desc, g.ranks, g.size):
                 return None
-    names = list(merged)
-    if all(n.isdigit() for n in names):
-        names.sort(key=int)
+    names = _creation_order([[g.name for g in groups or ()] for groups in recorded])
     result = []
     for groups in recorded:
         assert groups is not None
@@ -117,6 +115,33 @@ def job_groups(traces: Sequence[RawTrace]) -> list[list[ProcessGroupSpec]] | Non
                                backend_id=own[n].backend_id if n in own else None)
                        for i, n in enumerate(names)])
     return result
+
+
+def _creation_order(orders: Sequence[Sequence[str]]) -> list[str]:
+    """The job's group names in creation order, from each rank's own (each lists its
+    groups in the order it created them). Numbered names count every ``new_group``
+    call, so they follow their numbers; hashed names (members-only groups,
+    ``use_local_synchronization=True``, ``split_group``) have no number and go where
+    the ranks that list them created them. Placed by first mention instead, rank 0's
+    groups all came first: one mesh dimension's groups were not one after another
+    (the halves [0, 1] and [2, 3] around [0, 2]), and a gather on the half [2, 3]
+    ran on [0, 2], the first group of its size that rank 2 was in, and hung."""
+    first: dict[str, int] = {}
+    after: dict[str, set[str]] = {}
+    for order in orders:
+        for k, name in enumerate(order):
+            first.setdefault(name, len(first))
+            after.setdefault(name, set()).update(order[:k])
+    numbered = sorted((n for n in first if n.isdigit()), key=int)
+    for k, name in enumerate(numbered):
+        after[name].update(numbered[:k])
+    placed: list[str] = []
+    while len(placed) < len(first):
+        ready = [n for n in first if n not in placed and after[n] <= set(placed)]
+        if not ready:  # the ranks' orders disagree: keep the order of first mention
+            return list(first)
+        placed.append(min(ready, key=first.__getitem__))
+    return placed
 
 
 def world_size(groups: list[ProcessGroupSpec] | None, comms: Sequence[ParamComms]) -> int | None:
@@ -155,12 +180,71 @@ def is_multi_rank_set(traces: Sequence[RawTrace]) -> bool:
     return sizes == {len(traces)}
 
 
-def order_ranks(traces: Sequence[RawTrace]) -> tuple[list[int], str]:
-    """Rank of each trace and how it was found: recorded ranks, else input order."""
+_RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
+
+
+def named_rank(name: str) -> int | None:
+    """The rank a trace's file name gives (``step-rank-3.et.json``: 3, as the capture
+    names each rank's files), else None."""
+    found = _RANK_IN_NAME.findall(name)
+    return int(found[-1]) if found else None
+
+
+def check_rank_set(traces: Sequence[RawTrace]) -> None:
+    """Refuse several traces of one job that are not one trace of each of its ranks:
+    fewer than its default group's ranks (a glob that missed one: "combine them with
+    --compose", which refuses traces that communicate), or a trace given twice, which
+    replayed one rank's ops on two processes and none of another's, without a word."""
+    if len(traces) < 2 or all(recorded_groups(t) is None for t in traces):
+        return
+    merged = job_groups(traces)
+    if merged is None:
+        return
+    size = merged[0][default_group_index(merged[0])].size
+    names = [named_rank(t.name) for t in traces]
+    if 1 < size != len(traces):
+        gone = sorted(set(range(size)) - set(names)) if None not in names else []
+        missing = (f"; missing, by their file names: rank(s) {', '.join(map(str, gone))}"
+                   if gone else "")
+        raise OptionError(
+            f"{len(traces)} traces ({', '.join(t.name for t in traces)}) of a job of "
+            f"{size} ranks (its default process group's size): a benchmark of the job "
+            f"needs one trace per rank{missing}")
+    seen: dict[str, str] = {}
+    for t in traces:
+        if t.sha256 and t.sha256 in seen:
+            raise OptionError(f"{seen[t.sha256]} and {t.name} are the same trace: each "
+                              "rank of the job needs its own")
+        seen[t.sha256] = t.name
+
+
+def order_ranks(traces: Sequence[RawTrace],
+                paths: Sequence[str] | None = None) -> tuple[list[int], str]:
+    """Rank of each trace and how it was found: recorded ranks, else the natural order
+    of their paths (``paths``, as given; else the traces' file names), where the file
+    names give each rank once or none."""
     recorded = [recorded_rank(list(scan_trace(t).ops.values())) for t in traces]
     if all(r is not None for r in recorded) and sorted(recorded) == list(range(len(traces))):
         return [r for r in recorded if r is not None], "ranks as recorded by record_param_comms"
-    return list(range(len(traces))), "ranks in input order (file names sorted naturally)"
+    # Gloo records no rank: the file names tell it. A shell glob (traces/step-rank-*.json)
+    # gives them in text order, rank-10 before rank-2: in input order the rank-2
+    # process replayed rank 10's ops, and a 12-rank job with a subgroup hung.
+    named = [named_rank(t.name) for t in traces]
+    if None not in named and sorted(named) != list(range(len(traces))):
+        # Local ranks (each node's files numbered from 0) or a rank given twice: which
+        # file is which rank cannot be told.
+        raise OptionError(
+            "the file names give ranks "
+            f"{', '.join(f'{t.name} {r}' for t, r in zip(traces, named, strict=True))}, "
+            f"not each of 0 to {len(traces) - 1} once: name each rank's trace by its "
+            "global rank (RANK, as mystique-gen capture does)")
+    # Whole paths: node0/trace.json before node1/trace.json, as given.
+    keys = list(paths) if paths is not None else [t.name for t in traces]
+    order = sorted(range(len(traces)), key=lambda k: natural_key(keys[k]))
+    ranks = [0] * len(traces)
+    for rank, k in enumerate(order):
+        ranks[k] = rank
+    return ranks, "ranks in the order of their file paths, sorted naturally"
 
 
 def check_kineto_count(trace_names: Sequence[str], kineto_names: Sequence[str]) -> None:
