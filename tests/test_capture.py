@@ -124,6 +124,28 @@ def test_a_script_running_its_own_profiler_is_captured_without_kineto(tmp_path, 
     assert "aten::addmm" in {node.name for node in load_trace(tmp_path / "o" / "s.et.json").nodes}
 
 
+def test_a_script_compiles_with_inductors_kernel_profile(tmp_path):
+    """Inductor's C++ wrapper calls GEMMs through a shim the observer does not record;
+    with the kernel profile on (read as the script imports Inductor) each call is
+    recorded by name, and the header lists it."""
+    script = _script(tmp_path / "train.py", """
+        import os, sys
+        import torch
+        model = torch.nn.Linear(16, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        seen = os.environ.get("TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE")
+        with open(sys.argv[1], "w") as f:
+            f.write(str(seen))
+        for _ in range(10):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+        """)
+    seen = tmp_path / "seen.txt"
+    assert _capture(tmp_path / "o", "python", script, str(seen)) == 0
+    assert seen.read_text() == "1"
+
+
 @pytest.mark.slow
 def test_a_compiled_model_stays_compiled_after_the_capture(tmp_path):
     """The capture's value recorder is a dispatch mode; Dynamo skipped compiled frames

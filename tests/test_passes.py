@@ -1403,6 +1403,48 @@ def test_compiled_regions_say_their_unrecorded_kernels_are_not_replayed(kernel, 
     assert listed == (set() if kernel else {expected})
 
 
+def test_a_frame_compiled_inside_the_recorded_step_is_not_replayed(tmp_path):
+    """A shape the warm-up did not see makes Dynamo compile in the recorded step,
+    between the frame's cache lookup and its region: the compiler's tracing on fake
+    tensors (sizes as ``<SymInt>``, which did not decode: generation failed) is not the
+    step's work, and is listed once. A lookup that Dynamo answered by running the
+    frame eagerly (no region after it) encloses nothing: those ops replay."""
+    b = TraceBuilder()
+    x = b.tensor((4, 4))
+    lookup = b.annotation("TorchDynamo Cache Lookup")
+    fake = b.op(EMPTY, [["<SymInt>", 4], None, None, Device("meta"), None, None],
+                [b.tensor((0,), device="meta")])
+    b.op(RELU, [b.tensor((4, 4), device="meta")], [b.tensor((4, 4), device="meta")],
+         parent=fake)
+    region = b.annotation("CompiledFunction",
+                          parent=b.annotation("Torch-Compiled Region: 0/1"))
+    b.op(RELU, [x], [b.tensor((4, 4))], parent=region)
+    b.annotation("TorchDynamo Cache Lookup")  # the frame skipped: it runs eagerly
+    b.op(RELU, [x], [b.tensor((4, 4))])
+    program = build_program(load_trace(b.write(tmp_path / "t.json")))
+    assert [op.name for op in program.ops] == ["aten::relu", "aten::relu"]
+    assert [d.node_id for d in program.not_replayed
+            if d.name == "Dynamo compiling a frame"] == [lookup]
+
+
+def test_inductor_cpp_wrapper_calls_are_listed(tmp_path):
+    """AOTInductor and cpp_wrapper call aten ops through the C shim, whose dispatch the
+    observer does not record: only what the op calls inside (an addmm's bias copy),
+    which replays. With kernel profiling each call and fused C++ kernel is a named
+    node: each is listed (the header said none was missing: an AOTInductor model's
+    GEMMs and attention went unmentioned)."""
+    b = TraceBuilder()
+    x = b.tensor((4, 4))
+    b.annotation("graph_0_cpp_fused_native_layer_norm_0")
+    shim = b.annotation("aoti_torch_cpu_addmm_out")
+    b.op(RELU, [x], [b.tensor((4, 4))], parent=shim)
+    b.op(RELU, [x], [b.tensor((4, 4))])
+    program = build_program(load_trace(b.write(tmp_path / "t.json")))
+    assert [op.name for op in program.ops] == ["aten::relu", "aten::relu"]
+    assert {d.name for d in program.not_replayed} == {"Inductor C++ kernel",
+                                                      "aoti_torch_cpu_addmm_out"}
+
+
 def test_an_op_without_a_kernel_for_every_device_is_guarded():
     """The generating PyTorch's dispatcher tells which aten ops have no kernel for
     every device (SyncBatchNorm's, CUDA only); a trace's op is guarded by that, not

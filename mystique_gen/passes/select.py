@@ -22,6 +22,7 @@ runs them again on the replay's own backend threads, so they are not replayed
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass, field, replace
 
@@ -52,6 +53,23 @@ COMPILED_FUNCTIONS = frozenset({"CompiledFunction", "CompiledFunctionBackward"})
 COMPILED_REGION = "Torch-Compiled Region"
 COMPILED_NOTE = ("torch.compile's kernels, not in the trace (the torch ops it called "
                  "replay); --kineto with --host-gaps recorded replays their time")
+# Dynamo's annotation of each call of a compiled frame, before its region; where the
+# lookup misses, Dynamo compiles the frame between the two.
+CACHE_LOOKUP = "TorchDynamo Cache Lookup"
+COMPILING = "Dynamo compiling a frame"
+COMPILING_NOTE = ("the recorded step compiled a frame (a first call or a recompile): "
+                  "tracing on fake tensors, not the step's work")
+
+# What Inductor's C++ wrapper (cpp_wrapper, AOTInductor) records where its kernels are
+# profiled (TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1): each fused C++ kernel, and each
+# aten op it calls through the C shim (aoti_torch_cpu_addmm_out), whose dispatch the
+# observer does not record (no arguments, no schema), only the ops it calls inside (an
+# addmm's bias copy, attention's transposes), which replay as a compiled region's do.
+# Without the profile even those names are missing (README, Known limits).
+INDUCTOR_CPP_CALL = re.compile(r"(graph_\d+_)?cpp_fused_|aoti_torch_[a-z]+_")
+INDUCTOR_CPP_NOTE = ("Inductor's C++ wrapper called it (cpp_wrapper, AOTInductor): no "
+                     "arguments recorded (the torch ops it called inside replay); --kineto "
+                     "with --host-gaps recorded replays its time")
 
 TensorKey = tuple[int, int, int]  # (tensor id, storage id, element size)
 
@@ -1170,6 +1188,7 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
         return scope_of[node.id]
 
     has_children = {n.parent for n in trace.nodes if n.parent != n.id}
+    compiling = compile_time_nodes(trace)
     launched = _above(trace.nodes, by_id, lambda n: bool(n.attrs.get("kernel_backend")))
     autograd_wrapped = _above(trace.nodes, by_id, lambda n: n.name in COMPILED_FUNCTIONS)
     selected: list[Selected] = []
@@ -1177,6 +1196,10 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
     skipped: list[Diagnostic] = []
     threads: set[int] = set()
     for node in trace.nodes:
+        if node.id in compiling:
+            if compiling[node.id] is not None:  # once per compile, at its cache lookup
+                skipped.append(not_replayed(compiling[node.id], COMPILING, COMPILING_NOTE))
+            continue
         parent = by_id.get(node.parent) if node.parent != node.id else None
         outer = resolve(parent) if parent is not None else ()
         if outer is None:
@@ -1204,6 +1227,9 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
                 or (node.name.startswith(COMPILED_REGION) and node.id not in autograd_wrapped)):
             # Inductor's C++ kernels (CPU) are not recorded; Triton ones are, below.
             skipped.append(not_replayed(node.id, _display(node.name), COMPILED_NOTE))
+        elif INDUCTOR_CPP_CALL.match(node.name):
+            name = node.name if node.name.startswith("aoti_") else "Inductor C++ kernel"
+            skipped.append(not_replayed(node.id, name, INDUCTOR_CPP_NOTE))
         elif node.name == "record_param_comms":
             pass  # metadata of the enclosing communication op
         elif is_op_name(node.name) and node.id not in has_children:
@@ -1213,6 +1239,43 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
     _reveal_fold(selected, covered)
     _mark_grad_node_makers(selected, trace, by_id)
     return Selection(selected, skipped, sorted(threads), covered)
+
+
+def compile_time_nodes(trace: RawTrace) -> dict[int, int | None]:
+    """The nodes Dynamo ran while compiling a frame inside the recorded step.
+
+    A shape the warm-up did not see (a last, smaller batch; a new sequence length)
+    makes Dynamo compile again in the recorded step, and the observer records the
+    compiler's tracing: ops on fake and meta tensors, sizes as ``<SymInt>``. They are
+    not the program's work, and their arguments do not decode. Each call of a compiled
+    frame records a cache lookup, then the frame's region as the next sibling; a miss
+    compiles in between. A lookup followed by no region (Dynamo fell back to running
+    the frame eagerly) encloses nothing. Maps each node of such a span, and everything
+    under it, to its lookup's id where it is the span's first node, else None."""
+    siblings: dict[tuple[int, int], list[RawNode]] = {}
+    for node in trace.nodes:
+        if node.parent != node.id:
+            siblings.setdefault((node.parent, node.tid), []).append(node)
+    span: dict[int, int | None] = {}
+    for nodes in siblings.values():
+        lookup: RawNode | None = None
+        pending: list[RawNode] = []
+        for node in sorted(nodes, key=lambda n: n.id):
+            if node.name == CACHE_LOOKUP:
+                lookup, pending = node, []
+            elif lookup is not None and node.name.startswith(COMPILED_REGION):
+                for k, inner in enumerate(pending):
+                    span[inner.id] = lookup.id if k == 0 else None
+                lookup, pending = None, []
+            elif lookup is not None:
+                pending.append(node)
+    if not span:
+        return span
+    children = children_of(trace)
+    for node_id in list(span):
+        for inner in _below(node_id, children):
+            span[inner.id] = None
+    return span
 
 
 def _composites(parent: RawNode | None, by_id: dict[int, RawNode],

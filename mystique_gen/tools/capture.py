@@ -47,6 +47,10 @@ from mystique_gen.passes.values import CapturedInputs
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
+# Inductor's C++ wrapper and AOTInductor call aten ops through a C shim the observer
+# does not see; with the kernel profile on (read as Inductor's config is imported) each
+# call and fused kernel is recorded by name, and the header lists them (README).
+KERNEL_PROFILE_ENV = "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"
 
 
 @dataclass
@@ -758,10 +762,11 @@ def capture_script(
     sys.argv = list(argv)
     sys.path.insert(0, search)
     try:
-        if module is None:
-            runpy.run_path(argv[0], run_name="__main__")
-        else:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        with _env({KERNEL_PROFILE_ENV: os.environ.get(KERNEL_PROFILE_ENV, "1")}):
+            if module is None:
+                runpy.run_path(argv[0], run_name="__main__")
+            else:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
     except CaptureDone:
         pass
     except SystemExit as exc:
