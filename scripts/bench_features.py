@@ -82,6 +82,7 @@ import importlib.util, sys, torch
 from torch.profiler import ExecutionTraceObserver
 spec = importlib.util.spec_from_file_location("workloads", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
+sys.modules["workloads"] = module  # Dynamo looks a compiled frame's module up by name
 spec.loader.exec_module(module)
 torch.manual_seed(0)
 torch.set_num_threads(1)
