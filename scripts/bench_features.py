@@ -42,7 +42,8 @@ from mystique_gen.sources.et import load_trace  # noqa: E402
 from mystique_gen.tools.compare import overload_name  # noqa: E402
 
 MODULES = ("features_train", "features_infer", "features_more", "features_recent",
-           "features_backends", "features_recipes", "features_frontier", "features_domains")
+           "features_backends", "features_recipes", "features_frontier", "features_domains",
+           "features_compiled")
 # Failures that README's Known limits explains: the observer does not record the
 # arguments (nested tensors, CSR tensors, packed quantized RNN weights), or a sparse
 # tensor autograd unpacked from a saved variable landed on a freed tensor's id, or
