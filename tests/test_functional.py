@@ -17,7 +17,7 @@ from mystique_gen.constants import HARNESS_SCOPE
 from mystique_gen.driver import generate
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
-from tests.conftest import last_json, run_benchmark
+from tests.conftest import last_json, record_et, run_benchmark
 from tests.models import MODELS
 
 pytestmark = pytest.mark.slow
@@ -1005,3 +1005,21 @@ def test_microscaling_dtypes_replay(tmp_path):
     replayed = op_multiset(replay_et, by_overload=True)
     assert replayed == op_multiset(result.et_path, by_overload=True)
     assert replayed["aten::view.dtype"] == 2
+
+
+def test_unsigned_dtypes_in_gccs_spelling_replay(tmp_path):
+    """torch's Linux builds write uint16 and uint64 tensors as ``Tensor(short unsigned
+    int)`` and ``Tensor(long unsigned int)``, which the decode table lacked (OpInfo's
+    hash_tensor, whose result is uint64: "not replayed")."""
+    x = torch.rand(4, 3)
+    halves, longs = torch.zeros(6, dtype=torch.uint16), torch.zeros(6, dtype=torch.uint64)
+    et = record_et(lambda: (torch.hash_tensor(x, [1]).clone(), halves.clone(), longs.clone()),
+                   tmp_path / "unsigned.json")
+    bench = tmp_path / "unsigned_bench.py"
+    text = generate(et, bench, GenerateOptions(command_line="test"))
+    assert "Ops not replayed:\n  - none" in text.split('"""')[1]
+    replay_et = tmp_path / "unsigned_replay.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                         "--json", "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert op_multiset(replay_et, by_overload=True) == op_multiset(et, by_overload=True)

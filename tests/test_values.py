@@ -81,6 +81,10 @@ def _init_of(program, dtype_first: str = "int64") -> Init:
     (INDEX_SELECT, (7, 3), 0, 7),
     (INDEX_SELECT, (7, 3), 1, 3),
     (GATHER, (5, 9), -1, 9),
+    # a 0-d self indexes as one element (OpInfo's index_select/index_fill samples:
+    # filled 0..8 before, IndexError at replay)
+    (INDEX_SELECT, (), 0, 1),
+    (INDEX_SELECT, (), -1, 1),
 ])
 def test_index_bounded_by_indexed_dim(schema, shape, dim, bound):
     b = TraceBuilder()
@@ -89,6 +93,99 @@ def test_index_bounded_by_indexed_dim(schema, shape, dim, bound):
     b.op(schema, [b.tensor(shape), dim, idx], [out])
     init = _init_of(_program(b))
     assert (init.kind, init.low, init.high) == ("randint", 0, bound)
+
+
+LU_UNPACK = ("aten::lu_unpack(Tensor LU_data, Tensor LU_pivots, bool unpack_data=True, "
+             "bool unpack_pivots=True) -> (Tensor P, Tensor L, Tensor U)")
+MAX_UNPOOL2D = ("aten::max_unpool2d(Tensor self, Tensor indices, SymInt[2] output_size) "
+                "-> Tensor")
+MULTI_MARGIN = ("aten::multi_margin_loss(Tensor self, Tensor target, Scalar p=1, "
+                "Scalar margin=1, Tensor? weight=None, int reduction=1) -> Tensor")
+MULTILABEL_MARGIN = ("aten::multilabel_margin_loss(Tensor self, Tensor target, "
+                     "int reduction=1) -> Tensor")
+
+
+def test_pivots_of_a_wide_factorisation_name_its_rows():
+    """A 3 x 5 LU's pivots are rows, [1, 3]: filled up to the column count (5),
+    lu_unpack refused them ("must be between 1 and LU.size(-2) inclusive")."""
+    b = TraceBuilder()
+    pivots = b.tensor((3,), dtype="int32")
+    b.op(LU_UNPACK, [b.tensor((3, 5)), pivots, True, True],
+         [b.tensor((3, 3)), b.tensor((3, 3)), b.tensor((3, 5))])
+    init = _init_of(_program(b), "int32")
+    assert (init.kind, init.low, init.high) == ("randint", 1, 4)
+
+
+@pytest.mark.parametrize("schema,args,target,bound", [
+    # indices are flat positions in each output plane: below 3 * 4
+    (MAX_UNPOOL2D, lambda b, t: [b.tensor((2, 3, 2, 2)), t, [3, 4]], (2, 3, 2, 2), 12),
+    # class indices below the class count, as nll_loss's
+    (MULTI_MARGIN, lambda b, t: [b.tensor((4, 6)), t, 1, 1, None, 1], (4,), 6),
+    (MULTILABEL_MARGIN, lambda b, t: [b.tensor((4, 6)), t, 1], (4, 6), 6),
+    # a 0-d input is one class: target 0
+    (MULTI_MARGIN, lambda b, t: [b.tensor(()), t, 1, 1, None, 1], (), 1),
+    # index_reduce had no rule at all
+    ("aten::index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, "
+     "*, bool include_self=True) -> Tensor",
+     lambda b, t: [b.tensor((7, 3)), 0, t, b.tensor((4, 3)), "prod", True], (4,), 7),
+])
+def test_unpool_indices_and_margin_targets_stay_in_range(schema, args, target, bound):
+    """OpInfo's max_unpool1d, multi(label)_margin_loss and index_reduce samples: their
+    index tensors were filled 0..8 ("Found an invalid max index", "target out of
+    range", "index out of range in self")."""
+    b = TraceBuilder()
+    t = b.tensor(target, dtype="int64")
+    b.op(schema, args(b, t), [b.tensor(())])
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == ("randint", 0, bound)
+
+
+def test_float_powers_base_is_positive_as_pows():
+    """float_power (pow in double) of a U(-1, 1) base to a 0-d exponent filled near 1
+    was NaN (OpInfo's float_power sample; the original's exponent was integral)."""
+    b = TraceBuilder()
+    base, exponent = b.tensor((5,), dtype="float64"), b.tensor(())
+    b.op("aten::float_power.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor",
+         [base, exponent], [b.tensor((5,), dtype="float64")])
+    init = _init_of(_program(b), "float64")
+    assert (init.kind, init.low, init.high) == ("uniform", 0.5, 1.5)
+
+
+@pytest.mark.parametrize("schema,expect", [
+    (LOG, ("randint", 1, 8)),  # log(0) = -inf
+    ("aten::acos(Tensor self) -> Tensor", ("randint", 0, 1)),  # acos(2) = NaN
+    ("aten::lgamma(Tensor self) -> Tensor", ("randint", 1, 3)),  # lgamma(0) = inf
+])
+def test_integral_inputs_of_floating_functions_stay_in_their_domains(schema, expect):
+    """OpInfo's int64 samples: a floating function of an integral tensor (filled 0..8)
+    returned inf or NaN where the original's values were in its domain."""
+    b = TraceBuilder()
+    b.op(schema, [b.tensor((6,), dtype="int64")], [b.tensor((6,))])
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == expect
+
+
+@pytest.mark.parametrize("schema,expect", [
+    ("aten::atanh(Tensor self) -> Tensor", "zeros"),  # atanh(True) = inf
+    ("aten::div.Tensor(Tensor self, Tensor other) -> Tensor", "ones"),  # x / False
+    ("aten::log1p(Tensor self) -> Tensor", "bool"),  # either is in its domain
+])
+def test_boolean_inputs_of_floating_functions_stay_in_their_domains(schema, expect):
+    b = TraceBuilder()
+    x = b.tensor((6,), dtype="bool")
+    args = [b.tensor((6,)), x] if "div" in schema else [x]
+    b.op(schema, args, [b.tensor((6,))])
+    assert _init_of(_program(b), "bool").kind == expect
+
+
+def test_a_complex_matrix_cholesky_factors_is_filled_positive_definite():
+    """OpInfo's complex64 cholesky sample: SPD fills skipped complex storages, and
+    linalg.cholesky refused the matrix filled at random."""
+    b = TraceBuilder()
+    b.op("aten::linalg_cholesky(Tensor self, *, bool upper=False) -> Tensor",
+         [b.tensor((5, 5), dtype="complex64"), False], [b.tensor((5, 5), dtype="complex64")])
+    init = _init_of(_program(b), "complex64")
+    assert (init.kind, init.low) == ("spd", 5)
 
 
 def test_sparse_indices_stay_inside_the_sparse_dims():
@@ -320,6 +417,19 @@ def test_centred_moments_and_quantile_levels_stay_in_their_domains(tmp_path):
     bench = tmp_path / "rmsprop_bench.py"
     generate(result.et_path, bench, GenerateOptions(command_line="test"))
     _assert_replays_finite(bench, 10)
+
+
+def test_a_loss_target_autograd_does_not_differentiate_replays_without_grad(tmp_path):
+    """soft_margin_loss's float target is read in grad mode but has no gradient formula:
+    made a parameter, the replay's first call raised."""
+    torch.manual_seed(0)
+    x, target = torch.randn(5, requires_grad=True), torch.randn(5).sign()
+    et = record_et(lambda: (0 + F.soft_margin_loss(x, target).sum()).backward(),
+                   tmp_path / "sm.json")
+    bench = tmp_path / "sm_bench.py"
+    generate(et, bench, GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-800:]
 
 
 def test_draws_special_functions_and_cached_pivots_read_inputs_in_their_domains(tmp_path):

@@ -27,6 +27,7 @@ C10_NAMES = {
     "int16": "short int",
     "uint16": "unsigned short",
     "float8_e4m3fn": "c10::Float8_e4m3fn",
+    "complex64": "c10::complex<float>",
 }
 
 
@@ -47,7 +48,8 @@ class T:
         for n in self.shape:
             numel *= n
         itemsize = {"float64": 8, "int64": 8, "float16": 2, "bfloat16": 2, "uint8": 1,
-                    "bool": 1, "int16": 2, "uint16": 2, "float8_e4m3fn": 1}.get(self.dtype, 4)
+                    "bool": 1, "int16": 2, "uint16": 2, "float8_e4m3fn": 1,
+                    "complex64": 8}.get(self.dtype, 4)
         return [self.tensor_id, self.storage_id, self.offset, numel, itemsize, self.device]
 
     def type(self) -> str:

@@ -65,6 +65,10 @@ TYPE_META_NAMES: dict[str, str] = {
     "unsigned short": "uint16",
     "unsigned int": "uint32",
     "unsigned long": "uint64",
+    # GCC's spelling, which torch's Linux builds write (hash_tensor's uint64 result)
+    "short unsigned int": "uint16",
+    "long unsigned int": "uint64",
+    "long long unsigned int": "uint64",
     "c10::qint8": "qint8",
     "c10::quint8": "quint8",
     "c10::qint32": "qint32",

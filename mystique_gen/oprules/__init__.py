@@ -74,6 +74,7 @@ from mystique_gen.oprules.collectives import (
     reduce_op_name,
     wire_form,
 )
+from mystique_gen.oprules.derivatives import not_differentiable
 from mystique_gen.oprules.linalg import matmul_grad_operand
 from mystique_gen.oprules.normalization import NOT_DIFFERENTIABLE_ARGS
 from mystique_gen.oprules.quantized import LINEAR_PACKED
@@ -188,7 +189,10 @@ def differentiable(op_name: str, arg_name: str) -> bool:
     composite = op_name.removesuffix("_forward")
     return (arg_name not in NOT_DIFFERENTIABLE_ARGS
             and arg_name not in NOT_DIFFERENTIABLE_BY_OP.get(op_name, ())
-            and arg_name not in NOT_DIFFERENTIABLE_BY_OP.get(composite, ()))
+            and arg_name not in NOT_DIFFERENTIABLE_BY_OP.get(composite, ())
+            # torch's formula table: an argument it gives no gradient for (a loss's
+            # target without one) refuses requires_grad at the call
+            and arg_name not in not_differentiable().get(op_name, ()))
 
 
 __all__ = [

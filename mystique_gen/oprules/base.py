@@ -31,8 +31,13 @@ class SizeOf(Bound):
     def upper(self, args: dict[str, object]) -> int | None:
         shape = args.get(self.tensor)
         dim = args.get(self.dim) if isinstance(self.dim, str) else self.dim
-        if not isinstance(shape, tuple) or not isinstance(dim, int) or not shape:
+        if not isinstance(shape, tuple) or not isinstance(dim, int):
             return None
+        if not shape:
+            # A 0-d tensor indexes as one element along dim 0 or -1 (torch wraps the
+            # dim as for a 1-d tensor): index_select/index_fill/index_add on a scalar
+            # take only index 0, and no bound let 0..8 through (IndexError).
+            return 1 if dim in (0, -1) else None
         if -len(shape) <= dim < len(shape):
             return shape[dim]
         return None
@@ -54,6 +59,24 @@ class SizeListAt(Bound):
         return size if isinstance(size, int) and size > 0 else None
 
 
+class SizeProduct(Bound):
+    """The number of elements of a shape an int-list argument holds: ``max_unpool2d``'s
+    indices are flat positions in each plane of ``output_size`` (any dims)."""
+
+    def __init__(self, sizes: str):
+        self.sizes = sizes
+
+    def upper(self, args: dict[str, object]) -> int | None:
+        sizes = args.get(self.sizes)
+        if not isinstance(sizes, (list, tuple)) or not sizes \
+                or not all(isinstance(n, int) and n > 0 for n in sizes):
+            return None
+        n = 1
+        for size in sizes:
+            n *= size
+        return n
+
+
 class ClassCount(Bound):
     """Number of classes of a loss input: dim 1 of (N, C, ...) or dim 0 of (C,)."""
 
@@ -62,7 +85,9 @@ class ClassCount(Bound):
 
     def upper(self, args: dict[str, object]) -> int | None:
         shape = args.get(self.tensor)
-        if not isinstance(shape, tuple) or not shape:
+        if shape == ():  # one score, one class (multi_margin_loss of a 0-d input)
+            return 1
+        if not isinstance(shape, tuple):
             return None
         return shape[1] if len(shape) >= 2 else shape[0]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import IntArg, OpFamily, PerDim, SizeListAt, SizeOf
+from mystique_gen.oprules.base import IntArg, OpFamily, PerDim, SizeListAt, SizeOf, SizeProduct
 
 _ROWS = SizeOf("weight", 0)
 _ALONG_DIM = SizeOf("self", "dim")
@@ -43,7 +43,12 @@ FAMILY = OpFamily(
         "aten::index_copy_": {"index": _ALONG_DIM},
         "aten::index_fill": {"index": _ALONG_DIM},
         "aten::index_fill_": {"index": _ALONG_DIM},
+        "aten::index_reduce": {"index": _ALONG_DIM},
+        "aten::index_reduce_": {"index": _ALONG_DIM},
         "aten::take_along_dim": {"indices": _ALONG_DIM},
+        # Flat positions in each output plane (max_unpool1d runs as max_unpool2d).
+        "aten::max_unpool2d": {"indices": SizeProduct("output_size")},
+        "aten::max_unpool3d": {"indices": SizeProduct("output_size")},
         "aten::index": {"indices": PerDim("self")},
         "aten::index_put": {"indices": PerDim("self", "values")},
         "aten::index_put_": {"indices": PerDim("self", "values")},

@@ -37,9 +37,11 @@ class Pivots(Fill):
 
     def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
         shape = args.get(self.lu)
-        if not isinstance(shape, tuple) or len(shape) < 2 or not shape[-1]:
+        if not isinstance(shape, tuple) or len(shape) < 2 or not shape[-2]:
             return None
-        return (FillKind.RANDINT, 1, shape[-1] + 1)
+        # A row swap names a row: [1, m] for an m x n factorisation (lu_unpack of a
+        # wide 3 x 5 LU refused pivots up to 5: "must be between 1 and LU.size(-2)").
+        return (FillKind.RANDINT, 1, shape[-2] + 1)
 
 
 _SELF, _A = {"self": PositiveDefinite("self")}, {"A": PositiveDefinite("A")}

@@ -26,6 +26,12 @@ FAMILY = OpFamily(
         "aten::cross_entropy_loss": _LOSS,
         "aten::nll_loss_backward": _LOSS,
         "aten::nll_loss2d_backward": _LOSS,
+        # Class indices too (multilabel's -1 ends a row's list; [0, C) is valid).
+        "aten::multi_margin_loss": _LOSS,
+        "aten::multi_margin_loss_backward": _LOSS,
+        "aten::multilabel_margin_loss": _LOSS,
+        "aten::multilabel_margin_loss_forward": _LOSS,
+        "aten::multilabel_margin_loss_backward": _LOSS,
         "aten::one_hot": {"self": IntArg("num_classes")},
         # CTC's targets are classes of log_probs' last dim: out of range, the CPU
         # kernel reads past its buffers (a double free, as eager torch does).

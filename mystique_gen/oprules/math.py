@@ -79,12 +79,18 @@ FAMILY = OpFamily(
         # to the weights (``h.square()`` made a whole network positive, then inf).
         "aten::pow": {"self": (0.5, 1.5)},
         "aten::pow_": {"self": (0.5, 1.5)},
+        # pow in double: a negative base to a filled exponent (0-d: near 1, not 1) is NaN
+        "aten::float_power": {"self": (0.5, 1.5)},
+        "aten::float_power_": {"self": (0.5, 1.5)},
         "aten::reciprocal": {"self": (0.5, 1.5)},
         "aten::div": {"other": (0.5, 1.5)},
         "aten::div_": {"other": (0.5, 1.5)},
         "aten::log1p": {"self": (0.0, 1.0)},
         "aten::lgamma": {"self": (0.5, 2.0)},
         "aten::digamma": {"self": (0.5, 2.0)},
+        # digamma's derivatives: the same poles at 0 and the negative integers
+        "aten::polygamma": {"self": (0.5, 2.0)},
+        "aten::special_polygamma": {"self": (0.5, 2.0)},
         "aten::acos": {"self": (-0.9, 0.9)},
         "aten::asin": {"self": (-0.9, 0.9)},
         "aten::atanh": {"self": (-0.9, 0.9)},

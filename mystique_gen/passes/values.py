@@ -293,6 +293,8 @@ class _Facts:
         self.literals: set[int] = set()  # of those, the literals the step built (VALUES)
         self.positive: dict[int, str] = {}
         self.float_range: dict[int, tuple[float, float, str]] = {}
+        # integral storages a floating function reads under those rules (log of a count)
+        self.float_read: set[int] = set()
         self.below: dict[int, tuple[float, str]] = {}  # floats under a bound (COMPLEMENTS)
         self.rising: dict[int, tuple[int, str]] = {}  # rising in runs of n (DIFFERENCES)
         self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
@@ -371,7 +373,11 @@ class _Facts:
                 if self.fit_lengths.get(key, wanted) == wanted else None
         if init is None or s is None:
             return
-        if s.dtype.startswith("complex") or not _covers(tv.meta, s):
+        # (complex storages take no shape fill but SPD's: a real symmetric
+        # positive-definite matrix is Hermitian positive-definite as complex, and
+        # cholesky refused complex matrices filled at random)
+        if (s.dtype.startswith("complex") and init[0] != FillKind.SPD) \
+                or not _covers(tv.meta, s):
             return
         (self.shape if s.materialised else self.computed_shape).setdefault(s.index, (init, why))
 
@@ -536,14 +542,22 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             value = by_name.get(arg_name)
             if isinstance(value, TensorValue):
                 facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}")
+    # An op that computes a floating result from an integral input (log of a count)
+    # needs its domain in integers too (_integral_domain).
+    float_out = any(tv.meta.dtype in FLOATING or tv.meta.dtype.startswith("complex")
+                    for _path, tv in output_paths(op.outputs))
     for arg_name in positive:
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
                 facts.positive.setdefault(tv.storage.index, f"{op.name} {arg_name}")
+                if float_out and (tv.storage.dtype in INTEGRAL or tv.storage.dtype == "bool"):
+                    facts.float_read.add(tv.storage.index)
     for arg_name, (low, high) in (float_ranges or {}).items():
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
                 facts.float_range.setdefault(tv.storage.index, (low, high, f"{op.name} {arg_name}"))
+                if float_out and (tv.storage.dtype in INTEGRAL or tv.storage.dtype == "bool"):
+                    facts.float_read.add(tv.storage.index)
 
 
 def _kernel_path_facts(op: Op, rule: oprules.KernelPath, facts: _Facts) -> None:
@@ -1363,6 +1377,20 @@ def _below(bound: tuple[float, str], positive: str | None) -> Init:
     return Init(FillKind.UNIFORM, high - top, high - low, f"{why} < {high:g}")
 
 
+def _integral_domain(facts: _Facts, i: int) -> Init | None:
+    """The integers inside a floating function's domain, for an integral input it reads
+    (OpInfo's int64 samples: 0..8 took log(0), rsqrt(0) and acos(2), inf and NaN); None
+    where the domain holds no integer (then the default fill)."""
+    if i in facts.float_range:
+        low, high, why = facts.float_range[i]
+        first, last = math.ceil(low), math.floor(high)
+        return Init(FillKind.RANDINT, first, last + 1, why) if first <= last else None
+    if i in facts.positive:
+        _, _, high = oprules.DEFAULT_INTEGRAL
+        return Init(FillKind.RANDINT, 1, high, facts.positive[i])
+    return None
+
+
 def _choose_any(s: Storage, facts: _Facts) -> Init:
     i = s.index
     if i in facts.workspace:
@@ -1418,11 +1446,19 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
             return Init(FillKind.ZEROS, 0, 0, why)
         return Init(FillKind.RANDINT, 0, 1, why)
     if s.dtype == "bool":
+        domain = _integral_domain(facts, i) if i in facts.float_read else None
+        if domain is not None and domain.low >= 1:  # atanh(True), x / False: inf
+            return Init(FillKind.ONES, 0, 0, domain.why)
+        if domain is not None and domain.high <= 1:
+            return Init(FillKind.ZEROS, 0, 0, domain.why)
         return Init(FillKind.BOOL, 0, 1)
     if s.dtype in QUANTIZED:  # its integer representation, over all of its range
         _, low, high = QUANTIZED[s.dtype]
         return Init(FillKind.RANDINT, low, high, "quantized: any integer representation")
     if s.dtype in INTEGRAL:
+        domain = _integral_domain(facts, i) if i in facts.float_read else None
+        if domain is not None:
+            return domain
         if s.extent == 1 and i in facts.scalar:
             kind, low, high = oprules.SCALAR_INTEGRAL
             return Init(kind, low, high, "0-d tensor (a wrapped Python integer): never 0")
