@@ -18,6 +18,20 @@ def _mlp():
     return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
 
 
+def _compiled_sgd(model, batches):
+    """A training step of ``torch.compile(model)`` with SGD, on the batch ``batches()``
+    gives for each call (its size is what the steps below vary)."""
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+    def step():
+        opt.zero_grad()
+        compiled(batches()).pow(2).mean().backward()
+        opt.step()
+
+    return step
+
+
 def c_opt_adamw():
     m = _mlp()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
@@ -80,17 +94,8 @@ class _Breaky(nn.Module):
 
 def c_graph_breaks():
     torch.manual_seed(0)
-    m = _Breaky()
-    cm = torch.compile(m)
-    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
     x = torch.randn(8, 16)
-
-    def step():
-        opt.zero_grad()
-        cm(x).pow(2).mean().backward()
-        opt.step()
-
-    return step
+    return _compiled_sgd(_Breaky(), lambda: x)
 
 
 class _Scalar(nn.Module):
@@ -107,17 +112,8 @@ class _Scalar(nn.Module):
 def c_capture_scalar():
     torch._dynamo.config.capture_scalar_outputs = True
     torch.manual_seed(0)
-    m = _Scalar()
-    cm = torch.compile(m)
-    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
     x = torch.randn(8, 16)
-
-    def step():
-        opt.zero_grad()
-        cm(x).pow(2).mean().backward()
-        opt.step()
-
-    return step
+    return _compiled_sgd(_Scalar(), lambda: x)
 
 
 def c_mark_dynamic_varying():
@@ -143,19 +139,8 @@ def c_mark_dynamic_varying():
 def c_recompile_in_window():
     # shapes vary between steps and the recorded step compiles a new shape
     torch._dynamo.config.automatic_dynamic_shapes = False
-    m = _mlp()
-    cm = torch.compile(m)
-    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
-    it = [0]
-
-    def step():
-        x = torch.randn(4 + it[0], 16)
-        it[0] += 1
-        opt.zero_grad()
-        cm(x).pow(2).mean().backward()
-        opt.step()
-
-    return step
+    sizes = iter(range(4, 1000))
+    return _compiled_sgd(_mlp(), lambda: torch.randn(next(sizes), 16))
 
 
 class _Block(nn.Module):
@@ -375,21 +360,10 @@ def c_autocast_nograd():
 
 
 def c_recompile_at_record():
-    # the recorded (13th) call sees a new batch size: Dynamo recompiles inside the
+    # the recorded (third) call sees a new batch size: Dynamo recompiles inside the
     # observer's window (automatic dynamic shapes: a dynamic graph)
-    m = _mlp()
-    cm = torch.compile(m)
-    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
-    it = [0]
-
-    def step():
-        x = torch.randn(8 if it[0] < 2 else 13, 16)  # bench_features: 2 warm, 1 recorded
-        it[0] += 1
-        opt.zero_grad()
-        cm(x).pow(2).mean().backward()
-        opt.step()
-
-    return step
+    calls = iter(range(1000))  # bench_features: 2 warm calls, then the recorded one
+    return _compiled_sgd(_mlp(), lambda: torch.randn(8 if next(calls) < 2 else 13, 16))
 
 
 WORKLOADS = {k[2:]: v for k, v in globals().items() if k.startswith("c_")}
