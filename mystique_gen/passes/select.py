@@ -941,13 +941,15 @@ def _adopt_callbacks(trace: RawTrace, owners: dict[int, int]) -> None:
 def select_ops(trace: RawTrace) -> Selection:
     repair_async_nesting(trace)
     by_id = {n.id: n for n in trace.nodes}
-    if trace.descended is None or trace.backend_threads is None:
+    if trace.descended is None or trace.backend_threads is None \
+            or trace.compiling is None:
         # Once per trace, while every node still has its arguments (the driver
         # releases covered ones after the first selection): later selections of the
         # same trace (comms, link, compare) then select the same ops.
         trace.backend_threads = backend_worker_threads(trace)
         _adopt_callbacks(trace, future_callbacks(trace, trace.backend_threads))
         children = children_of(trace)
+        trace.compiling = compile_time_nodes(trace, children)
         descend = subclass_dispatches(trace) | foreign_composites(trace, children) \
             | autocast_dispatches(trace, children)
         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] = {}  # shared by rounds
@@ -1188,7 +1190,7 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
         return scope_of[node.id]
 
     has_children = {n.parent for n in trace.nodes if n.parent != n.id}
-    compiling = compile_time_nodes(trace)
+    compiling = trace.compiling or {}
     launched = _above(trace.nodes, by_id, lambda n: bool(n.attrs.get("kernel_backend")))
     autograd_wrapped = _above(trace.nodes, by_id, lambda n: n.name in COMPILED_FUNCTIONS)
     selected: list[Selected] = []
@@ -1241,7 +1243,8 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
     return Selection(selected, skipped, sorted(threads), covered)
 
 
-def compile_time_nodes(trace: RawTrace) -> dict[int, int | None]:
+def compile_time_nodes(trace: RawTrace, children: dict[int, list[RawNode]]
+                       ) -> dict[int, int | None]:
     """The nodes Dynamo ran while compiling a frame inside the recorded step.
 
     A shape the warm-up did not see (a last, smaller batch; a new sequence length)
@@ -1269,9 +1272,6 @@ def compile_time_nodes(trace: RawTrace) -> dict[int, int | None]:
                 lookup, pending = None, []
             elif lookup is not None:
                 pending.append(node)
-    if not span:
-        return span
-    children = children_of(trace)
     for node_id in list(span):
         for inner in _below(node_id, children):
             span[inner.id] = None

@@ -103,6 +103,9 @@ class RawTrace:
     # host threads a communication backend ran collectives' work on.
     descended: set[int] | None = None
     backend_threads: set[int] | None = None
+    # The nodes Dynamo ran compiling a frame in the step (passes/select.py
+    # compile_time_nodes), found with them.
+    compiling: dict[int, int | None] | None = None
     # passes/select.py, once per trace (each reads every node's arguments): the ops
     # dispatched to a tensor subclass or a vmap level, and the sparse and MKLDNN
     # tensors (a SparseTensors; typed loosely: sources import no pass).
