@@ -546,18 +546,20 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
     # needs its domain in integers too (_integral_domain).
     float_out = any(tv.meta.dtype in FLOATING or tv.meta.dtype.startswith("complex")
                     for _path, tv in output_paths(op.outputs))
+    def domain_read(s: Storage) -> None:
+        if float_out and (s.dtype in INTEGRAL or s.dtype == "bool"):
+            facts.float_read.add(s.index)
+
     for arg_name in positive:
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
                 facts.positive.setdefault(tv.storage.index, f"{op.name} {arg_name}")
-                if float_out and (tv.storage.dtype in INTEGRAL or tv.storage.dtype == "bool"):
-                    facts.float_read.add(tv.storage.index)
+                domain_read(tv.storage)
     for arg_name, (low, high) in (float_ranges or {}).items():
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
                 facts.float_range.setdefault(tv.storage.index, (low, high, f"{op.name} {arg_name}"))
-                if float_out and (tv.storage.dtype in INTEGRAL or tv.storage.dtype == "bool"):
-                    facts.float_read.add(tv.storage.index)
+                domain_read(tv.storage)
 
 
 def _kernel_path_facts(op: Op, rule: oprules.KernelPath, facts: _Facts) -> None:
@@ -633,21 +635,20 @@ def _carry_shape_fills(ops: list[Op], facts: _Facts) -> None:
         if rule is None or rule[1] >= len(op.outputs):
             continue
         out = op.outputs[rule[1]]
-        wanted = facts.computed_shape.get(out.storage.index) \
-            if isinstance(out, TensorValue) and out.storage is not None else None
         source = next((a.value for a in op.args if a.spec.name == rule[0]), None)
-        if not isinstance(source, TensorValue) or source.meta.numel != out.meta.numel:
+        if not (isinstance(out, TensorValue) and out.storage is not None
+                and isinstance(source, TensorValue) and source.meta.numel == out.meta.numel):
             continue
-        known = facts.computed_data.get(out.storage.index) \
-            if isinstance(out, TensorValue) and out.storage is not None else None
-        if known is not None:  # (a multiset: a sort's source holds the same values)
-            facts.fit_lengths.pop((op.index, rule[1]), None)
-            facts.known(source, known[0], f"{known[1]} (via {op.name})")
-        if wanted is None:
+        wanted = facts.computed_shape.get(out.storage.index)
+        known = facts.computed_data.get(out.storage.index)
+        if wanted is None and known is None:
             continue
-        init, why = wanted
         facts.fit_lengths.pop((op.index, rule[1]), None)  # fitted at the source instead
-        facts.shape_fill(source, init, f"{why} (via {op.name})")
+        if known is not None:  # (a multiset: a sort's source holds the same values)
+            facts.known(source, known[0], f"{known[1]} (via {op.name})")
+        if wanted is not None:
+            init, why = wanted
+            facts.shape_fill(source, init, f"{why} (via {op.name})")
 
 
 def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
