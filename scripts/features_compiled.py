@@ -18,18 +18,25 @@ def _mlp():
     return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
 
 
-def _compiled_sgd(model, batches):
-    """A training step of ``torch.compile(model)`` with SGD, on the batch ``batches()``
-    gives for each call (its size is what the steps below vary)."""
-    compiled = torch.compile(model)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+def _trained(run, params, batches, optimizer=torch.optim.AdamW, lr=1e-3):
+    """A training step of ``run`` (a module, compiled or not) over the batch
+    ``batches()`` gives for each call, its parameters ``params`` updated by
+    ``optimizer``."""
+    opt = optimizer(params, lr=lr)
 
     def step():
         opt.zero_grad()
-        compiled(batches()).pow(2).mean().backward()
+        run(batches()).pow(2).mean().backward()
         opt.step()
 
     return step
+
+
+def _compiled_sgd(model, batches):
+    """A training step of ``torch.compile(model)`` with SGD, on the batch ``batches()``
+    gives for each call (its size is what the steps below vary)."""
+    return _trained(torch.compile(model), model.parameters(), batches,
+                    torch.optim.SGD, lr=1e-2)
 
 
 def c_opt_adamw():
@@ -166,30 +173,15 @@ def c_regional():
     blocks = nn.Sequential(*[_Block() for _ in range(3)])
     for blk in blocks:
         blk.compile()
-    opt = torch.optim.AdamW(blocks.parameters(), lr=1e-3)
     x = torch.randn(2, 16, 32)
-
-    def step():
-        opt.zero_grad()
-        blocks(x).pow(2).mean().backward()
-        opt.step()
-
-    return step
+    return _trained(blocks, blocks.parameters(), lambda: x)
 
 
 def _train_backend(**kw):
     torch.manual_seed(0)
     m = nn.Sequential(_Block(), _Block())
-    cm = torch.compile(m, **kw)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
     x = torch.randn(2, 16, 32)
-
-    def step():
-        opt.zero_grad()
-        cm(x).pow(2).mean().backward()
-        opt.step()
-
-    return step
+    return _trained(torch.compile(m, **kw), m.parameters(), lambda: x)
 
 
 def c_aot_eager():
@@ -334,16 +326,8 @@ def c_compiled_sac():
             return x
 
     m = M()
-    cm = torch.compile(m)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
     x = torch.randn(2, 16, 32)
-
-    def step():
-        opt.zero_grad()
-        cm(x).pow(2).mean().backward()
-        opt.step()
-
-    return step
+    return _trained(torch.compile(m), m.parameters(), lambda: x)
 
 
 def c_autocast_nograd():
