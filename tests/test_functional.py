@@ -15,6 +15,7 @@ import torch
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.constants import HARNESS_SCOPE
 from mystique_gen.driver import generate
+from mystique_gen.sources.et import load_trace
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, record_et, run_benchmark
@@ -864,6 +865,42 @@ def test_views_made_again_after_an_in_place_write_replay_as_the_new_views(tmp_pa
     _text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
     assert out["skipped_at_runtime"] == []
     assert replayed == original, (original - replayed, replayed - original)
+
+
+def test_in_place_metadata_ops_on_inputs_replay_on_the_recorded_layouts(tmp_path):
+    """A step that reshapes the batch it receives in place (`squeeze_`, `t_`,
+    `unsqueeze_`, `resize_`, `as_strided_`): the original received a fresh batch each
+    step, the replay's inputs are made once. Every iteration (here the one --et records,
+    the fifth, values not reset) starts from the recorded layouts: before, the second
+    iteration squeezed [5, 5] where the original squeezed [5, 1, 5, 1]."""
+    def make_step() -> Callable[[], None]:
+        weight = torch.randn(5, 5)
+        batch = torch.randn(5, 1, 5, 1), torch.randn(5, 3), torch.randn(4, 4)
+
+        def step() -> None:
+            images, mask, flat = batch  # made outside the step: inputs of the replay
+            images.squeeze_()
+            mask.t_().unsqueeze_(0)
+            flat.resize_(16).as_strided_((2, 2), (1, 2), 1)
+            (images @ weight).sum().add_(mask.sum()).add_(flat.sum())
+        return step
+
+    def shapes(path: Path) -> list[tuple[str, list]]:
+        return [(n.name, [(a.shape, a.strides) for a in n.inputs if a.shape][:1])
+                for n in load_trace(path).nodes if n.name.endswith("_")]
+
+    torch.manual_seed(0)
+    original = record_et(make_step(), tmp_path / "step.et.json")
+    bench = tmp_path / "bench.py"
+    generate(original, bench, GenerateOptions(command_line="test"))
+    replay = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "2", "--iters", "2",
+                         "--reset-inputs", "off", "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = shapes(original)
+    assert {name for name, _ in want} >= {"aten::squeeze_", "aten::t_", "aten::resize_",
+                                          "aten::as_strided_"}
+    assert shapes(replay) == want
 
 
 def _median_backward() -> Callable[[], None]:
