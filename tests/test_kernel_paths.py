@@ -237,9 +237,22 @@ def _empty_bags():
     return lambda: bag(ids, offsets).sum().backward()
 
 
+def _split_points():
+    """tensor_split by a tensor of points ([2, 7] of 10 rows) and by a 0-d count of
+    sections: filled at random, they split at other points (every output, and what
+    reads it, at other sizes)."""
+    x = torch.randn(10, 4, requires_grad=True)
+    points, sections = torch.tensor([2, 7]), torch.tensor(3)
+
+    def step() -> None:
+        parts = [*torch.tensor_split(x, points), *torch.tensor_split(x, sections, 1)]
+        sum(p.sum() * k for k, p in enumerate(parts)).backward()
+    return step
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("make_step", [_renormed_rows, _packed_lengths, _computed_lengths,
-                                       _empty_bags])
+                                       _empty_bags, _split_points])
 def test_kernel_paths_that_values_decide_run_as_recorded(tmp_path, make_step):
     """Filled values took other paths through these kernels: no row above max_norm (16
     mul_ in a model's step, none replayed), lengths packed in other blocks (a
@@ -269,6 +282,15 @@ def test_a_renormed_table_has_the_recorded_rows_above_max_norm():
     norms = torch.linalg.vector_norm(table, ord=1.0, dim=1)
     assert (norms > 0.5).nonzero().flatten().tolist() == [1, 7]
     torch.testing.assert_close(norms[[1, 7]], torch.tensor([2.5, 0.75]))
+
+
+def test_split_points_are_the_int_overloads_recorded_values():
+    rule = KERNEL_PATHS["aten::tensor_split"]
+    facts = rule.facts({"tensor_indices_or_sections": (2,)}, [[(2, 4), (5, 4), (3, 4)]],
+                       (2, 7))
+    assert facts is not None and facts.values == (("tensor_indices_or_sections", (2, 7)),)
+    assert rule.facts({"tensor_indices_or_sections": ()}, [], (3,)) is not None
+    assert rule.facts({"tensor_indices_or_sections": (3,)}, [], (2, 7)) is None
 
 
 def test_packed_runs_give_the_recorded_lengths():

@@ -51,12 +51,15 @@ from mystique_gen.oprules.base import (
     ClassCount,
     CommRule,
     Fill,
+    FloatRange,
     IntArg,
     KernelPath,
     OpFamily,
     PathFacts,
     PerDim,
+    ShiftedRange,
     SizeOf,
+    float_range,
 )
 from mystique_gen.oprules.categories import CATEGORY_ORDER, DEFAULT_CATEGORY, op_category
 from mystique_gen.oprules.collectives import (
@@ -127,7 +130,7 @@ COMPLEMENTS: dict[str, tuple[str, str]] = merged("complements")
 PRODUCTS: dict[str, str] = merged("products")
 DIFFERENCES: dict[str, tuple[str, str]] = merged("differences")
 INCREASING: dict[str, tuple[str, ...]] = merged("increasing")
-FLOAT_RANGES: dict[str, dict[str, tuple[float, float]]] = merged("float_ranges")
+FLOAT_RANGES: dict[str, dict[str, FloatRange]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
 MOVES_ROWS: dict[str, tuple[str, str]] = merged("moves_rows")
@@ -208,7 +211,8 @@ __all__ = [
     "KERNEL_PATHS", "KernelPath", "PathFacts",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",
-    "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES",
+    "DEFAULT_FLOATING", "DEFAULT_INTEGRAL", "FAMILIES", "FLOAT_RANGES", "FloatRange",
+    "ShiftedRange", "float_range",
     "FORWARD_AD_LEVELS", "FULL_PRECISION", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
     "COMPLEMENTS", "DIFFERENCES", "INCREASING", "KEEPS_SIGN", "LINEAR_PACKED",

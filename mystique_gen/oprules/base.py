@@ -178,6 +178,34 @@ class KernelPath:
         raise NotImplementedError  # pragma: no cover - abstract
 
 
+@dataclass(frozen=True)
+class ShiftedRange:
+    """A floating argument's range that moves with an int argument ``arg``:
+    ``(low, high) + step * (arg - 1)``. ``mvlgamma(x, p)`` sums ``lgamma(x - j / 2)``
+    for j < p, so it needs ``x > (p - 1) / 2``: (0.5, 2.0) shifted by 0.5 a term."""
+
+    low: float
+    high: float
+    arg: str
+    step: float
+
+    def bounds(self, args: Facts) -> tuple[float, float] | None:
+        value = args.get(self.arg)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        shift = self.step * (value - 1)
+        return (self.low + shift, self.high + shift)
+
+
+# A floating argument's range: fixed, or moving with an int argument.
+FloatRange = tuple[float, float] | ShiftedRange
+
+
+def float_range(rule: FloatRange, args: Facts) -> tuple[float, float] | None:
+    """The (low, high) of ``rule`` for an op called with ``args``."""
+    return rule.bounds(args) if isinstance(rule, ShiftedRange) else rule
+
+
 class Fill:
     """How one input must be filled for a data-dependent output to keep its size."""
 
@@ -275,7 +303,7 @@ class OpFamily:
     # cumulative product of 1 - beta).
     products: dict[str, str] = field(default_factory=dict)
     # Floating arguments that must lie in a range: {op: {argument: (low, high)}}.
-    float_ranges: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    float_ranges: dict[str, dict[str, FloatRange]] = field(default_factory=dict)
     # Inputs filled so that a data-dependent output keeps its recorded size.
     shape_rules: dict[str, dict[str, Fill]] = field(default_factory=dict)
     # Ops whose output sizes depend on their input values (fitted at run time).

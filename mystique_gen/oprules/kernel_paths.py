@@ -4,8 +4,9 @@ Some kernels run other children depending on their inputs' values, not only thei
 shapes: ``embedding_renorm_`` scales only the looked-up rows whose norms exceed
 ``max_norm`` (one ``mul_`` each), a max-mode embedding bag's backward selects its
 non-empty bags (``nonzero`` of the bag sizes), ``pack_padded_sequence`` copies one
-block per run of equal batch sizes. Filled values took other paths (no row scaled,
-other bag counts, other blocks), so the replay ran other children than the original.
+block per run of equal batch sizes, ``tensor_split`` by a tensor splits where its
+values say. Filled values took other paths (no row scaled, other bag counts, other
+blocks, other splits), so the replay ran other children than the original.
 The children the trace records say what the values were, or enough of them: each rule
 reads them at selection (``read``) and says how to fill the op's inputs so that the
 replay takes the recorded path (``facts``, passes/values.py)."""
@@ -138,11 +139,36 @@ class PackedRuns(KernelPath):
         return PathFacts(values=(("lengths", lengths),))
 
 
+class SplitPoints(KernelPath):
+    """``tensor_split`` at points (or a count of sections) given as a tensor reads it
+    on the host and calls its ``int[]`` overload, which the trace records with the
+    values: the tensor is filled with them (filled at random, the replay split at other
+    points, and every output had another shape)."""
+
+    def read(self, node: RawNode, below: list[RawNode]) -> tuple | None:
+        for child in below:
+            if child.parent != node.id or child.name != node.name or len(child.inputs) < 2:
+                continue
+            value = child.inputs[1].value
+            if isinstance(value, int) and not isinstance(value, bool):
+                return (value,)
+            if isinstance(value, list) and all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in value):
+                return tuple(value)
+        return None
+
+    def facts(self, args: Facts, outputs: OutShapes, recorded: tuple) -> PathFacts | None:
+        if _numel(args.get("tensor_indices_or_sections")) != len(recorded):
+            return None
+        return PathFacts(values=(("tensor_indices_or_sections", recorded),))
+
+
 FAMILY = OpFamily(
     name="kernel paths",
     kernel_paths={
         "aten::embedding_renorm_": RenormedRows(),
         "aten::_embedding_bag_backward": EmptyBags(),
         "aten::_pack_padded_sequence": PackedRuns(),
+        "aten::tensor_split": SplitPoints(),
     },
 )

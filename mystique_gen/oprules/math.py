@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import OpFamily
+from mystique_gen.oprules.base import OpFamily, ShiftedRange
 
 # Integer division by zero raises (ZeroDivisionError), so a divisor the replay fills (a
 # wrapped Python int such as top_k, or a tensor built from a list) never holds 0;
@@ -14,6 +14,7 @@ _DIVISIONS = ("aten::div", "aten::div_", "aten::floor_divide", "aten::floor_divi
 # Non-negative arguments make these non-negative (add's alpha is 1 as the trace records
 # it almost always; a negative one is checked where the rule is applied).
 _BINARY = ("self", "other")
+_MULTIGAMMA = ShiftedRange(0.5, 2.0, "p", 0.5)
 _KEEPS_SIGN = {
     **{op: _BINARY for op in ("aten::add", "aten::add_", "aten::mul", "aten::mul_",
                               "aten::div", "aten::div_", "aten::maximum", "aten::minimum")},
@@ -91,6 +92,10 @@ FAMILY = OpFamily(
         # digamma's derivatives: the same poles at 0 and the negative integers
         "aten::polygamma": {"self": (0.5, 2.0)},
         "aten::special_polygamma": {"self": (0.5, 2.0)},
+        # lgamma(x - j / 2) for j < p: x above (p - 1) / 2
+        "aten::mvlgamma": {"self": _MULTIGAMMA},
+        "aten::mvlgamma_": {"self": _MULTIGAMMA},
+        "aten::special_multigammaln": {"self": _MULTIGAMMA},
         "aten::acos": {"self": (-0.9, 0.9)},
         "aten::asin": {"self": (-0.9, 0.9)},
         "aten::atanh": {"self": (-0.9, 0.9)},

@@ -151,14 +151,17 @@ def inherited_domains(composites: tuple[RawNode, ...], args: list[Arg]
             names = [spec.name for spec in parse_signature(node.op_schema).args]
         except SchemaError:
             continue
+        scalars = {name: raw.value for name, raw in zip(names, node.inputs, strict=False)
+                   if type(raw.value) is int}
         for name, raw in zip(names, node.inputs, strict=False):  # trailing defaults
             value = raw.value
             if not (isinstance(value, list) and len(value) >= 2
                     and all(type(v) is int for v in value[:2])):
                 continue
             why = f"{node.name} {name} (replayed as its children)"
-            if name in ranges:
-                wanted.setdefault((value[0], value[1]), ("range", *ranges[name], why))
+            bounds = oprules.float_range(ranges[name], scalars) if name in ranges else None
+            if bounds is not None:
+                wanted.setdefault((value[0], value[1]), ("range", *bounds, why))
             elif name in positive:
                 low, high = oprules.POSITIVE_FLOATING[1:]
                 wanted.setdefault((value[0], value[1]), ("positive", low, high, why))

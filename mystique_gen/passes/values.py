@@ -555,10 +555,14 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             if tv.storage is not None:
                 facts.positive.setdefault(tv.storage.index, f"{op.name} {arg_name}")
                 domain_read(tv.storage)
-    for arg_name, (low, high) in (float_ranges or {}).items():
+    for arg_name, range_rule in (float_ranges or {}).items():
+        bounds = oprules.float_range(range_rule, args)
+        if bounds is None:
+            continue
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
-                facts.float_range.setdefault(tv.storage.index, (low, high, f"{op.name} {arg_name}"))
+                facts.float_range.setdefault(tv.storage.index,
+                                             (*bounds, f"{op.name} {arg_name}"))
                 domain_read(tv.storage)
 
 
