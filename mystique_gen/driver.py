@@ -491,6 +491,15 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             "to wait, and the median recorded step's gaps above the quietest step's by "
             f"at most that{_stalled(program.timing)}; else stderr "
             "says which")])
+    if not program.ops:  # (every op a compiled kernel the trace does not hold, say)
+        waits = program.timing is not None and program.timing.tail_gap_us is not None
+        message = f"no op of {source.trace.name} replays (see the header's ops not " + (
+            "replayed): with --host-gaps recorded the benchmark waits the recorded "
+            "step's host time, and times nothing else" if waits else
+            "replayed): the benchmark times nothing; --kineto with the step's Kineto "
+            "trace and --host-gaps recorded replay its recorded time")
+        warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
+        program = replace(program, diagnostics=program.diagnostics + [note(message)])
     return program
 
 

@@ -23,7 +23,7 @@ from mystique_gen.harness import runtime
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.hostgaps import _match, _observed, profile_gaps, typical_step_total
 from mystique_gen.passes.select import select_ops
-from mystique_gen.sources.et import load_trace
+from mystique_gen.sources.et import load_trace, trace_from_document
 from mystique_gen.sources.kineto import CpuEvent, load_kineto, profile_beside
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import compare_traces, kineto_times, op_multiset
@@ -743,3 +743,46 @@ def test_gaps_recorded_with_a_devices_activity_are_calibrated_under_it(tmp_path)
             assert runtime._activities(("with_stack",)) == [ProfilerActivity.CPU]
     finally:
         runtime._RUNTIME["device"] = saved
+
+
+def test_a_step_with_no_replayable_op_is_all_tail():
+    """Profiled steps whose ops none replays (a compiled step's fused kernels): each
+    step's time is its tail, where there was no gap to hold it."""
+    b = TraceBuilder()
+    b.annotation("Torch-Compiled Region: 0/0")
+    trace = trace_from_document(b.doc(), name="compiled.et.json", sha256="")
+    assert not select_ops(trace).ops
+    events = []
+    for k, dur in enumerate((300.0, 340.0, 320.0)):
+        start = 1000.0 * k
+        events.append(_ev(len(events), STEP_SCOPE, start, dur))
+        events.append(_ev(len(events), "Torch-Compiled Region: 0/0", start + 5.0, dur - 10.0,
+                          annotation=True))
+    found = profile_gaps(trace, events)
+    assert found is not None and found.steps == 3 and not found.gaps
+    assert found.tail == pytest.approx(320.0) and found.tail_annotations == 1
+
+
+@pytest.mark.slow
+def test_a_compiled_step_whose_kernels_the_trace_lacks_replays_its_recorded_time(tmp_path):
+    """Inductor's fused C++ kernels are not in the trace, and this step has nothing
+    else: its benchmark timed nothing (0.5 us against 330 us) where the header
+    promised that --host-gaps recorded replays a compiled region's time. The step's
+    profiled time replays as its tail, and the generator says what is left."""
+    torch.set_num_threads(1)
+    x = torch.randn(256, 256)
+    fused = torch.compile(lambda t: (t.sin() * t.cos()).exp().sum(1))
+
+    def step() -> None:
+        with torch.no_grad():
+            fused(x)
+
+    result = capture(step, tmp_path, name="fused", timing_iters=5, profile_steps=3)
+    bench = tmp_path / "bench.py"
+    with pytest.warns(UserWarning, match="no op of fused.et.json replays"):
+        generate(result.et_path, bench, kineto=result.kineto_path)
+    out = last_json(run_benchmark(bench, "--warmup", "1", "--iters", "3", "--json",
+                                  "--host-gaps", "recorded").stdout)
+    assert out["ops"] == 0 and out["host_gaps_replayed"]
+    assert "records no strides" not in bench.read_text()  # it has no tensor to lack them
+    assert out["iter_ms_median"] > 0.5 * result.step_ms_median

@@ -161,7 +161,9 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
             return None
         taken.add(best[0])
         threads.append((nodes, best[1]))
-    profiled = len(threads[0][1]) if threads else 0
+    # No op replays (every one a compiled kernel the trace does not hold): each step
+    # is all tail, and the benchmark waits it (it timed nothing before).
+    profiled = len(threads[0][1]) if threads else len(scopes) if not selected else 0
     kept = [i for i in range(profiled) if all(runs[i] is not None for _, runs in threads)]
     if len(kept) < min(MATCHING_STEPS, profiled):
         return None
@@ -186,6 +188,10 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
                                   annotated=annotated).items():
             samples[nid].append(gap.us)
             counts[nid].append((gap.events, gap.calls, gap.annotations))
+        if scopes and not order:
+            scope = scopes[i]
+            tails.append((scope.dur, begun_in(((scope.pid, scope.tid),), scope.ts,
+                                              scope.end + 1e-3, starts, traced, annotated)))
         if not scopes or not order:
             continue
         scope, first = scopes[i], order[0][2]

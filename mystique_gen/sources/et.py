@@ -124,8 +124,14 @@ class RawTrace:
     def records_strides(self) -> bool:
         """Whether the observer wrote tensors' strides (torch 2.4 and later): without
         them, every tensor is taken to be row-major, which a kernel's result may not
-        have been where the trace was made."""
-        return any(arg.strides is not None for n in self.nodes for arg in n.inputs)
+        have been where the trace was made. A trace without tensor arguments (a
+        compiled step whose kernels it does not hold) has no strides to lack."""
+        tensors = False
+        for arg in (arg for n in self.nodes for arg in n.inputs):
+            if arg.strides is not None:
+                return True
+            tensors = tensors or "Tensor" in arg.type
+        return not tensors
 
     @property
     def node_count(self) -> int:
