@@ -26,7 +26,7 @@ from mystique_gen import oprules, progress
 from mystique_gen.backends import distributed as dist_backend
 from mystique_gen.backends import single as single_backend
 from mystique_gen.backends.base import GenerateOptions
-from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX
+from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, SIDECAR_SUFFIX
 from mystique_gen.errors import MystiqueError, OptionError
 from mystique_gen.harness import runtime
 from mystique_gen.ir import (
@@ -154,13 +154,29 @@ def link_source(source: Source, kineto: KinetoTrace, path: str | Path) -> None:
 KinetoPaths = str | Path | Sequence[str | Path] | None
 
 
+# tensorboard_trace_handler names each file <worker>.<time>.pt.trace.json[.gz].
+TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+KINETO_SUFFIXES = (KINETO_SUFFIX, KINETO_SUFFIX + ".gz")
+NOT_KINETO_SUFFIXES = tuple(x + z for x in (ET_SUFFIX, SIDECAR_SUFFIX) for z in ("", ".gz"))
+
+
 def kineto_paths(kineto: KinetoPaths) -> list[Path]:
     """``--kineto`` as files: one path or several, a directory standing for its Kineto
     traces (its ``*.kineto.json`` files where it has any, see :func:`expand_inputs`)."""
     if kineto is None:
         return []
-    return expand_inputs([kineto] if isinstance(kineto, (str, Path)) else list(kineto),
-                         KINETO_SUFFIX)
+    out: list[Path] = []
+    for p in map(Path, [kineto] if isinstance(kineto, (str, Path)) else list(kineto)):
+        found = expand_inputs([p], KINETO_SUFFIX)
+        if p.is_dir() and not any(f.name.endswith(KINETO_SUFFIXES) for f in found):
+            # No capture's naming: tensorboard_trace_handler's (*.pt.trace.json.gz)
+            # where it has any; the ET, an ET+ or a step.json written beside them (as
+            # HTA's and PARAM's recipes write them into one folder) are no Kineto trace
+            # (they were counted as ones: "4 Kineto traces (eager.json, et.json, ...)").
+            found = [f for f in found if f.name.endswith(TENSORBOARD_SUFFIXES)] or \
+                [f for f in found if not f.name.endswith(NOT_KINETO_SUFFIXES)]
+        out.extend(found)
+    return out
 
 
 def one_kineto(path: str | Path | None) -> Path | None:
@@ -400,10 +416,16 @@ def link_kineto(program: Program, build: Build) -> Program:
                                          serial=not build.options.threaded)
         if build.links.other_process is not None:
             et_pid, kineto_pid = build.links.other_process
-            program = replace(program, diagnostics=program.diagnostics + [note(
+            # Not the ET's own recording: another run's times and gaps (its profiler
+            # settings, its machine's load) stand in for this one's. Said on stderr
+            # too, as every other pair that is not one recording is: in the header
+            # alone, another run's Kineto trace given by mistake went unnoticed.
+            message = (
                 f"{source.kineto.name} was recorded by another process (pid {kineto_pid}) "
                 f"than the ET (pid {et_pid}): ids are not shared, so ops link by name "
-                "and order")])
+                "and order, and its times and host gaps are another run's")
+            warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
+            program = replace(program, diagnostics=program.diagnostics + [note(message)])
         if program.timing is not None:
             program.timing.measured_step_ms = source.step_ms
             linked, total = program.timing.linked_ops, len(program.ops)
@@ -470,6 +492,13 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
         steps = hostgaps.apply_session_steps(program, source.trace, source.kineto,
                                              build.links.offset if build.links else None,
                                              serial=serial)
+    if steps and program.timing is not None and not program.timing.observer_in_gaps:
+        # The observer was started and stopped by hand inside a longer profile: the
+        # steps it did not record gave the gaps (passes/hostgaps.py), which the header
+        # said nowhere but in ORIGINAL.
+        program = replace(program, diagnostics=program.diagnostics + [note(
+            f"host gaps from {program.timing.host_gaps}: the steps the ET observer did "
+            "not record, in the same profile, so no observer's cost is in them")])
     if program.timing is not None and program.timing.observer_in_gaps:
         why = "its record function ids show one" if elsewhere else "linked by id"
         # Medians over several steps need no damping.
@@ -602,7 +631,9 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
     trace, or one per rank trace (matched by the rank each records, else in order)."""
     options = options or BuildOptions()
     files = expand_inputs(paths)
-    kinetos = kineto_paths(kineto)
+    # A --kineto directory that also holds the ET (one folder for both): not a Kineto trace.
+    given = {f.resolve() for f in files}
+    kinetos = [k for k in kineto_paths(kineto) if k.resolve() not in given]
     if kinetos and options.compose is not None:
         raise OptionError("--kineto links one trace; it cannot go with --compose")
     sources = [load_source(p) for p in files]
@@ -615,7 +646,9 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
     if len(kinetos) > 1:
         raise OptionError(f"{len(kinetos)} Kineto traces "
                           f"({', '.join(k.name for k in kinetos)}) for one trace "
-                          f"({files[0].name}): --kineto takes one Kineto trace per trace")
+                          f"({files[0].name}): --kineto takes one Kineto trace per trace "
+                          "(a profiler whose schedule repeats writes one per cycle: give "
+                          "one cycle's, that of the step to replay)")
     if kinetos:
         link_source(sources[0], load_kineto(kinetos[0]), kinetos[0])
     program = run_passes(sources, options, consume=consume)

@@ -122,6 +122,36 @@ def test_profile_gaps_median_over_steps(captured):
     assert profile_gaps(trace, events[1:second] + events[second + 1:]) is None
 
 
+def test_a_stall_in_one_of_two_steps_is_not_half_replayed(captured):
+    """A schedule's ``active=2`` records two steps: a median of two is their mean, so a
+    recorder's stall of milliseconds in one step went half into its gap, and the
+    step's total (a mean too) passed the stall check (an MLP's Adam step with
+    ``with_stack``: 19.0 and 2.1 ms of gaps, 10.5 ms replayed against a 5 ms eager
+    step). Of two samples, one a spike against the other, the other is kept."""
+    trace = load_trace(captured.et_path)
+    nodes = [s.node for s in select_ops(trace).ops]
+    stalled = nodes[len(nodes) // 2].id
+    events, t = [], 0.0
+    for step in range(2):
+        start = t
+        for node in nodes:
+            if step == 1 and node.id == stalled:
+                t += 8000.0  # the stall, before this op in the second step
+            events.append(_ev(len(events), node.name, t, 1.0))
+            t += 1.0 + (4.0 if step == 0 else 6.0)
+        events.append(_ev(len(events), STEP_SCOPE, start - 0.5, t - start))
+        t += 100.0
+    found = profile_gaps(trace, sorted(events, key=lambda e: (e.ts, -e.dur)))
+    assert found is not None and found.steps == 2
+    assert found.gaps[stalled] < 10.0  # 4 us (before: 4005 us, half the stall)
+    # Gaps that differ by less than a spike keep their median of two (5 us).
+    others = [g for nid, g in found.gaps.items() if nid not in (stalled, nodes[0].id)]
+    assert all(4.0 <= g <= 6.0 * 1.1 for g in others)
+    # The gaps add up to about the quiet step's, not to half the stall (4195 us).
+    assert found.typical_total is not None and \
+        found.typical_total < min(found.step_totals) * 1.5
+
+
 def test_profile_gaps_count_the_profilers_own_scopes(captured):
     """A backward op's gap holds the autograd engine's scopes, recorded only while
     profiling: each gap says how many began in it (children of ops do not count), and
@@ -616,6 +646,9 @@ def test_steps_profiled_without_the_observer_serve_as_profile_only_steps(tmp_pat
     text = generate(et_path, tmp_path / "bench.py", kineto=kineto)
     assert "steps profiled without the ET observer" in " ".join(text.split())
     assert '"observer_in_gaps": False' in text
+    # The header says where the gaps came from, not only ORIGINAL.
+    header = " ".join(text.split('"""')[1].split())
+    assert "steps profiled without the ET observer" in header
 
 
 def test_unmarked_steps_profiled_without_the_observer_serve_as_well(tmp_path):

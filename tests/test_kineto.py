@@ -185,7 +185,9 @@ def test_a_kineto_trace_of_another_process_links_by_order(pair, tmp_path, profil
             args["External id"] = args.pop("Record function id")
     other = tmp_path / "other.json"
     other.write_text(json.dumps(doc))
-    program = compile_trace(et, kineto=other)
+    # Another run's times are not the ET's: said on stderr, not in the header alone.
+    with pytest.warns(UserWarning, match="other.json was recorded by another process"):
+        program = compile_trace(et, kineto=other)
     assert program.timing is not None
     assert set(program.timing.link_methods) == {"order"}
     assert program.timing.linked_ops >= 0.95 * len(program.ops)
@@ -352,6 +354,26 @@ def test_inspect_takes_a_directory_of_one_kineto_trace(shared_traces, tmp_path, 
     (logs / "worker0.2.pt.trace.json.gz").write_bytes(kineto)
     assert cli_main(["inspect", et, "--kineto", str(logs)]) == 2
     assert "2 Kineto traces in this directory" in capsys.readouterr().err
+
+
+def test_a_kineto_directory_beside_its_et_takes_the_tensorboard_file(shared_traces, tmp_path,
+                                                                  capsys):
+    """HTA's and PARAM's recipes write the ET and tensorboard_trace_handler's file into
+    one folder, often with notes of their own: --kineto DIR is the *.pt.trace.json.gz
+    there, not the ET or another JSON file (before: "3 Kineto traces (et.json, ...)",
+    refused)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "worker0.1.pt.trace.json.gz").write_bytes(
+        (shared_traces / "hta" / "simple_add_kineto.json.gz").read_bytes())
+    (logs / "et.json.gz").write_bytes(
+        (shared_traces / "hta" / "simple_add_et.json.gz").read_bytes())
+    (logs / "notes.json").write_text("{}")
+    et = str(logs / "et.json.gz")
+    assert cli_main(["inspect", et, "--kineto", str(logs), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["linked_ops"] == 10
+    assert cli_main([et, "--kineto", str(logs), "-o", str(tmp_path / "bench.py")]) == 0
+    assert "linked" in (tmp_path / "bench.py").read_text()
 
 
 def test_kineto_loader_errors_are_clean():
