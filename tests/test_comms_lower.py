@@ -410,6 +410,38 @@ def test_sized_collectives_run_on_the_mesh_dimension_whose_ranks_issue_them_alik
     assert [p.ops[0].comm.group for p in hinted] == [3, 3, 4, 4]
 
 
+def test_sized_collectives_on_overlapping_groups_of_one_size_run_where_members_meet():
+    """``new_group([0, 1])``, ``[1, 2]`` and ``[0, 2]`` on 3 ranks, an all-gather on
+    each: gloo records no group, and each rank put every gather on the first group of
+    the gathers' size it is in (rank 0's gather on [0, 2] on [0, 1], rank 2's on
+    [1, 2]); no mesh dimension fits, nothing moved, and the replay hung. Each group,
+    in creation order, takes the gathers its members issue alike."""
+    groups = [ProcessGroupSpec(0, "0", "default", None, 3),
+              ProcessGroupSpec(1, "1", "p01", (0, 1), 2),
+              ProcessGroupSpec(2, "2", "p12", (1, 2), 2),
+              ProcessGroupSpec(3, "3", "p02", (0, 2), 2)]
+    own = {0: [(1, 8), (3, 24)], 1: [(1, 8), (2, 16)], 2: [(2, 16), (3, 24)]}
+
+    def rank(r: int) -> Program:
+        first = next(g.index for g in groups[1:] if r in g.ranks)
+        program = Program.empty()
+        program.ops = [_comm_op(i, ALLREDUCE_INT, numel, CommInfo(
+            call="all_gather_into_tensor", group=first, sized=True))
+            for i, (_, numel) in enumerate(own[r])]
+        program.distributed = DistInfo(world_size=3, rank=r, groups=groups,
+                                       groups_recorded=True)
+        return program
+
+    programs = [rank(r) for r in range(3)]
+    assert regroup_sized_collectives(programs, [0, 1, 2]) == 3
+    assert [[op.comm.group for op in p.ops] for p in programs] == \
+        [[g for g, _ in own[r]] for r in range(3)]
+    # What the groups' members do not issue alike has no group: nothing moves.
+    odd = [rank(r) for r in range(3)]
+    odd[2].ops.pop()
+    assert regroup_sized_collectives(odd, [0, 1, 2]) == 0
+
+
 def test_a_reduction_of_a_reduced_result_crosses_the_first_group():
     """HSDP on a 2 x 2 mesh: each rank reduce-scatters over its dp group ([0, 1] or
     [2, 3]), then all-reduces that shard; gloo records the all-reduce's group nowhere,

@@ -554,7 +554,39 @@ def regroup_sized_collectives(programs: Sequence[Program], ranks: Sequence[int])
                        and _at_recorded_places(d, ops_of)), None)
         if chosen is not None:
             moved += _move(ops_of, chosen)
+        else:
+            moved += _sized_on_overlapping_groups(info, size, ops_of)
     return moved
+
+
+def _sized_on_overlapping_groups(info: DistInfo, size: int,
+                                 ops_of: dict[int, list[Op]]) -> int:
+    """Where no mesh dimension of ``size`` fits (groups of that size that overlap:
+    ``new_group([0, 1])``, ``[1, 2]``, ``[0, 2]`` on 3 ranks), give each such group, in
+    creation order, the calls its members issue alike, in order, among those not yet
+    placed; only where every call then has a group (else nothing moves). Each rank had
+    put every call on the first group of that size it is in: on 3 ranks, rank 0's
+    all-gathers on ``[0, 2]`` went to ``[0, 1]``, rank 2's to ``[1, 2]``, and the replay
+    hung. Returns how many moved."""
+    candidates = [g for g in info.groups if g.size == size and g.ranks is not None]
+    member_of = Counter(rank for g in candidates for rank in g.ranks or ())
+    if not any(count > 1 for count in member_of.values()):
+        return 0  # one group of that size per rank: the first is the only one
+    rest = {rank: list(ops) for rank, ops in ops_of.items()}
+    taken: list[tuple[ProcessGroupSpec, dict[int, list[Op]]]] = []
+    for group in candidates:
+        members = group.ranks
+        if members is None or not all(rest.get(m) for m in members):
+            continue
+        inside = _common_sequence({m: rest[m] for m in members})[1]
+        if not inside[members[0]]:
+            continue
+        moving = {id(op) for ops in inside.values() for op in ops}
+        rest = {rank: [op for op in ops if id(op) not in moving] for rank, ops in rest.items()}
+        taken.append((group, inside))
+    if not taken or any(rest.values()):
+        return 0
+    return sum(_move(inside, [group]) for group, inside in taken)
 
 
 def _rooted(op: Op) -> bool:
