@@ -151,6 +151,31 @@ def test_float_powers_base_is_positive_as_pows():
     assert (init.kind, init.low, init.high) == ("uniform", 0.5, 1.5)
 
 
+@pytest.mark.parametrize("alias,dtype,expect", [
+    # torch.true_divide of booleans: x / False = inf (OpInfo's bool true_divide sample)
+    ("aten::true_divide.Tensor(Tensor self, Tensor other) -> Tensor", "bool",
+     ("ones", 0, 0)),
+    # torch.special.logit: log(x / (1 - x)) outside (0, 1) is NaN
+    ("aten::special_logit(Tensor self, float? eps=None) -> Tensor", "float32",
+     ("uniform", 0.05, 0.95)),
+])
+def test_an_alias_keeps_the_domain_of_the_op_it_calls(alias, dtype, expect):
+    """The rules name canonical ops (div, logit); an alias or wrapper records its own
+    name above the op it calls with the same tensors, and is replayed whole: the
+    rule of its recorded child holds for the tensors both read."""
+    b = TraceBuilder()
+    x, other, out = b.tensor((6,), dtype=dtype), b.tensor((6,), dtype=dtype), b.tensor((6,))
+    two = alias.startswith("aten::true_divide")
+    parent = b.op(alias, [x, other] if two else [x, None], [out])
+    child = ("aten::div.Tensor(Tensor self, Tensor other) -> Tensor" if two else
+             "aten::logit(Tensor self, float? eps=None) -> Tensor")
+    b.op(child, [x, other] if two else [x, None], [out], parent=parent)
+    program = _program(b)
+    inits = [s.init for s in program.storages if s.materialised and s.dtype == dtype]
+    got = inits[-1] if two else inits[0]  # the divisor; logit's only input
+    assert (got.kind, got.low, got.high) == expect
+
+
 @pytest.mark.parametrize("p,low", [(1, 0.5), (3, 1.5), (5, 2.5)])
 def test_a_multivariate_log_gammas_input_lies_above_its_pole(p, low):
     """mvlgamma(x, p) sums lgamma(x - j / 2) for j < p: NaN-free only where

@@ -50,7 +50,7 @@ from mystique_gen.ir.dtypes import (
 )
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.passes import kernels
-from mystique_gen.passes.select import Selected, SparseTensors
+from mystique_gen.passes.select import Domain, Selected, SparseTensors, recorded_domains
 from mystique_gen.sources.et import RawArg, RawNode
 
 
@@ -129,42 +129,23 @@ def lower_ops(selected: list[Selected], comm: CommHook | None = None, *,
             made_grad_node=sel.made_grad_node,
             requires_grad_args=sel.requires_grad_args,
             kernel_path=sel.kernel_path,
-            domains=inherited_domains(sel.composites, args),
+            domains=inherited_domains(sel.composites, args, sel.child_domains),
         ))
     return ops, skipped
 
 
-def inherited_domains(composites: tuple[RawNode, ...], args: list[Arg]
-                      ) -> dict[tuple[str, int | None], tuple[str, float, float, str]]:
+def inherited_domains(composites: tuple[RawNode, ...], args: list[Arg],
+                      from_children: tuple[tuple[tuple[int, int], Domain], ...] = ()
+                      ) -> dict[tuple[str, int | None], Domain]:
     """The value domains (``oprules.POSITIVE_ARGS``, ``FLOAT_RANGES``) of composite ops
     replayed as their children, on the arguments of one child that read the same
-    tensors (by trace and storage id). ``torch.quantile`` under autograd is replayed as
-    its children, which check its levels and turn them into gather indices: without
-    its [0, 1] rule the replay filled them at random and failed."""
-    wanted: dict[tuple[int, int], tuple[str, float, float, str]] = {}
-    for node in composites:
-        positive = oprules.POSITIVE_ARGS.get(node.name, ())
-        ranges = oprules.FLOAT_RANGES.get(node.name, {})
-        if not (positive or ranges) or not node.op_schema:
-            continue
-        try:
-            names = [spec.name for spec in parse_signature(node.op_schema).args]
-        except SchemaError:
-            continue
-        scalars = {name: raw.value for name, raw in zip(names, node.inputs, strict=False)
-                   if type(raw.value) is int}
-        for name, raw in zip(names, node.inputs, strict=False):  # trailing defaults
-            value = raw.value
-            if not (isinstance(value, list) and len(value) >= 2
-                    and all(type(v) is int for v in value[:2])):
-                continue
-            why = f"{node.name} {name} (replayed as its children)"
-            bounds = oprules.float_range(ranges[name], scalars) if name in ranges else None
-            if bounds is not None:
-                wanted.setdefault((value[0], value[1]), ("range", *bounds, why))
-            elif name in positive:
-                low, high = oprules.POSITIVE_FLOATING[1:]
-                wanted.setdefault((value[0], value[1]), ("positive", low, high, why))
+    tensors (by trace and storage id), and those ``from_children`` (the op's own
+    recorded children's, ``Selected.child_domains``). ``torch.quantile`` under autograd
+    is replayed as its children, which check its levels and turn them into gather
+    indices: without its [0, 1] rule the replay filled them at random and failed."""
+    wanted = recorded_domains(composites, " (replayed as its children)")
+    for key, domain in from_children:
+        wanted.setdefault(key, domain)
     found: dict[tuple[str, int | None], tuple[str, float, float, str]] = {}
     for arg in args:
         items = arg.value.items if isinstance(arg.value, ListValue) else (arg.value,)

@@ -74,6 +74,42 @@ INDUCTOR_CPP_NOTE = ("Inductor's C++ wrapper called it (cpp_wrapper, AOTInductor
 TensorKey = tuple[int, int, int]  # (tensor id, storage id, element size)
 
 
+# A value domain of one tensor: ("positive" | "range", low, high, why).
+Domain = tuple[str, float, float, str]
+
+
+def recorded_domains(nodes: Iterator[RawNode] | list[RawNode] | tuple[RawNode, ...],
+                     suffix: str = "") -> dict[tuple[int, int], Domain]:
+    """The value domains (``oprules.POSITIVE_ARGS``, ``FLOAT_RANGES``) that the rules of
+    ``nodes`` put on the tensors they read, by (trace id, storage id); the first node
+    to name a tensor wins. ``suffix`` ends each reason."""
+    wanted: dict[tuple[int, int], Domain] = {}
+    for node in nodes:
+        positive = oprules.POSITIVE_ARGS.get(node.name, ())
+        ranges = oprules.FLOAT_RANGES.get(node.name, {})
+        if not (positive or ranges) or not node.op_schema:
+            continue
+        try:
+            names = [spec.name for spec in parse_signature(node.op_schema).args]
+        except SchemaError:
+            continue
+        scalars = {name: raw.value for name, raw in zip(names, node.inputs, strict=False)
+                   if type(raw.value) is int}
+        for name, raw in zip(names, node.inputs, strict=False):  # trailing defaults
+            value = raw.value
+            if not (isinstance(value, list) and len(value) >= 2
+                    and all(type(v) is int for v in value[:2])):
+                continue
+            why = f"{node.name} {name}{suffix}"
+            bounds = oprules.float_range(ranges[name], scalars) if name in ranges else None
+            if bounds is not None:
+                wanted.setdefault((value[0], value[1]), ("range", *bounds, why))
+            elif name in positive:
+                low, high = oprules.POSITIVE_FLOATING[1:]
+                wanted.setdefault((value[0], value[1]), ("positive", low, high, why))
+    return wanted
+
+
 @dataclass(frozen=True)
 class Selected:
     node: RawNode
@@ -89,6 +125,11 @@ class Selected:
     composites: tuple[RawNode, ...] = ()
     # What its recorded children show about its inputs' values (oprules.KERNEL_PATHS).
     kernel_path: tuple | None = None
+    # The value domains its recorded children's rules put on the tensors it reads
+    # itself ((trace id, storage id), (kind, low, high, why)): an alias or wrapper
+    # (``true_divide``, ``special_logit``) calls the op the rule names with the same
+    # tensors (:func:`recorded_domains`).
+    child_domains: tuple[tuple[tuple[int, int], Domain], ...] = ()
 
 
 @dataclass
@@ -1238,6 +1279,7 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
             skipped.append(not_replayed(node.id, node.name, "no operator schema recorded"))
     _reveal_grad(selected, covered)
     _read_kernel_paths(selected, covered)
+    _read_child_domains(selected, covered)
     _reveal_fold(selected, covered)
     _mark_grad_node_makers(selected, trace, by_id)
     return Selection(selected, skipped, sorted(threads), covered)
@@ -1406,6 +1448,34 @@ def _read_kernel_paths(selected: list[Selected], covered: list[RawNode]) -> None
         nodes = sorted(below.get(node_id, []), key=lambda n: n.id)
         selected[k] = replace(selected[k], kernel_path=oprules.KERNEL_PATHS[node.name].read(
             node, nodes))
+
+
+def _read_child_domains(selected: list[Selected], covered: list[RawNode]) -> None:
+    """Keep, for each op replayed whole, the domains its recorded children's rules put
+    on tensors it reads itself (``Selected.child_domains``). The rules name canonical
+    ops; an alias or a wrapper records its own name above the op it calls, with the
+    same tensors: ``torch.true_divide`` of booleans divided by False (inf), and
+    ``torch.special.logit`` read values outside (0, 1)."""
+    ruled = [n for n in covered if n.name in oprules.POSITIVE_ARGS
+             or n.name in oprules.FLOAT_RANGES]
+    if not ruled:
+        return
+    index = {sel.node.id: k for k, sel in enumerate(selected)}
+    owner = nearest_selected(set(index), covered)
+    below: dict[int, list[RawNode]] = {}
+    for node in ruled:
+        found = owner(node.parent)
+        if found is not None:
+            below.setdefault(found, []).append(node)
+    for node_id, nodes in below.items():
+        k = index[node_id]
+        reads = {tuple(record[:2]) for arg in selected[k].node.inputs
+                 for record in tensor_records(arg)}
+        found = {key: domain for key, domain in recorded_domains(
+            sorted(nodes, key=lambda n: n.id), " (recorded inside it)").items()
+            if key in reads}
+        if found:
+            selected[k] = replace(selected[k], child_domains=tuple(found.items()))
 
 
 def nearest_selected(selected: set[int], covered: list[RawNode]

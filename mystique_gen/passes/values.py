@@ -592,7 +592,13 @@ def _kernel_path_facts(op: Op, rule: oprules.KernelPath, facts: _Facts) -> None:
 
 
 def _inherited_domains(op: Op, facts: _Facts) -> None:
-    """The domains of a composite op replayed as its children (``Op.domains``)."""
+    """The domains of a composite op replayed as its children, or of an op's own
+    recorded children (``Op.domains``); an integral or boolean tensor they reach
+    keeps them as integers where the op's result is floating (``facts.float_read``)."""
+    if not op.domains:
+        return
+    float_out = any(tv.meta.dtype in FLOATING or tv.meta.dtype.startswith("complex")
+                    for _path, tv in output_paths(op.outputs))
     for arg in op.args:
         items = arg.value.items if isinstance(arg.value, ListValue) else (arg.value,)
         for k, item in enumerate(items):
@@ -605,6 +611,8 @@ def _inherited_domains(op: Op, facts: _Facts) -> None:
                 facts.positive.setdefault(item.storage.index, why)
             else:
                 facts.float_range.setdefault(item.storage.index, (low, high, why))
+            if float_out and (item.storage.dtype in INTEGRAL or item.storage.dtype == "bool"):
+                facts.float_read.add(item.storage.index)
 
 
 def _propagate_bounds(ops: list[Op], facts: _Facts) -> None:
