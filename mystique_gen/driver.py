@@ -99,6 +99,7 @@ from mystique_gen.sources.et import RawTrace, load_trace
 from mystique_gen.sources.kineto import (
     KinetoTrace,
     host_probe_of,
+    host_share_of,
     literals_of,
     load_kineto,
     profile_beside,
@@ -122,6 +123,8 @@ class Source:
     profile: KinetoTrace | None = None  # profile-only steps beside it (host gaps)
     host_probe_us: float | None = None  # the capture host's speed while profiling them
     step_ms: float | None = None  # the eager step the capture timed (its step.json)
+    # the share of those steps in which the step's thread had the CPU (step.json)
+    host_share: float | None = None
     num_threads: int | None = None  # intra-op CPU threads the capture ran with (step.json)
     # the values of 0-d floating arguments and of the literals each step built alike,
     # which the capture recorded beside the trace (step.json)
@@ -149,6 +152,7 @@ def link_source(source: Source, kineto: KinetoTrace, path: str | Path) -> None:
     source.profile = load_kineto(profile) if profile is not None else None
     source.host_probe_us = host_probe_of(sidecar) if profile is not None else None
     source.step_ms = step_ms_of(sidecar)
+    source.host_share = host_share_of(sidecar)
 
 
 KinetoPaths = str | Path | Sequence[str | Path] | None
@@ -426,6 +430,10 @@ def link_kineto(program: Program, build: Build) -> Program:
                 "and order, and its times and host gaps are another run's")
             warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
             program = replace(program, diagnostics=program.diagnostics + [note(message)])
+        loaded = _loaded_host(program, source)
+        if loaded:
+            warnings.warn(loaded, stacklevel=2)  # the CLI prints it on stderr
+            program = replace(program, diagnostics=program.diagnostics + [note(loaded)])
         if program.timing is not None:
             program.timing.measured_step_ms = source.step_ms
             linked, total = program.timing.linked_ops, len(program.ops)
@@ -452,6 +460,28 @@ def link_kineto(program: Program, build: Build) -> Program:
                 warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
                 program = replace(program, diagnostics=program.diagnostics + [note(message)])
     return program
+
+
+# Below this share of its steps' wall clock on the CPU, the capture's host was loaded.
+LOADED_HOST_SHARE = 0.8
+
+
+def _loaded_host(program: Program, source: Source) -> str | None:
+    """Where the capture's host was busy with other work, what that means. Its timed
+    steps measure the step thread's CPU time beside the wall clock (step.json's
+    ``host_share``): on a host to itself the thread has the CPU through a CPU step, and
+    spins for its intra-op workers. Other processes on its core stretch every op and
+    every gap alike; the benchmark, on a quiet host, replays the ops at their own speed
+    but waits the stretched gaps (an MLP step captured beside two busy processes on its
+    core: share 0.34, 108 ms against 34 ms on the idle core). A step on an accelerator
+    waits for it in syncs, which may sleep: not judged."""
+    share = source.host_share
+    if share is None or share >= LOADED_HOST_SHARE or program.primary_device != "cpu":
+        return None
+    return (f"the capture's host was loaded: its step's thread had the CPU {share:.0%} of "
+            "each timed step (step.json's host_share), so its recorded host gaps and "
+            "step time are those of a busy host; --host-gaps recorded replays them as "
+            "such (capture on an idle host, or pin the job to a core of its own)")
 
 
 def _unprofiled_threads(program: Program) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -819,3 +820,26 @@ def test_a_compiled_step_whose_kernels_the_trace_lacks_replays_its_recorded_time
     assert out["ops"] == 0 and out["host_gaps_replayed"]
     assert "records no strides" not in bench.read_text()  # it has no tensor to lack them
     assert out["iter_ms_median"] > 0.5 * result.step_ms_median
+
+
+def test_a_capture_on_a_loaded_host_is_said_to_be_one(captured, tmp_path):
+    """Other processes on the capture's core stretch its ops and gaps alike; the
+    benchmark on a quiet host replays its ops at their speed but waits the stretched
+    gaps (an MLP step beside two busy processes on its core: 108 ms against 34 ms
+    idle). The capture measures the step thread's CPU time beside the wall clock, and
+    the generator says where the thread had the CPU for less than 80% of a step."""
+    sidecar = json.loads(captured.sidecar_path.read_text())
+    assert len(sidecar["step_cpu_ms"]) == len(sidecar["step_ms"])
+    assert 0 < sidecar["host_share"] <= 1.5  # intra-op workers' spinning is not the thread's
+    for share, warned in ((0.55, True), (0.95, False)):
+        out = tmp_path / str(share)
+        out.mkdir()
+        for path in captured.et_path.parent.glob("mlp.*"):
+            (out / path.name).write_bytes(path.read_bytes())
+        (out / "mlp.step.json").write_text(json.dumps({**sidecar, "host_share": share}))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            program = compile_trace(out / "mlp.et.json", kineto=out / "mlp.kineto.json")
+        said = [str(w.message) for w in seen if "host was loaded" in str(w.message)]
+        assert bool(said) == warned
+        assert any("host was loaded" in d.reason for d in program.diagnostics) == warned

@@ -327,6 +327,12 @@ def threads_of(sidecar: dict[str, Any]) -> int | None:
     return value if type(value) is int and value > 0 else None
 
 
+def host_share_of(sidecar: dict[str, Any]) -> float | None:
+    """The median share of the capture's timed steps in which the step's thread had
+    the CPU (the sidecar's ``host_share``, ``tools/capture.host_share``), if any."""
+    return _positive(sidecar, "host_share")
+
+
 def step_ms_of(sidecar: dict[str, Any]) -> float | None:
     """The eager step time the capture measured without any recorder attached (the
     sidecar's ``step_ms_median``), if any: the clock a replay is compared with."""
