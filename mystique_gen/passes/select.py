@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Callable, Iterable, Iterator, Set
 from dataclasses import dataclass, field, replace
 
 from mystique_gen import oprules
@@ -78,7 +78,7 @@ TensorKey = tuple[int, int, int]  # (tensor id, storage id, element size)
 Domain = tuple[str, float, float, str]
 
 
-def recorded_domains(nodes: Iterator[RawNode] | list[RawNode] | tuple[RawNode, ...],
+def recorded_domains(nodes: Iterable[RawNode],
                      suffix: str = "") -> dict[tuple[int, int], Domain]:
     """The value domains (``oprules.POSITIVE_ARGS``, ``FLOAT_RANGES``) that the rules of
     ``nodes`` put on the tensors they read, by (trace id, storage id); the first node
