@@ -8,6 +8,8 @@ import json
 import os
 import shlex
 import sys
+import threading
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -221,6 +223,7 @@ def run_capture(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.warmup < 1 or args.timing_iters < 1 or args.profile_steps < 1:
         raise MystiqueError("--warmup, --timing-iters and --profile-steps must be at least 1")
+    before = set(threading.enumerate())
     try:
         result = capture_script(
             command, args.out, name=args.name, warmup=args.warmup,
@@ -232,7 +235,30 @@ def run_capture(args: argparse.Namespace) -> int:
     print(json.dumps(result_dict(result)))
     print(f"captured one optimizer step: eager {result.step_ms_median:.3f} ms "
           f"(median); wrote {result.et_path}", file=sys.stderr)
+    _leave_script_threads(before)
     return 0
+
+
+def _leave_script_threads(before: set[threading.Thread], grace_s: float = 1.0) -> None:
+    """Exit now where the stopped script left threads of its own running that are not
+    daemons (a prefetching thread that its loop's end would have stopped): the
+    interpreter waited for them at exit, and the capture, its files written, never
+    ended."""
+    deadline = time.monotonic() + grace_s
+    left = []
+    for thread in threading.enumerate():
+        if thread in before or thread.daemon or not thread.is_alive():
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            left.append(thread.name)
+    if not left:
+        return
+    print(f"mystique-gen: note: the stopped script's threads {', '.join(left)} still run; "
+          "exiting without waiting for them", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_compare(args: argparse.Namespace) -> int:

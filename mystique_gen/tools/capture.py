@@ -28,6 +28,8 @@ import runpy
 import statistics
 import sys
 import time
+import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
@@ -164,6 +166,7 @@ class _Recorder:
 
     def start(self) -> None:
 
+        self.env = self._environment()  # (a generator's context: once per start)
         self.env.__enter__()
         if self.kineto_path is not None:
             self._may_profile()
@@ -559,6 +562,8 @@ class _StepClock:
     recording: bool = False
     profiling: bool = False
     profiled: int = 0  # annotated steps completed
+    done: bool = False  # CaptureDone raised: the capture is complete
+    said_done: bool = False
 
     def __post_init__(self) -> None:
         self.times: list[float] = []
@@ -567,13 +572,28 @@ class _StepClock:
         self.probe: _SubclassProbe | None = None  # the first step's (start_probe)
         # The optimizers in the order they first stepped, and the last of them
         # (the one whose steps end the script's steps), once one steps again.
-        self.cycle: list[int] = []
-        self.last_in_cycle: int | None = None
+        self.cycle: list[tuple[int, ...]] = []
+        self.last_in_cycle: tuple[int, ...] | None = None
+        self.previous: tuple[int, ...] | None = None  # the last optimizer to step
+        self.repeated = False  # the last in the cycle stepped twice in a row since ...
+        self.evidence = 0  # ... and another stepped after such a run, so many times
+        self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # The two steps after the recorded one run under it (record_scalars).
         self.scalar_mode: _ScalarRecorder | None = None
         self.inputs = CapturedInputs()
 
     def on_step(self, optimizer: object = None) -> None:
+        if self.done:
+            # The script caught CaptureDone (a bare ``except:`` around its step, to
+            # skip a bad batch) and went on: the clock started over, recorded and
+            # profiled again, and timed those steps (a 0.4 ms step's median read
+            # 7.8 ms). It changes nothing now, and stops the script at each step.
+            if not self.said_done:
+                self.said_done = True
+                print("mystique-gen: warning: the script caught the capture's stop (a "
+                      "bare except?) and goes on: its further steps are not recorded",
+                      file=sys.stderr)
+            raise CaptureDone
         self.finish_probe()
         if not self._ends_a_step(optimizer):
             return
@@ -585,6 +605,7 @@ class _StepClock:
             self.profiled += 1
             if self.profiled >= self.profile_steps:
                 self.finish_profile()
+                self.done = True
                 raise CaptureDone
             self.recorder.probe()
             self._open_scope()
@@ -601,6 +622,7 @@ class _StepClock:
                 return
             self.finish_scalars()
             if self.recorder.profile_path is None or not self.recorder.start_profile():
+                self.done = True
                 raise CaptureDone
             self.profiling = True
             self.recorder.probe()
@@ -635,18 +657,80 @@ class _StepClock:
     def _ends_a_step(self, optimizer: object) -> bool:
         """Whether this ``optimizer.step()`` ends a step of the script: a step of the
         optimizer that steps last in the script's cycle of optimizers (the order they
-        first step in, up to the first that steps again). A GAN steps its
+        first step in, up to the first that steps again; one that first steps later
+        joins it, last, and where the last steps several times in a row between
+        another's steps, that other's steps end the steps). A GAN steps its
         discriminator's and its generator's in turn, and each ended a step: the
         recorded step was half an iteration, and the timed ones alternated halves.
         With one optimizer, every step of it ends one."""
-        key = id(optimizer)
+        key = self._key(optimizer)
+        previous, self.previous = self.previous, key
         if self.last_in_cycle is None:
             if key not in self.cycle:
                 self.cycle.append(key)
                 self.steps += 1  # a warm-up step of its own, until the cycle is known
                 return False
             self.last_in_cycle = self.cycle[-1]
+        if key == self.last_in_cycle:
+            # Twice in a row, where another optimizer steps too: it steps several
+            # times an iteration (a WGAN's critic, after its generator's step).
+            self.repeated = self.repeated or (previous == key and len(self.cycle) > 1)
+        elif key in self.cycle:
+            if self.repeated:
+                # Another steps after such a run: a step ends at its step where it
+                # did so twice (a GradScaler's skipped step is one run of one).
+                self.repeated = False
+                self.evidence += 1
+                if self.evidence >= 2:
+                    self.last_in_cycle = key
+                    self._restart()
+        else:
+            # An optimizer that had not stepped when the cycle was fixed: a WGAN's
+            # generator, after its critic's n_critic steps (each critic step ended a
+            # step: the recorded step was a critic step alone), or a second phase's
+            # (a linear probe, then fine-tuning: its steps ended none, and the script
+            # "made 5 optimizer steps"). It steps last in the cycle now; the steps
+            # timed or recorded so far were not whole iterations: start again.
+            self.cycle.append(key)
+            self.last_in_cycle = key
+            self._restart()
         return key == self.last_in_cycle
+
+    def _key(self, optimizer: object) -> tuple[int, ...]:
+        """An optimizer, by the parameters it updates: one re-created over the same
+        parameters (every iteration, or per epoch) is the same optimizer, where its
+        ``id`` changes or, freed, comes back as another's."""
+        try:
+            return self._keys[optimizer]
+        except (KeyError, TypeError):
+            pass
+        try:
+            key = tuple(id(p) for group in optimizer.param_groups  # type: ignore[attr-defined]
+                        for p in group["params"]) or (id(optimizer),)
+        except Exception:  # noqa: BLE001 (not a torch.optim optimizer as it should be)
+            key = (id(optimizer),)
+        with suppress(TypeError):
+            self._keys[optimizer] = key
+        return key
+
+    def _restart(self) -> None:
+        """Warm up, time and record again from this step on (the cycle changed):
+        a recording or profile in progress is dropped (its files are written again)."""
+        print(f"mystique-gen: note: another optimizer stepped after {self.steps} steps: "
+              "steps end at its steps now; warming up again", file=sys.stderr)
+        if self.recording:
+            self.recorder.stop()
+            self.recording = False
+        if self.scalar_mode is not None:
+            self.scalar_mode.__exit__(None, None, None)
+            self.scalar_mode = None
+        if self.profiling:
+            self.finish_profile()
+            self.profiled = 0
+        self.recorder.probes.clear()
+        self.repeated, self.evidence = False, 0
+        self.steps, self.last = 0, None
+        self.times, self.cpu_times = [], []
 
     def finish_scalars(self) -> None:
         """Leave the scalar recorder's mode and keep what it recorded."""
@@ -745,7 +829,7 @@ def capture_script(
     :func:`capture` does."""
 
     if argv and Path(argv[0]).name.startswith("python"):
-        argv = argv[1:]
+        argv = _interpreter_options(argv[1:])
     if not argv:
         raise ScriptError("no script given: mystique-gen capture -o DIR -- python train.py")
     module = None
@@ -807,6 +891,12 @@ def capture_script(
     recorded = 4 if recorder.kineto_path is not None else 3  # (the script's profiler
     # may have taken Kineto away)
     needed = warmup + timing_iters + recorded
+    if clock.steps == 0 and not clock.cycle:
+        raise ScriptError(
+            "the script made no optimizer step in this process: a script without a torch.optim "
+            "optimizer (inference) has no step boundary; capture a function of it with "
+            "the Python API (mystique_gen.tools.capture.capture(step_fn, DIR)); training in a "
+            "child process (torch.multiprocessing.spawn) is not seen")
     if clock.steps < needed:
         raise ScriptError(
             f"the script made {clock.steps} optimizer steps; capture needs {needed} "
@@ -817,6 +907,43 @@ def capture_script(
     if recorder.kineto_path is not None:
         extra["profile_steps"] = clock.profiled
     return _write_sidecar(out, name, clock.times, clock.cpu_times, warmup, recorder, extra)
+
+
+# Interpreter options that take a value (``-W ignore``, ``-X dev``), and those that
+# change nothing a capture sees (the script runs in the capture's interpreter).
+_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+_HARMLESS_OPTIONS = set("uBsqEIPb")
+
+
+def _interpreter_options(argv: list[str]) -> list[str]:
+    """``argv`` after ``python``, without the interpreter's own options (``python -u
+    train.py``, ``python -W ignore -m pkg.train``): the first was taken for the script
+    ("no such script: -u"). ``-W`` filters apply; the others that would change the run
+    (``-O``, ``-X``) are said to be ignored; ``-mpkg`` is ``-m pkg``."""
+    argv = list(argv)
+    while argv and argv[0].startswith("-") and argv[0] not in ("-", "-m"):
+        option = argv.pop(0)
+        if option == "--":
+            break
+        if option.startswith("-c"):
+            raise ScriptError("python -c is not captured: put the code in a script")
+        if option.startswith("-m"):  # -mpkg.train
+            return ["-m", option[2:], *argv]
+        value = None
+        if option in _OPTIONS_WITH_VALUE:
+            if not argv:
+                raise ScriptError(f"python {option} needs a value")
+            value = argv.pop(0)
+        elif option[:2] in ("-W", "-X"):
+            option, value = option[:2], option[2:]
+        if option == "-W":
+            with suppress(Exception):
+                warnings._processoptions([value])  # type: ignore[attr-defined]
+        elif not set(option[1:]) <= _HARMLESS_OPTIONS:
+            shown = option if value is None else f"{option} {value}"
+            print(f"mystique-gen: note: python option {shown} is ignored: the script runs "
+                  "in the capture's own interpreter", file=sys.stderr)
+    return argv
 
 
 def _watch_script_profilers(recorder: _Recorder) -> Callable[[], None]:
