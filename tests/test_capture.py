@@ -386,3 +386,53 @@ def test_each_rank_of_a_launched_job_writes_its_own_files(monkeypatch):
     assert rank_stem("step") == "step-rank-3"
     assert rank_stem("tp-rank-3") == "tp-rank-3"
     assert rank_stem("tp-rank-13") == "tp-rank-13-rank-3"
+
+
+@pytest.mark.parametrize("ending", ["raise RuntimeError('boom')", "raise SystemExit(3)"])
+def test_a_script_ending_inside_the_recorded_step_leaves_no_trace_to_replay(
+        tmp_path, capsys, ending):
+    """A rank that raised between its forward and backward in the recorded step left
+    its partial ET under the capture's name (4 ops: the forward); the generator made a
+    benchmark of it that hung against the other rank's all-reduce. It is set aside."""
+    script = _script(tmp_path / "train.py", f"""
+        import torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(20):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            if i == 3:  # the recorded step (--warmup 1 --timing-iters 1)
+                {ending}
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """)
+    try:
+        code = _capture(tmp_path / "o", "python", script)
+    except RuntimeError:  # the script's own error goes on up
+        code = 1
+    assert code != 0
+    out = tmp_path / "o"
+    assert not (out / "s.et.json").exists() and not (out / "s.kineto.json").exists()
+    assert (out / "s.et.json.incomplete").exists()
+    assert "set aside as s.et.json.incomplete" in capsys.readouterr().err
+
+
+def test_a_script_spawning_its_ranks_says_to_launch_them_with_torchrun(tmp_path, capsys):
+    """``torch.multiprocessing.spawn`` trains in fresh interpreters the capture does
+    not follow: the error said only "no optimizer step in this process", after the
+    whole training ran; it is said when the script spawns, and the error says why."""
+    script = _script(tmp_path / "train.py", """
+        import torch, torch.multiprocessing as mp
+        def run(rank, world):
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(2):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        if __name__ == "__main__":
+            mp.spawn(run, args=(2,), nprocs=2)
+        """)
+    assert _capture(tmp_path / "o", "python", script) != 0
+    err = capsys.readouterr().err
+    assert "starts 2 processes with torch.multiprocessing" in err
+    assert "launch the ranks with torchrun" in err

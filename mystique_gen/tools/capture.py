@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.multiprocessing
 from torch._C._profiler import _disable_execution_trace_observer
 from torch.optim import Optimizer
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -233,6 +234,19 @@ class _Recorder:
         self.prof.stop()
         assert self.profile_path is not None
         self.prof.export_chrome_trace(str(self.profile_path))
+
+    def set_aside(self) -> list[Path]:
+        """Rename the ET and Kineto trace of a step the script never finished (it raised,
+        exited or ended inside the recorded step) to ``*.incomplete``: under their own
+        names they were a capture's files, and the generator made a benchmark of rank 0's
+        forward alone (4 ops) that hung against rank 1's all-reduce."""
+        moved = []
+        for path in (self.et_path, self.kineto_path):
+            if path is not None and path.exists():
+                target = path.with_name(path.name + ".incomplete")
+                path.replace(target)
+                moved.append(target)
+        return moved
 
     def stop(self) -> None:
         assert self.observer is not None
@@ -860,6 +874,8 @@ def capture_script(
         else clock.on_step(opt))
     restore = _step_wrapper(clock.on_step)
     unwatch = _watch_script_profilers(recorder)
+    children: list[int] = []  # processes the script started with torch.multiprocessing
+    unwatch_spawn = _watch_spawned_processes(children)
     clock.start_probe()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = list(argv)
@@ -879,10 +895,17 @@ def capture_script(
         handle.remove()
         restore()
         unwatch()
+        unwatch_spawn()
         clock.finish_probe()
         sys.argv, sys.path[:] = saved_argv, saved_path
         if clock.recording:
             recorder.stop()
+            moved = recorder.set_aside()
+            if moved:
+                print("mystique-gen: note: the script ended inside the recorded step "
+                      f"(after {clock.steps} optimizer steps): its partial trace is not "
+                      f"a step, set aside as {', '.join(p.name for p in moved)}",
+                      file=sys.stderr)
         clock.finish_scalars()
         if clock.profiling:
             clock.finish_profile()
@@ -891,6 +914,13 @@ def capture_script(
     recorded = 4 if recorder.kineto_path is not None else 3  # (the script's profiler
     # may have taken Kineto away)
     needed = warmup + timing_iters + recorded
+    if clock.steps == 0 and not clock.cycle and children:
+        raise ScriptError(
+            f"the script trained in {sum(children)} child processes it started "
+            "(torch.multiprocessing.spawn) and made no optimizer step in this process, the "
+            "only one the capture records: launch the ranks with torchrun instead "
+            "(torchrun --nproc-per-node N $(which mystique-gen) capture -o DIR -- python "
+            "train.py, each rank calling init_process_group from the environment)")
     if clock.steps == 0 and not clock.cycle:
         raise ScriptError(
             "the script made no optimizer step in this process: a script without a torch.optim "
@@ -961,6 +991,34 @@ def _watch_script_profilers(recorder: _Recorder) -> Callable[[], None]:
 
     cls.start = start  # type: ignore[method-assign]
     return lambda: setattr(cls, "start", original)
+
+
+def _watch_spawned_processes(children: list[int]) -> Callable[[], None]:
+    """Note each ``torch.multiprocessing.spawn`` / ``start_processes`` of the script in
+    ``children`` (their number of processes) and say at once that the capture does not
+    follow them: a spawned child is a fresh interpreter without the capture's hooks, and
+    the script trained to its end before the capture said it saw no step. Returns the
+    undo."""
+    spawn_module = sys.modules.get("torch.multiprocessing.spawn")
+    owners = [m for m in (torch.multiprocessing, spawn_module) if hasattr(m, "start_processes")]
+    originals = [(m, m.start_processes) for m in owners]
+    original = torch.multiprocessing.start_processes
+
+    @functools.wraps(original)
+    def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        children.append(int(nprocs))
+        print(f"mystique-gen: warning: the script starts {nprocs} processes with "
+              "torch.multiprocessing: the capture records this process only, not what "
+              "they run (launch ranks with torchrun to capture each)", file=sys.stderr)
+        return original(fn, args, nprocs, *rest, **kwargs)
+
+    for module in owners:
+        module.start_processes = start_processes
+
+    def undo() -> None:
+        for module, function in originals:
+            module.start_processes = function
+    return undo
 
 
 def _find_module(name: str) -> object | None:
