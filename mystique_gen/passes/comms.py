@@ -572,18 +572,7 @@ def _sized_on_overlapping_groups(info: DistInfo, size: int,
     member_of = Counter(rank for g in candidates for rank in g.ranks or ())
     if not any(count > 1 for count in member_of.values()):
         return 0  # one group of that size per rank: the first is the only one
-    rest = {rank: list(ops) for rank, ops in ops_of.items()}
-    taken: list[tuple[ProcessGroupSpec, dict[int, list[Op]]]] = []
-    for group in candidates:
-        members = group.ranks
-        if members is None or not all(rest.get(m) for m in members):
-            continue
-        inside = _common_sequence({m: rest[m] for m in members})[1]
-        if not inside[members[0]]:
-            continue
-        moving = {id(op) for ops in inside.values() for op in ops}
-        rest = {rank: [op for op in ops if id(op) not in moving] for rank, ops in rest.items()}
-        taken.append((group, inside))
+    taken, rest = _groups_take_common_calls(candidates, ops_of)
     if not taken or any(rest.values()):
         return 0
     return sum(_move(inside, [group]) for group, inside in taken)
@@ -712,19 +701,9 @@ def _regroup_on_partial_groups(info: DistInfo, unaligned: dict[int, list[Op]]) -
     them, and the members waited for those ranks forever. Groups take their calls in
     creation order; where what is left fits nothing, nothing moves. Returns how many
     moved."""
-    rest = dict(unaligned)
-    taken: list[tuple[ProcessGroupSpec, dict[int, list[Op]]]] = []
-    for group in info.groups:
-        members = group.ranks
-        if members is None or not 1 < len(members) < info.world_size \
-                or not all(rest.get(m) for m in members):
-            continue
-        inside = _common_sequence({m: rest[m] for m in members})[1]
-        if not inside[members[0]]:
-            continue
-        moving = {id(op) for ops in inside.values() for op in ops}
-        rest = {rank: [op for op in ops if id(op) not in moving] for rank, ops in rest.items()}
-        taken.append((group, inside))
+    partial = [g for g in info.groups
+               if g.ranks is not None and 1 < len(g.ranks) < info.world_size]
+    taken, rest = _groups_take_common_calls(partial, unaligned)
     if not taken:
         return 0
     moved = 0
@@ -734,6 +713,27 @@ def _regroup_on_partial_groups(info: DistInfo, unaligned: dict[int, list[Op]]) -
             return 0
         moved += _move(rest, dimension)
     return moved + sum(_move(inside, [group]) for group, inside in taken)
+
+
+def _groups_take_common_calls(groups: Sequence[ProcessGroupSpec], ops_of: dict[int, list[Op]]
+                              ) -> tuple[list[tuple[ProcessGroupSpec, dict[int, list[Op]]]],
+                                         dict[int, list[Op]]]:
+    """Each of ``groups`` in turn takes, from what the groups before it left, the calls
+    its members issue alike in one order (:func:`_common_sequence`): the groups that
+    took some, each with its members' calls, and what is left per rank."""
+    rest = {rank: list(ops) for rank, ops in ops_of.items()}
+    taken: list[tuple[ProcessGroupSpec, dict[int, list[Op]]]] = []
+    for group in groups:
+        members = group.ranks
+        if members is None or not all(rest.get(m) for m in members):
+            continue
+        inside = _common_sequence({m: rest[m] for m in members})[1]
+        if not inside[members[0]]:
+            continue
+        moving = {id(op) for ops in inside.values() for op in ops}
+        rest = {rank: [op for op in ops if id(op) not in moving] for rank, ops in rest.items()}
+        taken.append((group, inside))
+    return taken, rest
 
 
 def _common_sequence(ops_of: dict[int, list[Op]]
