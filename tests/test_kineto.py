@@ -579,3 +579,26 @@ def test_ops_of_threads_the_profiler_never_saw_are_named_as_such():
     assert _unprofiled_threads(program) == 2  # thread 2's; thread 1's miss is a step's
     program.ops = [op(0, 1, False), op(1, 2, False)]
     assert _unprofiled_threads(program) == 0  # nothing linked: another run
+
+
+def test_original_ratio_across_thread_counts_is_named(pair, tmp_path):
+    """The capture ran with 1 intra-op thread (its step.json): the header names the
+    count, the result reports it beside the run's, and a --num-threads other than it
+    says on stderr that original_ratio compares two counts, not the replay with its
+    original (a 2-thread capture replayed with --num-threads 1 read 0.03 silently)."""
+    bench = tmp_path / "bench.py"
+    text = generate(pair[0], bench, kineto=pair[1])
+    assert "Captured with 1 intra-op CPU thread (" in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                         "--json", "--num-threads", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last_json(proc.stdout)
+    assert out["num_threads"] == 2 and out["captured_num_threads"] == 1
+    assert "original_ratio" in out
+    assert "original_ratio compares this run's 2 intra-op CPU threads with the " \
+        "capture's 1" in proc.stderr
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                         "--json", "--num-threads", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["captured_num_threads"] == 1
+    assert "intra-op" not in proc.stderr

@@ -563,6 +563,12 @@ class CodeGen:
             f"Estimated peak memory: {_human_bytes(p.peak_bytes)}"
             + (f" on {p.primary_device}, {_human_bytes(p.host_peak_bytes)} on the host"
                if p.host_peak_bytes else ""),
+        ]
+        if t.num_threads is not None:  # the capture's step.json: the ET does not say
+            lines.append(f"Captured with {t.num_threads} intra-op CPU thread"
+                         f"{'s' if t.num_threads != 1 else ''} (a CPU run: --num-threads "
+                         f"{t.num_threads} to match; default: torch's)")
+        lines += [
             "",
             "Filters applied:",
         ]

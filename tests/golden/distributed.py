@@ -3140,6 +3140,9 @@ def main(argv=None):
             "warmup": args.warmup,
             "device": str(device),
             "num_threads": torch.get_num_threads(),
+            # the capture's count (its step.json), null where none was recorded: an
+            # `original_ratio` compares this run's threads with those
+            "captured_num_threads": TRACE.get("num_threads"),
             "ops": OPS,
             "skipped_at_runtime": sorted(_RUNTIME["skipped"]),
             "inputs_not_made_bytes": _RUNTIME["unmade_bytes"],
@@ -3181,6 +3184,22 @@ def main(argv=None):
         result["original_ms_from"] = (job.original() or {}).get("step_ms_from")
         if times and original_ms:
             result["original_ratio"] = result["iter_ms_median"] / original_ms
+            captured = TRACE.get("num_threads")
+            if (
+                args.num_threads is not None
+                and device.type == "cpu"
+                and captured
+                and captured != torch.get_num_threads()
+            ):
+                # --num-threads asked for another count than the capture's: the
+                # ratio compares two thread counts, not the replay with its original
+                print(
+                    f"mystique: original_ratio compares this run's "
+                    f"{torch.get_num_threads()} intra-op CPU thread"
+                    f"{'s' if torch.get_num_threads() != 1 else ''} with the "
+                    f"capture's {captured}",
+                    file=sys.stderr,
+                )
     if args.et:
         _reset(snapshot)
         result["et"] = job.et_path(args.et)
