@@ -428,12 +428,10 @@ def link_kineto(program: Program, build: Build) -> Program:
                 f"{source.kineto.name} was recorded by another process (pid {kineto_pid}) "
                 f"than the ET (pid {et_pid}): ids are not shared, so ops link by name "
                 "and order, and its times and host gaps are another run's")
-            warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
-            program = replace(program, diagnostics=program.diagnostics + [note(message)])
+            program = _said(program, message)
         loaded = _loaded_host(program, source)
         if loaded:
-            warnings.warn(loaded, stacklevel=2)  # the CLI prints it on stderr
-            program = replace(program, diagnostics=program.diagnostics + [note(loaded)])
+            program = _said(program, loaded)
         if program.timing is not None:
             program.timing.measured_step_ms = source.step_ms
             linked, total = program.timing.linked_ops, len(program.ops)
@@ -457,9 +455,15 @@ def link_kineto(program: Program, build: Build) -> Program:
                     f"{source.kineto.name}: {why}; times, gaps and the "
                     "original step time stand for the linked ops only (--iteration N "
                     "picks a step it holds)")
-                warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
-                program = replace(program, diagnostics=program.diagnostics + [note(message)])
+                program = _said(program, message)
     return program
+
+
+def _said(program: Program, message: str) -> Program:
+    """``program`` with ``message`` in its header's notes, said on stderr as well (the
+    CLI prints warnings there): what a user must see before running the benchmark."""
+    warnings.warn(message, stacklevel=3)
+    return replace(program, diagnostics=program.diagnostics + [note(message)])
 
 
 # Below this share of its steps' wall clock on the CPU, the capture's host was loaded.
@@ -557,8 +561,7 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             "step's host time, and times nothing else" if waits else
             "replayed): the benchmark times nothing; --kineto with the step's Kineto "
             "trace and --host-gaps recorded replay its recorded time")
-        warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
-        program = replace(program, diagnostics=program.diagnostics + [note(message)])
+        program = _said(program, message)
     return program
 
 
