@@ -188,13 +188,14 @@ def profile_gaps(trace: RawTrace, profile_events: list[CpuEvent],
                                   annotated=annotated).items():
             samples[nid].append(gap.us)
             counts[nid].append((gap.events, gap.calls, gap.annotations))
-        if scopes and not order:
-            scope = scopes[i]
+        if not scopes:
+            continue
+        scope = scopes[i]
+        if not order:  # no op replays: the whole step is its tail
             tails.append((scope.dur, begun_in(((scope.pid, scope.tid),), scope.ts,
                                               scope.end + 1e-3, starts, traced, annotated)))
-        if not scopes or not order:
             continue
-        scope, first = scopes[i], order[0][2]
+        first = order[0][2]
         if scope.tid != first.tid:  # the step's own Python is on another thread
             continue
         on_step = ((first.pid, first.tid),)  # the step's own thread
