@@ -3026,6 +3026,14 @@ class _Local:
         return bool(flag)
 
 
+def _other_thread_count(device):
+    """The capture's intra-op thread count where a CPU run has another, else None."""
+    captured = TRACE.get("num_threads")
+    if device.type == "cpu" and captured and captured != torch.get_num_threads():
+        return captured
+    return None
+
+
 def _set_threads(threads, device):
     """Run with `threads` intra-op CPU threads where given; else say so on stderr where
     a CPU replay runs with another count than the capture did (its ops' times follow
@@ -3035,8 +3043,8 @@ def _set_threads(threads, device):
             sys.exit(f"mystique: --num-threads must be at least 1, not {threads}")
         torch.set_num_threads(threads)
         return
-    captured = TRACE.get("num_threads")
-    if device.type == "cpu" and captured and captured != torch.get_num_threads():
+    captured = _other_thread_count(device)
+    if captured:
         print(
             f"mystique: the capture ran with {captured} intra-op CPU thread"
             f"{'s' if captured != 1 else ''}, this run with "
@@ -3167,13 +3175,8 @@ def main(argv=None):
         result["original_ms_from"] = (job.original() or {}).get("step_ms_from")
         if times and original_ms:
             result["original_ratio"] = result["iter_ms_median"] / original_ms
-            captured = TRACE.get("num_threads")
-            if (
-                args.num_threads is not None
-                and device.type == "cpu"
-                and captured
-                and captured != torch.get_num_threads()
-            ):
+            captured = _other_thread_count(device)
+            if args.num_threads is not None and captured:
                 # --num-threads asked for another count than the capture's: the
                 # ratio compares two thread counts, not the replay with its original
                 print(
