@@ -381,6 +381,13 @@ class _Facts:
             return
         (self.shape if s.materialised else self.computed_shape).setdefault(s.index, (init, why))
 
+    def domain_read(self, s: Storage, float_out: bool) -> None:
+        """An integral or boolean storage a floating function reads under a domain
+        rule (``float_out``: the op's result is floating) keeps that domain in integers
+        (``_integral_domain``)."""
+        if float_out and (s.dtype in INTEGRAL or s.dtype == "bool"):
+            self.float_read.add(s.index)
+
     def known(self, tv: TensorValue, values: list[int], why: str) -> None:
         """Values a kernel's recorded children showed ``tv`` held (recorded data wins)."""
         s = tv.storage
@@ -542,19 +549,12 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             value = by_name.get(arg_name)
             if isinstance(value, TensorValue):
                 facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}")
-    # An op that computes a floating result from an integral input (log of a count)
-    # needs its domain in integers too (_integral_domain).
-    float_out = any(tv.meta.dtype in FLOATING or tv.meta.dtype.startswith("complex")
-                    for _path, tv in output_paths(op.outputs))
-    def domain_read(s: Storage) -> None:
-        if float_out and (s.dtype in INTEGRAL or s.dtype == "bool"):
-            facts.float_read.add(s.index)
-
+    float_out = _floating_result(op)
     for arg_name in positive:
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
                 facts.positive.setdefault(tv.storage.index, f"{op.name} {arg_name}")
-                domain_read(tv.storage)
+                facts.domain_read(tv.storage, float_out)
     for arg_name, range_rule in (float_ranges or {}).items():
         bounds = oprules.float_range(range_rule, args)
         if bounds is None:
@@ -563,7 +563,7 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             if tv.storage is not None:
                 facts.float_range.setdefault(tv.storage.index,
                                              (*bounds, f"{op.name} {arg_name}"))
-                domain_read(tv.storage)
+                facts.domain_read(tv.storage, float_out)
 
 
 def _kernel_path_facts(op: Op, rule: oprules.KernelPath, facts: _Facts) -> None:
@@ -591,14 +591,20 @@ def _kernel_path_facts(op: Op, rule: oprules.KernelPath, facts: _Facts) -> None:
             facts.row_norms(tv, max_norm, norm_type, rows, why)
 
 
+def _floating_result(op: Op) -> bool:
+    """Whether ``op`` returns a floating or complex tensor: an integral input it reads
+    under a domain rule (log of a count) needs that domain in integers too."""
+    return any(tv.meta.dtype in FLOATING or tv.meta.dtype.startswith("complex")
+               for _path, tv in output_paths(op.outputs))
+
+
 def _inherited_domains(op: Op, facts: _Facts) -> None:
     """The domains of a composite op replayed as its children, or of an op's own
     recorded children (``Op.domains``); an integral or boolean tensor they reach
     keeps them as integers where the op's result is floating (``facts.float_read``)."""
     if not op.domains:
         return
-    float_out = any(tv.meta.dtype in FLOATING or tv.meta.dtype.startswith("complex")
-                    for _path, tv in output_paths(op.outputs))
+    float_out = _floating_result(op)
     for arg in op.args:
         items = arg.value.items if isinstance(arg.value, ListValue) else (arg.value,)
         for k, item in enumerate(items):
@@ -611,8 +617,7 @@ def _inherited_domains(op: Op, facts: _Facts) -> None:
                 facts.positive.setdefault(item.storage.index, why)
             else:
                 facts.float_range.setdefault(item.storage.index, (low, high, why))
-            if float_out and (item.storage.dtype in INTEGRAL or item.storage.dtype == "bool"):
-                facts.float_read.add(item.storage.index)
+            facts.domain_read(item.storage, float_out)
 
 
 def _propagate_bounds(ops: list[Op], facts: _Facts) -> None:
