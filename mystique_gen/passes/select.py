@@ -1437,12 +1437,7 @@ def _read_kernel_paths(selected: list[Selected], covered: list[RawNode]) -> None
                if sel.node.name in oprules.KERNEL_PATHS}
     if not reading:
         return
-    owner = nearest_selected(set(reading), covered)
-    below: dict[int, list[RawNode]] = {}
-    for node in covered:
-        found = owner(node.parent)
-        if found is not None:
-            below.setdefault(found, []).append(node)
+    below = _by_owner(set(reading), covered, covered)
     for node_id, k in reading.items():
         node = selected[k].node
         nodes = sorted(below.get(node_id, []), key=lambda n: n.id)
@@ -1461,13 +1456,7 @@ def _read_child_domains(selected: list[Selected], covered: list[RawNode]) -> Non
     if not ruled:
         return
     index = {sel.node.id: k for k, sel in enumerate(selected)}
-    owner = nearest_selected(set(index), covered)
-    below: dict[int, list[RawNode]] = {}
-    for node in ruled:
-        found = owner(node.parent)
-        if found is not None:
-            below.setdefault(found, []).append(node)
-    for node_id, nodes in below.items():
+    for node_id, nodes in _by_owner(set(index), ruled, covered).items():
         k = index[node_id]
         reads = {tuple(record[:2]) for arg in selected[k].node.inputs
                  for record in tensor_records(arg)}
@@ -1476,6 +1465,18 @@ def _read_child_domains(selected: list[Selected], covered: list[RawNode]) -> Non
             if key in reads}
         if found:
             selected[k] = replace(selected[k], child_domains=tuple(found.items()))
+
+
+def _by_owner(selected: set[int], nodes: list[RawNode], covered: list[RawNode]
+              ) -> dict[int, list[RawNode]]:
+    """``nodes`` (of ``covered``) grouped by the selected op each lies in, in order."""
+    owner = nearest_selected(selected, covered)
+    below: dict[int, list[RawNode]] = {}
+    for node in nodes:
+        found = owner(node.parent)
+        if found is not None:
+            below.setdefault(found, []).append(node)
+    return below
 
 
 def nearest_selected(selected: set[int], covered: list[RawNode]
