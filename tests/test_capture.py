@@ -406,15 +406,48 @@ def test_a_script_ending_inside_the_recorded_step_leaves_no_trace_to_replay(
             loss.backward()
             opt.step()
         """)
-    try:
-        code = _capture(tmp_path / "o", "python", script)
-    except RuntimeError:  # the script's own error goes on up
-        code = 1
-    assert code != 0
+    assert _capture(tmp_path / "o", "python", script) != 0
     out = tmp_path / "o"
     assert not (out / "s.et.json").exists() and not (out / "s.kineto.json").exists()
+    assert not (out / "s.step.json").exists()
     assert (out / "s.et.json.incomplete").exists()
     assert "set aside as s.et.json.incomplete" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ending", ["raise RuntimeError('boom')", "raise SystemExit(3)",
+                                    "break"])
+def test_a_script_ending_after_the_recorded_step_keeps_it_with_its_eager_times(
+        tmp_path, capsys, ending):
+    """A script that raised, exited or ran out of steps after the recorded step, before
+    the steps that record literals and profile, left a whole ET and Kineto trace without
+    a step.json (no eager time for the benchmark to compare with), behind the script's
+    traceback alone. The step.json is written with what was measured, and the error
+    says what the capture lacks."""
+    script = _script(tmp_path / "train.py", f"""
+        import torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(20):
+            if i == 4:  # right after the recorded step (--warmup 1 --timing-iters 1)
+                {ending}
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """)
+    assert _capture(tmp_path / "o", "python", script) != 0
+    out = tmp_path / "o"
+    err = capsys.readouterr().err
+    step = json.loads((out / "s.step.json").read_text())
+    assert step["complete"] is False and len(step["step_ms"]) == 1
+    assert step["profile"] is None and not (out / "s.profile.json").exists()
+    assert "the recorded step is whole: s.et.json, s.kineto.json and s.step.json" in err
+    assert "without the literals" in err and "profile-only steps" in err
+    if ending.startswith("raise RuntimeError"):
+        assert "RuntimeError: boom" in err  # the script's own traceback, then the note
+    trace = load_trace(out / "s.et.json")
+    assert any(n.name == "aten::linear" for n in trace.nodes)
+    assert tools_main([str(out / "s.et.json"), "-o", str(tmp_path / "b.py")]) == 0
 
 
 def test_a_script_spawning_its_ranks_says_to_launch_them_with_torchrun(tmp_path, capsys):

@@ -28,6 +28,7 @@ import runpy
 import statistics
 import sys
 import time
+import traceback
 import warnings
 import weakref
 from collections.abc import Callable
@@ -878,6 +879,7 @@ def capture_script(
     unwatch_spawn = _watch_spawned_processes(children)
     clock.start_probe()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
+    raised: str | None = None  # why the script stopped before the capture was complete
     sys.argv = list(argv)
     sys.path.insert(0, search)
     try:
@@ -890,7 +892,10 @@ def capture_script(
         pass
     except SystemExit as exc:
         if exc.code not in (0, None):
-            raise ScriptError(f"the script exited with status {exc.code}") from None
+            raised = f"the script exited with status {exc.code}"
+    except Exception as exc:  # noqa: BLE001 (the script's own error, shown and reported)
+        traceback.print_exception(exc)
+        raised = f"the script raised {type(exc).__name__}: {exc}"
     finally:
         handle.remove()
         restore()
@@ -914,6 +919,8 @@ def capture_script(
     recorded = 4 if recorder.kineto_path is not None else 3  # (the script's profiler
     # may have taken Kineto away)
     needed = warmup + timing_iters + recorded
+    if raised is not None:
+        raise ScriptError(raised + _kept_after_recording(out, name, clock, recorder, argv))
     if clock.steps == 0 and not clock.cycle and children:
         raise ScriptError(
             f"the script trained in {sum(children)} child processes it started "
@@ -930,13 +937,46 @@ def capture_script(
     if clock.steps < needed:
         raise ScriptError(
             f"the script made {clock.steps} optimizer steps; capture needs {needed} "
-            f"(--warmup {warmup} + --timing-iters {timing_iters} + {recorded} recorded)")
+            f"(--warmup {warmup} + --timing-iters {timing_iters} + {recorded} recorded)"
+            + _kept_after_recording(out, name, clock, recorder, argv))
+    return _write_sidecar(out, name, clock.times, clock.cpu_times, warmup, recorder,
+                          _sidecar_extra(clock, recorder, argv))
+
+
+def _sidecar_extra(clock: _StepClock, recorder: _Recorder,
+                   argv: list[str]) -> dict[str, object]:
     extra: dict[str, object] = {"boundary": "optimizer step", "command": argv,
                                 "scalars": clock.inputs.scalars,
                                 "literals": clock.inputs.literals}
     if recorder.kineto_path is not None:
         extra["profile_steps"] = clock.profiled
-    return _write_sidecar(out, name, clock.times, clock.cpu_times, warmup, recorder, extra)
+    return extra
+
+
+def _kept_after_recording(out: Path, name: str, clock: _StepClock, recorder: _Recorder,
+                          argv: list[str]) -> str:
+    """Where the script stopped after its recorded step (it raised, exited or ran out of
+    steps while the capture recorded scalars or profiled), write the step.json of what
+    was measured and say what the capture lacks: the ET and Kineto trace hold the whole
+    step, and without a step.json the benchmark had no eager time to compare with.
+    Returns the sentence to add to the error; empty where no step was recorded whole."""
+    if clock.recording or not recorder.et_path.exists() or not clock.times:
+        return ""
+    missing = []
+    if clock.steps - clock.warmup - clock.timing_iters < 3:  # the recorded step, then two
+        missing.append("the literals the step builds (from the two steps after it)")
+    if recorder.kineto_path is not None and not clock.profiled:
+        missing.append("profile-only steps (host gaps come from the ET's own Kineto trace)")
+        if recorder.profile_path is not None:
+            recorder.profile_path.unlink(missing_ok=True)  # holds no whole step
+            recorder.profile_path = None
+    extra = {**_sidecar_extra(clock, recorder, argv), "complete": False}
+    sidecar = _write_sidecar(out, name, clock.times, clock.cpu_times, clock.warmup,
+                             recorder, extra).sidecar_path
+    kept = ", ".join(p.name for p in (recorder.et_path, recorder.kineto_path) if p)
+    lacking = f", without {' or '.join(missing)}" if missing else ""
+    return (f"; the recorded step is whole: {kept} and {sidecar.name} (its eager times"
+            f"{lacking}) make a benchmark")
 
 
 # Interpreter options that take a value (``-W ignore``, ``-X dev``), and those that
