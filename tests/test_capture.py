@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from mystique_gen.cli import main as tools_main
 from mystique_gen.sources.et import load_trace
 from mystique_gen.tools.capture import rank_stem
+from tests.test_mesh import free_port
 
 
 def _script(path, body: str) -> str:
@@ -450,10 +451,47 @@ def test_a_script_ending_after_the_recorded_step_keeps_it_with_its_eager_times(
     assert tools_main([str(out / "s.et.json"), "-o", str(tmp_path / "b.py")]) == 0
 
 
-def test_a_script_spawning_its_ranks_says_to_launch_them_with_torchrun(tmp_path, capsys):
-    """``torch.multiprocessing.spawn`` trains in fresh interpreters the capture does
-    not follow: the error said only "no optimizer step in this process", after the
-    whole training ran; it is said when the script spawns, and the error says why."""
+def test_ranks_a_script_spawns_are_captured_each(tmp_path, capsys):
+    """The DDP tutorial's ``torch.multiprocessing.spawn``: its ranks are fresh
+    interpreters, which trained to the end unseen while the capture said it saw no
+    step. Each spawned rank is captured as torchrun's are, into ``<name>-rank-<i>``
+    files, and one benchmark generates from the folder with each rank's all-reduce."""
+    script = _script(tmp_path / "train.py", """
+        import os, torch, torch.distributed as dist, torch.multiprocessing as mp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def run(rank, world, port):
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            model = DDP(torch.nn.Linear(8, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(30):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+            dist.destroy_process_group()
+        if __name__ == "__main__":
+            mp.spawn(run, args=(2, os.environ["TEST_PORT"]), nprocs=2)
+        """)
+    os.environ["TEST_PORT"] = str(free_port())
+    try:
+        assert _capture(tmp_path / "o", "python", script) == 0
+    finally:
+        del os.environ["TEST_PORT"]
+    out = tmp_path / "o"
+    assert "captured 2 of the 2 ranks the script spawned" in capsys.readouterr().err
+    for rank in (0, 1):
+        step = json.loads((out / f"s-rank-{rank}.step.json").read_text())
+        assert len(step["step_ms"]) == 1 and step["kineto"] == f"s-rank-{rank}.kineto.json"
+        names = {n.name for n in load_trace(out / f"s-rank-{rank}.et.json").nodes}
+        assert "aten::linear" in names and any("allreduce" in n for n in names)
+    bench = tmp_path / "bench.py"
+    assert tools_main([str(out), "-o", str(bench)]) == 0
+    assert bench.read_text().count("all_reduce") >= 2
+
+
+def test_ranks_started_with_fork_are_said_not_captured(tmp_path, capsys):
+    """Only the spawn method's ranks run the capture's wrapper from a fresh import;
+    forked children would inherit this process's recorder mid-step."""
     script = _script(tmp_path / "train.py", """
         import torch, torch.multiprocessing as mp
         def run(rank, world):
@@ -463,9 +501,10 @@ def test_a_script_spawning_its_ranks_says_to_launch_them_with_torchrun(tmp_path,
                 model(torch.randn(4, 8)).sum().backward()
                 opt.step()
         if __name__ == "__main__":
-            mp.spawn(run, args=(2,), nprocs=2)
+            mp.start_processes(run, args=(2,), nprocs=2, start_method="fork")
         """)
     assert _capture(tmp_path / "o", "python", script) != 0
     err = capsys.readouterr().err
-    assert "starts 2 processes with torch.multiprocessing" in err
-    assert "launch the ranks with torchrun" in err
+    assert "starts 2 processes with torch.multiprocessing (fork)" in err
+    assert "no optimizer step in this process" in err
+    assert not list((tmp_path / "o").glob("*.et.json"))

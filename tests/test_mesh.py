@@ -171,7 +171,7 @@ def test_subgroup_collectives_replay_on_their_groups(mesh, tmp_path):
     _check_replay(traces, tmp_path)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -181,7 +181,7 @@ def test_two_launchers_as_two_nodes(mesh, tmp_path):
     """torchrun --nnodes 2 on this machine: two launchers of 2 processes each, one
     c10d rendezvous, as a 2-node cluster runs the file (README: Multi-node)."""
     traces, bench = mesh
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     launchers = [
         _launch(str(bench), "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",
                 "--et", str(tmp_path / "replay.json"), nproc=2, cwd=tmp_path,

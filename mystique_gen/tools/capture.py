@@ -33,7 +33,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -864,83 +864,174 @@ def capture_script(
             sys.path.remove(search)
         if found is None:
             raise ScriptError(f"no module named {module!r} (from {search})")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    name = rank_stem(name)
-    recorder = _Recorder(out, name, kineto=kineto, integral_ranges=integral_ranges,
-                         integral_data=integral_data)
-    clock = _StepClock(warmup, timing_iters, recorder, max(1, profile_steps))
-    handle = register_optimizer_step_post_hook(
-        lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
-        else clock.on_step(opt))
-    restore = _step_wrapper(clock.on_step)
-    unwatch = _watch_script_profilers(recorder)
-    children: list[int] = []  # processes the script started with torch.multiprocessing
-    unwatch_spawn = _watch_spawned_processes(children)
-    clock.start_probe()
+    capture = _ScriptCapture(Path(out_dir), warmup, timing_iters, kineto, integral_ranges,
+                             integral_data, max(1, profile_steps), tuple(argv))
+    capture.out.mkdir(parents=True, exist_ok=True)
+
+    def run_script() -> None:
+        if module is None:
+            runpy.run_path(argv[0], run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    raised: str | None = None  # why the script stopped before the capture was complete
     sys.argv = list(argv)
     sys.path.insert(0, search)
     try:
-        with _env({KERNEL_PROFILE_ENV: os.environ.get(KERNEL_PROFILE_ENV, "1")}):
-            if module is None:
-                runpy.run_path(argv[0], run_name="__main__")
-            else:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except CaptureDone:
-        pass
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raised = f"the script exited with status {exc.code}"
-    except Exception as exc:  # noqa: BLE001 (the script's own error, shown and reported)
-        traceback.print_exception(exc)
-        raised = f"the script raised {type(exc).__name__}: {exc}"
+        run = capture.run(rank_stem(name), run_script, spawns_as=name)
     finally:
-        handle.remove()
-        restore()
-        unwatch()
-        unwatch_spawn()
-        clock.finish_probe()
         sys.argv, sys.path[:] = saved_argv, saved_path
-        if clock.recording:
-            recorder.stop()
-            moved = recorder.set_aside()
-            if moved:
-                print("mystique-gen: note: the script ended inside the recorded step "
-                      f"(after {clock.steps} optimizer steps): its partial trace is not "
-                      f"a step, set aside as {', '.join(p.name for p in moved)}",
-                      file=sys.stderr)
-        clock.finish_scalars()
-        if clock.profiling:
-            clock.finish_profile()
-    # The recorded step, two for the scalars' and literals' values and, with Kineto, at
-    # least one profiled step; the script may end before all of those.
-    recorded = 4 if recorder.kineto_path is not None else 3  # (the script's profiler
-    # may have taken Kineto away)
-    needed = warmup + timing_iters + recorded
-    if raised is not None:
-        raise ScriptError(raised + _kept_after_recording(out, name, clock, recorder, argv))
-    if clock.steps == 0 and not clock.cycle and children:
-        raise ScriptError(
-            f"the script trained in {sum(children)} child processes it started "
-            "(torch.multiprocessing.spawn) and made no optimizer step in this process, the "
-            "only one the capture records: launch the ranks with torchrun instead "
-            "(torchrun --nproc-per-node N $(which mystique-gen) capture -o DIR -- python "
-            "train.py, each rank calling init_process_group from the environment)")
-    if clock.steps == 0 and not clock.cycle:
-        raise ScriptError(
-            "the script made no optimizer step in this process: a script without a torch.optim "
-            "optimizer (inference) has no step boundary; capture a function of it with "
-            "the Python API (mystique_gen.tools.capture.capture(step_fn, DIR)); training in a "
-            "child process (torch.multiprocessing.spawn) is not seen")
-    if clock.steps < needed:
-        raise ScriptError(
-            f"the script made {clock.steps} optimizer steps; capture needs {needed} "
-            f"(--warmup {warmup} + --timing-iters {timing_iters} + {recorded} recorded)"
-            + _kept_after_recording(out, name, clock, recorder, argv))
-    return _write_sidecar(out, name, clock.times, clock.cpu_times, warmup, recorder,
-                          _sidecar_extra(clock, recorder, argv))
+    if run.raised is not None and not isinstance(run.raised, SystemExit):
+        traceback.print_exception(run.raised)
+    return capture.finish(run)
+
+
+@dataclass
+class _Run:
+    """One process's run of the script (or of a spawned rank's function) under the
+    capture's hooks."""
+
+    name: str
+    clock: _StepClock
+    recorder: _Recorder
+    raised: BaseException | None = None  # the script's error, or a non-zero exit
+    spawned: list[str] = field(default_factory=list)  # names of the ranks it spawned
+
+
+@dataclass(frozen=True)
+class _ScriptCapture:
+    """The capture of a script's optimizer steps (:func:`capture_script`): in its own
+    process, and in each rank it starts with ``torch.multiprocessing.spawn``
+    (:class:`_SpawnedRank`), as torchrun's ranks are captured one by one."""
+
+    out: Path
+    warmup: int
+    timing_iters: int
+    kineto: bool
+    integral_ranges: bool
+    integral_data: bool
+    profile_steps: int
+    command: tuple[str, ...]
+
+    def run(self, name: str, body: Callable[[], object],
+            spawns_as: str | None = None) -> _Run:
+        """Run ``body`` with the step hooks set; ``spawns_as``: the name whose
+        ``-rank-<i>`` the ranks it spawns take (None: spawned ranks are not followed)."""
+        recorder = _Recorder(self.out, name, kineto=self.kineto,
+                             integral_ranges=self.integral_ranges,
+                             integral_data=self.integral_data)
+        clock = _StepClock(self.warmup, self.timing_iters, recorder, self.profile_steps)
+        run = _Run(name, clock, recorder)
+        handle = register_optimizer_step_post_hook(
+            lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
+            else clock.on_step(opt))
+        restore = _step_wrapper(clock.on_step)
+        unwatch = _watch_script_profilers(recorder)
+        unwatch_spawn = _watch_spawned_processes(
+            run.spawned, None if spawns_as is None else (self, spawns_as))
+        clock.start_probe()
+        try:
+            with _env({KERNEL_PROFILE_ENV: os.environ.get(KERNEL_PROFILE_ENV, "1")}):
+                body()
+        except CaptureDone:
+            pass
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                run.raised = exc
+        except Exception as exc:  # noqa: BLE001 (the script's own error, reported)
+            run.raised = exc
+        finally:
+            handle.remove()
+            restore()
+            unwatch()
+            unwatch_spawn()
+            clock.finish_probe()
+            if clock.recording:
+                recorder.stop()
+                moved = recorder.set_aside()
+                if moved:
+                    print("mystique-gen: note: the script ended inside the recorded step "
+                          f"(after {clock.steps} optimizer steps): its partial trace is not "
+                          f"a step, set aside as {', '.join(p.name for p in moved)}",
+                          file=sys.stderr)
+            clock.finish_scalars()
+            if clock.profiling:
+                clock.finish_profile()
+        return run
+
+    def finish(self, run: _Run) -> CaptureResult:
+        """The run's step.json and result, or the error that says why it has none."""
+        clock, recorder, argv = run.clock, run.recorder, list(self.command)
+        # The recorded step, two for the scalars' and literals' values and, with Kineto,
+        # at least one profiled step; the script may end before all of those.
+        recorded = 4 if recorder.kineto_path is not None else 3  # (the script's profiler
+        # may have taken Kineto away)
+        needed = self.warmup + self.timing_iters + recorded
+        if run.raised is not None:
+            raised = (f"the script exited with status {run.raised.code}"
+                      if isinstance(run.raised, SystemExit)
+                      else f"the script raised {type(run.raised).__name__}: {run.raised}")
+            raise ScriptError(raised + _kept_after_recording(self.out, run.name, clock,
+                                                             recorder, argv))
+        if clock.steps == 0 and not clock.cycle and run.spawned:
+            return self._spawned_result(run.spawned)
+        if clock.steps == 0 and not clock.cycle:
+            raise ScriptError(
+                "the script made no optimizer step in this process: a script without a "
+                "torch.optim optimizer (inference) has no step boundary; capture a function "
+                "of it with the Python API (mystique_gen.tools.capture.capture(step_fn, "
+                "DIR)); training in a child process the script starts otherwise than with "
+                "torch.multiprocessing.spawn is not seen")
+        if clock.steps < needed:
+            raise ScriptError(
+                f"the script made {clock.steps} optimizer steps; capture needs {needed} "
+                f"(--warmup {self.warmup} + --timing-iters {self.timing_iters} + {recorded} "
+                "recorded)" + _kept_after_recording(self.out, run.name, clock, recorder, argv))
+        return _write_sidecar(self.out, run.name, clock.times, clock.cpu_times, self.warmup,
+                              recorder, _sidecar_extra(clock, recorder, argv))
+
+    def _spawned_result(self, names: list[str]) -> CaptureResult:
+        """The first captured rank's result, where the script trained in ranks it
+        spawned (each wrote its own files, or said on stderr why it could not)."""
+        results = []
+        for name in names:
+            sidecar = self.out / f"{name}.step.json"
+            if sidecar.exists() and json.loads(sidecar.read_text()).get("complete", True):
+                results.append((name, sidecar))
+        if not results:
+            raise ScriptError(
+                f"the script trained in {len(names)} processes it started with "
+                "torch.multiprocessing, and none was captured whole (each rank said why "
+                "above)")
+        print(f"mystique-gen: captured {len(results)} of the {len(names)} ranks the script "
+              f"spawned: {', '.join(n for n, _ in results)} (one benchmark replays them: "
+              f"mystique-gen {self.out} --kineto {self.out} -o bench.py)", file=sys.stderr)
+        summary = json.loads(results[0][1].read_text())
+        kineto = summary.get("kineto")
+        return CaptureResult(self.out / summary["et"], self.out / kineto if kineto else None,
+                             results[0][1], summary["step_ms_median"], summary["step_ms_min"])
+
+
+class _SpawnedRank:
+    """What ``torch.multiprocessing.spawn`` runs in each child in place of the script's
+    function: that function under a capture of its own, whose files are named for the
+    child's index (``<name>-rank-<i>``), as torchrun's ranks name theirs. A spawned
+    child is a fresh interpreter: without this, the script trained in its ranks to the
+    end and the capture saw no step. Picklable, as spawn needs."""
+
+    def __init__(self, fn: Callable[..., object], capture: _ScriptCapture, name: str,
+                 nprocs: int) -> None:
+        self.fn, self.capture, self.name, self.nprocs = fn, capture, name, nprocs
+
+    def __call__(self, index: int, *args: object) -> None:
+        name = f"{self.name}-rank-{index}" if self.nprocs > 1 else self.name
+        run = self.capture.run(name, lambda: self.fn(index, *args))
+        try:
+            self.capture.finish(run)
+        except ScriptError as exc:
+            print(f"mystique-gen: rank {index} ({name}): {exc}", file=sys.stderr)
+        if run.raised is not None:
+            raise run.raised  # the rank's own error: spawn reports it to the script
 
 
 def _sidecar_extra(clock: _StepClock, recorder: _Recorder,
@@ -1033,24 +1124,33 @@ def _watch_script_profilers(recorder: _Recorder) -> Callable[[], None]:
     return lambda: setattr(cls, "start", original)
 
 
-def _watch_spawned_processes(children: list[int]) -> Callable[[], None]:
-    """Note each ``torch.multiprocessing.spawn`` / ``start_processes`` of the script in
-    ``children`` (their number of processes) and say at once that the capture does not
-    follow them: a spawned child is a fresh interpreter without the capture's hooks, and
-    the script trained to its end before the capture said it saw no step. Returns the
-    undo."""
+def _watch_spawned_processes(
+        spawned: list[str],
+        follow: tuple[_ScriptCapture, str] | None) -> Callable[[], None]:
+    """Capture each rank the script starts with ``torch.multiprocessing.spawn`` (or
+    ``start_processes`` with the spawn method) as a rank of its own, under ``follow``'s
+    capture and name (:class:`_SpawnedRank`), and note their names in ``spawned``.
+    Children started otherwise (fork, forkserver), a second spawn, or one from a spawned
+    rank itself, are not followed: that is said at once. Returns the undo."""
     spawn_module = sys.modules.get("torch.multiprocessing.spawn")
     owners = [m for m in (torch.multiprocessing, spawn_module) if hasattr(m, "start_processes")]
     originals = [(m, m.start_processes) for m in owners]
     original = torch.multiprocessing.start_processes
 
     @functools.wraps(original)
-    def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):  # noqa: ANN001, ANN002, ANN003
-        children.append(int(nprocs))
-        print(f"mystique-gen: warning: the script starts {nprocs} processes with "
-              "torch.multiprocessing: the capture records this process only, not what "
-              "they run (launch ranks with torchrun to capture each)", file=sys.stderr)
-        return original(fn, args, nprocs, *rest, **kwargs)
+    def start_processes(fn, args=(), nprocs=1, join=True, daemon=False,  # noqa: ANN001
+                        start_method="spawn"):  # noqa: ANN001
+        if follow is not None and start_method == "spawn" and not spawned:
+            capture, name = follow
+            spawned.extend(f"{name}-rank-{i}" if nprocs > 1 else name
+                           for i in range(nprocs))
+            fn = _SpawnedRank(fn, capture, name, int(nprocs))
+        else:
+            print(f"mystique-gen: warning: the script starts {nprocs} processes with "
+                  f"torch.multiprocessing ({start_method}): the capture does not record "
+                  "what they run (launch ranks with torchrun, or spawn them once with "
+                  "torch.multiprocessing.spawn, to capture each)", file=sys.stderr)
+        return original(fn, args, nprocs, join, daemon, start_method)
 
     for module in owners:
         module.start_processes = start_processes
