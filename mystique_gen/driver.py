@@ -53,6 +53,7 @@ from mystique_gen.passes.comms import (
     regroup_sized_collectives,
     regroup_unaligned_collectives,
     replace_inferred_waits,
+    settle_unrecorded_groups,
     unpaired_point_to_point,
 )
 from mystique_gen.passes.compose import (
@@ -713,6 +714,7 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     crossed = regroup_second_reductions(programs, ranks)
     ambiguous = ambiguous_regrouping(programs, ranks)
     aligned = regroup_unaligned_collectives(programs, ranks)
+    settled, unsettled = settle_unrecorded_groups(programs, ranks)
     moved = pair_point_to_point(programs, ranks)
     replace_inferred_waits(programs)
     notes = []
@@ -739,12 +741,23 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
                      "the default group, as every rank issues them alike, though the mesh "
                      "dimension that takes the others would fit them too: nothing "
                      "recorded tells the two placements apart, so this one is a guess")
+    if settled:
+        notes.append(f"{settled} collectives of this job that record no group run on "
+                     "another group of their size, so that on every group its members "
+                     "issue the same calls in one order and none waits on a peer blocked "
+                     "elsewhere (sizes alone had lined them up with calls of another "
+                     "group, and the replay hung): which of several fitting groups ran a "
+                     "call is not recorded, so this placement is one that meets")
     if moved:
         notes.append(f"{moved} sends and recvs of this job run on the process group whose "
                      "members name each other at their recorded peers (the trace records "
                      "no group for them): on the default group a peer was another rank")
     for program in programs:
         program.diagnostics.extend(note(n) for n in notes)
+    for message in unsettled:
+        warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
+        for program in programs:
+            program.diagnostics.append(note(message))
     disagreements = rank_disagreements(programs, ranks) + \
         unpaired_point_to_point(programs, ranks)
     for first, other, message in disagreements:

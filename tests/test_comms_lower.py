@@ -4,7 +4,9 @@ recvs issued async (issue 13)."""
 
 from __future__ import annotations
 
+import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import torch
 
 from mystique_gen import oprules
 from mystique_gen.backends.base import GenerateOptions
-from mystique_gen.driver import generate
+from mystique_gen.driver import compile_paths, generate
 from mystique_gen.ir import Arg, ListValue, Op, Program, TensorMeta, TensorValue, Value
 from mystique_gen.ir.dist import CommInfo, DistInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import parse_signature
@@ -27,8 +29,10 @@ from mystique_gen.passes.comms import (
     regroup_second_reductions,
     regroup_sized_collectives,
     regroup_unaligned_collectives,
+    settle_unrecorded_groups,
     unpaired_point_to_point,
 )
+from mystique_gen.passes.ranks import INIT_NODE
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
 from tests.tracebuilder import ADD_, RELU, Object, TraceBuilder
@@ -57,6 +61,8 @@ ALLTOALL_BASE = (f"c10d::alltoall_base_(Tensor output, Tensor input, {PG}, "
 SEND = f"c10d::send(Tensor[] tensors, {PG}, int dst, int tag) -> {WORK}"
 RECV = f"c10d::recv_(Tensor[] tensors, {PG}, int src, int tag) -> {WORK}"
 RECV_ANY = f"c10d::recv_any_source_(Tensor[] tensors, {PG}, int tag) -> {WORK}"
+ALLGATHER = (f"c10d::allgather_(Tensor[][] output_tensors, Tensor[] input_tensors, {PG}, "
+             f"bool async_op=True, int timeout=-1) -> (Tensor[][], {WORK})")
 GATHER = (f"c10d::gather_(Tensor[][] output_tensors, Tensor[] input_tensors, {PG}, "
           f"int root_rank, bool async_op=True, int timeout=-1) -> {WORK}")
 
@@ -680,3 +686,100 @@ def _last_dims(shapes: object) -> set[int]:
     if _is_shape(shapes):
         return {shapes[-1]}
     return set().union(*(_last_dims(s) for s in shapes)) if isinstance(shapes, tuple) else set()
+
+
+# 3 gloo ranks, a group per pair ([0, 1], [1, 2], [0, 2]: groups 1, 2, 3), as each
+# rank's calls ran in the original, in an order that meets (p01, p12, world, p02):
+# (group, list all-gather of that many, or None: an all-reduce; elements).
+PAIRS = {"1": [0, 1], "2": [1, 2], "3": [0, 2]}
+SAME_SIZE_GATHERS = {0: [("1", 2, 4), ("0", 3, 4), ("3", 2, 4)],
+                     1: [("1", 2, 4), ("2", 2, 4), ("0", 3, 4)],
+                     2: [("2", 2, 4), ("0", 3, 4), ("3", 2, 4)]}
+WORLD_REDUCE_OF_A_PAIRS_SIZE = {0: [("1", None, 4), ("0", None, 4), ("3", None, 8)],
+                                1: [("1", None, 4), ("2", None, 8), ("0", None, 4)],
+                                2: [("2", None, 8), ("0", None, 4), ("3", None, 8)]}
+
+
+def _pairs_rank(tmp_path: Path, rank: int, calls: list[tuple[str, int | None, int]]) -> Path:
+    """One gloo rank's trace of ``calls`` (no record_param_comms: no group recorded),
+    listing the default group and the pairs it is in."""
+    listed = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo",
+               "ranks": [], "group_size": 3, "group_count": 1}]
+    listed += [{"pg_name": name, "pg_desc": "undefined", "backend_config": "cpu:gloo",
+                "ranks": members, "group_size": 2, "group_count": 1}
+               for name, members in PAIRS.items() if rank in members]
+    b = TraceBuilder()
+    b.op("", [json.dumps(listed)], [], name=INIT_NODE)
+    for _, gathered, numel in calls:
+        mine = b.tensor((numel,))
+        if gathered is None:
+            b.op(ALLREDUCE, [[mine], OBJECT, OBJECT, None, False, -1], [[mine], OBJECT])
+        else:
+            parts = [b.tensor((numel,)) for _ in range(gathered)]
+            b.op(ALLGATHER, [[parts], [mine], OBJECT, False, -1], [[parts], OBJECT])
+    return b.write(tmp_path / f"pairs-rank-{rank}.json")
+
+
+def _placed(tmp_path: Path, plan: dict[int, list[tuple[str, int | None, int]]]
+            ) -> tuple[list[list[str]], list[str]]:
+    """Each rank's collectives' groups, by name, as the generator places them, and its
+    warnings."""
+    paths = [_pairs_rank(tmp_path, rank, calls) for rank, calls in plan.items()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = compile_paths(paths)
+    groups = [[p.distributed.groups[op.comm.group].name for op in p.ops if op.comm]
+              for p in compiled.programs]
+    return groups, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("plan", [SAME_SIZE_GATHERS, WORLD_REDUCE_OF_A_PAIRS_SIZE],
+                         ids=["same-size-gathers", "world-reduce-of-a-pairs-size"])
+def test_collectives_on_overlapping_pairs_run_where_their_members_meet(tmp_path, plan):
+    """Gloo records no group. Two pairs' all-gathers of one size went to [0, 1] on
+    ranks 0 and 1 and to [1, 2] on rank 2 (the common order of [0, 1]'s members took
+    both); a world all-reduce of a pair's size was taken for the pair's on rank 0 and
+    left rank 2's pair call on the world group: the replay hung. The ranks' calls are
+    placed where each group's members issue them in one order and meet."""
+    groups, warned = _placed(tmp_path, plan)
+    assert groups == [[group for group, _, _ in plan[r]] for r in range(3)]
+    assert not [w for w in warned if "hang" in w], warned
+
+
+def test_collectives_no_placement_meets_are_named(tmp_path):
+    """Where no group of their sizes lets the members meet (rank 2 lost its last call:
+    a filter), the generator says so, naming where the ranks stop, rather than
+    emitting a benchmark that hangs without a word."""
+    plan = {r: list(calls) for r, calls in SAME_SIZE_GATHERS.items()}
+    plan[2].pop()
+    _, warned = _placed(tmp_path, plan)
+    (message,) = [w for w in warned if w.startswith("no placement")]
+    assert re.search(r"rank 0: all_gather, node \d+", message), message
+
+
+def test_collectives_that_would_wait_on_each_other_in_a_cycle_are_placed_again():
+    """Each pair's members issue the same calls on it, but rank 0 blocks on [0, 1]
+    while rank 1 blocks on [1, 2] and rank 2 on [0, 2]: each waits on a peer blocked
+    elsewhere. Fired as blocking calls meet, the calls get groups that let every rank
+    get past each; async calls do not block their rank, so such a cycle meets."""
+    groups = [ProcessGroupSpec(0, "0", "default", None, 3),
+              ProcessGroupSpec(1, "1", "p01", (0, 1), 2),
+              ProcessGroupSpec(2, "2", "p12", (1, 2), 2),
+              ProcessGroupSpec(3, "3", "p02", (0, 2), 2)]
+    cycle = {0: [1, 3], 1: [2, 1], 2: [3, 2]}
+
+    def rank(r: int, asynchronous: bool = False) -> Program:
+        program = Program.empty()
+        program.ops = [_comm_op(i, ALLREDUCE_INT, 8, CommInfo(
+            call="all_gather_into_tensor", group=g, sized=True, group_recorded=False,
+            asynchronous=asynchronous)) for i, g in enumerate(cycle[r])]
+        program.distributed = DistInfo(world_size=3, rank=r, groups=groups,
+                                       groups_recorded=True)
+        return program
+
+    programs = [rank(r) for r in range(3)]
+    # Rank 1's calls swap groups: [0, 1] meets first, then [0, 2], then [1, 2].
+    assert settle_unrecorded_groups(programs, [0, 1, 2]) == (2, [])
+    assert [[op.comm.group for op in p.ops] for p in programs] == [[1, 3], [1, 2], [3, 2]]
+    issued_async = [rank(r, True) for r in range(3)]
+    assert settle_unrecorded_groups(issued_async, [0, 1, 2]) == (0, [])

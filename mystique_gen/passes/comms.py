@@ -1132,3 +1132,187 @@ def collective_sequence(trace: RawTrace) -> list[tuple[str, tuple[object, ...], 
 
 def _freeze(value: Any) -> object:
     return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+# The most positions the search of :func:`settle_unrecorded_groups` visits before it
+# gives up (each is one set of how far every rank got; dead ends are remembered).
+SETTLE_BUDGET = 50_000
+
+
+def settle_unrecorded_groups(programs: Sequence[Program], ranks: Sequence[int]
+                             ) -> tuple[int, list[str]]:
+    """Check, after the other regroupings, that the collectives whose group the trace
+    does not record meet: on each group, its members issue the same calls in the same
+    order, and no rank blocks in one group's call while a peer blocks in another's
+    that waits on it. Where they would not, search for a placement that does, each
+    call on a group of the size its tensors imply (else any group over two ranks or
+    more holding its rank), its rank at its recorded place and a gather's root at the
+    root's: the ranks' calls are fired as the original ran them, one group's call at
+    a time, on a group whose every member issues it next (depth first, the current
+    groups tried first, dead ends remembered).
+
+    The regroupings place calls by their sizes and a common order: on groups of one
+    size that overlap (``new_group([0, 1])``, ``[1, 2]``, ``[0, 2]`` on 3 ranks) two
+    pairs' gathers of one size all went to ``[0, 1]`` on ranks 0 and 1 and to
+    ``[1, 2]`` on rank 2, and a world all-reduce of a pair's size was taken for the
+    pair's call: the replay hung. Returns how many calls moved, and a warning per
+    rank set where no placement fits (naming where the ranks stop), so that the
+    generator says so rather than emit a benchmark that hangs without a word."""
+    info = next((p.distributed for p in programs if p.distributed is not None), None)
+    if info is None:
+        return 0, []
+    members = {g.index: _members(g, info.world_size) for g in info.groups}
+    ops_of = {rank: [op for op in program.ops if op.comm is not None
+                     and not op.comm.group_recorded and op.comm.group in members
+                     and members[op.comm.group] is not None
+                     and not oprules.COMM_OPS[op.name].point_to_point]
+              for rank, program in zip(ranks, programs, strict=True)}
+    if not any(ops_of.values()) or _meet(ops_of, members):
+        return 0, []
+    choices = {rank: [_group_choices(op, rank, info, members) for op in ops]
+               for rank, ops in ops_of.items()}
+    placed, stuck = _fire(ops_of, choices, members)
+    if placed is None:
+        where = "; ".join(f"rank {rank}: {op.comm.call if op.comm else op.name}, node "
+                          f"{op.node_id}" for rank, op in stuck)
+        return 0, [f"no placement of the collectives that record no process group (gloo "
+                   "records none) lets every group's members issue them in one order: "
+                   f"the replay would hang or fail where the ranks stop ({where})"]
+    moved = 0
+    for ops in ops_of.values():
+        for op in ops:
+            assert op.comm is not None
+            moved += op.comm.group != placed[id(op)]
+            op.comm.group = placed[id(op)]
+    return moved, []
+
+
+def _meet(ops_of: dict[int, list[Op]], members: dict[int, tuple[int, ...] | None]) -> bool:
+    """Whether the ranks' calls, on their current groups, meet: the same calls in one
+    order on each group's members, and every rank gets past each blocking call (an
+    async one does not block its rank)."""
+    on: dict[int, dict[int, list[tuple[object, ...]]]] = {}
+    for rank, ops in ops_of.items():
+        for op in ops:
+            assert op.comm is not None
+            on.setdefault(op.comm.group, {}).setdefault(rank, []).append(_matching(op))
+    for g, calls in on.items():
+        if len({tuple(calls.get(m, ())) for m in members[g] or ()}) > 1:
+            return False
+    issued: dict[int, Counter[int]] = {g: Counter() for g in on}
+    pos = dict.fromkeys(ops_of, 0)
+    waiting: dict[int, tuple[int, int] | None] = dict.fromkeys(ops_of)
+    progress = True
+    while progress:
+        progress = False
+        for rank, ops in ops_of.items():
+            while True:
+                wait = waiting[rank]
+                if wait is not None:
+                    g, k = wait
+                    if any(issued[g][m] < k for m in members[g] or ()):
+                        break
+                    waiting[rank] = None
+                if pos[rank] == len(ops):
+                    break
+                op = ops[pos[rank]]
+                assert op.comm is not None
+                pos[rank] += 1
+                progress = True
+                issued[op.comm.group][rank] += 1
+                if not op.comm.asynchronous:
+                    waiting[rank] = (op.comm.group, issued[op.comm.group][rank])
+    return all(pos[r] == len(ops) and waiting[r] is None for r, ops in ops_of.items())
+
+
+def _matching(op: Op) -> tuple[object, ...]:
+    """What the members of a group issue alike for one call: the call, its sizes and
+    its root's place in the group."""
+    assert op.comm is not None
+    return (op.comm.root, *_signature_of(op))
+
+
+def _group_choices(op: Op, rank: int, info: DistInfo,
+                   members: dict[int, tuple[int, ...] | None]) -> tuple[int, ...]:
+    """The groups a call that records none may have run on, its current one first:
+    those of the size its tensors imply (any of two ranks or more where they imply
+    none) that hold its rank at its recorded place and, for a gather or scatter, its
+    root where the root passes the list and another rank where it does not."""
+    assert op.comm is not None
+    size = info.groups[op.comm.group].size if op.comm.sized else None
+    found = [op.comm.group]
+    for g in info.groups:
+        ranks = members[g.index]
+        if g.index == op.comm.group or ranks is None or rank not in ranks:
+            continue
+        if (size is not None and g.size != size) or (size is None and len(ranks) < 2):
+            continue
+        if op.comm.group_rank is not None and ranks.index(rank) != op.comm.group_rank:
+            continue
+        root = op.comm.root
+        if root is not None and not 0 <= root < len(ranks):
+            continue
+        if _rooted(op) and (ranks[root] == rank) != _lists_members(op):  # type: ignore[index]
+            continue
+        found.append(g.index)
+    return tuple(found)
+
+
+def _fire(ops_of: dict[int, list[Op]], choices: dict[int, list[tuple[int, ...]]],
+          members: dict[int, tuple[int, ...] | None]
+          ) -> tuple[dict[int, int] | None, list[tuple[int, Op]]]:
+    """Fire the ranks' calls one group's call at a time, as blocking collectives meet:
+    a group fires where each member's next call may run on it and all match. Depth
+    first over which group fires, the groups every member's call is on now first;
+    positions that lead nowhere are remembered. Returns the group of each call (by
+    ``id``) where every call fired, else None and the calls the ranks stopped at in
+    the furthest position reached."""
+    order = sorted(ops_of)
+    at = {rank: k for k, rank in enumerate(order)}
+    lengths = tuple(len(ops_of[r]) for r in order)
+    signatures = {r: [_matching(op) for op in ops_of[r]] for r in order}
+
+    def ready(state: tuple[int, ...]) -> list[int]:
+        heads = {r: choices[r][state[at[r]]] for r in order if state[at[r]] < lengths[at[r]]}
+        found: list[tuple[bool, int]] = []
+        for g in sorted({g for options in heads.values() for g in options}):
+            ranks = members[g] or ()
+            if not all(m in heads and g in heads[m] for m in ranks):
+                continue
+            if len({signatures[m][state[at[m]]] for m in ranks}) != 1:
+                continue
+            found.append((not all(heads[m][0] == g for m in ranks), g))
+        return [g for _, g in sorted(found)]
+
+    start = tuple(0 for _ in order)
+    stack: list[tuple[tuple[int, ...], list[int], int]] = [(start, ready(start), 0)]
+    fired: list[tuple[tuple[int, ...], int]] = []  # (position, group) leading to each frame
+    dead: set[tuple[int, ...]] = set()
+    furthest = start
+    visited = 0
+    while stack:
+        state, options, k = stack[-1]
+        if state == lengths:
+            placed: dict[int, int] = {}
+            for before, g in fired:
+                for m in members[g] or ():
+                    placed[id(ops_of[m][before[at[m]]])] = g
+            return placed, []
+        if sum(state) > sum(furthest):
+            furthest = state
+        if k == len(options) or visited > SETTLE_BUDGET:
+            dead.add(state)
+            stack.pop()
+            if fired:
+                fired.pop()
+            continue
+        stack[-1] = (state, options, k + 1)
+        g = options[k]
+        nxt = tuple(s + (order[i] in (members[g] or ())) for i, s in enumerate(state))
+        if nxt in dead:
+            continue
+        visited += 1
+        fired.append((state, g))
+        stack.append((nxt, ready(nxt), 0))
+    stuck = [(r, ops_of[r][furthest[at[r]]]) for r in order if furthest[at[r]] < lengths[at[r]]]
+    return None, stuck
