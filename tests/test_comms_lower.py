@@ -783,3 +783,17 @@ def test_collectives_that_would_wait_on_each_other_in_a_cycle_are_placed_again()
     assert [[op.comm.group for op in p.ops] for p in programs] == [[1, 3], [1, 2], [3, 2]]
     issued_async = [rank(r, True) for r in range(3)]
     assert settle_unrecorded_groups(issued_async, [0, 1, 2]) == (0, [])
+
+
+def test_collectives_whose_members_pass_other_sizes_meet_as_they_are():
+    """An all-to-all's splits differ rank by rank (a mixture of experts' tokens per
+    expert): its members meet with other sizes, so the check that the ranks' calls
+    meet does not compare them (it warned that nothing met, where all did)."""
+    def rank(r: int) -> Program:
+        program = _pipeline_rank(r, [])
+        program.ops = [_comm_op(0, ALLTOALL_BASE, 8 * (r + 1), CommInfo(
+            call="all_to_all_single", group=0, group_recorded=False))]
+        return program
+
+    uneven = [rank(r) for r in range(4)]
+    assert settle_unrecorded_groups(uneven, [0, 1, 2, 3]) == (0, [])

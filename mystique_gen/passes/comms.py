@@ -1226,10 +1226,13 @@ def _meet(ops_of: dict[int, list[Op]], members: dict[int, tuple[int, ...] | None
 
 
 def _matching(op: Op) -> tuple[object, ...]:
-    """What the members of a group issue alike for one call: the call, its sizes and
-    its root's place in the group."""
+    """What the members of a group issue alike for one call: the call, its root's
+    place in the group and, where every member passes the same (``CommRule.same_sizes``:
+    not an all-to-all's uneven splits), its sizes."""
     assert op.comm is not None
-    return (op.comm.root, *_signature_of(op))
+    if _rooted(op) or oprules.COMM_OPS[op.name].same_sizes:
+        return (op.comm.root, *_signature_of(op))
+    return (op.comm.root, op.comm.call)
 
 
 def _group_choices(op: Op, rank: int, info: DistInfo,
