@@ -695,14 +695,20 @@ PAIRS = {"1": [0, 1], "2": [1, 2], "3": [0, 2]}
 SAME_SIZE_GATHERS = {0: [("1", 2, 4), ("0", 3, 4), ("3", 2, 4)],
                      1: [("1", 2, 4), ("2", 2, 4), ("0", 3, 4)],
                      2: [("2", 2, 4), ("0", 3, 4), ("3", 2, 4)]}
+# Gathers to each pair's first member: only the root passes the list.
+GATHERS_TO_FIRST = {0: [("1", "root", 4), ("3", "root", 4)],
+                    1: [("1", "leaf", 4), ("2", "root", 4)],
+                    2: [("2", "leaf", 4), ("3", "leaf", 4)]}
 WORLD_REDUCE_OF_A_PAIRS_SIZE = {0: [("1", None, 4), ("0", None, 4), ("3", None, 8)],
                                 1: [("1", None, 4), ("2", None, 8), ("0", None, 4)],
                                 2: [("2", None, 8), ("0", None, 4), ("3", None, 8)]}
 
 
-def _pairs_rank(tmp_path: Path, rank: int, calls: list[tuple[str, int | None, int]]) -> Path:
+def _pairs_rank(tmp_path: Path, rank: int, calls: list[tuple[str, int | str | None, int]]
+                ) -> Path:
     """One gloo rank's trace of ``calls`` (no record_param_comms: no group recorded),
-    listing the default group and the pairs it is in."""
+    listing the default group and the pairs it is in: (group, a list all-gather of
+    that many, a gather's "root" or other "leaf", or None: an all-reduce; elements)."""
     listed = [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo",
                "ranks": [], "group_size": 3, "group_count": 1}]
     listed += [{"pg_name": name, "pg_desc": "undefined", "backend_config": "cpu:gloo",
@@ -714,13 +720,16 @@ def _pairs_rank(tmp_path: Path, rank: int, calls: list[tuple[str, int | None, in
         mine = b.tensor((numel,))
         if gathered is None:
             b.op(ALLREDUCE, [[mine], OBJECT, OBJECT, None, False, -1], [[mine], OBJECT])
+        elif isinstance(gathered, str):
+            parts = [[b.tensor((numel,)) for _ in range(2)]] if gathered == "root" else []
+            b.op(GATHER, [parts, [mine], OBJECT, 0, False, -1], [OBJECT])
         else:
             parts = [b.tensor((numel,)) for _ in range(gathered)]
             b.op(ALLGATHER, [[parts], [mine], OBJECT, False, -1], [[parts], OBJECT])
     return b.write(tmp_path / f"pairs-rank-{rank}.json")
 
 
-def _placed(tmp_path: Path, plan: dict[int, list[tuple[str, int | None, int]]]
+def _placed(tmp_path: Path, plan: dict[int, list[tuple[str, int | str | None, int]]]
             ) -> tuple[list[list[str]], list[str]]:
     """Each rank's collectives' groups, by name, as the generator places them, and its
     warnings."""
@@ -733,14 +742,18 @@ def _placed(tmp_path: Path, plan: dict[int, list[tuple[str, int | None, int]]]
     return groups, [str(w.message) for w in caught]
 
 
-@pytest.mark.parametrize("plan", [SAME_SIZE_GATHERS, WORLD_REDUCE_OF_A_PAIRS_SIZE],
-                         ids=["same-size-gathers", "world-reduce-of-a-pairs-size"])
+@pytest.mark.parametrize("plan", [SAME_SIZE_GATHERS, WORLD_REDUCE_OF_A_PAIRS_SIZE,
+                                  GATHERS_TO_FIRST],
+                         ids=["same-size-gathers", "world-reduce-of-a-pairs-size",
+                              "gathers-to-first"])
 def test_collectives_on_overlapping_pairs_run_where_their_members_meet(tmp_path, plan):
     """Gloo records no group. Two pairs' all-gathers of one size went to [0, 1] on
     ranks 0 and 1 and to [1, 2] on rank 2 (the common order of [0, 1]'s members took
     both); a world all-reduce of a pair's size was taken for the pair's on rank 0 and
-    left rank 2's pair call on the world group: the replay hung. The ranks' calls are
-    placed where each group's members issue them in one order and meet."""
+    left rank 2's pair call on the world group; rank 2's gathers to its pairs' first
+    members, which pass no list, found no root's call to join: the replays hung. The
+    ranks' calls are placed where each group's members issue them in one order and
+    meet."""
     groups, warned = _placed(tmp_path, plan)
     assert groups == [[group for group, _, _ in plan[r]] for r in range(3)]
     assert not [w for w in warned if "hang" in w], warned
