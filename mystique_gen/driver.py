@@ -743,11 +743,12 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
                      "recorded tells the two placements apart, so this one is a guess")
     if settled:
         notes.append(f"{settled} collectives of this job that record no group run on "
-                     "another group of their size, so that on every group its members "
-                     "issue the same calls in one order and none waits on a peer blocked "
-                     "elsewhere (sizes alone had lined them up with calls of another "
-                     "group, and the replay hung): which of several fitting groups ran a "
-                     "call is not recorded, so this placement is one that meets")
+                     "another group (of the size their tensors imply, where they imply "
+                     "one), so that on every group its members issue the same calls in "
+                     "one order and none waits on a peer blocked elsewhere (sizes alone "
+                     "had lined them up with calls of another group, and the replay "
+                     "hung): which of several fitting groups ran a call is not recorded, "
+                     "so this placement is one that meets, a guess")
     if moved:
         notes.append(f"{moved} sends and recvs of this job run on the process group whose "
                      "members name each other at their recorded peers (the trace records "
