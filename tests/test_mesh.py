@@ -192,5 +192,10 @@ def test_two_launchers_as_two_nodes(mesh, tmp_path):
     results = [_finish(p) for p in launchers]
     for code, _out, err in results:
         assert code == 0, err[-3000:]
-    assert last_json(results[0][1])["world_size"] == RANKS
+    # A c10d rendezvous ignores --node-rank: the launcher that joins first holds ranks
+    # 0 and 1, so global rank 0, which prints the job's JSON, is on either launcher
+    # (node 0's stdout had none in 4 runs of 8 here).
+    printed = [out for _code, out, _err in results if out.strip()]
+    assert len(printed) == 1, [out[-300:] for _code, out, _err in results]
+    assert last_json(printed[0])["world_size"] == RANKS
     _check_replay(traces, tmp_path)
