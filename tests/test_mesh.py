@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,13 +183,18 @@ def test_two_launchers_as_two_nodes(mesh, tmp_path):
     c10d rendezvous, as a 2-node cluster runs the file (README: Multi-node)."""
     traces, bench = mesh
     endpoint = f"127.0.0.1:{free_port()}"
-    launchers = [
-        _launch(str(bench), "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",
-                "--et", str(tmp_path / "replay.json"), nproc=2, cwd=tmp_path,
-                extra=("--nnodes", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
-                       "--rdzv-endpoint", endpoint, "--rdzv-id", "mystique-test"))
-        for node in (0, 1)
-    ]
+
+    def launch(node: int) -> subprocess.Popen[str]:
+        return _launch(str(bench), "--device", "cpu", "--warmup", "1", "--iters", "2",
+                       "--json", "--et", str(tmp_path / "replay.json"), nproc=2, cwd=tmp_path,
+                       extra=("--nnodes", "2", "--node-rank", str(node), "--rdzv-backend",
+                              "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id",
+                              "mystique-test"))
+
+    # Node 1's launcher joins first, as it may on a cluster: it then holds ranks 0, 1.
+    second = launch(1)
+    time.sleep(2)
+    launchers = [launch(0), second]
     results = [_finish(p) for p in launchers]
     for code, _out, err in results:
         assert code == 0, err[-3000:]
