@@ -536,6 +536,11 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             "not record, in the same profile, so no observer's cost is in them")])
     if program.timing is not None and program.timing.observer_in_gaps:
         why = "its record function ids show one" if elsewhere else "linked by id"
+        # A capture's profile-only trace beside it whose steps did not run the step's
+        # ops (on every thread, in hostgaps.MATCHING_STEPS steps) gave no gaps.
+        beside = ("no profile-only steps beside it" if source.profile is None else
+                  f"the profile-only steps of {source.profile.name} beside it did not run "
+                  "the recorded step's ops on every host thread")
         # Medians over several steps need no damping.
         damped = hostgaps.damp_spikes(program, serial=serial) if steps < 2 else 0
         if damped:
@@ -545,8 +550,7 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
                 "replayed at that median, as the machine's, not the program's")])
         program = replace(program, diagnostics=program.diagnostics + [note(
             f"host gaps from {program.timing.host_gaps if steps else program.timing.kineto}, "
-            f"recorded with the ET observer attached ({why}; no profile-only steps "
-            "beside it): with --host-gaps "
+            f"recorded with the ET observer attached ({why}; {beside}): with --host-gaps "
             "recorded the benchmark calibrates the observer's cost out, or replays no "
             "gaps where it cannot (no observer there, or one that writes another schema "
             f"than the trace's {program.timing.observer_schema or 'unknown'})"), note(

@@ -225,6 +225,32 @@ def test_gaps_come_from_the_profiled_steps_of_the_recorded_kind(tmp_path):
                for op in program.ops)
 
 
+def test_a_profile_whose_steps_run_other_ops_is_named_not_denied(tmp_path):
+    """The profile-only steps beside the trace each ran other ops than the recorded
+    one (here: one add fewer per step; an HSDP step, the all-reduce's division on
+    another gloo thread each step), so its gaps stay the linked ones: the header said
+    there were "no profile-only steps beside it", though the capture wrote them."""
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    calls = iter(range(1_000))
+
+    def step() -> None:
+        opt.zero_grad()
+        out = model(torch.randn(4, 16))
+        for _ in range(max(0, 30 - next(calls))):
+            out = out + 1
+        out.sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="grow", timing_iters=1, profile_steps=2)
+    program = compile_trace(result.et_path, kineto=result.kineto_path)
+    assert program.timing is not None and program.timing.observer_in_gaps
+    text = " ".join(" ".join(str(d) for d in program.diagnostics).split())
+    assert "the profile-only steps of grow.profile.json beside it did not run" in text
+    assert "no profile-only steps beside it" not in text
+
+
 def test_without_sidecar_gaps_stay_linked(captured, tmp_path):
     kineto = tmp_path / "other.kineto.json"
     kineto.write_bytes(captured.kineto_path.read_bytes())
