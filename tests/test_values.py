@@ -4,6 +4,7 @@ sizes, and the capture/compare tools on a replay of a captured model."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -29,7 +30,7 @@ from mystique_gen.tools.compare import (
     op_multiset,
 )
 from tests.conftest import last_json, record_et, run_benchmark
-from tests.tracebuilder import EMBEDDING, VIEW, T, TraceBuilder
+from tests.tracebuilder import EMBEDDING, VIEW, Device, T, TraceBuilder
 
 INDEX_SELECT = "aten::index_select(Tensor self, int dim, Tensor index) -> Tensor"
 GATHER = ("aten::gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) "
@@ -149,6 +150,55 @@ def test_float_powers_base_is_positive_as_pows():
          [base, exponent], [b.tensor((5,), dtype="float64")])
     init = _init_of(_program(b), "float64")
     assert (init.kind, init.low, init.high) == ("uniform", 0.5, 1.5)
+
+
+RSUB = "aten::rsub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor"
+DIV = "aten::div.Tensor(Tensor self, Tensor other) -> Tensor"
+POW_SCALAR = "aten::pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor"
+
+
+@pytest.mark.parametrize("exponent, positive", [(0.5, True), (1.5, True), (2.0, False)])
+def test_a_fractional_powers_base_is_positive_through_a_ratio(exponent, positive):
+    """``((1 - a) / a) ** 0.5``, diffusers' DPM-Solver and Euler sigmas from a schedule
+    buffer: a power's preferred range did not carry into the ratio, the buffer was
+    filled (0.5, 1.5), 1 - a went negative and every sigma was NaN. A non-integral
+    exponent is a square root's domain; a square stays a preferred range (positivity
+    carried back from ``h ** 2`` made whole networks positive)."""
+    b = TraceBuilder()
+    a, complement, ratio = b.tensor((100,)), b.tensor((100,)), b.tensor((100,))
+    b.op(RSUB, [a, 1, 1], [complement])
+    b.op(DIV, [complement, a], [ratio])
+    b.op(POW_SCALAR, [ratio, exponent], [b.tensor((100,))])
+    init = _init_of(_program(b), "float32")
+    assert (init.low > 0 and init.high < 1) is positive, init
+
+
+ARANGE = ("aten::arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, "
+          "Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor")
+MUL = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+EXP = "aten::exp(Tensor self) -> Tensor"
+
+
+@pytest.mark.parametrize("half, divisor", [(128, "int64"), (1000, "float64"), (4, "int64")])
+def test_wrapped_numbers_scaling_positions_keep_an_exponent_finite(half, divisor):
+    """``exp(-log(10000) * arange(half) / half)``, the sinusoidal timestep embedding of
+    diffusers' DiT, SD3 and Flux: from a plain trace the two numbers were filled near
+    1, the exponent reached half, and from 89 up float32's exp was inf (a DiT training
+    replay ended with every weight NaN). The multiplier keeps the exponent in [-10, 0]
+    with the divisor at its least fill."""
+    b = TraceBuilder()
+    positions, scaled, ratio = b.tensor((half,)), b.tensor((half,)), b.tensor((half,))
+    multiplier, count = b.tensor((), dtype="float64"), b.tensor((), dtype=divisor)
+    b.op(ARANGE, [0, half, 6, None, Device("cpu"), False], [positions])
+    b.op(MUL, [positions, multiplier], [scaled])
+    b.op(DIV, [scaled, count], [ratio])
+    b.op(EXP, [ratio], [b.tensor((half,))])
+    inits = [s.init for s in _program(b).storages if s.materialised]
+    scaled_by = [init for init in inits if "positions" in init.why]
+    assert len(scaled_by) == 1, inits
+    least = 1.0 if divisor == "int64" else 0.5
+    init = scaled_by[0]
+    assert init.high <= 0 and init.low * half / least >= -10.0 - 1e-9, init
 
 
 @pytest.mark.parametrize("alias,dtype,expect", [
@@ -558,6 +608,34 @@ def test_values_read_through_a_selection_and_wrapped_ints_keep_their_domains(tmp
     # A power's range stays on what it reads and copies: carried back through sums and
     # products (`h.square()`), it filled the weights positive and a network overflowed.
     assert not re.search(r'linear_w\w* = _fill\([^)]*"uniform", 0\.5, 1\.5', text), text
+
+
+def test_a_diffusion_steps_embedding_and_sigmas_from_a_plain_trace_replay_finite(tmp_path):
+    """A DiT-like training step traced with a plain observer: the sinusoidal timestep
+    embedding ``exp(-log(10000) * arange(128) / 128)`` (numbers filled near 1: exp of
+    up to 127, inf, and NaN in every weight after the backward) and DPM-Solver's
+    ``((1 - a) / a) ** 0.5`` of a schedule buffer (filled (0.5, 1.5): NaN sigmas)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 8)
+    alphas_cumprod = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 100), 0)
+    opt = torch.optim.AdamW(lin.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad()
+        t = torch.randint(0, 100, (4,))
+        sigmas = ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
+        half = 128
+        exponent = -math.log(10000) * torch.arange(0, half, dtype=torch.float32)
+        freqs = torch.exp(exponent / half)
+        args = t[:, None].float() * freqs[None]
+        emb = torch.cat([torch.cos(args), torch.sin(args)], -1)
+        (lin(emb) * sigmas[t, None]).square().mean().backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / "dit.et.json")
+    bench = tmp_path / "dit_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    _assert_replays_finite(bench, 3)
 
 
 def test_literals_written_by_setitem_replay_as_zero_unless_they_divide(tmp_path):
@@ -1623,6 +1701,32 @@ def test_a_number_at_the_address_an_earlier_shard_put_is_a_new_number():
         b.op(EMBEDDING, [b.tensor((32, 4)), local], [b.tensor((6, 4))])
     assert sorted(_scalar_inits(_program(b))) == [
         ("randint", 0, 32), ("span", 32, 32), ("span", 32, 32)]
+
+
+ZEROS = ("aten::zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, "
+         "Device? device=None, bool? pin_memory=None) -> Tensor")
+ONES = ("aten::ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, "
+        "Device? device=None, bool? pin_memory=None) -> Tensor")
+
+
+@pytest.mark.parametrize("made_by, dtype, expect", [
+    (ZEROS, "bool", "ones"), (ZEROS, "int64", ("span", 1, 1)),
+    (ONES, "bool", "zeros"), (ONES, "int64", ("randint", 0, 1))])
+def test_a_literal_written_into_zeros_is_not_zero(made_by, dtype, expect):
+    """PyG's ``to_dense_batch``: ``mask = zeros(n, dtype=bool); mask[idx] = 1``. The
+    literal was filled False, the likeliest elsewhere (``keep[..., :1] = False``), so
+    every node mask was empty and MinCut pooling's loss divided 0 by 0; writing 0 into
+    zeros changes nothing, so the first literal written there is 1."""
+    b = TraceBuilder()
+    mask, idx, literal = b.tensor((29,), dtype=dtype), b.tensor((22,), dtype="int64"), \
+        b.tensor((), dtype=dtype)
+    b.op(made_by, [[29], 11 if dtype == "bool" else 4, None, Device("cpu"), False], [mask])
+    b.op(LIFT_FRESH, [literal], [literal])
+    b.op(INDEX_PUT_, [mask, [idx], literal, False], [mask])
+    init = next(s.init for s in _program(b).storages
+                if s.materialised and s.extent == 1 and s.dtype == dtype)
+    assert (init.kind if isinstance(expect, str) else (init.kind, init.low, init.high)) \
+        == expect, init
 
 
 def test_inputs_only_a_missing_op_reads_are_not_made(tmp_path):

@@ -124,6 +124,8 @@ INDEX_RULES: dict[str, dict[str, Bound | str]] = merged("index_rules")
 TAKE_RULES: dict[str, tuple[str, str]] = merged("take_rules")
 POSITIVE_ARGS: dict[str, tuple[str, ...]] = merged("positive_args")
 KEEPS_SIGN: dict[str, tuple[str, ...]] = merged("keeps_sign")
+FRACTIONAL_POWERS: dict[str, tuple[str, str]] = merged("fractional_powers")
+EXPONENTS: dict[str, tuple[str, str | None]] = merged("exponents")
 POSITIVE_IF: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] = merged(
     "positive_if")
 COMPLEMENTS: dict[str, tuple[str, str]] = merged("complements")
@@ -172,11 +174,16 @@ LAYOUT_BY_BACKEND = _union("layout_by_backend")
 FILLS = _union("fills")
 OVERWRITES = _union("overwrites")
 ASSIGNED_LITERALS = _union("assigned_literals")
+ZERO_CREATIONS = _union("zero_creations")
 SEARCHES = _union("searches")
 STACKS = _union("stacks")
 SUMS = _union("sums")
 LENGTH_COMPARISONS = _union("length_comparisons")
 POSITIONS = _union("positions")
+SAME_VALUE_CASTS = _union("same_value_casts")
+# An exponent's magnitude where the replay picks it (EXPONENTS): e**10 is 22026, finite
+# in float16 as in float32.
+EXPONENT_BOUND = 10.0
 METADATA_ONLY = _union("metadata_only")
 MKLDNN_OPS = _union("mkldnn_ops")
 
@@ -204,6 +211,7 @@ __all__ = [
     "STRIDE_DEPENDENT_VIEWS", "LAYOUT_BY_BACKEND",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
     "ASSIGNED_LITERALS", "PRODUCTS", "SEARCHES", "LENGTH_COMPARISONS", "POSITIONS",
+    "EXPONENTS", "EXPONENT_BOUND", "SAME_VALUE_CASTS", "ZERO_CREATIONS",
     "DISTINCT_ALIASES", "FILLS", "OVERWRITES",
     "METADATA_ONLY",
     "MKLDNN_LAYOUT", "MKLDNN_OPS",
@@ -215,7 +223,7 @@ __all__ = [
     "ShiftedRange", "float_range",
     "FORWARD_AD_LEVELS", "FULL_PRECISION", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
-    "COMPLEMENTS", "DIFFERENCES", "INCREASING", "KEEPS_SIGN", "LINEAR_PACKED",
+    "COMPLEMENTS", "DIFFERENCES", "FRACTIONAL_POWERS", "INCREASING", "KEEPS_SIGN", "LINEAR_PACKED",
     "MOVES_ROWS", "STACKS", "SUMS", "LITERAL_WRITES", "MARKER_TESTS",
     "IGNORED_TARGETS",
     "PACKED_ARGS", "PACKED_LINEAR",

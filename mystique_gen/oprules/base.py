@@ -273,6 +273,20 @@ class OpFamily:
     take_rules: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Floating arguments that must be positive for the op to stay finite.
     positive_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Powers NaN for a negative base where the exponent is not an integer: {op: (base,
+    # exponent)}. A recorded non-integral number exponent (``x ** 0.5``) makes the base
+    # positive as ``positive_args`` do, carried back through ops that keep signs; an
+    # integral one (``h ** 2``) or a tensor exponent leaves ``float_ranges``' preferred
+    # range alone (positivity carried from a square made a whole network positive).
+    fractional_powers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Ops that raise e (or a number: its argument, else None) to a tensor argument:
+    # {op: (exponent, base)}. An exponent computed as positions times wrapped numbers
+    # (``exp(-log(10000) * arange(n) / n)``) has those numbers filled so that it stays
+    # within EXPONENT_BOUND (natural units).
+    exponents: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    # Ops that copy one tensor's values, maybe in another dtype: exponents are followed
+    # through them to the positions they scale.
+    same_value_casts: frozenset[str] = frozenset()
     # Ops whose result is non-negative where these floating arguments are: a result that
     # must be positive (``positive_args`` of its reader) needs them non-negative too.
     keeps_sign: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -368,6 +382,8 @@ class OpFamily:
     # Ops whose 0-d argument is a Python literal that ``x[...] = literal`` writes into a
     # tensor; the trace records no value for it.
     assigned_literals: frozenset[str] = frozenset()
+    # Ops that make a tensor of zeros: a literal first written into one is not 0.
+    zero_creations: frozenset[str] = frozenset()
     # Ops that write a value into a tensor: {op: (tensor, value)} (``x[mask] = v``).
     literal_writes: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Tests of an integral tensor that tell which literal marks some of its entries:

@@ -39,6 +39,20 @@ FAMILY = OpFamily(
     epsilon_args={"aten::cosine_similarity": ("eps",)},
     integer_divisors={name: ("other",) for name in _DIVISIONS},
     keeps_sign=_KEEPS_SIGN,
+    # ``((1 - alphas_cumprod) / alphas_cumprod) ** 0.5`` (diffusers' DPM-Solver and
+    # Euler sigmas): a square root written as a power, its base a ratio whose range a
+    # preferred range does not carry into; filled (0.5, 1.5) the cumulative alphas made
+    # 1 - a negative and every sigma NaN.
+    exponents={
+        **{op: ("self", None) for op in ("aten::exp", "aten::exp_", "aten::expm1",
+                                         "aten::expm1_", "aten::sinh", "aten::cosh")},
+        # ``theta ** (arange(0, d, 2) / d)``: rotary embeddings' inverse frequencies
+        "aten::pow": ("exponent", "self"),
+    },
+    same_value_casts=frozenset({"aten::to", "aten::_to_copy", "aten::clone",
+                                "aten::contiguous"}),
+    fractional_powers={op: ("self", "exponent") for op in (
+        "aten::pow", "aten::pow_", "aten::float_power", "aten::float_power_")},
     positive_args={
         "aten::log": ("self",),
         "aten::log2": ("self",),

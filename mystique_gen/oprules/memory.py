@@ -40,6 +40,9 @@ FAMILY = OpFamily(
     # Which value such a literal was: ``matched[iou < t] = -1`` then ``matched >= 0``,
     # ``labels[pad] = -100`` then a loss that ignores -100 (filled 0, every anchor
     # matched a box, and FCOS's centerness took square roots outside them).
+    # ``mask = zeros(n, dtype=bool); mask[idx] = 1`` (PyG's to_dense_batch): the
+    # literal written into zeros is not 0.
+    zero_creations=frozenset({"aten::zeros", "aten::new_zeros", "aten::zeros_like"}),
     literal_writes={name: ("self", "values") for name in (
         "aten::index_put_", "aten::index_put", "aten::_index_put_impl_")},
     marker_tests={"aten::eq": "equal", "aten::ne": "equal", "aten::ge": "sign",

@@ -437,7 +437,9 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for op in ops:
         _collect(op, facts, recorded)
     _lengths_against_positions(ops, facts)
+    _exponent_scales(ops, facts)
     _literal_markers(ops, facts)
+    _literals_into_zeros(ops, facts)
     _propagate_bounds(ops, facts)
     _carry_shape_fills(ops, facts)
     _propagate_domains(ops, facts)
@@ -519,7 +521,8 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
     path = oprules.KERNEL_PATHS.get(op.name)
     if path is not None and op.kernel_path is not None:
         _kernel_path_facts(op, path, facts)
-    if not (index_rules or shape_rules or positive or float_ranges or take):
+    if not (index_rules or shape_rules or positive or float_ranges or take
+            or op.name in oprules.FRACTIONAL_POWERS):
         return
     args = _arg_facts(op)
     by_name = {a.spec.name: a.value for a in op.args}
@@ -550,6 +553,7 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             if isinstance(value, TensorValue):
                 facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}")
     float_out = _floating_result(op)
+    positive = (*positive, *_fractional_power_base(op, by_name))
     for arg_name in positive:
         for tv in iter_tensors(by_name.get(arg_name) or ListValue(())):
             if tv.storage is not None:
@@ -564,6 +568,18 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
                 facts.float_range.setdefault(tv.storage.index,
                                              (*bounds, f"{op.name} {arg_name}"))
                 facts.domain_read(tv.storage, float_out)
+
+
+def _fractional_power_base(op: Op, by_name: dict[str, object]) -> tuple[str, ...]:
+    """The base of a power to a recorded non-integral number (``x ** 0.5``: NaN where
+    x < 0), which must be positive as a square root's argument (oprules
+    ``fractional_powers``); none for an integral or tensor exponent."""
+    rule = oprules.FRACTIONAL_POWERS.get(op.name)
+    exponent = by_name.get(rule[1]) if rule else None
+    if not (isinstance(exponent, Literal) and isinstance(exponent.value, float)
+            and math.isfinite(exponent.value) and not exponent.value.is_integer()):
+        return ()
+    return (rule[0],)
 
 
 def _kernel_path_facts(op: Op, rule: oprules.KernelPath, facts: _Facts) -> None:
@@ -760,6 +776,136 @@ def _literal_markers(ops: list[Op], facts: _Facts) -> None:
                                                 named_value)
 
 
+def _literals_into_zeros(ops: list[Op], facts: _Facts) -> None:
+    """The first integral or boolean literal that ``x[...] = v`` writes into a tensor
+    made of zeros (:data:`oprules.ZERO_CREATIONS`, through views) is not 0: writing 0
+    there changes nothing. PyG's ``to_dense_batch`` builds its node mask as
+    ``mask = zeros(n, dtype=bool); mask[idx] = 1``; filled False (the likeliest
+    literal elsewhere), every mask was empty and a MinCut pooling loss divided 0 by 0.
+    A literal later code tests for keeps that value (:func:`_literal_markers`)."""
+    if not facts.literal:
+        return
+    by_index = {op.index: op for op in ops}
+    written: set[int] = set()
+    for op in ops:
+        writes = oprules.LITERAL_WRITES.get(op.name)
+        if writes is None:
+            continue
+        named = {a.spec.name: a.value for a in op.args}
+        target, value = named.get(writes[0]), named.get(writes[1])
+        if not (isinstance(target, TensorValue) and isinstance(value, TensorValue)
+                and target.storage is not None and value.storage is not None):
+            continue
+        first = target.storage.index not in written
+        written.add(target.storage.index)
+        made = _producer(target, by_index)
+        if (first and value.storage.index in facts.literal
+                and (value.storage.dtype in INTEGRAL or value.storage.dtype == "bool")
+                and made is not None and made[0].name in oprules.ZERO_CREATIONS):
+            facts.literal_value.setdefault(
+                value.storage.index, (1, f"a literal {op.name} writes into {made[0].name}",
+                                      False))
+
+
+def _producer(tv: TensorValue, by_index: dict[int, Op],
+              through: frozenset[str] = frozenset()) -> tuple[Op, TensorValue] | None:
+    """The op that computed ``tv``'s values, through views and the ops named in
+    ``through`` (copies and casts of one tensor), with the tensor it made; None for an
+    input."""
+    for _ in range(len(by_index) + 1):
+        binding = tv.binding
+        while isinstance(binding, DerivedView):
+            binding = binding.base
+        if not isinstance(binding, OpOutput) or binding.op_index not in by_index:
+            return None
+        op = by_index[binding.op_index]
+        if not op.signature.is_view and op.name not in through:
+            return op, tv
+        base = next((t for a in op.args for t in iter_tensors(a.value)), None)
+        if base is None:
+            return None
+        tv = base
+    return None
+
+
+def _exponent_scales(ops: list[Op], facts: _Facts) -> None:
+    """An exponent (:data:`oprules.EXPONENTS`) computed as positions (``arange``) times
+    wrapped Python numbers, divided by others: ``exp(-log(10000) * arange(half) /
+    half)``, the sinusoidal timestep and position embeddings. A plain trace holds no
+    value of the numbers, and near 1 they made exponents up to half: from 128 up the
+    float32 exp overflowed, inf times 0 was NaN, and every weight of a DiT's training
+    replay NaN. The multipliers are filled so that the exponent lies in [-bound, 0],
+    as a decaying frequency's does, counting every divisor at its least fill."""
+    by_index = {op.index: op for op in ops}
+    for op in ops:
+        rule = oprules.EXPONENTS.get(op.name)
+        named = {a.spec.name: a.value for a in op.args}
+        exponent = named.get(rule[0]) if rule else None
+        if not isinstance(exponent, TensorValue) or exponent.meta.dtype not in FLOATING:
+            continue
+        bound = oprules.EXPONENT_BOUND
+        if rule[1] is not None:  # a number's power: bound / log(base)
+            base = named.get(rule[1])
+            if not (isinstance(base, Literal) and isinstance(base.value, (int, float))
+                    and not isinstance(base.value, bool) and base.value > 1):
+                continue
+            bound /= math.log(base.value)
+        found = _scaled_positions(exponent, by_index)
+        if found is None:
+            continue
+        magnitude, multipliers, least_divisor = found
+        if not multipliers or magnitude <= 0:
+            continue
+        high = (bound * least_divisor / magnitude) ** (1 / len(multipliers))
+        why = f"{op.name} {rule[0]}: positions up to {magnitude:g} times it within {bound:g}"
+        for k, s in enumerate(multipliers):
+            span = (-high, -high / 2) if k == 0 else (high / 2, high)
+            facts.float_range.setdefault(s.index, (*span, why))
+
+
+def _scaled_positions(tv: TensorValue, by_index: dict[int, Op]
+                      ) -> tuple[float, list[Storage], float] | None:
+    """Where ``tv`` is ``arange(...)`` multiplied and divided by 0-d inputs (through
+    views, copies and casts): the positions' largest magnitude, the floating 0-d
+    inputs it is multiplied by, and the product of the least values its 0-d divisors
+    are filled with (floating: 0.5, integral: 1); None for anything else."""
+    multipliers: list[Storage] = []
+    least_divisor = 1.0
+    for _ in range(len(by_index) + 1):
+        found = _producer(tv, by_index, oprules.SAME_VALUE_CASTS)
+        if found is None:
+            return None
+        op, _made = found
+        named = {a.spec.name: a.value for a in op.args}
+        if op.name in oprules.POSITIONS:
+            ends = [v.value for k in ("start", "end") if isinstance(v := named.get(k), Literal)
+                    and isinstance(v.value, (int, float)) and not isinstance(v.value, bool)]
+            return (max(abs(e) for e in ends), multipliers, least_divisor) if ends else None
+        if op.name not in ("aten::mul", "aten::div"):
+            return None
+        this, other = named.get("self"), named.get("other")
+        if not isinstance(this, TensorValue) or not isinstance(other, TensorValue):
+            return None
+        if _number_input(this) and op.name == "aten::mul":
+            this, other = other, this
+        if not _number_input(other) or other.storage is None:
+            return None
+        if op.name == "aten::div":
+            least_divisor *= 0.5 if other.meta.dtype in FLOATING else 1.0
+        elif other.meta.dtype in FLOATING:
+            multipliers.append(other.storage)
+        else:
+            return None
+        tv = this
+    return None
+
+
+def _number_input(tv: TensorValue) -> bool:
+    """A 0-d input: mostly a Python number the argument parser wrapped."""
+    return not tv.meta.shape and tv.storage is not None and tv.storage.materialised \
+        and tv.storage.extent == 1
+
+
 def _lengths_against_positions(ops: list[Op], facts: _Facts) -> None:
     """An integral input compared (:data:`oprules.LENGTH_COMPARISONS`) with positions,
     the result of ``arange(n)`` (:data:`oprules.POSITIONS`) through views, is a length:
@@ -767,23 +913,6 @@ def _lengths_against_positions(ops: list[Op], facts: _Facts) -> None:
     lengths[:, None]`` builds a padding mask; filled from 0, a length of 0 masked a
     whole row, and its softmax was NaN."""
     by_index = {op.index: op for op in ops}
-
-    def producer(tv: TensorValue) -> Op | None:
-        for _ in range(len(ops)):
-            binding = tv.binding
-            while isinstance(binding, DerivedView):
-                binding = binding.base
-            if not isinstance(binding, OpOutput) or binding.op_index not in by_index:
-                return None
-            op = by_index[binding.op_index]
-            if not op.signature.is_view:
-                return op
-            base = next((t for a in op.args for t in iter_tensors(a.value)), None)
-            if base is None:
-                return None
-            tv = base
-        return None
-
     for op in ops:
         if op.name not in oprules.LENGTH_COMPARISONS:
             continue
@@ -792,7 +921,7 @@ def _lengths_against_positions(ops: list[Op], facts: _Facts) -> None:
             continue
         for length, other in (tensors, tensors[::-1]):
             s = length.storage
-            made = producer(other)
+            made = _producer(other, by_index)
             if (s is None or not s.materialised or s.dtype not in INTEGRAL or made is None
                     or made.name not in oprules.POSITIONS or not other.meta.shape):
                 continue
@@ -1452,6 +1581,9 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         value, why, named_value = facts.literal_value[i]
         if named_value or i not in facts.upper:
             return Init(FillKind.SPAN, value, value, f"{why}: {value}")
+    if i in facts.literal_value and s.dtype == "bool":
+        value, why, _ = facts.literal_value[i]
+        return Init(FillKind.ONES if value else FillKind.ZEROS, 0, 0, f"{why}: {bool(value)}")
     if i in facts.upper:
         high, why = facts.upper[i]
         return Init(FillKind.RANDINT, 0, high, why + f" < {high}")
