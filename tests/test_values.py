@@ -1729,6 +1729,30 @@ def test_a_literal_written_into_zeros_is_not_zero(made_by, dtype, expect):
         == expect, init
 
 
+SCATTER_ADD_ = ("aten::scatter_add_(Tensor(a!) self, int dim, Tensor index, Tensor src) "
+                "-> Tensor(a!)")
+CUMSUM = "aten::cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"
+
+
+@pytest.mark.parametrize("running_sum, expect", [(True, ("runs", 4)), (False, ("randint", 0))])
+def test_an_index_counted_into_bins_and_reading_their_running_sum_is_sorted(running_sum,
+                                                                            expect):
+    """PyG's batch vector in ``to_dense_batch``/``to_dense_adj``: ``num_nodes =
+    zeros(B).scatter_add_(0, batch, ones)``, ``ptr = cumsum(num_nodes)``, and a node's
+    place in its graph ``i - ptr[batch[i]]``, which holds only where batch is sorted.
+    Filled at random the places left the graphs (and their masks empty); counted
+    alone (global pooling) it stays a bounded random index."""
+    b = TraceBuilder()
+    batch, counts = b.tensor((22,), dtype="int64"), b.tensor((4,))
+    b.op(SCATTER_ADD_, [counts, 0, batch, b.tensor((22,))], [counts])
+    ptr = b.tensor((4,))
+    b.op(CUMSUM, [counts, 0, None], [ptr])
+    if running_sum:
+        b.op(INDEX, [ptr, [batch]], [b.tensor((22,))])
+    init = _init_of(_program(b), "int64")
+    assert (init.kind, init.low) == expect, init
+
+
 def test_inputs_only_a_missing_op_reads_are_not_made(tmp_path):
     """A DLRM rank's fbgemm:: lookup reads 5.1 GB of embedding weights and optimizer
     state nothing else reads: where fbgemm is not loaded it is skipped, and its inputs

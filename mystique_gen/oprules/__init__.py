@@ -137,6 +137,7 @@ SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
 VALUE_PRESERVING: dict[str, tuple[str, ...]] = merged("value_preserving")
 MOVES_ROWS: dict[str, tuple[str, str]] = merged("moves_rows")
 LITERAL_WRITES: dict[str, tuple[str, str]] = merged("literal_writes")
+BIN_COUNTS: dict[str, tuple[str, str]] = merged("bin_counts")
 MARKER_TESTS: dict[str, str] = merged("marker_tests")
 IGNORED_TARGETS: dict[str, tuple[str, str]] = merged("ignored_targets")
 SAME_VALUES: dict[str, tuple[str, int]] = merged("same_values")
@@ -175,6 +176,7 @@ FILLS = _union("fills")
 OVERWRITES = _union("overwrites")
 ASSIGNED_LITERALS = _union("assigned_literals")
 ZERO_CREATIONS = _union("zero_creations")
+CUMULATIVE_SUMS = _union("cumulative_sums")
 SEARCHES = _union("searches")
 STACKS = _union("stacks")
 SUMS = _union("sums")
@@ -212,6 +214,7 @@ __all__ = [
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
     "ASSIGNED_LITERALS", "PRODUCTS", "SEARCHES", "LENGTH_COMPARISONS", "POSITIONS",
     "EXPONENTS", "EXPONENT_BOUND", "SAME_VALUE_CASTS", "ZERO_CREATIONS",
+    "BIN_COUNTS", "CUMULATIVE_SUMS",
     "DISTINCT_ALIASES", "FILLS", "OVERWRITES",
     "METADATA_ONLY",
     "MKLDNN_LAYOUT", "MKLDNN_OPS",

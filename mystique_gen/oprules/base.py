@@ -382,6 +382,12 @@ class OpFamily:
     # Ops whose 0-d argument is a Python literal that ``x[...] = literal`` writes into a
     # tensor; the trace records no value for it.
     assigned_literals: frozenset[str] = frozenset()
+    # Ops that count an index into bins: {op: (bins tensor, index)} (``zeros(K)
+    # .scatter_add_(0, batch, ones)``). An index counted so whose counts' running sum
+    # (``cumulative_sums``) it then indexes (``cumsum(counts)[batch]``) is a segment
+    # id, sorted as CSR order needs (PyG's batch vector).
+    bin_counts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    cumulative_sums: frozenset[str] = frozenset()
     # Ops that make a tensor of zeros: a literal first written into one is not 0.
     zero_creations: frozenset[str] = frozenset()
     # Ops that write a value into a tensor: {op: (tensor, value)} (``x[mask] = v``).

@@ -116,6 +116,13 @@ FAMILY = OpFamily(
     # ``t.clone() - low``, and puts 0 where masked. ``low`` is a Python int there,
     # recorded as a 0-d tensor without its value: filled at random, the shifted
     # indices leave the window and the embedding or gather after it fails.
+    # PyG's to_dense_batch and to_dense_adj: ``num_nodes = scatter_add(ones, batch)``,
+    # ``ptr = cumsum(num_nodes)``, ``arange(N) - ptr[batch]``: a node's place in its
+    # graph, which holds only for a sorted batch vector. Filled at random, the places
+    # fell outside the graphs and whole graphs' masks were empty.
+    bin_counts={op: ("self", "index") for op in (
+        "aten::scatter_add", "aten::scatter_add_", "aten::index_add", "aten::index_add_")},
+    cumulative_sums=frozenset({"aten::cumsum", "aten::cumsum_"}),
     window_bounds={"aten::lt": "low", "aten::ge": "high"},
     window_shifts={"aten::sub": ("self", "other")},
 )

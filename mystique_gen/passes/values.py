@@ -440,6 +440,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     _exponent_scales(ops, facts)
     _literal_markers(ops, facts)
     _literals_into_zeros(ops, facts)
+    _segment_ids(ops, facts)
     _propagate_bounds(ops, facts)
     _carry_shape_fills(ops, facts)
     _propagate_domains(ops, facts)
@@ -776,6 +777,41 @@ def _literal_markers(ops: list[Op], facts: _Facts) -> None:
                                                 named_value)
 
 
+def _segment_ids(ops: list[Op], facts: _Facts) -> None:
+    """An integral input counted into K bins (:data:`oprules.BIN_COUNTS`) that then
+    indexes a running sum (:data:`oprules.CUMULATIVE_SUMS`), ``cumsum(counts)[batch]``,
+    is a segment id in CSR order: filled sorted, K runs (fill kind ``runs``). PyG's
+    ``to_dense_batch`` places node i at ``i - ptr[batch[i]]`` in its graph; with a
+    batch vector filled at random the places fell outside the graphs, and MinCut
+    pooling's loss divided 0 by 0 on a graph left empty."""
+    counted: dict[int, int] = {}  # storage of an index -> bins it was counted into
+    cumulative: set[int] = set()  # storages a running sum wrote
+    for op in ops:
+        named = {a.spec.name: a.value for a in op.args}
+        if op.name in oprules.CUMULATIVE_SUMS:
+            cumulative.update(_output_storages(op))
+            continue
+        rule = oprules.BIN_COUNTS.get(op.name)
+        if rule is not None:
+            bins, index, dim = named.get(rule[0]), named.get(rule[1]), named.get("dim")
+            s = facts.integral(index) if isinstance(index, TensorValue) else None
+            if s is not None and isinstance(bins, TensorValue) and isinstance(dim, Literal) \
+                    and type(dim.value) is int and -len(bins.meta.shape) <= dim.value \
+                    < len(bins.meta.shape):
+                counted.setdefault(s.index, bins.meta.shape[dim.value])
+            continue
+        if op.name != "aten::index" or not isinstance(named.get("self"), TensorValue):
+            continue
+        table = named["self"]
+        if table.storage is None or table.storage.index not in cumulative:
+            continue
+        for tv in iter_tensors(named.get("indices") or ListValue(())):
+            s = facts.integral(tv)
+            if s is not None and s.index in counted and len(tv.meta.shape) == 1:
+                facts.shape_fill(tv, (FillKind.RUNS, counted[s.index], 0),
+                                 f"a segment id: {op.name} of a running sum of its counts")
+
+
 def _literals_into_zeros(ops: list[Op], facts: _Facts) -> None:
     """The first integral or boolean literal that ``x[...] = v`` writes into a tensor
     made of zeros (:data:`oprules.ZERO_CREATIONS`, through views) is not 0: writing 0
@@ -921,7 +957,8 @@ def _lengths_against_positions(ops: list[Op], facts: _Facts) -> None:
             continue
         for length, other in (tensors, tensors[::-1]):
             s = length.storage
-            made = _producer(other, by_index)
+            found = _producer(other, by_index)
+            made = found[0] if found is not None else None
             if (s is None or not s.materialised or s.dtype not in INTEGRAL or made is None
                     or made.name not in oprules.POSITIONS or not other.meta.shape):
                 continue
