@@ -528,10 +528,12 @@ def test_an_inner_results_addresses_allocated_anew_are_not_that_result():
     assert ids == [composite, later, backward]
 
 
-def test_a_composite_stays_whole_where_its_children_are_a_backends_kernels():
-    """Attention keeps its logsumexp for the backward too, but its child is CUDA's
-    flash kernel: descending would make a CUDA trace's replay skip attention on any
-    other device, so the portable composite is replayed whole."""
+def test_attention_replays_as_its_kernel_where_the_backward_reads_its_logsumexp():
+    """Attention keeps its logsumexp for the backward: kept whole, the backward read a
+    logsumexp filled before timing, and exp(scores - logsumexp) overflowed timm's
+    VOLO training replay to inf within three iterations. Its child is a backend's
+    kernel (CUDA's flash attention), but one the harness has a portable equivalent
+    of, which runs wherever the kernel cannot: it replays as that child."""
     b = TraceBuilder()
     sdpa = ("aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
             "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, "
@@ -541,8 +543,29 @@ def test_a_composite_stays_whole_where_its_children_are_a_backends_kernels():
              "False, *, float? scale=None) -> (Tensor output, Tensor logsumexp)")
     q, out, lse = b.tensor((1, 2, 4, 8)), b.tensor((1, 2, 4, 8)), b.tensor((1, 2, 4))
     whole = b.op(sdpa, [q, q, q, None, 0.0, False, None, False], [out])
-    b.op(flash, [q, q, q, 0.0, False, False, None], [out, lse], parent=whole)
+    kernel = b.op(flash, [q, q, q, 0.0, False, False, None], [out, lse], parent=whole)
     backward = b.op(RELU, [lse], [b.tensor((1, 2, 4))])
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert [s.node.id for s in sel.ops] == [kernel, backward]
+
+
+def test_a_composite_stays_whole_where_a_child_has_no_portable_equivalent():
+    """cuDNN's CTC loss returns the gradient the backward reads, but the harness has
+    no portable equivalent of it: descending would make a CUDA trace's replay skip
+    the loss on any other device, so the portable composite is replayed whole."""
+    b = TraceBuilder()
+    ctc = ("aten::ctc_loss.IntList(Tensor log_probs, Tensor targets, int[] input_lengths, "
+           "int[] target_lengths, int blank=0, int reduction=1, bool zero_infinity=False) "
+           "-> Tensor")
+    cudnn = ("aten::_cudnn_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, "
+             "int[] target_lengths, int blank, bool deterministic, bool zero_infinity) -> "
+             "(Tensor, Tensor)")
+    probs, targets = b.tensor((6, 2, 5)), b.tensor((2, 3), dtype="int64")
+    loss, grad = b.tensor((2,)), b.tensor((6, 2, 5))
+    whole = b.op(ctc, [probs, targets, [6, 6], [3, 3], 0, 0, False], [loss])
+    b.op(cudnn, [probs, targets, [6, 6], [3, 3], 0, True, False], [loss, grad],
+         parent=whole)
+    backward = b.op(RELU, [grad], [b.tensor((6, 2, 5))])
     sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
     assert [s.node.id for s in sel.ops] == [whole, backward]
 

@@ -1779,3 +1779,26 @@ def test_inputs_only_a_missing_op_reads_are_not_made(tmp_path):
     assert out["skipped_at_runtime"] == ["mylib::lookup.default"]
     assert out["inputs_not_made_bytes"] == 1000 * 64 * 4
     assert "0.00 GiB of inputs not made" in proc.stderr and "NaN" not in proc.stderr
+
+
+def test_an_attention_backward_reads_the_logsumexp_its_forward_computed(tmp_path):
+    """The fused attention's backward takes the forward's logsumexp and computes
+    exp(scores - logsumexp): with the composite replayed whole, it read one filled
+    near 0 instead, and large scores (here a large ``scale``; timm's VOLO by its
+    activations) turned the gradients and the weights inf. The forward replays as its
+    kernel, whose logsumexp the backward reads, and nothing fills one."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 32, requires_grad=True) for _ in range(3))
+    opt = torch.optim.SGD([q, k, v], lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.scaled_dot_product_attention(q, k, v, scale=1e4).square().sum().backward()
+        opt.step()
+
+    step()
+    et = record_et(step, tmp_path / "sdpa.json")
+    bench = tmp_path / "sdpa_bench.py"
+    text = generate(et, bench, GenerateOptions(command_line="test"))
+    assert "logsumexp_buf" not in text
+    _assert_replays_finite(bench, 3)

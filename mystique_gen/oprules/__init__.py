@@ -40,6 +40,7 @@ from mystique_gen.oprules.availability import (
     UNSUPPORTED_ARG_TYPES,
     device_specific_reason,
     guard_reason,
+    has_portable_equivalent,
 )
 from mystique_gen.oprules.base import (
     DEFAULT_FLOATING,
@@ -238,6 +239,6 @@ __all__ = [
     "TAKE_RULES", "TORCH_NATIVE_NAMESPACES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING",
     "WINDOW_BOUNDS",
     "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
-    "device_specific_reason", "guard_reason", "merged", "op_category", "reduce_op_name",
+    "device_specific_reason", "guard_reason", "has_portable_equivalent", "merged", "op_category", "reduce_op_name",
     "wire_form",
 ]

@@ -57,6 +57,14 @@ def device_specific_reason(namespace: str, name: str, overload: str = "default")
     return _ported("kernels for some devices only", namespace, name, overload)
 
 
+def has_portable_equivalent(qualified: str) -> bool:
+    """Whether the harness runs a portable equivalent of ``namespace::name[.overload]``
+    (as its schema names it) where the op itself cannot run (runtime.PORTABLE)."""
+    namespace, _, rest = qualified.partition("::")
+    name, _, overload = rest.partition(".")
+    return f"{namespace}::{name}.{overload or 'default'}" in PORTABLE
+
+
 def _ported(reason: str, namespace: str, name: str, overload: str) -> str:
     """A guard's reason, saying so where the harness has a portable equivalent."""
     if f"{namespace}::{name}.{overload}" in PORTABLE:

@@ -1182,16 +1182,23 @@ def _overwrites(node: RawNode) -> bool:
 
 def _portable_children(kids: list[RawNode], replayed_as_children: Set[int] = frozenset()
                        ) -> bool:
-    """Whether an op's children can replay wherever the op can: descending into
-    attention would trade a portable composite for a backend's kernel
-    (``_scaled_dot_product_flash_attention``, CUDA only), so such an op stays whole.
-    A child in ``replayed_as_children`` (a model's own op that replays as its own
-    children) can."""
+    """Whether an op's children can replay wherever the op can: a backend's kernel
+    (``_scaled_dot_product_flash_attention``, CUDA only) can where the harness has its
+    portable equivalent (runtime.PORTABLE), which runs wherever the kernel cannot; a
+    child without one would be skipped there, so its op stays whole. Attention is
+    the case: kept whole, its backward read a logsumexp filled before timing, not
+    the forward's, and exp(scores - logsumexp) overflowed a training replay to inf
+    (timm's VOLO). A child in ``replayed_as_children`` (a model's own op that
+    replays as its own children) can."""
     ops = [k for k in kids if k.op_schema]
+
+    def portable(kid: RawNode) -> bool:
+        qualified = kid.op_schema.split("(", 1)[0].strip()
+        return (kernels.guard_reason(qualified) is None
+                or oprules.has_portable_equivalent(qualified))
+
     return bool(ops) and all(
-        k.id in replayed_as_children
-        or kernels.guard_reason(k.op_schema.split("(", 1)[0].strip()) is None
-        for k in ops if "::" in k.name)
+        k.id in replayed_as_children or portable(k) for k in ops if "::" in k.name)
 
 
 def _tensor_keys(arg: RawArg) -> list[TensorKey]:
