@@ -1511,26 +1511,49 @@ FLASH_CPU = ("aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Te
              "attn_mask=None, float? scale=None) -> (Tensor output, Tensor logsumexp)")
 
 
-def test_a_storage_allocated_inside_a_composite_is_not_an_earlier_tensor():
-    """Attention replays whole; its kernel's logsumexp, which the backward reads, is
-    made inside it, on memory a freed tensor had (a rotary embedding's, in a Llama).
-    The backward read that embedding as its logsumexp: wrong values, and under --dtype
-    float16 a half tensor where the kernel takes float32 only. A storage an op inside
-    a replayed one allocated begins a new lifetime there: a later read is an input."""
+CTC = ("aten::ctc_loss.IntList(Tensor log_probs, Tensor targets, int[] input_lengths, "
+       "int[] target_lengths, int blank=0, int reduction=1, bool zero_infinity=False) "
+       "-> Tensor")
+CUDNN_CTC = ("aten::_cudnn_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, "
+             "int[] target_lengths, int blank, bool deterministic, bool zero_infinity) -> "
+             "(Tensor, Tensor)")
+
+
+@pytest.mark.parametrize("attention", [True, False])
+def test_a_storage_allocated_inside_a_composite_is_not_an_earlier_tensor(attention):
+    """A composite's kernel makes a result the backward reads (attention's logsumexp),
+    on memory a freed tensor had (a rotary embedding's, in a Llama). Replayed whole,
+    the backward read that embedding as its logsumexp: wrong values, and under --dtype
+    float16 a half tensor where the kernel takes float32 only. Attention now replays
+    as its kernel (the harness has its portable equivalent), whose result the backward
+    reads; a composite that stays whole (cuDNN's CTC loss: no portable equivalent)
+    still must not hand out the earlier tensor. A storage an op inside a replayed one
+    allocated begins a new lifetime there: a later read is an input."""
     b = TraceBuilder()
     x = b.tensor((2, 4, 16))
     rope = b.tensor((2, 4, 16))
     b.op(RELU, [x], [rope])
     b.op(RELU, [rope], [b.tensor((2, 4, 16))])
-    q = b.tensor((2, 4, 16, 8))
-    out = b.tensor((2, 4, 16, 8))
-    logsumexp = b.tensor((2, 4, 16), storage=rope.storage_id)  # the freed rope's memory
-    sdpa = b.op(SDPA, [q, q, q, None, 0.0, True, None, False], [out])
-    b.op(FLASH_CPU, [q, q, q, 0.0, True, None, None], [out, logsumexp], parent=sdpa)
-    b.op(RELU, [logsumexp], [b.tensor((2, 4, 16))])
+    saved = b.tensor((2, 4, 16), storage=rope.storage_id)  # the freed rope's memory
+    if attention:
+        q, out = b.tensor((2, 4, 16, 8)), b.tensor((2, 4, 16, 8))
+        whole = b.op(SDPA, [q, q, q, None, 0.0, True, None, False], [out])
+        b.op(FLASH_CPU, [q, q, q, 0.0, True, None, None], [out, saved], parent=whole)
+    else:
+        probs, targets, loss = b.tensor((2, 4, 16)), b.tensor((4, 3), dtype="int64"), \
+            b.tensor((4,))
+        whole = b.op(CTC, [probs, targets, [2] * 4, [1] * 4, 0, 0, False], [loss])
+        b.op(CUDNN_CTC, [probs, targets, [2] * 4, [1] * 4, 0, True, False], [loss, saved],
+             parent=whole)
+    b.op(RELU, [saved], [b.tensor((2, 4, 16))])
     program = build_program(trace_from_document(b.doc(), name="t.json", sha256=""))
     reader = program.ops[-1]
-    assert reader.name == "aten::relu" and [o.name for o in program.ops].count(
-        "aten::scaled_dot_product_attention") == 1
+    names = [o.name for o in program.ops]
     (arg,) = [tv for a in reader.args for tv in iter_tensors(a.value)]
-    assert isinstance(arg.binding, InputView), arg.binding
+    assert reader.name == "aten::relu"
+    if attention:
+        assert "aten::scaled_dot_product_attention" not in names
+        assert arg.binding == OpOutput(len(program.ops) - 2, (1,)), arg.binding
+    else:
+        assert names.count("aten::ctc_loss") == 1
+        assert isinstance(arg.binding, InputView), arg.binding

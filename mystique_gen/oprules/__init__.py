@@ -239,6 +239,7 @@ __all__ = [
     "TAKE_RULES", "TORCH_NATIVE_NAMESPACES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING",
     "WINDOW_BOUNDS",
     "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
-    "device_specific_reason", "guard_reason", "has_portable_equivalent", "merged", "op_category", "reduce_op_name",
+    "device_specific_reason", "guard_reason", "has_portable_equivalent", "merged",
+    "op_category", "reduce_op_name",
     "wire_form",
 ]
