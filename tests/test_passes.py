@@ -1557,3 +1557,37 @@ def test_a_storage_allocated_inside_a_composite_is_not_an_earlier_tensor(attenti
     else:
         assert names.count("aten::ctc_loss") == 1
         assert isinstance(arg.binding, InputView), arg.binding
+
+
+MATRIX_EXP = "aten::matrix_exp(Tensor self) -> Tensor"
+LINALG_MATRIX_EXP = "aten::linalg_matrix_exp(Tensor self) -> Tensor"
+ZEROS_OP = ("aten::zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, "
+            "Device? device=None, bool? pin_memory=None) -> Tensor")
+ADD_TENSORS = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+
+
+@pytest.mark.parametrize("read_as", ["wrapped 0-d", "the inner [1]"])
+def test_a_wrapped_number_at_a_freed_inner_results_address_is_not_that_result(read_as):
+    """The argument parser wraps a Python int for ``add(Tensor, Tensor)`` as a 0-d long
+    tensor and records no op that allocates it: the allocator put it at the TensorImpl
+    and data addresses that a [1] long of ``matrix_exp``'s decomposition had freed. The
+    op was taken for one whose inner result a later op reads and replayed as its
+    decomposition, whose degree buckets left NaN (an OpInfo gradient sample, in one
+    capture of two). A read at those addresses with another number of dimensions is
+    another tensor; one with the inner result's shape is still that result."""
+    b = TraceBuilder()
+    x, out = b.tensor((5, 5)), b.tensor((5, 5))
+    inner = b.tensor((1,), dtype="int64")
+    whole = b.op(MATRIX_EXP, [x], [out])
+    b.op(ZEROS_OP, [[1], 4, None, None, None], [inner], parent=whole)
+    b.op(LINALG_MATRIX_EXP, [x], [out], parent=whole)
+    read = T(inner.tensor_id, inner.storage_id, () if read_as == "wrapped 0-d" else (1,),
+             () if read_as == "wrapped 0-d" else (1,), dtype="int64")
+    scalar = b.tensor(())
+    b.op(ADD_TENSORS, [scalar, read, 1], [b.tensor(())])
+    names = [sel.node.name for sel in select_ops(
+        trace_from_document(b.doc(), name="t.json", sha256="")).ops]
+    if read_as == "wrapped 0-d":
+        assert names == ["aten::matrix_exp", "aten::add"]
+    else:
+        assert "aten::matrix_exp" not in names and "aten::linalg_matrix_exp" in names

@@ -71,7 +71,7 @@ INDUCTOR_CPP_NOTE = ("Inductor's C++ wrapper called it (cpp_wrapper, AOTInductor
                      "arguments recorded (the torch ops it called inside replay); --kineto "
                      "with --host-gaps recorded replays its time")
 
-TensorKey = tuple[int, int, int]  # (tensor id, storage id, element size)
+TensorKey = tuple[int, int, int, int | None]  # (tensor, storage, element size, dims)
 
 
 # A value domain of one tensor: ("positive" | "range", low, high, why).
@@ -1202,11 +1202,31 @@ def _portable_children(kids: list[RawNode], replayed_as_children: Set[int] = fro
 
 
 def _tensor_keys(arg: RawArg) -> list[TensorKey]:
-    """(tensor id, storage id, element size) of the tensors of one recorded argument
-    that have a storage: the allocator reuses a small temporary's TensorImpl and data
-    addresses together, for a wrapped Python scalar too (a double where the temporary
-    was a float)."""
-    return [(r[0], r[1], r[4]) for r in tensor_records(arg) if r[1] and isinstance(r[0], int)]
+    """(tensor id, storage id, element size, dimensions) of the tensors of one recorded
+    argument that have a storage: the allocator reuses a small temporary's TensorImpl
+    and data addresses together, for a wrapped Python scalar too, whose wrapping
+    records no op that allocates (a double where the temporary was a float; a 0-d
+    long where ``matrix_exp``'s decomposition had freed a [1] long, and the forward
+    was replayed as its decomposition, whose degree buckets left NaN)."""
+    if "Tensor" not in arg.type:
+        return []
+    return [(r[0], r[1], r[4], rank) for r, rank in _records_with_ranks(arg.value, arg.shape)
+            if r[1] and isinstance(r[0], int)]
+
+
+def _records_with_ranks(value: object, shape: object) -> Iterator[tuple[list, int | None]]:
+    """Each tensor record in a recorded argument's value, with its number of dimensions
+    from the parallel ``shape`` (None where the shapes do not line up)."""
+    if not isinstance(value, list):
+        return
+    if len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str):
+        dims = shape if isinstance(shape, list) and all(isinstance(d, int) for d in shape) \
+            else None
+        yield value, None if dims is None else len(dims)
+        return
+    shapes = shape if isinstance(shape, list) and len(shape) == len(value) else [None] * len(value)
+    for item, item_shape in zip(value, shapes, strict=True):
+        yield from _records_with_ranks(item, item_shape)
 
 
 def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
