@@ -37,6 +37,7 @@ from mystique_gen.sources.et import (
     RawTrace,
     raw_storage_ids,
     tensor_records,
+    tensor_records_with_ranks,
 )
 
 ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
@@ -1208,25 +1209,8 @@ def _tensor_keys(arg: RawArg) -> list[TensorKey]:
     records no op that allocates (a double where the temporary was a float; a 0-d
     long where ``matrix_exp``'s decomposition had freed a [1] long, and the forward
     was replayed as its decomposition, whose degree buckets left NaN)."""
-    if "Tensor" not in arg.type:
-        return []
-    return [(r[0], r[1], r[4], rank) for r, rank in _records_with_ranks(arg.value, arg.shape)
+    return [(r[0], r[1], r[4], rank) for r, rank in tensor_records_with_ranks(arg)
             if r[1] and isinstance(r[0], int)]
-
-
-def _records_with_ranks(value: object, shape: object) -> Iterator[tuple[list, int | None]]:
-    """Each tensor record in a recorded argument's value, with its number of dimensions
-    from the parallel ``shape`` (None where the shapes do not line up)."""
-    if not isinstance(value, list):
-        return
-    if len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str):
-        dims = shape if isinstance(shape, list) and all(isinstance(d, int) for d in shape) \
-            else None
-        yield value, None if dims is None else len(dims)
-        return
-    shapes = shape if isinstance(shape, list) and len(shape) == len(value) else [None] * len(value)
-    for item, item_shape in zip(value, shapes, strict=True):
-        yield from _records_with_ranks(item, item_shape)
 
 
 def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],

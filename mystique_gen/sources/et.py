@@ -42,6 +42,11 @@ class RawArg:
     strides: Any | None  # None where the trace predates strides
 
 
+def _is_record(value: list) -> bool:
+    """Whether a list of a recorded value is one tensor's record, not a list of them."""
+    return len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str)
+
+
 def tensor_records(raw: RawArg) -> Iterator[list]:
     """The tensor records of one recorded argument, nested lists included: each
     ``[tensor id, storage id, offset, numel, itemsize, device]``."""
@@ -49,7 +54,7 @@ def tensor_records(raw: RawArg) -> Iterator[list]:
     def walk(value: object) -> Iterator[list]:
         if not isinstance(value, list):
             return
-        if len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str):
+        if _is_record(value):
             yield value
         else:
             for item in value:
@@ -57,6 +62,26 @@ def tensor_records(raw: RawArg) -> Iterator[list]:
 
     if "Tensor" in raw.type:
         yield from walk(raw.value)
+
+
+def tensor_records_with_ranks(raw: RawArg) -> Iterator[tuple[list, int | None]]:
+    """:func:`tensor_records`, each with its number of dimensions from the argument's
+    parallel ``shape`` (None where the two do not line up)."""
+
+    def walk(value: object, shape: object) -> Iterator[tuple[list, int | None]]:
+        if not isinstance(value, list):
+            return
+        if _is_record(value):
+            dims = isinstance(shape, list) and all(isinstance(d, int) for d in shape)
+            yield value, len(shape) if dims else None  # type: ignore[arg-type]
+            return
+        shapes = shape if isinstance(shape, list) and len(shape) == len(value) \
+            else [None] * len(value)
+        for item, item_shape in zip(value, shapes, strict=True):
+            yield from walk(item, item_shape)
+
+    if "Tensor" in raw.type:
+        yield from walk(raw.value, raw.shape)
 
 
 def raw_storage_ids(raw: RawArg) -> Iterator[int]:
