@@ -993,23 +993,24 @@ class _ScriptCapture:
     def _spawned_result(self, names: list[str]) -> CaptureResult:
         """The first captured rank's result, where the script trained in ranks it
         spawned (each wrote its own files, or said on stderr why it could not)."""
-        results = []
+        results = []  # (name, step.json, what it holds) of each rank captured whole
         for name in names:
             sidecar = self.out / f"{name}.step.json"
-            if sidecar.exists() and json.loads(sidecar.read_text()).get("complete", True):
-                results.append((name, sidecar))
+            summary = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+            if summary and summary.get("complete", True):
+                results.append((name, sidecar, summary))
         if not results:
             raise ScriptError(
                 f"the script trained in {len(names)} processes it started with "
                 "torch.multiprocessing, and none was captured whole (each rank said why "
                 "above)")
         print(f"mystique-gen: captured {len(results)} of the {len(names)} ranks the script "
-              f"spawned: {', '.join(n for n, _ in results)} (one benchmark replays them: "
+              f"spawned: {', '.join(n for n, _, _ in results)} (one benchmark replays them: "
               f"mystique-gen {self.out} --kineto {self.out} -o bench.py)", file=sys.stderr)
-        summary = json.loads(results[0][1].read_text())
+        _, sidecar, summary = results[0]
         kineto = summary.get("kineto")
         return CaptureResult(self.out / summary["et"], self.out / kineto if kineto else None,
-                             results[0][1], summary["step_ms_median"], summary["step_ms_min"])
+                             sidecar, summary["step_ms_median"], summary["step_ms_min"])
 
 
 class _SpawnedRank:
@@ -1024,7 +1025,7 @@ class _SpawnedRank:
         self.fn, self.capture, self.name, self.nprocs = fn, capture, name, nprocs
 
     def __call__(self, index: int, *args: object) -> None:
-        name = f"{self.name}-rank-{index}" if self.nprocs > 1 else self.name
+        name = _spawned_name(self.name, index, self.nprocs)
         run = self.capture.run(name, lambda: self.fn(index, *args))
         try:
             self.capture.finish(run)
@@ -1032,6 +1033,11 @@ class _SpawnedRank:
             print(f"mystique-gen: rank {index} ({name}): {exc}", file=sys.stderr)
         if run.raised is not None:
             raise run.raised  # the rank's own error: spawn reports it to the script
+
+
+def _spawned_name(name: str, index: int, nprocs: int) -> str:
+    """The files' name of the ``index``-th of ``nprocs`` ranks a script spawned."""
+    return f"{name}-rank-{index}" if nprocs > 1 else name
 
 
 def _sidecar_extra(clock: _StepClock, recorder: _Recorder,
@@ -1142,8 +1148,7 @@ def _watch_spawned_processes(
                         start_method="spawn"):  # noqa: ANN001
         if follow is not None and start_method == "spawn" and not spawned:
             capture, name = follow
-            spawned.extend(f"{name}-rank-{i}" if nprocs > 1 else name
-                           for i in range(nprocs))
+            spawned.extend(_spawned_name(name, i, nprocs) for i in range(nprocs))
             fn = _SpawnedRank(fn, capture, name, int(nprocs))
         else:
             print(f"mystique-gen: warning: the script starts {nprocs} processes with "
