@@ -15,11 +15,13 @@ import torch
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.constants import HARNESS_SCOPE
 from mystique_gen.driver import generate
+from mystique_gen.harness import runtime
 from mystique_gen.sources.et import load_trace
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, record_et, run_benchmark
 from tests.models import MODELS
+from tests.test_harness import LIBRARY_SCHEMAS
 
 pytestmark = pytest.mark.slow
 
@@ -631,6 +633,93 @@ def test_a_models_own_op_replays_as_what_it_ran(tmp_path):
     replayed = op_multiset(replay_et, by_overload=True)
     assert replayed == op_multiset(result.et_path, by_overload=True)
     assert replayed["aten::mul.Tensor"] == 1 and replayed["aten::add.Tensor"] == 1
+
+
+def _ops_of_a_library() -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+    """torchvision's roi_align and nms where torchvision is installed; else ops of the
+    same names and schemas, registered as torchvision registers them (torch.library,
+    roi_align's backward an op of its own), computing with the harness's equivalents."""
+    try:
+        import torchvision
+        return torchvision.ops.roi_align, torchvision.ops.nms
+    except ImportError:
+        pass
+    if not hasattr(torch.ops.torchvision, "roi_align"):  # once per process
+        library = torch.library.Library("torchvision", "FRAGMENT")  # noqa: TID251
+        library.define(LIBRARY_SCHEMAS["torchvision::roi_align.default"].split("::")[1])
+        library.define(
+            LIBRARY_SCHEMAS["torchvision::_roi_align_backward.default"].split("::")[1])
+        library.define(LIBRARY_SCHEMAS["torchvision::nms.default"].split("::")[1])
+        library.impl("nms", runtime._nms, "CPU")
+        library.impl("roi_align", runtime._roi_align, "CPU")
+        # Above autograd, since the equivalent differentiates the forward again.
+        library.impl("_roi_align_backward", runtime._roi_align_backward,
+                     "CompositeImplicitAutograd")
+
+        def backward(ctx, grad):  # noqa: ANN001, ANN202 (torch.library's signature)
+            n, c, h, w = ctx.shape
+            return (torch.ops.torchvision._roi_align_backward(
+                grad, ctx.rois, *ctx.args[:3], n, c, h, w, *ctx.args[3:]),
+                None, None, None, None, None, None)
+
+        def setup(ctx, inputs, output) -> None:  # noqa: ANN001
+            ctx.shape, ctx.rois, ctx.args = inputs[0].shape, inputs[1], inputs[2:]
+
+        torch.library.register_autograd("torchvision::roi_align", backward,
+                                        setup_context=setup, lib=library)
+        _LIBRARIES.append(library)
+
+    def roi_align(input, boxes, output_size, spatial_scale, sampling_ratio, aligned):  # noqa: ANN001, ANN202
+        return torch.ops.torchvision.roi_align(input, boxes, spatial_scale, *output_size,
+                                               sampling_ratio, aligned)
+    return roi_align, torch.ops.torchvision.nms
+
+
+_LIBRARIES: list[torch.library.Library] = []  # kept alive: dropping one undefines its ops
+
+
+def test_a_librarys_kernel_with_an_equivalent_replays_whole(tmp_path):
+    """Mask R-CNN's roi_align and nms are torchvision's C++ kernels: replayed as their
+    recorded children (the kernels' allocations), roi_align's forward and backward, a
+    fifth of the training step, cost nothing. The benchmark (torch alone) runs the
+    harness's equivalents in torch ops instead, and says so; the boxes nms keeps are
+    fitted to the recorded count, as any op's whose output size its values decide."""
+    roi_align, nms = _ops_of_a_library()
+
+    def make_step() -> Callable[[], None]:
+        conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        images = torch.randn(2, 3, 32, 32)
+        boxes = torch.tensor([[2.0, 3, 20, 25], [0, 0, 31, 31], [5, 9, 12, 30]])
+        image_of = torch.tensor([[0.0], [1], [1]])
+        apart = torch.tensor([[0.0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5], [6, 6, 7, 7]])
+
+        def step() -> None:
+            rois = torch.cat([image_of, boxes * 1.0], 1)  # computed in the step
+            features = conv(images)
+            roi_align(features, rois, (7, 7), 0.5, 2, True).square().sum().backward()
+            # how many boxes it keeps depends on their values: all four here, apart;
+            # fitted to that count where the replay's (its corners filled) overlap
+            low, high = apart[:, :2], apart[:, 2:]
+            crowd = torch.cat([low.minimum(high), low.maximum(high) + 1], 1)
+            keep = nms(crowd, features.detach().amax((0, 2, 3))[:4], 0.1)
+            torch.zeros(4).index_add_(0, keep, torch.ones(len(keep)))
+        return step
+
+    text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
+    header = text.split('"""')[1]
+    assert "torchvision::roi_align x1: namespace torchvision:: may not be loaded, with a" \
+        in " ".join(header.split())
+    assert "replayed as its recorded children" not in header
+    assert sorted(out["equivalents_at_runtime"]) == [
+        "torchvision::_roi_align_backward.default", "torchvision::nms.default",
+        "torchvision::roi_align.default"]
+    assert original["aten::index_add_.default"] == replayed["aten::index_add_.default"] == 1
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    # The equivalents computed the regions: one embedding_bag forward, another (under
+    # autograd) and its backward for the gradient.
+    assert replayed["aten::embedding_bag.padding_idx"] >= 2
+    assert original["aten::convolution_backward.default"] \
+        == replayed["aten::convolution_backward.default"] == 1
 
 
 def test_a_quantization_aware_training_step_replays(tmp_path):

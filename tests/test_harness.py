@@ -6,6 +6,7 @@ import ast
 import contextlib
 import inspect
 import json
+import math
 import os
 import sys
 import threading
@@ -794,11 +795,29 @@ def test_a_coalesced_sparse_result_is_fitted_to_its_recorded_entries(sizes, dens
     assert runtime._fit_nnz(dense_value, 3) is dense_value  # not sparse: as it is
 
 
+# Schemas of the library ops with equivalents (torchvision's), which torch alone lacks.
+LIBRARY_SCHEMAS = {
+    "torchvision::nms.default": (
+        "torchvision::nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"),
+    "torchvision::roi_align.default": (
+        "torchvision::roi_align(Tensor input, Tensor rois, float spatial_scale, "
+        "SymInt pooled_height, SymInt pooled_width, int sampling_ratio, bool aligned) "
+        "-> Tensor"),
+    "torchvision::_roi_align_backward.default": (
+        "torchvision::_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, "
+        "SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, "
+        "SymInt height, SymInt width, int sampling_ratio, bool aligned) -> Tensor"),
+}
+
+
 def _schema_call(key: str, values: dict[str, object]) -> tuple[list, dict]:
-    """Positional and keyword arguments of the op `key` (aten::name.overload), each
+    """Positional and keyword arguments of the op `key` (namespace::name.overload), each
     argument's value from `values` by name (None where it has none)."""
-    name, overload = key.split("::")[1].split(".")
-    schema = getattr(getattr(torch.ops.aten, name), overload)._schema
+    if key in LIBRARY_SCHEMAS:
+        schema = torch._C.parse_schema(LIBRARY_SCHEMAS[key])
+    else:
+        name, overload = key.split("::")[1].split(".")
+        schema = getattr(getattr(torch.ops.aten, name), overload)._schema
     args = [values.get(a.name) for a in schema.arguments if not a.kwarg_only]
     kwargs = {a.name: values.get(a.name) for a in schema.arguments if a.kwarg_only}
     return args, kwargs
@@ -894,6 +913,116 @@ def test_fused_attention_backward_matches_the_kernel_that_runs_here(causal):
     for key in forward:
         args, kwargs = _schema_call(key, {**values, "dropout_p": 0.0})
         torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs)[0], out)
+
+
+def _bilinear(image: torch.Tensor, y: float, x: float) -> torch.Tensor:
+    """torchvision's bilinear_interpolate (roi_align_kernel.cpp), one point, every channel."""
+    height, width = image.shape[1:]
+    if y < -1.0 or y > height or x < -1.0 or x > width:
+        return torch.zeros(image.shape[0], dtype=image.dtype)
+    y, x = max(y, 0.0), max(x, 0.0)
+    y_low, x_low = int(y), int(x)
+    if y_low >= height - 1:
+        y_low = y_high = height - 1
+        y = float(y_low)
+    else:
+        y_high = y_low + 1
+    if x_low >= width - 1:
+        x_low = x_high = width - 1
+        x = float(x_low)
+    else:
+        x_high = x_low + 1
+    ly, lx = y - y_low, x - x_low
+    return ((1 - ly) * (1 - lx) * image[:, y_low, x_low] + (1 - ly) * lx * image[:, y_low, x_high]
+            + ly * (1 - lx) * image[:, y_high, x_low] + ly * lx * image[:, y_high, x_high])
+
+
+def _reference_roi_align(input: torch.Tensor, rois: torch.Tensor, scale: float, pooled: int,
+                         sampling_ratio: int, aligned: bool) -> torch.Tensor:
+    """torchvision's CPU roi_align, written out point by point."""
+    out = torch.zeros(len(rois), input.shape[1], pooled, pooled + 1, dtype=input.dtype)
+    offset = 0.5 if aligned else 0.0
+    for k, (index, x1, y1, x2, y2) in enumerate(rois.tolist()):
+        x1, y1, x2, y2 = (v * scale - offset for v in (x1, y1, x2, y2))
+        roi_w, roi_h = x2 - x1, y2 - y1
+        if not aligned:
+            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+        bin_h, bin_w = roi_h / pooled, roi_w / (pooled + 1)
+        grid_h = sampling_ratio if sampling_ratio > 0 else math.ceil(bin_h)
+        grid_w = sampling_ratio if sampling_ratio > 0 else math.ceil(bin_w)
+        for i in range(pooled):
+            for j in range(pooled + 1):
+                total = sum(
+                    (_bilinear(input[int(index)], y1 + i * bin_h + (iy + 0.5) * bin_h / grid_h,
+                               x1 + j * bin_w + (ix + 0.5) * bin_w / grid_w)
+                     for iy in range(grid_h) for ix in range(grid_w)),
+                    torch.zeros(input.shape[1], dtype=input.dtype))
+                out[k, :, i, j] = total / max(grid_h * grid_w, 1)
+    return out
+
+
+@pytest.mark.parametrize(("sampling_ratio", "aligned"),
+                         [(2, True), (1, False), (0, True), (-1, False)])
+def test_roi_align_runs_as_torchvisions_kernel_computes_it(sampling_ratio, aligned):
+    """Mask R-CNN's roi_align (torchvision's C++ kernel, which the benchmark cannot
+    load) runs as torch ops with torchvision's result: regions crossing the feature
+    map's border, on either image, with fixed and adaptive sample counts; its backward
+    is the forward's adjoint (roi_align is linear in its input)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 9, 7, generator=gen, dtype=torch.float64)
+    corners = torch.rand(12, 4, generator=gen, dtype=torch.float64) * 40 - 6
+    boxes = torch.cat([corners[:, :2].minimum(corners[:, 2:]),
+                       corners[:, :2].maximum(corners[:, 2:])], 1)
+    rois = torch.cat([torch.randint(0, 2, (12, 1), generator=gen).double(), boxes], 1)
+    values = {"input": x, "rois": rois, "spatial_scale": 0.25, "pooled_height": 3,
+              "pooled_width": 4, "sampling_ratio": sampling_ratio, "aligned": aligned}
+    args, _ = _schema_call("torchvision::roi_align.default", values)
+    out = runtime.PORTABLE["torchvision::roi_align.default"](*args)
+    torch.testing.assert_close(
+        out, _reference_roi_align(x, rois, 0.25, 3, sampling_ratio, aligned))
+    grad = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    values.update(grad=grad, batch_size=2, channels=3, height=9, width=7)
+    args, _ = _schema_call("torchvision::_roi_align_backward.default", values)
+    grad_input = runtime.PORTABLE["torchvision::_roi_align_backward.default"](*args)
+    assert grad_input.shape == x.shape
+    torch.testing.assert_close((grad_input * x).sum(), (grad * out).sum())
+    empty = runtime.PORTABLE["torchvision::_roi_align_backward.default"](
+        grad[:0], rois[:0], *args[2:])
+    assert empty.shape == x.shape and not empty.any()  # no regions: no gradient
+
+
+def _reference_nms(boxes: torch.Tensor, scores: torch.Tensor, threshold: float) -> list[int]:
+    """Greedy non-maximum suppression, box by box, as torchvision's CPU kernel runs it."""
+    kept: list[int] = []
+    for i in scores.argsort(descending=True, stable=True).tolist():
+        x1, y1, x2, y2 = boxes[i].tolist()
+        for j in kept:
+            u1, v1, u2, v2 = boxes[j].tolist()
+            inter = max(min(x2, u2) - max(x1, u1), 0) * max(min(y2, v2) - max(y1, v1), 0)
+            if inter / ((x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter) > threshold:
+                break
+        else:
+            kept.append(i)
+    return kept
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 300, 700])
+def test_nms_runs_as_torchvisions_greedy_suppression(count):
+    """torchvision's nms in torch ops keeps the boxes the greedy kernel keeps, in its
+    order, across blocks (NMS_BLOCK) and at every threshold: crowded boxes make long
+    chains of suppressions."""
+    gen = torch.Generator().manual_seed(count)
+    corners = torch.rand(count, 4, generator=gen, dtype=torch.float64) * 100
+    boxes = torch.cat([corners[:, :2].minimum(corners[:, 2:]),
+                       corners[:, :2].maximum(corners[:, 2:]) + 1], 1)
+    scores = torch.rand(count, generator=gen, dtype=torch.float64)
+    nms = runtime.PORTABLE["torchvision::nms.default"]
+    for threshold in (0.1, 0.5, 0.9):
+        args, _ = _schema_call("torchvision::nms.default", {
+            "dets": boxes, "scores": scores, "iou_threshold": threshold})
+        kept = nms(*args)
+        assert kept.dtype == torch.long
+        assert kept.tolist() == _reference_nms(boxes, scores, threshold)
 
 
 def test_an_op_of_a_newer_torch_resolves_to_its_equivalent(monkeypatch, capsys):

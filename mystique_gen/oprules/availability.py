@@ -46,7 +46,7 @@ def guard_reason(namespace: str, name: str, overload: str = "default") -> str | 
     if name in NEEDS_ACCELERATOR:
         return _ported("needs an accelerator", namespace, name, overload)
     if namespace not in CORE_NAMESPACES:
-        return f"namespace {namespace}:: may not be loaded"
+        return _ported(f"namespace {namespace}:: may not be loaded", namespace, name, overload)
     if BACKEND_SPECIFIC.search(name):
         return _ported("backend-specific kernel", namespace, name, overload)
     return None

@@ -24,7 +24,8 @@ OP_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"embedding_bag|_embedding_bag|all|any|count_nonzero|mse_loss|"
         r"binary_cross_entropy|smooth_l1|l1_loss|nll_loss_forward|nll_loss_backward|"
         r"native_layer_norm_backward|native_batch_norm_backward|mse_loss_backward|"
-        r"binary_cross_entropy_with_logits)$|reduce|_backward_data$")),
+        r"binary_cross_entropy_with_logits|roi_align|_roi_align_backward)$|reduce|"
+        r"_backward_data$")),
     ("memory", re.compile(
         r"^(copy_|clone|contiguous|to|_to_copy|cat|stack|empty|empty_like|empty_strided|"
         r"zeros|zeros_like|ones|ones_like|full|full_like|fill_|zero_|new_|index|"

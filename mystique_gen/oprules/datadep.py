@@ -172,5 +172,6 @@ FAMILY = OpFamily(
         "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
         "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::repeat_interleave",
         "aten::bincount", "aten::index", "aten::_ragged_idx",
+        "torchvision::nms",  # the boxes kept, by the boxes' values
     }),
 )

@@ -1268,9 +1268,9 @@ def fits_output(op: Op, value: object) -> bool:
     """Whether the file fits this output of ``op`` to its recorded size after the op
     (backends/valuefill.py): an op whose output sizes depend on values
     (``oprules.DATA_DEPENDENT_OUTPUTS``), or a sparse result whose entry count does
-    (``SPARSE_DATA_DEPENDENT_OUTPUTS``); never under a guard, which fits its own."""
-    if op.guard:
-        return False
+    (``SPARSE_DATA_DEPENDENT_OUTPUTS``). Under a guard too: a stand-in has the recorded
+    size already, but a portable equivalent (torchvision's nms) keeps what its
+    values decide."""
     if op.name in oprules.DATA_DEPENDENT_OUTPUTS:
         return True
     return (op.name in oprules.SPARSE_DATA_DEPENDENT_OUTPUTS

@@ -1008,6 +1008,152 @@ def _pinned(self, device=None):
     return self.clone()
 
 
+# Kernels of libraries outside torch (torchvision's C++ ops, registered when the model
+# imported the library; the benchmark does not), written with torch ops where the
+# result's shape does not depend on values. Replayed as their recorded children, such
+# ops cost almost nothing: those are only the kernel's allocations (Mask R-CNN's
+# roi_align forward and backward were a fifth of its training step, missing).
+def _roi_align_axis(start, length, bins, size, sampling_ratio):
+    """Along one axis of each region: the sample points' lower and upper pixel, their
+    bilinear weights, which samples count, and each region's samples per bin, as
+    torchvision's kernel places them (points outside [-1, size] count as zero)."""
+    step = length / bins
+    if sampling_ratio > 0:
+        grid = torch.full_like(step, sampling_ratio)
+        most = sampling_ratio
+    else:  # adaptive: ceil(bin size) samples, so regions differ; the rest weigh 0
+        grid = torch.ceil(step)
+        most = max(int(grid.max()), 1) if grid.numel() else 1
+    bins_at = torch.arange(bins, device=step.device, dtype=step.dtype)[:, None]
+    samples = torch.arange(most, device=step.device, dtype=step.dtype)[None, :]
+    at = start[:, None, None] + step[:, None, None] * (
+        bins_at + (samples + 0.5) / grid.clamp(min=1)[:, None, None]
+    )
+    used = (samples < grid[:, None, None]) & (at >= -1.0) & (at <= size)
+    at = at.clamp(min=0)
+    low = at.floor().clamp(max=size - 1)
+    edge = low >= size - 1
+    high = torch.where(edge, low, low + 1)
+    frac = torch.where(edge, torch.zeros_like(at), at - low)
+    return low.long(), high.long(), 1 - frac, frac, used, grid
+
+
+def _roi_align(
+    input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned
+):
+    """torchvision::roi_align: each output bin is a weighted sum of the feature map's
+    pixels around its sample points, so one embedding_bag (a bag per bin, four
+    corners per sample, bilinear weights over the sample count) computes torchvision's
+    result, without a temporary per sample and channel."""
+    num_images, channels, height, width = input.shape
+    count = rois.shape[0]
+    if count == 0 or input.numel() == 0:
+        return input.new_zeros(count, channels, pooled_height, pooled_width)
+    boxes = rois[:, 1:5].to(input.dtype) * spatial_scale - (0.5 if aligned else 0.0)
+    x1, y1, x2, y2 = boxes.unbind(1)
+    roi_w, roi_h = x2 - x1, y2 - y1
+    if not aligned:
+        roi_w, roi_h = roi_w.clamp(min=1.0), roi_h.clamp(min=1.0)
+    y_low, y_high, y_w0, y_w1, y_used, y_grid = _roi_align_axis(
+        y1, roi_h, pooled_height, height, sampling_ratio
+    )
+    x_low, x_high, x_w0, x_w1, x_used, x_grid = _roi_align_axis(
+        x1, roi_w, pooled_width, width, sampling_ratio
+    )
+    first = rois[:, 0].to(torch.long).clamp(0, num_images - 1) * (height * width)
+    # (region, bin row, sample row) and (region, bin col, sample col), broadcast to
+    # (region, bin row, sample row, bin col, sample col)
+    rows, cols = (..., None, None), (slice(None), None, None, ...)
+    share = (y_used[rows] & x_used[cols]).to(input.dtype)
+    share = share / (y_grid * x_grid).clamp(min=1)[:, None, None, None, None]
+    places, weights = [], []
+    for row, row_weight in ((y_low, y_w0), (y_high, y_w1)):
+        for col, col_weight in ((x_low, x_w0), (x_high, x_w1)):
+            pixel = row[rows] * width + col[cols]
+            places.append(first[:, None, None, None, None] + pixel)
+            weights.append(row_weight[rows] * col_weight[cols] * share)
+    # (region, bin row, sample row, bin col, sample col, corner) -> a bag per bin
+    order = (0, 1, 3, 2, 4, 5)
+    bags = count * pooled_height * pooled_width
+    pooled = torch.nn.functional.embedding_bag(
+        torch.stack(places, -1).permute(order).reshape(bags, -1),
+        input.permute(0, 2, 3, 1).reshape(-1, channels),
+        mode="sum",
+        per_sample_weights=torch.stack(weights, -1).permute(order).reshape(bags, -1),
+    )
+    pooled = pooled.view(count, pooled_height, pooled_width, channels)
+    return pooled.permute(0, 3, 1, 2).contiguous()
+
+
+def _box_overlaps(boxes, others, iou_threshold):
+    """Whether each of `boxes` overlaps each of `others` by more than the threshold
+    (intersection over union, as torchvision's nms measures it)."""
+    x1, y1, x2, y2 = boxes[:, None].unbind(-1)
+    u1, v1, u2, v2 = others.unbind(-1)
+    inter = (torch.minimum(x2, u2) - torch.maximum(x1, u1)).clamp(min=0) * (
+        torch.minimum(y2, v2) - torch.maximum(y1, v1)
+    ).clamp(min=0)
+    union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+    return inter / union > iou_threshold
+
+
+NMS_BLOCK = 256  # boxes settled at once: overlaps computed for kept boxes only, mostly
+
+
+def _nms(dets, scores, iou_threshold):
+    """torchvision::nms: the boxes greedy non-maximum suppression keeps, best score
+    first, settled a block of boxes at a time. In a block, a box is kept where it
+    survived the earlier blocks and no kept box of the block with a higher score
+    overlaps it: that holds for the greedy result and no other set, so applying it to
+    the block until nothing changes reaches it (in as many passes as its longest chain
+    of suppressions). The block's kept boxes then suppress the later ones."""
+    order = scores.argsort(descending=True, stable=True)
+    boxes = dets[order]
+    keep = torch.ones(len(order), dtype=torch.bool, device=dets.device)
+    for start in range(0, len(order), NMS_BLOCK):
+        block = boxes[start : start + NMS_BLOCK]
+        alive = keep[start : start + NMS_BLOCK]
+        overlaps = _box_overlaps(block, block, iou_threshold).triu_(1)
+        kept = alive
+        while True:
+            settled = alive & ~(overlaps & kept[:, None]).any(0)
+            if torch.equal(settled, kept):
+                break
+            kept = settled
+        keep[start : start + NMS_BLOCK] = kept
+        later = boxes[start + NMS_BLOCK :]
+        if len(later):
+            keep[start + NMS_BLOCK :] &= ~_box_overlaps(
+                block[kept], later, iou_threshold
+            ).any(0)
+    return order[keep]
+
+
+def _roi_align_backward(
+    grad,
+    rois,
+    spatial_scale,
+    pooled_height,
+    pooled_width,
+    batch_size,
+    channels,
+    height,
+    width,
+    sampling_ratio,
+    aligned,
+):
+    """torchvision::_roi_align_backward: the forward's weighted sums scattered back
+    (embedding_bag's backward), the forward again under autograd."""
+    shape = (rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    zeros = grad.new_zeros(batch_size, channels, height, width)
+    if grad.numel() == 0 or zeros.numel() == 0:  # no regions: nothing to scatter
+        return zeros
+    (grad_input,) = _grads_by_autograd(
+        lambda input: (_roi_align(input, *shape),), (zeros,), (grad,)
+    )
+    return grad_input
+
+
 PORTABLE = {
     "aten::cudnn_batch_norm.default": _batch_norm,
     "aten::miopen_batch_norm.default": _batch_norm,
@@ -1070,6 +1216,9 @@ PORTABLE = {
     "aten::mkldnn_rnn_layer_backward.default": _mkldnn_rnn_layer_backward,
     "aten::pin_memory.default": _pinned,
     "aten::_pin_memory.default": _pinned,
+    "torchvision::nms.default": _nms,
+    "torchvision::roi_align.default": _roi_align,
+    "torchvision::_roi_align_backward.default": _roi_align_backward,
 }
 
 
