@@ -722,6 +722,81 @@ def test_a_librarys_kernel_with_an_equivalent_replays_whole(tmp_path):
         == replayed["aten::convolution_backward.default"] == 1
 
 
+def _flash_attn_of_a_library() -> Callable[..., torch.Tensor]:
+    """flash_attn_func as the flash_attn package registers its kernels (CUDA only: its
+    torch.library ops, the backward an op that writes dq, dk and dv), here on the CPU
+    by the harness's equivalents, with the same names and schemas."""
+    if not hasattr(torch.ops.flash_attn, "_flash_attn_forward"):  # once per process
+        library = torch.library.Library("flash_attn", "FRAGMENT")  # noqa: TID251
+        for name in ("_flash_attn_forward", "_flash_attn_backward"):
+            library.define(LIBRARY_SCHEMAS[f"flash_attn::{name}.default"].split("::")[1])
+
+        def forward(q, k, v, *args):  # noqa: ANN001, ANN202
+            (out,) = runtime._flash_attn_forward(q, k, v, *args)
+            lse = torch.zeros(q.size(0), q.size(2), q.size(1))
+            return out, lse, torch.empty(0), torch.zeros(2, dtype=torch.int64)
+
+        library.impl("_flash_attn_forward", forward, "CPU")
+        # Above autograd, since the equivalent differentiates the forward again.
+        library.impl("_flash_attn_backward", runtime._flash_attn_backward,
+                     "CompositeImplicitAutograd")
+
+        def backward(ctx, dout, *_):  # noqa: ANN001, ANN202
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+            torch.ops.flash_attn._flash_attn_backward(
+                dout, q, k, v, out, lse, dq, dk, dv, 0.0, ctx.scale, True, -1, -1, 0.0,
+                None, False)
+            return dq, dk, dv, *(None,) * 8
+
+        def setup(ctx, inputs, output) -> None:  # noqa: ANN001
+            ctx.save_for_backward(*inputs[:3], *output[:2])
+            ctx.scale = inputs[4]
+
+        torch.library.register_autograd("flash_attn::_flash_attn_forward", backward,
+                                        setup_context=setup, lib=library)
+        _LIBRARIES.append(library)
+
+    def flash_attn_func(q, k, v, causal):  # noqa: ANN001, ANN202
+        scale = q.size(-1) ** -0.5
+        return torch.ops.flash_attn._flash_attn_forward(
+            q, k, v, 0.0, scale, causal, -1, -1, 0.0, None, False)[0]
+    return flash_attn_func
+
+
+def test_flash_attention_2_of_the_flash_attn_package_replays_as_attention(tmp_path):
+    """transformers' attn_implementation="flash_attention_2" calls the flash_attn
+    package's ops, which a CUDA trace records and the benchmark (torch alone) cannot
+    load: replayed as their recorded children (allocations), a training step's
+    attention cost nothing. It runs the harness's equivalents: the attention forward,
+    and the backward writing its grads where the kernel writes them."""
+    flash_attn_func = _flash_attn_of_a_library()
+
+    def make_step() -> Callable[[], None]:
+        qkv, proj = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+        x = torch.randn(2, 10, 32)
+
+        def step() -> None:
+            q, k, v = qkv(x).view(2, 10, 3, 4, 8).unbind(2)
+            out = flash_attn_func(q, k, v, causal=True)
+            proj(out.reshape(2, 10, 32)).square().mean().backward()
+        return step
+
+    text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
+    header = " ".join(text.split('"""')[1].split())
+    for name in ("_flash_attn_forward", "_flash_attn_backward"):
+        assert f"flash_attn::{name} x1: namespace flash_attn:: may not be loaded, with a " \
+            "portable equivalent" in header
+    assert sorted(out["equivalents_at_runtime"]) == [
+        "flash_attn::_flash_attn_backward.default", "flash_attn::_flash_attn_forward.default"]
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    # the forward, and the backward: the forward again under autograd, its backward
+    attention = [op for op, count in replayed.items() for _ in range(count)
+                 if "attention" in op]
+    assert len(attention) >= 3 and any("backward" in op for op in attention), attention
+    assert original["aten::linear.default"] == replayed["aten::linear.default"] == 2
+
+
 def test_a_quantization_aware_training_step_replays(tmp_path):
     """Fake quantization in grad mode: the observer's min/max run on ``x.detach()`` and on
     buffers, recording autograd numbers but making no nodes, and the scale they compute

@@ -797,6 +797,34 @@ def test_a_coalesced_sparse_result_is_fitted_to_its_recorded_entries(sizes, dens
 
 # Schemas of the library ops with equivalents (torchvision's), which torch alone lacks.
 LIBRARY_SCHEMAS = {
+    # flash_attn 2.6-2.8 (torch.library.custom_op's schemas of its Python signatures)
+    "flash_attn::_flash_attn_forward.default": (
+        "flash_attn::_flash_attn_forward(Tensor q, Tensor k, Tensor v, float dropout_p, "
+        "float softmax_scale, bool causal, SymInt window_size_left, "
+        "SymInt window_size_right, float softcap, Tensor? alibi_slopes, "
+        "bool return_softmax) -> (Tensor, Tensor, Tensor, Tensor)"),
+    "flash_attn::_flash_attn_varlen_forward.default": (
+        "flash_attn::_flash_attn_varlen_forward(Tensor q, Tensor k, Tensor v, "
+        "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+        "SymInt max_seqlen_k, float dropout_p, float softmax_scale, bool causal, "
+        "SymInt window_size_left=-1, SymInt window_size_right=-1, float softcap=0., "
+        "Tensor? alibi_slopes=None, bool return_softmax=False, "
+        "Tensor? block_table=None, Tensor? leftpad_k=None, Tensor? seqused_k=None) "
+        "-> (Tensor, Tensor, Tensor, Tensor)"),
+    "flash_attn::_flash_attn_backward.default": (
+        "flash_attn::_flash_attn_backward(Tensor dout, Tensor q, Tensor k, Tensor v, "
+        "Tensor out, Tensor softmax_lse, Tensor(a6!)? dq, Tensor(a7!)? dk, "
+        "Tensor(a8!)? dv, float dropout_p, float softmax_scale, bool causal, "
+        "SymInt window_size_left, SymInt window_size_right, float softcap, "
+        "Tensor? alibi_slopes, bool deterministic, Tensor? rng_state=None) -> Tensor"),
+    "flash_attn::_flash_attn_varlen_backward.default": (
+        "flash_attn::_flash_attn_varlen_backward(Tensor dout, Tensor q, Tensor k, "
+        "Tensor v, Tensor out, Tensor softmax_lse, Tensor(a6!)? dq, Tensor(a7!)? dk, "
+        "Tensor(a8!)? dv, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "SymInt max_seqlen_q, SymInt max_seqlen_k, float dropout_p, "
+        "float softmax_scale, bool causal, SymInt window_size_left, "
+        "SymInt window_size_right, float softcap, Tensor? alibi_slopes, "
+        "bool deterministic, Tensor? rng_state=None) -> Tensor"),
     "torchvision::nms.default": (
         "torchvision::nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"),
     "torchvision::roi_align.default": (
@@ -1023,6 +1051,98 @@ def test_nms_runs_as_torchvisions_greedy_suppression(count):
         kept = nms(*args)
         assert kept.dtype == torch.long
         assert kept.tolist() == _reference_nms(boxes, scores, threshold)
+
+
+def _attention_by_hand(q, k, v, allowed, scale, softcap=0.0, bias=None):  # noqa: ANN001, ANN202
+    """Attention over (batch, seq, heads, dim) tensors where `allowed[i, j]`, written out."""
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def _flash_call(key: str, **values: object) -> object:
+    args, _ = _schema_call(key, {"dropout_p": 0.0, "softmax_scale": 0.25, "causal": False,
+                                 "window_size_left": -1, "window_size_right": -1,
+                                 "softcap": 0.0, **values})
+    return runtime.PORTABLE[key](*args)
+
+
+def test_flash_attn_runs_as_flash_attention_computes_it():
+    """transformers' flash_attention_2 (the flash_attn package's CUDA ops) runs as
+    torch ops: a causal mask and windows aligned to the bottom right (a decoding step's
+    one query sees every key), grouped key/value heads, Gemma 2's soft cap, ALiBi's
+    biases, and sequences packed one after another (varlen)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 4, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 5, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    wide_k, wide_v = (t.repeat_interleave(2, dim=2) for t in (k, v))  # GQA: 2 per head
+    forward = "flash_attn::_flash_attn_forward.default"
+    i, j = torch.arange(3)[:, None] + 2, torch.arange(5)[None]  # bottom right: 5 - 3
+    cases = [
+        ({}, torch.ones(3, 5, dtype=torch.bool), {}),
+        ({"causal": True}, j <= i, {}),
+        ({"window_size_left": 1, "window_size_right": 0}, (j <= i) & (j >= i - 1), {}),
+        ({"softcap": 2.0}, torch.ones(3, 5, dtype=torch.bool), {"softcap": 2.0}),
+        ({"alibi_slopes": torch.tensor([0.5, 0.25, 0.125, 1.0], dtype=torch.float64)},
+         torch.ones(3, 5, dtype=torch.bool),
+         {"bias": -torch.tensor([0.5, 0.25, 0.125, 1.0], dtype=torch.float64)[:, None, None]
+          * (j - i).abs()}),
+    ]
+    for flags, allowed, extra in cases:
+        (out,) = _flash_call(forward, q=q, k=k, v=v, **flags)
+        torch.testing.assert_close(out, _attention_by_hand(q, wide_k, wide_v, allowed, 0.25,
+                                                           **extra))
+    (one,) = _flash_call(forward, q=q[:, -1:], k=k, v=v, causal=True)  # decoding
+    torch.testing.assert_close(one, _attention_by_hand(q[:, -1:], wide_k, wide_v,
+                                                       torch.ones(1, 5, dtype=torch.bool), 0.25))
+    # Packed: the two sequences of 3 queries and 5 keys, one after the other.
+    cu_q, cu_k = torch.tensor([0, 3, 6], dtype=torch.int32), torch.tensor([0, 5, 10],
+                                                                            dtype=torch.int32)
+    (packed,) = _flash_call("flash_attn::_flash_attn_varlen_forward.default",
+                            q=q.flatten(0, 1), k=k.flatten(0, 1), v=v.flatten(0, 1),
+                            cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=3,
+                            max_seqlen_k=5, causal=True)
+    torch.testing.assert_close(packed, _attention_by_hand(q, wide_k, wide_v, j <= i, 0.25)
+                               .flatten(0, 1))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_flash_attn_backward_writes_the_grads_where_the_kernel_does(packed):
+    """flash_attn's backward writes dq, dk and dv in place (its schema's `(a!)`) and
+    returns softmax_d, rowsum(dout * out) padded as the kernel lays it out."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 6, 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    allowed = torch.arange(6)[None] <= torch.arange(6)[:, None]
+    out = _attention_by_hand(*leaves, allowed, 0.5)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    want = torch.autograd.grad(out, leaves, dout)
+    grads = [torch.zeros_like(t) for t in (q, k, v)]
+    values = {"dout": dout, "q": q, "k": k, "v": v, "out": out.detach(), "softmax_lse": None,
+              "dq": grads[0], "dk": grads[1], "dv": grads[2], "causal": True,
+              "softmax_scale": 0.5, "deterministic": False}
+    if packed:
+        flat = {name: values[name].flatten(0, 1)
+                for name in ("dout", "q", "k", "v", "out", "dq", "dk", "dv")}
+        cu = torch.tensor([0, 6, 12], dtype=torch.int32)
+        softmax_d = _flash_call("flash_attn::_flash_attn_varlen_backward.default",
+                                **{**values, **flat, "cu_seqlens_q": cu, "cu_seqlens_k": cu,
+                                   "max_seqlen_q": 6, "max_seqlen_k": 6})
+        assert softmax_d.shape == (2, 12 + 128 * 2)
+        torch.testing.assert_close(softmax_d[:, :12],
+                                   (dout * out).sum(-1).flatten(0, 1).T.float())
+        for got, grad in zip(grads, want, strict=True):
+            torch.testing.assert_close(got, grad)
+        return
+    softmax_d = _flash_call("flash_attn::_flash_attn_backward.default", **values)
+    assert softmax_d.shape == (2, 2, 128) and softmax_d.dtype == torch.float32
+    torch.testing.assert_close(softmax_d[..., :6], (dout * out).sum(-1).transpose(1, 2).float())
+    for got, grad in zip(grads, want, strict=True):
+        torch.testing.assert_close(got, grad)
 
 
 def test_an_op_of_a_newer_torch_resolves_to_its_equivalent(monkeypatch, capsys):

@@ -563,6 +563,189 @@ def _fused_attention_backward(
     )
 
 
+# FlashAttention 2's ops (the flash_attn package's torch.library ops, CUDA only, which
+# transformers' attn_implementation="flash_attention_2" calls): tensors laid out
+# (batch, sequence, heads, head dim), or sequences packed one after another (varlen,
+# cu_seqlens). Its causal mask and windows align to the bottom right: query i of sq
+# sees key j of sk where i + sk - sq - left <= j <= i + sk - sq + right.
+def _flash_attn(
+    q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap, alibi
+):
+    """One batch of FlashAttention: the best kernel this device has where the scores
+    are plain (sdpa with the mask), else the scores written out (a soft cap
+    `softcap * tanh(s / softcap)`, ALiBi's `-slope * |i + sk - sq - j|`)."""
+    query, key, value = (t.transpose(1, 2) for t in (q, k, v))
+    heads, kv_heads = query.size(1), key.size(1)
+    if kv_heads and kv_heads != heads and heads % kv_heads == 0:
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    rows, cols = query.size(2), key.size(2)
+    position = torch.arange(rows, device=q.device)[:, None] + (cols - rows)
+    distance = torch.arange(cols, device=q.device)[None, :] - position
+    right = 0 if causal else window_right
+    mask = None
+    if right >= 0 or window_left >= 0:
+        mask = torch.ones(rows, cols, dtype=torch.bool, device=q.device)
+        if right >= 0:
+            mask &= distance <= right
+        if window_left >= 0:
+            mask &= distance >= -window_left
+    if not softcap and alibi is None:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=softmax_scale
+        )
+        return out.transpose(1, 2)
+    scores = (query @ key.transpose(-1, -2)).float() * softmax_scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi is not None:
+        slopes = alibi.float().reshape(-1 if alibi.dim() == 1 else alibi.size(0), heads)
+        scores = scores - slopes[..., None, None] * distance.abs()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(query.dtype)
+    probs = torch.nn.functional.dropout(probs, dropout_p) if dropout_p else probs
+    return (probs @ value).transpose(1, 2)
+
+
+def _flash_attn_forward(
+    q,
+    k,
+    v,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left=-1,
+    window_size_right=-1,
+    softcap=0.0,
+    alibi_slopes=None,
+    *rest,
+):
+    """flash_attn::_flash_attn_forward: out (its log-sum-exp, softmax and RNG state
+    stand in: only its own backward reads them)."""
+    args = (dropout_p, softmax_scale, causal, window_size_left, window_size_right)
+    return (_flash_attn(q, k, v, *args, softcap, alibi_slopes),)
+
+
+def _packed_spans(cu_seqlens, total):
+    """The (start, stop) rows of each packed sequence, from cumulative lengths (kept in
+    [0, total] and rising, whatever the replay's values)."""
+    bounds = cu_seqlens.clamp(0, total).cummax(0).values.tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=False))
+
+
+def _flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi, *args):
+    """FlashAttention over packed sequences, one sequence at a time."""
+    out = torch.zeros_like(q)
+    spans_q = _packed_spans(cu_seqlens_q, q.size(0))
+    spans_k = _packed_spans(cu_seqlens_k, k.size(0))
+    for index, ((q0, q1), (k0, k1)) in enumerate(zip(spans_q, spans_k, strict=False)):
+        if q1 > q0 and k1 > k0:
+            slopes = alibi[index] if alibi is not None and alibi.dim() == 2 else alibi
+            one = [t[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1])]
+            out[q0:q1] = _flash_attn(*one, *args, slopes)[0]
+    return out
+
+
+def _flash_attn_varlen_forward(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left=-1,
+    window_size_right=-1,
+    softcap=0.0,
+    alibi_slopes=None,
+    *rest,
+):
+    """flash_attn::_flash_attn_varlen_forward: out, as the batched one."""
+    args = (dropout_p, softmax_scale, causal, window_size_left, window_size_right)
+    spans = (cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    return (_flash_attn_varlen(q, k, v, *spans, *args, softcap),)
+
+
+def _flash_attn_grads(forward, dout, q, k, v, out, dq, dk, dv, rows):
+    """FlashAttention's backward: the grads of q, k and v written into dq, dk and dv
+    (where given), and softmax_d (rowsum(dout * out), float32, heads first, each row
+    of sequences padded to `rows` as the kernel lays it out)."""
+    grads = _grads_by_autograd(forward, (q, k, v), (dout.to(q.dtype),))
+    for target, grad in zip((dq, dk, dv), grads, strict=True):
+        if target is not None and grad is not None:
+            target.copy_(grad)
+    rowsum = (dout.float() * out.float()).sum(-1)  # (batch, seq, heads), (rows, heads)
+    softmax_d = rowsum.movedim(-1, 0 if rowsum.dim() == 2 else 1)
+    return torch.nn.functional.pad(softmax_d, (0, max(rows - softmax_d.size(-1), 0)))
+
+
+def _flash_attn_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    softmax_lse,
+    dq,
+    dk,
+    dv,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left=-1,
+    window_size_right=-1,
+    softcap=0.0,
+    alibi_slopes=None,
+    *rest,
+):
+    """flash_attn::_flash_attn_backward: its forward again under autograd."""
+    args = (dropout_p, softmax_scale, causal, window_size_left, window_size_right)
+
+    def forward(q, k, v):
+        return (_flash_attn(q, k, v, *args, softcap, alibi_slopes),)
+
+    rows = -(-q.size(1) // 128) * 128
+    return _flash_attn_grads(forward, dout, q, k, v, out, dq, dk, dv, rows)
+
+
+def _flash_attn_varlen_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    softmax_lse,
+    dq,
+    dk,
+    dv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size_left=-1,
+    window_size_right=-1,
+    softcap=0.0,
+    alibi_slopes=None,
+    *rest,
+):
+    """flash_attn::_flash_attn_varlen_backward: its forward again under autograd."""
+    args = (dropout_p, softmax_scale, causal, window_size_left, window_size_right)
+    spans = (cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+
+    def forward(q, k, v):
+        return (_flash_attn_varlen(q, k, v, *spans, *args, softcap),)
+
+    rows = q.size(0) + 128 * (cu_seqlens_q.numel() - 1)
+    return _flash_attn_grads(forward, dout, q, k, v, out, dq, dk, dv, rows)
+
+
 # SyncBatchNorm's kernels (CUDA only): statistics, their reduction over ranks, the
 # normalisation, and its backward, written with reductions and elementwise ops.
 def _channels(input):
@@ -1204,6 +1387,10 @@ PORTABLE = {
     "aten::mkldnn_rnn_layer_backward.default": _mkldnn_rnn_layer_backward,
     "aten::pin_memory.default": _pinned,
     "aten::_pin_memory.default": _pinned,
+    "flash_attn::_flash_attn_forward.default": _flash_attn_forward,
+    "flash_attn::_flash_attn_varlen_forward.default": _flash_attn_varlen_forward,
+    "flash_attn::_flash_attn_backward.default": _flash_attn_backward,
+    "flash_attn::_flash_attn_varlen_backward.default": _flash_attn_varlen_backward,
     "torchvision::nms.default": _nms,
     "torchvision::roi_align.default": _roi_align,
     "torchvision::_roi_align_backward.default": _roi_align_backward,
