@@ -4,11 +4,20 @@ A neutral module that imports only the harness (the lowest layer), so any layer 
 use it without pulling in another.
 """
 
-# The profiler scope around work the generated harness adds: defined by the harness.
-from mystique_gen.harness.runtime import HARNESS_SCOPE
+# The profiler scopes around work the generated harness adds, and around a portable
+# equivalent of an op: defined by the harness.
+from mystique_gen.harness.runtime import EQUIVALENT_SCOPE, HARNESS_SCOPE
 
-__all__ = ["DEVICE_CATEGORIES", "ET_SUFFIX", "HARNESS_SCOPE", "KINETO_SUFFIX", "SIDECAR_SUFFIX",
-           "STEP_SCOPE"]
+__all__ = ["DEVICE_CATEGORIES", "EQUIVALENT_SCOPE", "ET_SUFFIX", "HARNESS_SCOPE",
+           "KINETO_SUFFIX", "SIDECAR_SUFFIX", "STEP_SCOPE", "equivalent_of"]
+
+
+def equivalent_of(scope: str) -> str | None:
+    """The op (``ns::name.overload``) whose equivalent ran in ``scope``, or None."""
+    head, _, tail = EQUIVALENT_SCOPE.partition("{}")
+    if scope.startswith(head) and scope.endswith(tail) and len(scope) > len(head + tail):
+        return scope[len(head):len(scope) - len(tail)]
+    return None
 
 # The annotation capture wraps each profiled step in (no "::": compare counts "ns::name"
 # events as ops).

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mystique_gen import oprules
-from mystique_gen.constants import HARNESS_SCOPE, STEP_SCOPE
+from mystique_gen.constants import HARNESS_SCOPE, STEP_SCOPE, equivalent_of
 from mystique_gen.errors import MystiqueError
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.filters import STEP_RE, filter_selection, kineto_steps
@@ -39,10 +39,14 @@ def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False,
     if iteration is not None:
         selection, _ = filter_selection(raw, selection, BuildOptions(iteration=iteration),
                                         profiled_steps)
-    ops = [s.node for s in selection.ops if HARNESS_SCOPE not in s.scope]
+    ops = [s.node for s in selection.ops if HARNESS_SCOPE not in s.scope
+           and not any(equivalent_of(scope) for scope in s.scope)]
+    # A replay ran an op it could not call as its portable equivalent, in a scope that
+    # names it: the op counts once, not the torch ops that computed it.
+    ported = [key for key in map(equivalent_of, (n.name for n in raw.nodes)) if key]
     if by_overload:
-        return Counter(overload_name(n.name, n.op_schema) for n in ops)
-    return Counter(n.name for n in ops)
+        return Counter([overload_name(n.name, n.op_schema) for n in ops] + ported)
+    return Counter([n.name for n in ops] + [key.rsplit(".", 1)[0] for key in ported])
 
 
 def overload_name(name: str, schema: str) -> str:

@@ -78,6 +78,9 @@ ORIGINAL = None
 # The profiler scope around work the harness adds (views no replayed op returned,
 # stand-ins for skipped ops): a replay's trace labels it, and `compare` leaves it out.
 HARNESS_SCOPE = "## mystique: harness ##"
+# Around an op's portable equivalent, so a replay's traces count the op where it ran
+# (compare's op multisets) rather than the torch ops that computed it.
+EQUIVALENT_SCOPE = "## mystique: equivalent of {} ##"
 try:  # torch's C++ record-function scope (see _harness); record_function without it
     from torch._C._profiler import _RecordFunctionFast as _FastScope
 except ImportError:
@@ -1575,7 +1578,9 @@ def _guarded(site, op, *args, **kwargs):
                 )
     if key in ported:
         try:
-            return _ported(site, PORTABLE[key](*args, **kwargs))
+            with _scope(EQUIVALENT_SCOPE.format(key)):
+                result = PORTABLE[key](*args, **kwargs)
+            return _ported(site, result)
         except (NotImplementedError, RuntimeError) as exc:
             reason = (str(exc).strip().splitlines() or ["unavailable"])[0][:160]
             skipped[str(op)] = f"{ported.pop(key)}; its equivalent: {reason}"
@@ -1605,9 +1610,15 @@ def _harness():
     list, every iteration), so the label is torch's C++ scope where it exists (0.6 us
     against 8 us for record_function, measured here), which the profiler records. The
     ET observer records only record_function, so while one is attached that is used."""
+    return _scope(HARNESS_SCOPE)
+
+
+def _scope(name):
+    """A scope a replay's traces show: torch's C++ one where it exists, record_function
+    while the ET observer (which records only those) is attached."""
     if _FastScope is None or _RUNTIME["et_observer"]:
-        return torch.profiler.record_function(HARNESS_SCOPE)
-    return _FastScope(HARNESS_SCOPE)
+        return torch.profiler.record_function(name)
+    return _FastScope(name)
 
 
 # Schedule helpers: streams and events are no-ops off CUDA, so one file runs anywhere.
