@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mystique_gen.cli import main as cli_main
-from mystique_gen.constants import STEP_SCOPE
+from mystique_gen.constants import EQUIVALENT_SCOPE, STEP_SCOPE
 from mystique_gen.errors import MystiqueError
 from mystique_gen.tools.compare import (
     compare_traces,
@@ -168,3 +168,24 @@ def test_categories_count_what_ran_at_any_granularity(tmp_path):
     assert original.categories["reduction"] == pytest.approx(30 / 1000)
     assert replay.categories["matmul"] == pytest.approx(60 / 1000)
     assert replay.categories["reduction"] == pytest.approx(30 / 1000)
+
+
+def test_an_equivalents_time_counts_as_the_op_it_ran_for(tmp_path):
+    """A replay runs torchvision's roi_align as torch ops (an embedding_bag, index
+    arithmetic) inside a scope naming the op: its time is the op's (a reduction, as
+    the original's kernel), counted once, not spread over the categories of the ops
+    that computed it."""
+    scope = EQUIVALENT_SCOPE.format("torchvision::roi_align.default")
+    events = [{"ph": "X", "cat": "user_annotation", "name": scope, "pid": 1, "tid": 1,
+               "ts": 10, "dur": 100, "args": {}}]
+    events += [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts,
+                "dur": 30, "args": {}}
+               for name, ts in (("aten::mul", 12), ("aten::embedding_bag", 50),
+                                ("aten::mm", 120))]
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    times = kineto_times(path, 1)
+    assert times.ops == 2  # roi_align and the mm after it
+    assert times.categories["reduction"] == pytest.approx(100 / 1000)
+    assert times.categories["elementwise"] == 0
+    assert times.categories["matmul"] == pytest.approx(30 / 1000)

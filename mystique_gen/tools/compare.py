@@ -12,7 +12,7 @@ import bisect
 import json
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mystique_gen import oprules
@@ -89,14 +89,20 @@ class KinetoTimes:
 def _workload_ops(events: list[CpuEvent]) -> list[CpuEvent]:
     """Ops (``ns::name``) outside the harness's scope, in the events' order.
     Annotations ("autograd::engine::evaluate_function: MmBackward0", "ProfilerStep#3")
-    are not ops; their ops count instead."""
-    harness_end: dict[tuple, float] = defaultdict(lambda: float("-inf"))
+    are not ops; their ops count instead. A portable equivalent's scope counts as the
+    op it ran for (its time in that op's category), and the ops inside it do not."""
+    skip_until: dict[tuple, float] = defaultdict(lambda: float("-inf"))
     found = []
     for e in events:  # sorted by (ts, -dur): parents first
         thread = (e.pid, e.tid)
-        if e.name == HARNESS_SCOPE:
-            harness_end[thread] = max(harness_end[thread], e.end)
-        elif "::" in e.name and " " not in e.name and e.ts >= harness_end[thread]:
+        if e.ts < skip_until[thread]:
+            continue
+        ported = equivalent_of(e.name)
+        if e.name == HARNESS_SCOPE or ported:
+            skip_until[thread] = max(skip_until[thread], e.end)
+            if ported:
+                found.append(replace(e, name=ported))
+        elif "::" in e.name and " " not in e.name:
             found.append(e)
     return found
 
