@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import itertools
 import json
 import math
 import os
@@ -797,6 +798,17 @@ def test_a_coalesced_sparse_result_is_fitted_to_its_recorded_entries(sizes, dens
 
 # Schemas of the library ops with equivalents (torchvision's), which torch alone lacks.
 LIBRARY_SCHEMAS = {
+    "torchvision::deform_conv2d.default": (
+        "torchvision::deform_conv2d(Tensor input, Tensor weight, Tensor offset, "
+        "Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, SymInt pad_h, "
+        "SymInt pad_w, SymInt dilation_h, SymInt dilation_w, SymInt groups, "
+        "SymInt offset_groups, bool use_mask) -> Tensor"),
+    "torchvision::_deform_conv2d_backward.default": (
+        "torchvision::_deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, "
+        "Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, "
+        "SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, "
+        "SymInt groups, SymInt offset_groups, bool use_mask) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"),
     # flash_attn 2.6-2.8 (torch.library.custom_op's schemas of its Python signatures)
     "flash_attn::_flash_attn_forward.default": (
         "flash_attn::_flash_attn_forward(Tensor q, Tensor k, Tensor v, float dropout_p, "
@@ -1017,6 +1029,84 @@ def test_roi_align_runs_as_torchvisions_kernel_computes_it(sampling_ratio, align
     empty = runtime.PORTABLE["torchvision::_roi_align_backward.default"](
         grad[:0], rois[:0], *args[2:])
     assert empty.shape == x.shape and not empty.any()  # no regions: no gradient
+
+
+def _reference_deform_conv2d(x, weight, offset, mask, bias, stride, pad, dilation,  # noqa: ANN001, ANN202
+                              groups, offset_groups, use_mask):
+    """torchvision's deformable convolution, point by point: each tap reads the input
+    bilinearly at its place plus its offset, corners outside the map reading zero."""
+    batch, channels, height, width = x.shape
+    _, _, kernel_h, kernel_w = weight.shape
+    out_h, out_w = offset.shape[-2:]
+    columns = torch.zeros(batch, channels, kernel_h, kernel_w, out_h, out_w, dtype=x.dtype)
+    for b, c, ki, kj, i, j in itertools.product(range(batch), range(channels), range(kernel_h),
+                                              range(kernel_w), range(out_h), range(out_w)):
+        group, tap = c // (channels // offset_groups), ki * kernel_w + kj
+        taps = kernel_h * kernel_w
+        y = i * stride - pad + ki * dilation + float(offset[b, group * 2 * taps + 2 * tap, i, j])
+        x_at = j * stride - pad + kj * dilation + float(offset[b, group * 2 * taps + 2 * tap + 1,
+                                                               i, j])
+        value = 0.0
+        y0, x0 = math.floor(y), math.floor(x_at)
+        for yy, xx in ((y0, x0), (y0, x0 + 1), (y0 + 1, x0), (y0 + 1, x0 + 1)):
+            if 0 <= yy < height and 0 <= xx < width:
+                value += (1 - abs(y - yy)) * (1 - abs(x_at - xx)) * float(x[b, c, yy, xx])
+        if use_mask:
+            value *= float(mask[b, group * taps + tap, i, j])
+        columns[b, c, ki, kj, i, j] = value
+    per_group = columns.reshape(batch, groups, -1, out_h * out_w)
+    kernel = weight.reshape(groups, weight.shape[0] // groups, -1)
+    out = torch.einsum("gok,bgkl->bgol", kernel, per_group).reshape(batch, -1, out_h, out_w)
+    return out + bias.reshape(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize(("stride", "pad", "dilation", "groups", "offset_groups", "use_mask"),
+                         [(1, 1, 1, 1, 1, True), (2, 0, 1, 2, 2, False), (1, 2, 2, 2, 1, True)])
+def test_deform_conv2d_runs_as_torchvisions_kernel_computes_it(stride, pad, dilation, groups,
+                                                               offset_groups, use_mask):
+    """A deformable convolution (torchvision's C++ kernel) runs as torch ops with its
+    result, taps falling off the map included; its backward gives the input's,
+    weight's, mask's and bias's grads (linear in each) and the offsets' (against
+    finite differences)."""
+    gen = torch.Generator().manual_seed(stride + pad + groups)
+    x = torch.randn(2, 4, 6, 5, generator=gen, dtype=torch.float64)
+    weight = torch.randn(4, 4 // groups, 3, 3, generator=gen, dtype=torch.float64)
+    bias = torch.randn(4, generator=gen, dtype=torch.float64)
+    out_h = (6 + 2 * pad - dilation * 2 - 1) // stride + 1
+    out_w = (5 + 2 * pad - dilation * 2 - 1) // stride + 1
+    offset = torch.randn(2, offset_groups * 18, out_h, out_w, generator=gen,
+                         dtype=torch.float64) * 2
+    mask = torch.rand(2, offset_groups * 9, out_h, out_w, generator=gen, dtype=torch.float64)
+    values = {"input": x, "weight": weight, "offset": offset, "mask": mask, "bias": bias,
+              "stride_h": stride, "stride_w": stride, "pad_h": pad, "pad_w": pad,
+              "dilation_h": dilation, "dilation_w": dilation, "groups": groups,
+              "offset_groups": offset_groups, "use_mask": use_mask}
+    args, _ = _schema_call("torchvision::deform_conv2d.default", values)
+    deform = runtime.PORTABLE["torchvision::deform_conv2d.default"]
+    out = deform(*args)
+    torch.testing.assert_close(out, _reference_deform_conv2d(
+        x, weight, offset, mask, bias, stride, pad, dilation, groups, offset_groups,
+        use_mask))
+    grad = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    args, _ = _schema_call("torchvision::_deform_conv2d_backward.default", {**values,
+                                                                            "grad": grad})
+    grad_x, grad_weight, grad_offset, grad_mask, grad_bias = runtime.PORTABLE[
+        "torchvision::_deform_conv2d_backward.default"](*args)
+    without_bias = (grad * (out - bias.reshape(1, -1, 1, 1))).sum()
+    for tensor, found in ((x, grad_x), (weight, grad_weight)):
+        torch.testing.assert_close((found * tensor).sum(), without_bias)
+    torch.testing.assert_close(grad_bias, grad.sum((0, 2, 3)))
+    if use_mask:
+        torch.testing.assert_close((grad_mask * mask).sum(), without_bias)
+    else:
+        assert not grad_mask.any()
+    direction = torch.randn(offset.shape, generator=gen, dtype=torch.float64)
+    step = 1e-6
+    moved = [deform(*[offset + sign * step * direction if a is offset else a
+                      for a in _schema_call("torchvision::deform_conv2d.default",
+                                            values)[0]]) for sign in (1, -1)]
+    torch.testing.assert_close((grad * (moved[0] - moved[1])).sum() / (2 * step),
+                               (grad_offset * direction).sum(), rtol=1e-4, atol=1e-6)
 
 
 def _reference_nms(boxes: torch.Tensor, scores: torch.Tensor, threshold: float) -> list[int]:

@@ -1315,6 +1315,72 @@ def _nms(dets, scores, iou_threshold):
     return order[keep]
 
 
+def _deform_conv2d(
+    input,
+    weight,
+    offset,
+    mask,
+    bias,
+    stride_h,
+    stride_w,
+    pad_h,
+    pad_w,
+    dilation_h,
+    dilation_w,
+    groups,
+    offset_groups,
+    use_mask,
+):
+    """torchvision::deform_conv2d: each kernel tap samples the input bilinearly at its
+    place plus a learned offset (zero outside the map, as torchvision's kernel reads
+    it: grid_sample), weighted by the mask, and the taps' columns meet the weight in
+    one grouped matmul."""
+    batch, channels, height, width = input.shape
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    taps = kernel_h * kernel_w
+    out_h, out_w = offset.shape[-2:]
+    offset_groups = max(offset_groups, 1)
+    # Each offset group's taps: (dy, dx) pairs, tap-major, then the output position.
+    moved = offset.reshape(batch * offset_groups, taps, 2, out_h, out_w)
+    tap_y = torch.arange(kernel_h, device=input.device).repeat_interleave(kernel_w)
+    tap_x = torch.arange(kernel_w, device=input.device).repeat(kernel_h)
+    rows = torch.arange(out_h, device=input.device) * stride_h - pad_h
+    cols = torch.arange(out_w, device=input.device) * stride_w - pad_w
+    at_y = (rows[None, :, None] + (tap_y * dilation_h)[:, None, None]).to(offset.dtype)
+    at_x = (cols[None, None, :] + (tap_x * dilation_w)[:, None, None]).to(offset.dtype)
+    y = at_y + moved[:, :, 0]  # (batch * offset groups, taps, out_h, out_w)
+    x = at_x + moved[:, :, 1]
+    grid = torch.stack(((2 * x + 1) / width - 1, (2 * y + 1) / height - 1), dim=-1)
+    sampled = torch.nn.functional.grid_sample(
+        input.reshape(batch * offset_groups, channels // offset_groups, height, width),
+        grid.reshape(batch * offset_groups, taps * out_h, out_w, 2).to(input.dtype),
+        mode="bilinear",
+        padding_mode="zeros",
+        align_corners=False,
+    ).reshape(batch, offset_groups, channels // offset_groups, taps, out_h, out_w)
+    if use_mask:
+        weights = mask.reshape(batch, offset_groups, 1, taps, out_h, out_w)
+        sampled = sampled * weights.to(sampled.dtype)
+    columns = sampled.reshape(batch, groups, channels // groups * taps, out_h * out_w)
+    kernel = weight.reshape(groups, out_channels // groups, -1)
+    out = torch.einsum("gok,bgkl->bgol", kernel, columns)
+    out = out.reshape(batch, out_channels, out_h, out_w)
+    return out + bias.reshape(1, -1, 1, 1) if bias is not None else out
+
+
+def _deform_conv2d_backward(grad, input, weight, offset, mask, bias, *args):
+    """torchvision::_deform_conv2d_backward: the grads of input, weight, offset, mask
+    and bias, the forward again under autograd (zeros where one has none)."""
+    inputs = (input, weight, offset, mask, bias)
+    grads = _grads_by_autograd(
+        lambda *tensors: (_deform_conv2d(*tensors, *args),), inputs, (grad,)
+    )
+    return tuple(
+        torch.zeros_like(tensor) if found is None else found
+        for tensor, found in zip(inputs, grads, strict=True)
+    )
+
+
 def _roi_align_backward(
     grad,
     rois,
@@ -1406,6 +1472,8 @@ PORTABLE = {
     "flash_attn::_flash_attn_varlen_forward.default": _flash_attn_varlen_forward,
     "flash_attn::_flash_attn_backward.default": _flash_attn_backward,
     "flash_attn::_flash_attn_varlen_backward.default": _flash_attn_varlen_backward,
+    "torchvision::deform_conv2d.default": _deform_conv2d,
+    "torchvision::_deform_conv2d_backward.default": _deform_conv2d_backward,
     "torchvision::nms.default": _nms,
     "torchvision::roi_align.default": _roi_align,
     "torchvision::_roi_align_backward.default": _roi_align_backward,
