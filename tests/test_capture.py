@@ -489,22 +489,66 @@ def test_ranks_a_script_spawns_are_captured_each(tmp_path, capsys):
     assert bench.read_text().count("all_reduce") >= 2
 
 
-def test_ranks_started_with_fork_are_said_not_captured(tmp_path, capsys):
-    """Only the spawn method's ranks run the capture's wrapper from a fresh import;
-    forked children would inherit this process's recorder mid-step."""
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_ranks_started_with_fork_are_captured_each(tmp_path, capsys, method):
+    """Ranks forked by ``start_processes(..., start_method="fork")`` (Lightning's
+    ``ddp_fork``/``ddp_notebook``) inherited this process's step hooks and its first
+    step's dispatch mode: both stepped the parent's clock, recorded into the parent's
+    ``s.*`` files at once, and died with its stop. Each is captured by a capture of its
+    own now, as spawned ranks are (forkserver's too), the parent's hooks dropped in the
+    child: one dispatch mode (the child's own probe) as a rank starts."""
+    script = _script(tmp_path / "train.py", """
+        import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+        def run(rank, world, port):
+            with open(f"{sys.argv[2]}/modes-{rank}", "w") as f:
+                f.write(str(len(_get_current_dispatch_mode_stack())))
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            model = DDP(torch.nn.Linear(8, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(30):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+            dist.destroy_process_group()
+        if __name__ == "__main__":
+            mp.start_processes(run, args=(2, os.environ["TEST_PORT"]), nprocs=2,
+                               start_method=sys.argv[1])
+            raise SystemExit("not stopped after its ranks were captured")
+        """)
+    os.environ["TEST_PORT"] = str(free_port())
+    try:
+        assert _capture(tmp_path / "o", "python", script, method, str(tmp_path)) == 0
+    finally:
+        del os.environ["TEST_PORT"]
+    out = tmp_path / "o"
+    err = capsys.readouterr().err
+    assert "captured 2 of the 2 ranks the script spawned" in err
+    assert not (out / "s.et.json").exists()
+    if method == "fork":  # (forkserver's children are fresh imports)
+        assert [(tmp_path / f"modes-{r}").read_text() for r in (0, 1)] == ["1", "1"]
+    for rank in (0, 1):
+        step = json.loads((out / f"s-rank-{rank}.step.json").read_text())
+        assert len(step["step_ms"]) == 1
+        names = {n.name for n in load_trace(out / f"s-rank-{rank}.et.json").nodes}
+        assert "aten::linear" in names and any("allreduce" in n for n in names)
+    assert tools_main([str(out), "-o", str(tmp_path / "bench.py")]) == 0
+
+
+def test_a_second_start_of_processes_is_said_not_captured(tmp_path, capsys):
+    """Only the first start is followed (its ranks' files are ``<name>-rank-<i>``); a
+    second would write the same names."""
     script = _script(tmp_path / "train.py", """
         import torch, torch.multiprocessing as mp
         def run(rank, world):
-            model = torch.nn.Linear(8, 1)
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            for _ in range(2):
-                model(torch.randn(4, 8)).sum().backward()
-                opt.step()
+            pass
         if __name__ == "__main__":
+            mp.start_processes(run, args=(2,), nprocs=1, start_method="fork")
             mp.start_processes(run, args=(2,), nprocs=2, start_method="fork")
         """)
     assert _capture(tmp_path / "o", "python", script) != 0
     err = capsys.readouterr().err
     assert "starts 2 processes with torch.multiprocessing (fork)" in err
-    assert "no optimizer step in this process" in err
     assert not list((tmp_path / "o").glob("*.et.json"))

@@ -288,15 +288,29 @@ def _profiler_running() -> bool:
 _RECORDING: list[ExecutionTraceObserver] = []
 
 
+# How to detach each capture of a script live in this process (:meth:`_ScriptCapture.run`).
+# A child forked meanwhile (a rank started with the fork method, a DataLoader worker)
+# inherited its step hooks and its first step's dispatch mode: two ranks forked by
+# ``start_processes(..., start_method="fork")`` stepped the parent's clock, both
+# recorded into the parent's files at once, and exited with the parent's stop.
+_LIVE: list[Callable[[], None]] = []
+
+
 def _silence_forked_child() -> None:
-    """In a child forked while the ET records: record nothing, and never finalise the
-    parent's file (the observer's own finaliser would)."""
+    """In a forked child: record nothing into the parent's files (never finalise the
+    parent's ET, which the observer's own finaliser would), and drop the parent's step
+    hooks (a rank the child runs is captured by a capture of its own,
+    :class:`_SpawnedRank`)."""
     for observer in _RECORDING:
         with suppress(Exception):
             _disable_execution_trace_observer()
             observer._execution_trace_running = False
             observer._registered = False
     _RECORDING.clear()
+    for detach in _LIVE:
+        with suppress(Exception):
+            detach()
+    _LIVE.clear()
 
 
 os.register_at_fork(after_in_child=_silence_forked_child)
@@ -669,6 +683,13 @@ class _StepClock:
             self.recorder.without_ranges()
         self.probe = None
 
+    def drop_probe(self) -> None:
+        """Leave the probe without using what it found (a forked child's copy of its
+        parent's clock)."""
+        if self.probe is not None and _get_current_dispatch_mode() is self.probe:
+            self.probe.__exit__(None, None, None)
+        self.probe = None
+
     def _ends_a_step(self, optimizer: object) -> bool:
         """Whether this ``optimizer.step()`` ends a step of the script: a step of the
         optimizer that steps last in the script's cycle of optimizers (the order they
@@ -930,6 +951,12 @@ class _ScriptCapture:
         unwatch_spawn = _watch_spawned_processes(
             run.spawned, None if spawns_as is None else (self, spawns_as))
         clock.start_probe()
+
+        def detach() -> None:  # in a forked child: this run is the parent's
+            handle.remove()
+            restore()
+            clock.drop_probe()
+        _LIVE.append(detach)
         try:
             with _env({KERNEL_PROFILE_ENV: os.environ.get(KERNEL_PROFILE_ENV, "1")}):
                 body()
@@ -941,6 +968,8 @@ class _ScriptCapture:
         except Exception as exc:  # noqa: BLE001 (the script's own error, reported)
             run.raised = exc
         finally:
+            with suppress(ValueError):
+                _LIVE.remove(detach)
             handle.remove()
             restore()
             unwatch()
@@ -981,7 +1010,7 @@ class _ScriptCapture:
                 "torch.optim optimizer (inference) has no step boundary; capture a function "
                 "of it with the Python API (mystique_gen.tools.capture.capture(step_fn, "
                 "DIR)); training in a child process the script starts otherwise than with "
-                "torch.multiprocessing.spawn is not seen")
+                "torch.multiprocessing is not seen")
         if clock.steps < needed:
             raise ScriptError(
                 f"the script made {clock.steps} optimizer steps; capture needs {needed} "
@@ -1133,11 +1162,14 @@ def _watch_script_profilers(recorder: _Recorder) -> Callable[[], None]:
 def _watch_spawned_processes(
         spawned: list[str],
         follow: tuple[_ScriptCapture, str] | None) -> Callable[[], None]:
-    """Capture each rank the script starts with ``torch.multiprocessing.spawn`` (or
-    ``start_processes`` with the spawn method) as a rank of its own, under ``follow``'s
-    capture and name (:class:`_SpawnedRank`), and note their names in ``spawned``.
-    Children started otherwise (fork, forkserver), a second spawn, or one from a spawned
-    rank itself, are not followed: that is said at once. Returns the undo."""
+    """Capture each rank the script starts with ``torch.multiprocessing.spawn`` or
+    ``start_processes`` (any start method: spawn, fork, forkserver) as a rank of its own,
+    under ``follow``'s capture and name (:class:`_SpawnedRank`), and note their names in
+    ``spawned``. A second start, or one from a rank itself, is not followed: that is
+    said at once. Once the followed ranks have ended, and one of them was captured, the
+    script is stopped too: its ranks stopped mid-training, and what it does next waited
+    for what they never sent (Lightning's ``ddp_spawn`` reads rank 0's results from a
+    queue, forever). Returns the undo."""
     spawn_module = sys.modules.get("torch.multiprocessing.spawn")
     owners = [m for m in (torch.multiprocessing, spawn_module) if hasattr(m, "start_processes")]
     originals = [(m, m.start_processes) for m in owners]
@@ -1146,16 +1178,31 @@ def _watch_spawned_processes(
     @functools.wraps(original)
     def start_processes(fn, args=(), nprocs=1, join=True, daemon=False,  # noqa: ANN001
                         start_method="spawn"):  # noqa: ANN001
-        if follow is not None and start_method == "spawn" and not spawned:
-            capture, name = follow
-            spawned.extend(_spawned_name(name, i, nprocs) for i in range(nprocs))
-            fn = _SpawnedRank(fn, capture, name, int(nprocs))
-        else:
+        if follow is None or spawned:
             print(f"mystique-gen: warning: the script starts {nprocs} processes with "
                   f"torch.multiprocessing ({start_method}): the capture does not record "
-                  "what they run (launch ranks with torchrun, or spawn them once with "
-                  "torch.multiprocessing.spawn, to capture each)", file=sys.stderr)
-        return original(fn, args, nprocs, join, daemon, start_method)
+                  "what they run (launch ranks with torchrun, or start them once with "
+                  "torch.multiprocessing, to capture each)", file=sys.stderr)
+            return original(fn, args, nprocs, join, daemon, start_method)
+        capture, name = follow
+        names = [_spawned_name(name, i, nprocs) for i in range(nprocs)]
+        spawned.extend(names)
+        started = time.time()
+        context = original(_SpawnedRank(fn, capture, name, int(nprocs)), args, nprocs,
+                           join, daemon, start_method)
+        if join:
+            _stop_after_ranks(capture.out, names, started)
+            return context
+        wait = context.join
+
+        @functools.wraps(wait)
+        def joined(*a: object, **k: object) -> bool:
+            ended = wait(*a, **k)
+            if ended:
+                _stop_after_ranks(capture.out, names, started)
+            return ended
+        context.join = joined
+        return context
 
     for module in owners:
         module.start_processes = start_processes
@@ -1164,6 +1211,16 @@ def _watch_spawned_processes(
         for module, function in originals:
             module.start_processes = function
     return undo
+
+
+def _stop_after_ranks(out: Path, names: list[str], started: float) -> None:
+    """Stop the script (:class:`CaptureDone`) where a rank it started wrote its
+    capture's step.json since ``started``."""
+    for name in names:
+        sidecar = out / f"{name}.step.json"
+        with suppress(OSError):
+            if sidecar.stat().st_mtime >= started - 1.0:
+                raise CaptureDone
 
 
 def _find_module(name: str) -> object | None:
