@@ -184,7 +184,8 @@ def capture_parser() -> argparse.ArgumentParser:
                    help="also save the values of index tensors (<name>.et_resources/)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="-- python SCRIPT [ARGS] (or python -m MODULE [ARGS])")
+                   help="-- python SCRIPT [ARGS] (or python -m MODULE [ARGS], or a "
+                   "launcher's command: torchrun ..., accelerate launch ...)")
     return p
 
 

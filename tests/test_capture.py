@@ -552,3 +552,103 @@ def test_a_second_start_of_processes_is_said_not_captured(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "starts 2 processes with torch.multiprocessing (fork)" in err
     assert not list((tmp_path / "o").glob("*.et.json"))
+
+
+def test_ranks_a_script_re_runs_as_processes_are_captured_each(tmp_path, capsys):
+    """Lightning's ``strategy="ddp"`` re-runs the script as its other ranks
+    (``subprocess.Popen([sys.executable, script, ...])`` with ``LOCAL_RANK``, no
+    ``RANK``) and kills them once its own rank stops. Only rank 0 was captured, under
+    the job's plain name, and rank 1 died in its next all-reduce. Every Python process
+    the script starts captures itself now (the bootstrap on PYTHONPATH), each file
+    takes its process group's rank, and rank 0 stops its script only once rank 1 has
+    written its files."""
+    script = _script(tmp_path / "train.py", """
+        import os, subprocess, sys, torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        rank = int(os.environ.get("LOCAL_RANK", "0"))
+        child = None
+        if rank == 0:
+            env = {**os.environ, "LOCAL_RANK": "1"}
+            child = subprocess.Popen([sys.executable, os.path.abspath(sys.argv[0])], env=env)
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        model = DDP(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        try:
+            for _ in range(30):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        except BaseException:
+            if child is not None:
+                child.kill()  # as Lightning's launcher does on any exception
+            raise
+        """)
+    os.environ["MASTER_PORT"] = str(free_port())
+    try:
+        assert _capture(tmp_path / "o", "python", script) == 0
+    finally:
+        del os.environ["MASTER_PORT"]
+    out = tmp_path / "o"
+    assert "captured 2 ranks (this process and those it started): s-rank-0, s-rank-1" in (
+        capsys.readouterr().err)
+    assert not (out / "s.et.json").exists()
+    for rank in (0, 1):
+        step = json.loads((out / f"s-rank-{rank}.step.json").read_text())
+        assert len(step["step_ms"]) == 1 and step["kineto"] == f"s-rank-{rank}.kineto.json"
+        names = {n.name for n in load_trace(out / f"s-rank-{rank}.et.json").nodes}
+        assert "aten::linear" in names and any("allreduce" in n for n in names)
+    assert tools_main([str(out), "-o", str(tmp_path / "bench.py")]) == 0
+
+
+@pytest.mark.parametrize("how", ["torchrun", "shell"])
+def test_a_launchers_command_is_captured_rank_by_rank(tmp_path, capsys, how):
+    """``mystique-gen capture -- torchrun ...`` (and ``accelerate launch``, which runs
+    torchrun) was refused: "no such script: torchrun". A launcher's command runs, and
+    each Python process it starts captures itself as one rank."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("no torchrun beside this interpreter")
+    script = _script(tmp_path / "train.py", """
+        import torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(30):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        """)
+    launch = [str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--master-port",
+              str(free_port()), script]
+    if how == "shell":  # a launcher that is no Python script runs as a command
+        shell = tmp_path / "launch.sh"
+        shell.write_text(f"#!/bin/sh\nexec {' '.join(launch)}\n")
+        shell.chmod(0o755)
+        launch = [str(shell)]
+    assert _capture(tmp_path / "o", *launch) == 0
+    # (torchrun by its path is a Python script: it runs in this process, and its
+    # workers capture themselves as a launched torchrun's do)
+    assert "captured 2 process(es)" in capsys.readouterr().err
+    for rank in (0, 1):
+        step = json.loads((tmp_path / "o" / f"s-rank-{rank}.step.json").read_text())
+        assert len(step["step_ms"]) == 1
+
+
+def test_what_runs_in_this_process_and_what_is_launched(tmp_path):
+    """A Python script (by name, or an executable one with a python shebang) runs in
+    the capture's own interpreter; a launcher on PATH or a shell script is launched."""
+    from mystique_gen.tools.capture import _launched
+
+    shell = tmp_path / "run.sh"
+    shell.write_text("#!/bin/sh\nexec python train.py\n")
+    shell.chmod(0o755)
+    tool = tmp_path / "tool"
+    tool.write_text("#!/usr/bin/env python3\nprint(1)\n")
+    tool.chmod(0o755)
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    assert _launched(["sh", "-c", "true"]) and _launched([str(shell)])
+    assert not _launched([str(script)]) and not _launched([str(tool)])
+    assert not _launched(["-m", "pkg.train"]) and not _launched(["no-such-launcher-here"])

@@ -25,8 +25,11 @@ import math
 import os
 import re
 import runpy
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -55,6 +58,10 @@ DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
 # does not see; with the kernel profile on (read as Inductor's config is imported) each
 # call and fused kernel is recorded by name, and the header lists them (README).
 KERNEL_PROFILE_ENV = "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"
+# The capture's settings, for the Python processes a captured command or script starts
+# (tools/bootstrap/sitecustomize.py starts a capture in each: _capture_this_process).
+JOB_ENV = "MYSTIQUE_GEN_CAPTURE"
+BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 
 
 @dataclass
@@ -129,13 +136,9 @@ class _Recorder:
     """Records the ET (and Kineto trace) between :meth:`start` and :meth:`stop`."""
 
     def __init__(self, out: Path, name: str, *, kineto: bool, integral_ranges: bool,
-                 integral_data: bool):
-        self.et_path = out / f"{name}{ET_SUFFIX}"
-        self.kineto_path = out / f"{name}{KINETO_SUFFIX}" if kineto else None
-        # The ET observer slows every op down, so the Kineto trace recorded beside it
-        # (linked to the ET by rf_id) does not time the step faithfully; a second step
-        # is profiled without it, for `mystique-gen compare --kineto-original`.
-        self.profile_path = out / f"{name}.profile.json" if kineto else None
+                 integral_data: bool, resolve: bool = False):
+        self.out, self.base, self.resolve = out, name, resolve
+        self._name(name, kineto)
         self.integral_data = integral_data
         self.integral_ranges = integral_ranges
         self.env = self._environment()
@@ -144,6 +147,15 @@ class _Recorder:
         self.script_profiles = False  # the script started a torch.profiler of its own
         self.step_peak_bytes: int | None = None
         self.probes: list[float] = []  # the host's speed beside each profile-only step
+
+    def _name(self, name: str, kineto: bool) -> None:
+        self.name = name
+        self.et_path = self.out / f"{name}{ET_SUFFIX}"
+        self.kineto_path = self.out / f"{name}{KINETO_SUFFIX}" if kineto else None
+        # The ET observer slows every op down, so the Kineto trace recorded beside it
+        # (linked to the ET by rf_id) does not time the step faithfully; a second step
+        # is profiled without it, for `mystique-gen compare --kineto-original`.
+        self.profile_path = self.out / f"{name}.profile.json" if kineto else None
 
     def _environment(self):  # noqa: ANN202 (a context manager)
         return _env({RANGE_ENV: "1" if self.integral_ranges else None,
@@ -167,7 +179,12 @@ class _Recorder:
         self.probes.append(_host_probe_us())
 
     def start(self) -> None:
-
+        if self.resolve:
+            # The rank is known once the script set up its process group: Lightning's
+            # ranks have no RANK (LOCAL_RANK, NODE_RANK), and its rank 0 had taken the
+            # job's plain name while rank 1 wrote nothing.
+            self._name(rank_stem(self.base), self.kineto_path is not None)
+        _JOB.register()
         self.env = self._environment()  # (a generator's context: once per start)
         self.env.__enter__()
         if self.kineto_path is not None:
@@ -592,6 +609,9 @@ class _StepClock:
     profiling: bool = False
     profiled: int = 0  # annotated steps completed
     done: bool = False  # CaptureDone raised: the capture is complete
+    # What ends a process captured from its start (_capture_this_process), instead of
+    # CaptureDone: its files written, it exits.
+    on_done: Callable[[], None] | None = None
     said_done: bool = False
 
     def __post_init__(self) -> None:
@@ -634,8 +654,7 @@ class _StepClock:
             self.profiled += 1
             if self.profiled >= self.profile_steps:
                 self.finish_profile()
-                self.done = True
-                raise CaptureDone
+                self.stop()
             self.recorder.probe()
             self._open_scope()
             return
@@ -651,8 +670,7 @@ class _StepClock:
                 return
             self.finish_scalars()
             if self.recorder.profile_path is None or not self.recorder.start_profile():
-                self.done = True
-                raise CaptureDone
+                self.stop()
             self.profiling = True
             self.recorder.probe()
             self._open_scope()
@@ -664,6 +682,15 @@ class _StepClock:
             self.recorder.start()
             self.recording = True
         self.last, self.last_cpu = time.perf_counter(), time.thread_time()
+
+    def stop(self) -> None:
+        """The capture is complete: stop the script (``on_done``, else
+        :class:`CaptureDone`), once the job's other captures have written their files."""
+        self.done = True
+        if self.on_done is not None:
+            self.on_done()
+        _JOB.finished()
+        raise CaptureDone
 
     def start_probe(self) -> None:
         """Watch the script's first step for integral tensors of a subclass."""
@@ -832,14 +859,19 @@ def _step_wrapper(on_step: Callable[[object], None]) -> Callable[[], None]:
 
 def rank_stem(name: str) -> str:
     """``name`` for this process's files: ``<name>-rank-<RANK>`` where a launcher started
-    it as one rank of several (torchrun, or srun with torchrun: ``RANK`` and
-    ``WORLD_SIZE`` > 1 in the environment) and ``name`` does not already end with its
-    rank. Every rank runs the same command line (``mystique-gen capture -o traces --
-    python train.py``), so with one name the ranks wrote one set of files at once: an
-    ET that was no JSON (two ranks' text interleaved), a Kineto trace of either rank
+    it as one rank of several (its initialised process group's rank and size, else
+    ``RANK`` and ``WORLD_SIZE`` > 1 in the environment: torchrun, srun with torchrun)
+    and ``name`` does not already end with its rank. Every rank runs the same command
+    line (``mystique-gen capture -o traces -- python train.py``), so with one name the
+    ranks wrote one set of files at once: an ET that was no JSON (two ranks' text
+    interleaved), a Kineto trace of either rank
     and no profile (one rank renamed the other's). A directory of the ranks' files is
     then one job's traces (``mystique-gen traces/ --kineto traces/``)."""
     rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    with suppress(Exception):  # the process group, once set up, knows (Lightning: no RANK)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = str(torch.distributed.get_rank())
+            world = str(torch.distributed.get_world_size())
     if not (rank.isdigit() and world.isdigit()) or int(world) <= 1:
         return name
     if re.search(rf"rank[-_.]?0*{int(rank)}$", name):
@@ -868,6 +900,12 @@ def capture_script(
         argv = _interpreter_options(argv[1:])
     if not argv:
         raise ScriptError("no script given: mystique-gen capture -o DIR -- python train.py")
+    if _launched(argv):
+        capture = _ScriptCapture(Path(out_dir), warmup, timing_iters, kineto,
+                                 integral_ranges, integral_data, max(1, profile_steps),
+                                 tuple(argv))
+        capture.out.mkdir(parents=True, exist_ok=True)
+        return _capture_command(argv, capture, name)
     module = None
     if argv[0] == "-m":
         if len(argv) < 2:
@@ -898,13 +936,28 @@ def capture_script(
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = list(argv)
     sys.path.insert(0, search)
+    started = time.time()
     try:
-        run = capture.run(rank_stem(name), run_script, spawns_as=name)
+        with _job_environment(capture, name):
+            run = capture.run(name, run_script, spawns_as=name, resolve=True)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     if run.raised is not None and not isinstance(run.raised, SystemExit):
         traceback.print_exception(run.raised)
-    return capture.finish(run)
+    if run.clock.steps == 0 and not run.clock.cycle and not run.spawned:
+        # Trained in processes it started otherwise (Lightning's ddp re-runs the script
+        # as its ranks): those captured themselves.
+        results = _captured_since(capture.out, name, started)
+        if results and run.raised is None:
+            _say_ranks(capture.out, results, "process(es) the script started")
+            return _result_of(capture.out, results[0])
+    result = capture.finish(run)
+    others = [] if run.spawned else [r for r in _captured_since(capture.out, name, started)
+                                     if r[1] != result.sidecar_path]
+    if others:  # (rank 0 in this process, the others in the processes it started)
+        _say_ranks(capture.out, [(run.recorder.name, result.sidecar_path, {})] + others,
+                   "ranks (this process and those it started)")
+    return result
 
 
 @dataclass
@@ -917,6 +970,9 @@ class _Run:
     recorder: _Recorder
     raised: BaseException | None = None  # the script's error, or a non-zero exit
     spawned: list[str] = field(default_factory=list)  # names of the ranks it spawned
+    detached: bool = False  # its hooks dropped: a forked child's copy, or yielded to a rank's
+    detach: Callable[[], None] = lambda: None
+    undo: Callable[[], None] = lambda: None
 
 
 @dataclass(frozen=True)
@@ -935,28 +991,11 @@ class _ScriptCapture:
     command: tuple[str, ...]
 
     def run(self, name: str, body: Callable[[], object],
-            spawns_as: str | None = None) -> _Run:
+            spawns_as: str | None = None, resolve: bool = False) -> _Run:
         """Run ``body`` with the step hooks set; ``spawns_as``: the name whose
-        ``-rank-<i>`` the ranks it spawns take (None: spawned ranks are not followed)."""
-        recorder = _Recorder(self.out, name, kineto=self.kineto,
-                             integral_ranges=self.integral_ranges,
-                             integral_data=self.integral_data)
-        clock = _StepClock(self.warmup, self.timing_iters, recorder, self.profile_steps)
-        run = _Run(name, clock, recorder)
-        handle = register_optimizer_step_post_hook(
-            lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
-            else clock.on_step(opt))
-        restore = _step_wrapper(clock.on_step)
-        unwatch = _watch_script_profilers(recorder)
-        unwatch_spawn = _watch_spawned_processes(
-            run.spawned, None if spawns_as is None else (self, spawns_as))
-        clock.start_probe()
-
-        def detach() -> None:  # in a forked child: this run is the parent's
-            handle.remove()
-            restore()
-            clock.drop_probe()
-        _LIVE.append(detach)
+        ``-rank-<i>`` the ranks it spawns take (None: spawned ranks are not followed);
+        ``resolve``: ``name`` takes the process's rank when it first records."""
+        run = self.begin(name, spawns_as, resolve)
         try:
             with _env({KERNEL_PROFILE_ENV: os.environ.get(KERNEL_PROFILE_ENV, "1")}):
                 body()
@@ -968,25 +1007,59 @@ class _ScriptCapture:
         except Exception as exc:  # noqa: BLE001 (the script's own error, reported)
             run.raised = exc
         finally:
-            with suppress(ValueError):
-                _LIVE.remove(detach)
+            self.end(run)
+            _JOB.leave()
+        return run
+
+    def begin(self, name: str, spawns_as: str | None = None, resolve: bool = False) -> _Run:
+        """Set the step hooks of a run (:meth:`end` takes them off)."""
+        recorder = _Recorder(self.out, name, kineto=self.kineto,
+                             integral_ranges=self.integral_ranges,
+                             integral_data=self.integral_data, resolve=resolve)
+        clock = _StepClock(self.warmup, self.timing_iters, recorder, self.profile_steps)
+        run = _Run(name, clock, recorder)
+        handle = register_optimizer_step_post_hook(
+            lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
+            else clock.on_step(opt))
+        restore = _step_wrapper(clock.on_step)
+        unwatch = _watch_script_profilers(recorder)
+        unwatch_spawn = _watch_spawned_processes(
+            run.spawned, None if spawns_as is None else (self, spawns_as))
+        clock.start_probe()
+
+        def detach() -> None:  # in a forked child, or where a rank's own capture starts
+            run.detached = True
+            handle.remove()
+            restore()
+            clock.drop_probe()
+
+        def undo() -> None:
             handle.remove()
             restore()
             unwatch()
             unwatch_spawn()
-            clock.finish_probe()
-            if clock.recording:
-                recorder.stop()
-                moved = recorder.set_aside()
-                if moved:
-                    print("mystique-gen: note: the script ended inside the recorded step "
-                          f"(after {clock.steps} optimizer steps): its partial trace is not "
-                          f"a step, set aside as {', '.join(p.name for p in moved)}",
-                          file=sys.stderr)
-            clock.finish_scalars()
-            if clock.profiling:
-                clock.finish_profile()
+        run.detach, run.undo = detach, undo
+        _LIVE.append(detach)
         return run
+
+    def end(self, run: _Run) -> None:
+        """Take the run's hooks off, and close what it left open."""
+        clock, recorder = run.clock, run.recorder
+        with suppress(ValueError):
+            _LIVE.remove(run.detach)
+        run.undo()
+        clock.finish_probe()
+        if clock.recording:
+            recorder.stop()
+            moved = recorder.set_aside()
+            if moved:
+                print("mystique-gen: note: the script ended inside the recorded step "
+                      f"(after {clock.steps} optimizer steps): its partial trace is not "
+                      f"a step, set aside as {', '.join(p.name for p in moved)}",
+                      file=sys.stderr)
+        clock.finish_scalars()
+        if clock.profiling:
+            clock.finish_profile()
 
     def finish(self, run: _Run) -> CaptureResult:
         """The run's step.json and result, or the error that says why it has none."""
@@ -1000,7 +1073,7 @@ class _ScriptCapture:
             raised = (f"the script exited with status {run.raised.code}"
                       if isinstance(run.raised, SystemExit)
                       else f"the script raised {type(run.raised).__name__}: {run.raised}")
-            raise ScriptError(raised + _kept_after_recording(self.out, run.name, clock,
+            raise ScriptError(raised + _kept_after_recording(self.out, recorder.name, clock,
                                                              recorder, argv))
         if clock.steps == 0 and not clock.cycle and run.spawned:
             return self._spawned_result(run.spawned)
@@ -1009,14 +1082,14 @@ class _ScriptCapture:
                 "the script made no optimizer step in this process: a script without a "
                 "torch.optim optimizer (inference) has no step boundary; capture a function "
                 "of it with the Python API (mystique_gen.tools.capture.capture(step_fn, "
-                "DIR)); training in a child process the script starts otherwise than with "
-                "torch.multiprocessing is not seen")
+                "DIR)); no Python process the script started was captured either")
         if clock.steps < needed:
             raise ScriptError(
                 f"the script made {clock.steps} optimizer steps; capture needs {needed} "
                 f"(--warmup {self.warmup} + --timing-iters {self.timing_iters} + {recorded} "
-                "recorded)" + _kept_after_recording(self.out, run.name, clock, recorder, argv))
-        return _write_sidecar(self.out, run.name, clock.times, clock.cpu_times, self.warmup,
+                "recorded)" + _kept_after_recording(self.out, recorder.name, clock, recorder,
+                                                    argv))
+        return _write_sidecar(self.out, recorder.name, clock.times, clock.cpu_times, self.warmup,
                               recorder, _sidecar_extra(clock, recorder, argv))
 
     def _spawned_result(self, names: list[str]) -> CaptureResult:
@@ -1054,6 +1127,11 @@ class _SpawnedRank:
         self.fn, self.capture, self.name, self.nprocs = fn, capture, name, nprocs
 
     def __call__(self, index: int, *args: object) -> None:
+        # The capture this interpreter started for itself (a spawned child imports the
+        # bootstrap as any Python process of the job does) yields to the rank's.
+        for detach in list(_LIVE):
+            detach()
+        _LIVE.clear()
         name = _spawned_name(self.name, index, self.nprocs)
         run = self.capture.run(name, lambda: self.fn(index, *args))
         try:
@@ -1221,6 +1299,221 @@ def _stop_after_ranks(out: Path, names: list[str], started: float) -> None:
         with suppress(OSError):
             if sidecar.stat().st_mtime >= started - 1.0:
                 raise CaptureDone
+
+
+class _Job:
+    """The captures of one ``mystique-gen capture`` command across the processes it
+    starts (the script's own, Lightning's re-run ranks, a launcher's workers): each
+    registers in the job's folder once it records, and one that has its step leaves
+    it and waits for the others to leave before it stops its script. Lightning's rank
+    0 stopped first, and its launcher killed rank 1 mid-write (an ET without its
+    Kineto trace, or none); a rank that stops unregistered (the folder named in
+    ``JOB_ENV``, none: a plain capture) waits for nothing."""
+
+    WAIT_S = 60.0
+
+    def __init__(self) -> None:
+        self.pid: int | None = None  # the registered process (a fork's copy is not)
+
+    @staticmethod
+    def _folder() -> Path | None:
+        with suppress(Exception):
+            folder = json.loads(os.environ[JOB_ENV])["job"]
+            return Path(folder) if folder and Path(folder).is_dir() else None
+        return None
+
+    def register(self) -> None:
+        folder = self._folder()
+        if folder is None or self.pid == os.getpid():
+            return
+        with suppress(OSError):
+            (folder / str(os.getpid())).touch()
+            self.pid = os.getpid()
+
+    def leave(self) -> Path | None:
+        """Unregister this process (its files are written); its folder, None where it
+        was not registered."""
+        folder = self._folder()
+        if folder is None or self.pid != os.getpid():
+            return None
+        self.pid = None
+        (folder / str(os.getpid())).unlink(missing_ok=True)
+        return folder
+
+    def finished(self) -> None:
+        """Unregister, then wait for the job's other recording processes to finish."""
+        folder = self.leave()
+        if folder is None:
+            return
+        deadline = time.monotonic() + self.WAIT_S
+        while time.monotonic() < deadline:
+            with suppress(OSError):
+                if not [p for p in folder.iterdir() if _alive(p.name)]:
+                    return
+            time.sleep(0.05)
+        print("mystique-gen: warning: other processes of the job were still recording "
+              f"after {self.WAIT_S:.0f} s: stopping this one's script anyway",
+              file=sys.stderr)
+
+
+def _alive(pid: str) -> bool:
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+_JOB = _Job()
+
+
+@contextmanager
+def _job_environment(capture: _ScriptCapture, name: str):  # noqa: ANN202
+    """The environment of a captured command or script: every Python process it starts
+    (a launcher's workers, a script that re-runs itself as ranks) imports the bootstrap,
+    which captures it as :func:`capture_script` captures this one."""
+    folder = tempfile.mkdtemp(prefix="mystique-capture-")
+    settings = {"out": str(capture.out.resolve()), "name": name, "warmup": capture.warmup,
+                "timing_iters": capture.timing_iters, "kineto": capture.kineto,
+                "integral_ranges": capture.integral_ranges,
+                "integral_data": capture.integral_data,
+                "profile_steps": capture.profile_steps, "command": list(capture.command),
+                "job": folder, "root": str(Path(__file__).resolve().parents[2])}
+    path = os.environ.get("PYTHONPATH")
+    try:
+        with _env({JOB_ENV: json.dumps(settings),
+                   "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP)] + ([path] if path else []))}):
+            yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _capture_this_process() -> None:
+    """Capture this process as a rank of the job whose settings ``JOB_ENV`` holds (the
+    bootstrap calls it as the interpreter starts): the script's optimizer steps, as
+    :func:`capture_script` captures them, into ``<name>-rank-<RANK>`` (its process
+    group's rank). Once its files are written the process exits with status 0, as a
+    worker that finished does (an uncaught stop was a failure that made torchrun end
+    the other ranks); one that steps too few times says why as it exits."""
+    import atexit
+
+    settings = json.loads(os.environ[JOB_ENV])
+    capture = _ScriptCapture(Path(settings["out"]), settings["warmup"],
+                             settings["timing_iters"], settings["kineto"],
+                             settings["integral_ranges"], settings["integral_data"],
+                             settings["profile_steps"], tuple(settings["command"]))
+    name = settings["name"]
+    # A process without a rank follows the ranks it starts (as the script's own does).
+    run = capture.begin(name, spawns_as=name if rank_stem(name) == name else None,
+                        resolve=True)
+    pid = os.getpid()
+
+    def report() -> CaptureResult | None:
+        capture.end(run)
+        try:
+            return capture.finish(run)
+        except ScriptError as exc:
+            print(f"mystique-gen: {run.recorder.name} (process {pid}): {exc}",
+                  file=sys.stderr)
+            return None
+
+    def done() -> None:
+        report()
+        _JOB.finished()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def at_exit() -> None:
+        if os.getpid() != pid or run.detached or run.clock.done:
+            return
+        if run.clock.steps or run.clock.cycle or run.spawned:
+            report()
+        else:
+            capture.end(run)
+        _JOB.leave()
+
+    run.clock.on_done = done
+    atexit.register(at_exit)
+
+
+def _launched(argv: list[str]) -> bool:
+    """Whether ``argv`` is a launcher's command (``torchrun ...``, ``accelerate launch
+    ...``, a shell script) rather than a Python script to run in this process."""
+    if Path(argv[0]).name.startswith("python") or argv[0] == "-m":
+        return False
+    if shutil.which(argv[0]) is None:
+        return False
+    path = Path(argv[0])
+    if not path.is_file() or path.suffix == ".py":
+        return not path.is_file()
+    with suppress(OSError):
+        with path.open("rb") as f:
+            first = f.readline(200)
+        return not (first.startswith(b"#!") and b"python" in first)
+    return True
+
+
+def _captured_since(out: Path, name: str, started: float) -> list[tuple[str, Path, dict]]:
+    """The captures of ``name`` (or its ranks) whose step.json was written since
+    ``started``, whole ones, in rank order."""
+    found = []
+    for sidecar in out.glob(f"{glob_escape(name)}*.step.json"):
+        stem = sidecar.name[: -len(".step.json")]
+        if stem != name and not re.fullmatch(rf"{re.escape(name)}-rank-\d+", stem):
+            continue
+        with suppress(OSError, ValueError):
+            if sidecar.stat().st_mtime < started - 1.0:
+                continue
+            summary = json.loads(sidecar.read_text())
+            if summary.get("complete", True):
+                found.append((stem, sidecar, summary))
+    return sorted(found, key=lambda f: [int(t) if t.isdigit() else t
+                                        for t in re.split(r"(\d+)", f[0])])
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?[])", r"[\1]", text)
+
+
+def _say_ranks(out: Path, results: list[tuple[str, Path, dict]], of: str) -> None:
+    print(f"mystique-gen: captured {len(results)} {of}: "
+          f"{', '.join(n for n, _, _ in results)} (one benchmark replays them: "
+          f"mystique-gen {out} --kineto {out} -o bench.py)", file=sys.stderr)
+
+
+def _result_of(out: Path, found: tuple[str, Path, dict]) -> CaptureResult:
+    _, sidecar, summary = found
+    kineto = summary.get("kineto")
+    return CaptureResult(out / summary["et"], out / kineto if kineto else None,
+                         sidecar, summary["step_ms_median"], summary["step_ms_min"])
+
+
+def _capture_command(argv: list[str], capture: _ScriptCapture, name: str) -> CaptureResult:
+    """Run a launcher's command (``torchrun ...``, ``accelerate launch ...``) with every
+    Python process it starts captured (:func:`_capture_this_process`); the first rank's
+    result. Before, only ``python SCRIPT`` ran ("no such script: torchrun")."""
+    started = time.time()
+    with _job_environment(capture, name):
+        try:
+            code = subprocess.run(argv, check=False).returncode
+        except OSError as exc:
+            raise ScriptError(f"{argv[0]} could not run: {exc}") from None
+    results = _captured_since(capture.out, name, started)
+    if not results:
+        raise ScriptError(
+            f"{argv[0]} exited with status {code}, and none of the Python processes it "
+            "started was captured whole (each said why above; a process that made no "
+            "optimizer step says nothing)")
+    _say_ranks(capture.out, results, f"process(es) of {argv[0]}")
+    if code != 0:
+        print(f"mystique-gen: warning: {argv[0]} exited with status {code}",
+              file=sys.stderr)
+    return _result_of(capture.out, results[0])
 
 
 def _find_module(name: str) -> object | None:
