@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch.distributed
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from mystique_gen.cli import main as tools_main
@@ -589,6 +590,11 @@ def test_ranks_a_script_re_runs_as_processes_are_captured_each(tmp_path, capsys)
         assert _capture(tmp_path / "o", "python", script) == 0
     finally:
         del os.environ["MASTER_PORT"]
+        os.environ.pop("MASTER_ADDR", None)
+        # rank 0 ran in this process: its stopped script left its group (a later
+        # capture in this process would take its rank)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     out = tmp_path / "o"
     assert "captured 2 ranks (this process and those it started): s-rank-0, s-rank-1" in (
         capsys.readouterr().err)
@@ -652,3 +658,34 @@ def test_what_runs_in_this_process_and_what_is_launched(tmp_path):
     assert _launched(["sh", "-c", "true"]) and _launched([str(shell)])
     assert not _launched([str(script)]) and not _launched([str(tool)])
     assert not _launched(["-m", "pkg.train"]) and not _launched(["no-such-launcher-here"])
+
+
+def test_ranks_a_launched_process_starts_are_captured_each(tmp_path, capsys):
+    """A launcher's single process that starts its ranks itself (``accelerate launch
+    train.py`` of a Lightning ``ddp_fork`` script, here a shell): they are followed as
+    the script's own are, and that process then exits 0 (it was stopped by an uncaught
+    stop, status 1)."""
+    script = _script(tmp_path / "train.py", """
+        import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def run(rank, world, port):
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            model = DDP(torch.nn.Linear(8, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(30):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        if __name__ == "__main__":
+            mp.start_processes(run, args=(2, sys.argv[1]), nprocs=2, start_method="fork")
+            raise SystemExit("not stopped after its ranks were captured")
+        """)
+    shell = tmp_path / "launch.sh"
+    shell.write_text(f"#!/bin/sh\nexec {sys.executable} {script} {free_port()}\n")
+    shell.chmod(0o755)
+    assert _capture(tmp_path / "o", str(shell)) == 0
+    err = capsys.readouterr().err
+    assert "captured 2 process(es) of" in err and "warning" not in err
+    for rank in (0, 1):
+        assert json.loads((tmp_path / "o" / f"s-rank-{rank}.step.json").read_text())

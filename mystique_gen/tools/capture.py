@@ -1024,7 +1024,7 @@ class _ScriptCapture:
         restore = _step_wrapper(clock.on_step)
         unwatch = _watch_script_profilers(recorder)
         unwatch_spawn = _watch_spawned_processes(
-            run.spawned, None if spawns_as is None else (self, spawns_as))
+            run.spawned, None if spawns_as is None else (self, spawns_as), clock)
         clock.start_probe()
 
         def detach() -> None:  # in a forked child, or where a rank's own capture starts
@@ -1238,8 +1238,8 @@ def _watch_script_profilers(recorder: _Recorder) -> Callable[[], None]:
 
 
 def _watch_spawned_processes(
-        spawned: list[str],
-        follow: tuple[_ScriptCapture, str] | None) -> Callable[[], None]:
+        spawned: list[str], follow: tuple[_ScriptCapture, str] | None,
+        clock: _StepClock | None = None) -> Callable[[], None]:
     """Capture each rank the script starts with ``torch.multiprocessing.spawn`` or
     ``start_processes`` (any start method: spawn, fork, forkserver) as a rank of its own,
     under ``follow``'s capture and name (:class:`_SpawnedRank`), and note their names in
@@ -1269,7 +1269,7 @@ def _watch_spawned_processes(
         context = original(_SpawnedRank(fn, capture, name, int(nprocs)), args, nprocs,
                            join, daemon, start_method)
         if join:
-            _stop_after_ranks(capture.out, names, started)
+            _stop_after_ranks(capture.out, names, started, clock)
             return context
         wait = context.join
 
@@ -1277,7 +1277,7 @@ def _watch_spawned_processes(
         def joined(*a: object, **k: object) -> bool:
             ended = wait(*a, **k)
             if ended:
-                _stop_after_ranks(capture.out, names, started)
+                _stop_after_ranks(capture.out, names, started, clock)
             return ended
         context.join = joined
         return context
@@ -1291,14 +1291,20 @@ def _watch_spawned_processes(
     return undo
 
 
-def _stop_after_ranks(out: Path, names: list[str], started: float) -> None:
-    """Stop the script (:class:`CaptureDone`) where a rank it started wrote its
-    capture's step.json since ``started``."""
+def _stop_after_ranks(out: Path, names: list[str], started: float,
+                      clock: _StepClock | None) -> None:
+    """Stop the script (``clock``'s ``on_done``, else :class:`CaptureDone`) where a rank
+    it started wrote its capture's step.json since ``started``."""
     for name in names:
-        sidecar = out / f"{name}.step.json"
         with suppress(OSError):
-            if sidecar.stat().st_mtime >= started - 1.0:
-                raise CaptureDone
+            if (out / f"{name}.step.json").stat().st_mtime >= started - 1.0:
+                break
+    else:
+        return
+    if clock is not None and clock.on_done is not None:
+        clock.done = True
+        clock.on_done()  # (a process captured from its start: it reports, and exits 0)
+    raise CaptureDone
 
 
 class _Job:

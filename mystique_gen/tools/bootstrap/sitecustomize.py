@@ -25,6 +25,8 @@ def _start() -> None:
 
         _capture_this_process()
     except Exception as exc:  # noqa: BLE001 (the process runs on, uncaptured)
+        if isinstance(exc, ImportError) and importlib.util.find_spec("torch") is None:
+            return  # a Python without torch (a helper tool the script runs): nothing to say
         print(f"mystique-gen: warning: process {os.getpid()} is not captured: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
