@@ -847,14 +847,85 @@ LIBRARY_SCHEMAS = {
         "torchvision::_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, "
         "SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, "
         "SymInt height, SymInt width, int sampling_ratio, bool aligned) -> Tensor"),
+    # fbgemm_gpu's (1.9, CPU build), as TorchRec's steps record them
+    "fbgemm::asynchronous_complete_cumsum.default": (
+        "fbgemm::asynchronous_complete_cumsum(Tensor t_in) -> Tensor"),
+    "fbgemm::asynchronous_exclusive_cumsum.default": (
+        "fbgemm::asynchronous_exclusive_cumsum(Tensor t_in) -> Tensor"),
+    "fbgemm::asynchronous_inclusive_cumsum.default": (
+        "fbgemm::asynchronous_inclusive_cumsum(Tensor t_in) -> Tensor"),
+    **{f"fbgemm::permute_{kind}sparse_data.default": (
+        f"fbgemm::permute_{kind}sparse_data(Tensor permute, Tensor lengths, Tensor values, "
+        "Tensor? weights=None, SymInt? permuted_lengths_sum=None) -> (Tensor, Tensor, Tensor?)")
+       for kind in ("2D_", "1D_", "")},
+    "fbgemm::split_embedding_codegen_forward_cpu.default": (
+        "fbgemm::split_embedding_codegen_forward_cpu(Tensor weights, Tensor weights_offsets, "
+        "Tensor D_offsets, SymInt total_D, Tensor hash_size_cumsum, Tensor indices, "
+        "Tensor offsets, int pooling_mode, Tensor indice_weights, int output_dtype) -> Tensor"),
+    "fbgemm::split_embedding_backward_codegen_sgd_cpu.default": (
+        "fbgemm::split_embedding_backward_codegen_sgd_cpu(Tensor grad_output, "
+        "Tensor(a!) host_weights, Tensor weights_placements, Tensor weights_offsets, "
+        "Tensor D_offsets, int max_D, Tensor hash_size_cumsum, int total_hash_size_bits, "
+        "Tensor indices, Tensor offsets, int pooling_mode, Tensor indice_weights, "
+        "bool stochastic_rounding, Tensor learning_rate_tensor, int output_dtype=0) -> ()"),
+    "fbgemm::split_embedding_backward_codegen_adagrad_cpu.default": (
+        "fbgemm::split_embedding_backward_codegen_adagrad_cpu(Tensor grad_output, "
+        "Tensor(a!) host_weights, Tensor weights_placements, Tensor weights_offsets, "
+        "Tensor D_offsets, int max_D, Tensor hash_size_cumsum, int total_hash_size_bits, "
+        "Tensor indices, Tensor offsets, int pooling_mode, Tensor indice_weights, "
+        "bool stochastic_rounding, Tensor(g!) momentum1_host, Tensor momentum1_placements, "
+        "Tensor momentum1_offsets, Tensor learning_rate_tensor, float eps=0., "
+        "int output_dtype=0) -> ()"),
+    "fbgemm::split_embedding_backward_codegen_rowwise_adagrad_cpu.default": (
+        "fbgemm::split_embedding_backward_codegen_rowwise_adagrad_cpu(Tensor grad_output, "
+        "Tensor(a!) host_weights, Tensor weights_placements, Tensor weights_offsets, "
+        "Tensor D_offsets, int max_D, Tensor hash_size_cumsum, int total_hash_size_bits, "
+        "Tensor indices, Tensor offsets, int pooling_mode, Tensor indice_weights, "
+        "bool stochastic_rounding, Tensor(g!) momentum1_host, Tensor momentum1_placements, "
+        "Tensor momentum1_offsets, Tensor learning_rate_tensor, float eps=0., "
+        "float weight_decay=0., int weight_decay_mode=0, float max_norm=0., "
+        "int output_dtype=0) -> ()"),
+    "fbgemm::dense_embedding_codegen_lookup_function.default": (
+        "fbgemm::dense_embedding_codegen_lookup_function(Tensor dev_weights, "
+        "Tensor weights_offsets, Tensor D_offsets, SymInt total_D, SymInt max_D, "
+        "Tensor hash_size_cumsum, int total_hash_size_bits, Tensor indices, Tensor offsets, "
+        "int pooling_mode, Tensor? indice_weights, Tensor? feature_requires_grad, "
+        "int output_dtype=0, Tensor? B_offsets=None, "
+        "Tensor? vbe_output_offsets_feature_rank=None, "
+        "Tensor? vbe_B_offsets_rank_per_feature=None, SymInt max_B=-1, "
+        "SymInt max_B_feature_rank=-1, SymInt vbe_output_size=-1, bool mixed_D=True) "
+        "-> Tensor"),
+    # fbgemm_gpu before its pt2 wrappers, as the shared CUDA DLRM traces record it
+    "fbgemm::split_embedding_codegen_lookup_adagrad_function.default": (
+        "fbgemm::split_embedding_codegen_lookup_adagrad_function("
+        "Tensor placeholder_autograd_tensor, Tensor dev_weights, Tensor uvm_weights, "
+        "Tensor lxu_cache_weights, Tensor weights_placements, Tensor weights_offsets, "
+        "Tensor D_offsets, int total_D, int max_D, Tensor hash_size_cumsum, "
+        "int total_hash_size_bits, Tensor indices, Tensor offsets, int pooling_mode, "
+        "Tensor? indice_weights, Tensor? feature_requires_grad, Tensor lxu_cache_locations, "
+        "bool gradient_clipping, float max_gradient, bool stochastic_rounding, "
+        "Tensor momentum1_dev, Tensor momentum1_uvm, Tensor momentum1_placements, "
+        "Tensor momentum1_offsets, float eps=0., float learning_rate=0., "
+        "int output_dtype=0) -> Tensor"),
+}
+# The same op as an older fbgemm_gpu defined it (the shared DLRM trace's): fewer
+# trailing arguments, which the equivalent defaults.
+OLDER_LIBRARY_SCHEMAS = {
+    "fbgemm::dense_embedding_codegen_lookup_function.default": (
+        "fbgemm::dense_embedding_codegen_lookup_function(Tensor dev_weights, "
+        "Tensor weights_offsets, Tensor D_offsets, int total_D, int max_D, "
+        "Tensor hash_size_cumsum, int total_hash_size_bits, Tensor indices, Tensor offsets, "
+        "int pooling_mode, Tensor? indice_weights, Tensor? feature_requires_grad, "
+        "int output_dtype=0) -> Tensor"),
 }
 
 
-def _schema_call(key: str, values: dict[str, object]) -> tuple[list, dict]:
+def _schema_call(key: str, values: dict[str, object],
+                 schemas: dict[str, str] = LIBRARY_SCHEMAS) -> tuple[list, dict]:
     """Positional and keyword arguments of the op `key` (namespace::name.overload), each
     argument's value from `values` by name (None where it has none)."""
-    if key in LIBRARY_SCHEMAS:
-        schema = torch._C.parse_schema(LIBRARY_SCHEMAS[key])
+    if key in schemas:
+        schema = torch._C.parse_schema(schemas[key])
     else:
         name, overload = key.split("::")[1].split(".")
         schema = getattr(getattr(torch.ops.aten, name), overload)._schema
@@ -869,6 +940,9 @@ def test_every_portable_equivalent_takes_its_kernels_arguments(key):
     schema's positional arguments and its keyword-only ones by name."""
     args, kwargs = _schema_call(key, {})
     inspect.signature(runtime.PORTABLE[key]).bind(*args, **kwargs)
+    if key in OLDER_LIBRARY_SCHEMAS:
+        args, kwargs = _schema_call(key, {}, OLDER_LIBRARY_SCHEMAS)
+        inspect.signature(runtime.PORTABLE[key]).bind(*args, **kwargs)
 
 
 def _batch_norm_case(dtype=torch.float32):
@@ -1233,6 +1307,231 @@ def test_flash_attn_backward_writes_the_grads_where_the_kernel_does(packed):
     torch.testing.assert_close(softmax_d[..., :6], (dout * out).sum(-1).transpose(1, 2).float())
     for got, grad in zip(grads, want, strict=True):
         torch.testing.assert_close(got, grad)
+def _fbgemm():
+    """torch.ops.fbgemm where fbgemm_gpu is installed (its kernels to check the
+    equivalents against), else None: the references below need no fbgemm."""
+    try:
+        import fbgemm_gpu  # noqa: F401
+    except ImportError:
+        return None
+    return torch.ops.fbgemm
+
+
+@pytest.mark.parametrize("shape", [(0,), (7,), (3, 4)])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_fbgemm_cumsums_run_as_torch_cumsum(shape, dtype):
+    """TorchRec's jagged offsets (fbgemm::asynchronous_complete_cumsum, a 0 then the
+    running sum, per row of a 2-D input) and the exclusive and inclusive sums (in memory
+    order), in the input's dtype."""
+    lengths = torch.randint(0, 5, shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    rows = lengths.reshape(math.prod(shape[:-1]), shape[-1]).tolist()
+    flat = lengths.flatten().tolist()
+    running = [sum(flat[:i + 1]) for i in range(len(flat))]
+    expected = {
+        "complete": torch.tensor([[0] + [sum(r[:i + 1]) for i in range(len(r))] for r in rows],
+                                 dtype=dtype).view(*shape[:-1], shape[-1] + 1),
+        "exclusive": torch.tensor([0] + running[:-1], dtype=dtype)[:len(flat)].view(shape),
+        "inclusive": torch.tensor(running, dtype=dtype).view(shape)}
+    fbgemm = _fbgemm()
+    for kind, want in expected.items():
+        key = f"fbgemm::asynchronous_{kind}_cumsum.default"
+        args, _ = _schema_call(key, {"t_in": lengths})
+        got = runtime.PORTABLE[key](*args)
+        assert got.dtype == dtype and torch.equal(got, want), (kind, got, want)
+        if fbgemm is not None and (kind == "complete" or len(shape) == 1):
+            assert torch.equal(got, getattr(fbgemm, f"asynchronous_{kind}_cumsum")(lengths))
+
+
+def _reference_permute(permute: list[int], lengths: torch.Tensor, values: torch.Tensor,
+                       weights: torch.Tensor | None) -> tuple:
+    """fbgemm's permute_{1D,2D}_sparse_data, row by row: each named row's lengths and
+    the values (and weights) they count."""
+    rows = lengths.reshape(lengths.shape[0], -1).sum(1).tolist()
+    starts = [sum(rows[:i]) for i in range(len(rows))]
+    picks = [i for row in permute for i in range(starts[row], starts[row] + rows[row])]
+    picks_t = torch.tensor(picks, dtype=torch.long)
+    return (lengths[permute], values[picks_t],
+            None if weights is None else weights[picks_t])
+
+
+@pytest.mark.parametrize("kind", ["2D_", "1D_", ""])
+@pytest.mark.parametrize("permute", [[4, 2, 0, 1, 3], [1, 1, 3], [], [0, 4, 4, 4, 2, 1]])
+def test_fbgemm_permute_sparse_data_gathers_the_rows_it_names(kind, permute):
+    """KeyedJaggedTensor.permute (fbgemm::permute_2D_sparse_data; the 1-D form permutes
+    single segments): the rows of lengths in the order named, repeated or left out, and
+    the values and weights they count, gathered in torch ops."""
+    gen = torch.Generator().manual_seed(len(permute))
+    lengths = torch.randint(0, 4, (5, 3), generator=gen, dtype=torch.int32)
+    if kind == "1D_":
+        lengths = lengths[:, 0].contiguous()
+    values = torch.randint(0, 100, (int(lengths.sum()),), generator=gen)
+    weights = torch.rand(values.shape, generator=gen)
+    order = torch.tensor(permute, dtype=torch.int32)
+    key = f"fbgemm::permute_{kind}sparse_data.default"
+    fbgemm = _fbgemm()
+    for w in (None, weights):
+        args, _ = _schema_call(key, {"permute": order, "lengths": lengths, "values": values,
+                                     "weights": w})
+        got = runtime.PORTABLE[key](*args)
+        for a, b in zip(got, _reference_permute(permute, lengths, values, w), strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
+        if fbgemm is not None:
+            real = getattr(fbgemm, f"permute_{kind}sparse_data")(*args)
+            for a, b in zip(got, real, strict=True):
+                assert (a is None and b is None) or torch.equal(a, b)
+
+
+# Three tables of a TBE (rows, columns), laid out in one flat buffer as fbgemm lays them.
+TBE_TABLES = [(50, 8), (200, 16), (30, 4)]
+
+
+def _tbe_case(bags: int = 6, seed: int = 0) -> dict[str, object]:
+    """A TBE's arguments: its flat weights, layout and a batch of bags (some empty,
+    some reading a row twice)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 5, (len(TBE_TABLES) * bags,), generator=gen)
+    indices = torch.cat([
+        torch.randint(0, rows, (int(lengths[t * bags:(t + 1) * bags].sum()),), generator=gen)
+        for t, (rows, _) in enumerate(TBE_TABLES)])
+    sizes = [rows * cols for rows, cols in TBE_TABLES]
+    return {
+        "weights": torch.rand(sum(sizes), generator=gen) * 2 - 1,
+        "weights_offsets": torch.tensor([sum(sizes[:t]) for t in range(len(sizes))]),
+        "D_offsets": torch.tensor([0, 8, 24, 28], dtype=torch.int32),
+        "total_D": 28, "max_D": 16,
+        "hash_size_cumsum": torch.tensor([0, 50, 250, 280]),
+        "total_hash_size_bits": 9,
+        "weights_placements": torch.zeros(3, dtype=torch.int32),
+        "indices": indices,
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+        "indice_weights": torch.empty(0), "output_dtype": 0, "stochastic_rounding": False,
+    }
+
+
+def _reference_tbe_bags(case: dict[str, object], pooling: int):
+    """Each (table, bag): its rows of the flat weights (a view) and the rows it reads."""
+    bags = (len(case["offsets"]) - 1) // len(TBE_TABLES)
+    offsets, indices = case["offsets"].tolist(), case["indices"].tolist()
+    for t, (rows, cols) in enumerate(TBE_TABLES):
+        start = int(case["weights_offsets"][t])
+        table = case["weights"][start:start + rows * cols].view(rows, cols)
+        for b in range(bags):
+            yield t, b, table, indices[offsets[t * bags + b]:offsets[t * bags + b + 1]]
+
+
+def _reference_tbe_forward(case: dict[str, object], pooling: int) -> torch.Tensor:
+    """fbgemm's TBE forward, bag by bag: the sum (pooling 0) or mean (1) of its rows."""
+    bags = (len(case["offsets"]) - 1) // len(TBE_TABLES)
+    out = torch.zeros(bags, case["total_D"])
+    columns = case["D_offsets"].tolist()
+    for t, b, table, rows in _reference_tbe_bags(case, pooling):
+        pooled = sum((table[r] for r in rows), torch.zeros(table.shape[1]))
+        out[b, columns[t]:columns[t + 1]] = pooled / max(len(rows), 1) if pooling else pooled
+    return out
+
+
+@pytest.mark.parametrize("pooling", [0, 1])
+def test_fbgemm_tbe_lookup_runs_as_embedding_bags(pooling):
+    """TorchRec's sharded tables on the host (fbgemm::split_embedding_codegen_forward_cpu)
+    and the CUDA traces' lookups (the old fused Adagrad lookup function, the dense TBE's):
+    each table's bags pooled from its rows of the flat weights, side by side."""
+    case = {**_tbe_case(), "pooling_mode": pooling}
+    want = _reference_tbe_forward(case, pooling)
+    cuda = {**case, "dev_weights": case["weights"], "uvm_weights": torch.empty(0),
+            "momentum1_dev": torch.zeros_like(case["weights"])}
+    for key, values in (("fbgemm::split_embedding_codegen_forward_cpu.default", case),
+                        ("fbgemm::split_embedding_codegen_lookup_adagrad_function.default",
+                         cuda),
+                        ("fbgemm::dense_embedding_codegen_lookup_function.default", cuda)):
+        args, kwargs = _schema_call(key, values)
+        torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs), want)
+    fbgemm = _fbgemm()
+    if fbgemm is not None:
+        args, _ = _schema_call("fbgemm::split_embedding_codegen_forward_cpu.default", case)
+        torch.testing.assert_close(fbgemm.split_embedding_codegen_forward_cpu(*args), want)
+
+
+def test_fbgemm_tbe_lookup_of_filled_inputs_splits_the_columns_evenly():
+    """A benchmark fills a TBE's layout buffers (the trace records no values): where they
+    do not lay tables out in the weights, the lookup takes total_D split evenly over
+    the tables, rows as many as the weights hold, and indices and offsets within them."""
+    case = _tbe_case()
+    case.update(weights_offsets=torch.tensor([7, 3, 5]),
+                D_offsets=torch.tensor([2, 7, 1, 0], dtype=torch.int32),
+                hash_size_cumsum=torch.tensor([5, 0, 4, 6]), pooling_mode=0)
+    case["offsets"] = case["offsets"] * 3  # past the indices' end, as filled ones may be
+    args, _ = _schema_call("fbgemm::split_embedding_codegen_forward_cpu.default", case)
+    out = runtime.PORTABLE["fbgemm::split_embedding_codegen_forward_cpu.default"](*args)
+    assert out.shape == (6, 28) and out.isfinite().all()
+    assert runtime._tbe_tables(case["weights"], case["weights_offsets"], case["D_offsets"],
+                               28, case["hash_size_cumsum"]) == [
+        (0, 132, 10, 0), (1320, 132, 9, 10), (2508, 132, 9, 19)]
+
+
+def _reference_tbe_update(case: dict[str, object], grad: torch.Tensor, optimizer: str,
+                          lr: float, eps: float) -> None:
+    """fbgemm's fused backward on the host: each row's gradient summed over the bags
+    that read it, then one step of the optimizer per row, in place."""
+    columns = case["D_offsets"].tolist()
+    rows_grad: dict[tuple[int, int], torch.Tensor] = {}
+    tables = {}
+    for t, b, table, rows in _reference_tbe_bags(case, case["pooling_mode"]):
+        tables[t] = table
+        g = grad[b, columns[t]:columns[t + 1]]
+        if case["pooling_mode"] == 1:
+            g = g / max(len(rows), 1)
+        for r in rows:
+            rows_grad[t, r] = rows_grad.get((t, r), 0) + g
+    state = case.get("momentum1_host")
+    state_at = case["momentum1_offsets"].tolist() if state is not None else []
+    for (t, r), g in sorted(rows_grad.items()):
+        if optimizer == "sgd":
+            tables[t][r] -= lr * g
+        elif optimizer == "adagrad":
+            cols = tables[t].shape[1]
+            s = state[state_at[t] + r * cols:state_at[t] + (r + 1) * cols]
+            s += g * g
+            tables[t][r] -= lr * g / (s.sqrt() + eps)
+        else:  # row-wise: one state value a row, the gradient's mean square
+            state[state_at[t] + r] += (g * g).mean()
+            tables[t][r] -= lr * g / (state[state_at[t] + r].sqrt() + eps)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("pooling", [0, 1])
+def test_fbgemm_fused_backward_updates_the_rows_the_bags_read(optimizer, pooling):
+    """TorchRec's fused optimizers (fbgemm::split_embedding_backward_codegen_*_cpu): no
+    gradient is made; each row the bags read takes its summed gradient's step of SGD,
+    Adagrad (state per weight) or row-wise Adagrad (state per row), in place."""
+    case = {**_tbe_case(seed=1), "pooling_mode": pooling}
+    grad = torch.randn(6, 28, generator=torch.Generator().manual_seed(2))
+    sizes = [rows * cols for rows, cols in TBE_TABLES]
+    if optimizer == "adagrad":
+        state, at = torch.rand(sum(sizes)), [sum(sizes[:t]) for t in range(3)]
+    elif optimizer == "rowwise_adagrad":
+        state, at = torch.rand(280), [0, 50, 250]
+    if optimizer != "sgd":
+        case.update(momentum1_host=state, momentum1_offsets=torch.tensor(at),
+                    momentum1_placements=torch.zeros(3, dtype=torch.int32))
+    key = f"fbgemm::split_embedding_backward_codegen_{optimizer}_cpu.default"
+    values = {**case, "grad_output": grad, "learning_rate_tensor": torch.tensor([0.1]),
+              "eps": 1e-3}
+    expected = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
+    _reference_tbe_update({**case, **expected}, grad, optimizer, 0.1, 1e-3)
+    for run in ("equivalent", "fbgemm"):
+        fbgemm = _fbgemm()
+        if run == "fbgemm" and fbgemm is None:
+            continue
+        copies = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
+        args, kwargs = _schema_call(key, {**values, **copies, "host_weights": copies["weights"]})
+        if run == "equivalent":
+            assert runtime.PORTABLE[key](*args, **kwargs) is None
+        else:
+            getattr(fbgemm, f"split_embedding_backward_codegen_{optimizer}_cpu")(*args, **kwargs)
+        torch.testing.assert_close(copies["weights"], expected["weights"])
+        if optimizer != "sgd":
+            torch.testing.assert_close(copies["momentum1_host"], expected["momentum1_host"])
+        assert not torch.equal(copies["weights"], case["weights"])  # it moved
 
 
 def test_an_op_of_a_newer_torch_resolves_to_its_equivalent(monkeypatch, capsys):

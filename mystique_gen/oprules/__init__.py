@@ -15,6 +15,7 @@ from mystique_gen.oprules import (
     availability,
     collectives,
     datadep,
+    fbgemm,
     forward_ad,
     indexing,
     kernel_paths,
@@ -86,6 +87,7 @@ from mystique_gen.oprules.quantized import LINEAR_PACKED
 FAMILIES: tuple[OpFamily, ...] = (
     availability.FAMILY,
     indexing.FAMILY,
+    fbgemm.FAMILY,
     losses.FAMILY,
     normalization.FAMILY,
     rnn.FAMILY,

@@ -1406,6 +1406,489 @@ def _roi_align_backward(
     return grad_input
 
 
+# fbgemm_gpu's jagged-tensor and table-batched embedding (TBE) kernels: TorchRec's
+# KeyedJaggedTensor and sharded EmbeddingBagCollection, and DLRM's embedding work. Where
+# fbgemm_gpu is not loaded (a torch-only benchmark, always), these do the same work with
+# torch ops. A TBE holds every table in one flat buffer: table t's rows start at element
+# weights_offsets[t], hold D_offsets[t + 1] - D_offsets[t] columns, and number
+# hash_size_cumsum[t + 1] - hash_size_cumsum[t]; indices are rows within each table, and
+# offsets (T * B + 1, table-major) cut them into one bag per table and sample.
+TBE_POOLING = {0: "sum", 1: "mean", 2: None}  # fbgemm's PoolingMode (2: no pooling)
+TBE_OUTPUT_DTYPES = {
+    0: torch.float32,
+    1: torch.float16,
+    5: torch.bfloat16,
+}  # SparseType
+
+
+def _complete_cumsum(t_in):
+    """fbgemm::asynchronous_complete_cumsum: the running sum along the last dim with a 0
+    before it (jagged lengths' offsets), one longer than its input."""
+    out = t_in.new_zeros(*t_in.shape[:-1], t_in.shape[-1] + 1)
+    torch.cumsum(t_in, -1, dtype=t_in.dtype, out=out.narrow(-1, 1, t_in.shape[-1]))
+    return out
+
+
+def _exclusive_cumsum(t_in):
+    """fbgemm::asynchronous_exclusive_cumsum: the running sum before each element (in
+    memory order, whatever the input's dims)."""
+    flat = t_in.reshape(-1)
+    return _complete_cumsum(flat).narrow(0, 0, flat.numel()).view(t_in.shape)
+
+
+def _inclusive_cumsum(t_in):
+    """fbgemm::asynchronous_inclusive_cumsum: the running sum up to each element (in
+    memory order, whatever the input's dims)."""
+    return torch.cumsum(t_in.reshape(-1), 0, dtype=t_in.dtype).view(t_in.shape)
+
+
+def _permute_sparse_data(
+    permute, lengths, values, weights=None, permuted_lengths_sum=None
+):
+    """fbgemm::permute_2D_sparse_data (and _1D_): the rows of `lengths` (a table's
+    lengths per sample, or one segment's length) in the order `permute` names, and the
+    segments of `values` (and `weights`) they count, gathered in that order (a row may
+    be named twice or not at all). How many values it keeps is the permuted lengths'
+    sum, as the kernel's (`permuted_lengths_sum` only saves the kernel computing it):
+    the generator fits the result to the recorded size where the replay's differ."""
+    rows = lengths.shape[0]
+    per_row = lengths.reshape(rows, -1).sum(1, dtype=torch.long)
+    starts = per_row.cumsum(0) - per_row
+    permute = permute.long()
+    if rows and permute.numel() and int(permute.max()) >= rows:
+        permute = permute.remainder(rows)  # filled inputs: keep every row in range
+    counts = per_row[permute]
+    total = int(counts.sum())
+    # each kept value: its segment's start in `values` plus its place in the segment
+    shift = starts[permute] - (counts.cumsum(0) - counts)
+    positions = torch.repeat_interleave(shift, counts, output_size=total)
+    positions += torch.arange(total, device=positions.device)
+    if total and rows and int(per_row.sum()) > values.shape[0]:
+        positions = positions.remainder(max(values.shape[0], 1))
+    permuted = values.index_select(0, positions)
+    weighted = None if weights is None else weights.index_select(0, positions)
+    return lengths.index_select(0, permute), permuted, weighted
+
+
+def _tbe_tables(weights, weights_offsets, D_offsets, total_D, hash_size_cumsum):
+    """Each table's (first element in the flat `weights`, rows, columns, first output
+    column): as the arguments say where they lay the tables out in `weights`; else (a
+    benchmark fills its inputs, and the trace records no values) `total_D` split evenly
+    over the tables, each with as many rows as the buffer holds."""
+    tables = max(D_offsets.numel() - 1, 0)
+    starts, dims = weights_offsets.tolist(), D_offsets.tolist()
+    hashes = hash_size_cumsum.tolist()
+    layout = []
+    if (
+        len(starts) >= tables
+        and len(hashes) > tables
+        and dims[:1] == [0]
+        and dims[-1:] == [total_D]
+    ):
+        for t in range(tables):
+            columns, rows = dims[t + 1] - dims[t], hashes[t + 1] - hashes[t]
+            if (
+                columns < 0
+                or rows <= 0
+                or starts[t] < 0
+                or (starts[t] + rows * columns > weights.numel())
+            ):
+                break
+            layout.append((starts[t], rows, columns, dims[t]))
+    if len(layout) == tables:
+        return layout
+    base, extra = divmod(total_D, max(tables, 1))
+    rows = max(weights.numel() // max(total_D, 1), 1)
+    layout, column = [], 0
+    for t in range(tables):
+        columns = base + (t < extra)
+        layout.append((rows * column, rows, columns, column))
+        column += columns
+    return layout
+
+
+def _tbe_bags(layout, indices, offsets):
+    """Per table: its indices and its bags' offsets from 0 (each index kept within the
+    table's rows, as filled inputs need not be), its bag count, and where its indices
+    start and end in `indices`."""
+    tables = len(layout)
+    bags = (offsets.numel() - 1) // max(tables, 1)
+    # offsets within the indices and never falling, as the kernel assumes (a
+    # benchmark's filled inputs need not be)
+    offsets = offsets.clamp(0, indices.numel()).cummax(0).values
+    ends = offsets[:: max(bags, 1)].tolist() if bags else [0] * (tables + 1)
+    for t, (_, rows, _, _) in enumerate(layout):
+        first, last = ends[t], ends[t + 1] if t + 1 < len(ends) else indices.numel()
+        picked = indices[first:last].long()
+        if picked.numel() and (int(picked.max()) >= rows or int(picked.min()) < 0):
+            picked = picked.remainder(rows)
+        bag_offsets = offsets[t * bags : (t + 1) * bags + 1].long() - first
+        yield picked, bag_offsets, bags, first, last
+
+
+def _tbe_forward(
+    weights,
+    weights_offsets,
+    D_offsets,
+    total_D,
+    hash_size_cumsum,
+    indices,
+    offsets,
+    pooling_mode,
+    indice_weights,
+    output_dtype,
+):
+    """A table-batched embedding lookup: each table's bags pooled (fbgemm's
+    PoolingMode: sum, mean, or none: each index's row) from its rows of the flat
+    weights, one embedding_bag a table, side by side in a (B, total_D) output."""
+    layout = _tbe_tables(weights, weights_offsets, D_offsets, total_D, hash_size_cumsum)
+    mode = TBE_POOLING.get(int(pooling_mode), "sum")
+    dtype = TBE_OUTPUT_DTYPES.get(int(output_dtype), weights.dtype)
+    if indice_weights is not None and indice_weights.numel() == 0:
+        indice_weights = None
+    pooled = []
+    with torch.no_grad():
+        for (start, rows, columns, _), (picked, bag_offsets, _, first, last) in zip(
+            layout, _tbe_bags(layout, indices, offsets), strict=True
+        ):
+            table = weights[start : start + rows * columns].view(rows, columns)
+            if mode is None:
+                pooled.append(torch.nn.functional.embedding(picked, table))
+                continue
+            sample_weights = None
+            if indice_weights is not None:
+                sample_weights = indice_weights[first:last].to(table.dtype)
+            pooled.append(
+                torch.nn.functional.embedding_bag(
+                    picked,
+                    table,
+                    bag_offsets,
+                    mode="sum" if sample_weights is not None else mode,
+                    per_sample_weights=sample_weights,
+                    include_last_offset=True,
+                )
+            )
+    if mode is None:
+        return torch.cat(pooled).to(dtype)
+    bags = (offsets.numel() - 1) // max(len(layout), 1)
+    if not pooled:
+        return weights.new_zeros(bags, total_D, dtype=dtype)
+    return torch.cat(pooled, 1).to(dtype)
+
+
+def _tbe_forward_cpu(
+    weights,
+    weights_offsets,
+    D_offsets,
+    total_D,
+    hash_size_cumsum,
+    indices,
+    offsets,
+    pooling_mode,
+    indice_weights,
+    output_dtype,
+):
+    """fbgemm::split_embedding_codegen_forward_cpu: TorchRec's sharded tables' lookup on
+    the host (the kernel under each fused optimizer's lookup function)."""
+    return _tbe_forward(
+        weights,
+        weights_offsets,
+        D_offsets,
+        total_D,
+        hash_size_cumsum,
+        indices,
+        offsets,
+        pooling_mode,
+        indice_weights,
+        output_dtype,
+    )
+
+
+def _tbe_lookup_adagrad(
+    placeholder_autograd_tensor,
+    dev_weights,
+    uvm_weights,
+    lxu_cache_weights,
+    weights_placements,
+    weights_offsets,
+    D_offsets,
+    total_D,
+    max_D,
+    hash_size_cumsum,
+    total_hash_size_bits,
+    indices,
+    offsets,
+    pooling_mode,
+    indice_weights,
+    feature_requires_grad,
+    lxu_cache_locations,
+    gradient_clipping,
+    max_gradient,
+    stochastic_rounding,
+    momentum1_dev,
+    momentum1_uvm,
+    momentum1_placements,
+    momentum1_offsets,
+    eps=0.0,
+    learning_rate=0.0,
+    output_dtype=0,
+):
+    """fbgemm::split_embedding_codegen_lookup_adagrad_function (fbgemm_gpu before its
+    pt2 wrappers, as the shared CUDA DLRM trace records it): the tables' forward
+    lookup. Its fused Adagrad step runs in its autograd node's backward, which the
+    trace records as no op (only that node's allocations)."""
+    weights = dev_weights if dev_weights.numel() else uvm_weights
+    return _tbe_forward(
+        weights,
+        weights_offsets,
+        D_offsets,
+        total_D,
+        hash_size_cumsum,
+        indices,
+        offsets,
+        pooling_mode,
+        indice_weights,
+        output_dtype,
+    )
+
+
+def _dense_tbe_lookup(
+    dev_weights,
+    weights_offsets,
+    D_offsets,
+    total_D,
+    max_D,
+    hash_size_cumsum,
+    total_hash_size_bits,
+    indices,
+    offsets,
+    pooling_mode,
+    indice_weights,
+    feature_requires_grad,
+    output_dtype=0,
+    B_offsets=None,
+    vbe_output_offsets_feature_rank=None,
+    vbe_B_offsets_rank_per_feature=None,
+    max_B=-1,
+    max_B_feature_rank=-1,
+    vbe_output_size=-1,
+    mixed_D=True,
+):
+    """fbgemm::dense_embedding_codegen_lookup_function: a dense TBE's lookup (its
+    weights a parameter that a separate optimizer updates)."""
+    return _tbe_forward(
+        dev_weights,
+        weights_offsets,
+        D_offsets,
+        total_D,
+        hash_size_cumsum,
+        indices,
+        offsets,
+        pooling_mode,
+        indice_weights,
+        output_dtype,
+    )
+
+
+def _tbe_row_grads(
+    grad_output,
+    host_weights,
+    weights_offsets,
+    D_offsets,
+    hash_size_cumsum,
+    indices,
+    offsets,
+    pooling_mode,
+    indice_weights,
+):
+    """Per table: (its rows as a view of the flat weights, the rows its bags read,
+    unique and sorted, and each one's gradient summed over the bags that read it), as
+    the fused backward kernels compute them before their optimizer's update."""
+    total_D = grad_output.shape[1] if grad_output.dim() == 2 else 0
+    layout = _tbe_tables(
+        host_weights, weights_offsets, D_offsets, total_D, hash_size_cumsum
+    )
+    mode = TBE_POOLING.get(int(pooling_mode), "sum")
+    if indice_weights is not None and indice_weights.numel() == 0:
+        indice_weights = None
+    for t, ((start, rows, columns, column), bagged) in enumerate(
+        zip(layout, _tbe_bags(layout, indices, offsets), strict=True)
+    ):
+        picked, bag_offsets, bags, first, last = bagged
+        table = host_weights[start : start + rows * columns].view(rows, columns)
+        if not picked.numel():
+            continue
+        if mode is None:  # each index's own row of the output
+            grads = grad_output[first:last, :columns]
+        else:
+            lengths = bag_offsets.diff()
+            bag_of = torch.repeat_interleave(
+                torch.arange(bags, device=picked.device),
+                lengths,
+                output_size=picked.numel(),
+            )
+            grads = grad_output[:, column : column + columns].index_select(0, bag_of)
+            if mode == "mean":
+                grads = grads / lengths.clamp(min=1).index_select(0, bag_of)[:, None]
+            if indice_weights is not None:
+                grads = grads * indice_weights[first:last, None].to(grads.dtype)
+        touched, place = torch.unique(picked, return_inverse=True)
+        summed = grads.new_zeros(touched.numel(), columns).index_add_(0, place, grads)
+        yield t, table, start, touched, summed.to(table.dtype)
+
+
+def _tbe_state(momentum, offsets, t, fallback, size):
+    """Table t's optimizer state, `size` elements of the flat `momentum` from
+    `offsets[t]` where that lies inside it, else from `fallback` (filled inputs);
+    None where neither fits."""
+    first = offsets[t] if t < len(offsets) else fallback
+    if not 0 <= first <= momentum.numel() - size:
+        first = fallback
+    if not 0 <= first <= momentum.numel() - size:
+        return None
+    return momentum[first : first + size]
+
+
+def _tbe_backward_sgd_cpu(
+    grad_output,
+    host_weights,
+    weights_placements,
+    weights_offsets,
+    D_offsets,
+    max_D,
+    hash_size_cumsum,
+    total_hash_size_bits,
+    indices,
+    offsets,
+    pooling_mode,
+    indice_weights,
+    stochastic_rounding,
+    learning_rate_tensor,
+    output_dtype=0,
+):
+    """fbgemm::split_embedding_backward_codegen_sgd_cpu: the lookup's backward with its
+    fused SGD step (TorchRec's fused optimizer): each row the bags read moves against
+    its summed gradient, in place; no gradient is made."""
+    rate = learning_rate_tensor.item()
+    for _, table, _, touched, grads in _tbe_row_grads(
+        grad_output,
+        host_weights,
+        weights_offsets,
+        D_offsets,
+        hash_size_cumsum,
+        indices,
+        offsets,
+        pooling_mode,
+        indice_weights,
+    ):
+        table.index_add_(0, touched, grads, alpha=-rate)
+
+
+def _tbe_backward_adagrad_cpu(
+    grad_output,
+    host_weights,
+    weights_placements,
+    weights_offsets,
+    D_offsets,
+    max_D,
+    hash_size_cumsum,
+    total_hash_size_bits,
+    indices,
+    offsets,
+    pooling_mode,
+    indice_weights,
+    stochastic_rounding,
+    momentum1_host,
+    momentum1_placements,
+    momentum1_offsets,
+    learning_rate_tensor,
+    eps=0.0,
+    output_dtype=0,
+):
+    """fbgemm::split_embedding_backward_codegen_adagrad_cpu: the lookup's backward with
+    its fused Adagrad step: each row the bags read adds its summed gradient's square to
+    its state (one per weight, laid out as the weights), and moves by lr * g /
+    (sqrt(state) + eps), in place."""
+    rate = learning_rate_tensor.item()
+    states = momentum1_offsets.tolist()
+    for t, table, start, touched, grads in _tbe_row_grads(
+        grad_output,
+        host_weights,
+        weights_offsets,
+        D_offsets,
+        hash_size_cumsum,
+        indices,
+        offsets,
+        pooling_mode,
+        indice_weights,
+    ):
+        rows, columns = table.shape
+        state = _tbe_state(momentum1_host, states, t, start, rows * columns)
+        if state is None:
+            continue
+        state = state.view(rows, columns)
+        squares = state.index_select(0, touched).addcmul_(grads, grads)
+        state.index_copy_(0, touched, squares)
+        table.index_add_(0, touched, grads / (squares.sqrt_() + eps), alpha=-rate)
+
+
+def _tbe_backward_rowwise_adagrad_cpu(
+    grad_output,
+    host_weights,
+    weights_placements,
+    weights_offsets,
+    D_offsets,
+    max_D,
+    hash_size_cumsum,
+    total_hash_size_bits,
+    indices,
+    offsets,
+    pooling_mode,
+    indice_weights,
+    stochastic_rounding,
+    momentum1_host,
+    momentum1_placements,
+    momentum1_offsets,
+    learning_rate_tensor,
+    eps=0.0,
+    weight_decay=0.0,
+    weight_decay_mode=0,
+    max_norm=0.0,
+    output_dtype=0,
+):
+    """fbgemm::split_embedding_backward_codegen_rowwise_adagrad_cpu: the lookup's
+    backward with its fused row-wise Adagrad step (TorchRec's default): each row the
+    bags read adds its summed gradient's mean square to its one state value, and moves
+    by lr * g / (sqrt(state) + eps), in place (weight decay: L2, mode 1, adds
+    weight_decay * w to the gradient; decoupled, mode 2, shrinks the row)."""
+    rate = learning_rate_tensor.item()
+    states = momentum1_offsets.tolist()
+    for t, table, start, touched, grads in _tbe_row_grads(
+        grad_output,
+        host_weights,
+        weights_offsets,
+        D_offsets,
+        hash_size_cumsum,
+        indices,
+        offsets,
+        pooling_mode,
+        indice_weights,
+    ):
+        rows = table.shape[0]
+        # one value a row; filled inputs: the tables' rows one after another
+        state = _tbe_state(momentum1_host, states, t, start // table.shape[1], rows)
+        if state is None:
+            continue
+        if weight_decay and int(weight_decay_mode) == 1:
+            grads = grads + weight_decay * table.index_select(0, touched)
+        squares = state.index_select(0, touched) + grads.square().mean(1)
+        state.index_copy_(0, touched, squares)
+        step = grads / (squares.sqrt() + eps)[:, None]
+        if weight_decay and int(weight_decay_mode) == 2:
+            step = step + weight_decay * table.index_select(0, touched)
+        table.index_add_(0, touched, step, alpha=-rate)
+
+
 PORTABLE = {
     "aten::cudnn_batch_norm.default": _batch_norm,
     "aten::miopen_batch_norm.default": _batch_norm,
@@ -1477,6 +1960,24 @@ PORTABLE = {
     "torchvision::nms.default": _nms,
     "torchvision::roi_align.default": _roi_align,
     "torchvision::_roi_align_backward.default": _roi_align_backward,
+    "fbgemm::asynchronous_complete_cumsum.default": _complete_cumsum,
+    "fbgemm::asynchronous_exclusive_cumsum.default": _exclusive_cumsum,
+    "fbgemm::asynchronous_inclusive_cumsum.default": _inclusive_cumsum,
+    "fbgemm::permute_2D_sparse_data.default": _permute_sparse_data,
+    "fbgemm::permute_1D_sparse_data.default": _permute_sparse_data,
+    "fbgemm::permute_sparse_data.default": _permute_sparse_data,
+    "fbgemm::split_embedding_codegen_forward_cpu.default": _tbe_forward_cpu,
+    "fbgemm::split_embedding_backward_codegen_sgd_cpu.default": _tbe_backward_sgd_cpu,
+    "fbgemm::split_embedding_backward_codegen_adagrad_cpu.default": (
+        _tbe_backward_adagrad_cpu
+    ),
+    "fbgemm::split_embedding_backward_codegen_rowwise_adagrad_cpu.default": (
+        _tbe_backward_rowwise_adagrad_cpu
+    ),
+    "fbgemm::split_embedding_codegen_lookup_adagrad_function.default": (
+        _tbe_lookup_adagrad
+    ),
+    "fbgemm::dense_embedding_codegen_lookup_function.default": _dense_tbe_lookup,
 }
 
 
@@ -1674,8 +2175,11 @@ def _guarded(site, op, *args, **kwargs):
 
 def _ported(site, result):
     """A portable equivalent's result in its kernel's form: the outputs it leaves off
-    (a fused attention's log-sum-exp, seeds and offsets) stand in."""
+    (a fused attention's log-sum-exp, seeds and offsets) stand in. An op that returns
+    nothing (fbgemm's fused backward and update) returns None."""
     rows = _FALLBACKS[site]
+    if result is None:
+        result = ()
     if len(rows) == 1:
         return result[0] if isinstance(result, tuple) else result
     with _harness():
