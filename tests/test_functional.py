@@ -797,6 +797,106 @@ def test_flash_attention_2_of_the_flash_attn_package_replays_as_attention(tmp_pa
     assert ran["aten::scaled_dot_product_attention"] >= 2  # forward, again for grads
 
 
+# fbgemm's ops a TorchRec step runs on the host (sharded tables with a fused
+# optimizer, KeyedJaggedTensor's offsets and permutes), with the harness's equivalents.
+_FBGEMM_OPS = {
+    "asynchronous_complete_cumsum": (runtime._complete_cumsum, "CPU"),
+    "permute_2D_sparse_data": (runtime._permute_sparse_data, "CPU"),
+    "split_embedding_codegen_forward_cpu": (runtime._tbe_forward_cpu, "CPU"),
+    "split_embedding_backward_codegen_rowwise_adagrad_cpu": (
+        runtime._tbe_backward_rowwise_adagrad_cpu, "CPU"),
+}
+
+
+def _fbgemm_ops() -> object:
+    """torch.ops.fbgemm: fbgemm_gpu's where it is installed; else ops of the same names
+    and schemas, registered as fbgemm_gpu registers them (torch.library), computing
+    with the harness's equivalents."""
+    try:
+        import fbgemm_gpu  # noqa: F401
+        return torch.ops.fbgemm
+    except ImportError:
+        pass
+    if not hasattr(torch.ops.fbgemm, "split_embedding_codegen_forward_cpu"):
+        library = torch.library.Library("fbgemm", "FRAGMENT")  # noqa: TID251
+        for name, (kernel, key) in _FBGEMM_OPS.items():
+            library.define(LIBRARY_SCHEMAS[f"fbgemm::{name}.default"].split("::")[1])
+            library.impl(name, kernel, key)
+        _LIBRARIES.append(library)
+    return torch.ops.fbgemm
+
+
+def test_torchrecs_fbgemm_kernels_replay_as_their_equivalents(tmp_path):
+    """A DLRM training step as TorchRec runs its sharded tables on the host: jagged
+    offsets and a feature permute (fbgemm's), then the table-batched lookup in an
+    autograd Function whose backward is fbgemm's fused row-wise Adagrad step (no
+    gradient: the rows the bags read are updated in place). Without fbgemm_gpu these
+    replayed as nothing (their outputs stood in); the benchmark runs the harness's
+    equivalents in torch ops, and the embedding work is there: the lookup's bags and
+    the update's rows."""
+    fbgemm = _fbgemm_ops()
+    tables, bags = [(40, 8), (100, 8), (25, 8)], 16
+
+    class Lookup(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, placeholder, state, layout, indices, offsets):  # noqa: ANN001, ANN205
+            ctx.state, ctx.layout, ctx.saved = state, layout, (indices, offsets)
+            weights, weights_offsets, d_offsets, hash_size_cumsum = layout
+            return fbgemm.split_embedding_codegen_forward_cpu(
+                weights, weights_offsets, d_offsets, 24, hash_size_cumsum, indices,
+                offsets, 0, torch.empty(0), 0)
+
+        @staticmethod
+        def backward(ctx, grad):  # noqa: ANN001, ANN205
+            weights, weights_offsets, d_offsets, hash_size_cumsum = ctx.layout
+            momentum, momentum_offsets = ctx.state
+            fbgemm.split_embedding_backward_codegen_rowwise_adagrad_cpu(
+                grad.contiguous(), weights, torch.zeros(3, dtype=torch.int32),
+                weights_offsets, d_offsets, 8, hash_size_cumsum, 8, *ctx.saved, 0,
+                torch.empty(0), False, momentum, torch.zeros(3, dtype=torch.int32),
+                momentum_offsets, torch.tensor([0.05]), eps=1e-8)
+            return None, None, None, None, None
+
+    def make_step() -> Callable[[], None]:
+        gen = torch.Generator().manual_seed(0)
+        weights = torch.rand(sum(r * d for r, d in tables), generator=gen)
+        layout = (weights, torch.tensor([0, 320, 1120]),
+                  torch.tensor([0, 8, 16, 24], dtype=torch.int32),
+                  torch.tensor([0, 40, 140, 165]))
+        state = (torch.zeros(165), torch.tensor([0, 40, 140]))
+        lengths = torch.randint(0, 4, (3, bags), generator=gen, dtype=torch.int32)
+        values = torch.cat([torch.randint(0, rows, (int(lengths[t].sum()),), generator=gen)
+                            for t, (rows, _) in enumerate(tables)])
+        placeholder = torch.zeros(0, requires_grad=True)
+        dense = torch.nn.Linear(24, 1)
+
+        def step() -> None:
+            # a KeyedJaggedTensor's features permuted and back, as input dist does
+            order = torch.tensor([2, 0, 1], dtype=torch.int32)
+            moved, moved_values, _ = fbgemm.permute_2D_sparse_data(order, lengths, values)
+            back, indices, _ = fbgemm.permute_2D_sparse_data(
+                torch.tensor([1, 2, 0], dtype=torch.int32), moved, moved_values)
+            offsets = fbgemm.asynchronous_complete_cumsum(back.view(-1)).long()
+            pooled = Lookup.apply(placeholder, state, layout, indices, offsets)
+            dense(pooled).square().mean().backward()
+        return step
+
+    text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
+    header = " ".join(text.split('"""')[1].split())
+    for name in _FBGEMM_OPS:
+        assert f"fbgemm::{name}" in header
+    assert "replayed as its recorded children" not in header
+    assert sorted(out["equivalents_at_runtime"]) == sorted(
+        f"fbgemm::{name}.default" for name in _FBGEMM_OPS)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    # The lookup's bags (an embedding_bag a table) and the fused update's rows (one
+    # index_add_ a table) ran; the permutes gathered the values.
+    assert replayed["aten::embedding_bag.padding_idx"] >= 3
+    assert replayed["aten::index_add_.default"] >= 3
+    assert replayed["aten::index_select.default"] >= 2
+    assert original["aten::linear.default"] == replayed["aten::linear.default"] == 1
+
+
 def test_a_quantization_aware_training_step_replays(tmp_path):
     """Fake quantization in grad mode: the observer's min/max run on ``x.detach()`` and on
     buffers, recording autograd numbers but making no nodes, and the scale they compute
