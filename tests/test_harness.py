@@ -1307,6 +1307,8 @@ def test_flash_attn_backward_writes_the_grads_where_the_kernel_does(packed):
     torch.testing.assert_close(softmax_d[..., :6], (dout * out).sum(-1).transpose(1, 2).float())
     for got, grad in zip(grads, want, strict=True):
         torch.testing.assert_close(got, grad)
+
+
 def _fbgemm():
     """torch.ops.fbgemm where fbgemm_gpu is installed (its kernels to check the
     equivalents against), else None: the references below need no fbgemm."""
