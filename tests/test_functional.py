@@ -889,12 +889,14 @@ def test_torchrecs_fbgemm_kernels_replay_as_their_equivalents(tmp_path):
     assert sorted(out["equivalents_at_runtime"]) == sorted(
         f"fbgemm::{name}.default" for name in _FBGEMM_OPS)
     assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    # The replay's trace counts each op where its equivalent ran (compare matches them)
+    assert replayed == original, (original - replayed, replayed - original)
     # The lookup's bags (an embedding_bag a table) and the fused update's rows (one
-    # index_add_ a table) ran; the permutes gathered the values.
-    assert replayed["aten::embedding_bag.padding_idx"] >= 3
-    assert replayed["aten::index_add_.default"] >= 3
-    assert replayed["aten::index_select.default"] >= 2
-    assert original["aten::linear.default"] == replayed["aten::linear.default"] == 1
+    # index_add_ a table) ran inside them; the permutes gathered the values.
+    ran = Counter(n.name for n in load_trace(tmp_path / "step_replay.et.json").nodes)
+    assert ran["aten::embedding_bag"] >= 3
+    assert ran["aten::index_add_"] >= 3
+    assert ran["aten::index_select"] >= 2
 
 
 def test_a_quantization_aware_training_step_replays(tmp_path):

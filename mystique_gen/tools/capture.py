@@ -18,6 +18,7 @@ Two entry points:
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
 import json
@@ -1405,8 +1406,6 @@ def _capture_this_process() -> None:
     group's rank). Once its files are written the process exits with status 0, as a
     worker that finished does (an uncaught stop was a failure that made torchrun end
     the other ranks); one that steps too few times says why as it exits."""
-    import atexit
-
     settings = json.loads(os.environ[JOB_ENV])
     capture = _ScriptCapture(Path(settings["out"]), settings["warmup"],
                              settings["timing_iters"], settings["kineto"],
