@@ -147,3 +147,42 @@ def test_rowwise_quantized_embedding_bags_read_valid_rows_and_bags(tmp_path):
     assert replayed["quantized::embedding_bag_4bit_rowwise_offsets.default"] == 1
     assert "embedding_bag_byte x1: its packed table's row count is not in the trace" \
         in " ".join(header.split())
+
+
+def test_onednn_quantized_ops_replay_on_weights_prepacked_as_mkldnn_tensors(tmp_path):
+    """PT2E's x86 quantizer under ``torch.compile`` with freezing runs oneDNN's
+    quantized convolution and linear (``onednn::qconv_pointwise``,
+    ``onednn::qlinear_pointwise``) on weights prepacked as MKLDNN tensors, which the
+    trace records without storage, as it records a vmap wrapper: taken for one, each
+    op was replayed as its output's allocation alone, and the header named neither.
+    The replay makes them as MKLDNN tensors (``to_mkldnn``), which the kernels take."""
+    torch.manual_seed(0)
+    onednn = torch.ops.onednn
+    qx = torch.randint(0, 255, (2, 3, 8, 8), dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last)
+    conv_w = onednn.qconv_prepack(torch.randint(-127, 127, (16, 3, 3, 3), dtype=torch.int8),
+                                  torch.rand(16) / 100, 0.02, 0, [1, 1], [1, 1], [1, 1], 1,
+                                  [2, 3, 8, 8])
+    qh = torch.randint(0, 255, (2, 64), dtype=torch.uint8)
+    linear_w = onednn.qlinear_prepack(torch.randint(-127, 127, (10, 64), dtype=torch.int8),
+                                      [2, 64])
+    scale, zero = torch.tensor(0.02), torch.tensor(0, dtype=torch.int32)
+
+    def step():
+        with torch.no_grad():
+            y = onednn.qconv_pointwise.tensor(
+                qx, scale, zero, conv_w, torch.rand(16) / 100,
+                torch.zeros(16, dtype=torch.int64), torch.zeros(16), [1, 1], [1, 1],
+                [1, 1], 1, 1.0, 0, torch.float32, "relu", [None], "")
+            z = onednn.qlinear_pointwise.tensor(
+                qh, scale, zero, linear_w, torch.rand(10) / 100,
+                torch.zeros(10, dtype=torch.int32), torch.zeros(10), 1.0, 0,
+                torch.float32, "none", [None], "")
+            return y.sum() + z.sum()
+
+    header, original, replayed, out = _replay(step, tmp_path, "onednn")
+    assert original["onednn::qconv_pointwise.tensor"] == 1, original
+    assert original["onednn::qlinear_pointwise.tensor"] == 1, original
+    assert replayed == original, (original - replayed, replayed - original)
+    assert "Ops not replayed:\n  - none" in header
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []

@@ -36,6 +36,15 @@ FAMILY = OpFamily(
         "mkldnn_prepacked::conv2d_run",
         # MKL's packed linear weight (Inductor's CPU freezing) is an MKLDNN tensor too.
         "mkl::_mkl_linear", "mkl::_mkl_reorder_linear_weight",
+        # oneDNN's quantized convolutions and linears (PT2E's X86InductorQuantizer
+        # under torch.compile with freezing) read their weights prepacked as MKLDNN
+        # tensors; taken for vmap wrappers, the ops were replayed as their output's
+        # allocation alone, and no header said so.
+        "onednn::qconv_prepack", "onednn::qconv_pointwise", "onednn::qconv1d_pointwise",
+        "onednn::qconv2d_pointwise", "onednn::qconv3d_pointwise",
+        "onednn::qlinear_prepack", "onednn::qlinear_pointwise",
+        "onednn::linear_prepack_fp16", "onednn::linear_dynamic_fp16",
+        "onednn::linear_relu_dynamic_fp16",
     }),
     # MKL's packed GEMM weight begins with a header its kernel trusts (random values
     # crash it): packed again from the original weight the op also takes.
