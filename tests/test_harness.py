@@ -907,6 +907,13 @@ LIBRARY_SCHEMAS = {
         "Tensor momentum1_dev, Tensor momentum1_uvm, Tensor momentum1_placements, "
         "Tensor momentum1_offsets, float eps=0., float learning_rate=0., "
         "int output_dtype=0) -> Tensor"),
+    # MSLK (formerly fbgemm_gpu's gen-ai kernels, namespace fbgemm), torchao's float8
+    "mslk::f8f8bf16_rowwise.default": (
+        "mslk::f8f8bf16_rowwise(Tensor XQ, Tensor WQ, Tensor x_scale, Tensor w_scale, "
+        "Tensor? bias=None, bool use_fast_accum=True, Tensor(a!)? output=None) -> Tensor"),
+    "fbgemm::f8f8bf16_rowwise.default": (
+        "fbgemm::f8f8bf16_rowwise(Tensor XQ, Tensor WQ, Tensor x_scale, Tensor w_scale, "
+        "Tensor? bias=None, bool use_fast_accum=True, Tensor(a!)? output=None) -> Tensor"),
 }
 # The same op as an older fbgemm_gpu defined it (the shared DLRM trace's): fewer
 # trailing arguments, which the equivalent defaults.
@@ -1827,3 +1834,68 @@ def test_a_fused_attentions_backward_with_a_float_mask_keeps_its_kernels_outputs
             torch.testing.assert_close(got[3], expected[3], atol=1e-4, rtol=1e-4)
         else:
             assert len(got) == 3
+
+
+def _int4_rows(values: torch.Tensor) -> torch.Tensor:
+    """4-bit values (n x k, 0..15) packed two a byte in row-major order, the order the
+    equivalents read a packed weight in."""
+    flat = values.to(torch.uint8).reshape(-1, 2)
+    return (flat[:, 0] << 4 | flat[:, 1]).reshape(values.shape[0], -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_weight_only_matmuls_run_as_the_kernel_dequantizes(dtype):
+    """torchao's int4 weight-only linear: tinygemm (``_weight_int4pack_mm``, CUDA)
+    and the CPU kernel (``_for_cpu``) were skipped where they cannot run, a quantized
+    model's every linear gone from the replay. The equivalent dequantizes as the
+    kernel does ((q - 8) * scale + zero per group) and multiplies: against the CPU
+    kernel, given the same values in the kernel's packing and in row-major order."""
+    gen = torch.Generator().manual_seed(0)
+    n, k, group = 48, 128, 32
+    values = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
+    scale_zero = torch.randn(k // group, n, 2, generator=gen).to(dtype)
+    x = torch.randn(5, k, generator=gen).to(dtype)
+    expected = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x, torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 2), group,
+        scale_zero)
+    for key in ("aten::_weight_int4pack_mm.default",
+                "aten::_weight_int4pack_mm_for_cpu.default"):
+        got = runtime.PORTABLE[key](x, _int4_rows(values), group, scale_zero)
+        assert got.dtype == dtype and got.shape == (5, n)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.float(), expected.float(), rtol=tol,
+                                   atol=tol * float(expected.abs().max()))
+    # tinygemm's int32 tiles hold the same bytes: n*k/8 int32, read as bytes
+    tiles = _int4_rows(values).view(torch.int32).reshape(n // 8, k // 32, 32, 1)
+    got = runtime.PORTABLE["aten::_weight_int4pack_mm.default"](x, tiles, group, scale_zero)
+    assert got.shape == (5, n)
+
+
+def test_int8_weight_only_matmul_and_float8_rowwise_gemm_run_as_their_kernels():
+    """``_weight_int8pack_mm`` (CPU and MPS kernels only) and MSLK's rowwise float8
+    GEMM (torchao's float8 dynamic quantization on CUDA, a library the benchmark does
+    not load) as torch ops, against the CPU kernel and ``torch._scaled_mm``."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 64, generator=gen)
+    weight = torch.randint(-128, 128, (32, 64), generator=gen, dtype=torch.int8)
+    scales = torch.rand(32, generator=gen)
+    torch.testing.assert_close(
+        runtime.PORTABLE["aten::_weight_int8pack_mm.default"](x, weight, scales),
+        torch.ops.aten._weight_int8pack_mm(x, weight, scales), rtol=1e-4, atol=1e-3)
+    xq = torch.randn(5, 64, generator=gen).to(torch.float8_e4m3fn)
+    wq = torch.randn(32, 64, generator=gen).to(torch.float8_e4m3fn)
+    x_scale, w_scale = torch.rand(5, 1, generator=gen), torch.rand(1, 32, generator=gen)
+    bias = torch.randn(32, generator=gen)
+    expected = torch._scaled_mm(xq, wq.t(), scale_a=x_scale, scale_b=w_scale,
+                                out_dtype=torch.bfloat16)
+    for key in ("mslk::f8f8bf16_rowwise.default", "fbgemm::f8f8bf16_rowwise.default"):
+        got = runtime.PORTABLE[key](xq, wq, x_scale, w_scale)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+        with_bias = runtime.PORTABLE[key](xq, wq, x_scale, w_scale, bias)
+        torch.testing.assert_close(with_bias.float(), expected.float() + bias,
+                                   rtol=2e-2, atol=5e-2)
+        output = torch.empty(5, 32, dtype=torch.bfloat16)
+        written = runtime.PORTABLE[key](xq, wq, x_scale, w_scale, None, True, output)
+        assert written is output
+        torch.testing.assert_close(output, expected, rtol=2e-2, atol=2e-2)

@@ -477,6 +477,44 @@ def test_a_gpu_traces_backend_kernels_run_as_portable_equivalents(tmp_path, caps
     assert proc.stderr.count("running its portable equivalent") == 2
 
 
+
+def test_a_gpu_traces_quantized_matmuls_run_as_portable_equivalents(tmp_path, capsys):
+    """torchao's int4 weight-only linear on CUDA records tinygemm's
+    ``_weight_int4pack_mm`` (no host kernel) and its float8 dynamic quantization
+    MSLK's ``f8f8bf16_rowwise`` (a library the benchmark does not load): on the host
+    both were skipped, every quantized linear gone from the replay. They run as
+    torch ops (dequantize, multiply), named in the header, on stderr and in --json."""
+    b = TraceBuilder()
+    x = b.tensor((4, 64), dtype="bfloat16", device="cuda")
+    tiles = b.tensor((4, 2, 32, 1), dtype="int32", device="cuda")  # n=32, k=64, 2 tiles
+    scale_zero = b.tensor((2, 32, 2), dtype="bfloat16", device="cuda")
+    out = b.tensor((4, 32), dtype="bfloat16", device="cuda")
+    b.op("aten::_weight_int4pack_mm(Tensor self, Tensor mat2, int qGroupSize, "
+         "Tensor qScaleAndZeros) -> Tensor", [x, tiles, 32, scale_zero], [out])
+    xq = b.tensor((4, 64), dtype="float8_e4m3fn", device="cuda")
+    wq = b.tensor((32, 64), dtype="float8_e4m3fn", device="cuda")
+    x_scale = b.tensor((4, 1), device="cuda")
+    w_scale = b.tensor((1, 32), device="cuda", strides=(1, 1))
+    result = b.tensor((4, 32), dtype="bfloat16", device="cuda")
+    b.op("mslk::f8f8bf16_rowwise(Tensor XQ, Tensor WQ, Tensor x_scale, Tensor w_scale, "
+         "Tensor? bias=None, bool use_fast_accum=True, Tensor(a!)? output=None) -> Tensor",
+         [xq, wq, x_scale, w_scale, None, True, None], [result])
+    rc, err, out_path = generate(tmp_path, write(tmp_path, b.doc()), capsys)
+    assert rc == 0, err
+    header = " ".join(out_path.read_text().split('"""')[1].split())
+    assert "mslk::f8f8bf16_rowwise x1: namespace mslk:: may not be loaded, with a " \
+        "portable equivalent" in header
+    assert "aten::_weight_int4pack_mm x1: kernels for some devices only, with a " \
+        "portable equivalent" in header
+    proc = run_benchmark(out_path, "--device", "cpu", "--iters", "2", "--warmup", "1",
+                         "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    facts = last_json(proc.stdout)
+    assert facts["skipped_at_runtime"] == [] and facts["ops"] == 2
+    assert facts["equivalents_at_runtime"] == ["aten::_weight_int4pack_mm.default",
+                                               "mslk::f8f8bf16_rowwise.default"]
+
+
 SDPA = ("aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
         "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, "
         "float? scale=None, bool enable_gqa=False) -> Tensor")

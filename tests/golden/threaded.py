@@ -864,6 +864,50 @@ def _with_out_dtype(op):
     return run
 
 
+def _int4_values(packed, rows, cols):
+    """The rows x cols 4-bit values (0..15) of a packed int4 weight, two a byte, read
+    in row-major order. The kernels tile them otherwise (tinygemm's int32
+    [n/8, k/(16*tiles), 32, tiles/2], the CPU kernel's blocks of columns, whose width
+    is the capturing CPU's vector width), so this is another int4 weight of the same
+    shape: the same dequantization and product, not the kernel's values."""
+    data = packed.contiguous().view(torch.uint8).reshape(-1)[: rows * cols // 2]
+    return torch.stack((data >> 4, data & 15), -1).reshape(rows, cols)
+
+
+def _weight_int4pack_mm(self, mat2, qGroupSize, qScaleAndZeros):
+    """_weight_int4pack_mm (tinygemm, CUDA: torchao's int4 weight-only linear) and
+    its CPU kernel (_for_cpu): self @ w.T, w = (q - 8) * scale + zero per group of
+    qGroupSize along k, qScaleAndZeros [k/group, n, 2]."""
+    k, n = self.shape[-1], qScaleAndZeros.shape[1]
+    q = _int4_values(mat2, n, k).to(self.dtype).sub_(8)
+    scale_zero = qScaleAndZeros.to(self.dtype).transpose(0, 1).unsqueeze(2)
+    q = q.view(n, k // qGroupSize, qGroupSize)
+    w = (q * scale_zero[..., 0] + scale_zero[..., 1]).view(n, k)
+    return self @ w.t()
+
+
+def _weight_int8pack_mm(self, mat2, scales):
+    """_weight_int8pack_mm (CPU and MPS: int8 weight-only linear): self @ mat2.T
+    scaled per output channel."""
+    return (self @ mat2.to(self.dtype).t()) * scales.to(self.dtype)
+
+
+def _f8f8bf16_rowwise(
+    XQ, WQ, x_scale, w_scale, bias=None, use_fast_accum=True, output=None
+):
+    """MSLK's (formerly fbgemm_gpu's) rowwise-scaled float8 GEMM, which torchao's
+    float8 dynamic quantization calls on CUDA: XQ @ WQ.T in float32, scaled per row of
+    each, plus bias, in bfloat16; written into ``output`` where one is given."""
+    result = XQ.to(torch.float32) @ WQ.to(torch.float32).t()
+    result = result * x_scale.to(torch.float32).reshape(-1, 1)
+    result = result * w_scale.to(torch.float32).reshape(1, -1)
+    if bias is not None:
+        result = result + bias.to(torch.float32)
+    if output is not None:
+        return output.copy_(result)
+    return result.to(torch.bfloat16)
+
+
 def _lstm_gates(input_gates, hidden_gates, input_bias, hidden_bias):
     gates = input_gates + hidden_gates
     if input_bias is not None:
@@ -1908,6 +1952,11 @@ PORTABLE = {
     "aten::bmm.dtype": _with_out_dtype(torch.bmm),
     "aten::addmm.dtype": _with_out_dtype(torch.addmm),
     "aten::baddbmm.dtype": _with_out_dtype(torch.baddbmm),
+    "aten::_weight_int4pack_mm.default": _weight_int4pack_mm,
+    "aten::_weight_int4pack_mm_for_cpu.default": _weight_int4pack_mm,
+    "aten::_weight_int8pack_mm.default": _weight_int8pack_mm,
+    "mslk::f8f8bf16_rowwise.default": _f8f8bf16_rowwise,
+    "fbgemm::f8f8bf16_rowwise.default": _f8f8bf16_rowwise,
     "aten::_thnn_fused_lstm_cell.default": _fused_lstm_cell,
     "aten::_thnn_fused_lstm_cell_backward_impl.default": _fused_lstm_cell_backward,
     "aten::_thnn_fused_gru_cell.default": _fused_gru_cell,
