@@ -671,6 +671,26 @@ def test_a_models_own_op_that_writes_its_result_in_place_replays_its_body(write,
     assert (inner in selected) == descends and (op in selected) != descends
 
 
+def test_an_op_on_storageless_tensors_that_only_allocates_below_is_no_vmap_level():
+    """A vmap level calls an op on the level below; an op on tensors recorded without
+    storage (oneDNN's prepacked MKLDNN weights) below which only its result was
+    allocated ran its own kernel. Taken for a vmap level, it replayed as that
+    allocation (a PT2E-quantized CNN's convolutions and linears), and no header said
+    so. A level whose op runs below still descends."""
+    b = TraceBuilder()
+    x, out = b.tensor((4, 4)), b.tensor((4, 4))
+    packed = T(b.new_id(), 0, (4, 4), (4, 1), device="")  # no storage recorded
+    own = b.op("onednn::qlinear_fancy(Tensor x, Tensor w) -> Tensor", [x, packed], [out])
+    b.op(EMPTY, [[4, 4], 6, 0, Device("cpu"), False, None], [out], parent=own)
+    wrapper, below = T(b.new_id(), 0, (4,), (1,), device=""), b.tensor((3, 4))
+    level = b.op(RELU, [wrapper], [T(b.new_id(), 0, (4,), (1,), device="")])
+    inner = b.op(RELU, [below], [b.tensor((3, 4))], parent=level)
+    selected = [s.node.id for s in select_ops(trace_from_document(b.doc(), name="t",
+                                                                   sha256="0")).ops]
+    assert own in selected  # replayed whole, not as its allocation
+    assert inner in selected and level not in selected  # vmap's level descends
+
+
 def test_an_op_whose_children_only_prepare_and_allocate_its_result_stays_whole():
     """``quantized::conv2d`` records a copy of its input to channels-last and the
     allocation of its result below it; its own kernel convolves. Replayed as those

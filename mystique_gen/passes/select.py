@@ -529,7 +529,12 @@ def subclass_dispatches(trace: RawTrace) -> set[int]:
     by_id = {n.id: n for n in trace.nodes}
     found: set[int] = set()
     walked: set[int] = set()
-    has_op_child = {n.parent for n in trace.nodes if n.op_schema and n.parent != n.id}
+    # A vmap level calls the op (or its batching rule's ops) on the level below; an op
+    # below which only its outputs were allocated ran its own kernel, on tensors the
+    # observer records without storage for another reason (oneDNN's prepacked MKLDNN
+    # weights, read by an op MKLDNN_OPS does not list, replayed as that allocation).
+    has_op_child = {n.parent for n in trace.nodes if n.op_schema and n.parent != n.id
+                    and n.name not in oprules.UNINITIALISED_OUTPUTS}
     sparse = trace_sparse_tensors(trace)  # without storage too, but no wrappers
     for node in trace.nodes:
         if node.op_schema and node.id in has_op_child and _on_storageless(node, sparse):
