@@ -1802,3 +1802,36 @@ def test_an_attention_backward_reads_the_logsumexp_its_forward_computed(tmp_path
     text = generate(et, bench, GenerateOptions(command_line="test"))
     assert "logsumexp_buf" not in text
     _assert_replays_finite(bench, 3)
+
+
+def test_a_positive_difference_of_two_buffers_keeps_the_subtracted_term_small(tmp_path):
+    """Running moments read as a variance, ``(sq - mean ** 2).sqrt()`` and ``sq - mean *
+    mean``, and a margin ``log1p(hi - lo)`` of two buffers: the result's domain passes
+    through the difference of two tensors (oprules ``differences``, ``contracting``):
+    the greater filled positive, the subtracted term within 0.25 through the product or
+    power that makes it. Filled apart, each square root and log1p was NaN, and the
+    weights the step trains with them followed."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 6)
+    mean, sq = torch.zeros(6), torch.ones(6)
+    mean2, sq2 = torch.zeros(6), torch.ones(6)
+    hi, lo = torch.full((6,), 2.0), torch.full((6,), 0.5)
+    x = torch.randn(8, 6) * 3 + 1
+    opt = torch.optim.SGD(lin.parameters(), lr=1e-2)
+
+    def step() -> None:
+        opt.zero_grad()
+        with torch.no_grad():
+            mean.mul_(0.99).add_(x.mean(0), alpha=0.01)
+            sq.mul_(0.99).add_(x.pow(2).mean(0), alpha=0.01)
+        h = (x - mean) / ((sq - mean.pow(2)).sqrt() + 1e-5)
+        h = h / (sq2 - mean2 * mean2).sqrt() * torch.log1p(hi - lo)
+        lin(h).square().mean().backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / "moments.et.json")
+    bench = tmp_path / "moments_bench.py"
+    text = generate(et_path, bench, GenerateOptions(command_line="test"))
+    assert text.count('"uniform", -0.25, 0.25') >= 3, text  # mean, mean2, lo
+    _assert_replays_finite(bench, 3)
+

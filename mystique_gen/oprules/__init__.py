@@ -134,6 +134,7 @@ POSITIVE_IF: dict[str, tuple[tuple[str, ...], dict[str, tuple[float, float]]]] =
 COMPLEMENTS: dict[str, tuple[str, str]] = merged("complements")
 PRODUCTS: dict[str, str] = merged("products")
 DIFFERENCES: dict[str, tuple[str, str]] = merged("differences")
+CONTRACTING: dict[str, tuple[str, ...]] = merged("contracting")
 INCREASING: dict[str, tuple[str, ...]] = merged("increasing")
 FLOAT_RANGES: dict[str, dict[str, FloatRange]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
@@ -229,13 +230,15 @@ __all__ = [
     "ShiftedRange", "float_range",
     "FORWARD_AD_LEVELS", "FULL_PRECISION", "FUNCTIONAL_GUARD",
     "FUNCTIONAL_NAMESPACES", "Fill", "GROUP_NAME_ARGS", "INDEX_RULES", "IntArg",
-    "COMPLEMENTS", "DIFFERENCES", "FRACTIONAL_POWERS", "INCREASING", "KEEPS_SIGN", "LINEAR_PACKED",
+    "COMPLEMENTS", "CONTRACTING", "DIFFERENCES", "FRACTIONAL_POWERS", "INCREASING",
+    "KEEPS_SIGN", "LINEAR_PACKED",
     "MOVES_ROWS", "STACKS", "SUMS", "LITERAL_WRITES", "MARKER_TESTS",
     "IGNORED_TARGETS",
     "PACKED_ARGS", "PACKED_LINEAR",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
-    "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim", "REDUCE_OP_NAMES",
+    "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim",
+    "REDUCE_OP_NAMES",
     "REFUSED_ARGS", "SAME_VALUES", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SCALAR_INTEGRAL",
     "SHAPE_RULES", "SPARSE_DATA_DEPENDENT_OUTPUTS", "SPARSE_FACTS", "SizeOf",
     "TAKE_RULES", "TORCH_NATIVE_NAMESPACES", "UNSUPPORTED_ARG_TYPES", "VALUE_PRESERVING",

@@ -305,6 +305,11 @@ class OpFamily:
     # that must be positive, where both are views of one tensor at two offsets (a box's
     # ``x2 - x1``), has that tensor filled rising along the dimension between them.
     differences: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Ops whose result lies within (-c, c), for c <= 1, where these arguments do (a
+    # product, a power of at least 1, a mean): {op: (argument, ...)}. The small term of
+    # a positive difference of two tensors (``sq - mean ** 2``, running moments) carries
+    # its bound back through them to the tensors it is computed from.
+    contracting: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Ops whose result rises with these arguments where every other tensor argument is
     # 0-d (a scale, a shift, a copy): {op: (argument, ...)}. A stack of such results of
     # one tensor's columns keeps their order (a resize of boxes, column by column).

@@ -83,6 +83,16 @@ FAMILY = OpFamily(
                 "aten::contiguous": ("self",), "aten::to": ("self",),
                 "aten::_to_copy": ("self",)},
     sums=frozenset({"aten::add"}),
+    # |a * b|, |x ** e| (e >= 1, checked where the rule is applied), a mean, |tanh x|
+    # and the like are below c <= 1 where their arguments are: ``sq - mean * mean`` and
+    # ``sq - mean ** 2`` keep mean within the bound the difference puts on its square.
+    contracting={
+        **{op: _BINARY for op in ("aten::mul", "aten::mul_")},
+        **{op: ("self",) for op in (
+            "aten::pow", "aten::pow_", "aten::square", "aten::abs", "aten::neg",
+            "aten::mean", "aten::tanh", "aten::sin", "aten::amax", "aten::amin",
+            "aten::clone", "aten::contiguous", "aten::to", "aten::_to_copy")},
+    },
     products={"aten::prod": "self", "aten::cumprod": "self", "aten::cumprod_": "self"},
     length_comparisons=frozenset({"aten::lt", "aten::le", "aten::gt", "aten::ge"}),
     positions=frozenset({"aten::arange"}),

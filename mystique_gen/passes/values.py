@@ -297,6 +297,8 @@ class _Facts:
         self.float_read: set[int] = set()
         self.below: dict[int, tuple[float, str]] = {}  # floats under a bound (COMPLEMENTS)
         self.rising: dict[int, tuple[int, str]] = {}  # rising in runs of n (DIFFERENCES)
+        # floats within (-c, c): the term a positive difference subtracts (DIFFERENCES)
+        self.small: dict[int, tuple[float, str]] = {}
         self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
         self.bias_fan_in: dict[int, int] = {}  # a bias: its weight's fan-in
         self.activation: set[int] = set()  # the input a weight multiplies: not a weight
@@ -703,6 +705,7 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
         _complement_bound(op, facts)
         _product_bound(op, facts)
         _difference_bound(op, facts)
+        _contracted(op, facts)
         _carry_rising(op, facts, by_index)
         keeps_sign = oprules.KEEPS_SIGN.get(op.name, ())
         if keeps_sign and not _non_negative_alpha(op):
@@ -715,7 +718,8 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
             continue
         outputs, positive = _positive_result(op, facts)
         ranged, below = _first_of(facts.float_range, outputs), _first_of(facts.below, outputs)
-        if positive is None and ranged is None and below is None:
+        small = _first_of(facts.small, outputs)
+        if positive is None and ranged is None and below is None and small is None:
             continue
         for arg in op.args:
             holds_values = op.signature.is_view or arg.spec.name in same
@@ -732,6 +736,8 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
                     facts.float_range.setdefault(tv.storage.index, ranged)
                 if below is not None:
                     facts.below.setdefault(tv.storage.index, below)
+                if small is not None:
+                    facts.small.setdefault(tv.storage.index, small)
 
 
 def _literal_markers(ops: list[Op], facts: _Facts) -> None:
@@ -1078,6 +1084,9 @@ def _difference_bound(op: Op, facts: _Facts) -> None:
     # (a domain only: a preferred range, a power's base, would reorder a weight read as
     # ``(w[1:] - w[:-1]) ** 2``)
     outputs, why = _positive_result(op, facts)
+    if why is None:  # a domain's range above 0 (log1p's), not the near-1 preference
+        why = next((r[2] for i in outputs if (r := facts.float_range.get(i))
+                    and r[0] >= 0 and (r[0], r[1]) != oprules.POSITIVE_FLOATING[1:]), None)
     named = {a.spec.name: a.value for a in op.args}
     greater, lesser = named.get(rule[0]), named.get(rule[1])
     alpha = named.get("alpha", Literal(1))
@@ -1086,11 +1095,68 @@ def _difference_bound(op: Op, facts: _Facts) -> None:
             or not (isinstance(alpha, Literal) and alpha.value == 1):
         return
     s = greater.storage
+    if s is not None and lesser.storage is not None and lesser.storage is not s:
+        _separate_difference(op, greater, lesser, outputs, why, facts)
+        return
     if s is None or lesser.storage is not s or s.index in outputs or s.dtype not in FLOATING:
         return
     run = rising_run(greater.meta, lesser.meta, s.extent)
     if run is not None:
         facts.rising.setdefault(s.index, (run, f"{why} (via {op.name}: {rule[0]} > {rule[1]})"))
+
+
+# The bound on the term a positive difference subtracts, against the greater term's
+# positive fill (0.5, 1.5): ``sq - mean ** 2`` then lies in (0.25, 1.75).
+_SMALL_TERM = 0.25
+
+
+def _separate_difference(op: Op, greater: TensorValue, lesser: TensorValue,
+                         outputs: list[int], why: str, facts: _Facts) -> None:
+    """``greater - lesser`` of two tensors (not views of one) that must be positive, or
+    lie in a range above 0: greater is filled positive (within the middle half of the
+    range) and lesser within (-w, w) for a quarter w of it (0.25 for a positive
+    result), carried back through the ops it is computed by
+    (:data:`oprules.CONTRACTING`): a running variance ``(sq - mean ** 2).sqrt()`` of
+    two moment buffers, filled apart, was NaN, and ``log1p(hi - lo)`` likewise."""
+    if greater.storage.index in outputs or lesser.storage.index in outputs \
+            or greater.meta.dtype not in FLOATING or lesser.meta.dtype not in FLOATING:
+        return
+    ranged = _first_of(facts.float_range, outputs)
+    why = f"{why} (via {op.name}: {greater.meta.shape} > {lesser.meta.shape})"
+    if ranged is not None and ranged[0] >= 0 and math.isfinite(ranged[1]) \
+            and (ranged[0], ranged[1]) != oprules.POSITIVE_FLOATING[1:]:
+        low, high, _ = ranged
+        width = (high - low) / 4
+        facts.float_range.setdefault(greater.storage.index, (low + width, high - width, why))
+    else:
+        width = _SMALL_TERM
+    facts.positive.setdefault(greater.storage.index, why)
+    facts.small.setdefault(lesser.storage.index, (width, why))
+
+
+def _contracted(op: Op, facts: _Facts) -> None:
+    """A result within (-c, c) of an op that keeps that bound (:data:`oprules.CONTRACTING`)
+    puts it on its arguments (a power only where its exponent is a number >= 1). A 0-d
+    factor is left alone: mostly a wrapped Python number (an EMA's decay, 0.99), filled
+    near 1 or as recorded, it does not grow the product."""
+    names = oprules.CONTRACTING.get(op.name)
+    if names is None:
+        return
+    outputs = _output_storages(op)
+    small = _first_of(facts.small, outputs)
+    if small is None or small[0] > 1:
+        return
+    named = {a.spec.name: a.value for a in op.args}
+    exponent = named.get("exponent")
+    if exponent is not None and not (isinstance(exponent, Literal)
+                                     and isinstance(exponent.value, (int, float))
+                                     and exponent.value >= 1):
+        return
+    for name in names:
+        for tv in iter_tensors(named.get(name) or ListValue(())):
+            if tv.storage is not None and tv.storage.index not in outputs \
+                    and tv.meta.dtype in FLOATING and tv.meta.shape:
+                facts.small.setdefault(tv.storage.index, (small[0], f"{small[1]} (via {op.name})"))
 
 
 def _aligned(meta: TensorMeta, run: int) -> bool:
@@ -1561,6 +1627,20 @@ def _below(bound: tuple[float, str], positive: str | None) -> Init:
     return Init(FillKind.UNIFORM, high - top, high - low, f"{why} < {high:g}")
 
 
+def _small(bound: tuple[float, str], ranged: tuple[float, float, str] | None,
+           positive: str | None) -> Init:
+    """Floats within (-c, c), the term a positive difference subtracts, and within a
+    domain's range where the two meet (a preferred range, a power's (0.5, 1.5), that
+    does not meet it gives way); above 0 where they must be positive too."""
+    c, why = bound
+    low, high = -c, c
+    if positive is not None:
+        low, why = c / 4, f"{positive}; {why}"
+    if ranged is not None and max(low, ranged[0]) < min(high, ranged[1]):
+        low, high = max(low, ranged[0]), min(high, ranged[1])
+    return Init(FillKind.UNIFORM, low, high, f"{why}: within {c:g}")
+
+
 def _integral_domain(facts: _Facts, i: int) -> Init | None:
     """The integers inside a floating function's domain, for an integral input it reads
     (OpInfo's int64 samples: 0..8 took log(0), rsqrt(0) and acos(2), inf and NaN); None
@@ -1663,6 +1743,8 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         if i in facts.rising:
             run, why = facts.rising[i]
             return Init(FillKind.RISING, run, 0, why)
+        if i in facts.small:
+            return _small(facts.small[i], facts.float_range.get(i), facts.positive.get(i))
         if i in facts.float_range:
             low, high, why = facts.float_range[i]
             if i in facts.below and high > facts.below[i][0]:  # narrowed under the bound
