@@ -1835,3 +1835,35 @@ def test_a_positive_difference_of_two_buffers_keeps_the_subtracted_term_small(tm
     assert text.count('"uniform", -0.25, 0.25') >= 3, text  # mean, mean2, lo
     _assert_replays_finite(bench, 3)
 
+
+def test_a_positive_definite_matrix_the_step_computes_has_its_terms_filled_so(tmp_path):
+    """Cholesky of a matrix computed from buffers: a Gaussian process's ``K * s + n *
+    I`` of a Gram buffer, and a Kalman filter's ``H @ (P + Q) @ H.T + R`` (oprules
+    ``positive_definite``: each term of a sum, the matrix a positive number scales, the
+    middle of a congruence). Filled at random, the factorisation raised "not
+    positive-definite"."""
+    torch.manual_seed(0)
+    xs = torch.linspace(0, 1, 6)[:, None]
+    gram, y = torch.exp(-torch.cdist(xs, xs) ** 2 / 0.1), torch.sin(6 * xs)
+    log_scale, log_noise = torch.nn.Parameter(torch.zeros(())), \
+        torch.nn.Parameter(torch.tensor(-2.0))
+    h = torch.nn.Linear(4, 3, bias=False)
+    p, q, r, z = torch.eye(4), torch.eye(4) * 0.01, torch.eye(3) * 0.1, torch.randn(3, 1)
+    opt = torch.optim.Adam([log_scale, log_noise, *h.parameters()], lr=1e-2)
+
+    def step() -> None:
+        opt.zero_grad()
+        k = gram * log_scale.exp() + log_noise.exp() * torch.eye(6)
+        low = torch.linalg.cholesky(k)
+        gp = (y * torch.cholesky_solve(y, low)).sum() + low.diagonal().log().sum()
+        s = h.weight @ (p + q) @ h.weight.T + r
+        kalman = (z * torch.cholesky_solve(z, torch.linalg.cholesky(s))).sum()
+        (gp + kalman).backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / "definite.et.json")
+    bench = tmp_path / "definite_bench.py"
+    text = generate(et_path, bench, GenerateOptions(command_line="test"))
+    assert text.count('"spd", 6, 0') == 1 and text.count('"spd", 4, 0') == 2 \
+        and text.count('"spd", 3, 0') == 1, text
+    _assert_replays_finite(bench, 3)

@@ -135,6 +135,7 @@ COMPLEMENTS: dict[str, tuple[str, str]] = merged("complements")
 PRODUCTS: dict[str, str] = merged("products")
 DIFFERENCES: dict[str, tuple[str, str]] = merged("differences")
 CONTRACTING: dict[str, tuple[str, ...]] = merged("contracting")
+POSITIVE_DEFINITE: dict[str, str] = merged("positive_definite")
 INCREASING: dict[str, tuple[str, ...]] = merged("increasing")
 FLOAT_RANGES: dict[str, dict[str, FloatRange]] = merged("float_ranges")
 SHAPE_RULES: dict[str, dict[str, Fill]] = merged("shape_rules")
@@ -237,7 +238,7 @@ __all__ = [
     "PACKED_ARGS", "PACKED_LINEAR",
     "MAX_EMBEDDED_ELEMENTS", "NAMESPACE_MODULES", "NEEDS_ACCELERATOR",
     "NOT_DIFFERENTIABLE_ARGS", "NOT_DIFFERENTIABLE_BY_OP", "NOT_REPLAYED", "OpFamily",
-    "POSITIVE_ARGS", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim",
+    "POSITIVE_ARGS", "POSITIVE_DEFINITE", "POSITIVE_FLOATING", "PUBLIC_MODULES", "PerDim",
     "REDUCE_OP_NAMES",
     "REFUSED_ARGS", "SAME_VALUES", "SAVED_WORKSPACES", "SCALAR_FLOATING", "SCALAR_INTEGRAL",
     "SHAPE_RULES", "SPARSE_DATA_DEPENDENT_OUTPUTS", "SPARSE_FACTS", "SizeOf",

@@ -310,6 +310,13 @@ class OpFamily:
     # a positive difference of two tensors (``sq - mean ** 2``, running moments) carries
     # its bound back through them to the tensors it is computed from.
     contracting: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Ops whose result is positive-definite where their arguments are: {op: how}, how
+    # one of "sum" (``self + alpha * other``, alpha >= 0: every square term
+    # positive-definite), "scale" (a square matrix times a 0-d positive number) or
+    # "congruence" (``(A @ P) @ A.T``: P positive-definite). A matrix a factorisation
+    # reads that the step computes (a Gaussian process's ``K * s + n * I``, a Kalman
+    # filter's ``H P H^T + R``) has its inputs filled so.
+    positive_definite: dict[str, str] = field(default_factory=dict)
     # Ops whose result rises with these arguments where every other tensor argument is
     # 0-d (a scale, a shift, a copy): {op: (argument, ...)}. A stack of such results of
     # one tensor's columns keeps their order (a resize of boxes, column by column).

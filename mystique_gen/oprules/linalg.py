@@ -89,6 +89,15 @@ FAMILY = OpFamily(
         "aten::linear": ("input", "weight", "bias"),
         "aten::einsum": ("operands",),
     },
+    # The positive-definite fill a factorisation wants on a matrix the step computes,
+    # carried back to the inputs it is computed from: ``cholesky(K * s + n * I)`` of a
+    # Gram buffer K and ``cholesky(H @ P @ H.T + R)`` of covariance buffers failed ("not
+    # positive-definite") with K, P and R filled at random.
+    positive_definite={
+        **{op: "sum" for op in ("aten::add", "aten::add_")},
+        **{op: "scale" for op in ("aten::mul", "aten::mul_", "aten::div", "aten::div_")},
+        **{op: "congruence" for op in ("aten::matmul", "aten::mm")},
+    },
     shape_rules={
         "aten::linalg_cholesky": _SELF,
         "aten::linalg_cholesky_ex": _SELF,

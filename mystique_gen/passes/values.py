@@ -666,7 +666,9 @@ def _carry_shape_fills(ops: list[Op], facts: _Facts) -> None:
     (``PackedLengths``) was wanted on the sort's result, which no fill reaches: the
     lengths were filled from their recorded range, packed other rows, and the RNN
     after it failed on the shapes."""
+    by_index = {op.index: op for op in ops}
     for op in reversed(ops):
+        _carry_definite(op, facts, by_index)
         rule = oprules.SAME_VALUES.get(op.name)
         if rule is None or rule[1] >= len(op.outputs):
             continue
@@ -685,6 +687,65 @@ def _carry_shape_fills(ops: list[Op], facts: _Facts) -> None:
         if wanted is not None:
             init, why = wanted
             facts.shape_fill(source, init, f"{why} (via {op.name})")
+
+
+def _carry_definite(op: Op, facts: _Facts, by_index: dict[int, Op]) -> None:
+    """Carry a positive-definite fill wanted on ``op``'s computed result back to the
+    inputs it is computed from (:data:`oprules.POSITIVE_DEFINITE`): each square term of
+    a sum, the matrix a positive number scales (the number positive), the middle factor
+    of a congruence ``(A @ P) @ A.T``. A Gaussian process's ``cholesky(K * s + n * I)``
+    of a Gram buffer, and a Kalman filter's ``cholesky(H @ (P + Q) @ H.T + R)``, failed
+    with their buffers filled at random: the fill reached only a matrix the
+    factorisation reads itself."""
+    how = oprules.POSITIVE_DEFINITE.get(op.name)
+    out = op.outputs[0] if how is not None and op.outputs else None
+    if not isinstance(out, TensorValue) or out.storage is None:
+        return
+    wanted = facts.computed_shape.get(out.storage.index)
+    if wanted is None or wanted[0][0] != FillKind.SPD:
+        return
+    init, why = wanted[0], f"{wanted[1]} (via {op.name})"
+    named = {a.spec.name: a.value for a in op.args}
+    tensors = [tv for a in op.args for tv in iter_tensors(a.value)
+               if tv.storage is not None and tv.storage is not out.storage]
+    if how == "sum":
+        alpha = named.get("alpha", Literal(1))
+        if not (isinstance(alpha, Literal) and isinstance(alpha.value, (int, float))
+                and alpha.value >= 0):
+            return
+        for tv in tensors:  # (a broadcast term, a 0-d or a vector, is no matrix)
+            if tv.meta.shape == out.meta.shape:
+                facts.shape_fill(tv, init, why)
+    elif how == "scale":
+        squares = [tv for tv in tensors if tv.meta.shape == out.meta.shape]
+        numbers = [tv for tv in tensors if not tv.meta.shape]
+        if len(squares) != 1 or len(numbers) != len(tensors) - 1 \
+                or (op.name.startswith("aten::div") and named.get("self") is not squares[0]):
+            return
+        facts.shape_fill(squares[0], init, why)
+        for tv in numbers:
+            facts.positive.setdefault(tv.storage.index, why)
+    elif how == "congruence":
+        first, second = named.get("self"), named.get("other", named.get("mat2"))
+        made = _producer(first, by_index) if isinstance(first, TensorValue) else None
+        inner = made[0] if made is not None else None
+        if inner is None or oprules.POSITIVE_DEFINITE.get(inner.name) != "congruence" \
+                or not isinstance(second, TensorValue):
+            return
+        inner_named = {a.spec.name: a.value for a in inner.args}
+        a, p = inner_named.get("self"), inner_named.get("other", inner_named.get("mat2"))
+        if isinstance(a, TensorValue) and isinstance(p, TensorValue) \
+                and second.storage is a.storage and _transposed(second.meta, a.meta) \
+                and len(p.meta.shape) >= 2 and p.meta.shape[-1] == p.meta.shape[-2]:
+            facts.shape_fill(p, (FillKind.SPD, p.meta.shape[-1], 0),
+                             f"{why}: {a.meta.shape} congruence")
+
+
+def _transposed(t: TensorMeta, a: TensorMeta) -> bool:
+    """``t`` views the same elements as ``a``'s matrix transpose (``A.T``, ``A.mT``)."""
+    return len(t.shape) == len(a.shape) >= 2 and t.offset == a.offset \
+        and t.shape[:-2] == a.shape[:-2] and t.shape[-2:] == a.shape[-2:][::-1] \
+        and t.strides[:-2] == a.strides[:-2] and t.strides[-2:] == a.strides[-2:][::-1]
 
 
 def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
