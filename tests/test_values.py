@@ -1867,3 +1867,34 @@ def test_a_positive_definite_matrix_the_step_computes_has_its_terms_filled_so(tm
     assert text.count('"spd", 6, 0') == 1 and text.count('"spd", 4, 0') == 2 \
         and text.count('"spd", 3, 0') == 1, text
     _assert_replays_finite(bench, 3)
+
+
+def test_a_count_minus_one_and_a_square_over_a_number_keep_a_variance_positive(tmp_path):
+    """Welford's ``sqrt(m2 / (n - 1))`` with a count buffer ``n`` (``n - 1`` subtracts a
+    wrapped Python int the trace holds no value of, filled 1..7: the count lies above
+    it) and a variance from sums, ``(s2 - s1 * s1 / 8) / 7`` (a division by a number
+    keeps the subtracted term small, oprules ``contracting``). Filled near 1 and apart,
+    both square roots were NaN."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 1)
+    n, mean, m2 = torch.tensor(10.0), torch.zeros(6), torch.ones(6) * 9
+    s1, s2 = torch.full((6,), 2.0), torch.full((6,), 10.0)
+    x = torch.randn(6)
+    opt = torch.optim.SGD(lin.parameters(), lr=1e-2)
+
+    def step() -> None:
+        opt.zero_grad()
+        with torch.no_grad():
+            n.add_(1)
+            delta = x - mean
+            mean.add_(delta / n)
+            m2.add_(delta * (x - mean))
+        std = (m2 / (n - 1)).sqrt() * ((s2 - s1 * s1 / 8) / 7).sqrt()
+        lin((x - mean) / std).square().sum().backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / "welford.et.json")
+    bench = tmp_path / "welford_bench.py"
+    text = generate(et_path, bench, GenerateOptions(command_line="test"))
+    assert '"uniform", 7.5, 8.5' in text, text  # the count, above n - 1's 1..7
+    _assert_replays_finite(bench, 3)

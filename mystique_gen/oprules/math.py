@@ -88,6 +88,8 @@ FAMILY = OpFamily(
     # ``sq - mean ** 2`` keep mean within the bound the difference puts on its square.
     contracting={
         **{op: _BINARY for op in ("aten::mul", "aten::mul_")},
+        # (a division only by a number or a 0-d tensor: ``s1 * s1 / n``)
+        **{op: ("self",) for op in ("aten::div", "aten::div_")},
         **{op: ("self",) for op in (
             "aten::pow", "aten::pow_", "aten::square", "aten::abs", "aten::neg",
             "aten::mean", "aten::tanh", "aten::sin", "aten::amax", "aten::amin",

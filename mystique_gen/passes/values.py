@@ -1174,13 +1174,29 @@ _SMALL_TERM = 0.25
 def _separate_difference(op: Op, greater: TensorValue, lesser: TensorValue,
                          outputs: list[int], why: str, facts: _Facts) -> None:
     """``greater - lesser`` of two tensors (not views of one) that must be positive, or
-    lie in a range above 0: greater is filled positive (within the middle half of the
-    range) and lesser within (-w, w) for a quarter w of it (0.25 for a positive
-    result), carried back through the ops it is computed by
-    (:data:`oprules.CONTRACTING`): a running variance ``(sq - mean ** 2).sqrt()`` of
-    two moment buffers, filled apart, was NaN, and ``log1p(hi - lo)`` likewise."""
+    lie in a range above 0, the greater an input (a buffer, state): it is filled
+    positive (within the middle half of the range) and lesser within (-w, w) for a
+    quarter w of it (0.25 for a positive result), carried back through the ops it is
+    computed by (:data:`oprules.CONTRACTING`): a running variance ``(sq - mean **
+    2).sqrt()`` of two moment buffers, filled apart, was NaN, and ``log1p(hi - lo)``
+    likewise; a wrapped Python int it subtracts (``n - 1``) puts it above that int's
+    fill."""
     if greater.storage.index in outputs or lesser.storage.index in outputs \
-            or greater.meta.dtype not in FLOATING or lesser.meta.dtype not in FLOATING:
+            or greater.meta.dtype not in FLOATING or not greater.storage.materialised:
+        # (a computed greater term is left alone: positivity carried back through what
+        # computes it, ``log(mel @ power - floor)``, would fill a network's weights
+        # positive, and its activations grow)
+        return
+    if lesser.meta.dtype in INTEGRAL and not lesser.meta.shape:
+        # A wrapped Python int (``n - 1``), its value not in the trace: the greater lies
+        # above the most it is filled with (Welford's ``sqrt(m2 / (n - 1))`` of a count
+        # buffer filled near 1 took the square root of a negative number).
+        top = facts.ranges.get(lesser.storage.index, (0, oprules.SCALAR_INTEGRAL[2] - 1))[1]
+        _domain_range(facts, greater.storage.index,
+                      (top + 0.5, top + 1.5, f"{why} (via {op.name}: above a number up "
+                                             f"to {top})"))
+        return
+    if lesser.meta.dtype not in FLOATING:
         return
     ranged = _first_of(facts.float_range, outputs)
     why = f"{why} (via {op.name}: {greater.meta.shape} > {lesser.meta.shape})"
@@ -1188,11 +1204,19 @@ def _separate_difference(op: Op, greater: TensorValue, lesser: TensorValue,
             and (ranged[0], ranged[1]) != oprules.POSITIVE_FLOATING[1:]:
         low, high, _ = ranged
         width = (high - low) / 4
-        facts.float_range.setdefault(greater.storage.index, (low + width, high - width, why))
+        _domain_range(facts, greater.storage.index, (low + width, high - width, why))
     else:
         width = _SMALL_TERM
     facts.positive.setdefault(greater.storage.index, why)
     facts.small.setdefault(lesser.storage.index, (width, why))
+
+
+def _domain_range(facts: _Facts, i: int, ranged: tuple[float, float, str]) -> None:
+    """A domain's range for storage ``i``, over a preferred one near 1 (a divisor's or a
+    power's (0.5, 1.5)); a domain found first stays."""
+    held = facts.float_range.get(i)
+    if held is None or (held[0], held[1]) == oprules.POSITIVE_FLOATING[1:]:
+        facts.float_range[i] = ranged
 
 
 def _contracted(op: Op, facts: _Facts) -> None:
@@ -1208,6 +1232,12 @@ def _contracted(op: Op, facts: _Facts) -> None:
     if small is None or small[0] > 1:
         return
     named = {a.spec.name: a.value for a in op.args}
+    divisor = named.get("other") if op.name.startswith("aten::div") else None
+    if divisor is not None and not (
+            isinstance(divisor, TensorValue) and not divisor.meta.shape
+            or isinstance(divisor, Literal) and isinstance(divisor.value, (int, float))
+            and abs(divisor.value) >= 1):
+        return
     exponent = named.get("exponent")
     if exponent is not None and not (isinstance(exponent, Literal)
                                      and isinstance(exponent.value, (int, float))
