@@ -1151,14 +1151,15 @@ def _foreign(node: RawNode) -> bool:
     namespace, _, rest = node.name.partition("::")
     if not (node.op_schema and rest):
         return False
+    qualified = node.op_schema.split("(", 1)[0].strip()
     if namespace in oprules.CORE_NAMESPACES:  # one of a newer PyTorch's
-        return kernels.unknown_here(node.op_schema.split("(", 1)[0].strip())
+        return kernels.unknown_here(qualified)
     # A library's op (torchvision::roi_align) that the harness writes with torch ops
     # replays whole: its recorded children are only the allocations around its kernel.
     return namespace not in oprules.COMMUNICATION_NAMESPACES \
         and namespace not in oprules.NAMESPACE_MODULES \
         and namespace not in oprules.TORCH_NATIVE_NAMESPACES \
-        and not oprules.has_portable_equivalent(node.op_schema.split("(", 1)[0].strip())
+        and not oprules.has_portable_equivalent(qualified)
 
 
 def _computes(node: RawNode) -> bool:

@@ -375,16 +375,23 @@ def _nnpack_convolution(input, weight, bias, padding, stride=1):
     return torch.nn.functional.conv2d(input, weight, bias, stride, padding)
 
 
-def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
-    """The fused attention kernels' forward: the best kernel this device has. Grouped
-    query attention (fewer key/value heads than query heads, which the fused kernels
-    take as they are) repeats each key/value head for its group of query heads, as
-    `enable_gqa=True` does; its backward sums their grads back."""
+def _grouped_heads(query, key, value):
+    """Key and value with each head repeated for its group of query heads (grouped
+    query attention: fewer key/value heads than query heads, heads third from last)."""
     heads = query.size(-3) if query.dim() >= 3 and key.dim() >= 3 else 0
     kv_heads = key.size(-3) if heads else 0
     if kv_heads and kv_heads != heads and heads % kv_heads == 0:
         key = key.repeat_interleave(heads // kv_heads, dim=-3)
         value = value.repeat_interleave(heads // kv_heads, dim=-3)
+    return key, value
+
+
+def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    """The fused attention kernels' forward: the best kernel this device has. Grouped
+    query attention (fewer key/value heads than query heads, which the fused kernels
+    take as they are) repeats each key/value head for its group of query heads, as
+    `enable_gqa=True` does; its backward sums their grads back."""
+    key, value = _grouped_heads(query, key, value)
     return (
         torch.nn.functional.scaled_dot_product_attention(
             query,
@@ -599,26 +606,24 @@ def _flash_attn(
     are plain (sdpa with the mask), else the scores written out (a soft cap
     `softcap * tanh(s / softcap)`, ALiBi's `-slope * |i + sk - sq - j|`)."""
     query, key, value = (t.transpose(1, 2) for t in (q, k, v))
-    heads, kv_heads = query.size(1), key.size(1)
-    if kv_heads and kv_heads != heads and heads % kv_heads == 0:
-        key = key.repeat_interleave(heads // kv_heads, dim=1)
-        value = value.repeat_interleave(heads // kv_heads, dim=1)
     rows, cols = query.size(2), key.size(2)
-    position = torch.arange(rows, device=q.device)[:, None] + (cols - rows)
-    distance = torch.arange(cols, device=q.device)[None, :] - position
     right = 0 if causal else window_right
-    mask = None
-    if right >= 0 or window_left >= 0:
+    masked = right >= 0 or window_left >= 0
+    mask = distance = None
+    if masked or alibi is not None:
+        position = torch.arange(rows, device=q.device)[:, None] + (cols - rows)
+        distance = torch.arange(cols, device=q.device)[None, :] - position
+    if masked:
         mask = torch.ones(rows, cols, dtype=torch.bool, device=q.device)
         if right >= 0:
             mask &= distance <= right
         if window_left >= 0:
             mask &= distance >= -window_left
     if not softcap and alibi is None:
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=softmax_scale
-        )
+        (out,) = _attention(query, key, value, mask, dropout_p, False, softmax_scale)
         return out.transpose(1, 2)
+    heads = query.size(1)
+    key, value = _grouped_heads(query, key, value)
     scores = (query @ key.transpose(-1, -2)).float() * softmax_scale
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
@@ -2039,6 +2044,11 @@ PORTABLE = {
 }
 
 
+# The scope around each equivalent (EQUIVALENT_SCOPE), named once: it is entered on
+# every call, inside the timed step.
+_EQUIVALENT_SCOPES = {key: EQUIVALENT_SCOPE.format(key) for key in PORTABLE}
+
+
 def _op_key(op):
     """An operator's name as PORTABLE and the trace write it: aten::name.overload."""
     name = str(op)
@@ -2217,7 +2227,7 @@ def _guarded(site, op, *args, **kwargs):
                 )
     if key in ported:
         try:
-            with _scope(EQUIVALENT_SCOPE.format(key)):
+            with _scope(_EQUIVALENT_SCOPES[key]):
                 result = PORTABLE[key](*args, **kwargs)
             return _ported(site, result)
         except (NotImplementedError, RuntimeError) as exc:
