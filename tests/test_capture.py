@@ -607,6 +607,31 @@ def test_ranks_a_script_re_runs_as_processes_are_captured_each(tmp_path, capsys)
     assert tools_main([str(out), "-o", str(tmp_path / "bench.py")]) == 0
 
 
+def test_a_process_that_never_imports_torch_is_left_alone(tmp_path, capsys):
+    """The capture waits for torch's import in each process a captured script starts:
+    started with the interpreter, it imported torch and mystique_gen into every one
+    (1-2 s each), data-preparation and tool processes that never train among them. A
+    child that imports torch later is still captured as it does so (the launcher
+    tests)."""
+    script = _script(tmp_path / "train.py", """
+        import subprocess, sys
+        probe = ("import sys; "
+                 "print(sorted(m for m in ('torch', 'mystique_gen') if m in sys.modules))")
+        seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        print("child modules:", seen.stdout.strip(), file=sys.stderr)
+        import torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(30):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        """)
+    assert _capture(tmp_path / "o", "python", script) == 0
+    assert "child modules: []" in capsys.readouterr().err
+    assert (tmp_path / "o" / "s.step.json").exists()
+
+
 def test_a_launchers_command_is_captured_rank_by_rank(tmp_path, capsys):
     """``mystique-gen capture -- torchrun ...`` (and ``accelerate launch``, which runs
     torchrun) was refused: "no such script: torchrun". A launcher's command runs, and
