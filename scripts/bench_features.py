@@ -11,7 +11,9 @@ in a process of its own; the CLI generates a benchmark, which replays standalone
 (``--warmup 0 --iters 3 --reset-inputs off --json --et replay.json``, with
 ``mystique_gen`` unimportable). Compared: the top-level ops by overload with their
 tensor arguments' shapes (the op multiset alone hid SparseAdam running on the wrong
-number of entries), and no input the replay writes may end NaN or inf.
+number of entries); no input the replay writes may end NaN or inf, and no op of its
+first iteration may compute NaN from tensors without any where the eager step's ops did
+not (``nan_births.py``: an inference step's NaN activations reach no input).
 
 Outcomes: ``capture error`` (the step cannot be recorded here: not our failure),
 ``gen error``, ``run error``, ``op mismatch``, ``shape mismatch``, ``nonfinite``,
@@ -72,11 +74,58 @@ KNOWN = {
     "repeats_as_divisor_min": "a SUM fill (repeats) overrides a divisor's nonzero rule",
     "repeats_bounded_index_min": "a SUM fill (repeats) overrides an index bound",
     "narrow_start_min": "narrow.Tensor's start has no bound",
+    "ddim_falling_schedule_min": "no order between two elements of one buffer (a[t] < a[prev])",
 }
 OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mismatch",
             "nonfinite", "pass")
 RUNNER = ("import runpy, sys; sys.modules['mystique_gen'] = None; "
           "path = sys.argv[1]; sys.argv = sys.argv[1:]; runpy.run_path(path, run_name='__main__')")
+# The NaN-birth check (nan_births.py), each side in a process of its own: a dispatch
+# mode around functorch's levels can crash the process (a segmentation fault, torch
+# 2.13), and then that side is not checked. The eager step is the recorded one (the
+# third); the replay's, its first iteration, run standalone. Each prints its births as
+# one JSON line (null where the step would not run under the mode).
+EAGER_BIRTHS = """
+import importlib.util, json, os, sys, torch
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+from nan_births import NanBirths
+spec = importlib.util.spec_from_file_location("workloads", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["workloads"] = module
+spec.loader.exec_module(module)
+torch.manual_seed(0)
+torch.set_num_threads(1)
+step = module.WORKLOADS[sys.argv[2]]()
+for _ in range(2):
+    step()
+try:
+    with NanBirths() as mode:
+        step()
+    births = mode.births
+except Exception:  # (a compiled step, say)
+    births = None
+print(json.dumps({"nan_births": births}))
+"""
+REPLAY_BIRTHS = """
+import json, runpy, sys
+sys.path.insert(0, sys.argv[1])
+from nan_births import NanBirths
+sys.modules["mystique_gen"] = None
+names = runpy.run_path(sys.argv[2], run_name="bench")["main"].__globals__
+plain, found = names["replay"], {}
+def replay(inputs, device, host):
+    if "births" in found:
+        return plain(inputs, device, host)
+    try:
+        with NanBirths() as mode:
+            plain(inputs, device, host)
+        found["births"] = mode.births
+    except Exception:
+        found["births"] = None
+names["replay"] = replay
+names["main"](["--device", "cpu", "--warmup", "0", "--iters", "1", "--reset-inputs", "off"])
+print(json.dumps({"nan_births": found.get("births")}))
+"""
 CAPTURE = """
 import importlib.util, sys, torch
 from torch.profiler import ExecutionTraceObserver
@@ -166,7 +215,35 @@ def run_one(path: Path, name: str, work: Path, timeout: float) -> tuple[str, str
         return "shape mismatch", f"{missing[0]} {' '.join(missing[1])} not replayed at that shape"
     if result.get("nonfinite_inputs"):
         return "nonfinite", str(result["nonfinite_inputs"])[:160]
+    born = new_births(path, name, bench, timeout, env)
+    if born:
+        return "nonfinite", f"NaN computed by {', '.join(born[:3])} (not in the eager step)"
     return "pass", ""
+
+
+def _births(script: str, args: list[str], timeout: float,
+            env: dict[str, str]) -> list[str] | None:
+    """The births a NaN-birth script printed; None where it did not run to the end."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return None
+    found = [line for line in proc.stdout.splitlines() if line.startswith('{"nan_births"')]
+    return json.loads(found[-1])["nan_births"] if proc.returncode == 0 and found else None
+
+
+def new_births(path: Path, name: str, bench: Path, timeout: float,
+               env: dict[str, str]) -> list[str]:
+    """Ops that computed NaN from tensors without any in the replay's first iteration
+    and in no op of that name in the eager step (nan_births.py); none where either
+    side could not be checked."""
+    scripts = str(Path(__file__).resolve().parent)
+    replayed = _births(REPLAY_BIRTHS, [scripts, str(bench)], timeout, env)
+    if not replayed:
+        return []
+    eager = _births(EAGER_BIRTHS, [str(path), name], timeout, env)
+    return [] if eager is None else [op for op in replayed if op not in eager]
 
 
 def main() -> int:

@@ -1019,4 +1019,24 @@ def y_zero_length_mask_min():
     return _sgd(m, loss)
 
 
+
+def y_ddim_falling_schedule_min():
+    """A DDIM sampling step (inference): ``(1 - a[t] / a[prev]) ** 0.5`` of a falling
+    ``alphas_cumprod`` buffer, read at two recorded timesteps. Its NaN reaches no input
+    the replay writes; only the NaN-birth check sees it."""
+    unet = nn.Conv2d(3, 3, 3, padding=1)
+    alphas = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 50), 0)
+    t, prev = torch.tensor(40), torch.tensor(20)
+    x = torch.randn(1, 3, 8, 8)
+
+    @torch.no_grad()
+    def step():
+        eps = unet(x)
+        a_t, a_prev = alphas[t], alphas[prev]
+        sigma = 0.5 * ((1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)) ** 0.5
+        x0 = (x - (1 - a_t) ** 0.5 * eps) / a_t ** 0.5
+        return a_prev ** 0.5 * x0 + (1 - a_prev - sigma ** 2) ** 0.5 * eps
+
+    return step
+
 WORKLOADS = {k[2:]: v for k, v in globals().items() if k.startswith("y_")}
