@@ -9,15 +9,18 @@ import itertools
 import json
 import math
 import os
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
-from mystique_gen.backends.harness import BEGIN, END, harness_source
+from mystique_gen.backends.harness import BEGIN, END, harness_source, shaken
 from mystique_gen.errors import MystiqueError
 from mystique_gen.harness import dist, runtime
 from mystique_gen.harness.fills import FillKind
@@ -233,6 +236,90 @@ def test_inlined_source_is_the_modules_less_what_the_file_provides():
     assert {"main", "_fill", "_Local", "_guarded", "_calibrate_gaps"} <= defined
     assert not {"make_inputs", "replay"} & defined
     assert "import torch" in source.imports
+
+
+_HARNESS_CODE = textwrap.dedent('''
+    _STATE = {"n": 0}
+
+
+    def _used(x):
+        return _helper(x) + _STATE["n"]
+
+
+    def _helper(x):
+        return x
+
+
+    def _unused(x):
+        return _only_for_unused(x)
+
+
+    def _only_for_unused(x):
+        return x
+
+
+    # Some torch lacks an op: its equivalent.
+    def _roi(x):
+        return _helper(x)
+
+
+    def _cudnn(x):
+        return x
+
+
+    print("registered")  # a statement for its effect binds nothing: always kept
+
+
+    def _guarded(key, x):
+        return PORTABLE[key](x)
+
+
+    PORTABLE = {
+        # torchvision's
+        "torchvision::roi_align.default": _roi,
+        "aten::cudnn_convolution.default": (
+            _cudnn
+        ),
+    }
+    ''').strip().splitlines()
+
+
+def test_a_file_holds_the_harness_statements_it_reads_and_its_ops_equivalents():
+    """An MLP's benchmark held 4,485 lines, 2,100 of them kernels it never runs: each
+    file now holds what its own code reads, transitively, and the equivalents of the
+    operators it calls."""
+    own = '''r = _guarded("torchvision::roi_align.default", _used(1))'''
+    code, _ = shaken(_HARNESS_CODE, [], own)
+    text = "\n".join(code)
+    assert "def _used" in text and "def _helper" in text and "_STATE = " in text
+    assert "def _unused" not in text and "def _only_for_unused" not in text
+    assert 'print("registered")' in text
+    assert "# torchvision's" in text and '"torchvision::roi_align.default": _roi' in text
+    assert "cudnn" not in text  # neither its entry nor the function only it reads
+    assert "# Some torch lacks an op" in text  # a kept statement's comment stays
+    namespace: dict[str, object] = {}
+    exec(compile(text, "<harness>", "exec"), namespace)
+    assert set(namespace["PORTABLE"]) == {"torchvision::roi_align.default"}
+    # An entry whose value is wrapped in parentheses keeps its closing line.
+    code, _ = shaken(_HARNESS_CODE, [], '_guarded("aten::cudnn_convolution.default", 1)')
+    namespace = {}
+    exec(compile("\n".join(code), "<harness>", "exec"), namespace)
+    assert set(namespace["PORTABLE"]) == {"aten::cudnn_convolution.default"}
+    # A file that calls no such op keeps an empty table (the harness reads it).
+    code, _ = shaken(_HARNESS_CODE, [], "_guarded(op, _used(1))")
+    assert "PORTABLE = {}" in code and not any("def _roi" in line for line in code)
+
+
+def test_every_generated_file_defines_each_name_it_reads(tmp_path):
+    """The harness kept in a file is closed under what it reads: no name of it is left
+    undefined (pyflakes' F821, through ruff), in every golden file and the demo."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "tests" / "golden").glob("*.py")) + [root / "generated" / "mlp_sgd.py"]
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated",
+                           "--select", "F821,F811", *map(str, files)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert len(files) >= 8
 
 
 def test_peak_bytes_counts_the_inputs_and_what_one_step_holds_at_once(monkeypatch):

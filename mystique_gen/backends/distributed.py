@@ -34,7 +34,7 @@ def render(programs: list[Program], ranks: list[int], options: GenerateOptions,
 @lru_cache(maxsize=1)
 def reference_facts() -> Facts:
     """The harness of distributed files: their template for one rank of no ops."""
-    facts = gather(render_text(reference_context(), TEMPLATE))
+    facts = gather(render_text(reference_context(), TEMPLATE, whole_harness=True))
     facts.handles.clear()
     return facts
 

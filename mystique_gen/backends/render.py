@@ -7,6 +7,7 @@ runs black itself, for tests and for ``--black``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 
@@ -15,7 +16,7 @@ import jinja2
 
 from mystique_gen.backends.base import BenchmarkContext
 from mystique_gen.backends.exprs import str_literal
-from mystique_gen.backends.harness import harness_source
+from mystique_gen.backends.harness import harness_source, shaken_source
 
 BLACK_LINE_LENGTH = 88
 
@@ -37,10 +38,23 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render_text(context: BenchmarkContext, template: str) -> str:
-    """``template`` rendered with ``context``, unchecked (backends check the text)."""
-    return environment().get_template(template).render(harness=harness_source(),
-                                                       **vars(context))
+# Where the harness goes, while the rest of the file is rendered around it.
+_RUNTIME_MARK, _DIST_MARK = "#@mystique-harness-runtime@", "#@mystique-harness-dist@"
+
+
+def render_text(context: BenchmarkContext, template: str, *, whole_harness: bool = False
+                ) -> str:
+    """``template`` rendered with ``context``, unchecked (backends check the text): the
+    harness as much of it as the file uses (backends/harness.py ``shaken``), or all of
+    it with ``whole_harness`` (what the safety check allows a file to call)."""
+    source = harness_source()
+    if whole_harness:
+        return environment().get_template(template).render(harness=source, **vars(context))
+    marked = replace(source, runtime=[_RUNTIME_MARK], dist=[_DIST_MARK])
+    text = environment().get_template(template).render(harness=marked, **vars(context))
+    kept = shaken_source(source, text, dist=_DIST_MARK in text)
+    text = text.replace(_RUNTIME_MARK, "\n".join(kept.runtime), 1)
+    return text.replace(_DIST_MARK, "\n".join(kept.dist), 1)
 
 
 def black_mode() -> black.Mode:

@@ -29,6 +29,6 @@ def render(programs: list[Program], ranks: list[int], options: GenerateOptions,
 @lru_cache(maxsize=1)
 def reference_facts() -> Facts:
     """What the harness defines, imports and calls: the template for a program of no ops."""
-    facts = gather(render_text(build_context(Program.empty()), TEMPLATE))
+    facts = gather(render_text(build_context(Program.empty()), TEMPLATE, whole_harness=True))
     facts.handles.clear()
     return facts
