@@ -7,6 +7,9 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   reduce_scatter, wait_tensor), as compiled and DTensor code issues them;
 * ``tp``: tensor parallel on DTensor (ColwiseParallel + RowwiseParallel MLP, SGD);
 * ``fsdp2``: fully_shard on two blocks and the root, AdamW (fsdp:: copy-in/out ops);
+* ``fsdp2_dim1``: FSDP2 with parameters sharded on dim 1 (``shard_placement_fn``):
+  each copy-out ends in ``cat(out=)`` into a no_grad view of the buffer the unsharded
+  nn.Parameter lives on;
 * ``coalesced``: c10d's coalesced tensor collectives as FSDP and
   torch.distributed._coalescing_manager issue them (allgather_into_tensor_coalesced_
   async and waited, reduce_scatter_tensor_coalesced_, allreduce_coalesced_ with MAX),
@@ -128,6 +131,32 @@ def fsdp2() -> Callable[[], object]:
     for block in model:
         fully_shard(block)
     fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    return step
+
+
+def fsdp2_dim1() -> Callable[[], object]:
+    """FSDP2 sharding the weights on dim 1 (``shard_placement_fn``), as torchtitan's
+    MoE and column-sharded layers do: each unsharded parameter is an nn.Parameter over
+    the buffer its copy-out writes under no_grad (chunk, then ``cat(out=)`` into a view
+    of that buffer in the parameter's layout)."""
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.GELU(),
+        torch.nn.Linear(32, 16)) for _ in range(2)])
+
+    def placement(param: torch.nn.Parameter) -> Shard:
+        return Shard(1) if param.ndim == 2 else Shard(0)
+
+    for block in model:
+        fully_shard(block, shard_placement_fn=placement)
+    fully_shard(model, shard_placement_fn=placement)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x = torch.randn(4, 16)
 
@@ -512,6 +541,7 @@ def side_group() -> Callable[[], object]:
 
 
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
+         "fsdp2_dim1": fsdp2_dim1,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
          "rooted": rooted, "objects": objects, "vocab": vocab,

@@ -1276,6 +1276,60 @@ def test_a_detached_tensor_is_read_as_itself_not_as_the_view_it_aliases():
     assert _tensor_args(program.ops[3])[0].binding == OpOutput(0, (0,))
 
 
+def test_another_tensor_on_a_view_ops_memory_is_a_leaf_of_its_own():
+    """FSDP2 keeps each unsharded parameter as an nn.Parameter over the buffer it
+    all-gathers into; for a Shard(1) parameter its copy-out writes that buffer under
+    no_grad through a view op whose result has the parameter's layout. The parameter
+    is another tensor that no op made: read as the view op's result (a view made
+    under no_grad, then written in place), the forward's mm failed in autograd. Read as
+    a leaf on the same memory, it is what the original read; the view's own readers
+    still read the view."""
+    copy_ = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
+    b = TraceBuilder()
+    flat, src, x = b.tensor((64,)), b.tensor((8, 8)), b.tensor((4, 8))
+    view = b.view(flat, (8, 8))
+    b.op(VIEW, [flat, [8, 8]], [view], attrs={"seq_id": -1})              # no_grad
+    b.op(copy_, [view, src, False], [view], attrs={"seq_id": -1})
+    param = b.view(flat, (8, 8))  # same memory and layout, another tensor
+    y = b.tensor((4, 8))
+    b.op(MM, [x, param], [y], attrs={"seq_id": 0})                        # forward
+    b.op(RELU, [y], [b.tensor((4, 8))], attrs={"seq_id": 1})
+    b.op(RELU, [view], [b.tensor((8, 8))], attrs={"seq_id": -1})
+    program = _program(b)
+    made = OpOutput(0, (0,))
+    assert _tensor_args(program.ops[1])[0].binding == made
+    leaf = _tensor_args(program.ops[2])[1].binding
+    assert isinstance(leaf, InputView) and leaf.storage is program.ops[0].args[0].value.storage
+    assert leaf.storage.requires_grad and program.ops[2].grad_mode
+    assert _tensor_args(program.ops[4])[0].binding == made
+
+
+def test_a_parameter_over_a_buffer_written_through_a_no_grad_view_replays(tmp_path):
+    """The same as a real step (FSDP2's Shard(1) copy-out, one process): the benchmark
+    runs, and replays the recorded ops."""
+    buf = torch.empty(512)
+    param = torch.nn.Parameter(buf.view(16, 32))
+    src, x = torch.randn(32, 16), torch.randn(4, 32)
+    opt = torch.optim.SGD([param], lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        with torch.no_grad():
+            torch.cat(src.chunk(2, 0), dim=1, out=buf.view(16, 32))
+        torch.nn.functional.linear(x, param).sum().backward()
+        opt.step()
+
+    step()
+    trace = record_et(step, tmp_path / "t.json")
+    bench = tmp_path / "bench.py"
+    generate(trace, bench, GenerateOptions(command_line="test"))
+    replay = tmp_path / "replay.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--et", str(replay))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert op_multiset(replay) == op_multiset(trace)
+
+
 def test_a_view_made_without_grad_of_a_tensor_that_requires_grad_requires_grad():
     """DTensor's from_local views an activation under no_grad, and a view of a tensor
     that requires grad requires grad in any mode: the pipeline's backward mm that read

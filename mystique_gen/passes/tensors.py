@@ -65,6 +65,10 @@ class _Lifetime:
     # Results of oprules.DISTINCT_ALIASES ops, by trace tensor id: (view, binding). A
     # reader of that tensor reads the op's result, not the view it aliases.
     distinct: dict[int, tuple[ViewKey, Binding]] = field(default_factory=dict)
+    # The trace tensor id of each replayed op's result in ``views`` on a materialised
+    # storage: a reader of another tensor of that view (one no replayed op made) reads
+    # a leaf of its own on the same memory (:func:`plan_tensors`).
+    made_by: dict[ViewKey, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -283,6 +287,21 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
                     tv.binding = distinct[1]
                     continue
                 if life.storage.materialised:
+                    key = view_key(tv.meta)
+                    made_by = life.made_by.get(key)
+                    if made_by is not None and made_by != tv.trace_id:
+                        # Another tensor object on the memory and in the layout of an
+                        # op's result, made by no replayed op: FSDP2's unsharded
+                        # parameter (an nn.Parameter over the buffer it all-gathers
+                        # into), ``.data``. It is a tensor of its own, here a leaf over
+                        # the same memory: read as the op's result (a view made under
+                        # no_grad and then written in place, as FSDP2's copy-out of a
+                        # Shard(1) parameter writes it), the grad-mode op that read the
+                        # parameter failed in autograd.
+                        tv.binding = InputView(life.storage, tv.meta)
+                        life.storage.extent = max(life.storage.extent, tv.meta.extent)
+                        life.distinct[tv.trace_id] = (key, tv.binding)
+                        continue
                     tv.binding = materialised_view(life, tv)
                     continue
                 key = view_key(tv.meta)
@@ -345,6 +364,7 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
             life.views[key] = binding
             tv.binding = binding
             if life.storage.materialised:
+                life.made_by[key] = tv.trace_id
                 life.storage.extent = max(life.storage.extent, tv.meta.extent)
             else:
                 life.storage.extent = max(life.storage.extent, tv.meta.extent)
