@@ -722,6 +722,66 @@ def test_a_librarys_kernel_with_an_equivalent_replays_whole(tmp_path):
     assert ran["aten::embedding_bag"] >= 2  # the regions' bilinear sums, and again
 
 
+def _rnnt_loss_of_a_library() -> Callable[..., torch.Tensor]:
+    """torchaudio's rnnt_loss as torchaudio registers it: a C++ op that returns the
+    losses and their gradients, called by an autograd Function whose backward scales
+    the gradients (functional.RnntLoss); here, where torchaudio is absent, an op of the
+    same name and schema computing with the harness's equivalent."""
+    if not hasattr(torch.ops.torchaudio, "rnnt_loss_forward"):  # once per process
+        library = torch.library.Library("torchaudio", "FRAGMENT")  # noqa: TID251
+        library.define(
+            LIBRARY_SCHEMAS["torchaudio::rnnt_loss_forward.default"].split("::")[1])
+        library.impl("rnnt_loss_forward", runtime._rnnt_loss, "CPU")
+        _LIBRARIES.append(library)
+
+    class RnntLoss(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):  # noqa: ANN001, ANN205 (torchaudio's)
+            output, saved = torch.ops.torchaudio.rnnt_loss_forward(*args)
+            ctx.save_for_backward(saved)
+            return output
+
+        @staticmethod
+        def backward(ctx, dy):  # noqa: ANN001, ANN205
+            return (ctx.saved_tensors[0] * dy.view(-1, 1, 1, 1),) + (None,) * 6
+
+    def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank):  # noqa: ANN001, ANN202
+        return RnntLoss.apply(logits, targets, logit_lengths, target_lengths, blank,
+                              -1.0, True).mean()
+    return rnnt_loss
+
+
+def test_an_rnnt_loss_replays_as_its_equivalent_without_torchaudio(tmp_path):
+    """An Emformer RNN-T's training step (torchaudio) computes its loss and gradients
+    in torchaudio's C++ rnnt_loss_forward: where torchaudio is not loaded (a vendor's
+    machine with torch alone), the benchmark skipped it and its outputs stood in, the
+    loss's lattice missing from the step. Its equivalent runs there, on targets filled
+    among the logits' classes, and the replay counts the op as the original does."""
+    rnnt_loss = _rnnt_loss_of_a_library()
+
+    def make_step() -> Callable[[], None]:
+        joiner = torch.nn.Linear(8, 6)
+        hidden = torch.randn(2, 5, 4, 8)  # (batch, frames, labels + 1, features)
+        targets = torch.tensor([[1, 2, 3], [4, 5, 0]], dtype=torch.int32)
+        frames = torch.tensor([5, 4], dtype=torch.int32)
+        labels = torch.tensor([3, 2], dtype=torch.int32)
+        optimizer = torch.optim.SGD(joiner.parameters(), lr=0.1)
+
+        def step() -> None:
+            optimizer.zero_grad()
+            rnnt_loss(joiner(hidden), targets, frames, labels, 0).backward()
+            optimizer.step()
+        return step
+
+    text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
+    assert out["equivalents_at_runtime"] == ["torchaudio::rnnt_loss_forward.default"]
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    assert replayed == original, (original - replayed, replayed - original)
+    assert replayed["torchaudio::rnnt_loss_forward.default"] == 1
+    ran = Counter(n.name for n in load_trace(tmp_path / "step_replay.et.json").nodes)
+    assert ran["aten::logcumsumexp"] >= 2 * 5  # alpha and beta, a frame at a time
+
+
 def _flash_attn_of_a_library() -> Callable[..., torch.Tensor]:
     """flash_attn_func as the flash_attn package registers its kernels (CUDA only: its
     torch.library ops, the backward an op that writes dq, dk and dv), here on the CPU

@@ -1335,6 +1335,81 @@ def _nms(dets, scores, iou_threshold):
     return order[keep]
 
 
+def _rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, clamp,
+               fused_log_softmax):
+    """torchaudio::rnnt_loss (and rnnt_loss_forward, the autograd Function's call): the
+    RNN-T loss of each sequence and its gradient with respect to the logits, as
+    torchaudio's CPU kernel computes them (cpu_kernels.h). The forward variables alpha
+    and the backward ones beta run over the (time, label) lattice one time step at a
+    time; within a step, the label recursion ``a[u] = logaddexp(x[u], a[u - 1] +
+    emit[u - 1])`` is a cumulative log-sum-exp after the emissions' running sum is
+    taken off, so a step is a few whole-row ops. Lengths outside the lattice are
+    clamped into it (a filled length the kernel would refuse), targets wrapped into the
+    classes. The gradients are computed whether or not the logits require them (the
+    kernel skips them where they do not, as in no training step)."""
+    batch, frames, labels, classes = logits.shape
+    work = logits.float()
+    lp = work.log_softmax(-1) if fused_log_softmax else work
+    blank = blank % classes
+    targets = targets.long().remainder(classes)[:, : labels - 1]
+    t_len = logit_lengths.long().clamp(1, frames)
+    u_len = target_lengths.long().clamp(0, labels - 1)
+    blank_lp = lp[..., blank]  # (B, T, U + 1)
+    emit = torch.zeros_like(blank_lp)
+    if labels > 1:
+        index = targets[:, None, :, None].expand(batch, frames, labels - 1, 1)
+        emit[..., :-1] = lp[..., :-1, :].gather(-1, index).squeeze(-1)
+    # emissions' running sums before each label: S[u] = emit[0] + ... + emit[u - 1]
+    before = torch.cat([emit.new_zeros(batch, frames, 1), emit[..., :-1].cumsum(-1)], -1)
+    ninf = float("-inf")
+    positions = torch.arange(labels, device=logits.device)
+    steps = torch.arange(frames, device=logits.device)
+    alpha = torch.empty_like(blank_lp)
+    start = torch.full((batch, labels), ninf, device=logits.device)
+    start[:, 0] = 0.0
+    x = start
+    for t in range(frames):
+        if t:
+            x = alpha[:, t - 1] + blank_lp[:, t - 1]
+        alpha[:, t] = before[:, t] + (x - before[:, t]).logcumsumexp(-1)
+    # beta, from each sequence's end: one blank after its last frame and label
+    end = torch.where(positions[None] == u_len[:, None], 0.0, ninf)
+    beta = torch.empty_like(blank_lp)
+    after = torch.full((batch, labels), ninf, device=logits.device)
+    for t in reversed(range(frames)):
+        following = torch.where((t + 1 == t_len)[:, None], end, after)
+        x = torch.where((t < t_len)[:, None], following + blank_lp[:, t], ninf)
+        x = x.masked_fill(positions[None] > u_len[:, None], ninf)
+        row = (x + before[:, t]).flip(-1).logcumsumexp(-1).flip(-1) - before[:, t]
+        beta[:, t] = row
+        after = row
+    log_z = beta[:, 0, 0]
+    costs = -log_z
+    # gradients: each node's occupancy times the softmax, less the flow of the blank
+    # and label transitions out of it (w.r.t. log-probabilities: those flows only)
+    valid = (steps[None, :, None] < t_len[:, None, None]) \
+        & (positions[None, None] <= u_len[:, None, None])
+    occupancy = (alpha - log_z[:, None, None]).masked_fill(~valid, ninf)
+    next_beta = torch.cat([beta[:, 1:], beta.new_full((batch, 1, labels), ninf)], 1)
+    final = (steps[None, :, None] + 1 == t_len[:, None, None]) \
+        & (positions[None, None] == u_len[:, None, None])
+    next_beta = torch.where(final, 0.0, next_beta)
+    blank_flow = (occupancy + blank_lp + next_beta).exp()
+    skip_beta = torch.cat([beta[..., 1:], beta.new_full((batch, frames, 1), ninf)], -1)
+    skip_beta = skip_beta.masked_fill(positions[None, None] >= u_len[:, None, None], ninf)
+    label_flow = (occupancy + emit + skip_beta).exp()
+    if fused_log_softmax:
+        grads = (lp + (occupancy + beta)[..., None]).exp()
+    else:
+        grads = torch.zeros_like(lp)
+    grads[..., blank] -= blank_flow
+    if labels > 1:
+        grads[..., :-1, :].scatter_add_(-1, index, -label_flow[..., :-1, None])
+    if clamp > 0:
+        grads = grads.clamp(-clamp, clamp)
+    return costs.to(logits.dtype), grads.to(logits.dtype)
+
+
 def _deform_conv2d(
     input,
     weight,
@@ -1985,6 +2060,8 @@ PORTABLE = {
     "torchvision::nms.default": _nms,
     "torchvision::roi_align.default": _roi_align,
     "torchvision::_roi_align_backward.default": _roi_align_backward,
+    "torchaudio::rnnt_loss.default": _rnnt_loss,
+    "torchaudio::rnnt_loss_forward.default": _rnnt_loss,
     "fbgemm::asynchronous_complete_cumsum.default": _complete_cumsum,
     "fbgemm::asynchronous_exclusive_cumsum.default": _exclusive_cumsum,
     "fbgemm::asynchronous_inclusive_cumsum.default": _inclusive_cumsum,

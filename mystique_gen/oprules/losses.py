@@ -13,6 +13,10 @@ from mystique_gen.oprules.base import ClassCount, IntArg, OpFamily, SizeOf
 
 _LOSS = {"target": ClassCount("self")}
 _CTC = {"targets": SizeOf("log_probs", -1)}
+# torchaudio's RNN-T loss: targets are classes of the logits' last dim (the autograd
+# Function's rnnt_loss_forward is registered with unnamed arguments, _0 the logits).
+_RNNT = {"targets": SizeOf("logits", -1)}
+_RNNT_FORWARD = {"_1": SizeOf("_0", -1)}
 _CLASS_WEIGHTS = ("weight",)
 
 FAMILY = OpFamily(
@@ -38,6 +42,8 @@ FAMILY = OpFamily(
         "aten::ctc_loss": _CTC,
         "aten::_ctc_loss": _CTC,
         "aten::_ctc_loss_backward": _CTC,
+        "torchaudio::rnnt_loss": _RNNT,
+        "torchaudio::rnnt_loss_forward": _RNNT_FORWARD,
     },
     float_ranges={
         "aten::binary_cross_entropy": {"self": (0.05, 0.95), "target": (0.0, 1.0)},
