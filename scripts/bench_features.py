@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mystique_gen.constants import HARNESS_SCOPE  # noqa: E402
+from mystique_gen.constants import HARNESS_SCOPE, equivalent_of  # noqa: E402
 from mystique_gen.passes.select import select_ops  # noqa: E402
 from mystique_gen.sources.et import load_trace  # noqa: E402
 from mystique_gen.tools.compare import overload_name  # noqa: E402
@@ -158,14 +158,35 @@ def shaped_ops(path: Path) -> Counter:
     """Top-level ops by overload, each with its tensor arguments' shapes (the file's
     own harness work left out)."""
     found: Counter = Counter()
-    for sel in select_ops(load_trace(path)).ops:
-        if HARNESS_SCOPE in sel.scope:
+    raw = load_trace(path)
+    for sel in select_ops(raw).ops:
+        if HARNESS_SCOPE in sel.scope or any(equivalent_of(scope) for scope in sel.scope):
             continue
         node = sel.node
         shapes = tuple(json.dumps(arg.shape) for arg in node.inputs
                        if arg.type.startswith("Tensor") and "nullptr" not in arg.type)
         found[(overload_name(node.name, node.op_schema), shapes)] += 1
+    # A replay ran an op it could not call as its portable equivalent, in a scope that
+    # names it (as ``mystique-gen compare`` counts it): the op once, its shapes unknown.
+    for key in filter(None, map(equivalent_of, (node.name for node in raw.nodes))):
+        found[(key, PORTED)] += 1
     return found
+
+
+PORTED = ("(ported)",)  # the shapes of an op its portable equivalent ran: not recorded
+
+
+def same_shapes(original: Counter, replayed: Counter) -> tuple[Counter, Counter]:
+    """Both multisets with the shapes of the ops the replay ran as equivalents dropped
+    (their scope records none)."""
+    ported = {op for op, shapes in replayed if shapes == PORTED}
+    both = []
+    for counter in (original, replayed):
+        merged: Counter = Counter()
+        for (op, shapes), n in counter.items():
+            merged[(op, PORTED if op in ported else shapes)] += n
+        both.append(merged)
+    return both[0], both[1]
 
 
 def _by_op(shaped: Counter) -> Counter:
@@ -202,7 +223,7 @@ def run_one(path: Path, name: str, work: Path, timeout: float) -> tuple[str, str
     if proc.returncode:
         return "run error", _last_line(proc.stderr)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    original, replayed = shaped_ops(et), shaped_ops(replay)
+    original, replayed = same_shapes(shaped_ops(et), shaped_ops(replay))
     ops = [_by_op(original), _by_op(replayed)]
     if ops[0] != ops[1]:
         return "op mismatch", f"missing {dict(ops[0] - ops[1])} extra {dict(ops[1] - ops[0])}"
