@@ -782,6 +782,34 @@ def test_an_rnnt_loss_replays_as_its_equivalent_without_torchaudio(tmp_path):
     assert ran["aten::logcumsumexp"] >= 2 * 5  # alpha and beta, a frame at a time
 
 
+def test_an_iir_filter_replays_as_its_equivalent_without_torchaudio(tmp_path):
+    """torchaudio's lfilter and biquads run their recursive part in a C++ loop that
+    writes a padded buffer in place (_lfilter_core_loop): where torchaudio is absent
+    the benchmark skipped it, and the filtering was missing from the step. Its
+    equivalent writes the buffer there."""
+    if not hasattr(torch.ops.torchaudio, "_lfilter_core_loop"):  # once per process
+        library = torch.library.Library("torchaudio", "FRAGMENT")  # noqa: TID251
+        library.define(
+            LIBRARY_SCHEMAS["torchaudio::_lfilter_core_loop.default"].split("::")[1])
+        library.impl("_lfilter_core_loop", runtime._lfilter_core_loop, "CPU")
+        _LIBRARIES.append(library)
+
+    def make_step() -> Callable[[], None]:
+        waveform = torch.randn(2, 1, 300)
+        a_flipped = torch.tensor([[0.2, -0.5, 1.0]])  # a highpass biquad's, normalised
+
+        def step() -> None:
+            padded = torch.zeros(2, 1, 302)
+            torch.ops.torchaudio._lfilter_core_loop(waveform, a_flipped, padded)
+            padded[..., 2:].clamp(-1, 1).sum()
+        return step
+
+    _text, out, original, replayed = _train_on_the_replay(make_step, tmp_path)
+    assert out["equivalents_at_runtime"] == ["torchaudio::_lfilter_core_loop.default"]
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    assert replayed == original, (original - replayed, replayed - original)
+
+
 def _flash_attn_of_a_library() -> Callable[..., torch.Tensor]:
     """flash_attn_func as the flash_attn package registers its kernels (CUDA only: its
     torch.library ops, the backward an op that writes dq, dk and dv), here on the CPU

@@ -943,6 +943,12 @@ LIBRARY_SCHEMAS = {
     "torchaudio::rnnt_loss_forward.default": (
         "torchaudio::rnnt_loss_forward(Tensor _0, Tensor _1, Tensor _2, Tensor _3, int _4, "
         "float _5, bool _6) -> (Tensor _0, Tensor? _1)"),
+    "torchaudio::_lfilter_core_loop.default": (
+        "torchaudio::_lfilter_core_loop(Tensor input_signal_windows, "
+        "Tensor a_coeff_flipped, Tensor(a!) padded_output_waveform) -> ()"),
+    "torchaudio::_overdrive_core_loop.default": (
+        "torchaudio::_overdrive_core_loop(Tensor _0, Tensor _1, Tensor _2, Tensor _3, "
+        "Tensor _4) -> ()"),
     # fbgemm_gpu's (1.9, CPU build), as TorchRec's steps record them
     "fbgemm::asynchronous_complete_cumsum.default": (
         "fbgemm::asynchronous_complete_cumsum(Tensor t_in) -> Tensor"),
@@ -2042,3 +2048,46 @@ def test_rnnt_loss_equivalent_gives_the_lattices_loss_and_gradients(fused):
     _, clamped = runtime.PORTABLE["torchaudio::rnnt_loss.default"](
         logits, targets, t_len, u_len, 0, 0.01, fused)
     torch.testing.assert_close(clamped, grads.clamp(-0.01, 0.01))
+
+
+@pytest.mark.parametrize(("order", "samples"), [(3, 300), (2, 7), (5, 130), (1, 10)])
+def test_lfilter_loop_equivalent_gives_the_sample_loops_output(order, samples):
+    """torchaudio's lfilter (and every biquad: highpass, lowpass, equalizer...) runs its
+    IIR part in a C++ loop over samples, _lfilter_core_loop, writing into a padded
+    buffer: without torchaudio the benchmark skipped it, the filtering missing. The
+    equivalent solves the same recurrence a chunk at a time, to the loop's output
+    (torchaudio's own generic loop, here), past outputs in the buffer included."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, samples, generator=gen)
+    a_flipped = torch.randn(3, order, generator=gen) * 0.4
+    a_flipped[:, -1] = 1.0
+    buffer = torch.zeros(2, 3, samples + order - 1)
+    buffer[..., : order - 1] = torch.randn(2, 3, order - 1, generator=gen)
+    want = buffer.clone()
+    for i in range(samples):  # torchaudio's _lfilter_core_generic_loop
+        want[:, :, i + order - 1] = x[:, :, i] - (want[:, :, i: i + order] * a_flipped).sum(-1)
+    got = buffer.clone()
+    runtime.PORTABLE["torchaudio::_lfilter_core_loop.default"](x, a_flipped, got)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_overdrive_loop_equivalent_gives_the_sample_loops_output():
+    """overdrive's C++ loop (a first-order high-pass of the clipped signal, mixed with
+    the input) as torchaudio's generic loop computes it, and its state left as the
+    loop leaves it."""
+    gen = torch.Generator().manual_seed(0)
+    waveform = torch.randn(3, 200, generator=gen)
+    temp = torch.randn(3, 200, generator=gen).clamp(-1, 1)
+    last_in, last_out = torch.randn(3, generator=gen), torch.randn(3, generator=gen)
+    want = torch.empty(3, 200)
+    prev_in, prev_out = last_in.clone(), last_out.clone()
+    for i in range(200):
+        prev_out = temp[:, i] - prev_in + 0.995 * prev_out
+        prev_in = temp[:, i]
+        want[:, i] = waveform[:, i] * 0.5 + prev_out * 0.75
+    got = torch.empty(3, 200)
+    runtime.PORTABLE["torchaudio::_overdrive_core_loop.default"](
+        waveform, temp, last_in, last_out, got)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(last_in, prev_in)
+    torch.testing.assert_close(last_out, prev_out, atol=1e-5, rtol=1e-5)

@@ -1410,6 +1410,85 @@ def _rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, clamp,
     return costs.to(logits.dtype), grads.to(logits.dtype)
 
 
+IIR_CHUNK = 64  # samples a recurrence settles at once: a matmul, then one state step
+
+
+def _recurrence(x, lags, history):
+    """y[i] = x[i] - sum_j lags[..., j - 1] * y[i - j] (j = 1..p) along the last dim of x
+    (batch, channels, n), lags (channels, p), history (batch, channels, p) the outputs
+    before the first, oldest first. Exactly, in O(log n) steps where the C++ loop takes
+    n: the responses over a chunk to a unit input (the impulse response h) and to each
+    unit past output (F) by doubling; each chunk's response to its own input a Toeplitz
+    matmul of h, all chunks at once; the state (its last p outputs) carried from chunk
+    to chunk by a doubling scan of s' = M s + q."""
+    batch, channels, n = x.shape
+    p = lags.shape[-1]
+    dtype, device = x.dtype, x.device
+    coeffs = lags.to(dtype)
+
+    def state(seq):  # the last p values of (..., m) sequences, lag 1 first
+        return seq[..., seq.shape[-1] - p:].flip(-1)
+
+    # over m samples: h (channels, m), F (channels, m, p), from a single sample
+    h = torch.ones(channels, 1, dtype=dtype, device=device)
+    f = -coeffs[:, None, :]
+    units = torch.eye(p, dtype=dtype, device=device).flip(-1)  # past outputs, oldest first
+    size = 1
+    while size < max(IIR_CHUNK, p):
+        # the sequences with the past outputs before them: zeros for h, units for F
+        past_h = torch.cat([h.new_zeros(channels, p), h], -1)
+        past_f = torch.cat([units.T.expand(channels, p, p), f.transpose(1, 2)], -1)
+        s_h = state(past_h)  # (channels, p)
+        s_f = state(past_f)  # (channels, p: column j, p: lag)
+        h = torch.cat([h, torch.einsum("cmj,cj->cm", f, s_h)], -1)
+        f = torch.cat([f, torch.einsum("cmi,cji->cmj", f, s_f)], 1)
+        size *= 2
+    chunks = -(-n // size)
+    x = torch.nn.functional.pad(x, (0, chunks * size - n)).view(batch, channels, chunks, size)
+    lag = torch.arange(size, device=device)
+    steps = lag[:, None] - lag[None]
+    toeplitz = h[:, steps.clamp(min=0)] * (steps >= 0)  # (channels, size, size)
+    own = torch.einsum("bckq,cmq->bckm", x, toeplitz)
+    if p:
+        move = f[:, size - p:].flip(1)  # M[c, i, j]: lag i + 1 after a chunk, from lag j + 1
+        carried = state(own)  # (batch, channels, chunks, p)
+        start = history.to(dtype).flip(-1)
+        carried[:, :, 0] += torch.einsum("cij,bcj->bci", move, start)
+        span = 1
+        while span < chunks:
+            carried = torch.cat([carried[:, :, :span], carried[:, :, span:]
+                                 + torch.einsum("cij,bckj->bcki", move,
+                                                carried[:, :, :-span])], 2)
+            move = move @ move
+            span *= 2
+        states = torch.cat([start[:, :, None], carried[:, :, :-1]], 2)
+        own = own + torch.einsum("cmj,bckj->bckm", f, states)
+    return own.reshape(batch, channels, chunks * size)[..., :n]
+
+
+def _lfilter_core_loop(input_signal_windows, a_coeff_flipped, padded_output_waveform):
+    """torchaudio::_lfilter_core_loop: lfilter's IIR part, sample by sample in C++
+    (out[i + n - 1] = x[i] - out[i : i + n] . a_flipped, reading the slot it writes as
+    it was), as one linear recurrence solved a chunk at a time (_recurrence)."""
+    n = a_coeff_flipped.shape[-1]
+    out = padded_output_waveform
+    x = input_signal_windows - out[..., n - 1:] * a_coeff_flipped[:, -1:].to(out.dtype)
+    lags = a_coeff_flipped[:, :-1].flip(-1)  # lag 1 first
+    out[..., n - 1:] = _recurrence(x.to(out.dtype), lags, out[..., : n - 1])
+
+
+def _overdrive_core_loop(waveform, temp, last_in, last_out, output_waveform):
+    """torchaudio::_overdrive_core_loop: a first-order high-pass of the clipped signal
+    (out[i] = temp[i] - temp[i - 1] + 0.995 out[i - 1]) mixed with the input, written
+    where the C++ loop writes it, last_in and last_out left at the last sample's."""
+    before = torch.cat([last_in[:, None], temp[:, :-1]], 1)
+    lags = torch.full((1, 1), -0.995, dtype=temp.dtype, device=temp.device)
+    high = _recurrence((temp - before)[:, None], lags, last_out[:, None, None])[:, 0]
+    output_waveform.copy_(waveform * 0.5 + high * 0.75)
+    last_in.copy_(temp[:, -1])
+    last_out.copy_(high[:, -1])
+
+
 def _deform_conv2d(
     input,
     weight,
@@ -2062,6 +2141,8 @@ PORTABLE = {
     "torchvision::_roi_align_backward.default": _roi_align_backward,
     "torchaudio::rnnt_loss.default": _rnnt_loss,
     "torchaudio::rnnt_loss_forward.default": _rnnt_loss,
+    "torchaudio::_lfilter_core_loop.default": _lfilter_core_loop,
+    "torchaudio::_overdrive_core_loop.default": _overdrive_core_loop,
     "fbgemm::asynchronous_complete_cumsum.default": _complete_cumsum,
     "fbgemm::asynchronous_exclusive_cumsum.default": _exclusive_cumsum,
     "fbgemm::asynchronous_inclusive_cumsum.default": _inclusive_cumsum,
