@@ -1335,8 +1335,9 @@ def _nms(dets, scores, iou_threshold):
     return order[keep]
 
 
-def _rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, clamp,
-               fused_log_softmax):
+def _rnnt_loss(
+    logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax
+):
     """torchaudio::rnnt_loss (and rnnt_loss_forward, the autograd Function's call): the
     RNN-T loss of each sequence and its gradient with respect to the logits, as
     torchaudio's CPU kernel computes them (cpu_kernels.h). The forward variables alpha
@@ -1360,7 +1361,9 @@ def _rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, clamp,
         index = targets[:, None, :, None].expand(batch, frames, labels - 1, 1)
         emit[..., :-1] = lp[..., :-1, :].gather(-1, index).squeeze(-1)
     # emissions' running sums before each label: S[u] = emit[0] + ... + emit[u - 1]
-    before = torch.cat([emit.new_zeros(batch, frames, 1), emit[..., :-1].cumsum(-1)], -1)
+    before = torch.cat(
+        [emit.new_zeros(batch, frames, 1), emit[..., :-1].cumsum(-1)], -1
+    )
     ninf = float("-inf")
     positions = torch.arange(labels, device=logits.device)
     steps = torch.arange(frames, device=logits.device)
@@ -1387,16 +1390,20 @@ def _rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, clamp,
     costs = -log_z
     # gradients: each node's occupancy times the softmax, less the flow of the blank
     # and label transitions out of it (w.r.t. log-probabilities: those flows only)
-    valid = (steps[None, :, None] < t_len[:, None, None]) \
-        & (positions[None, None] <= u_len[:, None, None])
+    valid = (steps[None, :, None] < t_len[:, None, None]) & (
+        positions[None, None] <= u_len[:, None, None]
+    )
     occupancy = (alpha - log_z[:, None, None]).masked_fill(~valid, ninf)
     next_beta = torch.cat([beta[:, 1:], beta.new_full((batch, 1, labels), ninf)], 1)
-    final = (steps[None, :, None] + 1 == t_len[:, None, None]) \
-        & (positions[None, None] == u_len[:, None, None])
+    final = (steps[None, :, None] + 1 == t_len[:, None, None]) & (
+        positions[None, None] == u_len[:, None, None]
+    )
     next_beta = torch.where(final, 0.0, next_beta)
     blank_flow = (occupancy + blank_lp + next_beta).exp()
     skip_beta = torch.cat([beta[..., 1:], beta.new_full((batch, frames, 1), ninf)], -1)
-    skip_beta = skip_beta.masked_fill(positions[None, None] >= u_len[:, None, None], ninf)
+    skip_beta = skip_beta.masked_fill(
+        positions[None, None] >= u_len[:, None, None], ninf
+    )
     label_flow = (occupancy + emit + skip_beta).exp()
     if fused_log_softmax:
         grads = (lp + (occupancy + beta)[..., None]).exp()
@@ -1427,12 +1434,14 @@ def _recurrence(x, lags, history):
     coeffs = lags.to(dtype)
 
     def state(seq):  # the last p values of (..., m) sequences, lag 1 first
-        return seq[..., seq.shape[-1] - p:].flip(-1)
+        return seq[..., seq.shape[-1] - p :].flip(-1)
 
     # over m samples: h (channels, m), F (channels, m, p), from a single sample
     h = torch.ones(channels, 1, dtype=dtype, device=device)
     f = -coeffs[:, None, :]
-    units = torch.eye(p, dtype=dtype, device=device).flip(-1)  # past outputs, oldest first
+    units = torch.eye(p, dtype=dtype, device=device).flip(
+        -1
+    )  # past outputs, oldest first
     size = 1
     while size < max(IIR_CHUNK, p):
         # the sequences with the past outputs before them: zeros for h, units for F
@@ -1444,21 +1453,30 @@ def _recurrence(x, lags, history):
         f = torch.cat([f, torch.einsum("cmi,cji->cmj", f, s_f)], 1)
         size *= 2
     chunks = -(-n // size)
-    x = torch.nn.functional.pad(x, (0, chunks * size - n)).view(batch, channels, chunks, size)
+    x = torch.nn.functional.pad(x, (0, chunks * size - n)).view(
+        batch, channels, chunks, size
+    )
     lag = torch.arange(size, device=device)
     steps = lag[:, None] - lag[None]
     toeplitz = h[:, steps.clamp(min=0)] * (steps >= 0)  # (channels, size, size)
     own = torch.einsum("bckq,cmq->bckm", x, toeplitz)
     if p:
-        move = f[:, size - p:].flip(1)  # M[c, i, j]: lag i + 1 after a chunk, from lag j + 1
+        move = f[:, size - p :].flip(
+            1
+        )  # M[c, i, j]: lag i + 1 after a chunk, from lag j + 1
         carried = state(own)  # (batch, channels, chunks, p)
         start = history.to(dtype).flip(-1)
         carried[:, :, 0] += torch.einsum("cij,bcj->bci", move, start)
         span = 1
         while span < chunks:
-            carried = torch.cat([carried[:, :, :span], carried[:, :, span:]
-                                 + torch.einsum("cij,bckj->bcki", move,
-                                                carried[:, :, :-span])], 2)
+            carried = torch.cat(
+                [
+                    carried[:, :, :span],
+                    carried[:, :, span:]
+                    + torch.einsum("cij,bckj->bcki", move, carried[:, :, :-span]),
+                ],
+                2,
+            )
             move = move @ move
             span *= 2
         states = torch.cat([start[:, :, None], carried[:, :, :-1]], 2)
@@ -1472,9 +1490,9 @@ def _lfilter_core_loop(input_signal_windows, a_coeff_flipped, padded_output_wave
     it was), as one linear recurrence solved a chunk at a time (_recurrence)."""
     n = a_coeff_flipped.shape[-1]
     out = padded_output_waveform
-    x = input_signal_windows - out[..., n - 1:] * a_coeff_flipped[:, -1:].to(out.dtype)
+    x = input_signal_windows - out[..., n - 1 :] * a_coeff_flipped[:, -1:].to(out.dtype)
     lags = a_coeff_flipped[:, :-1].flip(-1)  # lag 1 first
-    out[..., n - 1:] = _recurrence(x.to(out.dtype), lags, out[..., : n - 1])
+    out[..., n - 1 :] = _recurrence(x.to(out.dtype), lags, out[..., : n - 1])
 
 
 def _overdrive_core_loop(waveform, temp, last_in, last_out, output_waveform):
