@@ -70,8 +70,6 @@ KNOWN = {
     # number a plain ET holds no value of, replays near 1, and s turns negative)
     "cholesky_computed_min": "a plain ET's learning rate 1e-3 replays near 1: s < 0",
     "index_from_float_buffer_min": "(u * n).long() of a buffer: u's [0, 1) is not in the trace",
-    "repeat_interleave_pad": "a SUM fill (repeats) overrides a divisor's nonzero rule",
-    "repeats_as_divisor_min": "a SUM fill (repeats) overrides a divisor's nonzero rule",
     "repeats_bounded_index_min": "a SUM fill (repeats) overrides an index bound",
     "narrow_start_min": "narrow.Tensor's start has no bound",
     "ddim_falling_schedule_min": "no order between two elements of one buffer (a[t] < a[prev])",

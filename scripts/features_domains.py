@@ -41,7 +41,8 @@ fills, multinomial's weights are positive (through ``c / c.sum()``), a product i
 (the DDPM schedule), CTC targets are classes of log_probs' last dim, fake quantization's
 scale is positive, its zero point below quant_max and neither a parameter, a search's
 result read as an index is wrapped into range, lengths compared with arange lie in
-[1, n]. The others are ``known`` in bench_features.py (README: Known limits).
+[1, n], a SUM fill's parts are at least 1 where its total allows (the divisor). The
+others are ``known`` in bench_features.py (README: Known limits).
 """
 
 from __future__ import annotations

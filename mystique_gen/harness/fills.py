@@ -21,7 +21,7 @@ class FillKind(str, Enum):
     MASK = "mask"  # booleans, exactly low of them true
     RUNS = "runs"  # low distinct values in sorted runs (unique_consecutive)
     DISTINCT = "distinct"  # low distinct values, shuffled (unique)
-    SUM = "sum"  # non-negative parts adding up to low (repeats, lengths)
+    SUM = "sum"  # parts adding up to low, each >= 1 where low allows (repeats, lengths)
     DESCENDING = "descending"  # parts in [1, high], non-increasing, the first high,
     # adding up to low (a padded batch's sequence lengths)
     SPD = "spd"  # low x low symmetric positive-definite matrices, one after another

@@ -1105,11 +1105,15 @@ def _fill_distinct(numel, low, high, gen, device, gens, dtype):
 
 
 def _fill_sum(numel, low, high, gen, device, gens, dtype):
-    # `numel` non-negative parts adding up to `low` (repeats, jagged lengths).
-    cuts = torch.randint(0, low + 1, (max(numel - 1, 0),), generator=gens["cpu"])
-    start, end = torch.tensor([0]), torch.tensor([low])
+    # `numel` parts adding up to `low` (repeats, jagged lengths), each at least 1 where
+    # `low` allows it, else non-negative: an empty segment's mean is NaN
+    # (segment_reduce), and a repeat count may also divide.
+    least = 1 if low >= numel else 0
+    rest = low - least * numel
+    cuts = torch.randint(0, rest + 1, (max(numel - 1, 0),), generator=gens["cpu"])
+    start, end = torch.tensor([0]), torch.tensor([rest])
     edges = torch.cat([start, torch.sort(cuts).values, end])
-    return (edges[1:] - edges[:-1])[:numel].to(device)
+    return (edges[1:] - edges[:-1] + least)[:numel].to(device)
 
 
 def _fill_descending(numel, low, high, gen, device, gens, dtype):
