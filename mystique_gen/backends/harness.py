@@ -128,20 +128,15 @@ def _units(code: tuple[str, ...]) -> tuple[_Unit, ...]:
     units: list[_Unit] = []
     start = 0
     for node in tree.body:
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         end = node.end_lineno or node.lineno
-        lines = tuple(code[start:end])
         binds = _binds(node)
-        table = None
         if binds & OP_TABLES and isinstance(node, ast.Assign) \
                 and isinstance(node.value, ast.Dict):
-            table = _table(code, node.value)
-            uses: frozenset[str] = frozenset()
+            # (a table's own lines end at its first, `NAME = {`; its entries follow)
+            units.append(_Unit(tuple(code[start:node.lineno]), binds, frozenset(),
+                               _table(code, node.value)))
         else:
-            uses = _names(node)
-        # (a table's own lines end at its first: `NAME = {`)
-        units.append(_Unit(lines if table is None else tuple(code[start:first]),
-                           binds, uses, table))
+            units.append(_Unit(tuple(code[start:end]), binds, _names(node)))
         start = end
     return tuple(units)
 
@@ -202,14 +197,16 @@ def shaken(code: list[str], also: list[str], text: str) -> tuple[list[str], list
         uses = unit.uses if unit.table is None else frozenset().union(
             *(e.uses for e in unit.table if e.op in ops))
         todo += [u for name in uses for u in binders.get(name, ())]
-    return [_lines(units, kept, ops) for units in parts]  # type: ignore[return-value]
+    return _lines(parts[0], kept, ops), _lines(parts[1], kept, ops)
 
 
 def _a_word_in(name: str, text: str) -> bool:
-    """Whether ``name`` stands in ``text`` as a word of its own, not as the end of one
-    (``_stream`` in ``two_stream.et.json``)."""
-    return any(m.start() == 0 or not (text[m.start() - 1].isalnum()
-                                      or text[m.start() - 1] == "_")
+    """Whether ``name`` stands in ``text`` as a word of its own, not as a part of one
+    (``_stream`` in ``two_stream.et.json``, ``_fit`` in ``_fit_mask``)."""
+    def word(i: int) -> bool:
+        return 0 <= i < len(text) and (text[i].isalnum() or text[i] == "_")
+
+    return any(not word(m.start() - 1) and not word(m.end())
                for m in re.finditer(re.escape(name), text))
 
 
