@@ -384,6 +384,47 @@ def test_kineto_loader_errors_are_clean():
                              name="k.json")
 
 
+def _profile_a_loader(tmp_path, *, iterator_first: bool):
+    """A training loop over a DataLoader with a forked worker, recorded as HTA's and
+    PARAM's recipes record one: ``profile(execution_trace_observer=...)`` around it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=8, num_workers=1,
+                                         multiprocessing_context="fork")
+    tmp_path.mkdir()
+    et_path, kineto = tmp_path / "et.json", tmp_path / "kineto.json"
+    observer = ExecutionTraceObserver().register_callback(str(et_path))
+    batches = iter(loader) if iterator_first else None
+    with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer) as prof:
+        for i, (x, y) in enumerate(batches if iterator_first else loader):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if i == 1:
+                break
+    prof.export_chrome_trace(str(kineto))
+    del batches
+    return et_path, kineto
+
+
+def test_an_et_with_forked_dataloader_workers_is_refused_with_its_cause(tmp_path, capsys):
+    """A DataLoader worker forked inside the recorded span inherits the observer and
+    its open file and writes its own ops into the parent's ET, numbered from the same
+    ids: the refusal said only "duplicate node id"; it names the cause and the way to
+    record the loop, and that way records an ET that replays."""
+    et, kineto = _profile_a_loader(tmp_path / "inside", iterator_first=False)
+    rc = cli_main([str(et), "--kineto", str(kineto), "-o", str(tmp_path / "bench.py")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1, err
+    assert "duplicate node id" in err[0] and "several processes" in err[0], err[0]
+    assert "DataLoader" in err[0] and "iter(loader)" in err[0], err[0]
+    et, kineto = _profile_a_loader(tmp_path / "first", iterator_first=True)
+    program = compile_trace(et, kineto=kineto)
+    assert program.timing is not None and program.timing.linked_ops == len(program.ops)
+
+
 # -- synthetic traces: a two-stream schedule, two host threads ---------------------------
 
 

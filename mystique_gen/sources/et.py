@@ -237,9 +237,9 @@ def _assemble(doc: dict[str, Any], parsed: list[RawNode], name: str, sha256: str
             stacklevel=2,
         )
     parsed.sort(key=lambda n: n.id)
-    for a, b in zip(parsed, parsed[1:], strict=False):
-        if a.id == b.id:
-            raise TraceError("duplicate node id", node_id=a.id, field="id")
+    repeated = [a for a, b in zip(parsed, parsed[1:], strict=False) if a.id == b.id]
+    if repeated:
+        raise _duplicate_ids(parsed, repeated)
     metadata = {k: v for k, v in doc.items() if k != "nodes" and isinstance(v, (str, int, float))}
     # Device activity an ET+ added: each node repeats the schema and arguments of the
     # op that launched it, so as a node it would replay that op again.
@@ -248,6 +248,32 @@ def _assemble(doc: dict[str, Any], parsed: list[RawNode], name: str, sha256: str
         parsed = [n for n in parsed if n.attrs.get("cat") not in DEVICE_CATEGORIES]
     return RawTrace(name=name, sha256=sha256, schema=schema, nodes=parsed, metadata=metadata,
                     device_nodes=device)
+
+
+def _duplicate_ids(parsed: list[RawNode], repeated: list[RawNode]) -> TraceError:
+    """Ids that repeat. Many of them, on other ops, are the mark of several processes'
+    ops in one file: a process forked while the observer recorded (a DataLoader
+    worker started inside the recorded span: ``for batch in loader`` inside
+    ``profile(execution_trace_observer=...)``) inherits the observer and the open file
+    and writes its own ops there, numbered from the same ids as the parent's. Neither
+    the ids nor any field tell the processes apart, so the trace cannot be read; the
+    error says how to record one that can be (it said only "duplicate node id")."""
+    ids = {n.id for n in repeated}
+    names: dict[int, set[str]] = {}
+    for n in parsed:
+        if n.id in ids:
+            names.setdefault(n.id, set()).add(n.name)
+    differ = [i for i in sorted(ids) if len(names[i]) > 1]
+    if len(differ) < 2:
+        return TraceError("duplicate node id", node_id=repeated[0].id, field="id")
+    return TraceError(
+        f"duplicate node id ({' and '.join(sorted(names[differ[0]])[:3])}; "
+        f"{len(differ)} ids repeat on other ops): the "
+        "trace holds several processes' ops, as when a process forks while the ET "
+        "observer records (a DataLoader with num_workers > 0 iterated inside the "
+        "recorded span: each worker writes its own ops into the same file); create "
+        "the loader's iterator before the observer starts (it = iter(loader)) or "
+        "record with num_workers=0", node_id=differ[0], field="id")
 
 
 def _int(value: Any, node_id: int | None, field_name: str) -> int:
