@@ -104,7 +104,10 @@ def run_generate(args: argparse.Namespace, argv: list[str]) -> int:
 
 def run_inspect(args: argparse.Namespace) -> int:
     default_device(args)  # validated as generate would
-    summary = inspect_paths(args.traces, build_options(args), kineto=one_kineto(args.kineto))
+    options = build_options(args)
+    trace = args.traces[0] if len(args.traces) == 1 else None
+    summary = inspect_paths(args.traces, options,
+                            kineto=one_kineto(args.kineto, trace, options.iteration))
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
 

@@ -68,6 +68,7 @@ from mystique_gen.passes.filters import (
     filter_selection,
     kineto_steps,
     step_listing,
+    steps,
     unmarked_steps,
 )
 from mystique_gen.passes.lower import COMPLEX_STAND_IN, lower_ops
@@ -184,12 +185,19 @@ def kineto_paths(kineto: KinetoPaths) -> list[Path]:
     return out
 
 
-def one_kineto(path: str | Path | None) -> Path | None:
+def one_kineto(path: str | Path | None, trace: str | Path | None = None,
+               iteration: str = "auto") -> Path | None:
     """One Kineto trace: a file, or a directory holding one (``inspect``, ``compare``
-    and ``diff`` take one, as generation does per trace)."""
+    and ``diff`` take one, as generation does per trace), or with ``trace`` (one ET
+    file) the cycle of a repeating schedule's that holds the step to replay, as
+    generation picks it (:func:`kineto_of_cycle`)."""
     if path is None:
         return None
     found = kineto_paths(path)
+    if len(found) > 1 and trace is not None and Path(trace).is_file():
+        cycle = kineto_of_cycle(load_trace(trace), found, iteration)
+        if cycle is not None:
+            return cycle[0]
     if len(found) != 1:
         raise MystiqueError(f"{Path(path).name}: {len(found)} Kineto traces in this "
                             f"directory ({', '.join(f.name for f in found)}); give one")
@@ -682,6 +690,14 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
         return _compile_ranks(sources, options, consume, kinetos, [str(f) for f in files])
     check_trace_count(len(sources), options)
     if len(kinetos) > 1:
+        cycle = kineto_of_cycle(sources[0].trace, kinetos, options.iteration)
+        if cycle is not None:
+            link_source(sources[0], cycle[1], cycle[0])
+            program = run_passes(sources, options, consume=consume)
+            program.diagnostics.append(note(
+                f"--kineto: {cycle[0].name}, of {len(kinetos)} Kineto traces (one per "
+                f"cycle of a repeating schedule), the one holding step #{cycle[2]}"))
+            return Compiled([program], [0])
         raise OptionError(f"{len(kinetos)} Kineto traces "
                           f"({', '.join(k.name for k in kinetos)}) for one trace "
                           f"({files[0].name}): --kineto takes one Kineto trace per trace "
@@ -692,6 +708,34 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
     program = run_passes(sources, options, consume=consume)
     rank = program.distributed.rank or 0 if program.distributed is not None else 0
     return Compiled([program], [rank])
+
+
+def kineto_of_cycle(trace: RawTrace, kinetos: list[Path],
+                    iteration: str) -> tuple[Path, KinetoTrace, int] | None:
+    """Of a repeating schedule's Kineto traces, one per cycle (a tensorboard_trace_handler
+    directory: ``schedule(..., repeat=2)`` writes one file per cycle, while its ET
+    observer writes every cycle into one ET), the one that holds the step to replay:
+    ``--iteration N``'s, else the ET's first step that any of them holds (the step the
+    default iteration then takes). Only where every trace holds some of the ET's
+    ``ProfilerStep#N`` and no step is in two (ranks', or another run's, traces share
+    step numbers): else None, and the caller refuses the set. Before, any such directory
+    was refused, though it is what HTA's and PARAM's recipes write."""
+    if iteration == "all":
+        return None
+    et_steps = [number for number, _ in steps(trace)]
+    if not et_steps:
+        return None
+    loaded = [(path, load_kineto(path)) for path in kinetos]
+    held = [kineto_steps(k) for _, k in loaded]
+    if any(not h & set(et_steps) for h in held) or \
+            sum(len(h) for h in held) != len(frozenset().union(*held)):
+        return None
+    wanted = int(iteration) if iteration.isdigit() else \
+        next((n for n in et_steps if any(n in h for h in held)), None)
+    for (path, kineto), h in zip(loaded, held, strict=True):
+        if wanted in h:
+            return path, kineto, wanted
+    return None
 
 
 def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,

@@ -8,7 +8,13 @@ import json
 
 import pytest
 import torch
-from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
+from torch.profiler import (
+    ExecutionTraceObserver,
+    ProfilerActivity,
+    profile,
+    schedule,
+    tensorboard_trace_handler,
+)
 
 from mystique_gen.backends.layout import names_statement
 from mystique_gen.backends.render import format_with_black
@@ -19,6 +25,7 @@ from mystique_gen.errors import TraceError
 from mystique_gen.ir import Op, OpTiming, Program
 from mystique_gen.ir.schema import parse_signature
 from mystique_gen.options import BuildOptions
+from mystique_gen.passes.filters import kineto_steps
 from mystique_gen.passes.frees import NEVER, allocations
 from mystique_gen.passes.link import link_nodes
 from mystique_gen.passes.streams import plan_schedule
@@ -140,6 +147,51 @@ def test_a_later_cycle_links_its_own_steps_when_ids_drift(tmp_path):
     program = compile_trace(et_path, kineto=renumbered)
     assert program.timing is not None
     assert program.timing.linked_ops >= 0.95 * len(program.ops)
+
+
+def test_kineto_dir_of_a_repeating_schedule_takes_the_cycle_of_the_step(tmp_path, capsys):
+    """HTA's and PARAM's recipe: one profiler with a repeating schedule, its ET observer
+    and tensorboard_trace_handler(DIR). The ET holds every cycle's steps, DIR one
+    Kineto trace per cycle; --kineto DIR was refused ("2 Kineto traces ... for one
+    trace"). It now takes the cycle holding the step to replay: the first step by
+    default, --iteration N's otherwise, for inspect as for generation; a step no cycle
+    holds (or --iteration all) is still refused."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+    et_path, logs = tmp_path / "et.json", tmp_path / "logs"
+    observer = ExecutionTraceObserver().register_callback(str(et_path))
+    with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=observer,
+                 schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+                 on_trace_ready=tensorboard_trace_handler(str(logs))) as prof:
+        for _ in range(9):
+            model(x).sum().backward()
+            prof.step()
+    observer.unregister_callback()
+    cycles = sorted(logs.glob("*.pt.trace.json"), key=lambda f: f.stat().st_mtime)
+    assert len(cycles) == 2
+    held = [sorted(kineto_steps(load_kineto(c))) for c in cycles]
+    assert len(held[0]) == 2 and len(held[1]) == 2 and held[0][-1] < held[1][0]
+    for iteration, cycle in (("auto", 0), (str(held[1][1]), 1)):
+        out = tmp_path / f"bench_{iteration}.py"
+        rc = cli_main([str(et_path), "--kineto", str(logs), "--iteration", iteration,
+                       "-o", str(out)])
+        assert rc == 0, capsys.readouterr().err
+        text = out.read_text()
+        assert f'"kineto": "{cycles[cycle].name}"' in text
+        header = " ".join(text.split('"""')[1].split())
+        assert "(one per cycle of a repeating schedule), the one holding step #" in header
+        rc = cli_main(["inspect", str(et_path), "--kineto", str(logs), "--iteration",
+                       iteration, "--json"])
+        summary = json.loads(capsys.readouterr().out)
+        assert rc == 0 and summary["kineto"] == cycles[cycle].name
+        assert summary["linked_ops"] == summary["selected_ops"]
+    for iteration in ("all", "99"):
+        rc = cli_main([str(et_path), "--kineto", str(logs), "--iteration", iteration,
+                       "-o", str(tmp_path / "refused.py")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "2 Kineto traces" in err[0], err
 
 
 def test_a_kineto_trace_of_other_ops_links_nothing_by_order(pair, tmp_path):
