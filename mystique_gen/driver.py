@@ -164,6 +164,7 @@ KinetoPaths = str | Path | Sequence[str | Path] | None
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 KINETO_SUFFIXES = (KINETO_SUFFIX, KINETO_SUFFIX + ".gz")
 NOT_KINETO_SUFFIXES = tuple(x + z for x in (ET_SUFFIX, SIDECAR_SUFFIX) for z in ("", ".gz"))
+SIDECARS = (SIDECAR_SUFFIX, SIDECAR_SUFFIX + ".gz")
 
 
 def kineto_paths(kineto: KinetoPaths) -> list[Path]:
@@ -217,6 +218,12 @@ def expand_inputs(paths: Sequence[str | Path], named: str = ET_SUFFIX) -> list[P
             if not found:
                 raise MystiqueError(f"{p.name}: no .json or .json.gz traces in this directory")
             chosen = [f for f in found if f.name.endswith((named, named + ".gz"))]
+            if not chosen and named == ET_SUFFIX:
+                # One folder for an ET and its Kineto traces, as HTA's and PARAM's
+                # recipes write (tensorboard_trace_handler's files beside the ET): the
+                # Kineto traces and sidecars are no ETs ("no 'nodes' field").
+                chosen = [f for f in found if not f.name.endswith(
+                    TENSORBOARD_SUFFIXES + KINETO_SUFFIXES + SIDECARS)]
             out.extend(chosen or found)
         else:
             out.append(p)

@@ -192,6 +192,12 @@ def test_kineto_dir_of_a_repeating_schedule_takes_the_cycle_of_the_step(tmp_path
                        "-o", str(tmp_path / "refused.py")])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and "2 Kineto traces" in err[0], err
+    # One folder for the ET and its cycles, given as both: the ET is its one trace
+    # (the Kineto traces were taken for ETs too: "no 'nodes' field").
+    (logs / "et.json").write_bytes(et_path.read_bytes())
+    rc = cli_main([str(logs), "--kineto", str(logs), "-o", str(tmp_path / "folder.py")])
+    assert rc == 0, capsys.readouterr().err
+    assert f'"kineto": "{cycles[0].name}"' in (tmp_path / "folder.py").read_text()
 
 
 def test_a_kineto_trace_of_other_ops_links_nothing_by_order(pair, tmp_path):
