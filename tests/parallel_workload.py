@@ -124,13 +124,14 @@ def tensor_parallel() -> Callable[[], object]:
     return _sgd_step(model, torch.randn(4, 16))
 
 
-def fsdp2() -> Callable[[], object]:
+def fsdp2(shard_placement_fn: Callable[[torch.nn.Parameter], Shard] | None = None
+          ) -> Callable[[], object]:
     model = torch.nn.Sequential(*[torch.nn.Sequential(
         torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.GELU(),
         torch.nn.Linear(32, 16)) for _ in range(2)])
     for block in model:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, shard_placement_fn=shard_placement_fn)
+    fully_shard(model, shard_placement_fn=shard_placement_fn)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x = torch.randn(4, 16)
 
@@ -147,25 +148,7 @@ def fsdp2_dim1() -> Callable[[], object]:
     MoE and column-sharded layers do: each unsharded parameter is an nn.Parameter over
     the buffer its copy-out writes under no_grad (chunk, then ``cat(out=)`` into a view
     of that buffer in the parameter's layout)."""
-    model = torch.nn.Sequential(*[torch.nn.Sequential(
-        torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.GELU(),
-        torch.nn.Linear(32, 16)) for _ in range(2)])
-
-    def placement(param: torch.nn.Parameter) -> Shard:
-        return Shard(1) if param.ndim == 2 else Shard(0)
-
-    for block in model:
-        fully_shard(block, shard_placement_fn=placement)
-    fully_shard(model, shard_placement_fn=placement)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    x = torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-    return step
+    return fsdp2(lambda param: Shard(1) if param.ndim == 2 else Shard(0))
 
 
 def coalesced() -> Callable[[], object]:
