@@ -678,6 +678,20 @@ def _ops_of_a_library() -> tuple[Callable[..., torch.Tensor], Callable[..., torc
 _LIBRARIES: list[torch.library.Library] = []  # kept alive: dropping one undefines its ops
 
 
+def _stand_in_library(namespace: str,
+                      kernels: dict[str, tuple[Callable[..., object], str]]) -> None:
+    """Ops of ``namespace`` under their library's schemas (LIBRARY_SCHEMAS), each
+    implemented by a kernel for a dispatch key, registered once per process (where the
+    first is not an op yet), as the library itself registers them."""
+    if hasattr(getattr(torch.ops, namespace), next(iter(kernels))):
+        return
+    library = torch.library.Library(namespace, "FRAGMENT")  # noqa: TID251
+    for name, (kernel, key) in kernels.items():
+        library.define(LIBRARY_SCHEMAS[f"{namespace}::{name}.default"].split("::")[1])
+        library.impl(name, kernel, key)
+    _LIBRARIES.append(library)
+
+
 def test_a_librarys_kernel_with_an_equivalent_replays_whole(tmp_path):
     """Mask R-CNN's roi_align and nms are torchvision's C++ kernels: replayed as their
     recorded children (the kernels' allocations), roi_align's forward and backward, a
@@ -727,12 +741,7 @@ def _rnnt_loss_of_a_library() -> Callable[..., torch.Tensor]:
     losses and their gradients, called by an autograd Function whose backward scales
     the gradients (functional.RnntLoss); here, where torchaudio is absent, an op of the
     same name and schema computing with the harness's equivalent."""
-    if not hasattr(torch.ops.torchaudio, "rnnt_loss_forward"):  # once per process
-        library = torch.library.Library("torchaudio", "FRAGMENT")  # noqa: TID251
-        library.define(
-            LIBRARY_SCHEMAS["torchaudio::rnnt_loss_forward.default"].split("::")[1])
-        library.impl("rnnt_loss_forward", runtime._rnnt_loss, "CPU")
-        _LIBRARIES.append(library)
+    _stand_in_library("torchaudio", {"rnnt_loss_forward": (runtime._rnnt_loss, "CPU")})
 
     class RnntLoss(torch.autograd.Function):
         @staticmethod
@@ -787,12 +796,8 @@ def test_an_iir_filter_replays_as_its_equivalent_without_torchaudio(tmp_path):
     writes a padded buffer in place (_lfilter_core_loop): where torchaudio is absent
     the benchmark skipped it, and the filtering was missing from the step. Its
     equivalent writes the buffer there."""
-    if not hasattr(torch.ops.torchaudio, "_lfilter_core_loop"):  # once per process
-        library = torch.library.Library("torchaudio", "FRAGMENT")  # noqa: TID251
-        library.define(
-            LIBRARY_SCHEMAS["torchaudio::_lfilter_core_loop.default"].split("::")[1])
-        library.impl("_lfilter_core_loop", runtime._lfilter_core_loop, "CPU")
-        _LIBRARIES.append(library)
+    _stand_in_library("torchaudio",
+                      {"_lfilter_core_loop": (runtime._lfilter_core_loop, "CPU")})
 
     def make_step() -> Callable[[], None]:
         waveform = torch.randn(2, 1, 300)
@@ -905,12 +910,7 @@ def _fbgemm_ops() -> object:
         return torch.ops.fbgemm
     except ImportError:
         pass
-    if not hasattr(torch.ops.fbgemm, "split_embedding_codegen_forward_cpu"):
-        library = torch.library.Library("fbgemm", "FRAGMENT")  # noqa: TID251
-        for name, (kernel, key) in _FBGEMM_OPS.items():
-            library.define(LIBRARY_SCHEMAS[f"fbgemm::{name}.default"].split("::")[1])
-            library.impl(name, kernel, key)
-        _LIBRARIES.append(library)
+    _stand_in_library("fbgemm", _FBGEMM_OPS)
     return torch.ops.fbgemm
 
 
