@@ -163,8 +163,8 @@ KinetoPaths = str | Path | Sequence[str | Path] | None
 # tensorboard_trace_handler names each file <worker>.<time>.pt.trace.json[.gz].
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 KINETO_SUFFIXES = (KINETO_SUFFIX, KINETO_SUFFIX + ".gz")
-NOT_KINETO_SUFFIXES = tuple(x + z for x in (ET_SUFFIX, SIDECAR_SUFFIX) for z in ("", ".gz"))
 SIDECARS = (SIDECAR_SUFFIX, SIDECAR_SUFFIX + ".gz")
+NOT_KINETO_SUFFIXES = (ET_SUFFIX, ET_SUFFIX + ".gz", *SIDECARS)
 
 
 def kineto_paths(kineto: KinetoPaths) -> list[Path]:
@@ -696,23 +696,23 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
             and is_multi_rank_set([s.trace for s in sources])):
         return _compile_ranks(sources, options, consume, kinetos, [str(f) for f in files])
     check_trace_count(len(sources), options)
+    cycle = None
     if len(kinetos) > 1:
         cycle = kineto_of_cycle(sources[0].trace, kinetos, options.iteration)
-        if cycle is not None:
-            link_source(sources[0], cycle[1], cycle[0])
-            program = run_passes(sources, options, consume=consume)
-            program.diagnostics.append(note(
-                f"--kineto: {cycle[0].name}, of {len(kinetos)} Kineto traces (one per "
-                f"cycle of a repeating schedule), the one holding step #{cycle[2]}"))
-            return Compiled([program], [0])
-        raise OptionError(f"{len(kinetos)} Kineto traces "
-                          f"({', '.join(k.name for k in kinetos)}) for one trace "
-                          f"({files[0].name}): --kineto takes one Kineto trace per trace "
-                          "(a profiler whose schedule repeats writes one per cycle: give "
-                          "one cycle's, that of the step to replay)")
-    if kinetos:
+        if cycle is None:
+            raise OptionError(f"{len(kinetos)} Kineto traces "
+                              f"({', '.join(k.name for k in kinetos)}) for one trace "
+                              f"({files[0].name}): --kineto takes one Kineto trace per "
+                              "trace (a profiler whose schedule repeats writes one per "
+                              "cycle: give one cycle's, that of the step to replay)")
+        link_source(sources[0], cycle[1], cycle[0])
+    elif kinetos:
         link_source(sources[0], load_kineto(kinetos[0]), kinetos[0])
     program = run_passes(sources, options, consume=consume)
+    if cycle is not None:
+        program.diagnostics.append(note(
+            f"--kineto: {cycle[0].name}, of {len(kinetos)} Kineto traces (one per cycle "
+            f"of a repeating schedule), the one holding step #{cycle[2]}"))
     rank = program.distributed.rank or 0 if program.distributed is not None else 0
     return Compiled([program], [rank])
 
