@@ -1439,9 +1439,8 @@ def _recurrence(x, lags, history):
     # over m samples: h (channels, m), F (channels, m, p), from a single sample
     h = torch.ones(channels, 1, dtype=dtype, device=device)
     f = -coeffs[:, None, :]
-    units = torch.eye(p, dtype=dtype, device=device).flip(
-        -1
-    )  # past outputs, oldest first
+    # past outputs, oldest first
+    units = torch.eye(p, dtype=dtype, device=device).flip(-1)
     size = 1
     while size < max(IIR_CHUNK, p):
         # the sequences with the past outputs before them: zeros for h, units for F
@@ -1461,9 +1460,8 @@ def _recurrence(x, lags, history):
     toeplitz = h[:, steps.clamp(min=0)] * (steps >= 0)  # (channels, size, size)
     own = torch.einsum("bckq,cmq->bckm", x, toeplitz)
     if p:
-        move = f[:, size - p :].flip(
-            1
-        )  # M[c, i, j]: lag i + 1 after a chunk, from lag j + 1
+        # M[c, i, j]: lag i + 1 after a chunk, from lag j + 1
+        move = f[:, size - p :].flip(1)
         carried = state(own)  # (batch, channels, chunks, p)
         start = history.to(dtype).flip(-1)
         carried[:, :, 0] += torch.einsum("cij,bcj->bci", move, start)
