@@ -81,11 +81,6 @@ OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mis
             "nonfinite", "pass")
 RUNNER = ("import runpy, sys; sys.modules['mystique_gen'] = None; "
           "path = sys.argv[1]; sys.argv = sys.argv[1:]; runpy.run_path(path, run_name='__main__')")
-# The NaN-birth check (nan_births.py), each side in a process of its own: a dispatch
-# mode around functorch's levels can crash the process (a segmentation fault, torch
-# 2.13), and then that side is not checked. The eager step is the recorded one (the
-# third); the replay's, its first iteration, run standalone. Each prints its births as
-# one JSON line (null where the step would not run under the mode).
 # A workload's step (script argv: its module's path, its name), built and run twice.
 WARM_STEP = """
 import importlib.util, json, os, sys, torch
@@ -99,6 +94,11 @@ step = module.WORKLOADS[sys.argv[2]]()
 for _ in range(2):
     step()
 """
+# The NaN-birth check (nan_births.py), each side in a process of its own: a dispatch
+# mode around functorch's levels can crash the process (a segmentation fault, torch
+# 2.13), and then that side is not checked. The eager step is the recorded one (the
+# third); the replay's, its first iteration, run standalone. Each prints its births as
+# one JSON line (null where the step would not run under the mode).
 EAGER_BIRTHS = WARM_STEP + """
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
 from nan_births import NanBirths
