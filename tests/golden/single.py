@@ -854,8 +854,9 @@ def _empty_annotation():
 
 
 # Backward nodes in `_scope_cost`'s graph: each opens two scopes, its own and the
-# engine's evaluate_function around it.
+# engine's evaluate_function around it, and the engine opens one more where it stops.
 _SCOPE_CHAIN = 32
+_SCOPE_CHAIN_SCOPES = 2 * _SCOPE_CHAIN + 1
 
 
 def _scope_cost(original):
@@ -881,7 +882,7 @@ def _scope_cost(original):
         def backward():
             torch.autograd.grad(out, root, grad, retain_graph=True)
 
-        return _recording_cost(original, backward, 60) / (2 * _SCOPE_CHAIN)
+        return _recording_cost(original, backward, 60) / _SCOPE_CHAIN_SCOPES
 
 
 def _annotation_cost(original):
