@@ -673,6 +673,58 @@ def test_scope_cost_times_the_autograd_engines_scopes_and_no_op(monkeypatch):
     assert per_scope == pytest.approx(128.0 / len(names))
 
 
+@pytest.mark.parametrize("facts, passes", [
+    # Gaps of one step of a session whose warm-up step ran the profiler: passes of one
+    # iteration each, the observer started after an untimed one under the profiler.
+    ({"gap_steps": 1, "profiler_warm": True}, [(1, True)] * 4),
+    ({"gap_steps": 2, "profiler_warm": False}, [(2, False)] * 4),  # nothing ran before
+    ({"gap_steps": 3}, [(9, False)]),  # the median over 3 steps drops the cold one
+    ({}, [(9, False)]),
+])
+def test_calibration_mirrors_gaps_of_one_or_two_cold_steps(monkeypatch, facts, passes):
+    """Recorded gaps of one or two steps hold the recorders' cold first step: an MLP's
+    one-step inference pair replayed +26% against warm iterations. Such a calibration
+    profiles `_COLD_PASSES` passes of as many first iterations of fresh recorders,
+    with, without and with the observer as ever (here the profile-only side: one
+    side)."""
+    calls = []
+
+    def profile_own(inputs, device, host, snapshot, iters, original, probes, warm=False):
+        calls.append((iters, warm))
+        probes.append(8.0)  # the host's Python speed, timed before each iteration
+        return (5.0, {}, None, (100.0, 3), (0.0, {}))
+
+    monkeypatch.setattr(runtime, "_profile_own", profile_own)
+    monkeypatch.setattr(runtime, "replay", lambda inputs, device, host: None, raising=False)
+    for name, value in (("_scope_cost", 1.0), ("_annotation_cost", 1.0),
+                        ("_python_call_cost", 0.0)):
+        monkeypatch.setattr(runtime, name, lambda original, value=value: value)
+    monkeypatch.setitem(runtime._RUNTIME, "gap_planned", {})
+    monkeypatch.setitem(runtime._RUNTIME, "gap_carry", {})
+    monkeypatch.setitem(runtime._RUNTIME, "gap_waited", {})
+    monkeypatch.setitem(runtime._RUNTIME, "device", "cpu")
+    monkeypatch.setattr(runtime, "_JOB", runtime._Local())
+    runtime._calibrate_gaps((), torch.device("cpu"), torch.device("cpu"),
+                            original={"observer_in_gaps": False, **facts})
+    assert calls == passes
+
+
+def test_a_warm_up_runs_under_the_profiler_before_the_observer_starts(monkeypatch, tmp_path):
+    """As a profiler schedule's warm-up step leaves them: the profiler has run (its
+    first step's costs are behind it), the ET observer has not; its trace is written
+    out when the profile ends, as the profiler's exit writes it."""
+    monkeypatch.setitem(runtime._RUNTIME, "device", "cpu")
+    x = torch.ones(4)
+    path = tmp_path / "calibrate.et.json"
+    with runtime._recorded_as({"observer_in_gaps": True}, str(path),
+                              warm_up=lambda: torch.add(x, x)) as prof:
+        torch.mul(x, x)
+    profiled = {e.name for e in prof.events()}
+    assert {"aten::add", "aten::mul"} <= profiled
+    observed = {node["name"] for node in json.loads(path.read_text())["nodes"]}
+    assert "aten::mul" in observed and "aten::add" not in observed
+
+
 def test_calibration_passes_merge_gap_by_gap():
     """A same-session calibration profiles with, without, without and with the
     observer; each side's two passes merge into one: means of their numbers, gap by

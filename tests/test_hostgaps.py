@@ -465,6 +465,7 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
     gaps = [op.timing.gap_us for op in program.ops if op.timing is not None]
     assert gaps[0] is not None and all(g is not None and g >= 0 for g in gaps)
     assert len(timing.step_gap_totals_us) == 3
+    assert timing.gap_steps == 3 and timing.profiler_warm  # a warm-up step ran first
     # The gaps add up to a typical step: the median one, or less where its gaps exceed
     # the per-gap medians by more than their skew (MAX_SKEW).
     typical = timing.step_gap_typical_us
@@ -496,6 +497,23 @@ def test_same_session_pair_of_several_steps_replays_each_gaps_median(tmp_path):
                                   ("two_stalls", "[1.0, 1e9, 1e9]", "1.0")):
         out, stderr = _run_recorded(tmp_path / f"{name}.py", with_totals(totals, typical))
         assert "exceed its quietest step's" not in stderr
+
+
+def test_a_one_step_pairs_facts_say_its_recorders_started_at_that_step(tmp_path):
+    """A profiler session starts its recorders at its first recorded step, which runs
+    them cold (an MLP's first step's gaps 10-15% over its next ones where a schedule's
+    warm-up step had run the profiler, 30-40% where nothing had), and one recorded
+    step is all first step: the facts say how many steps the gaps are medians over and
+    whether the profiler ran before them, which the benchmark's calibration mirrors
+    (harness `_cold_steps`)."""
+    for stem, scheduled, warm in (("scheduled", True, True), ("plain", False, False)):
+        et_path, kineto = _profiled_pair(tmp_path, stem, active=1 if scheduled else 0,
+                                         scheduled=scheduled)
+        timing = compile_trace(et_path, kineto=kineto).timing
+        assert timing is not None and timing.observer_in_gaps
+        assert (timing.gap_steps, timing.profiler_warm) == (1, warm)
+        text = generate(et_path, tmp_path / f"{stem}.py", kineto=kineto)
+        assert '"gap_steps": 1,' in text and f'"profiler_warm": {warm},' in text
 
 
 def test_a_repeating_schedules_pair_replays_a_step_of_its_kineto_cycle(tmp_path):

@@ -229,6 +229,8 @@ def original_lines(program: Program, rank: int | None = None) -> list[str]:
         ("host_probe_us", "None" if timing.host_probe_us is None
          else exprs.float_literal(round(timing.host_probe_us, 3))),
         ("step_gaps_us", exprs.list_display([Atom(_us(t)) for t in timing.step_gap_totals_us])),
+        ("gap_steps", str(timing.gap_steps)),
+        ("profiler_warm", str(timing.profiler_warm)),
         ("step_gaps_typical_us", "None" if timing.step_gap_typical_us is None
          else _us(timing.step_gap_typical_us)),
     )

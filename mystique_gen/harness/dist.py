@@ -379,6 +379,15 @@ class _Ranks(_Local):
         torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
         return bool(int(mine))
 
+    def most_on_any_rank(self, count):
+        """The largest of each rank's `count`: a number every rank must take alike
+        (how many iterations each calibration pass replays)."""
+        if not self.comm:
+            return int(count)
+        mine = torch.tensor([int(count)], dtype=torch.int64, device=self.gather_device)
+        torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
+        return int(mine)
+
     def _gather(self, values):
         mine = torch.tensor(values, dtype=torch.float64, device=self.gather_device)
         every = [torch.empty_like(mine) for _ in range(WORLD_SIZE)]

@@ -406,6 +406,14 @@ class ProgramTiming:
     # how far they disagree is the recording's noise, against which the benchmark
     # weighs what a same-session correction leaves to wait (``_calibrate_gaps``).
     step_gap_totals_us: tuple[float, ...] = ()
+    # How many recorded steps each gap is the median over (1: one step's own gaps, such
+    # as the linked step's). Fewer than three hold the recorders' cold first step,
+    # which the benchmark's calibration then mirrors (harness ``_cold_steps``).
+    gap_steps: int = 1
+    # Whether the profiler ran before the first of those steps (a schedule's warm-up:
+    # its first step is ``ProfilerStep#1`` or later), so that only the ET observer
+    # started cold at it.
+    profiler_warm: bool = False
     # What the replayed gaps add up to: the median step's, or the quietest's where the
     # others stalled (passes/hostgaps.py ``typical_step_total``).
     step_gap_typical_us: float | None = None

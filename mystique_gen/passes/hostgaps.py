@@ -362,6 +362,7 @@ def _replace_gaps(program: Program, found: ProfileGaps) -> None:
                              tail_gap_calls=found.tail_calls,
                              tail_gap_annotations=found.tail_annotations,
                              step_gap_totals_us=found.step_totals,
+                             gap_steps=found.steps,
                              step_gap_typical_us=found.typical_total)
 
 
@@ -413,6 +414,8 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
     if found is None:
         return 0
     _replace_gaps(program, found)
+    numbers = [int(m.group(1)) for s in observed if (m := STEP_RE.fullmatch(s.name))]
+    program.timing.profiler_warm = bool(numbers) and min(numbers) > 0
     program.timing.host_gaps = (
         f"{kineto.name} (median of {found.steps} recorded steps)" if found.steps > 1
         else f"{kineto.name} (its one recorded step, from the step's start to its end)")

@@ -368,8 +368,10 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     harness's work counted as host time. Subtracting it cancels the recorders' share
     of the recorded gaps and the time this file itself spends between ops. Medians over
     iterations: the first profiled iterations run cold, and a shared machine slows a
-    few. Where the gaps were recorded with the ET observer attached (`original`, this
-    process's ORIGINAL, says "observer_in_gaps": an ET and a Kineto trace from one
+    few; save where the recorded gaps are themselves cold, from one or two steps of a
+    profiler session: then first iterations of fresh recorders (`_cold_steps`). Where
+    the gaps were recorded with the ET observer attached (`original`, this process's
+    ORIGINAL, says "observer_in_gaps": an ET and a Kineto trace from one
     profiler session), the calibration attaches one too, so the observer's share
     cancels as well; if it cannot, the recorded gaps are not replayed (they would be
     inflated). The observer costs the original more than the replay: a second pass
@@ -398,7 +400,20 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     # gaps came from profile-only steps beside one whose came from its ET's own
     # session ran 11 replays against 38, and the job hung).
     observed_anywhere = _JOB.any_rank(observed)
-    first = _profile_own(inputs, device, host, snapshot, iters, original, probes)
+    cold = _JOB.most_on_any_rank(_cold_steps(original))
+    warm = bool(original and original.get("profiler_warm"))
+
+    def profile_own(facts, probes):
+        if not cold:
+            return _profile_own(inputs, device, host, snapshot, iters, facts, probes)
+        return _merged(
+            *(
+                _profile_own(inputs, device, host, snapshot, cold, facts, probes, warm)
+                for _ in range(_COLD_PASSES)
+            )
+        )
+
+    first = profile_own(original, probes)
     own_mean, own_gaps, schema, busy, own_harness = first
     _RUNTIME["gap_carry"].clear()
     _RUNTIME["gap_waited"].clear()
@@ -417,11 +432,8 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         # with: this VM switches speed over seconds, and the observer's cost is their
         # difference; an order that pairs them cancels a drift between the passes.
         without = {**(original or {}), "observer_in_gaps": False}
-        plain = [
-            _profile_own(inputs, device, host, snapshot, iters, without, [])
-            for _ in range(2)
-        ]
-        again = _profile_own(inputs, device, host, snapshot, iters, original, probes)
+        plain = [profile_own(without, []) for _ in range(2)]
+        again = profile_own(original, probes)
         if observed:
             own_mean, own_gaps, _, busy, own_harness = _merged(first, again)
             plain_mean, plain_gaps, _, plain_busy, plain_harness = _merged(*plain)
@@ -464,6 +476,32 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
             )
     if _RUNTIME["host_gaps"]:
         _drop_gaps_behind_own_time()
+
+
+# Where the recorded gaps are medians over fewer steps than this, the recorders' first
+# step counts in them, and the calibration profiles passes of as many first steps
+# (`_cold_steps`), this many of them; from this many steps on, the median drops it.
+_COLD_STEPS = 3
+_COLD_PASSES = 4
+
+
+def _cold_steps(original):
+    """How many iterations each calibration pass profiles where the recorded gaps came
+    from fewer than `_COLD_STEPS` steps of one profiler session (`gap_steps` of the
+    recorded facts), else 0 (passes of `iters` iterations, their medians).
+
+    A profiler session starts its recorders at its first active step, which runs them
+    cold: an MLP's first recorded step held 15-50% more host time between ops than its
+    next steps with the ET observer attached, and 30-60% more under the profiler alone
+    (measured here, in three sessions of one process: the second and third sessions'
+    first steps ran as cold as the process's first). A trace recorded as one profiled
+    step (a same-session pair with one active step, as other tools record one) is all
+    first step, and its gaps, calibrated against warm iterations, kept that cost (an
+    MLP's training step replayed +23% and its inference step +34% with them). Each
+    pass starts recorders of its own, so its first iterations are as cold as the
+    original's steps were."""
+    steps = (original or {}).get("gap_steps")
+    return int(steps) if steps and int(steps) < _COLD_STEPS else 0
 
 
 def _drop_gaps_behind_own_time():
@@ -565,16 +603,24 @@ def _merged(*passes):
     )
 
 
-def _profile_own(inputs, device, host, snapshot, iters, facts, probes):
+def _profile_own(inputs, device, host, snapshot, iters, facts, probes, warm=False):
     """This replay's own host time in its gaps under the recorders of `facts`
     (`_recorded_as`): (mean, per gap, the schema of the ET written, if any, the
     top-level ops' time, the harness's share of the gaps: see `_own_gaps`). Times the
-    Python probe before each iteration into `probes`."""
+    Python probe before each iteration into `probes`. `warm`: the profiler runs one
+    untimed iteration before the rest, and the ET observer starts after it, as a
+    profiler schedule's warm-up step leaves them (`_cold_steps`)."""
     handle, et_path = tempfile.mkstemp(prefix="mystique-calibrate-", suffix=".json")
     os.close(handle)
     _RUNTIME["et_observer"] = bool(facts and facts.get("observer_in_gaps"))
+
+    def warm_up():
+        _reset(snapshot)
+        replay(inputs, device, host)
+        _sync(device)
+
     try:
-        with _recorded_as(facts, et_path) as prof:
+        with _recorded_as(facts, et_path, warm_up if warm else None) as prof:
             marks = _RUNTIME["gap_marks"] = []
             for _ in range(iters):
                 _reset(snapshot)  # outside the scope: not the replay's own time
@@ -920,13 +966,14 @@ _RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 
 
 @contextlib.contextmanager
-def _recorded_as(original, et_path):
+def _recorded_as(original, et_path, warm_up=None):
     """A profile set as the recorders of `original`'s gaps were (this process's
     ORIGINAL): with memory events where they were recorded, and where the gaps hold
     an ET observer's work, with one attached, writing to `et_path`, computing integral
     tensors' ranges where the original's did; with the options of `profiler_options`
     (recording shapes, FLOPs, Python calls, a device's activity) it shows on. Each
-    costs host time in the gaps."""
+    costs host time in the gaps. `warm_up`: run under the profiler alone first, the
+    observer started after it."""
     facts = original or {}
     observer, saved = None, os.environ.get(_RANGE_ENV)
     if facts.get("observer_in_gaps"):
@@ -934,10 +981,11 @@ def _recorded_as(original, et_path):
             os.environ[_RANGE_ENV] = "1"  # read as the observer starts
         observer = ExecutionTraceObserver()
         observer.register_callback(et_path)
+    late = observer if warm_up is not None else None
     try:
         with profile(
             activities=_activities(facts.get("profiler_options") or ()),
-            execution_trace_observer=observer,
+            execution_trace_observer=None if late is not None else observer,
             profile_memory=bool(facts.get("memory_in_gaps")),
             **{
                 option: True
@@ -945,7 +993,15 @@ def _recorded_as(original, et_path):
                 if option in _PROFILER_OPTIONS
             },
         ) as prof:
-            yield prof
+            if late is None:
+                yield prof
+            else:
+                try:
+                    warm_up()
+                    late.start()
+                    yield prof
+                finally:
+                    late.unregister_callback()  # writes the trace out, as the exit does
     finally:
         if saved is None:
             os.environ.pop(_RANGE_ENV, None)
@@ -1560,6 +1616,10 @@ class _Local:
     def any_rank(self, flag):
         """Whether `flag` holds on any rank of the job (here: on this process)."""
         return bool(flag)
+
+    def most_on_any_rank(self, count):
+        """The largest of each rank's `count` (here: this process's)."""
+        return int(count)
 
 
 def _other_thread_count(device):
