@@ -675,6 +675,7 @@ def test_steps_profiled_without_the_observer_serve_as_profile_only_steps(tmp_pat
     timing = program.timing
     assert timing is not None and not timing.observer_in_gaps
     assert timing.host_gaps == "manual.json (median of 4 steps profiled without the ET observer)"
+    assert timing.gap_steps == 4 and timing.profiler_warm  # the schedule's warm-up ran
     gaps = [op.timing.gap_us for op in program.ops if op.timing is not None]
     assert all(g is not None and g >= 0 for g in gaps)
     # The gaps are the other steps', not the step the observer recorded (whose gaps

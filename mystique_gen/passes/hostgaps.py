@@ -408,18 +408,29 @@ def apply_session_steps(program: Program, trace: RawTrace, kineto: KinetoTrace,
         _replace_observer_free(program, free, kineto, "steps profiled without the ET "
                                "observer" if free.steps > 1 else
                                "step profiled without the ET observer")
+        program.timing.profiler_warm = _profiler_ran_before(unobserved, steps)
         return free.steps
     found = profile_gaps(trace, kineto.cpu_ops, observed, span, kineto.python_calls,
                          serial=serial)
     if found is None:
         return 0
     _replace_gaps(program, found)
-    numbers = [int(m.group(1)) for s in observed if (m := STEP_RE.fullmatch(s.name))]
-    program.timing.profiler_warm = bool(numbers) and min(numbers) > 0
+    program.timing.profiler_warm = _profiler_ran_before(observed, steps)
     program.timing.host_gaps = (
         f"{kineto.name} (median of {found.steps} recorded steps)" if found.steps > 1
         else f"{kineto.name} (its one recorded step, from the step's start to its end)")
     return found.steps
+
+
+def _profiler_ran_before(used: list[CpuEvent], steps: list[CpuEvent]) -> bool:
+    """Whether the profiler recorded, or warmed up on, a step before the first of the
+    steps ``used`` (whose gaps are replayed): a step of the trace starts before it, or
+    it is ``ProfilerStep#N`` with N >= 1 (a schedule's waiting or warm-up steps ran
+    first, which the trace does not hold). Else the profiler started cold at it."""
+    first = min(used, key=lambda s: s.ts)
+    number = STEP_RE.fullmatch(first.name)
+    return any(s.ts < first.ts for s in steps) or (number is not None
+                                                     and int(number.group(1)) > 0)
 
 
 def _unannotated_steps(trace: RawTrace, events: list[CpuEvent], ids: set[int], offset: int,

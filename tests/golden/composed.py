@@ -523,10 +523,11 @@ def _cold_steps(original):
     recorded facts), else 0 (passes of `iters` iterations, their medians).
 
     A profiler session starts its recorders at its first active step, which runs them
-    cold: an MLP's first recorded step held 15-50% more host time between ops than its
-    next steps with the ET observer attached, and 30-60% more under the profiler alone
-    (measured here, in three sessions of one process: the second and third sessions'
-    first steps ran as cold as the process's first). A trace recorded as one profiled
+    cold: an MLP's first recorded step held 15-60% more host time between ops than its
+    next steps under a fresh profile with the ET observer attached, 10-15% more where a
+    schedule's warm-up step had run the profiler first (`profiler_warm`; measured
+    here, in sessions of one process: later sessions' first steps ran as cold as the
+    process's first). A trace recorded as one profiled
     step (a same-session pair with one active step, as other tools record one) is all
     first step, and its gaps, calibrated against warm iterations, kept that cost (an
     MLP's training step replayed +23% and its inference step +34% with them). Each
