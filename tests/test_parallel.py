@@ -171,10 +171,12 @@ def test_per_rank_kineto_timing_replays_every_ranks_host_gaps(tmp_path):
 
     # Rank 1 without its profile-only steps: its gaps are its ET's own session's, whose
     # observer the calibration measures in more passes; every rank replays them, or
-    # the ranks' collectives never meet (the job hung).
+    # the ranks' collectives never meet (the job hung). Its one linked step is its
+    # recorders' first, so every rank's passes are as many fresh first iterations.
     (tmp_path / "tp-rank-1.profile.json").unlink()
     assert cli_main([*map(str, ets), "--kineto", *map(str, kinetos), "-o", str(bench)]) == 0
-    assert '"observer_in_gaps": True' in bench.read_text().split("ORIGINAL_RANK1 = ")[1]
+    rank1 = bench.read_text().split("ORIGINAL_RANK1 = ")[1]
+    assert '"observer_in_gaps": True' in rank1 and '"gap_steps": 1,' in rank1
     proc = _torchrun(str(bench), "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",
                      "--host-gaps", "recorded", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
