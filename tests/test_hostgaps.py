@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import warnings
 from pathlib import Path
 
@@ -689,9 +690,19 @@ def test_steps_profiled_without_the_observer_serve_as_profile_only_steps(tmp_pat
     assert observed is not None
     assert gaps != [observed.gaps.get(op.node_id) for op in program.ops
                     if op.timing is not None]
+    # The step to compare with is theirs too: their median span, not the recorded
+    # step's, which carries the observer (a mixture of experts' step captured so under
+    # torchrun: 69 ms recorded, 12.6 ms profiled alone, and the replay read 2.4x fast).
+    alone = [e.dur for e in events if e.name.startswith("ProfilerStep#")
+             and not _observed(e, events, ids, 0)]
+    assert len(alone) == 4
+    assert timing.step_ms == pytest.approx(statistics.median(alone) / 1000.0)
+    assert timing.step_ms_from == ("median Kineto span of 4 steps profiled without the "
+                                   "ET observer")
     text = generate(et_path, tmp_path / "bench.py", kineto=kineto)
     assert "steps profiled without the ET observer" in " ".join(text.split())
     assert '"observer_in_gaps": False' in text
+    assert f'"step_ms": {round(timing.step_ms, 4)},' in text
     # The header says where the gaps came from, not only ORIGINAL.
     header = " ".join(text.split('"""')[1].split())
     assert "steps profiled without the ET observer" in header
@@ -714,6 +725,11 @@ def test_unmarked_steps_profiled_without_the_observer_serve_as_well(tmp_path):
                         r"observer\)", timing.host_gaps), timing.host_gaps
     assert all(op.timing is not None and op.timing.gap_us is not None
                and op.timing.gap_us >= 0 for op in program.ops[1:])
+    # Those steps' median span is the step to compare with, not the observed one's.
+    assert timing.profiled_step_ms is not None and timing.step_ms == timing.profiled_step_ms
+    assert timing.step_ms != timing.original_ms
+    assert re.fullmatch(r"median Kineto span of [34] steps profiled without the ET "
+                        r"observer", timing.step_ms_from), timing.step_ms_from
 
 
 def test_a_step_counts_where_the_observer_recorded_its_ops():

@@ -422,12 +422,21 @@ class ProgramTiming:
     # ET observer attached where linked by id: 10x the eager step, measured on an
     # embedding model's training step.
     measured_step_ms: float | None = None
+    # The median Kineto span of the steps profiled without the ET observer whose gaps
+    # replay (a capture's profile-only steps, or the steps of a same-session profile
+    # the observer was not started in), and how many: the step as it ran with the
+    # profiler alone, where the recorded step's span above carries the observer.
+    profiled_step_ms: float | None = None
+    profiled_steps: int = 0
 
     @property
     def step_ms(self) -> float:
         """The original step time a replay is compared with: the measured eager step
-        where known, else the Kineto span (see :attr:`step_ms_from`)."""
-        return self.measured_step_ms if self.measured_step_ms is not None \
+        where known, else the steps profiled without the ET observer, else the Kineto
+        span of the recorded step (see :attr:`step_ms_from`)."""
+        if self.measured_step_ms is not None:
+            return self.measured_step_ms
+        return self.profiled_step_ms if self.profiled_step_ms is not None \
             else self.original_ms
 
     @property
@@ -435,6 +444,10 @@ class ProgramTiming:
         """Where :attr:`step_ms` comes from, in words."""
         if self.measured_step_ms is not None:
             return "eager steps the capture measured, its step.json"
+        if self.profiled_step_ms is not None:
+            many = self.profiled_steps != 1
+            return (f"median Kineto span of {self.profiled_steps} step{'s' if many else ''}"
+                    " profiled without the ET observer")
         if self.observer_in_gaps:
             return "Kineto span of the recorded step, ET observer attached"
         return "Kineto span of the recorded step, profiled"
