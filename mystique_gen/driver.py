@@ -98,6 +98,7 @@ from mystique_gen.passes.values import (
     resources_dir,
 )
 from mystique_gen.sources.et import RawTrace, load_trace
+from mystique_gen.sources.jsonstream import document_kind
 from mystique_gen.sources.kineto import (
     KinetoTrace,
     host_probe_of,
@@ -180,8 +181,11 @@ def kineto_paths(kineto: KinetoPaths) -> list[Path]:
             # where it has any; the ET, an ET+ or a step.json written beside them (as
             # HTA's and PARAM's recipes write them into one folder) are no Kineto trace
             # (they were counted as ones: "4 Kineto traces (eager.json, et.json, ...)").
+            # Named by no convention (PARAM's and HTA's et_rank0.json beside
+            # kineto_rank0.json): the files that hold an ET are none, by what they hold.
             found = [f for f in found if f.name.endswith(TENSORBOARD_SUFFIXES)] or \
-                [f for f in found if not f.name.endswith(NOT_KINETO_SUFFIXES)]
+                [f for f in found if not f.name.endswith(NOT_KINETO_SUFFIXES)
+                 and document_kind(f) != "et"]
         out.extend(found)
     return out
 
@@ -222,8 +226,11 @@ def expand_inputs(paths: Sequence[str | Path], named: str = ET_SUFFIX) -> list[P
                 # One folder for an ET and its Kineto traces, as HTA's and PARAM's
                 # recipes write (tensorboard_trace_handler's files beside the ET): the
                 # Kineto traces and sidecars are no ETs ("no 'nodes' field").
+                # Nor are the Kineto traces whose names say nothing (PARAM's and HTA's
+                # et_rank0.json beside kineto_rank0.json): by what they hold.
                 chosen = [f for f in found if not f.name.endswith(
-                    TENSORBOARD_SUFFIXES + KINETO_SUFFIXES + SIDECARS)]
+                    TENSORBOARD_SUFFIXES + KINETO_SUFFIXES + SIDECARS)
+                    and document_kind(f) != "kineto"]
             out.extend(chosen or found)
         else:
             out.append(p)

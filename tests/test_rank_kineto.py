@@ -8,6 +8,7 @@ started here; tests/test_parallel.py captures and replays a real job under torch
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -93,6 +94,28 @@ def test_a_capture_folder_stands_for_its_rank_traces_and_kineto_traces(tmp_path)
     compiled = compile_paths([tmp_path], kineto=tmp_path)
     assert [p.timing.kineto for p in compiled.programs if p.timing is not None] == [
         "rank-0.kineto.json", "rank-1.kineto.json"]
+
+
+def test_a_folder_named_by_no_convention_is_told_apart_by_what_each_file_holds(tmp_path):
+    """PARAM's and HTA's recipes write ``et_rank<N>.json`` beside ``kineto_rank<N>.json``
+    (or gzipped): no name says which is which, so the folder as the traces took the
+    Kineto traces for ETs ("kineto_rank0.json: no 'nodes' field"), and as ``--kineto``
+    took the ETs for Kineto traces (4 of them for 2 ranks). What each holds decides."""
+    ets, kinetos = two_ranks(tmp_path)
+    for rank, (et, kineto) in enumerate(zip(ets, kinetos, strict=True)):
+        et.rename(tmp_path / f"et_rank{rank}.json")
+        data = kineto.read_bytes()
+        kineto.unlink()
+        if rank:
+            (tmp_path / f"kineto_rank{rank}.json.gz").write_bytes(gzip.compress(data))
+        else:
+            (tmp_path / f"kineto_rank{rank}.json").write_bytes(data)
+    assert [p.name for p in expand_inputs([tmp_path])] == ["et_rank0.json", "et_rank1.json"]
+    assert [p.name for p in kineto_paths(tmp_path)] == ["kineto_rank0.json",
+                                                        "kineto_rank1.json.gz"]
+    compiled = compile_paths([tmp_path], kineto=tmp_path)
+    assert [p.timing.kineto for p in compiled.programs if p.timing is not None] == [
+        "kineto_rank0.json", "kineto_rank1.json.gz"]
 
 
 def test_each_rank_takes_host_gaps_from_its_own_profile_only_steps(tmp_path):

@@ -21,6 +21,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 from mystique_gen.errors import TraceError
@@ -233,3 +234,32 @@ class _Prefixed:
                 data += self.source.read(size - len(data))
             return data
         return self.source.read(size)
+
+
+# What a trace file holds, from its first bytes: an execution trace's node list (the
+# observer writes ``schema``, ``pid``, ``time`` and ``start_ts`` before it), or a
+# Kineto trace (``schemaVersion`` first, ``traceEvents`` after the device and
+# distributed facts).
+SNIFF_BYTES = 1 << 16
+_ET_KEY = re.compile(r'"nodes"\s*:\s*\[')
+_KINETO_KEY = re.compile(r'^\s*\{\s*"schemaVersion"\s*:|"traceEvents"\s*:\s*\[')
+
+
+def document_kind(path: str | Path) -> str | None:
+    """``"et"`` or ``"kineto"`` for a JSON file (gzipped or not) whose first
+    :data:`SNIFF_BYTES` say which, else None (unreadable, or neither: the loader says
+    what is wrong with it). For a folder of traces named by no convention (PARAM's
+    and HTA's recipes write ``et_rank0.json`` beside ``kineto_rank0.json``)."""
+    try:
+        with open(path, "rb") as raw:
+            data = raw.read(SNIFF_BYTES)
+            if data[:2] == b"\x1f\x8b":
+                raw.seek(0)
+                data = gzip.GzipFile(fileobj=raw, mode="rb").read(SNIFF_BYTES)
+    except (OSError, EOFError, zlib.error):
+        return None
+    text = data.decode("utf-8", errors="replace").lstrip("\ufeff")
+    et, kineto = _ET_KEY.search(text), _KINETO_KEY.search(text)
+    if et and (kineto is None or et.start() < kineto.start()):
+        return "et"
+    return "kineto" if kineto else None
