@@ -188,6 +188,12 @@ def test_each_rank_replays_with_its_own_original(monkeypatch):
     assert [r["original_ms"] for r in per_rank] == [2.0, 3.0]
     assert [r["host_gaps_replayed"] for r in per_rank] == [True, False]
     assert [r["host_gap_call_us"] for r in per_rank] == [0.2, 0.0]
+    # A Kineto trace that linked no op (one cycle's, another step's) gives a step of
+    # 0: none known, as for one process, not the job's step at 0.0 ms.
+    nothing = {r: {"step_ms": 0.0, "observer_in_gaps": False} for r in (0, 1)}
+    monkeypatch.setattr(dist, "RANKS", {r: (None, None, 3, nothing[r]) for r in (0, 1)})
+    assert job.original_ms() is None
+    assert [r["original_ms"] for r in job.facts()["per_rank"]] == [None, None]
     monkeypatch.setattr(dist, "RANKS", {r: (None, None, 3, None) for r in (0, 1)})
     assert job.original() is None and job.original_ms() is None
     assert "original_ms" not in job.facts()["per_rank"][0]
