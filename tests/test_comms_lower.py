@@ -32,10 +32,10 @@ from mystique_gen.passes.comms import (
     settle_unrecorded_groups,
     unpaired_point_to_point,
 )
-from mystique_gen.passes.ranks import INIT_NODE
+from mystique_gen.passes.ranks import INIT_NODE, is_multi_rank_set
 from mystique_gen.sources.et import load_trace
 from tests.conftest import last_json, run_benchmark
-from tests.tracebuilder import ADD_, RELU, Object, TraceBuilder
+from tests.tracebuilder import ADD_, ALLREDUCE_, MM, RELU, Object, TraceBuilder
 
 OBJECT = Object()  # a process group, a reduce op: what the observer cannot write
 PG = "__torch__.torch.classes.c10d.ProcessGroup process_group"
@@ -810,3 +810,32 @@ def test_collectives_whose_members_pass_other_sizes_meet_as_they_are():
 
     uneven = [rank(r) for r in range(4)]
     assert settle_unrecorded_groups(uneven, [0, 1, 2, 3]) == (0, [])
+
+
+def test_ranks_that_record_no_size_are_one_job(tmp_path):
+    """gloo writes no record_param_comms, and an ET observer started before
+    init_process_group (Chakra's whole-run collection) writes no process group
+    description: nothing in either rank's trace says the job's size. Traces that all
+    communicate are its ranks (they were refused: "combine them with --compose
+    sequence", which refuses traces that communicate), and the default group, which is
+    all the trace knows, is the job's world (it was described as 1 rank)."""
+    paths = []
+    for rank in (0, 1):
+        tb = TraceBuilder()
+        x, w, a = tb.tensor((4, 4)), tb.tensor((4, 4)), tb.tensor((4, 4))
+        tb.op(MM, [x, w], [a])
+        tb.op(ALLREDUCE_, [[a], Object(), Object(), None, False, -1], [[a], Object()])
+        paths.append(tb.write(tmp_path / f"et_rank{rank}.json"))
+    traces = [load_trace(p) for p in paths]
+    assert is_multi_rank_set(traces)
+    compiled = compile_paths(paths)
+    assert compiled.ranks == [0, 1] and len(compiled.programs) == 2
+    text = generate(paths, tmp_path / "bench.py")
+    assert "0 (default_pg): 2 rank(s), members not listed" in text
+    assert '"size": 2, "create": True' in text
+    # A trace that does not communicate is no rank of it.
+    tb = TraceBuilder()
+    x, w, a = tb.tensor((4, 4)), tb.tensor((4, 4)), tb.tensor((4, 4))
+    tb.op(MM, [x, w], [a])
+    alone = load_trace(tb.write(tmp_path / "compute.json"))
+    assert not is_multi_rank_set([traces[0], alone])

@@ -65,6 +65,9 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
                                           schedule.original_lines(program, rank)))
     assert first is not None and last is not None
     dist_info = dataclasses.replace(info, world_size=world)
+    if not info.groups_recorded:  # the default group alone, which is the job's world
+        dist_info = dataclasses.replace(dist_info, groups=[
+            dataclasses.replace(g, size=world) for g in info.groups])
     dist = emit_comms.DistContext(
         world_size=world,
         ranks=bodies,
@@ -117,8 +120,9 @@ def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
     if info is not None:
         lines.append("Process groups (new_group on every rank, in this order):")
         for g in info.groups:
+            size = g.size if info.groups_recorded else world  # as build_distributed_context
             members = (f"ranks {list(g.ranks)}" if g.ranks is not None
-                       else f"{g.size} rank(s), members not listed")
+                       else f"{size} rank(s), members not listed")
             lines.append(f"  - {d(g.name, 30)} ({d(g.desc, 30) or 'no description'}): "
                          f"{members}")
         if not info.groups_recorded:

@@ -177,7 +177,18 @@ def is_multi_rank_set(traces: Sequence[RawTrace]) -> bool:
         groups = merged[0]
         return groups[default_group_index(groups)].size == len(traces)
     sizes = {world_size(None, scan_trace(t).ops.values()) for t in traces}
+    if sizes == {None}:
+        # Nothing records the job's size: gloo writes no record_param_comms, and an
+        # observer started before init_process_group no group description (Chakra's
+        # whole-run collection). Traces that all communicate are then its ranks, one
+        # each: --compose refuses them, so they had no reading at all.
+        return all(communicates(t) for t in traces)
     return sizes == {len(traces)}
+
+
+def communicates(trace: RawTrace) -> bool:
+    """Whether the trace issued a collective (c10d's or a functional one)."""
+    return any(n.name.startswith(("c10d::", "_c10d_functional::")) for n in trace.nodes)
 
 
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
