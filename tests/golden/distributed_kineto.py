@@ -1973,13 +1973,15 @@ class _Ranks(_Local):
         return list(range(WORLD_SIZE)) if self.comm else [self.rank]
 
     def original_ms(self):
-        """The job's original step time, as iterations are timed: its slowest rank's."""
+        """The job's original step time, as iterations are timed: its slowest rank's.
+        A step of 0 is none known (a Kineto trace that linked no op), as for one
+        process (`_Local.original_ms`): it was reported as the job's step, 0.0 ms."""
         steps = [
             RANKS[r][3]["step_ms"]
             for r in self._ran()
             if r in RANKS and RANKS[r][3] is not None
         ]
-        return max(steps) if steps else None
+        return max(steps) or None if steps else None
 
     def iteration_times(self, times):
         """Every rank's times (and host-gap calibration), gathered on each rank; an
@@ -2044,7 +2046,7 @@ class _Ranks(_Local):
         facts["host_gap_call_us"], facts["host_gap_annotation_us"] = gaps[3], gaps[4]
         original = RANKS[rank][3] if rank in RANKS else None
         if original is not None:
-            facts["original_ms"] = original["step_ms"]
+            facts["original_ms"] = original["step_ms"] or None
         return facts
 
     def world(self):
