@@ -997,6 +997,36 @@ def test_a_layer_is_filled_as_its_module_initialises_it():
     assert bounds == [(-1.0, 1.0), (-0.125, 0.125), (-0.125, 0.125)]
 
 
+def test_a_vector_viewed_for_broadcast_is_no_weight_of_its_own_fan_in(tmp_path):
+    """FrozenBatchNorm2d (DETR-family backbones) reads its weight, bias and statistics
+    as ``t.reshape(1, -1, 1, 1)``: the [1, C, 1, 1] view gave each a "fan-in" of C, and
+    filled within 1/sqrt(C) every such layer scaled activations by ~0.03, until a
+    batch's samples were equal and a training batch norm over them sent D-FINE's
+    gradients to inf. A leading 1 is a batch of one or a broadcast, not a weight's
+    outputs; nn.Linear(n, 1)'s [1, n] weight keeps its fan-in (an op names it)."""
+    torch.manual_seed(0)
+    channels = 48
+    conv = torch.nn.Conv2d(3, channels, 3, bias=False)
+    head = torch.nn.Linear(channels, 1)
+    stats = [torch.ones(channels), torch.zeros(channels), torch.zeros(channels),
+             torch.ones(channels)]
+
+    def step() -> None:
+        weight, bias, mean, var = (t.reshape(1, -1, 1, 1) for t in stats)
+        scale = weight * (var + 1e-5).rsqrt()
+        h = conv(torch.randn(2, 3, 8, 8)) * scale + (bias - mean * scale)
+        head(h.mean((2, 3))).sum()
+
+    program = build_program(load_trace(record_et(step, tmp_path / "frozen.et.json")))
+    # the four statistics and the head's [1, C] weight
+    inits = [s.init for s in program.storages
+             if s.materialised and s.dtype == "float32" and s.extent == channels]
+    assert len(inits) == 5, inits
+    weights = [init for init in inits if "fan-in" in init.why]
+    assert [init.high for init in weights] == [pytest.approx(1 / math.sqrt(channels))]
+    assert all(init.high >= 1.0 for init in inits if init not in weights), inits
+
+
 def test_saved_workspaces_are_zeros_not_random_bytes():
     """An RNN backward reads its forward's gates from a byte workspace: random bytes read
     as floats hold NaN and inf, which made every gradient NaN (and the LSTM training

@@ -334,7 +334,20 @@ class _Facts:
             return
         if not tv.meta.shape:
             self.scalar.add(s.index)
-        if len(tv.meta.shape) < 2:
+        # A view whose first dimension is 1 is no weight's: a weight's first dimension
+        # counts its outputs, and a leading 1 is a batch of one or a vector broadcast
+        # over a batch. FrozenBatchNorm2d (DETR-family backbones) reads its weight and
+        # statistics as ``weight.reshape(1, -1, 1, 1)``: filled within 1/sqrt(C), every
+        # layer scaled activations by ~0.03 until a batch's samples were equal, and a
+        # training batch norm over them multiplied gradients to inf (D-FINE). A weight
+        # with one output is an op's ``weight`` (``weight_fan_in``).
+        if len(tv.meta.shape) < 2 or tv.meta.shape[0] == 1:
+            return
+        self.weight_fan_in(tv)
+
+    def weight_fan_in(self, tv: TensorValue) -> None:
+        s = tv.storage
+        if s is None or not s.materialised:
             return
         fan_in = prod(tv.meta.shape[1:])
         if fan_in > self.fan_in.get(s.index, 0):
@@ -479,6 +492,7 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
     named = {a.spec.name: a.value for a in op.args}
     weight, bias = named.get("weight"), named.get("bias")
     if isinstance(weight, TensorValue) and len(weight.meta.shape) >= 2:
+        facts.weight_fan_in(weight)  # nn.Linear(n, 1)'s [1, n] too
         fan_in = prod(weight.meta.shape[1:])
         if isinstance(bias, TensorValue) and bias.storage is not None:
             facts.bias_fan_in.setdefault(bias.storage.index, fan_in)
