@@ -424,10 +424,9 @@ class ProgramTiming:
     measured_step_ms: float | None = None
     # The median Kineto span of the steps profiled without the ET observer whose gaps
     # replay (a capture's profile-only steps, or the steps of a same-session profile
-    # the observer was not started in), and how many: the step as it ran with the
-    # profiler alone, where the recorded step's span above carries the observer.
+    # the observer was not started in; ``gap_steps`` of them): the step as it ran with
+    # the profiler alone, where the recorded step's span above carries the observer.
     profiled_step_ms: float | None = None
-    profiled_steps: int = 0
 
     @property
     def step_ms(self) -> float:
@@ -445,8 +444,8 @@ class ProgramTiming:
         if self.measured_step_ms is not None:
             return "eager steps the capture measured, its step.json"
         if self.profiled_step_ms is not None:
-            many = self.profiled_steps != 1
-            return (f"median Kineto span of {self.profiled_steps} step{'s' if many else ''}"
+            many = self.gap_steps != 1
+            return (f"median Kineto span of {self.gap_steps} step{'s' if many else ''}"
                     " profiled without the ET observer")
         if self.observer_in_gaps:
             return "Kineto span of the recorded step, ET observer attached"

@@ -349,7 +349,7 @@ def _replace_observer_free(program: Program, found: ProfileGaps, profile: Kineto
     spans = found.step_spans_us
     program.timing = replace(program.timing, observer_in_gaps=False,
                              profiled_step_ms=statistics.median(spans) / 1000.0
-                             if spans else None, profiled_steps=len(spans),
+                             if spans else None,
                              memory_in_gaps=bool(profile.memory), observer_ranges=False,
                              observer_schema="",
                              profiler_options=tuple(sorted(profile.options)))
