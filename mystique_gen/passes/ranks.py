@@ -16,6 +16,7 @@ from typing import Any
 
 from mystique_gen.errors import OptionError, TraceError
 from mystique_gen.ir.dist import DistInfo, ParamComms, ProcessGroupSpec
+from mystique_gen.passes.filters import is_communication
 from mystique_gen.sources.et import RawNode, RawTrace
 
 INIT_NODE = "## process_group:init ##"
@@ -188,7 +189,7 @@ def is_multi_rank_set(traces: Sequence[RawTrace]) -> bool:
 
 def communicates(trace: RawTrace) -> bool:
     """Whether the trace issued a collective (c10d's or a functional one)."""
-    return any(n.name.startswith(("c10d::", "_c10d_functional::")) for n in trace.nodes)
+    return any(is_communication(n.name) for n in trace.nodes)
 
 
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
