@@ -125,7 +125,7 @@ def test_one_file_holds_both_ranks_and_the_groups(replayed):
     body = text.split("def replay_rank0(")[1].split("def make_inputs_rank1(")[0]
     assert body.index("async_op=True") < body.rfind("_wait_work(") < body.index(
         "torch.distributed.barrier(")
-    assert "torch.distributed.reduce_scatter_tensor(" in body
+    assert "_reduce_scatter_single(" in body
 
 
 def test_without_a_launcher_rank_zero_compute_runs_alone(replayed):

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -379,7 +380,8 @@ def test_main_reports_peak_bytes_and_profiles_one_step_per_iteration(
 
 def test_collective_helpers_on_a_one_rank_group(monkeypatch):
     """The harness's coalesced collectives, monitored barrier and list waits, in a
-    one-rank gloo group (what a world-size-1 benchmark runs)."""
+    one-rank gloo group (what a world-size-1 benchmark runs); its gathers, scatters
+    and coalesced all-reduces warn of no deprecated call."""
     if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available in this build")
     monkeypatch.setitem(dist._RUNTIME, "comm", True)
@@ -397,6 +399,17 @@ def test_collective_helpers_on_a_one_rank_group(monkeypatch):
             outputs, inputs, op=torch.distributed.ReduceOp.MAX, group=group) is None
         assert all(torch.equal(o, i) for o, i in zip(outputs, inputs, strict=True))
         dist._monitored_barrier(wait_all_ranks=True, group=group)
+        with warnings.catch_warnings():  # torch 2.13's calls: none deprecated
+            warnings.simplefilter("error", FutureWarning)
+            whole, part = torch.empty(4), torch.empty(4)
+            dist._all_gather_single(whole, inputs[0], group=group)
+            dist._reduce_scatter_single(part, whole, group=group)
+            assert torch.equal(part, inputs[0])
+            work = dist._all_reduce_coalesced(
+                inputs, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True
+            )
+            dist._wait_work(work)
+            assert dist._all_reduce_coalesced(inputs, group=group) is None
         results = torch.ops._c10d_functional.all_reduce_coalesced(
             inputs, "max", group.group_name)
         dist._wait_tensor(results)  # a coalesced collective's list: each tensor waited

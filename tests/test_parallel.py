@@ -43,7 +43,7 @@ CALLS = {
     # leaf of its own (read as the no_grad view, autograd refused it).
     "fsdp2_dim1": ["torch.ops.fsdp.split_with_sizes_copy.", "aten_cat_out("],
     "coalesced": ["_all_gather_into_tensor_coalesced(", "_reduce_scatter_tensor_coalesced(",
-                  "torch.distributed.all_reduce_coalesced(", '"min"',
+                  "_all_reduce_coalesced(", '"min"',
                   "SUM replayed: c10d::reduce_scatter_tensor_coalesced_ x1, "
                   "c10d::allreduce_coalesced_ x1"],
     "reductions": ['"max"', '"min"', "_monitored_barrier(",

@@ -76,12 +76,32 @@ def _coalesced(collective, outputs, inputs, group, async_op, **options):
     return manager if async_op else None
 
 
-def _all_gather_into_tensor_coalesced(outputs, inputs, *, group, async_op=False):
-    """c10d::allgather_into_tensor_coalesced_: every input gathered into its output.
-    (all_gather_single and reduce_scatter_single: torch 2.13's names of the calls.)"""
+# torch 2.13 renamed all_gather_into_tensor and reduce_scatter_tensor (all_gather_single,
+# reduce_scatter_single) and deprecated all_reduce_coalesced: the old calls warn (a
+# FutureWarning on every rank of every replay). The harness issues each op by the
+# current name where torch has it, else by the old one (older torch).
+
+
+def _all_gather_single(output, input_, **options):
+    """c10d::_allgather_base_: every member's `input_` gathered into `output`."""
     dist = torch.distributed
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return _coalesced(all_gather, outputs, inputs, group, async_op)
+    return all_gather(output, input_, **options)
+
+
+def _reduce_scatter_single(output, input_, **options):
+    """c10d::_reduce_scatter_base_: `input_` reduced over the members, each member's
+    part into its `output`."""
+    dist = torch.distributed
+    reduce_scatter = (
+        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    )
+    return reduce_scatter(output, input_, **options)
+
+
+def _all_gather_into_tensor_coalesced(outputs, inputs, *, group, async_op=False):
+    """c10d::allgather_into_tensor_coalesced_: every input gathered into its output."""
+    return _coalesced(_all_gather_single, outputs, inputs, group, async_op)
 
 
 def _reduce_scatter_tensor_coalesced(
@@ -89,11 +109,20 @@ def _reduce_scatter_tensor_coalesced(
 ):
     """c10d::reduce_scatter_tensor_coalesced_: every input reduced and scattered."""
     options = {} if op is None else {"op": op}
-    dist = torch.distributed
-    reduce_scatter = (
-        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return _coalesced(
+        _reduce_scatter_single, outputs, inputs, group, async_op, **options
     )
-    return _coalesced(reduce_scatter, outputs, inputs, group, async_op, **options)
+
+
+def _all_reduce_coalesced(tensors, *, op=None, group, async_op=False):
+    """c10d::allreduce_coalesced_: every tensor reduced in place, in one call of the
+    backend's coalesced op (a coalescing manager of all_reduce calls issues it)."""
+    options = {} if op is None else {"op": op}
+    dist = torch.distributed
+    with dist._coalescing_manager(group=group, async_ops=async_op) as manager:
+        for tensor in tensors:
+            dist.all_reduce(tensor, group=group, **options)
+    return manager if async_op else None
 
 
 def _bytewise(collective):

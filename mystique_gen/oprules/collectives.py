@@ -83,8 +83,11 @@ FAMILY = OpFamily(
     group_rank_args={"fsdp::all_gather_copy_in": "rank"},
     comm_ops={
         "c10d::allreduce_": CommRule("all_reduce", (("tensors", "one"),), reduce_op="reduce_op"),
+        # all_gather_single, reduce_scatter_single, a coalescing manager of all_reduce:
+        # the harness's, torch 2.13's calls (the older ones warn as deprecated there).
         "c10d::allreduce_coalesced_": CommRule(
-            "all_reduce_coalesced", (("tensors", "list"),), reduce_op="reduce_op"),
+            "_all_reduce_coalesced", (("tensors", "list"),), reduce_op="reduce_op",
+            harness=True),
         "c10d::broadcast_": CommRule("broadcast", (("tensors", "one"),), "root_rank", "group_src"),
         "c10d::reduce_": CommRule("reduce", (("tensors", "one"),), "root_rank", "group_dst",
                                   reduce_op="reduce_op"),
@@ -92,8 +95,8 @@ FAMILY = OpFamily(
             "all_gather", (("output_tensors", "inner"), ("input_tensors", "one")),
             group_members="output_tensors"),
         "c10d::_allgather_base_": CommRule(
-            "all_gather_into_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
-            group_size=("output_tensor", "input_tensor")),
+            "_all_gather_single", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
+            harness=True, group_size=("output_tensor", "input_tensor")),
         "c10d::allgather_coalesced_": CommRule(
             "all_gather_coalesced", (("output_lists", "list"), ("input_list", "list")),
             group_members="output_lists"),
@@ -107,8 +110,8 @@ FAMILY = OpFamily(
             "reduce_scatter", (("output_tensors", "one"), ("input_tensors", "inner")),
             reduce_op="reduce_op", group_members="input_tensors"),
         "c10d::_reduce_scatter_base_": CommRule(
-            "reduce_scatter_tensor", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
-            reduce_op="reduce_op", group_size=("input_tensor", "output_tensor")),
+            "_reduce_scatter_single", (("output_tensor", "tensor"), ("input_tensor", "tensor")),
+            reduce_op="reduce_op", harness=True, group_size=("input_tensor", "output_tensor")),
         "c10d::reduce_scatter_tensor_coalesced_": CommRule(
             "_reduce_scatter_tensor_coalesced", (("outputs", "list"), ("inputs", "list")),
             reduce_op="reduce_op", harness=True, group_size=("inputs", "outputs")),
