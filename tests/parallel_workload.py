@@ -57,6 +57,39 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   ``all_gather_object`` and ``broadcast_object_list`` (pickles in byte tensors, which
   ``aten::set_`` puts on a storage of the pickle's bytes).
 
+Set-ups as torchtitan and torch's docs write them, each replayed with the same
+collectives per rank (``make test`` runs none of them: run them by name):
+
+* FSDP2: ``fsdp2_mp`` (MixedPrecisionPolicy, bf16 parameters, fp32 reductions),
+  ``fsdp2_mp_out`` (and fp32 outputs, dropout under checkpointing), ``fsdp2_noreshard``
+  (``reshard_after_forward=False``), ``fsdp2_ac`` (non-reentrant activation
+  checkpointing per block), ``fsdp2_sac`` (selective checkpointing, matmuls saved),
+  ``fsdp2_accum`` (gradient accumulation, ``set_requires_gradient_sync``),
+  ``fsdp2_offload`` (CPUOffloadPolicy), ``fsdp2_uneven`` (dimensions the world does
+  not divide, bf16 reductions), ``fsdp2_prefetch`` (explicit forward and backward
+  prefetching, an async ``unshard``); on 4 ranks ``hsdp_accum`` (HSDP accumulating,
+  ``set_requires_all_reduce``) and ``fsdp2_hpz`` (``reshard_after_forward=2``);
+* pipelines of two stages per rank and a loss_fn: ``pipeline_interleaved``
+  (Interleaved1F1B), ``pipeline_izb`` (InterleavedZeroBubble), ``pipeline_zbv``
+  (ZBVZeroBubble), ``pipeline_dualpipev`` (DualPipeV), ``pipeline_bfs`` (LoopedBFS),
+  ``pipeline_losses`` (the losses read back, gradients clipped); on 4 ranks
+  ``pp_fsdp`` (Interleaved1F1B over ``pp``, FSDP2 over ``dp``);
+* DDP: ``ddp_static`` (``static_graph``, ``gradient_as_bucket_view``), ``ddp_ckpt``
+  (those with reentrant checkpointing, small buckets), ``ddp_nosync`` (accumulation
+  under ``no_sync()``), ``ddp_unused`` (``find_unused_parameters``), ``ddp_join``
+  (uneven inputs under Join), ``ddp_autocast`` (CPU autocast to bf16),
+  ``ddp_powersgd`` (the PowerSGD hook), ``zero`` and ``zero_bucket``
+  (ZeroRedundancyOptimizer, the second with ``parameters_as_bucket_view``);
+* DTensor by hand: ``dtensor`` (distribute_tensor, Shard/Replicate/Partial to
+  Replicate, full_tensor), ``dtensor_uneven`` (uneven shards, Shard(0) -> Shard(1), an
+  async redistribute), ``dtensor_partial`` (Partial -> Shard, Partial("max"),
+  distribute_module); on 4 ranks ``titan_2d`` (sequence and tensor parallel on ``tp``,
+  checkpointing, FSDP2 in bf16 on ``dp``, clipping).
+
+Context parallel (``context_parallel`` with SDPA) does not run on CPU in torch 2.13:
+SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which has no
+DTensor sharding strategy.
+
 Writes ``OUT_DIR/<mode>-rank-<N>.json``. With ``--kineto`` before the modes, each rank
 captures its step as :func:`mystique_gen.tools.capture.capture` captures one process:
 ``<mode>-rank-<N>.et.json`` with the Kineto trace of the same step
@@ -523,13 +556,619 @@ def side_group() -> Callable[[], object]:
     return step
 
 
+def _blocks(n: int = 2) -> torch.nn.Sequential:
+    return torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.GELU(),
+        torch.nn.Linear(32, 16)) for _ in range(n)])
+
+
+def _fsdp2_step(model: torch.nn.Module, **kwargs: object) -> Callable[[], object]:
+    """fully_shard on each block and the root with ``kwargs``, AdamW foreach."""
+    for block in model:
+        fully_shard(block, **kwargs)  # type: ignore[arg-type]
+    fully_shard(model, **kwargs)  # type: ignore[arg-type]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).float().sum().backward()
+        opt.step()
+
+    return step
+
+
+def fsdp2_mp() -> Callable[[], object]:
+    """FSDP2 in mixed precision as LLM training runs it: bf16 parameters in compute,
+    gradients reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return _fsdp2_step(_blocks(), mp_policy=MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+
+
+def fsdp2_noreshard() -> Callable[[], object]:
+    """FSDP2 keeping the gathered parameters from forward to backward (ZeRO-2)."""
+    return _fsdp2_step(_blocks(), reshard_after_forward=False)
+
+
+def fsdp2_ac() -> Callable[[], object]:
+    """FSDP2 with activation checkpointing on each block (non-reentrant), as torchtitan
+    wraps them: the backward recomputes each block's forward, gathering again."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    return _fsdp2_step(torch.nn.Sequential(*[Checkpointed(b) for b in _blocks()]))
+
+
+def fsdp2_accum() -> Callable[[], object]:
+    """FSDP2 with gradient accumulation over 3 microbatches: no reduce-scatter but on
+    the last (set_requires_gradient_sync)."""
+    model = _blocks()
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    xs = torch.randn(3, 4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        for i, x in enumerate(xs):
+            model.set_requires_gradient_sync(i == len(xs) - 1)  # type: ignore[operator]
+            model(x).sum().backward()
+        opt.step()
+
+    return step
+
+
+def fsdp2_offload() -> Callable[[], object]:
+    """FSDP2 with CPUOffloadPolicy: sharded parameters, gradients and the optimizer
+    step on the host (pinned memory off: CPU only)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return _fsdp2_step(_blocks(), offload_policy=CPUOffloadPolicy(pin_memory=False))
+
+
+def _multi_stage(schedule_cls: type, stage_ids: Callable[[int, int], list[int]]
+                 ) -> Callable[[], object]:
+    """Two stages per rank (``stage_ids(rank, world)``) under ``schedule_cls``, 4
+    microbatches, an MSE loss_fn, SGD."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n_stages = 2 * world
+    ids = stage_ids(rank, world)
+    modules = [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()) for _ in ids]
+    stages = [PipelineStage(m, i, n_stages, torch.device("cpu"))
+              for m, i in zip(modules, ids, strict=True)]
+    schedule = schedule_cls(stages, n_microbatches=4,
+                            loss_fn=lambda y, target: ((y - target) ** 2).mean())
+    opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.1)
+    x, target = torch.randn(4, 16), torch.randn(4, 16)
+    first, last = 0 in ids, n_stages - 1 in ids
+
+    def step() -> None:
+        opt.zero_grad()
+        kwargs: dict[str, object] = {}
+        if last:
+            kwargs.update(target=target, losses=[])
+        if first:
+            schedule.step(x, **kwargs)
+        else:
+            schedule.step(**kwargs)
+        opt.step()
+
+    return step
+
+
+def _looped(rank: int, world: int) -> list[int]:
+    return [rank, rank + world]
+
+
+def _v_shape(rank: int, world: int) -> list[int]:
+    return [rank, 2 * world - 1 - rank]
+
+
+def pipeline_interleaved() -> Callable[[], object]:
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+
+    return _multi_stage(ScheduleInterleaved1F1B, _looped)
+
+
+def pipeline_izb() -> Callable[[], object]:
+    from torch.distributed.pipelining import ScheduleInterleavedZeroBubble
+
+    return _multi_stage(ScheduleInterleavedZeroBubble, _looped)
+
+
+def pipeline_zbv() -> Callable[[], object]:
+    from torch.distributed.pipelining import ScheduleZBVZeroBubble
+
+    return _multi_stage(ScheduleZBVZeroBubble, _v_shape)
+
+
+def pipeline_dualpipev() -> Callable[[], object]:
+    from torch.distributed.pipelining import ScheduleDualPipeV
+
+    return _multi_stage(ScheduleDualPipeV, _v_shape)
+
+
+def pipeline_bfs() -> Callable[[], object]:
+    from torch.distributed.pipelining import ScheduleLoopedBFS
+
+    return _multi_stage(ScheduleLoopedBFS, _looped)
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 4))
+
+
+def ddp_static() -> Callable[[], object]:
+    """DDP with static_graph=True and gradient_as_bucket_view=True."""
+    model = torch.nn.parallel.DistributedDataParallel(
+        _mlp(), static_graph=True, gradient_as_bucket_view=True)
+    return _sgd_step(model, torch.randn(4, 16))
+
+
+def ddp_nosync() -> Callable[[], object]:
+    """DDP gradient accumulation: the first microbatches under no_sync()."""
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs = torch.randn(3, 4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        with model.no_sync():
+            for x in xs[:-1]:
+                model(x).sum().backward()
+        model(xs[-1]).sum().backward()
+        opt.step()
+
+    return step
+
+
+def zero() -> Callable[[], object]:
+    """DDP with ZeroRedundancyOptimizer (Adam states sharded; parameters broadcast)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
+                                  lr=1e-3)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    return step
+
+
+def dtensor() -> Callable[[], object]:
+    """DTensor by hand: distribute_tensor with Shard and Replicate, redistribute
+    Shard -> Replicate and Partial -> Replicate, full_tensor()."""
+    from torch.distributed.tensor import Partial, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    a = torch.randn(8, 16)
+    b = torch.randn(16, 4)
+
+    def step() -> object:
+        da = distribute_tensor(a, mesh, [Shard(0)])
+        db = distribute_tensor(b, mesh, [Replicate()])
+        out = (da @ db).redistribute(mesh, [Replicate()])
+        # A row-sharded contraction: each rank's product is a partial sum.
+        dk = distribute_tensor(a, mesh, [Shard(1)])
+        dw = distribute_tensor(b, mesh, [Shard(0)])
+        partial = dk @ dw
+        summed = partial.redistribute(mesh, [Replicate()])
+        p = distribute_tensor(torch.ones(4), mesh, [Partial()])
+        return out.to_local().sum() + summed.full_tensor().sum() + p.full_tensor().sum()
+
+    return step
+
+
+def fsdp2_uneven() -> Callable[[], object]:
+    """FSDP2 over dimensions the world size does not divide (FSDP2 pads each shard),
+    in bf16 with gradients reduced in bf16 too."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.LayerNorm(17), torch.nn.Linear(17, 33), torch.nn.GELU(),
+        torch.nn.Linear(33, 17)) for _ in range(2)])
+    for block in model:
+        fully_shard(block, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(5, 17)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).float().sum().backward()
+        opt.step()
+
+    return step
+
+
+def fsdp2_prefetch() -> Callable[[], object]:
+    """FSDP2 with explicit prefetching as torchtitan sets it: each block unshards the
+    next one in forward and the previous one in backward; the first unshard async."""
+    model = _blocks(3)
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    blocks = list(model)
+    for prev, nxt in zip(blocks, blocks[1:], strict=False):
+        prev.set_modules_to_forward_prefetch([nxt])  # type: ignore[operator]
+        nxt.set_modules_to_backward_prefetch([prev])  # type: ignore[operator]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        handle = blocks[0].unshard(async_op=True)  # type: ignore[operator]
+        model(x).sum().backward()
+        if handle is not None:
+            handle.wait()
+        opt.step()
+
+    return step
+
+
+def fsdp2_sac() -> Callable[[], object]:
+    """FSDP2 with selective activation checkpointing (torchtitan's op-level policy):
+    matmul outputs saved, the rest recomputed in backward."""
+    from functools import partial
+
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    def policy(ctx: object, op: object, *args: object, **kwargs: object) -> object:
+        return (CheckpointPolicy.MUST_SAVE if op in (torch.ops.aten.mm.default,
+                                                     torch.ops.aten.addmm.default)
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False,
+                              context_fn=partial(create_selective_checkpoint_contexts,
+                                                 policy))
+
+    return _fsdp2_step(torch.nn.Sequential(*[Checkpointed(b) for b in _blocks()]))
+
+
+def dtensor_uneven() -> Callable[[], object]:
+    """DTensor over a dimension the world size does not divide: distribute_tensor,
+    from_local, Shard(0) -> Shard(1) (an all-to-all), an async redistribute, and
+    full_tensor() of uneven shards (padded gathers)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    a = torch.randn(7, 6)
+    local = torch.randn(3, 5) + dist.get_rank()
+
+    def step() -> object:
+        da = distribute_tensor(a, mesh, [Shard(0)])
+        cols = da.redistribute(mesh, [Shard(1)])
+        whole = (cols * 2).full_tensor()
+        dl = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+        rep = dl.redistribute(mesh, [Replicate()], async_op=True)
+        return whole.sum() + rep.to_local().sum()
+
+    return step
+
+
+def ddp_unused() -> Callable[[], object]:
+    """DDP with find_unused_parameters=True over a model one branch of which the step
+    does not use."""
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.unused = _mlp(), torch.nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.used(x)
+
+    model = torch.nn.parallel.DistributedDataParallel(Model(), find_unused_parameters=True)
+    return _sgd_step(model, torch.randn(4, 16))
+
+
+def titan_2d() -> Callable[[], object]:
+    """torchtitan's 2-D recipe on a 2 x 2 (dp, tp) mesh (4 ranks): per block, a
+    sequence-parallel norm and Colwise/Rowwise linears on ``tp``, activation
+    checkpointing, then FSDP2 on ``dp`` in bf16 with fp32 reductions; gradients
+    clipped by their total norm, AdamW foreach."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.utils.checkpoint import checkpoint
+
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("dp", "tp"))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(16)
+            self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self._forward, x, use_reentrant=False)
+
+        def _forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+    model = torch.nn.Sequential(Block(), Block())
+    for block in model:
+        parallelize_module(block, mesh["tp"], {
+            "norm": SequenceParallel(sequence_dim=0),
+            "up": ColwiseParallel(input_layouts=Shard(0)),
+            "down": RowwiseParallel(output_layouts=Shard(0))})
+        fully_shard(block, mesh=mesh["dp"], mp_policy=mp)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(8, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).float().pow(2).mean().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return step
+
+
+def pp_fsdp() -> Callable[[], object]:
+    """torchtitan's PP + FSDP on a 2 x 2 (pp, dp) mesh (4 ranks): two stages per pp
+    rank (Interleaved1F1B, 4 microbatches, a loss_fn), each stage fully_shard on
+    ``dp`` without resharding after forward (as torchtitan does under PP)."""
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("pp", "dp"))
+    pp_rank = mesh["pp"].get_local_rank()
+    ids = [pp_rank, pp_rank + 2]
+    modules = [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()) for _ in ids]
+    for m in modules:
+        fully_shard(m, mesh=mesh["dp"], reshard_after_forward=False)
+    stages = [PipelineStage(m, i, 4, torch.device("cpu"), group=mesh.get_group("pp"))
+              for m, i in zip(modules, ids, strict=True)]
+    schedule = ScheduleInterleaved1F1B(
+        stages, n_microbatches=4, loss_fn=lambda y, target: ((y - target) ** 2).mean())
+    opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
+    x, target = torch.randn(4, 16), torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        if pp_rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=target, losses=[])
+        opt.step()
+
+    return step
+
+
+def fsdp2_mp_out() -> Callable[[], object]:
+    """FSDP2 mixed precision with fp32 outputs (``output_dtype``) over blocks with
+    dropout under activation checkpointing: the recompute replays the RNG state."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                             torch.nn.Dropout(0.1), torch.nn.Linear(32, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    model = torch.nn.Sequential(Block(), Block())
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                              output_dtype=torch.float32)
+    return _fsdp2_step(model, mp_policy=mp)
+
+
+def ddp_ckpt() -> Callable[[], object]:
+    """DDP with static_graph=True for reentrant activation checkpointing (the case it
+    is for), small buckets (several all-reduces, each bucket a view of its grads)."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = _mlp(), torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(checkpoint(self.a, x, use_reentrant=True))
+
+    model = torch.nn.parallel.DistributedDataParallel(
+        Model(), static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=0.001)
+    return _sgd_step(model, torch.randn(4, 16, requires_grad=True))
+
+
+def ddp_join() -> Callable[[], object]:
+    """DDP under the Join context manager (uneven inputs): each rank runs its own
+    number of microbatches; the joined rank shadows its peer's all-reduces."""
+    from torch.distributed.algorithms.join import Join
+
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs = torch.randn(2 + dist.get_rank(), 4, 16)
+
+    def step() -> None:
+        with Join([model]):
+            for x in xs:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+
+    return step
+
+
+def pipeline_losses() -> Callable[[], object]:
+    """Interleaved 1F1B whose last stage reads its microbatches' losses back, as
+    training loops log them (a stack, a mean and ``.item()``)."""
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ids = _looped(rank, world)
+    modules = [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()) for _ in ids]
+    stages = [PipelineStage(m, i, 2 * world, torch.device("cpu"))
+              for m, i in zip(modules, ids, strict=True)]
+    schedule = ScheduleInterleaved1F1B(
+        stages, n_microbatches=4, loss_fn=torch.nn.functional.mse_loss)
+    opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
+    x, target = torch.randn(8, 16), torch.randn(8, 16)
+
+    def step() -> object:
+        opt.zero_grad()
+        losses: list[torch.Tensor] = []
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=target, losses=losses)
+        torch.nn.utils.clip_grad_norm_([p for m in modules for p in m.parameters()], 1.0)
+        opt.step()
+        return torch.stack(losses).mean().item() if losses else None
+
+    return step
+
+
+def dtensor_partial() -> Callable[[], object]:
+    """DTensor partial sums as they resolve: Partial -> Shard(0) (a reduce-scatter),
+    a Partial("max") -> Replicate, and distribute_module with a Replicate input."""
+    from torch.distributed.tensor import DTensor, Partial, distribute_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    part = torch.randn(8, 4) + dist.get_rank()
+    module = distribute_module(
+        torch.nn.Linear(4, 4), mesh,
+        input_fn=lambda mod, inputs, device_mesh: tuple(
+            DTensor.from_local(t, device_mesh, [Replicate()]) for t in inputs))
+
+    def step() -> object:
+        p = DTensor.from_local(part, mesh, [Partial()])
+        rows = p.redistribute(mesh, [Shard(0)])
+        m = DTensor.from_local(part, mesh, [Partial("max")]).redistribute(mesh, [Replicate()])
+        y = module(rows.full_tensor())
+        return y.to_local().sum() + m.to_local().sum()
+
+    return step
+
+
+def ddp_autocast() -> Callable[[], object]:
+    """DDP under CPU autocast to bf16 (the linears in bf16, fp32 gradients)."""
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def zero_bucket() -> Callable[[], object]:
+    """ZeroRedundancyOptimizer with its parameters in flat buckets
+    (``parameters_as_bucket_view``): one broadcast per rank's bucket."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                  parameters_as_bucket_view=True, lr=1e-3)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    return step
+
+
+def ddp_powersgd() -> Callable[[], object]:
+    """DDP with the PowerSGD comm hook (rank-1 approximation, past its warm-up): the
+    P and Q all-reduces chained in Future callbacks."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                   start_powerSGD_iter=2, min_compression_rate=0.5)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
+    return _sgd_step(model, torch.randn(4, 16))
+
+
+def hsdp_accum() -> Callable[[], object]:
+    """HSDP on a 2 x 2 (replicate, shard) mesh (4 ranks) in bf16 with fp32 reductions,
+    accumulating over 2 microbatches as torchtitan does: reduce-scatters on every
+    microbatch, the all-reduce over replicas on the last only."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("replicate", "shard"))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = _blocks()
+    for block in model:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    xs = torch.randn(2, 4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        for i, x in enumerate(xs):
+            model.set_requires_all_reduce(i == len(xs) - 1)  # type: ignore[operator]
+            model(x).float().sum().backward()
+        opt.step()
+
+    return step
+
+
+def fsdp2_hpz() -> Callable[[], object]:
+    """FSDP2 resharding to 2 ranks after forward (``reshard_after_forward=2``, 4 ranks):
+    the forward gathers over all 4 ranks, the backward over pairs."""
+    return _fsdp2_step(_blocks(), reshard_after_forward=2)
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_dim1": fsdp2_dim1,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
          "rooted": rooted, "objects": objects, "vocab": vocab,
          "pipeline_mesh": pipeline_mesh, "hsdp": hsdp, "sparse": sparse_ddp,
-         "stage_dp": stage_dp, "side": side_group, "hooks": compressed_ddp}
+         "stage_dp": stage_dp, "side": side_group, "hooks": compressed_ddp,
+         "fsdp2_mp": fsdp2_mp, "fsdp2_noreshard": fsdp2_noreshard, "fsdp2_ac": fsdp2_ac,
+         "fsdp2_accum": fsdp2_accum, "fsdp2_offload": fsdp2_offload,
+         "pipeline_interleaved": pipeline_interleaved, "pipeline_izb": pipeline_izb,
+         "pipeline_zbv": pipeline_zbv, "ddp_static": ddp_static, "ddp_nosync": ddp_nosync,
+         "zero": zero, "dtensor": dtensor, "fsdp2_uneven": fsdp2_uneven,
+         "fsdp2_prefetch": fsdp2_prefetch, "fsdp2_sac": fsdp2_sac,
+         "dtensor_uneven": dtensor_uneven, "ddp_unused": ddp_unused,
+         "pipeline_dualpipev": pipeline_dualpipev, "pipeline_bfs": pipeline_bfs,
+         "titan_2d": titan_2d, "pp_fsdp": pp_fsdp,
+         "fsdp2_mp_out": fsdp2_mp_out, "ddp_ckpt": ddp_ckpt, "ddp_join": ddp_join,
+         "pipeline_losses": pipeline_losses, "dtensor_partial": dtensor_partial,
+         "ddp_autocast": ddp_autocast, "zero_bucket": zero_bucket,
+         "ddp_powersgd": ddp_powersgd, "hsdp_accum": hsdp_accum,
+         "fsdp2_hpz": fsdp2_hpz}
 
 
 def main(out_dir: str, modes: list[str]) -> int:
