@@ -67,7 +67,8 @@ collectives per rank (``make test`` runs none of them: run them by name):
   ``fsdp2_accum`` (gradient accumulation, ``set_requires_gradient_sync``),
   ``fsdp2_offload`` (CPUOffloadPolicy), ``fsdp2_uneven`` (dimensions the world does
   not divide, bf16 reductions), ``fsdp2_prefetch`` (explicit forward and backward
-  prefetching, an async ``unshard``); on 4 ranks ``hsdp_accum`` (HSDP accumulating,
+  prefetching, an async ``unshard``), ``fsdp2_lora`` (frozen base weights beside LoRA
+  adapters, a tied embedding and head); on 4 ranks ``hsdp_accum`` (HSDP accumulating,
   ``set_requires_all_reduce``) and ``fsdp2_hpz`` (``reshard_after_forward=2``);
 * pipelines of two stages per rank and a loss_fn: ``pipeline_interleaved``
   (Interleaved1F1B), ``pipeline_izb`` (InterleavedZeroBubble), ``pipeline_zbv``
@@ -78,7 +79,8 @@ collectives per rank (``make test`` runs none of them: run them by name):
   (those with reentrant checkpointing, small buckets), ``ddp_nosync`` (accumulation
   under ``no_sync()``), ``ddp_unused`` (``find_unused_parameters``), ``ddp_join``
   (uneven inputs under Join), ``ddp_autocast`` (CPU autocast to bf16),
-  ``ddp_powersgd`` (the PowerSGD hook), ``zero`` and ``zero_bucket``
+  ``ddp_powersgd`` (the PowerSGD hook), ``contrastive`` (a CLIP loss over embeddings
+  gathered by torch.distributed.nn.functional.all_gather), ``zero`` and ``zero_bucket``
   (ZeroRedundancyOptimizer, the second with ``parameters_as_bucket_view``);
 * DTensor by hand: ``dtensor`` (distribute_tensor, Shard/Replicate/Partial to
   Replicate, full_tensor), ``dtensor_uneven`` (uneven shards, Shard(0) -> Shard(1), an
@@ -88,7 +90,8 @@ collectives per rank (``make test`` runs none of them: run them by name):
 
 Context parallel (``context_parallel`` with SDPA) does not run on CPU in torch 2.13:
 SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which has no
-DTensor sharding strategy.
+DTensor sharding strategy; nor does SyncBatchNorm under DDP ("SyncBatchNorm layers
+only work with GPU modules").
 
 Writes ``OUT_DIR/<mode>-rank-<N>.json``. With ``--kineto`` before the modes, each rank
 captures its step as :func:`mystique_gen.tools.capture.capture` captures one process:
@@ -1148,6 +1151,76 @@ def fsdp2_hpz() -> Callable[[], object]:
     return _fsdp2_step(_blocks(), reshard_after_forward=2)
 
 
+def contrastive() -> Callable[[], object]:
+    """A CLIP-style contrastive loss over every rank's embeddings, gathered with the
+    autograd-aware torch.distributed.nn.functional.all_gather (its backward reduces
+    the gradients back), under DDP."""
+    from torch.distributed.nn.functional import all_gather
+
+    rank = dist.get_rank()
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        local = torch.nn.functional.normalize(model(x), dim=-1)
+        everyone = torch.cat(all_gather(local))
+        logits = local @ everyone.T / 0.07
+        labels = torch.arange(4) + 4 * rank
+        torch.nn.functional.cross_entropy(logits, labels).backward()
+        opt.step()
+
+    return step
+
+
+def fsdp2_lora() -> Callable[[], object]:
+    """FSDP2 fine-tuning with LoRA adapters, as torchtune shards it: each block's base
+    weights frozen (requires_grad=False) beside trainable low-rank adapters, the
+    embedding and output head tied (one parameter, sharded with the root)."""
+    class LoRALinear(torch.nn.Module):
+        def __init__(self, n_in: int, n_out: int) -> None:
+            super().__init__()
+            self.base = torch.nn.Linear(n_in, n_out)
+            self.base.requires_grad_(False)
+            self.a = torch.nn.Linear(n_in, 4, bias=False)
+            self.b = torch.nn.Linear(4, n_out, bias=False)
+            torch.nn.init.zeros_(self.b.weight)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base(x) + self.b(self.a(x)) * 2.0
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(32, 16)
+            self.blocks = torch.nn.ModuleList(
+                torch.nn.Sequential(LoRALinear(16, 16), torch.nn.GELU()) for _ in range(2))
+            self.head = torch.nn.Linear(16, 32, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            h = self.embed(ids)
+            for block in self.blocks:
+                h = block(h)
+            return self.head(h)
+
+    model = Model()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    ids, target = torch.randint(0, 32, (4, 8)), torch.randint(0, 32, (32,))
+
+    def step() -> None:
+        opt.zero_grad()
+        logits = model(ids).flatten(0, 1)
+        torch.nn.functional.cross_entropy(logits, target).backward()
+        opt.step()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_dim1": fsdp2_dim1,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
@@ -1168,7 +1241,9 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "pipeline_losses": pipeline_losses, "dtensor_partial": dtensor_partial,
          "ddp_autocast": ddp_autocast, "zero_bucket": zero_bucket,
          "ddp_powersgd": ddp_powersgd, "hsdp_accum": hsdp_accum,
-         "fsdp2_hpz": fsdp2_hpz}
+         "fsdp2_hpz": fsdp2_hpz,
+         "contrastive": contrastive,
+         "fsdp2_lora": fsdp2_lora}
 
 
 def main(out_dir: str, modes: list[str]) -> int:
