@@ -68,7 +68,9 @@ collectives per rank (``make test`` runs none of them: run them by name):
   ``fsdp2_offload`` (CPUOffloadPolicy), ``fsdp2_uneven`` (dimensions the world does
   not divide, bf16 reductions), ``fsdp2_prefetch`` (explicit forward and backward
   prefetching, an async ``unshard``), ``fsdp2_lora`` (frozen base weights beside LoRA
-  adapters, a tied embedding and head); on 4 ranks ``hsdp_accum`` (HSDP accumulating,
+  adapters, a tied embedding and head), and FSDP1 as ``fsdp1`` (FullyShardedDataParallel
+  wrapping each block, ``use_orig_params``, bf16 with fp32 reductions, its clipping);
+  on 4 ranks ``hsdp_accum`` (HSDP accumulating,
   ``set_requires_all_reduce``) and ``fsdp2_hpz`` (``reshard_after_forward=2``);
 * pipelines of two stages per rank and a loss_fn: ``pipeline_interleaved``
   (Interleaved1F1B), ``pipeline_izb`` (InterleavedZeroBubble), ``pipeline_zbv``
@@ -1221,6 +1223,30 @@ def fsdp2_lora() -> Callable[[], object]:
     return step
 
 
+def fsdp1() -> Callable[[], object]:
+    """FSDP1 (FullyShardedDataParallel, flat parameters) as Hugging Face Accelerate
+    wraps a model: each block a unit (ModuleWrapPolicy), original parameters kept
+    (``use_orig_params``), bf16 compute with fp32 reductions, AdamW."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    model = FullyShardedDataParallel(
+        _blocks(), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Sequential}),
+        use_orig_params=True, device_id=torch.device("cpu"),
+        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16,
+                                       reduce_dtype=torch.float32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).float().sum().backward()
+        model.clip_grad_norm_(1.0)
+        opt.step()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_dim1": fsdp2_dim1,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
@@ -1243,7 +1269,7 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "ddp_powersgd": ddp_powersgd, "hsdp_accum": hsdp_accum,
          "fsdp2_hpz": fsdp2_hpz,
          "contrastive": contrastive,
-         "fsdp2_lora": fsdp2_lora}
+         "fsdp2_lora": fsdp2_lora, "fsdp1": fsdp1}
 
 
 def main(out_dir: str, modes: list[str]) -> int:
