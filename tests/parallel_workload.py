@@ -76,7 +76,8 @@ collectives per rank (``make test`` runs none of them: run them by name):
   (Interleaved1F1B), ``pipeline_izb`` (InterleavedZeroBubble), ``pipeline_zbv``
   (ZBVZeroBubble), ``pipeline_dualpipev`` (DualPipeV), ``pipeline_bfs`` (LoopedBFS),
   ``pipeline_losses`` (the losses read back, gradients clipped); on 4 ranks
-  ``pp_fsdp`` (Interleaved1F1B over ``pp``, FSDP2 over ``dp``);
+  ``pp_fsdp`` (Interleaved1F1B over ``pp``, FSDP2 over ``dp``) and ``pp_zb_fsdp``
+  (the same under InterleavedZeroBubble);
 * DDP: ``ddp_static`` (``static_graph``, ``gradient_as_bucket_view``), ``ddp_ckpt``
   (those with reentrant checkpointing, small buckets), ``ddp_nosync`` (accumulation
   under ``no_sync()``), ``ddp_unused`` (``find_unused_parameters``), ``ddp_join``
@@ -1247,6 +1248,36 @@ def fsdp1() -> Callable[[], object]:
     return step
 
 
+def pp_zb_fsdp() -> Callable[[], object]:
+    """Interleaved zero-bubble over a 2 x 2 (pp, dp) mesh's ``pp`` (4 ranks), FSDP2 on
+    ``dp``: weight gradients computed apart from input gradients, then reduce-scattered."""
+    from torch.distributed.pipelining import ScheduleInterleavedZeroBubble
+
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                            mesh_dim_names=("pp", "dp"))
+    pp_rank = mesh["pp"].get_local_rank()
+    ids = [pp_rank, pp_rank + 2]
+    modules = [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()) for _ in ids]
+    for m in modules:
+        fully_shard(m, mesh=mesh["dp"], reshard_after_forward=False)
+    stages = [PipelineStage(m, i, 4, torch.device("cpu"), group=mesh.get_group("pp"))
+              for m, i in zip(modules, ids, strict=True)]
+    schedule = ScheduleInterleavedZeroBubble(
+        stages, n_microbatches=4, loss_fn=lambda y, target: ((y - target) ** 2).mean())
+    opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
+    x, target = torch.randn(4, 16), torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        if pp_rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=target, losses=[])
+        opt.step()
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_dim1": fsdp2_dim1,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
@@ -1269,7 +1300,8 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "ddp_powersgd": ddp_powersgd, "hsdp_accum": hsdp_accum,
          "fsdp2_hpz": fsdp2_hpz,
          "contrastive": contrastive,
-         "fsdp2_lora": fsdp2_lora, "fsdp1": fsdp1}
+         "fsdp2_lora": fsdp2_lora, "fsdp1": fsdp1,
+         "pp_zb_fsdp": pp_zb_fsdp}
 
 
 def main(out_dir: str, modes: list[str]) -> int:
