@@ -81,7 +81,10 @@ def _input_tensors(raw_inputs: list[RawArg]) -> Iterator[tuple[int, list, RawVie
 
 
 def _frozen(value: object) -> object:
-    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+    if not isinstance(value, list):
+        return value
+    # A list comprehension, no generator per level: called for every tensor read.
+    return tuple([_frozen(v) if isinstance(v, list) else v for v in value])
 
 
 def _signature(schema: str) -> Signature | None:

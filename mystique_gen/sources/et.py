@@ -47,41 +47,53 @@ def _is_record(value: list) -> bool:
     return len(value) >= 6 and isinstance(value[1], int) and isinstance(value[5], str)
 
 
-def tensor_records(raw: RawArg) -> Iterator[list]:
+def tensor_records(raw: RawArg) -> list[list]:
     """The tensor records of one recorded argument, nested lists included: each
-    ``[tensor id, storage id, offset, numel, itemsize, device]``."""
+    ``[tensor id, storage id, offset, numel, itemsize, device]``.
 
-    def walk(value: object) -> Iterator[list]:
-        if not isinstance(value, list):
-            return
-        if _is_record(value):
-            yield value
-        else:
-            for item in value:
-                yield from walk(item)
+    A list, built without nested generators: passes ask this of every argument of
+    every node several times, and most arguments are one record or none."""
+    value = raw.value
+    if "Tensor" not in raw.type or not isinstance(value, list):
+        return []
+    if _is_record(value):
+        return [value]
+    found: list[list] = []
+    _collect_records(value, found)
+    return found
 
-    if "Tensor" in raw.type:
-        yield from walk(raw.value)
+
+def _collect_records(value: list, found: list[list]) -> None:
+    """Append the records in ``value`` (a list of records or of lists), in order."""
+    for item in value:
+        if isinstance(item, list):
+            if _is_record(item):
+                found.append(item)
+            else:
+                _collect_records(item, found)
 
 
-def tensor_records_with_ranks(raw: RawArg) -> Iterator[tuple[list, int | None]]:
+def tensor_records_with_ranks(raw: RawArg) -> list[tuple[list, int | None]]:
     """:func:`tensor_records`, each with its number of dimensions from the argument's
     parallel ``shape`` (None where the two do not line up)."""
-
-    def walk(value: object, shape: object) -> Iterator[tuple[list, int | None]]:
-        if not isinstance(value, list):
-            return
-        if _is_record(value):
-            dims = isinstance(shape, list) and all(isinstance(d, int) for d in shape)
-            yield value, len(shape) if dims else None  # type: ignore[arg-type]
-            return
-        shapes = shape if isinstance(shape, list) and len(shape) == len(value) \
-            else [None] * len(value)
-        for item, item_shape in zip(value, shapes, strict=True):
-            yield from walk(item, item_shape)
-
+    found: list[tuple[list, int | None]] = []
     if "Tensor" in raw.type:
-        yield from walk(raw.value, raw.shape)
+        _collect_ranked(raw.value, raw.shape, found)
+    return found
+
+
+def _collect_ranked(value: object, shape: object, found: list[tuple[list, int | None]]
+                    ) -> None:
+    if not isinstance(value, list):
+        return
+    if _is_record(value):
+        dims = isinstance(shape, list) and all(isinstance(d, int) for d in shape)
+        found.append((value, len(shape) if dims else None))  # type: ignore[arg-type]
+        return
+    shapes = shape if isinstance(shape, list) and len(shape) == len(value) \
+        else [None] * len(value)
+    for item, item_shape in zip(value, shapes, strict=True):
+        _collect_ranked(item, item_shape, found)
 
 
 def raw_storage_ids(raw: RawArg) -> Iterator[int]:
