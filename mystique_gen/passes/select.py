@@ -25,6 +25,7 @@ import bisect
 import re
 from collections.abc import Callable, Iterable, Iterator, Set
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from mystique_gen import oprules
 from mystique_gen.errors import TraceError
@@ -729,7 +730,19 @@ def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
     lifetime of the id (:class:`SparseTensors`)."""
     found = SparseTensors()
     parent = {n.id: n.parent for n in nodes}
-    reads = {n.id: _storageless_ids(n.inputs) for n in nodes}
+    by_id = {n.id: n for n in nodes}
+    # Each node's storageless reads, found only where asked: most traces have no
+    # tensor without storage, and a set per node cost a tenth of loading a trace.
+    read_sets: dict[int, set[int]] = {}
+
+    def reads(node_id: int) -> set[int]:
+        found_ids = read_sets.get(node_id)
+        if found_ids is None:
+            node = by_id.get(node_id)
+            found_ids = read_sets[node_id] = \
+                _storageless_ids(node.inputs) if node is not None else set()
+        return found_ids
+
     written: dict[int, int] = {}  # tensor id -> the last node that returned it
 
     def encloses(outer: int, node_id: int) -> bool:
@@ -746,16 +759,15 @@ def sparse_tensors(nodes: list[RawNode]) -> SparseTensors:
         """The outermost op enclosing ``node_id`` (itself included) that reads ``tid``
         and starts after node ``after``: where a tensor it reads begins."""
         start, cur = node_id, parent.get(node_id)
-        while cur is not None and cur != start and cur > after and tid in reads.get(cur, ()):
+        while cur is not None and cur != start and cur > after and tid in reads(cur):
             start, cur = cur, parent.get(cur)
         return start
 
     for node in sorted(nodes, key=lambda n: n.id):  # start order
         if node.op_schema and node.outputs:
-            read = reads[node.id]
             for tid in _storageless_ids(node.outputs):
                 written[tid] = node.id
-                if tid in read:
+                if tid in reads(node.id):
                     continue
                 current = found._current(tid)
                 if current is None or not encloses(current[0], node.id):
@@ -1000,15 +1012,17 @@ def select_ops(trace: RawTrace) -> Selection:
         descend = subclass_dispatches(trace) | foreign_composites(trace, children) \
             | autocast_dispatches(trace, children)
         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] = {}  # shared by rounds
+        facts = _node_facts(trace, by_id)  # the rounds change no node: found once
         while True:
-            selection = _select(trace, by_id, descend, trace.backend_threads)
+            selection = _select(trace, by_id, descend, trace.backend_threads, facts)
             more = escaping_composites(trace, selection.ops, by_id, children, keys) - descend
             if not more:
                 break
             descend |= more
         trace.descended = descend
         return selection
-    return _select(trace, by_id, trace.descended, trace.backend_threads)
+    return _select(trace, by_id, trace.descended, trace.backend_threads,
+                   _node_facts(trace, by_id))
 
 
 def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, RawNode],
@@ -1222,8 +1236,26 @@ def _tensor_keys(arg: RawArg) -> list[TensorKey]:
             if r[1] and isinstance(r[0], int)]
 
 
+class _NodeFacts(NamedTuple):
+    """What :func:`_select` reads of the nodes besides the ops it descends into, which
+    every round of :func:`select_ops` would otherwise find again."""
+
+    has_children: set[int]
+    launched: set[int]  # above a recorded compiled kernel
+    autograd_wrapped: set[int]  # above a compiled autograd function
+    grad_makers: set[int] | None  # :func:`grad_node_makers`
+
+
+def _node_facts(trace: RawTrace, by_id: dict[int, RawNode]) -> _NodeFacts:
+    return _NodeFacts(
+        {n.parent for n in trace.nodes if n.parent != n.id},
+        _above(trace.nodes, by_id, lambda n: bool(n.attrs.get("kernel_backend"))),
+        _above(trace.nodes, by_id, lambda n: n.name in COMPILED_FUNCTIONS),
+        grad_node_makers(trace.nodes))
+
+
 def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
-            backend_threads: set[int]) -> Selection:
+            backend_threads: set[int], facts: _NodeFacts) -> Selection:
     # scope_of[id] is None when an ancestor (or the node) is selected, else the annotation path.
     scope_of: dict[int, tuple[str, ...] | None] = {}
 
@@ -1250,10 +1282,9 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
             inherited = scope_of[n.id]
         return scope_of[node.id]
 
-    has_children = {n.parent for n in trace.nodes if n.parent != n.id}
+    has_children, launched, autograd_wrapped = \
+        facts.has_children, facts.launched, facts.autograd_wrapped
     compiling = trace.compiling or {}
-    launched = _above(trace.nodes, by_id, lambda n: bool(n.attrs.get("kernel_backend")))
-    autograd_wrapped = _above(trace.nodes, by_id, lambda n: n.name in COMPILED_FUNCTIONS)
     selected: list[Selected] = []
     covered: list[RawNode] = []
     skipped: list[Diagnostic] = []
@@ -1301,7 +1332,7 @@ def _select(trace: RawTrace, by_id: dict[int, RawNode], dispatched: set[int],
     _read_kernel_paths(selected, covered)
     _read_child_domains(selected, covered)
     _reveal_fold(selected, covered)
-    _mark_grad_node_makers(selected, trace, by_id)
+    _mark_grad_node_makers(selected, facts.grad_makers, by_id)
     return Selection(selected, skipped, sorted(threads), covered)
 
 
@@ -1415,10 +1446,10 @@ def grad_node_makers(nodes: list[RawNode]) -> set[int] | None:
     return taken
 
 
-def _mark_grad_node_makers(selected: list[Selected], trace: RawTrace,
+def _mark_grad_node_makers(selected: list[Selected], makers: set[int] | None,
                            by_id: dict[int, RawNode]) -> None:
-    """Set each selected op's ``made_grad_node``: it, or an op inside it, made one."""
-    makers = grad_node_makers(trace.nodes)
+    """Set each selected op's ``made_grad_node``: it, or an op inside it, made one
+    (``makers``: :func:`grad_node_makers` of the trace's nodes)."""
     if makers is None:
         return
     position = {sel.node.id: k for k, sel in enumerate(selected)}
