@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import types
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -39,7 +39,9 @@ class Signature:
     # Tensor(a)``): a view, which reads no data.
     is_view: bool = False
 
-    @property
+    # Cached (signatures are shared and immutable): Op.name asks for it millions of
+    # times on a big trace.
+    @cached_property
     def qualified_name(self) -> str:
         return f"{self.namespace}::{self.name}"
 
@@ -47,7 +49,7 @@ class Signature:
     def full_name(self) -> str:
         return f"{self.namespace}::{self.name}.{self.overload}"
 
-    @property
+    @cached_property
     def written(self) -> tuple[int, ...]:
         """Positions of the arguments the op writes (``Tensor(a!)``)."""
         return tuple(i for i, a in enumerate(self.args) if a.writes)

@@ -443,14 +443,20 @@ def _device_kind(text: str, node_id: int, where: str) -> str:
     return kind
 
 
+_INTS = frozenset({int})
+
+
 def _int_list(value: Any, node_id: int, where: str, *, signed: bool) -> tuple[int, ...]:
-    # type() is int: a bool is not a size; this runs for every recorded tensor.
-    if not isinstance(value, list) or not all(type(v) is int for v in value):
+    # type() is int: a bool is not a size; this runs for every recorded tensor, so the
+    # checks run in C (map, min, max) rather than in a generator.
+    if not isinstance(value, list) or not _INTS.issuperset(map(type, value)):
         raise TraceError("expected a list of integers", node_id=node_id, field=where)
-    if value and not signed and min(value) < 0:
-        raise TraceError("negative size", node_id=node_id, field=where)
-    if value and (min(value) < INT64_MIN or max(value) > INT64_MAX):
-        raise Unsupported(f"{where}: a size or stride is outside 64 bits")
+    if value:
+        low = min(value)
+        if not signed and low < 0:
+            raise TraceError("negative size", node_id=node_id, field=where)
+        if low < INT64_MIN or max(value) > INT64_MAX:
+            raise Unsupported(f"{where}: a size or stride is outside 64 bits")
     return tuple(value)
 
 
