@@ -14,6 +14,7 @@ import builtins
 import keyword
 import re
 from collections.abc import Callable, Hashable
+from functools import lru_cache
 
 # Names the harness template defines or uses; generated names must not shadow them.
 RESERVED = frozenset(
@@ -29,6 +30,7 @@ GENERIC_ARGS = frozenset({"self", "input", "other", "x", "tensor", "tensor1", "t
 SHORT_ARGS = {"weight": "w", "bias": "b", "self": "x", "input": "x"}
 
 
+@lru_cache(maxsize=4096)  # asked for every op and input: few distinct hints
 def identifier(hint: str) -> str:
     """``hint`` as an identifier that shadows no keyword or builtin."""
     base = re.sub(r"\W", "_", hint, flags=re.ASCII).strip("_") or "v"
