@@ -396,16 +396,20 @@ def _zip_args(values: Any, shapes: Any, types: Any, strides: Any, node_id: int,
     if len(types) != len(values):
         raise TraceError(f"{len(values)} values but {len(types)} types", node_id=node_id,
                          field=f"{field_name}.types")
+    # Every argument of every node passes here: lengths are taken once and RawArg is
+    # built positionally (a frozen dataclass's keywords cost a third more).
     args = []
+    n_shapes = len(shapes)
+    n_strides = len(strides) if strides is not None else 0
     for i, (value, type_str) in enumerate(zip(values, types, strict=True)):
         if not isinstance(type_str, str):
             raise TraceError("type is not a string", node_id=node_id,
                              field=f"{field_name}.types[{i}]")
-        shape = _shared(shapes[i]) if i < len(shapes) else EMPTY
-        stride = _shared(strides[i]) if strides is not None and i < len(strides) else None
+        shape = _shared(shapes[i]) if i < n_shapes else EMPTY
+        stride = _shared(strides[i]) if i < n_strides else None
         if type(value) is list and len(value) == 6 and type(value[5]) is str:
             value[5] = intern(value[5])  # a tensor record's device: "cuda:0"
-        args.append(RawArg(value=value, shape=shape, type=intern(type_str), strides=stride))
+        args.append(RawArg(value, shape, intern(type_str), stride))
     return args
 
 
