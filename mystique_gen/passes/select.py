@@ -1012,10 +1012,12 @@ def select_ops(trace: RawTrace) -> Selection:
         descend = subclass_dispatches(trace) | foreign_composites(trace, children) \
             | autocast_dispatches(trace, children)
         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] = {}  # shared by rounds
+        fresh: dict[int, list[int]] = {}  # so are the storages each node allocates
         facts = _node_facts(trace, by_id)  # the rounds change no node: found once
         while True:
             selection = _select(trace, by_id, descend, trace.backend_threads, facts)
-            more = escaping_composites(trace, selection.ops, by_id, children, keys) - descend
+            more = escaping_composites(trace, selection.ops, by_id, children, keys,
+                                       fresh) - descend
             if not more:
                 break
             descend |= more
@@ -1028,7 +1030,7 @@ def select_ops(trace: RawTrace) -> Selection:
 def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, RawNode],
                         children: dict[int, list[RawNode]] | None = None,
                         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] | None = None,
-                        ) -> set[int]:
+                        fresh: dict[int, list[int]] | None = None) -> set[int]:
     """Selected ops with a result of their own implementation that a later op reads.
 
     A composite op returns some of what its children computed and keeps the rest,
@@ -1049,6 +1051,7 @@ def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, R
     flipped between captures of one step)."""
     children = children if children is not None else children_of(trace)
     keys = keys if keys is not None else {}
+    fresh = fresh if fresh is not None else {}
     owner: dict[TensorKey, int] = {}  # inner result -> the op that kept it
     at_storage: dict[int, set[TensorKey]] = {}  # storage id -> owned keys
 
@@ -1064,12 +1067,14 @@ def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, R
 
     def allocated(node: RawNode) -> None:
         """Forget the inner results at the storages that `node` allocates anew."""
-        reads, returns = keys_of(node)
-        read = {key[1] for key in reads}
-        for key in returns:
-            if key[1] not in read:
-                for gone in at_storage.pop(key[1], ()):
-                    owner.pop(gone, None)
+        sids = fresh.get(node.id)
+        if sids is None:  # kept, as keys are: every round asks again for every node
+            reads, returns = keys_of(node)
+            read = {key[1] for key in reads}
+            sids = fresh[node.id] = [key[1] for key in returns if key[1] not in read]
+        for sid in sids:
+            for gone in at_storage.pop(sid, ()):
+                owner.pop(gone, None)
 
     found: set[int] = set()
     for sel in ops:
