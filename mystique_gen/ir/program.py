@@ -9,6 +9,7 @@ emitter.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from math import prod
 
@@ -512,13 +513,20 @@ class Program:
         return cls(TraceInfo(name, "0" * 64, "", 0))
 
 
-def iter_tensors(value: Value):
+def iter_tensors(value: Value) -> Iterator[TensorValue]:
     """Every TensorValue inside a value tree, in order."""
+    # Passes ask this of every argument of every op, many times: a tensor or a scalar
+    # gets a plain iterator, and only lists pay for a generator.
     if isinstance(value, TensorValue):
-        yield value
-    elif isinstance(value, ListValue):
-        for item in value.items:
-            yield from iter_tensors(item)
+        return iter((value,))
+    if isinstance(value, ListValue):
+        return _list_tensors(value)
+    return iter(())
+
+
+def _list_tensors(value: ListValue) -> Iterator[TensorValue]:
+    for item in value.items:
+        yield from iter_tensors(item)
 
 
 def iter_leaves(value: Value):
