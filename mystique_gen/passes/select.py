@@ -1012,7 +1012,7 @@ def select_ops(trace: RawTrace) -> Selection:
         descend = subclass_dispatches(trace) | foreign_composites(trace, children) \
             | autocast_dispatches(trace, children)
         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] = {}  # shared by rounds
-        fresh: dict[int, list[int]] = {}  # so are the storages each node allocates
+        fresh: dict[int, tuple[int, ...]] = {}  # so are the storages each node allocates
         facts = _node_facts(trace, by_id)  # the rounds change no node: found once
         while True:
             selection = _select(trace, by_id, descend, trace.backend_threads, facts)
@@ -1030,7 +1030,7 @@ def select_ops(trace: RawTrace) -> Selection:
 def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, RawNode],
                         children: dict[int, list[RawNode]] | None = None,
                         keys: dict[int, tuple[set[TensorKey], set[TensorKey]]] | None = None,
-                        fresh: dict[int, list[int]] | None = None) -> set[int]:
+                        fresh: dict[int, tuple[int, ...]] | None = None) -> set[int]:
     """Selected ops with a result of their own implementation that a later op reads.
 
     A composite op returns some of what its children computed and keeps the rest,
@@ -1071,7 +1071,7 @@ def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, R
         if sids is None:  # kept, as keys are: every round asks again for every node
             reads, returns = keys_of(node)
             read = {key[1] for key in reads}
-            sids = fresh[node.id] = [key[1] for key in returns if key[1] not in read]
+            sids = fresh[node.id] = tuple(key[1] for key in returns if key[1] not in read)
         for sid in sids:
             for gone in at_storage.pop(sid, ()):
                 owner.pop(gone, None)
