@@ -8,7 +8,7 @@ import pytest
 
 from mystique_gen.backends import exprs
 from mystique_gen.backends.comms import group_row
-from mystique_gen.backends.layout import Atom, Group, lay_out
+from mystique_gen.backends.layout import Atom, Group, flat, lay_out
 from mystique_gen.backends.render import format_with_black
 from mystique_gen.ir.dist import ProcessGroupSpec
 
@@ -38,6 +38,30 @@ def test_single_long_argument_splits_recursively():
     values = [Atom(f"value_{i}") for i in range(12)]
     inner = exprs.call("torch.ops.aten.some_operator.default", values)
     _black_stable(lay_out("result = ", exprs.call("_guarded", [inner]), 1))
+
+
+_NO_ARGUMENTS = exprs.call("torch.ops.some_namespace." + "an_operator_" * 6 + "x", [])
+_EMPTY_LIST = Group("[", (), "]", literal=True)
+
+
+@pytest.mark.parametrize(("prefix", "value"), [
+    ("scaled_dot_product_flash_attention_for_cpu_backward_32_1 = ", _NO_ARGUMENTS),
+    ("t" * 90 + " = ", _NO_ARGUMENTS),  # too long for `t = (` too: wrapped all the same
+    ("t" * 90 + " = ", _EMPTY_LIST),
+    ("native_layer_norm, native_layer_norm_32, native_layer_norm_32_1 = ", _NO_ARGUMENTS),
+    ("native_layer_norm, native_layer_norm_32, native_layer_norm_32_1_of_a_layer_12345 = ",
+     _EMPTY_LIST),
+    ("_, mkldnn_rnn_layer_backward, mkldnn_rnn_layer_backward_1, "  # the targets one
+     "mkldnn_rnn_layer_backward_2, _, _ = ", _NO_ARGUMENTS),  # per line instead
+    ("return ", _NO_ARGUMENTS),
+    ("", _NO_ARGUMENTS),  # an expression statement: black adds no parentheses
+])
+def test_a_too_long_value_in_empty_brackets_is_laid_out_as_black_lays_it(prefix, value):
+    """Black cannot split inside `f()` or `[]`, so it wraps an assignment's or a
+    return's value in parentheses instead, even where a line then stays too long (the
+    fuzz test found `lay_out` leaving such a line whole, a file black would change)."""
+    assert len("    " + prefix + flat(value)) > 88  # what the case is about
+    _black_stable(lay_out(prefix, value, 1))
 
 
 def test_short_statement_stays_on_one_line():

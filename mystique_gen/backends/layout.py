@@ -70,11 +70,15 @@ def lay_out(prefix: str, node: Node, depth: int, suffix: str = "") -> list[str]:
 
     An assignment whose first line, split at its call, is still too long is laid
     out as black lays it out: the right-hand side wrapped in parentheses where every
-    line then fits (black's "second opinion" with optional parentheses), else, for
+    line then fits (black's "second opinion" with optional parentheses; a value in
+    empty brackets, which cannot split, is wrapped, and so is a return's), else, for
     several targets, the targets one per line in parentheses, then ``) = `` and the
     right-hand side laid out as any other (``(\n    a,\n    b,\n) = call(...)``)."""
     lines = _lay_out(prefix, node, depth, suffix)
     indent = INDENT * depth
+    if (not suffix and (prefix.endswith(" = ") or prefix == "return ")
+            and ("," not in prefix or len(indent + prefix + "(") <= LINE_LENGTH)):
+        lines = _wrapped_if_unsplittable(lines, prefix, node, depth)
     targets = prefix[: -len(" = ")] if prefix.endswith(" = ") else ""
     if (not targets or suffix or len(lines[0]) <= LINE_LENGTH
             or not all(t.strip().isidentifier() for t in targets.split(","))):
@@ -82,7 +86,8 @@ def lay_out(prefix: str, node: Node, depth: int, suffix: str = "") -> list[str]:
     names = [t.strip() for t in targets.split(",")]
     inner = INDENT * (depth + 1)
     exploded = [indent + "(", *(inner + name + "," for name in names),
-                *_lay_out(") = ", node, depth)]
+                *_wrapped_if_unsplittable(_lay_out(") = ", node, depth), ") = ", node,
+                                          depth)]
     if len(lines) == 1 or not isinstance(node, Group) \
             or lines[0] != indent + prefix + node.head:  # the right-hand side stays whole
         return exploded if len(names) > 1 else lines
@@ -90,6 +95,19 @@ def lay_out(prefix: str, node: Node, depth: int, suffix: str = "") -> list[str]:
     if all(len(line) <= LINE_LENGTH for line in wrapped):
         return wrapped
     return exploded if len(names) > 1 else lines
+
+
+def _wrapped_if_unsplittable(lines: list[str], prefix: str, node: Node,
+                             depth: int) -> list[str]:
+    """An assignment's or a return's value in empty brackets (`f()`, `[]`), too long
+    on its line, wrapped in parentheses: black cannot split inside them, so it wraps
+    the value, even where a line then stays too long (several targets too long for
+    `a, b = (` go one per line first: `lay_out`)."""
+    if len(lines) == 1 and len(lines[0]) > LINE_LENGTH and isinstance(node, Group) \
+            and not node.items:
+        indent = INDENT * depth
+        return [indent + prefix + "(", INDENT * (depth + 1) + flat(node), indent + ")"]
+    return lines
 
 
 def _lay_out(prefix: str, node: Node, depth: int, suffix: str = "") -> list[str]:
