@@ -143,9 +143,10 @@ def functional() -> Callable[[], object]:
     return step
 
 
-def _sgd_step(model: torch.nn.Module, inputs: torch.Tensor) -> Callable[[], None]:
-    """One SGD training step of ``model`` on ``inputs`` (the loss: its output's sum)."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def _train_step(model: torch.nn.Module, inputs: torch.Tensor,
+                opt: torch.optim.Optimizer) -> Callable[[], None]:
+    """One training step of ``model`` on ``inputs`` by ``opt`` (the loss: the output's
+    sum)."""
 
     def step() -> None:
         opt.zero_grad()
@@ -153,6 +154,11 @@ def _sgd_step(model: torch.nn.Module, inputs: torch.Tensor) -> Callable[[], None
         opt.step()
 
     return step
+
+
+def _sgd_step(model: torch.nn.Module, inputs: torch.Tensor) -> Callable[[], None]:
+    """One SGD training step of ``model`` on ``inputs`` (the loss: its output's sum)."""
+    return _train_step(model, inputs, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def tensor_parallel() -> Callable[[], object]:
@@ -172,14 +178,7 @@ def fsdp2(shard_placement_fn: Callable[[torch.nn.Parameter], Shard] | None = Non
         fully_shard(block, shard_placement_fn=shard_placement_fn)
     fully_shard(model, shard_placement_fn=shard_placement_fn)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    x = torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-    return step
+    return _train_step(model, torch.randn(4, 16), opt)
 
 
 def fsdp2_dim1() -> Callable[[], object]:
@@ -240,6 +239,25 @@ def reductions() -> Callable[[], object]:
     return step
 
 
+def _pipeline_step(schedule: object, opt: torch.optim.Optimizer, first: bool, last: bool,
+                   x: torch.Tensor, target: torch.Tensor) -> Callable[[], None]:
+    """One training step of a pipeline schedule: the rank holding the first stage feeds
+    the inputs, the one holding the last the targets, then the optimizer steps."""
+
+    def step() -> None:
+        opt.zero_grad()
+        kwargs: dict[str, object] = {}
+        if last:
+            kwargs.update(target=target, losses=[])
+        if first:
+            schedule.step(x, **kwargs)  # type: ignore[attr-defined]
+        else:
+            schedule.step(**kwargs)  # type: ignore[attr-defined]
+        opt.step()
+
+    return step
+
+
 def pipeline() -> Callable[[], object]:
     rank, world = dist.get_rank(), dist.get_world_size()
     stage_module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
@@ -248,16 +266,7 @@ def pipeline() -> Callable[[], object]:
                             loss_fn=lambda y, target: ((y - target) ** 2).mean())
     opt = torch.optim.SGD(stage_module.parameters(), lr=0.1)
     x, target = torch.randn(4, 16), torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        if rank == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=target, losses=[])
-        opt.step()
-
-    return step
+    return _pipeline_step(schedule, opt, rank == 0, rank == world - 1, x, target)
 
 
 def pipeline_mesh() -> Callable[[], object]:
@@ -278,16 +287,7 @@ def pipeline_mesh() -> Callable[[], object]:
                              loss_fn=lambda y, target: ((y - target) ** 2).mean())
     opt = torch.optim.AdamW(stage_module.parameters(), lr=1e-3)
     x, target = torch.randn(4, 16), torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        if stage_index == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=target, losses=[])
-        opt.step()
-
-    return step
+    return _pipeline_step(schedule, opt, stage_index == 0, stage_index == 1, x, target)
 
 
 def hsdp() -> Callable[[], object]:
@@ -299,14 +299,7 @@ def hsdp() -> Callable[[], object]:
                                 torch.nn.Linear(32, 16))
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-    return step
+    return _train_step(model, torch.randn(4, 16), opt)
 
 
 def stage_dp() -> Callable[[], object]:
@@ -568,13 +561,15 @@ def _blocks(n: int = 2) -> torch.nn.Sequential:
         torch.nn.Linear(32, 16)) for _ in range(n)])
 
 
-def _fsdp2_step(model: torch.nn.Module, **kwargs: object) -> Callable[[], object]:
-    """fully_shard on each block and the root with ``kwargs``, AdamW foreach."""
+def _fsdp2_step(model: torch.nn.Module, x: torch.Tensor | None = None,
+                **kwargs: object) -> Callable[[], object]:
+    """fully_shard on each block and the root with ``kwargs``, AdamW foreach, on ``x``
+    (a batch of 4 x 16 where not given)."""
     for block in model:
         fully_shard(block, **kwargs)  # type: ignore[arg-type]
     fully_shard(model, **kwargs)  # type: ignore[arg-type]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    x = torch.randn(4, 16)
+    x = torch.randn(4, 16) if x is None else x
 
     def step() -> None:
         opt.zero_grad()
@@ -656,20 +651,7 @@ def _multi_stage(schedule_cls: type, stage_ids: Callable[[int, int], list[int]]
                             loss_fn=lambda y, target: ((y - target) ** 2).mean())
     opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.1)
     x, target = torch.randn(4, 16), torch.randn(4, 16)
-    first, last = 0 in ids, n_stages - 1 in ids
-
-    def step() -> None:
-        opt.zero_grad()
-        kwargs: dict[str, object] = {}
-        if last:
-            kwargs.update(target=target, losses=[])
-        if first:
-            schedule.step(x, **kwargs)
-        else:
-            schedule.step(**kwargs)
-        opt.step()
-
-    return step
+    return _pipeline_step(schedule, opt, 0 in ids, n_stages - 1 in ids, x, target)
 
 
 def _looped(rank: int, world: int) -> list[int]:
@@ -746,14 +728,7 @@ def zero() -> Callable[[], object]:
     model = torch.nn.parallel.DistributedDataParallel(_mlp())
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                   lr=1e-3)
-    x = torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-    return step
+    return _train_step(model, torch.randn(4, 16), opt)
 
 
 def dtensor() -> Callable[[], object]:
@@ -788,18 +763,8 @@ def fsdp2_uneven() -> Callable[[], object]:
     model = torch.nn.Sequential(*[torch.nn.Sequential(
         torch.nn.LayerNorm(17), torch.nn.Linear(17, 33), torch.nn.GELU(),
         torch.nn.Linear(33, 17)) for _ in range(2)])
-    for block in model:
-        fully_shard(block, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
-    fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    x = torch.randn(5, 17)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).float().sum().backward()
-        opt.step()
-
-    return step
+    return _fsdp2_step(model, torch.randn(5, 17),
+                       mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
 
 
 def fsdp2_prefetch() -> Callable[[], object]:
@@ -936,12 +901,10 @@ def titan_2d() -> Callable[[], object]:
     return step
 
 
-def pp_fsdp() -> Callable[[], object]:
-    """torchtitan's PP + FSDP on a 2 x 2 (pp, dp) mesh (4 ranks): two stages per pp
-    rank (Interleaved1F1B, 4 microbatches, a loss_fn), each stage fully_shard on
-    ``dp`` without resharding after forward (as torchtitan does under PP)."""
-    from torch.distributed.pipelining import ScheduleInterleaved1F1B
-
+def _pp_over_fsdp(schedule_cls: type) -> Callable[[], object]:
+    """Pipeline stages over a 2 x 2 (pp, dp) mesh's ``pp`` (4 ranks), two per pp rank
+    (4 microbatches, a loss_fn), each fully_shard on ``dp`` without resharding after
+    forward (as torchtitan does under PP), scheduled by ``schedule_cls``."""
     mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
                             mesh_dim_names=("pp", "dp"))
     pp_rank = mesh["pp"].get_local_rank()
@@ -951,20 +914,18 @@ def pp_fsdp() -> Callable[[], object]:
         fully_shard(m, mesh=mesh["dp"], reshard_after_forward=False)
     stages = [PipelineStage(m, i, 4, torch.device("cpu"), group=mesh.get_group("pp"))
               for m, i in zip(modules, ids, strict=True)]
-    schedule = ScheduleInterleaved1F1B(
+    schedule = schedule_cls(
         stages, n_microbatches=4, loss_fn=lambda y, target: ((y - target) ** 2).mean())
     opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
     x, target = torch.randn(4, 16), torch.randn(4, 16)
+    return _pipeline_step(schedule, opt, 0 in ids, 3 in ids, x, target)
 
-    def step() -> None:
-        opt.zero_grad()
-        if pp_rank == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=target, losses=[])
-        opt.step()
 
-    return step
+def pp_fsdp() -> Callable[[], object]:
+    """torchtitan's PP + FSDP: Interleaved1F1B over ``pp``, FSDP2 on ``dp`` (4 ranks)."""
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+
+    return _pp_over_fsdp(ScheduleInterleaved1F1B)
 
 
 def fsdp2_mp_out() -> Callable[[], object]:
@@ -1100,14 +1061,7 @@ def zero_bucket() -> Callable[[], object]:
     model = torch.nn.parallel.DistributedDataParallel(_mlp())
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
                                   parameters_as_bucket_view=True, lr=1e-3)
-    x = torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
-    return step
+    return _train_step(model, torch.randn(4, 16), opt)
 
 
 def ddp_powersgd() -> Callable[[], object]:
@@ -1249,33 +1203,11 @@ def fsdp1() -> Callable[[], object]:
 
 
 def pp_zb_fsdp() -> Callable[[], object]:
-    """Interleaved zero-bubble over a 2 x 2 (pp, dp) mesh's ``pp`` (4 ranks), FSDP2 on
-    ``dp``: weight gradients computed apart from input gradients, then reduce-scattered."""
+    """Interleaved zero-bubble over ``pp``, FSDP2 on ``dp`` (4 ranks): weight gradients
+    computed apart from input gradients, then reduce-scattered."""
     from torch.distributed.pipelining import ScheduleInterleavedZeroBubble
 
-    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
-                            mesh_dim_names=("pp", "dp"))
-    pp_rank = mesh["pp"].get_local_rank()
-    ids = [pp_rank, pp_rank + 2]
-    modules = [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()) for _ in ids]
-    for m in modules:
-        fully_shard(m, mesh=mesh["dp"], reshard_after_forward=False)
-    stages = [PipelineStage(m, i, 4, torch.device("cpu"), group=mesh.get_group("pp"))
-              for m, i in zip(modules, ids, strict=True)]
-    schedule = ScheduleInterleavedZeroBubble(
-        stages, n_microbatches=4, loss_fn=lambda y, target: ((y - target) ** 2).mean())
-    opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
-    x, target = torch.randn(4, 16), torch.randn(4, 16)
-
-    def step() -> None:
-        opt.zero_grad()
-        if pp_rank == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=target, losses=[])
-        opt.step()
-
-    return step
+    return _pp_over_fsdp(ScheduleInterleavedZeroBubble)
 
 
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
