@@ -27,9 +27,23 @@ def _script(path, body: str) -> str:
     return str(path)
 
 
+_CAPTURE_ARGS = ("--name", "s", "--warmup", "1", "--timing-iters", "1", "--profile-steps", "2")
+
+
 def _capture(out, *argv: str) -> int:
-    return tools_main(["capture", "-o", str(out), "--name", "s", "--warmup", "1",
-                       "--timing-iters", "1", "--profile-steps", "2", "--", *argv])
+    return tools_main(["capture", "-o", str(out), *_CAPTURE_ARGS, "--", *argv])
+
+
+def _capture_in_a_fresh_process(out, *argv: str, env: dict[str, str]
+                                ) -> subprocess.CompletedProcess[str]:
+    """`mystique-gen capture` as users run it, in a process of its own: a script that
+    forks its ranks must not fork this test worker, whose earlier tests left threads
+    (gloo's, the intra-op pool's) whose locks a forked child can inherit held (a
+    forked rank died of SIGSEGV once in CI)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mystique_gen", "capture", "-o", str(out), *_CAPTURE_ARGS,
+         "--", *argv], capture_output=True, text=True, timeout=600,
+        env={**os.environ, **env})
 
 
 def test_workers_forked_in_the_recorded_step_leave_its_trace_whole(tmp_path):
@@ -48,7 +62,8 @@ def test_workers_forked_in_the_recorded_step_leave_its_trace_whole(tmp_path):
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
         """)
-    assert _capture(tmp_path / "o", "python", script) == 0
+    proc = _capture_in_a_fresh_process(tmp_path / "o", "python", script, env={})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     trace = load_trace(tmp_path / "o" / "s.et.json")
     names = [node.name for node in trace.nodes]
     assert "aten::addmm" in names and "aten::mse_loss" in names
@@ -491,7 +506,7 @@ def test_ranks_a_script_spawns_are_captured_each(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
-def test_ranks_started_with_fork_are_captured_each(tmp_path, capsys, method):
+def test_ranks_started_with_fork_are_captured_each(tmp_path, method):
     """Ranks forked by ``start_processes(..., start_method="fork")`` (Lightning's
     ``ddp_fork``/``ddp_notebook``) inherited this process's step hooks and its first
     step's dispatch mode: both stepped the parent's clock, recorded into the parent's
@@ -519,13 +534,11 @@ def test_ranks_started_with_fork_are_captured_each(tmp_path, capsys, method):
                                start_method=sys.argv[1])
             raise SystemExit("not stopped after its ranks were captured")
         """)
-    os.environ["TEST_PORT"] = str(free_port())
-    try:
-        assert _capture(tmp_path / "o", "python", script, method, str(tmp_path)) == 0
-    finally:
-        del os.environ["TEST_PORT"]
+    proc = _capture_in_a_fresh_process(tmp_path / "o", "python", script, method,
+                                       str(tmp_path), env={"TEST_PORT": str(free_port())})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "o"
-    err = capsys.readouterr().err
+    err = proc.stderr
     assert "captured 2 of the 2 ranks the script spawned" in err
     assert not (out / "s.et.json").exists()
     if method == "fork":  # (forkserver's children are fresh imports)
