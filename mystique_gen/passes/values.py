@@ -345,13 +345,14 @@ class _Facts:
             return
         self.weight_fan_in(tv)
 
-    def weight_fan_in(self, tv: TensorValue) -> None:
-        s = tv.storage
-        if s is None or not s.materialised:
-            return
+    def weight_fan_in(self, tv: TensorValue) -> int:
+        """A weight's fan-in (its elements per output), kept for its storage where that
+        is filled; returned either way (its bias's bound needs it)."""
         fan_in = prod(tv.meta.shape[1:])
-        if fan_in > self.fan_in.get(s.index, 0):
+        s = tv.storage
+        if s is not None and s.materialised and fan_in > self.fan_in.get(s.index, 0):
             self.fan_in[s.index] = fan_in
+        return fan_in
 
     @staticmethod
     def integral(tv: TensorValue) -> Storage | None:
@@ -492,8 +493,7 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
     named = {a.spec.name: a.value for a in op.args}
     weight, bias = named.get("weight"), named.get("bias")
     if isinstance(weight, TensorValue) and len(weight.meta.shape) >= 2:
-        facts.weight_fan_in(weight)  # nn.Linear(n, 1)'s [1, n] too
-        fan_in = prod(weight.meta.shape[1:])
+        fan_in = facts.weight_fan_in(weight)  # nn.Linear(n, 1)'s [1, n] too
         if isinstance(bias, TensorValue) and bias.storage is not None:
             facts.bias_fan_in.setdefault(bias.storage.index, fan_in)
         data = named.get("input")
