@@ -74,7 +74,8 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
         group_lines=emit_comms.group_lines(dist_info),
         rank_lines=emit_comms.rank_lines(bodies),
     )
-    docstring = first.docstring + _rank_docstring(programs, ranks, world, rank_source)
+    docstring = first.docstring + _rank_docstring(programs, ranks, world, rank_source,
+                                                  dist_info)
     # Each rank's Kineto facts sit beside its functions; the job picks its own (RANKS).
     original = first.original_lines if not any(b.original_lines for b in bodies) else [
         "# The linked Kineto traces (mystique-gen --kineto), one per rank: "
@@ -87,7 +88,9 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
 
 
 def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
-                    rank_source: str) -> list[str]:
+                    rank_source: str, info: DistInfo) -> list[str]:
+    """The ranks this file replays and the process groups it creates (``info``: the
+    job's, with the default group's size the job's world where none was recorded)."""
     d = exprs.docstring_line
     held = ", ".join(str(r) for r in ranks)
     lines = [
@@ -116,17 +119,14 @@ def _rank_docstring(programs: list[Program], ranks: list[int], world: int,
                          f"{d(timing.host_gaps, 80)}"
                          + (" (with the ET observer attached)" if timing.observer_in_gaps
                             else ""))
-    info = programs[0].distributed
-    if info is not None:
-        lines.append("Process groups (new_group on every rank, in this order):")
-        for g in info.groups:
-            size = g.size if info.groups_recorded else world  # as build_distributed_context
-            members = (f"ranks {list(g.ranks)}" if g.ranks is not None
-                       else f"{size} rank(s), members not listed")
-            lines.append(f"  - {d(g.name, 30)} ({d(g.desc, 30) or 'no description'}): "
-                         f"{members}")
-        if not info.groups_recorded:
-            lines.append("  (not recorded: the default group only)")
+    lines.append("Process groups (new_group on every rank, in this order):")
+    for g in info.groups:
+        members = (f"ranks {list(g.ranks)}" if g.ranks is not None
+                   else f"{g.size} rank(s), members not listed")
+        lines.append(f"  - {d(g.name, 30)} ({d(g.desc, 30) or 'no description'}): "
+                     f"{members}")
+    if not info.groups_recorded:
+        lines.append("  (not recorded: the default group only)")
     return wrap(lines)
 
 
