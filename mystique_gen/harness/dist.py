@@ -66,13 +66,19 @@ def _wait_tensor(tensor):
 
 
 def _coalesced(collective, outputs, inputs, group, async_op, **options):
-    """One coalesced collective: `collective` on each (output, input) pair inside a
-    coalescing manager, which torch issues as one call of the backend's coalesced
-    op. Returns what to wait on where the trace waited (None when synchronous)."""
+    """One coalesced collective: `collective` on each (output, input) pair (on each
+    output alone where `inputs` is None: in place) inside a coalescing manager, which
+    torch issues as one call of the backend's coalesced op. Returns what to wait on
+    where the trace waited (None when synchronous)."""
     dist = torch.distributed
+    calls = (
+        [(output,) for output in outputs]
+        if inputs is None
+        else zip(outputs, inputs, strict=True)
+    )
     with dist._coalescing_manager(group=group, async_ops=async_op) as manager:
-        for output, input_ in zip(outputs, inputs, strict=True):
-            collective(output, input_, group=group, **options)
+        for args in calls:
+            collective(*args, group=group, **options)
     return manager if async_op else None
 
 
@@ -118,11 +124,8 @@ def _all_reduce_coalesced(tensors, *, op=None, group, async_op=False):
     """c10d::allreduce_coalesced_: every tensor reduced in place, in one call of the
     backend's coalesced op (a coalescing manager of all_reduce calls issues it)."""
     options = {} if op is None else {"op": op}
-    dist = torch.distributed
-    with dist._coalescing_manager(group=group, async_ops=async_op) as manager:
-        for tensor in tensors:
-            dist.all_reduce(tensor, group=group, **options)
-    return manager if async_op else None
+    all_reduce = torch.distributed.all_reduce
+    return _coalesced(all_reduce, tensors, None, group, async_op, **options)
 
 
 def _bytewise(collective):
