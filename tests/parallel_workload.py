@@ -171,12 +171,7 @@ def tensor_parallel() -> Callable[[], object]:
 
 def fsdp2(shard_placement_fn: Callable[[torch.nn.Parameter], Shard] | None = None
           ) -> Callable[[], object]:
-    model = torch.nn.Sequential(*[torch.nn.Sequential(
-        torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.GELU(),
-        torch.nn.Linear(32, 16)) for _ in range(2)])
-    for block in model:
-        fully_shard(block, shard_placement_fn=shard_placement_fn)
-    fully_shard(model, shard_placement_fn=shard_placement_fn)
+    model = _sharded_blocks(_blocks(), shard_placement_fn=shard_placement_fn)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     return _train_step(model, torch.randn(4, 16), opt)
 
@@ -561,13 +556,20 @@ def _blocks(n: int = 2) -> torch.nn.Sequential:
         torch.nn.Linear(32, 16)) for _ in range(n)])
 
 
-def _fsdp2_step(model: torch.nn.Module, x: torch.Tensor | None = None,
-                **kwargs: object) -> Callable[[], object]:
-    """fully_shard on each block and the root with ``kwargs``, AdamW foreach, on ``x``
-    (a batch of 4 x 16 where not given)."""
+def _sharded_blocks(model: torch.nn.Sequential, **kwargs: object) -> torch.nn.Sequential:
+    """``model`` with fully_shard(``kwargs``) on each block, then on the root, as FSDP2
+    wraps a transformer's layers."""
     for block in model:
         fully_shard(block, **kwargs)  # type: ignore[arg-type]
     fully_shard(model, **kwargs)  # type: ignore[arg-type]
+    return model
+
+
+def _fsdp2_step(model: torch.nn.Sequential, x: torch.Tensor | None = None,
+                **kwargs: object) -> Callable[[], object]:
+    """fully_shard on each block and the root with ``kwargs``, AdamW foreach, on ``x``
+    (a batch of 4 x 16 where not given)."""
+    _sharded_blocks(model, **kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x = torch.randn(4, 16) if x is None else x
 
@@ -612,10 +614,7 @@ def fsdp2_ac() -> Callable[[], object]:
 def fsdp2_accum() -> Callable[[], object]:
     """FSDP2 with gradient accumulation over 3 microbatches: no reduce-scatter but on
     the last (set_requires_gradient_sync)."""
-    model = _blocks()
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
+    model = _sharded_blocks(_blocks())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     xs = torch.randn(3, 4, 16)
 
@@ -770,10 +769,7 @@ def fsdp2_uneven() -> Callable[[], object]:
 def fsdp2_prefetch() -> Callable[[], object]:
     """FSDP2 with explicit prefetching as torchtitan sets it: each block unshards the
     next one in forward and the previous one in backward; the first unshard async."""
-    model = _blocks(3)
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
+    model = _sharded_blocks(_blocks(3))
     blocks = list(model)
     for prev, nxt in zip(blocks, blocks[1:], strict=False):
         prev.set_modules_to_forward_prefetch([nxt])  # type: ignore[operator]
@@ -1085,10 +1081,7 @@ def hsdp_accum() -> Callable[[], object]:
     mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
                             mesh_dim_names=("replicate", "shard"))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    model = _blocks()
-    for block in model:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    model = _sharded_blocks(_blocks(), mesh=mesh, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     xs = torch.randn(2, 4, 16)
 
