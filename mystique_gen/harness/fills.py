@@ -15,6 +15,8 @@ class FillKind(str, Enum):
     RANDINT = "randint"  # integers in [low, high)
     OFFSETS = "offsets"  # sorted integers in [0, high], the first 0 (bag offsets)
     CUTS = "cuts"  # sorted, first 0, last high (jagged offsets)
+    ENDS = "ends"  # group ends: rising, the last high, each group a multiple of low
+    # and as even as can be (a grouped matmul's offs: tokens per expert, summed)
     BAGS = "bags"  # bag offsets: sorted, first 0, exactly low bags empty, high indices
     BAG_CUTS = "bag_cuts"  # the same and one offset more, high (include_last_offset)
     SPAN = "span"  # integers in [low, high], both ends present

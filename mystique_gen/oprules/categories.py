@@ -13,8 +13,13 @@ OP_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
                              r"optimizer|lamb|rmsprop")),
     ("conv", re.compile(r"conv|cudnn_convolution|mkldnn_convolution|im2col|col2im")),
     ("matmul", re.compile(r"^(mm|addmm|bmm|baddbmm|matmul|linear|addmv|mv|dot|einsum|"
-                          r"_addmm_activation|_scaled_mm|addbmm)|gemm|cublas|"
-                          r"attention|_flash|_efficient|linear_backward|mm_backward")),
+                          r"_addmm_activation|_scaled_mm|addbmm|mkldnn_linear)(_|$)|"
+                          r"gemm|cublas|attention|_flash|_efficient_attention|"
+                          r"linear_backward|mm_backward|"
+                          # grouped (mixture-of-experts), integer, weight-only
+                          # quantized and sparse products
+                          r"grouped_mm|_int_mm|pack_mm|sparse_mm|sparse_addmm|"
+                          r"semi_structured_(linear|mm|addmm)|_mixed_dtypes_linear")),
     ("reduction", re.compile(
         r"^(sum|mean|max|min|amax|amin|argmax|argmin|norm|linalg_vector_norm|var|std|"
         r"var_mean|std_mean|prod|cumsum|cumprod|logsumexp|_?softmax|_?log_softmax|"

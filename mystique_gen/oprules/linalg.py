@@ -44,7 +44,32 @@ class Pivots(Fill):
         return (FillKind.RANDINT, 1, shape[-2] + 1)
 
 
+class GroupEnds(Fill):
+    """``_grouped_mm``'s ``offs``: where each group's rows end along the dimension the
+    groups split (a mixture of experts' tokens per expert, cumulated). Made outside the
+    step (a Triton kernel that permutes tokens, a cached routing), random values cut the
+    groups short or past the end: the replay multiplied 8 of 64 rows. Each group is
+    filled 16 rows or a multiple where the total allows (the alignment CUDA's grouped
+    kernels want), as even as a balanced router makes them."""
+
+    ALIGNMENT = 16
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        a, b, offs = args.get("self"), args.get("mat2"), args.get("offs")
+        if not all(isinstance(x, tuple) for x in (a, b, offs)) or len(offs) != 1:
+            return None
+        # 2-D x 3-D: the rows of self; 2-D x 2-D: the inner dimension (a weight's grad
+        # per group); 3-D x 2-D: the columns of mat2; 3-D x 3-D takes no offs.
+        total = {(2, 3): a[0], (2, 2): a[-1], (3, 2): b[-1]}.get((len(a), len(b)))
+        if not isinstance(total, int):
+            return None
+        groups = offs[0]
+        aligned = total % self.ALIGNMENT == 0 and total >= self.ALIGNMENT * groups
+        return (FillKind.ENDS, self.ALIGNMENT if aligned else 1, total)
+
+
 _SELF, _A = {"self": PositiveDefinite("self")}, {"A": PositiveDefinite("A")}
+_GROUPS = {"offs": GroupEnds()}
 
 def matmul_grad_operand(a_shape: Any, a_strides: Any, b_shape: Any, b_strides: Any
                         ) -> int | None:
@@ -122,5 +147,7 @@ FAMILY = OpFamily(
         "aten::det": _SELF,
         "aten::linalg_det": _A,
         "aten::_linalg_det": _A,
+        "aten::_grouped_mm": _GROUPS,
+        "aten::_scaled_grouped_mm": _GROUPS,
     },
 )

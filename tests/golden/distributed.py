@@ -1064,6 +1064,18 @@ def _fill_cuts(numel, low, high, gen, device, gens, dtype):
     return t
 
 
+def _fill_ends(numel, low, high, gen, device, gens, dtype):
+    # The ends of `numel` groups over `high` rows, each a multiple of `low` rows (a
+    # grouped matmul's alignment) and as even as can be: a balanced router's tokens per
+    # expert, cumulated, as a mixture of experts passes them to `_grouped_mm`.
+    unit = low if low > 0 and high % low == 0 else 1
+    units, ends, total = high // unit, [], 0
+    for i in range(numel):
+        total += (units // numel + (i < units % numel)) * unit
+        ends.append(total)
+    return torch.tensor(ends, dtype=torch.int64, device=device)
+
+
 def _fill_bags(numel, low, high, gen, device, gens, dtype):
     # Offsets of `numel` bags over `high` indices, exactly `low` of them empty (a
     # max-mode bag's backward selects the others): the rest 1 or more, chosen at random.
@@ -1178,6 +1190,7 @@ _FILLS = {
     "randint": _fill_randint,
     "offsets": _fill_offsets,
     "cuts": _fill_cuts,
+    "ends": _fill_ends,
     "bags": _fill_bags,
     "bag_cuts": _fill_bag_cuts,
     "span": _fill_span,
