@@ -40,6 +40,9 @@ Run under torchrun (gloo on CPU): ``python -m torch.distributed.run --standalone
   token counts exchanged and read back (``.tolist()``), tokens dispatched and combined
   by ``all_to_all_single`` with uneven splits inside an autograd Function, each
   rank's experts run per received chunk;
+* ``expert_grouped``: the same dispatch, the received tokens permuted to expert order
+  and every local expert run in one ``torch._grouped_mm``, its group ends the received
+  counts cumulated (torchtitan's expert parallel);
 * ``rooted``: collectives with a root, as evaluation and logging code calls them:
   gather and scatter (a non-root rank passes no list), a list all_gather and a
   broadcast from rank 1 of a strided slice;
@@ -405,14 +408,17 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None
 
 
-def expert() -> Callable[[], object]:
+def _expert_parallel(experts: list[torch.nn.Parameter] | torch.nn.Module,
+                     run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                     per_rank: int = 2, dim: int = 16) -> Callable[[], object]:
+    """Top-2 routing over ``per_rank`` experts per rank, the token counts exchanged and
+    read back, tokens dispatched and combined by ``all_to_all_single``;
+    ``run(tokens, received)`` runs this rank's experts on the tokens it received, in
+    order of source rank then expert, ``received`` counting them (world x per_rank)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    per_rank, dim = 2, 16
-    experts = torch.nn.ModuleList(torch.nn.Sequential(
-        torch.nn.Linear(dim, 32), torch.nn.GELU(), torch.nn.Linear(32, dim))
-        for _ in range(per_rank))
     gate = torch.nn.Linear(dim, per_rank * world)
-    opt = torch.optim.AdamW([*experts.parameters(), *gate.parameters()], lr=1e-3)
+    params = experts.parameters() if isinstance(experts, torch.nn.Module) else experts
+    opt = torch.optim.AdamW([*params, *gate.parameters()], lr=1e-3)
     torch.manual_seed(rank)  # each rank routes its own tokens: uneven splits
     x = torch.randn(24, dim)
 
@@ -425,20 +431,48 @@ def expert() -> Callable[[], object]:
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts)
         send = counts.view(world, -1).sum(1).tolist()
-        per_expert = received.view(world, per_rank).tolist()
-        got = _AllToAll.apply(tokens, [sum(row) for row in per_expert], send)
-        outputs, start = [], 0
-        for row in per_expert:
-            for e, n in enumerate(row):
-                outputs.append(experts[e](got[start:start + n]))
-                start += n
-        back = _AllToAll.apply(torch.cat(outputs), send, [sum(r) for r in per_expert])
+        got_splits = received.view(world, per_rank).sum(1).tolist()
+        got = _AllToAll.apply(tokens, got_splits, send)
+        back = _AllToAll.apply(run(got, received.view(world, per_rank)), send, got_splits)
         combined = torch.empty_like(back)
         combined[order] = back
         (combined.view(-1, 2, dim) * weights.unsqueeze(-1)).sum(1).pow(2).mean().backward()
         opt.step()
 
     return step
+
+
+def expert() -> Callable[[], object]:
+    experts = torch.nn.ModuleList(torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16)) for _ in range(2))
+
+    def run(got: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
+        outputs, start = [], 0
+        for row in received.tolist():
+            for e, n in enumerate(row):
+                outputs.append(experts[e](got[start:start + n]))
+                start += n
+        return torch.cat(outputs)
+
+    return _expert_parallel(experts, run)
+
+
+def expert_grouped() -> Callable[[], object]:
+    """Expert parallel as torchtitan runs it: the received tokens permuted from source
+    rank order to expert order, then every local expert in one grouped GEMM
+    (``torch._grouped_mm``) whose group ends are the received counts, cumulated."""
+    w1 = torch.nn.Parameter(torch.randn(2, 16, 32) * 0.1)
+    w2 = torch.nn.Parameter(torch.randn(2, 32, 16) * 0.1)
+
+    def run(got: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
+        expert_of = torch.arange(received.shape[1]).repeat(received.shape[0])
+        perm = expert_of.repeat_interleave(received.flatten()).argsort(stable=True)
+        ends = received.sum(0).cumsum(0).to(torch.int32)
+        hidden = torch.nn.functional.silu(torch._grouped_mm(got[perm], w1, offs=ends))
+        out = torch._grouped_mm(hidden, w2, offs=ends)
+        return torch.empty_like(out).index_copy(0, perm, out)
+
+    return _expert_parallel([w1, w2], run)
 
 
 def rooted() -> Callable[[], object]:
@@ -1207,6 +1241,7 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_dim1": fsdp2_dim1,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
          "mesh2d": mesh2d, "fsdp2_tp": fsdp2_tp, "seqpar": seqpar, "expert": expert,
+         "expert_grouped": expert_grouped,
          "rooted": rooted, "objects": objects, "vocab": vocab,
          "pipeline_mesh": pipeline_mesh, "hsdp": hsdp, "sparse": sparse_ddp,
          "stage_dp": stage_dp, "side": side_group, "hooks": compressed_ddp,

@@ -25,7 +25,7 @@ from tests.test_distributed import _torchrun
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
 MODES = ["tp", "fsdp2", "fsdp2_dim1", "functional", "coalesced", "reductions", "pipeline", "seqpar",
-         "expert", "rooted", "objects", "vocab", "sparse", "side", "hooks"]
+         "expert", "expert_grouped", "rooted", "objects", "vocab", "sparse", "side", "hooks"]
 # What each mode's benchmark must call or say (header notes wrap, so whitespace is
 # compared loosely): functional collectives; FSDP2's own ops, with the import of the
 # torch module that registers them; coalesced collectives as one call each; the c10d
@@ -59,6 +59,10 @@ CALLS = {
                "torch.ops._c10d_functional.all_gather_into_tensor."],
     # The token counts, then tokens out and back, forward and backward.
     "expert": ["torch.distributed.all_to_all_single("],
+    # The group ends come from counts the replay's routing exchanged, the tokens from
+    # the recorded splits: fitted to the rows they split (past them, the GEMM read
+    # beyond its input).
+    "expert_grouped": ["torch.distributed.all_to_all_single(", "_fit_ends("],
     # Rank 1 gathers and scatters too, with no list (it hung rank 0 when it did not).
     "rooted": ["torch.distributed.gather(", "torch.distributed.scatter(",
                "torch.distributed.all_gather(", "torch.distributed.broadcast("],

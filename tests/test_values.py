@@ -141,6 +141,45 @@ def test_grouped_matmul_offsets_end_each_group_inside_the_split_dimension(
     assert (init.kind, init.low, init.high) == ("ends", unit, total)
 
 
+TO_DTYPE = ("aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, "
+            "bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)")
+
+
+def test_computed_group_ends_are_fitted_where_they_are_made():
+    """Expert parallel's group ends are the token counts an all_to_all brought,
+    cumulated and cast, while the tokens come in the recorded splits: the replay's
+    routing counts other tokens, so the ends are fitted to the rows where the cumsum
+    makes them (carried through the cast), once, and the counts given as an input are
+    left as they come."""
+    b = TraceBuilder()
+    counts, ends = b.tensor((4,), dtype="int64"), b.tensor((4,), dtype="int64")
+    b.op("aten::cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor",
+         [counts, 0, None], [ends])
+    ends32 = b.tensor((4,), dtype="int32")
+    b.op(TO_DTYPE, [ends, 3, False, False, None], [ends32])
+    b.op(GROUPED_MM, [b.tensor((96, 32), dtype="bfloat16"),
+                      b.tensor((4, 32, 64), dtype="bfloat16"), ends32, None, None],
+         [b.tensor((96, 64), dtype="bfloat16")])
+    program = _program(b)
+    assert program.ops[0].name == "aten::cumsum"
+    assert program.ops[0].fit_values == {0: ("ends", 16, 96)}
+    assert program.ops[1].fit_values == {}
+    assert _init_of(program).kind != "ends"
+    text = generate_source(program)
+    assert "cumsum = _fit_ends(cumsum, 16, 96" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("ends,fitted", [
+    ([30, 60, 80, 96], [30, 60, 80, 96]),  # the replay's own, valid: kept
+    ([30, 60, 80, 101], [32, 64, 80, 96]),  # past the rows: even aligned groups
+    ([30, 20, 80, 96], [32, 64, 80, 96]),  # falling
+    ([10, 20, 30, 40], [32, 64, 80, 96]),  # short of the rows
+])
+def test_fit_ends_keeps_valid_ends_and_evens_out_others(ends, fitted):
+    got = runtime._fit_ends(torch.tensor(ends, dtype=torch.int32), 16, 96)
+    assert got.dtype == torch.int32 and got.tolist() == fitted
+
+
 @pytest.mark.parametrize("groups,unit,total", [(4, 16, 128), (3, 16, 32), (5, 1, 7),
                                                (4, 1, 2), (1, 16, 64)])
 def test_group_ends_rise_to_the_total_in_aligned_groups(groups, unit, total):

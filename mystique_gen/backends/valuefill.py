@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from mystique_gen.backends import exprs
 from mystique_gen.backends.layout import Atom, Node, lay_out
+from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import Init, ListValue, Op, TensorValue
 from mystique_gen.passes.values import fits_output
+
+# The harness call that fits a computed value where it is made, per Op.fit_values kind.
+FIT_CALLS = {FillKind.DESCENDING: "_fit_lengths", FillKind.ENDS: "_fit_ends"}
 
 
 def data_call(init: Init, dtype: str, device: str) -> Node:
@@ -72,9 +76,10 @@ def _shape_rows(value: object) -> tuple[Node, Node] | None:
 def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     """``t = _fit(t, shape, strides)`` for each named output of a data-dependent op;
     then ``m = _fit_mask(m, count)`` for each boolean result a data-dependent op reads
-    as its mask, and ``n = _fit_lengths(n, rows, longest)`` for each computed result it
+    as its mask, ``n = _fit_lengths(n, rows, longest)`` for each computed result it
     reads as sequence lengths (``recorded=[...]``: the lengths its recorded children
-    showed, ``Op.recorded_lengths``). Where the op's fits are reusable (``Op.fits_reusable``)
+    showed, ``Op.recorded_lengths``), and ``e = _fit_ends(e, unit, total)`` for each a
+    grouped matmul reads as its group ends. Where the op's fits are reusable (``Op.fits_reusable``)
     each call names its site, ``site=(op index, output position)``, under which the
     file keeps it."""
     lines: list[str] = []
@@ -104,14 +109,15 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
             call = exprs.call("_fit_mask", [Atom(targets[position]), Atom(str(count)),
                                             *site(position)])
             lines.extend(lay_out(f"{targets[position]} = ", call, depth))
-    for position, (rows, longest) in sorted(op.fit_lengths.items()):
-        if position < len(targets) and targets[position] != "_":
-            recorded = op.recorded_lengths.get(position)
-            exact = [] if recorded is None else [exprs.keyword("recorded", exprs.int_list(
-                recorded))]
-            call = exprs.call("_fit_lengths", [Atom(targets[position]), Atom(str(rows)),
-                                               Atom(str(longest)), *site(position), *exact])
-            lines.extend(lay_out(f"{targets[position]} = ", call, depth))
+    for position, (kind, a, b) in sorted(op.fit_values.items()):
+        if position >= len(targets) or targets[position] == "_":
+            continue
+        recorded = op.recorded_lengths.get(position)
+        exact = [] if recorded is None else [exprs.keyword("recorded", exprs.int_list(
+            recorded))]
+        call = exprs.call(FIT_CALLS[kind], [Atom(targets[position]), Atom(str(a)),
+                                            Atom(str(b)), *site(position), *exact])
+        lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines
 
 

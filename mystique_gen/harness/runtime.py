@@ -3652,6 +3652,28 @@ def _viewed(site, view, source, *args, **kwargs):
 KEPT_FIT_BYTES = 1 << 20
 
 
+def _fit_ends(ends, unit, total, site=None):
+    """Group ends the replay computed (a router's token counts, cumulated; counts an
+    all_to_all brought from other ranks), as a grouped matmul needs them: rising, the
+    last at the `total` rows the recorded groups split. The replay's routing counts
+    other tokens than the recorded sizes hold (expert parallel sends the recorded
+    splits): ends past the rows read beyond them, ends short of them skip rows. Already
+    so: returned as they are; else as even groups of `unit` rows (`_fill_ends`)."""
+    kept = _kept_fit(site, ends)
+    if kept is not None:
+        return kept
+    with _harness():
+        flat, fitted = ends.reshape(-1), ends
+        if flat.numel() and not (
+            int(flat[-1]) == total
+            and int(flat[0]) >= 0
+            and bool((flat.diff() >= 0).all())
+        ):
+            made = _fill_ends(flat.numel(), unit, total, None, ends.device, None, None)
+            fitted = made.to(ends.dtype).reshape(ends.shape)
+        return _keep_fit(site, ends, fitted)
+
+
 def _kept_fit(site, value):
     """The fit `_keep_fit` kept at `site` for a value on this device, or None.
 

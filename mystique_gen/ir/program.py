@@ -256,11 +256,13 @@ class Op:
     # computed mask, so it is fitted to that count where it is made, and every reader
     # (the forward's x[mask], the backward's index_put_ with it) sees one mask.
     true_counts: dict[int, int] = field(default_factory=dict)
-    # Integer results a data-dependent op later reads as its lengths
-    # (``pack_padded_sequence``), by output position: (the rows they add up to, the
-    # longest) as recorded. Computed from replayed values (``(tokens != 0).sum(1)``),
-    # they are fitted where they are made, as masks are.
-    fit_lengths: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Integer results a later op reads in a form replayed values miss, by output
+    # position: (fill kind, a, b) as the reader's fill states it. ``descending`` (the
+    # rows they add up to, the longest): lengths ``pack_padded_sequence`` reads, from
+    # ``(tokens != 0).sum(1)``; ``ends`` (the alignment, the total): a grouped
+    # matmul's group ends, from token counts a replayed router or all_to_all gave.
+    # Computed from replayed values, they are fitted where they are made, as masks are.
+    fit_values: dict[int, tuple[str, int, int]] = field(default_factory=dict)
     # Of those, the lengths a data-dependent op's recorded children showed, longest
     # first (oprules.KERNEL_PATHS: a pack's blocks): fitted to these exactly.
     recorded_lengths: dict[int, tuple[int, ...]] = field(default_factory=dict)

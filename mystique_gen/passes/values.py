@@ -65,6 +65,8 @@ _INT_LIMITS = {
     "int32": (-(2**31), 2**31 - 1), "int64": (-(2**62), 2**62), "uint16": (0, 2**16 - 1),
     "uint32": (0, 2**32 - 1), "uint64": (0, 2**62),
 }
+# Fills a computed tensor gets where it is made (Op.fit_values), not at an input.
+FITTED_WHERE_MADE = frozenset({FillKind.DESCENDING, FillKind.ENDS})
 
 
 @dataclass
@@ -316,7 +318,7 @@ class _Facts:
         self.true_counts: dict[tuple[int, int], int | None] = {}
         # (op index, output position) -> (rows, longest) of computed sequence lengths
         # (None: readers disagree)
-        self.fit_lengths: dict[tuple[int, int], tuple[int, int] | None] = {}
+        self.fit_values: dict[tuple[int, int], tuple[str, int, int] | None] = {}
         # Data-dependent fills wanted by computed storages, carried back to the inputs
         # they were copied or sorted from (_carry_shape_fills).
         self.computed_shape: dict[int, tuple[tuple[str, int, int], str]] = {}
@@ -379,14 +381,15 @@ class _Facts:
             self.true_counts[key] = init[1] if self.true_counts.get(key, init[1]) == init[1] \
                 else None
             return
-        if init is not None and init[0] == FillKind.DESCENDING \
+        if init is not None and init[0] in FITTED_WHERE_MADE \
                 and isinstance(tv.binding, OpOutput) and len(tv.binding.path) == 1:
-            # Sequence lengths a replayed op computed: fitted where they are made
-            # (Op.fit_lengths), as a computed mask is, unless _carry_shape_fills carries
-            # the fill back to where they were copied or sorted from.
-            key, wanted = (tv.binding.op_index, tv.binding.path[0]), (init[1], init[2])
-            self.fit_lengths[key] = wanted \
-                if self.fit_lengths.get(key, wanted) == wanted else None
+            # Sequence lengths or group ends a replayed op computed: fitted where they
+            # are made (Op.fit_values), as a computed mask is, unless
+            # _carry_shape_fills carries the fill back to where they were copied or
+            # sorted from. Two readers that want different ones leave them as they come.
+            key, wanted = (tv.binding.op_index, tv.binding.path[0]), tuple(init)
+            self.fit_values[key] = wanted \
+                if self.fit_values.get(key, wanted) == wanted else None
         if init is None or s is None:
             return
         # (complex storages take no shape fill but SPD's: a real symmetric
@@ -464,13 +467,14 @@ def assign_values(ops: list[Op], storages: list[Storage],
     by_index = {op.index: op for op in ops}
     for (index, position), count in _masks_to_fit(ops, facts.true_counts).items():
         by_index[index].true_counts[position] = count
-    for (index, position), lengths in facts.fit_lengths.items():
-        if lengths is not None:
-            by_index[index].fit_lengths[position] = lengths
+    for (index, position), fit in facts.fit_values.items():
+        if fit is not None:
+            by_index[index].fit_values[position] = fit
             out = by_index[index].outputs[position]
             known = facts.computed_data.get(out.storage.index) \
                 if isinstance(out, TensorValue) and out.storage is not None else None
-            if known is not None and sum(known[0]) == lengths[0]:
+            if fit[0] == FillKind.DESCENDING and known is not None \
+                    and sum(known[0]) == fit[1]:
                 by_index[index].recorded_lengths[position] = tuple(known[0])
     _reusable_fits(ops)
     _guard_computed_values(ops, facts)
@@ -695,7 +699,7 @@ def _carry_shape_fills(ops: list[Op], facts: _Facts) -> None:
         known = facts.computed_data.get(out.storage.index)
         if wanted is None and known is None:
             continue
-        facts.fit_lengths.pop((op.index, rule[1]), None)  # fitted at the source instead
+        facts.fit_values.pop((op.index, rule[1]), None)  # fitted at the source instead
         if known is not None:  # (a multiset: a sort's source holds the same values)
             facts.known(source, known[0], f"{known[1]} (via {op.name})")
         if wanted is not None:
@@ -1465,7 +1469,7 @@ def _reusable_fits(ops: list[Op]) -> None:
                         last_write[id(tv.storage)] = op.index
     for op in ops:
         fits = any(fits_output(op, value) for value in op.outputs)
-        if not (fits or op.true_counts or op.fit_lengths):
+        if not (fits or op.true_counts or op.fit_values):
             continue
         made = [tv.storage for value in op.outputs for tv in iter_tensors(value)]
         op.fits_reusable = bool(made) and all(
