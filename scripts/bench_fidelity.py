@@ -3,7 +3,7 @@
 Models no one here wrote (HuggingFace transformers built from small configs, no
 downloads, T5 among them as an encoder-decoder; torch's nn.LSTM and
 nn.TransformerEncoder; an EmbeddingBag recommender; a top-2 mixture of experts with
-per-expert token lists),
+per-expert token lists, and transformers' Qwen3-MoE, whose experts run as grouped GEMMs),
 each as a training step (forward, backward, optimizer) and an inference step, on CPU
 with one intra-op thread. For each: capture, generate, load the benchmark in this
 process and time the eager step and the benchmark iteration side by side, in rotating
@@ -271,6 +271,23 @@ def moe(train: bool) -> Step:
     return _infer(model, lambda: model(ids))
 
 
+def grouped_moe(train: bool) -> Step:
+    """A mixture of experts as transformers 5 runs one by default (Qwen3-MoE): every
+    expert's tokens in one grouped GEMM (``aten::_grouped_mm``, offsets from the
+    router's token counts) rather than a loop over per-expert token lists."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=2000, hidden_size=128, intermediate_size=256,
+                         moe_intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         num_experts=8, num_experts_per_tok=2)
+    model = Qwen3MoeForCausalLM(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (4, 64))
+    if train:
+        return _train(model, lambda: model(input_ids=ids, labels=ids).loss)
+    return _infer(model, lambda: model(input_ids=ids))
+
+
 def t5(train: bool) -> Step:
     from transformers import T5Config, T5ForConditionalGeneration
 
@@ -309,7 +326,7 @@ def recommender(train: bool) -> Step:
 MODELS: dict[str, Callable[[bool], Step]] = {
     "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet, "lstm": lstm,
     "transformer_enc": transformer_encoder, "recommender": recommender, "moe": moe,
-    "t5": t5,
+    "grouped_moe": grouped_moe, "t5": t5,
 }
 
 
