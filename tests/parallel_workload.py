@@ -92,7 +92,10 @@ collectives per rank (``make test`` runs none of them: run them by name):
   Replicate, full_tensor), ``dtensor_uneven`` (uneven shards, Shard(0) -> Shard(1), an
   async redistribute), ``dtensor_partial`` (Partial -> Shard, Partial("max"),
   distribute_module); on 4 ranks ``titan_2d`` (sequence and tensor parallel on ``tp``,
-  checkpointing, FSDP2 in bf16 on ``dp``, clipping).
+  checkpointing, FSDP2 in bf16 on ``dp``, clipping);
+* under torch.compile: ``compiled_ddp`` (DDPOptimizer's graph, DDP's hooks),
+  ``compiled_fsdp2`` (FSDP2's hooks between compiled regions), ``compiled_tp``
+  (functional collectives inside the compiled graph).
 
 Context parallel (``context_parallel`` with SDPA) does not run on CPU in torch 2.13:
 SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which has no
@@ -725,6 +728,29 @@ def pipeline_bfs() -> Callable[[], object]:
     return _multi_stage(ScheduleLoopedBFS, _looped)
 
 
+def compiled_ddp() -> Callable[[], object]:
+    """torch.compile over DDP: dynamo's DDPOptimizer compiles the model between bucket
+    boundaries (a model this small is one bucket), DDP's hooks all-reduce."""
+    model = torch.nn.parallel.DistributedDataParallel(_blocks())
+    return _sgd_step(torch.compile(model), torch.randn(4, 16))
+
+
+def compiled_fsdp2() -> Callable[[], object]:
+    """torch.compile over FSDP2 (its hooks run eagerly between compiled regions)."""
+    model = torch.compile(_sharded_blocks(_blocks()))
+    return _train_step(model, torch.randn(4, 16), torch.optim.AdamW(model.parameters()))
+
+
+def compiled_tp() -> Callable[[], object]:
+    """torch.compile over tensor parallel on DTensor: the collectives are functional
+    ones inside the compiled graph."""
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 16))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return _sgd_step(torch.compile(model), torch.randn(4, 16))
+
+
 def _mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                                torch.nn.Linear(32, 4))
@@ -1261,7 +1287,8 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_hpz": fsdp2_hpz,
          "contrastive": contrastive,
          "fsdp2_lora": fsdp2_lora, "fsdp1": fsdp1,
-         "pp_zb_fsdp": pp_zb_fsdp}
+         "pp_zb_fsdp": pp_zb_fsdp, "compiled_ddp": compiled_ddp,
+         "compiled_fsdp2": compiled_fsdp2, "compiled_tp": compiled_tp}
 
 
 def main(out_dir: str, modes: list[str]) -> int:
