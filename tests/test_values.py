@@ -166,7 +166,7 @@ def test_computed_group_ends_are_fitted_where_they_are_made():
     assert program.ops[1].fit_values == {}
     assert _init_of(program).kind != "ends"
     text = generate_source(program)
-    assert "cumsum = _fit_ends(cumsum, 16, 96" in " ".join(text.split())
+    assert "cumsum = _fit_rising(cumsum, \"ends\", 16, 96" in " ".join(text.split())
 
 
 @pytest.mark.parametrize("ends,fitted", [
@@ -175,9 +175,46 @@ def test_computed_group_ends_are_fitted_where_they_are_made():
     ([30, 20, 80, 96], [32, 64, 80, 96]),  # falling
     ([10, 20, 30, 40], [32, 64, 80, 96]),  # short of the rows
 ])
-def test_fit_ends_keeps_valid_ends_and_evens_out_others(ends, fitted):
-    got = runtime._fit_ends(torch.tensor(ends, dtype=torch.int32), 16, 96)
+def test_fit_rising_keeps_valid_group_ends_and_evens_out_others(ends, fitted):
+    got = runtime._fit_rising(torch.tensor(ends, dtype=torch.int32), "ends", 16, 96)
     assert got.dtype == torch.int32 and got.tolist() == fitted
+
+
+@pytest.mark.parametrize("kind,values,valid", [
+    ("offsets", [0, 3, 3, 20], True), ("offsets", [0, 3, 3, 40], False),
+    ("offsets", [1, 3, 5, 8], False), ("offsets", [0, 5, 3, 8], False),
+    ("cuts", [0, 7, 12, 36], True), ("cuts", [0, 7, 12, 30], False),
+])
+def test_fit_rising_keeps_valid_offsets_and_refills_others(kind, values, valid):
+    """Bag offsets start at 0 and stay within the 36 indices; cuts also end there."""
+    given = torch.tensor(values)
+    got = runtime._fit_rising(given, kind, 0, 36)
+    assert (got.tolist() == values) == valid
+    flat = got.tolist()
+    assert flat[0] == 0 and flat == sorted(flat) and flat[-1] <= 36
+    assert kind == "offsets" or flat[-1] == 36
+
+
+def test_bag_offsets_computed_from_lengths_stay_within_the_indices(tmp_path):
+    """A jagged feature as recommendation models feed it: lengths given, the bag
+    offsets their exclusive cumsum in the step. The lengths filled at random summed
+    past the recorded indices: "offsets[-1] can not be greater than input's length 36
+    but got offsets[-1] of 60"."""
+    torch.manual_seed(0)
+    lengths = torch.randint(0, 6, (16,))
+    indices = torch.randint(0, 1000, (int(lengths.sum()),))
+    bag = torch.nn.EmbeddingBag(1000, 8, mode="sum")
+
+    def step() -> torch.Tensor:
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+        return bag(indices, offsets).sum()
+
+    step()
+    bench = tmp_path / "bag.py"
+    generate(record_et(step, tmp_path / "bag.json"), bench, GenerateOptions(command_line="t"))
+    assert '_fit_rising(cat, "offsets", 0,' in bench.read_text()
+    proc = run_benchmark(bench, "--warmup", "1", "--iters", "2")
+    assert proc.returncode == 0, proc.stderr[-800:]
 
 
 @pytest.mark.parametrize("groups,unit,total", [(4, 16, 128), (3, 16, 32), (5, 1, 7),

@@ -18,9 +18,6 @@ from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import Init, ListValue, Op, TensorValue
 from mystique_gen.passes.values import fits_output
 
-# The harness call that fits a computed value where it is made, per Op.fit_values kind.
-FIT_CALLS = {FillKind.DESCENDING: "_fit_lengths", FillKind.ENDS: "_fit_ends"}
-
 
 def data_call(init: Init, dtype: str, device: str) -> Node:
     """``_data("<hex>", width, torch.<dtype>, device)`` for a kind "data" fill."""
@@ -78,10 +75,10 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     then ``m = _fit_mask(m, count)`` for each boolean result a data-dependent op reads
     as its mask, ``n = _fit_lengths(n, rows, longest)`` for each computed result it
     reads as sequence lengths (``recorded=[...]``: the lengths its recorded children
-    showed, ``Op.recorded_lengths``), and ``e = _fit_ends(e, unit, total)`` for each a
-    grouped matmul reads as its group ends. Where the op's fits are reusable (``Op.fits_reusable``)
-    each call names its site, ``site=(op index, output position)``, under which the
-    file keeps it."""
+    showed, ``Op.recorded_lengths``), and ``o = _fit_rising(o, kind, low, high)`` for
+    each it reads as bag offsets, jagged cuts or a grouped matmul's group ends. Where
+    the op's fits are reusable (``Op.fits_reusable``) each call names its site,
+    ``site=(op index, output position)``, under which the file keeps it."""
     lines: list[str] = []
 
     def site(position: int) -> list[Node]:
@@ -112,11 +109,16 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     for position, (kind, a, b) in sorted(op.fit_values.items()):
         if position >= len(targets) or targets[position] == "_":
             continue
-        recorded = op.recorded_lengths.get(position)
-        exact = [] if recorded is None else [exprs.keyword("recorded", exprs.int_list(
-            recorded))]
-        call = exprs.call(FIT_CALLS[kind], [Atom(targets[position]), Atom(str(a)),
-                                            Atom(str(b)), *site(position), *exact])
+        if kind == FillKind.DESCENDING:
+            recorded = op.recorded_lengths.get(position)
+            exact = [] if recorded is None else [exprs.keyword("recorded", exprs.int_list(
+                recorded))]
+            call = exprs.call("_fit_lengths", [Atom(targets[position]), Atom(str(a)),
+                                               Atom(str(b)), *site(position), *exact])
+        else:
+            name = exprs.str_literal(FillKind(kind).value)
+            call = exprs.call("_fit_rising", [Atom(targets[position]), Atom(name),
+                                              Atom(str(a)), Atom(str(b)), *site(position)])
         lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines
 

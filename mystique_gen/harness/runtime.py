@@ -3652,26 +3652,31 @@ def _viewed(site, view, source, *args, **kwargs):
 KEPT_FIT_BYTES = 1 << 20
 
 
-def _fit_ends(ends, unit, total, site=None):
-    """Group ends the replay computed (a router's token counts, cumulated; counts an
-    all_to_all brought from other ranks), as a grouped matmul needs them: rising, the
-    last at the `total` rows the recorded groups split. The replay's routing counts
-    other tokens than the recorded sizes hold (expert parallel sends the recorded
-    splits): ends past the rows read beyond them, ends short of them skip rows. Already
-    so: returned as they are; else as even groups of `unit` rows (`_fill_ends`)."""
-    kept = _kept_fit(site, ends)
+def _fit_rising(values, kind, low, high, site=None):
+    """Offsets, cuts or group ends the replay computed (`cumsum` of lengths or of token
+    counts; counts an all_to_all brought), as the op reading them needs them: rising
+    from 0 or more, none past the `high` elements they cut; bag offsets and jagged
+    cuts start at 0, cuts and group ends end at `high`. The replay's values count
+    other elements than the recorded sizes hold: an embedding bag refused offsets past
+    its indices ("offsets[-1] can not be greater than input's length"), and a grouped
+    matmul read past its rows (expert parallel sends the recorded splits). Already
+    so: returned as they are; else filled as `kind` fills an input (`_FILLS`)."""
+    kept = _kept_fit(site, values)
     if kept is not None:
         return kept
     with _harness():
-        flat, fitted = ends.reshape(-1), ends
-        if flat.numel() and not (
-            int(flat[-1]) == total
-            and int(flat[0]) >= 0
-            and bool((flat.diff() >= 0).all())
-        ):
-            made = _fill_ends(flat.numel(), unit, total, None, ends.device, None, None)
-            fitted = made.to(ends.dtype).reshape(ends.shape)
-        return _keep_fit(site, ends, fitted)
+        flat, fitted = values.reshape(-1), values
+        if flat.numel():
+            first, last = int(flat[0]), int(flat[-1])
+            valid = first >= 0 and last <= high and bool((flat.diff() >= 0).all())
+            valid = valid and (first == 0 or kind == "ends")
+            valid = valid and (last == high or kind == "offsets")
+            if not valid:
+                made = _FILLS[kind](
+                    flat.numel(), low, high, None, values.device, None, values.dtype
+                )
+                fitted = made.to(values.dtype).reshape(values.shape)
+        return _keep_fit(site, values, fitted)
 
 
 def _kept_fit(site, value):

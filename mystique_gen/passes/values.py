@@ -65,8 +65,11 @@ _INT_LIMITS = {
     "int32": (-(2**31), 2**31 - 1), "int64": (-(2**62), 2**62), "uint16": (0, 2**16 - 1),
     "uint32": (0, 2**32 - 1), "uint64": (0, 2**62),
 }
-# Fills a computed tensor gets where it is made (Op.fit_values), not at an input.
-FITTED_WHERE_MADE = frozenset({FillKind.DESCENDING, FillKind.ENDS})
+# Fills a computed tensor gets where it is made (Op.fit_values), not at an input: what
+# a replayed op computes decides a length, an offset or a group's end the reader
+# checks against the sizes the trace recorded.
+FITTED_WHERE_MADE = frozenset({FillKind.DESCENDING, FillKind.ENDS, FillKind.CUTS,
+                               FillKind.OFFSETS})
 
 
 @dataclass
@@ -383,8 +386,8 @@ class _Facts:
             return
         if init is not None and init[0] in FITTED_WHERE_MADE \
                 and isinstance(tv.binding, OpOutput) and len(tv.binding.path) == 1:
-            # Sequence lengths or group ends a replayed op computed: fitted where they
-            # are made (Op.fit_values), as a computed mask is, unless
+            # Sequence lengths, offsets or group ends a replayed op computed: fitted
+            # where they are made (Op.fit_values), as a computed mask is, unless
             # _carry_shape_fills carries the fill back to where they were copied or
             # sorted from. Two readers that want different ones leave them as they come.
             key, wanted = (tv.binding.op_index, tv.binding.path[0]), tuple(init)
@@ -555,9 +558,13 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
             indices = by_name.get("indices")
             if isinstance(indices, TensorValue) and isinstance(value, TensorValue):
                 s = facts.integral(value)
+                last = args.get("include_last_offset") is True
+                why = f"{op.name} offsets"
                 if s is not None:
-                    last = args.get("include_last_offset") is True
-                    facts.offsets[s.index] = (indices.meta.numel, last, f"{op.name} offsets")
+                    facts.offsets[s.index] = (indices.meta.numel, last, why)
+                elif value.storage is not None and value.storage.dtype in INTEGRAL:
+                    kind = FillKind.CUTS if last else FillKind.OFFSETS
+                    facts.shape_fill(value, (kind, 0, indices.meta.numel), why)
             continue
         if isinstance(rule, oprules.PerDim):
             _mask_rows(op, rule, value, args, facts, arg_name)
