@@ -62,7 +62,7 @@ CALLS = {
     # The group ends come from counts the replay's routing exchanged, the tokens from
     # the recorded splits: fitted to the rows they split (past them, the GEMM read
     # beyond its input).
-    "expert_grouped": ["torch.distributed.all_to_all_single(", "_fit_rising("],
+    "expert_grouped": ["torch.distributed.all_to_all_single(", "_fit_values("],
     # Rank 1 gathers and scatters too, with no list (it hung rank 0 when it did not).
     "rooted": ["torch.distributed.gather(", "torch.distributed.scatter(",
                "torch.distributed.all_gather(", "torch.distributed.broadcast("],

@@ -166,7 +166,35 @@ def test_computed_group_ends_are_fitted_where_they_are_made():
     assert program.ops[1].fit_values == {}
     assert _init_of(program).kind != "ends"
     text = generate_source(program)
-    assert "cumsum = _fit_rising(cumsum, \"ends\", 16, 96" in " ".join(text.split())
+    assert "cumsum = _fit_values(cumsum, \"ends\", 16, 96" in " ".join(text.split())
+
+
+REPEAT_INTERLEAVE = ("aten::repeat_interleave.self_Tensor(Tensor self, Tensor repeats, "
+                     "int? dim=None, *, SymInt? output_size=None) -> Tensor")
+
+
+@pytest.mark.parametrize("output_size,fitted", [(32, {0: ("sum", 32, 0)}), (None, {})])
+def test_computed_repeats_are_fitted_where_made_only_where_output_size_fixes_the_total(
+        output_size, fitted):
+    """Repeats a replayed op computes (token counts per expert) that miss a given
+    output_size raise ("allocated size does not match required size"): fitted to add
+    up to it where they are made. Without output_size the op's output is fitted after
+    it, and the counts are left as they come (no sync for them)."""
+    b = TraceBuilder()
+    x, counts = b.tensor((4,), dtype="int64"), b.tensor((4,), dtype="int64")
+    b.op("aten::abs(Tensor self) -> Tensor", [x], [counts])
+    b.op(REPEAT_INTERLEAVE, [b.tensor((4,), dtype="int64"), counts, None, output_size],
+         [b.tensor((32,), dtype="int64")])
+    program = _program(b)
+    assert program.ops[0].name == "aten::abs" and program.ops[0].fit_values == fitted
+
+
+@pytest.mark.parametrize("values,valid", [([5, 0, 20, 7], True), ([5, 9, 20, 7], False),
+                                          ([-1, 13, 13, 7], False)])
+def test_fit_values_keeps_repeats_adding_up_and_refills_others(values, valid):
+    got = runtime._fit_values(torch.tensor(values), "sum", 32, 0)
+    assert (got.tolist() == values) == valid
+    assert sum(got.tolist()) == 32 and min(got.tolist()) >= 0
 
 
 @pytest.mark.parametrize("ends,fitted", [
@@ -175,8 +203,8 @@ def test_computed_group_ends_are_fitted_where_they_are_made():
     ([30, 20, 80, 96], [32, 64, 80, 96]),  # falling
     ([10, 20, 30, 40], [32, 64, 80, 96]),  # short of the rows
 ])
-def test_fit_rising_keeps_valid_group_ends_and_evens_out_others(ends, fitted):
-    got = runtime._fit_rising(torch.tensor(ends, dtype=torch.int32), "ends", 16, 96)
+def test_fit_values_keeps_valid_group_ends_and_evens_out_others(ends, fitted):
+    got = runtime._fit_values(torch.tensor(ends, dtype=torch.int32), "ends", 16, 96)
     assert got.dtype == torch.int32 and got.tolist() == fitted
 
 
@@ -185,10 +213,10 @@ def test_fit_rising_keeps_valid_group_ends_and_evens_out_others(ends, fitted):
     ("offsets", [1, 3, 5, 8], False), ("offsets", [0, 5, 3, 8], False),
     ("cuts", [0, 7, 12, 36], True), ("cuts", [0, 7, 12, 30], False),
 ])
-def test_fit_rising_keeps_valid_offsets_and_refills_others(kind, values, valid):
+def test_fit_values_keeps_valid_offsets_and_refills_others(kind, values, valid):
     """Bag offsets start at 0 and stay within the 36 indices; cuts also end there."""
     given = torch.tensor(values)
-    got = runtime._fit_rising(given, kind, 0, 36)
+    got = runtime._fit_values(given, kind, 0, 36)
     assert (got.tolist() == values) == valid
     flat = got.tolist()
     assert flat[0] == 0 and flat == sorted(flat) and flat[-1] <= 36
@@ -212,7 +240,7 @@ def test_bag_offsets_computed_from_lengths_stay_within_the_indices(tmp_path):
     step()
     bench = tmp_path / "bag.py"
     generate(record_et(step, tmp_path / "bag.json"), bench, GenerateOptions(command_line="t"))
-    assert '_fit_rising(cat, "offsets", 0,' in bench.read_text()
+    assert '_fit_values(cat, "offsets", 0,' in bench.read_text()
     proc = run_benchmark(bench, "--warmup", "1", "--iters", "2")
     assert proc.returncode == 0, proc.stderr[-800:]
 

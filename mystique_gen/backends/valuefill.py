@@ -75,8 +75,8 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     then ``m = _fit_mask(m, count)`` for each boolean result a data-dependent op reads
     as its mask, ``n = _fit_lengths(n, rows, longest)`` for each computed result it
     reads as sequence lengths (``recorded=[...]``: the lengths its recorded children
-    showed, ``Op.recorded_lengths``), and ``o = _fit_rising(o, kind, low, high)`` for
-    each it reads as bag offsets, jagged cuts or a grouped matmul's group ends. Where
+    showed, ``Op.recorded_lengths``), and ``o = _fit_values(o, kind, low, high)`` for
+    each it reads as repeats, bag offsets, jagged cuts or a grouped matmul's group ends. Where
     the op's fits are reusable (``Op.fits_reusable``) each call names its site,
     ``site=(op index, output position)``, under which the file keeps it."""
     lines: list[str] = []
@@ -117,7 +117,7 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
                                                Atom(str(b)), *site(position), *exact])
         else:
             name = exprs.str_literal(FillKind(kind).value)
-            call = exprs.call("_fit_rising", [Atom(targets[position]), Atom(name),
+            call = exprs.call("_fit_values", [Atom(targets[position]), Atom(name),
                                               Atom(str(a)), Atom(str(b)), *site(position)])
         lines.extend(lay_out(f"{targets[position]} = ", call, depth))
     return lines

@@ -3652,30 +3652,36 @@ def _viewed(site, view, source, *args, **kwargs):
 KEPT_FIT_BYTES = 1 << 20
 
 
-def _fit_rising(values, kind, low, high, site=None):
-    """Offsets, cuts or group ends the replay computed (`cumsum` of lengths or of token
-    counts; counts an all_to_all brought), as the op reading them needs them: rising
-    from 0 or more, none past the `high` elements they cut; bag offsets and jagged
-    cuts start at 0, cuts and group ends end at `high`. The replay's values count
-    other elements than the recorded sizes hold: an embedding bag refused offsets past
-    its indices ("offsets[-1] can not be greater than input's length"), and a grouped
-    matmul read past its rows (expert parallel sends the recorded splits). Already
-    so: returned as they are; else filled as `kind` fills an input (`_FILLS`)."""
+def _fit_values(values, kind, low, high, site=None):
+    """Counts, offsets, cuts or group ends the replay computed (a router's token counts
+    and their cumsum, counts an all_to_all brought, a jagged feature's offsets), as
+    the op reading them needs them, by the `kind` that fills such an input (`_FILLS`):
+    "sum", non-negative parts adding up to `low`; "offsets", rising from 0 and none
+    past `high`; "cuts", the same ending at `high`; "ends", rising and ending at
+    `high`. The replay's values count other elements than the recorded sizes hold:
+    an embedding bag refused offsets past its indices ("offsets[-1] can not be greater
+    than input's length"), repeat_interleave repeats that miss its output_size, and
+    a grouped matmul read past its rows (expert parallel sends the recorded splits).
+    Already so: returned as they are; else filled as `kind` fills an input."""
     kept = _kept_fit(site, values)
     if kept is not None:
         return kept
     with _harness():
         flat, fitted = values.reshape(-1), values
         if flat.numel():
-            first, last = int(flat[0]), int(flat[-1])
-            valid = first >= 0 and last <= high and bool((flat.diff() >= 0).all())
-            valid = valid and (first == 0 or kind == "ends")
-            valid = valid and (last == high or kind == "offsets")
+            if kind == "sum":
+                valid = int(flat.sum()) == low and int(flat.min()) >= 0
+            else:
+                first, last = int(flat[0]), int(flat[-1])
+                valid = first >= 0 and last <= high and bool((flat.diff() >= 0).all())
+                valid = valid and (first == 0 or kind == "ends")
+                valid = valid and (last == high or kind == "offsets")
             if not valid:
+                gen = torch.Generator().manual_seed(0)
                 made = _FILLS[kind](
-                    flat.numel(), low, high, None, values.device, None, values.dtype
+                    flat.numel(), low, high, gen, "cpu", {"cpu": gen}, values.dtype
                 )
-                fitted = made.to(values.dtype).reshape(values.shape)
+                fitted = made.to(values.dtype).to(values.device).reshape(values.shape)
         return _keep_fit(site, values, fitted)
 
 

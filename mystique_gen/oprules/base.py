@@ -212,6 +212,12 @@ class Fill:
     def init(self, args: Facts, outputs: OutShapes) -> tuple[str, int, int] | None:
         raise NotImplementedError  # pragma: no cover - abstract
 
+    def fitted_where_made(self, args: Facts) -> bool:
+        """Whether such an input, where a replayed op computes it, is fitted to this
+        fill where it is made (the op refuses or misreads values that miss it). Not
+        where the file fits the op's output after it instead."""
+        return True
+
 
 @dataclass(frozen=True)
 class CommRule:

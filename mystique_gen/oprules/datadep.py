@@ -84,6 +84,11 @@ class RepeatsSum(Fill):
             return (FillKind.SUM, total // size, 0) if total % size == 0 else None
         return (FillKind.SUM, total, 0)
 
+    def fitted_where_made(self, args: Facts) -> bool:
+        # Given output_size, repeats that miss it raise ("allocated size does not match
+        # required size"); without, the output is fitted to its recorded size after.
+        return args.get("output_size") is not None
+
 
 class MaxIsLast(Fill):
     """``bincount``: the largest value is one less than the recorded output length."""

@@ -69,7 +69,7 @@ _INT_LIMITS = {
 # a replayed op computes decides a length, an offset or a group's end the reader
 # checks against the sizes the trace recorded.
 FITTED_WHERE_MADE = frozenset({FillKind.DESCENDING, FillKind.ENDS, FillKind.CUTS,
-                               FillKind.OFFSETS})
+                               FillKind.OFFSETS, FillKind.SUM})
 
 
 @dataclass
@@ -374,7 +374,8 @@ class _Facts:
         if s.index not in self.upper or high < self.upper[s.index][0]:
             self.upper[s.index] = (high, why)
 
-    def shape_fill(self, tv: TensorValue, init: tuple[str, int, int] | None, why: str) -> None:
+    def shape_fill(self, tv: TensorValue, init: tuple[str, int, int] | None, why: str,
+                   fit_where_made: bool = True) -> None:
         s = tv.storage
         if init is not None and init[0] == FillKind.MASK and tv.meta.dtype == "bool" \
                 and isinstance(tv.binding, OpOutput) and len(tv.binding.path) == 1:
@@ -384,7 +385,7 @@ class _Facts:
             self.true_counts[key] = init[1] if self.true_counts.get(key, init[1]) == init[1] \
                 else None
             return
-        if init is not None and init[0] in FITTED_WHERE_MADE \
+        if init is not None and init[0] in FITTED_WHERE_MADE and fit_where_made \
                 and isinstance(tv.binding, OpOutput) and len(tv.binding.path) == 1:
             # Sequence lengths, offsets or group ends a replayed op computed: fitted
             # where they are made (Op.fit_values), as a computed mask is, unless
@@ -579,7 +580,8 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
         for arg_name, fill in shape_rules.items():
             value = by_name.get(arg_name)
             if isinstance(value, TensorValue):
-                facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}")
+                facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}",
+                                 fill.fitted_where_made(args))
     float_out = _floating_result(op)
     positive = (*positive, *_fractional_power_base(op, by_name))
     for arg_name in positive:
