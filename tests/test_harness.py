@@ -2186,3 +2186,65 @@ def test_overdrive_loop_equivalent_gives_the_sample_loops_output():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(last_in, prev_in)
     torch.testing.assert_close(last_out, prev_out, atol=1e-5, rtol=1e-5)
+
+
+GROUPED_LAYOUTS = [((128, 32), (4, 32, 24)),  # tokens x experts' weights
+                   ((20, 128), (128, 24)),  # a weight's grad per expert
+                   ((4, 20, 32), (32, 128)),  # groups of columns
+                   ((4, 20, 32), (4, 32, 24))]  # a batch, no offs
+
+
+@pytest.mark.parametrize("a,b", GROUPED_LAYOUTS)
+def test_grouped_matmul_equivalent_matches_the_kernel(a, b):
+    """The equivalent of ``_grouped_mm`` (which CUDA before sm80 and an older torch's
+    CPU build lack), an empty group among them, against torch's own kernel."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(a, generator=gen), torch.randn(b, generator=gen)
+    offs = None if len(a) == 3 and len(b) == 3 else torch.tensor([16, 48, 48, 128],
+                                                                 dtype=torch.int32)
+    want = torch._grouped_mm(x.bfloat16(), w.bfloat16(), offs=offs)
+    got = runtime.PORTABLE["aten::_grouped_mm.default"](x.bfloat16(), w.bfloat16(), offs)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_scaled_grouped_matmul_equivalent_scales_rows_and_each_groups_columns():
+    """float8 experts (CUDA sm90+ only) as a bfloat16 grouped GEMM: self's rowwise
+    scale per token, mat2's per expert and column, as a loop over experts computes it."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 32, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(4, 16, 32, generator=gen).to(torch.float8_e4m3fn).transpose(-2, -1)
+    scale_a, scale_b = torch.rand(64, generator=gen), torch.rand(4, 16, generator=gen)
+    ends = [16, 32, 32, 64]
+    got = runtime.PORTABLE["aten::_scaled_grouped_mm.default"](
+        x, w, scale_a, scale_b, torch.tensor(ends, dtype=torch.int32),
+        out_dtype=torch.bfloat16)
+    want = torch.cat([(x[s:e].float() @ w[g].float()) * scale_a[s:e, None] * scale_b[g]
+                      for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends, strict=True))])
+    assert got.dtype == torch.bfloat16 and got.shape == (64, 16)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=5e-2)
+
+
+def test_a_float8_grouped_matmul_of_a_cuda_trace_replays_on_cpu(tmp_path):
+    """A CUDA trace's ``_scaled_grouped_mm`` (float8 MoE training) has no CPU kernel:
+    the replay runs its equivalent, skips nothing, and says so."""
+    from mystique_gen.backends.base import GenerateOptions
+    from mystique_gen.driver import generate
+    from tests.conftest import last_json, run_benchmark
+    from tests.tracebuilder import TraceBuilder
+
+    b = TraceBuilder()
+    schema = str(torch.ops.aten._scaled_grouped_mm.default._schema)
+    x = b.tensor((64, 32), dtype="float8_e4m3fn", device="cuda:0")
+    w = b.tensor((4, 32, 16), dtype="float8_e4m3fn", device="cuda:0", strides=(512, 1, 32))
+    offs = b.tensor((4,), dtype="int32", device="cuda:0")
+    b.op(schema, [x, w, b.tensor((64,), device="cuda:0"), b.tensor((4, 16), device="cuda:0"),
+                  offs, None, None, 15, False],
+         [b.tensor((64, 16), dtype="bfloat16", device="cuda:0")])
+    bench = tmp_path / "bench.py"
+    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    out = last_json(proc.stdout)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    assert "aten::_scaled_grouped_mm" in proc.stderr and "portable equivalent" in proc.stderr

@@ -913,6 +913,66 @@ def _f8f8bf16_rowwise(
     return result.to(torch.bfloat16)
 
 
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    """_grouped_mm (a mixture of experts' experts in one GEMM; CUDA before sm80 and
+    CPU before torch 2.9 lack it) as one matmul per group, the groups ending at
+    `offs` along the dimension they split: 2-D x 3-D the rows of self, 2-D x 2-D the
+    inner dimension (a weight's grad per group), 3-D x 2-D the columns of mat2."""
+    dtype = out_dtype or self.dtype
+    if self.dim() == 3 and mat2.dim() == 3:
+        out = torch.bmm(self, mat2)
+    else:
+        ends = [int(e) for e in offs.tolist()]
+        starts = [0, *ends[:-1]]
+        if self.dim() == 2 and mat2.dim() == 3:
+            out = self.new_zeros(self.shape[0], mat2.shape[-1])
+            for g, (start, end) in enumerate(zip(starts, ends, strict=True)):
+                out[start:end] = self[start:end] @ mat2[g]
+        elif self.dim() == 2:
+            out = torch.stack(
+                [self[:, s:e] @ mat2[s:e] for s, e in zip(starts, ends, strict=True)]
+            )
+        else:
+            out = mat2.new_zeros(self.shape[1], mat2.shape[-1])
+            for g, (start, end) in enumerate(zip(starts, ends, strict=True)):
+                out[:, start:end] = self[g] @ mat2[:, start:end]
+    if bias is not None:
+        out = out + bias
+    return out.to(dtype)
+
+
+def _scaled_grouped_mm(
+    self,
+    mat2,
+    scale_a,
+    scale_b,
+    offs=None,
+    bias=None,
+    scale_result=None,
+    out_dtype=None,
+    use_fast_accum=False,
+):
+    """_scaled_grouped_mm (float8 experts, CUDA sm90+ only: torchao's float8 MoE
+    training) as `_grouped_mm` on the operands in bfloat16, scaled per row of self
+    and per column of mat2 where the scales are rowwise, as the kernel scales them."""
+    a, b = self.to(torch.bfloat16), mat2.to(torch.bfloat16)
+    out = _grouped_mm(a, b, offs, None, torch.float32)
+    rows, columns = out.shape[-2], out.shape[-1]
+    if scale_a.numel() == out.shape[:-1].numel():
+        out = out * scale_a.to(torch.float32).reshape(*out.shape[:-1], 1)
+    if scale_b.numel() == columns * (b.shape[0] if b.dim() == 3 else 1):
+        per_group = scale_b.to(torch.float32).reshape(-1, columns)
+        if per_group.shape[0] == 1:
+            out = out * per_group[0]
+        elif a.dim() == 2 and offs is not None:  # each row scaled by its group's
+            positions = torch.arange(rows, device=out.device)
+            group = torch.searchsorted(offs.to(torch.int64), positions, right=True)
+            out = out * per_group[group.clamp(max=per_group.shape[0] - 1)]
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(out_dtype or torch.bfloat16)
+
+
 def _lstm_gates(input_gates, hidden_gates, input_bias, hidden_bias):
     gates = input_gates + hidden_gates
     if input_bias is not None:
@@ -2130,6 +2190,8 @@ PORTABLE = {
     "aten::_weight_int4pack_mm.default": _weight_int4pack_mm,
     "aten::_weight_int4pack_mm_for_cpu.default": _weight_int4pack_mm,
     "aten::_weight_int8pack_mm.default": _weight_int8pack_mm,
+    "aten::_grouped_mm.default": _grouped_mm,
+    "aten::_scaled_grouped_mm.default": _scaled_grouped_mm,
     "mslk::f8f8bf16_rowwise.default": _f8f8bf16_rowwise,
     "fbgemm::f8f8bf16_rowwise.default": _f8f8bf16_rowwise,
     "aten::_thnn_fused_lstm_cell.default": _fused_lstm_cell,
