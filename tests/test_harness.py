@@ -2248,3 +2248,24 @@ def test_a_float8_grouped_matmul_of_a_cuda_trace_replays_on_cpu(tmp_path):
     out = last_json(proc.stdout)
     assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
     assert "aten::_scaled_grouped_mm" in proc.stderr and "portable equivalent" in proc.stderr
+
+
+def test_packed_attention_of_a_cuda_trace_replays_over_its_filled_spans(tmp_path):
+    """flash_attn's varlen forward with its cu_seqlens given: filled as even spans
+    over the recorded tokens, it runs as its equivalent on the CPU, nothing skipped."""
+    from mystique_gen.backends.base import GenerateOptions
+    from mystique_gen.driver import generate
+    from tests.conftest import last_json, run_benchmark
+    from tests.test_values import _varlen_attention
+    from tests.tracebuilder import TraceBuilder
+
+    b = TraceBuilder()
+    _varlen_attention(b, b.tensor((5,), dtype="int32"), b.tensor((5,), dtype="int32"))
+    bench = tmp_path / "bench.py"
+    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
+    text = " ".join(bench.read_text().split())
+    assert '"spans", 20, 60,' in text and '"spans", 40, 90,' in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    out = last_json(proc.stdout)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []

@@ -169,6 +169,56 @@ def test_computed_group_ends_are_fitted_where_they_are_made():
     assert "cumsum = _fit_values(cumsum, \"ends\", 16, 96" in " ".join(text.split())
 
 
+FLASH_VARLEN = ("flash_attn::_flash_attn_varlen_forward(Tensor q, Tensor k, Tensor v, "
+                "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+                "SymInt max_seqlen_k, float dropout_p, float softmax_scale, bool causal, "
+                "SymInt window_size_left=-1, SymInt window_size_right=-1, "
+                "float softcap=0., Tensor? alibi_slopes=None, bool return_softmax=False, "
+                "Tensor? block_table=None, Tensor? leftpad_k=None, Tensor? seqused_k=None) "
+                "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _varlen_attention(b: TraceBuilder, cu_q: T, cu_k: T) -> None:
+    q, k = b.tensor((60, 4, 8), dtype="bfloat16"), b.tensor((90, 4, 8), dtype="bfloat16")
+    b.op(FLASH_VARLEN, [q, k, b.tensor((90, 4, 8), dtype="bfloat16"), cu_q, cu_k, 20, 40,
+                        0.0, 0.35, True, -1, -1, 0.0, None, False, None, None, None],
+         [b.tensor((60, 4, 8), dtype="bfloat16"), b.tensor((4, 60)), b.tensor((0,)),
+          b.tensor((2,), dtype="int64")])
+
+
+def test_packed_sequences_cumulative_lengths_span_the_recorded_tokens():
+    """Packed (varlen) attention's cu_seqlens, made by a data collator outside the
+    step: 4 sequences over the 60 query and 90 key rows, none longer than the recorded
+    max_seqlen (at random, a few rows were attended to, or rows past the tokens)."""
+    b = TraceBuilder()
+    cu_q, cu_k = b.tensor((5,), dtype="int32"), b.tensor((5,), dtype="int32")
+    _varlen_attention(b, cu_q, cu_k)
+    inits = [s.init for s in _program(b).storages if s.materialised and s.dtype == "int32"]
+    assert sorted((i.kind, i.low, i.high) for i in inits) == [("spans", 20, 60),
+                                                             ("spans", 40, 90)]
+
+
+def test_packed_sequences_lengths_computed_from_a_mask_are_fitted_where_made():
+    """transformers' unpadding computes cu_seqlens in the step (a mask's row sums,
+    cumulated and padded with a 0): fitted where the pad makes them."""
+    b = TraceBuilder()
+    sums, cu = b.tensor((4,), dtype="int32"), b.tensor((5,), dtype="int32")
+    b.op("aten::constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor",
+         [sums, [1, 0], 0], [cu])
+    _varlen_attention(b, cu, cu)
+    program = _program(b)
+    assert program.ops[0].fit_values == {}  # two readers want two totals: left alone
+    b = TraceBuilder()
+    sums, cu_q = b.tensor((4,), dtype="int32"), b.tensor((5,), dtype="int32")
+    b.op("aten::constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor",
+         [sums, [1, 0], 0], [cu_q])
+    _varlen_attention(b, cu_q, b.tensor((5,), dtype="int32"))
+    program = _program(b)
+    assert program.ops[0].fit_values == {0: ("spans", 20, 60)}
+    assert '_fit_values(constant_pad_nd, "spans", 20, 60' in " ".join(
+        generate_source(program).split())
+
+
 REPEAT_INTERLEAVE = ("aten::repeat_interleave.self_Tensor(Tensor self, Tensor repeats, "
                      "int? dim=None, *, SymInt? output_size=None) -> Tensor")
 

@@ -15,6 +15,8 @@ class FillKind(str, Enum):
     RANDINT = "randint"  # integers in [low, high)
     OFFSETS = "offsets"  # sorted integers in [0, high], the first 0 (bag offsets)
     CUTS = "cuts"  # sorted, first 0, last high (jagged offsets)
+    SPANS = "spans"  # packed sequences' cumulative lengths: the first 0, the last high,
+    # numel - 1 spans as even as can be, none longer than low (cu_seqlens)
     ENDS = "ends"  # group ends: rising, the last high, each group a multiple of low
     # and as even as can be (a grouped matmul's offs: tokens per expert, summed)
     BAGS = "bags"  # bag offsets: sorted, first 0, exactly low bags empty, high indices

@@ -3382,6 +3382,16 @@ def _fill_ends(numel, low, high, gen, device, gens, dtype):
     return torch.tensor(ends, dtype=torch.int64, device=device)
 
 
+def _fill_spans(numel, low, high, gen, device, gens, dtype):
+    # Packed sequences' cumulative lengths (cu_seqlens): 0, then the ends of `numel - 1`
+    # spans over `high` rows, as even as can be (none longer than the `low` rows of the
+    # longest recorded sequence, which even spans never exceed where any spans do).
+    ends = _fill_ends(max(numel - 1, 0), 1, high, gen, device, gens, dtype)
+    return torch.cat(
+        [torch.zeros(min(numel, 1), dtype=torch.int64, device=device), ends]
+    )
+
+
 def _fill_bags(numel, low, high, gen, device, gens, dtype):
     # Offsets of `numel` bags over `high` indices, exactly `low` of them empty (a
     # max-mode bag's backward selects the others): the rest 1 or more, chosen at random.
@@ -3497,6 +3507,7 @@ _FILLS = {
     "offsets": _fill_offsets,
     "cuts": _fill_cuts,
     "ends": _fill_ends,
+    "spans": _fill_spans,
     "bags": _fill_bags,
     "bag_cuts": _fill_bag_cuts,
     "span": _fill_span,
@@ -3719,9 +3730,10 @@ def _fit_values(values, kind, low, high, site=None):
     and their cumsum, counts an all_to_all brought, a jagged feature's offsets), as
     the op reading them needs them, by the `kind` that fills such an input (`_FILLS`):
     "sum", non-negative parts adding up to `low`; "offsets", rising from 0 and none
-    past `high`; "cuts", the same ending at `high`; "ends", rising and ending at
-    `high`. The replay's values count other elements than the recorded sizes hold:
-    an embedding bag refused offsets past its indices ("offsets[-1] can not be greater
+    past `high`; "cuts", the same ending at `high`; "spans", cuts none more than `low`
+    apart (packed sequences' cu_seqlens); "ends", rising and ending at `high`. The
+    replay's values count other elements than the recorded sizes hold: an embedding
+    bag refused offsets past its indices ("offsets[-1] can not be greater
     than input's length"), repeat_interleave repeats that miss its output_size, and
     a grouped matmul read past its rows (expert parallel sends the recorded splits).
     Already so: returned as they are; else filled as `kind` fills an input."""
@@ -3738,6 +3750,8 @@ def _fit_values(values, kind, low, high, site=None):
                 valid = first >= 0 and last <= high and bool((flat.diff() >= 0).all())
                 valid = valid and (first == 0 or kind == "ends")
                 valid = valid and (last == high or kind == "offsets")
+                if kind == "spans" and flat.numel() > 1:  # none past the longest
+                    valid = valid and int(flat.diff().max()) <= low
             if not valid:
                 gen = torch.Generator().manual_seed(0)
                 made = _FILLS[kind](

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mystique_gen.oprules import (
+    attention,
     availability,
     collectives,
     datadep,
@@ -96,6 +97,7 @@ FAMILIES: tuple[OpFamily, ...] = (
     sampling.FAMILY,
     mkldnn.FAMILY,
     linalg.FAMILY,
+    attention.FAMILY,
     datadep.FAMILY,
     collectives.FAMILY,
     memory.FAMILY,

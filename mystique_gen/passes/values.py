@@ -69,7 +69,7 @@ _INT_LIMITS = {
 # a replayed op computes decides a length, an offset or a group's end the reader
 # checks against the sizes the trace recorded.
 FITTED_WHERE_MADE = frozenset({FillKind.DESCENDING, FillKind.ENDS, FillKind.CUTS,
-                               FillKind.OFFSETS, FillKind.SUM})
+                               FillKind.OFFSETS, FillKind.SUM, FillKind.SPANS})
 
 
 @dataclass

@@ -1089,6 +1089,16 @@ def _fill_ends(numel, low, high, gen, device, gens, dtype):
     return torch.tensor(ends, dtype=torch.int64, device=device)
 
 
+def _fill_spans(numel, low, high, gen, device, gens, dtype):
+    # Packed sequences' cumulative lengths (cu_seqlens): 0, then the ends of `numel - 1`
+    # spans over `high` rows, as even as can be (none longer than the `low` rows of the
+    # longest recorded sequence, which even spans never exceed where any spans do).
+    ends = _fill_ends(max(numel - 1, 0), 1, high, gen, device, gens, dtype)
+    return torch.cat(
+        [torch.zeros(min(numel, 1), dtype=torch.int64, device=device), ends]
+    )
+
+
 def _fill_bags(numel, low, high, gen, device, gens, dtype):
     # Offsets of `numel` bags over `high` indices, exactly `low` of them empty (a
     # max-mode bag's backward selects the others): the rest 1 or more, chosen at random.
@@ -1204,6 +1214,7 @@ _FILLS = {
     "offsets": _fill_offsets,
     "cuts": _fill_cuts,
     "ends": _fill_ends,
+    "spans": _fill_spans,
     "bags": _fill_bags,
     "bag_cuts": _fill_bag_cuts,
     "span": _fill_span,
