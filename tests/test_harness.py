@@ -1104,6 +1104,18 @@ LIBRARY_SCHEMAS = {
         "Tensor momentum1_dev, Tensor momentum1_uvm, Tensor momentum1_placements, "
         "Tensor momentum1_offsets, float eps=0., float learning_rate=0., "
         "int output_dtype=0) -> Tensor"),
+    # torch.nn.attention.varlen's ops (registered where that module is imported)
+    "torch_attn::_varlen_attn.default": (
+        "torch_attn::_varlen_attn(Tensor query, Tensor key, Tensor value, Tensor cu_seq_q, "
+        "Tensor? cu_seq_k, SymInt max_q, SymInt max_k, bool is_causal=False, "
+        "float? scale=None, SymInt[]? window_size=None, bool enable_gqa=False, "
+        "Tensor? seqused_k=None, Tensor? block_table=None, SymInt? num_splits=None) "
+        "-> (Tensor, Tensor, Tensor)"),
+    "torch_attn::_varlen_attn_backward.default": (
+        "torch_attn::_varlen_attn_backward(Tensor grad_out, Tensor query, Tensor key, "
+        "Tensor value, Tensor out, Tensor lse, Tensor cu_seq_q, Tensor cu_seq_k, "
+        "SymInt max_q, SymInt max_k, bool is_causal, Tensor rng_state, float? scale=None, "
+        "SymInt[]? window_size=None) -> (Tensor, Tensor, Tensor)"),
     # MSLK (formerly fbgemm_gpu's gen-ai kernels, namespace fbgemm), torchao's float8
     "mslk::f8f8bf16_rowwise.default": (
         "mslk::f8f8bf16_rowwise(Tensor XQ, Tensor WQ, Tensor x_scale, Tensor w_scale, "
@@ -1220,14 +1232,17 @@ def test_fused_attention_backward_matches_the_kernel_that_runs_here(causal):
     values = {"grad_out": grad, "grad_out_": grad, "query": q, "key": k, "value": v,
               "out": out, "logsumexp": logsumexp, "dropout_p": 0.0, "is_causal": causal,
               "grad_input_mask": [True, True, True, False], "max_q": 8, "max_k": 8}
-    backward = [key for key in runtime.PORTABLE if "attention" in key and "backward" in key]
+    # SDPA's fused kernels, heads before the sequence (aten::_flash_attention_* put
+    # the sequence first: tested apart)
+    fused = [key for key in runtime.PORTABLE if "scaled_dot_product" in key]
+    backward = [key for key in fused if "backward" in key]
     assert len(backward) == 5
     for key in backward:
         args, kwargs = _schema_call(key, values)
         got = runtime.PORTABLE[key](*args, **kwargs)
         for g, w in zip(got, want, strict=False):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
-    forward = [key for key in runtime.PORTABLE if "attention" in key and "backward" not in key]
+    forward = [key for key in fused if "backward" not in key]
     for key in forward:
         args, kwargs = _schema_call(key, {**values, "dropout_p": 0.0})
         torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs)[0], out)
@@ -2269,3 +2284,85 @@ def test_packed_attention_of_a_cuda_trace_replays_over_its_filled_spans(tmp_path
     assert proc.returncode == 0, proc.stderr[-1500:]
     out = last_json(proc.stdout)
     assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+
+
+def _packed(gen: torch.Generator, lengths: list[int]) -> tuple[torch.Tensor, ...]:
+    q, k, v = (torch.randn(sum(lengths), 4, 8, generator=gen) for _ in range(3))
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    return q, k, v, cu
+
+
+def _per_sequence(q, k, v, cu, causal=True):
+    """Attention over each packed sequence on its own, heads first for SDPA."""
+    bounds = cu.tolist()
+    outs = [torch.nn.functional.scaled_dot_product_attention(
+        *(t[s:e].transpose(0, 1) for t in (q, k, v)), is_causal=causal).transpose(0, 1)
+        for s, e in itertools.pairwise(bounds)]
+    return torch.cat(outs)
+
+
+def test_aten_and_torch_varlen_flash_attention_equivalents_match_attention():
+    """aten::_flash_attention_forward (CUDA) over a batch and over packed sequences,
+    and torch.nn.attention.varlen's op, against SDPA per sequence, with the grads of
+    their backwards."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, cu = _packed(gen, [5, 9, 2])
+    want = _per_sequence(q, k, v, cu)
+    values = {"query": q, "key": k, "value": v, "cum_seq_q": cu, "cum_seq_k": cu,
+              "max_q": 9, "max_k": 9, "dropout_p": 0.0, "is_causal": True,
+              "return_debug_mask": False}
+    args, kwargs = _schema_call("aten::_flash_attention_forward.default", values)
+    (got,) = runtime.PORTABLE["aten::_flash_attention_forward.default"](*args, **kwargs)
+    torch.testing.assert_close(got, want)
+    values.update(cu_seq_q=cu, cu_seq_k=cu)
+    args, kwargs = _schema_call("torch_attn::_varlen_attn.default", values)
+    (got,) = runtime.PORTABLE["torch_attn::_varlen_attn.default"](*args, **kwargs)
+    torch.testing.assert_close(got, want)
+    batched = {**values, "query": q[:8].reshape(2, 4, 4, 8), "key": k[:8].reshape(2, 4, 4, 8),
+               "value": v[:8].reshape(2, 4, 4, 8), "cum_seq_q": None, "cum_seq_k": None}
+    args, kwargs = _schema_call("aten::_flash_attention_forward.default", batched)
+    (got,) = runtime.PORTABLE["aten::_flash_attention_forward.default"](*args, **kwargs)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (batched["query"], batched["key"], batched["value"])),
+        is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(got, expected)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grad = torch.randn_like(q)
+    expected_grads = torch.autograd.grad(_per_sequence(*leaves, cu), leaves, grad)
+    values.update(grad_out=grad, out=want, logsumexp=None, lse=None, rng_state=None,
+                  unused=None)
+    for key in ("aten::_flash_attention_backward.default",
+                "torch_attn::_varlen_attn_backward.default"):
+        args, kwargs = _schema_call(key, values)
+        for got, want_grad in zip(runtime.PORTABLE[key](*args, **kwargs), expected_grads,
+                                  strict=True):
+            torch.testing.assert_close(got, want_grad)
+
+
+def test_torch_varlen_attention_of_a_cuda_trace_replays_on_cpu(tmp_path):
+    """torch.nn.attention.varlen's op (its kernel CUDA only) in a CUDA trace: the
+    benchmark loads its namespace, fills the cumulative lengths as spans of the tokens,
+    and runs its equivalent on the CPU, nothing skipped."""
+    from mystique_gen.backends.base import GenerateOptions
+    from mystique_gen.driver import generate
+    from tests.conftest import last_json, run_benchmark
+    from tests.tracebuilder import TraceBuilder
+
+    b = TraceBuilder()
+    q, k, v = (b.tensor((48, 4, 8), dtype="bfloat16", device="cuda:0") for _ in range(3))
+    cu = b.tensor((4,), dtype="int32", device="cuda:0")
+    b.op(LIBRARY_SCHEMAS["torch_attn::_varlen_attn.default"],
+         [q, k, v, cu, cu, 20, 20, True, None, None, False, None, None, None],
+         [b.tensor((48, 4, 8), dtype="bfloat16", device="cuda:0"),
+          b.tensor((4, 48), device="cuda:0"), b.tensor((2,), dtype="int64", device="cuda:0")])
+    bench = tmp_path / "bench.py"
+    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
+    text = " ".join(bench.read_text().split())
+    assert '_load_namespace("torch.nn.attention.varlen")' in text
+    assert '"spans", 20, 48,' in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    out = last_json(proc.stdout)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    assert "torch_attn._varlen_attn.default cannot run here" in proc.stderr
+    assert "running its portable equivalent" in proc.stderr

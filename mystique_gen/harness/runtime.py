@@ -737,6 +737,125 @@ def _flash_attn_varlen_backward(
     return _flash_attn_grads(forward, dout, q, k, v, out, dq, dk, dv, rows)
 
 
+def _flash_attention_call(
+    query, key, value, cum_seq_q, cum_seq_k, dropout_p, causal, scale, window, alibi
+):
+    """aten's FlashAttention (CUDA): over a batch, (batch, seq, heads, dim), or over
+    packed sequences, (tokens, heads, dim) cut by cumulative lengths."""
+    scale = query.size(-1) ** -0.5 if scale is None else scale
+    left, right = (-1 if w is None else w for w in window)
+    args = (dropout_p, scale, causal, left, right, 0.0)
+    if cum_seq_q is None:
+        return _flash_attn(query, key, value, *args, alibi)
+    cum_seq_k = cum_seq_q if cum_seq_k is None else cum_seq_k
+    return _flash_attn_varlen(query, key, value, cum_seq_q, cum_seq_k, alibi, *args)
+
+
+def _flash_attention_forward(
+    query,
+    key,
+    value,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    return_debug_mask,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+    seqused_k=None,
+    alibi_slopes=None,
+    **rest,
+):
+    """aten::_flash_attention_forward (CUDA; SDPA's flash kernel and varlen attention
+    call it): the output; the log-sum-exp and seeds stand in."""
+    window = (window_size_left, window_size_right)
+    spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale, window, alibi_slopes)
+    return (_flash_attention_call(query, key, value, *spans),)
+
+
+def _flash_attention_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    rng_state,
+    unused,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+    **rest,
+):
+    """aten::_flash_attention_backward: its forward again under autograd."""
+    window = (window_size_left, window_size_right)
+
+    def forward(q, k, v):
+        spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale, window, None)
+        return (_flash_attention_call(q, k, v, *spans),)
+
+    inputs = (query, key, value)
+    return _grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),))
+
+
+def _varlen_attn(
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    is_causal=False,
+    scale=None,
+    window_size=None,
+    *rest,
+):
+    """torch_attn::_varlen_attn (torch.nn.attention.varlen, CUDA only): the output
+    over packed sequences; the log-sum-exp and seeds stand in."""
+    window = tuple(window_size) if window_size is not None else (None, None)
+    spans = (cu_seq_q, cu_seq_k, 0.0, is_causal, scale, window, None)
+    return (_flash_attention_call(query, key, value, *spans),)
+
+
+def _varlen_attn_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    lse,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    is_causal,
+    rng_state,
+    scale=None,
+    window_size=None,
+    *rest,
+):
+    """torch_attn::_varlen_attn_backward: its forward again under autograd."""
+    window = tuple(window_size) if window_size is not None else (None, None)
+
+    def forward(q, k, v):
+        spans = (cu_seq_q, cu_seq_k, 0.0, is_causal, scale, window, None)
+        return (_flash_attention_call(q, k, v, *spans),)
+
+    return _grads_by_autograd(forward, (query, key, value), (grad_out.to(query.dtype),))
+
+
 # SyncBatchNorm's kernels (CUDA only): statistics, their reduction over ranks, the
 # normalisation, and its backward, written with reductions and elementwise ops.
 def _channels(input):
@@ -2208,6 +2327,10 @@ PORTABLE = {
     "aten::mkldnn_rnn_layer_backward.default": _mkldnn_rnn_layer_backward,
     "aten::pin_memory.default": _pinned,
     "aten::_pin_memory.default": _pinned,
+    "aten::_flash_attention_forward.default": _flash_attention_forward,
+    "aten::_flash_attention_backward.default": _flash_attention_backward,
+    "torch_attn::_varlen_attn.default": _varlen_attn,
+    "torch_attn::_varlen_attn_backward.default": _varlen_attn_backward,
     "flash_attn::_flash_attn_forward.default": _flash_attn_forward,
     "flash_attn::_flash_attn_varlen_forward.default": _flash_attn_varlen_forward,
     "flash_attn::_flash_attn_backward.default": _flash_attn_backward,

@@ -76,9 +76,11 @@ def _ported(reason: str, namespace: str, name: str, overload: str) -> str:
 # generator imports it to resolve the ops, and the benchmark does too before it
 # resolves them (still torch: the file stays self-contained). FSDP2's copy-in/out ops.
 # _c10d_functional is native, but some of its ops (_wrap_tensor_autograd) are defined by
-# the Python module of functional collectives.
+# the Python module of functional collectives. torch_attn: varlen attention
+# (torch.nn.attention.varlen, its custom ops over packed sequences).
 NAMESPACE_MODULES = {
     "fsdp": "torch.distributed.fsdp._fully_shard._fsdp_collectives",
+    "torch_attn": "torch.nn.attention.varlen",
     "_c10d_functional": "torch.distributed._functional_collectives",
     "_c10d_functional_autograd": "torch.distributed._functional_collectives",
 }
