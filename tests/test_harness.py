@@ -2366,3 +2366,15 @@ def test_torch_varlen_attention_of_a_cuda_trace_replays_on_cpu(tmp_path):
     assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
     assert "torch_attn._varlen_attn.default cannot run here" in proc.stderr
     assert "running its portable equivalent" in proc.stderr
+
+
+def test_no_harness_name_is_defined_twice():
+    """runtime.py and dist.py are inlined into one namespace: a second definition of a
+    name replaces the first everywhere (an equivalent of aten::_flash_attention_backward
+    named like SDPA's flash backward's took its place, and SDPA's backward replayed
+    other gradients), and pyflakes misses it where the first is read in between."""
+    inlined = harness_source()
+    tree = ast.parse("\n".join([*inlined.runtime, "", *inlined.dist]))
+    names = [node.name for node in tree.body
+             if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -737,7 +737,7 @@ def _flash_attn_varlen_backward(
     return _flash_attn_grads(forward, dout, q, k, v, out, dq, dk, dv, rows)
 
 
-def _flash_attention_call(
+def _packed_flash_call(
     query, key, value, cum_seq_q, cum_seq_k, dropout_p, causal, scale, window, alibi
 ):
     """aten's FlashAttention (CUDA): over a batch, (batch, seq, heads, dim), or over
@@ -751,7 +751,7 @@ def _flash_attention_call(
     return _flash_attn_varlen(query, key, value, cum_seq_q, cum_seq_k, alibi, *args)
 
 
-def _flash_attention_forward(
+def _aten_flash_forward(
     query,
     key,
     value,
@@ -774,10 +774,10 @@ def _flash_attention_forward(
     call it): the output; the log-sum-exp and seeds stand in."""
     window = (window_size_left, window_size_right)
     spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale, window, alibi_slopes)
-    return (_flash_attention_call(query, key, value, *spans),)
+    return (_packed_flash_call(query, key, value, *spans),)
 
 
-def _flash_attention_backward(
+def _aten_flash_backward(
     grad_out,
     query,
     key,
@@ -803,7 +803,7 @@ def _flash_attention_backward(
 
     def forward(q, k, v):
         spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale, window, None)
-        return (_flash_attention_call(q, k, v, *spans),)
+        return (_packed_flash_call(q, k, v, *spans),)
 
     inputs = (query, key, value)
     return _grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),))
@@ -826,7 +826,7 @@ def _varlen_attn(
     over packed sequences; the log-sum-exp and seeds stand in."""
     window = tuple(window_size) if window_size is not None else (None, None)
     spans = (cu_seq_q, cu_seq_k, 0.0, is_causal, scale, window, None)
-    return (_flash_attention_call(query, key, value, *spans),)
+    return (_packed_flash_call(query, key, value, *spans),)
 
 
 def _varlen_attn_backward(
@@ -851,7 +851,7 @@ def _varlen_attn_backward(
 
     def forward(q, k, v):
         spans = (cu_seq_q, cu_seq_k, 0.0, is_causal, scale, window, None)
-        return (_flash_attention_call(q, k, v, *spans),)
+        return (_packed_flash_call(q, k, v, *spans),)
 
     return _grads_by_autograd(forward, (query, key, value), (grad_out.to(query.dtype),))
 
@@ -2327,8 +2327,8 @@ PORTABLE = {
     "aten::mkldnn_rnn_layer_backward.default": _mkldnn_rnn_layer_backward,
     "aten::pin_memory.default": _pinned,
     "aten::_pin_memory.default": _pinned,
-    "aten::_flash_attention_forward.default": _flash_attention_forward,
-    "aten::_flash_attention_backward.default": _flash_attention_backward,
+    "aten::_flash_attention_forward.default": _aten_flash_forward,
+    "aten::_flash_attention_backward.default": _aten_flash_backward,
     "torch_attn::_varlen_attn.default": _varlen_attn,
     "torch_attn::_varlen_attn_backward.default": _varlen_attn_backward,
     "flash_attn::_flash_attn_forward.default": _flash_attn_forward,
