@@ -230,6 +230,20 @@ def _computed_lengths():
     return step
 
 
+def _packed_outside():
+    """A PackedSequence made before the step (a collate function): batch sizes [3, 3,
+    2, 2, 2, 1, 1]; filled as the longest step the batch and the rest even ([3, 2, 2,
+    2, 2, 2, 1]), every step's cell ran at other sizes."""
+    rnn = torch.nn.LSTM(4, 4, num_layers=2, bidirectional=True)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(7, 3, 4),
+                                                     torch.tensor([7, 5, 2]))
+
+    def step() -> None:
+        out, _ = rnn(packed)
+        torch.nn.utils.rnn.pad_packed_sequence(out)[0].sum().backward()
+    return step
+
+
 def _empty_bags():
     """Three of six max-mode bags empty: the backward's nonzero(bag_size) keeps three."""
     bag = torch.nn.EmbeddingBag(20, 4, mode="max")
@@ -252,7 +266,7 @@ def _split_points():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("make_step", [_renormed_rows, _packed_lengths, _computed_lengths,
-                                       _empty_bags, _split_points])
+                                       _packed_outside, _empty_bags, _split_points])
 def test_kernel_paths_that_values_decide_run_as_recorded(tmp_path, make_step):
     """Filled values took other paths through these kernels: no row above max_norm (16
     mul_ in a model's step, none replayed), lengths packed in other blocks (a
@@ -299,3 +313,16 @@ def test_packed_runs_give_the_recorded_lengths():
     facts = rule.facts({"lengths": (3,)}, [(14, 4), (7,)], (3, 3, 2, 2, 2, 1, 1))
     assert facts is not None and facts.values == (("lengths", (7, 5, 2)),)
     assert rule.facts({"lengths": (3,)}, [(15, 4), (7,)], (3, 3, 2, 2, 2, 1, 1)) is None
+
+
+def test_packed_steps_give_the_recorded_batch_sizes():
+    rule = KERNEL_PATHS["aten::lstm"]
+    facts = rule.facts({"data": (14, 4), "batch_sizes": (7,)}, [], (3, 3, 2, 2, 2, 1, 1))
+    assert facts is not None and facts.values == (("batch_sizes", (3, 3, 2, 2, 2, 1, 1)),)
+    # not every row, not one size a step, or rising: left to the shape rule
+    assert rule.facts({"data": (15, 4), "batch_sizes": (7,)}, [], (3, 3, 2, 2, 2, 1, 1)) \
+        is None
+    assert rule.facts({"data": (14, 4), "batch_sizes": (6,)}, [], (3, 3, 2, 2, 2, 1, 1)) \
+        is None
+    assert rule.facts({"data": (14, 4), "batch_sizes": (7,)}, [], (1, 3, 2, 2, 2, 3, 1)) \
+        is None

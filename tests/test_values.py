@@ -295,6 +295,42 @@ def test_bag_offsets_computed_from_lengths_stay_within_the_indices(tmp_path):
     assert proc.returncode == 0, proc.stderr[-800:]
 
 
+GRU_DATA = ("aten::gru.data(Tensor data, Tensor batch_sizes, Tensor hx, Tensor[] params, "
+            "bool has_biases, int num_layers, float dropout, bool train, "
+            "bool bidirectional) -> (Tensor, Tensor)")
+PAD_PACKED = ("aten::_pad_packed_sequence(Tensor data, Tensor batch_sizes, bool batch_first, "
+              "Scalar padding_value, int total_length) -> (Tensor, Tensor)")
+PACK_BACKWARD = ("aten::_pack_padded_sequence_backward(Tensor grad, SymInt[] input_size, "
+                 "Tensor batch_sizes, bool batch_first) -> Tensor")
+
+
+@pytest.mark.parametrize("reader", ["gru", "pad", "pack_backward"])
+def test_packed_batch_sizes_made_outside_the_step_add_up_to_the_packed_rows(reader):
+    """A PackedSequence a collate function made: its ``batch_sizes`` were filled with
+    random integers below 8, and the replay's ``lstm`` over 957 packed rows failed
+    against its recorded hidden state of 32 ("size of tensor a (32) must match the
+    size of tensor b (4)"). Non-increasing, the first the batch, adding up to the rows
+    (50 steps, 957 rows, a batch of 32)."""
+    builder = TraceBuilder()
+    sizes = builder.tensor((50,), dtype="int64")
+    data = builder.tensor((957, 16))
+    if reader == "gru":
+        params = [builder.tensor((48, 16)), builder.tensor((48, 16))]
+        builder.op(GRU_DATA, [data, sizes, builder.tensor((1, 32, 16)), params, False, 1,
+                              0.0, False, False],
+                   [builder.tensor((957, 16)), builder.tensor((1, 32, 16))])
+    elif reader == "pad":
+        builder.op(PAD_PACKED, [data, sizes, True, 0.0, 50],
+                   [builder.tensor((32, 50, 16)), builder.tensor((32,), dtype="int64")])
+    else:
+        builder.op(PACK_BACKWARD, [data, [50, 32, 16], sizes, False],
+                   [builder.tensor((50, 32, 16))])
+    init = _init_of(_program(builder))
+    assert (init.kind, init.low, init.high) == ("descending", 957, 32)
+    filled = runtime._fill_descending(50, 957, 32, None, "cpu", {}, torch.int64)
+    assert filled[0] == 32 and filled.sum() == 957 and bool((filled.diff() <= 0).all())
+
+
 @pytest.mark.parametrize("groups,unit,total", [(4, 16, 128), (3, 16, 32), (5, 1, 7),
                                                (4, 1, 2), (1, 16, 64)])
 def test_group_ends_rise_to_the_total_in_aligned_groups(groups, unit, total):

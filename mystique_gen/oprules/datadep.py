@@ -133,7 +133,50 @@ class PackedLengths(Fill):
         return (FillKind.DESCENDING, rows, longest)
 
 
+class PackedBatchSizes(Fill):
+    """A packed sequence's ``batch_sizes`` (sequences still running at each step),
+    made outside the step (a collate function packs the batch): non-increasing, the
+    first the batch (``rows`` of output ``index``'s dim ``axis``), adding up to the
+    packed ``data``'s rows. Filled at random below 8, the replay's ``lstm`` failed
+    against its recorded hidden state ("size of tensor a (32) must match the size of
+    tensor b (4)"). The longest steps as the batch, the rest as even as they can be;
+    the recorded children, where they show each step (``PackedSteps``), win."""
+
+    def __init__(self, data: str, index: int, axis: int):
+        self.data, self.index, self.axis = data, index, axis
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        data, steps = args.get(self.data), _numel(args.get("batch_sizes"))
+        batch = _out(outputs, self.index)
+        if not isinstance(data, tuple) or not data or not steps or not batch \
+                or not -len(batch) <= self.axis < len(batch):
+            return None
+        rows, width = data[0], batch[self.axis]
+        if not (width + steps - 1 <= rows <= width * steps):
+            return None  # no sizes in [1, batch] add up to it
+        return (FillKind.DESCENDING, rows, width)
+
+
+class PackedGradBatchSizes(Fill):
+    """``_pack_padded_sequence_backward``'s ``batch_sizes``: as ``PackedBatchSizes``,
+    the batch read from ``input_size`` (time-major, or batch-first)."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        grad, size, steps = args.get("grad"), args.get("input_size"), \
+            _numel(args.get("batch_sizes"))
+        if not isinstance(grad, tuple) or not grad or not isinstance(size, list) \
+                or len(size) < 2 or not steps:
+            return None
+        width = size[0] if args.get("batch_first") is True else size[1]
+        if not isinstance(width, int) or not (width + steps - 1 <= grad[0] <= width * steps):
+            return None
+        return (FillKind.DESCENDING, grad[0], width)
+
+
 _UNIQUE = {"self": DistinctCount()}
+# A packed recurrent network: its final hidden state (output 1: layers x batch x
+# hidden) holds the batch.
+_PACKED_RNN = {"batch_sizes": PackedBatchSizes("data", 1, 1)}
 _SEGMENTS = {"lengths": LengthsOf("data", "axis"), "offsets": LengthsOf("data", "axis", True)}
 
 FAMILY = OpFamily(
@@ -156,6 +199,15 @@ FAMILY = OpFamily(
         "aten::_jagged_to_padded_dense_forward": {"offsets": LengthsOf("values", 0, True)},
         "aten::_padded_dense_to_jagged_forward": {"offsets": LengthsOf("dense", 0, True)},
         "aten::_pack_padded_sequence": {"lengths": PackedLengths()},
+        "aten::lstm": _PACKED_RNN,
+        "aten::gru": _PACKED_RNN,
+        "aten::rnn_tanh": _PACKED_RNN,
+        "aten::rnn_relu": _PACKED_RNN,
+        "aten::quantized_lstm": _PACKED_RNN,
+        "aten::quantized_gru": _PACKED_RNN,
+        # its output 1: each sequence's length, one per batch entry
+        "aten::_pad_packed_sequence": {"batch_sizes": PackedBatchSizes("data", 1, 0)},
+        "aten::_pack_padded_sequence_backward": {"batch_sizes": PackedGradBatchSizes()},
     },
     # A data-dependent op often reads a copy or a sort of the tensor it was given:
     # pack_padded_sequence(enforce_sorted=False) sorts its lengths first. A fill for

@@ -139,6 +139,44 @@ class PackedRuns(KernelPath):
         return PathFacts(values=(("lengths", lengths),))
 
 
+class PackedSteps(KernelPath):
+    """A packed recurrent network (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu`` over
+    ``data`` and ``batch_sizes``) projects the packed rows at once, then takes each
+    step's rows, ``narrow(0, start, batch)`` of that projection (the first layer's
+    forward direction, from row 0 on; the hidden state is narrowed too, where the
+    batch shrinks): those batches are the batch sizes, which are filled with them
+    (``PackedBatchSizes`` alone makes the longest steps the batch and the rest even,
+    the same rows in other steps)."""
+
+    def read(self, node: RawNode, below: list[RawNode]) -> tuple | None:
+        sizes: list[int] = []
+        projected = None  # the first narrow's tensor (id, storage): not the hidden state's
+        for child in below:
+            if child.parent != node.id or child.name != "aten::narrow" \
+                    or _int_input(child, 1) != 0 or not child.inputs \
+                    or not isinstance(child.inputs[0].value, list):
+                continue
+            tensor = tuple(child.inputs[0].value[:2])
+            projected = projected or tensor
+            if tensor != projected:
+                continue
+            start, length = _int_input(child, 2), _int_input(child, 3)
+            if start is None or length is None or length <= 0:
+                return None
+            if start != sum(sizes):  # another layer or the reverse direction
+                break
+            sizes.append(length)
+        return tuple(sizes) if sizes else None
+
+    def facts(self, args: Facts, outputs: OutShapes, recorded: tuple) -> PathFacts | None:
+        sizes, data = list(recorded), args.get("data")
+        if not isinstance(data, tuple) or not data or sum(sizes) != data[0] \
+                or _numel(args.get("batch_sizes")) != len(sizes) \
+                or sizes != sorted(sizes, reverse=True):
+            return None
+        return PathFacts(values=(("batch_sizes", tuple(sizes)),))
+
+
 class SplitPoints(KernelPath):
     """``tensor_split`` at points (or a count of sections) given as a tensor reads it
     on the host and calls its ``int[]`` overload, which the trace records with the
@@ -170,5 +208,6 @@ FAMILY = OpFamily(
         "aten::_embedding_bag_backward": EmptyBags(),
         "aten::_pack_padded_sequence": PackedRuns(),
         "aten::tensor_split": SplitPoints(),
+        **{f"aten::{name}": PackedSteps() for name in ("lstm", "gru", "rnn_tanh", "rnn_relu")},
     },
 )
