@@ -377,6 +377,35 @@ def test_unpool_indices_and_margin_targets_stay_in_range(schema, args, target, b
     assert (init.kind, init.low, init.high) == ("randint", 0, bound)
 
 
+UNSAFE_INDEX = "aten::_unsafe_index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"
+UNSAFE_INDEX_PUT = ("aten::_unsafe_index_put(Tensor self, Tensor?[] indices, Tensor values, "
+                    "bool accumulate=False) -> Tensor")
+NARROW_TENSOR = ("aten::narrow.Tensor(Tensor(a) self, int dim, Tensor start, SymInt length) "
+                 "-> Tensor(a)")
+
+
+@pytest.mark.parametrize("schema,args,target,out,bound", [
+    # a nearest 2x upsampling's row and column indices, as aot_eager replays it: the
+    # columns (dim 3, size 6) were filled 0..8 ("index 7 is out of bounds for
+    # dimension 1 with size 6")
+    (UNSAFE_INDEX, lambda b, t: [b.tensor((4, 3, 5, 6)), [None, None, None, t]], (12,),
+     (4, 3, 5, 12), 6),
+    (UNSAFE_INDEX_PUT, lambda b, t: [b.tensor((5, 6)), [t], b.tensor((3, 6)), False], (3,),
+     (5, 6), 5),
+    # a window of 3 over 5 starts at 0, 1 or 2 (a 0-d start filled 1..8 as a wrapped
+    # int: "start (6) + length (3) exceeds dimension size (5)")
+    (NARROW_TENSOR, lambda b, t: [b.tensor((4, 3, 5, 6)), 2, t, 3], (), (4, 3, 3, 6), 3),
+    (NARROW_TENSOR, lambda b, t: [b.tensor((4, 3, 5, 6)), -1, t, 6], (), (4, 3, 5, 6), 1),
+])
+def test_unchecked_indices_and_tensor_narrow_starts_stay_in_range(schema, args, target,
+                                                                   out, bound):
+    b = TraceBuilder()
+    t = b.tensor(target, dtype="int64")
+    b.op(schema, args(b, t), [b.tensor(out)])
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == ("randint", 0, bound)
+
+
 def test_float_powers_base_is_positive_as_pows():
     """float_power (pow in double) of a U(-1, 1) base to a 0-d exponent filled near 1
     was NaN (OpInfo's float_power sample; the original's exponent was integral)."""

@@ -2,7 +2,28 @@
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import IntArg, OpFamily, PerDim, SizeListAt, SizeOf, SizeProduct
+from mystique_gen.oprules.base import (
+    Bound,
+    IntArg,
+    OpFamily,
+    PerDim,
+    SizeListAt,
+    SizeOf,
+    SizeProduct,
+)
+
+
+class NarrowStart(Bound):
+    """``narrow(self, dim, start, length)`` with ``start`` a 0-d tensor (an offset a
+    model keeps as a tensor: a cache position): the window stays inside ``self``,
+    ``start + length <= size``. Filled 1 to 8 as any wrapped int, a window of 3 over 5
+    started at 6 ("start (6) + length (3) exceeds dimension size (5)")."""
+
+    def upper(self, args: dict[str, object]) -> int | None:
+        size, length = SizeOf("self", "dim").upper(args), args.get("length")
+        if size is None or not isinstance(length, int) or not 0 <= length <= size:
+            return None
+        return size - length + 1
 
 _ROWS = SizeOf("weight", 0)
 _ALONG_DIM = SizeOf("self", "dim")
@@ -50,6 +71,12 @@ FAMILY = OpFamily(
         "aten::max_unpool2d": {"indices": SizeProduct("output_size")},
         "aten::max_unpool3d": {"indices": SizeProduct("output_size")},
         "aten::index": {"indices": PerDim("self")},
+        # index and index_put without bounds checks in compiled code, index's kernel
+        # in eager (aot_eager's and decompositions' upsampling, gathers): IndexError
+        # at random indices ("index 7 is out of bounds for dimension 1 with size 6").
+        "aten::_unsafe_index": {"indices": PerDim("self")},
+        "aten::_unsafe_index_put": {"indices": PerDim("self", "values")},
+        "aten::narrow": {"start": NarrowStart()},
         "aten::index_put": {"indices": PerDim("self", "values")},
         "aten::index_put_": {"indices": PerDim("self", "values")},
         "aten::_index_put_impl_": {"indices": PerDim("self", "values")},
