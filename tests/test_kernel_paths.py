@@ -244,6 +244,24 @@ def _packed_outside():
     return step
 
 
+def _qat_flags():
+    """Fused observers and fake quantizations, one with its observer off and one with
+    its fake quantization off (QAT's later epochs): the flags filled 0..8 turned others
+    off or these on (an aminmax and a quantization more or less)."""
+    from torch.ao.quantization.fake_quantize import FusedMovingAvgObsFakeQuantize
+    fqs = [FusedMovingAvgObsFakeQuantize() for _ in range(3)]
+    fqs[0].disable_observer()
+    fqs[1].disable_fake_quant()
+    x = torch.randn(8, 16, requires_grad=True)
+
+    def step() -> None:
+        y = x
+        for fq in fqs:
+            y = fq(y)
+        y.sum().backward()
+    return step
+
+
 def _empty_bags():
     """Three of six max-mode bags empty: the backward's nonzero(bag_size) keeps three."""
     bag = torch.nn.EmbeddingBag(20, 4, mode="max")
@@ -326,3 +344,18 @@ def test_packed_steps_give_the_recorded_batch_sizes():
         is None
     assert rule.facts({"data": (14, 4), "batch_sizes": (7,)}, [], (1, 3, 2, 2, 2, 3, 1)) \
         is None
+
+
+@pytest.mark.slow
+def test_qat_flags_run_the_recorded_observers_and_quantizations(tmp_path):
+    """The replay runs the fused op's helper, which the wrapper called (the wrapper
+    itself is not replayed): below it, the same aminmax and quantization kernels."""
+    torch.manual_seed(0)
+    original = record_et(_qat_flags(), tmp_path / "step.et.json")
+    wrapper = "aten::fused_moving_avg_obs_fake_quant"
+
+    def ops(path):
+        return Counter({k: n for k, n in _all_ops(path).items() if k[0] != wrapper})
+    want = ops(original)
+    assert want[("aten::aminmax", ("[8, 16]",))] == 2
+    assert ops(_replayed(original, tmp_path)) == want

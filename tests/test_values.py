@@ -406,6 +406,26 @@ def test_unchecked_indices_and_tensor_narrow_starts_stay_in_range(schema, args, 
     assert (init.kind, init.low, init.high) == ("randint", 0, bound)
 
 
+FUSED_OBS_FQ = ("aten::fused_moving_avg_obs_fake_quant(Tensor self, Tensor observer_on, "
+                "Tensor fake_quant_on, Tensor(a!) running_min, Tensor(b!) running_max, "
+                "Tensor(c!) scale, Tensor(d!) zero_point, float averaging_const, "
+                "int quant_min, int quant_max, int ch_axis, bool per_row_fake_quant=False, "
+                "bool symmetric_quant=False) -> Tensor")
+
+
+def test_qat_flags_without_recorded_reads_are_on():
+    """QAT's observer and fake-quantization flags (one-element int64 buffers) were
+    filled 0..8: where fake_quant_on drew 0 the op skipped its quantization (0.8 ms
+    against 12.4 for 1M elements). Without children that show them, both are 1."""
+    b = TraceBuilder()
+    observer_on, fake_quant_on = b.tensor((1,), dtype="int64"), b.tensor((1,), dtype="int64")
+    b.op(FUSED_OBS_FQ, [b.tensor((8, 16)), observer_on, fake_quant_on, b.tensor((1,)),
+                        b.tensor((1,)), b.tensor((1,)), b.tensor((1,), dtype="int32"),
+                        0.01, 0, 255, -1, False, False], [b.tensor((8, 16))])
+    inits = [s.init for s in _program(b).storages if s.materialised and s.dtype == "int64"]
+    assert [(i.kind, i.low, i.high) for i in inits] == [("randint", 1, 2)] * 2
+
+
 def test_float_powers_base_is_positive_as_pows():
     """float_power (pow in double) of a U(-1, 1) base to a 0-d exponent filled near 1
     was NaN (OpInfo's float_power sample; the original's exponent was integral)."""
