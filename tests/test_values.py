@@ -331,6 +331,26 @@ def test_packed_batch_sizes_made_outside_the_step_add_up_to_the_packed_rows(read
     assert filled[0] == 32 and filled.sum() == 957 and bool((filled.diff() <= 0).all())
 
 
+SCALED_GROUPED_MM_V2 = (
+    "aten::_scaled_grouped_mm_v2(Tensor self, Tensor mat2, Tensor[] scale_a, int[] recipe_a, "
+    "int[] swizzle_a, Tensor[] scale_b, int[] recipe_b, int[] swizzle_b, Tensor? offs=None, "
+    "Tensor? bias=None, ScalarType? out_dtype=None, int[] contraction_dim=[], "
+    "bool use_fast_accum=False) -> Tensor")
+
+
+def test_scaled_grouped_matmul_v2_offsets_are_group_ends_too():
+    """The float8 grouped GEMM's second form (scales as lists) takes the same offs."""
+    builder = TraceBuilder()
+    offs = builder.tensor((4,), dtype="int32")
+    builder.op(SCALED_GROUPED_MM_V2, [
+        builder.tensor((128, 32), dtype="float8_e4m3fn"),
+        builder.tensor((4, 32, 64), dtype="float8_e4m3fn"), [builder.tensor((128,))], [0],
+        [0], [builder.tensor((4, 64))], [0], [0], offs, None, None, [], False],
+        [builder.tensor((128, 64), dtype="bfloat16")])
+    init = _init_of(_program(builder), "int32")
+    assert (init.kind, init.low, init.high) == ("ends", 16, 128)
+
+
 @pytest.mark.parametrize("groups,unit,total", [(4, 16, 128), (3, 16, 32), (5, 1, 7),
                                                (4, 1, 2), (1, 16, 64)])
 def test_group_ends_rise_to_the_total_in_aligned_groups(groups, unit, total):

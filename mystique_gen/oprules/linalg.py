@@ -149,5 +149,6 @@ FAMILY = OpFamily(
         "aten::_linalg_det": _A,
         "aten::_grouped_mm": _GROUPS,
         "aten::_scaled_grouped_mm": _GROUPS,
+        "aten::_scaled_grouped_mm_v2": _GROUPS,
     },
 )
