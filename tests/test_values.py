@@ -446,6 +446,18 @@ def test_qat_flags_without_recorded_reads_are_on():
     assert [(i.kind, i.low, i.high) for i in inits] == [("randint", 1, 2)] * 2
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int64"])
+def test_an_asserted_flag_made_outside_the_step_holds(dtype):
+    """``torch._assert_async(ok, "bad input")`` of a flag the data pipeline computed:
+    filled True or False at random, the replay raised "bad input" at seeds 1 and 2."""
+    b = TraceBuilder()
+    flag = b.tensor((), dtype=dtype)
+    b.op("aten::_assert_async.msg(Tensor self, str assert_msg) -> ()", [flag, "bad input"],
+         [])
+    init = _init_of(_program(b), dtype)
+    assert init.kind == "ones"
+
+
 def test_float_powers_base_is_positive_as_pows():
     """float_power (pow in double) of a U(-1, 1) base to a 0-d exponent filled near 1
     was NaN (OpInfo's float_power sample; the original's exponent was integral)."""

@@ -3,7 +3,22 @@
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import OpFamily, ShiftedRange
+from mystique_gen.harness.fills import FillKind
+from mystique_gen.oprules.base import Facts, Fill, OpFamily, OutShapes, ShiftedRange
+
+
+class Holds(Fill):
+    """An asserted condition (``torch._assert_async(flag)``, an exported program's
+    runtime check) raises where it is 0 or False: a flag made outside the step (a
+    validity check the data pipeline computed) was filled True or False at random,
+    and the replay stopped at one seed in two ("RuntimeError: bad input"). Filled
+    1: the original step passed it."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        return (FillKind.ONES, 0, 0)
+
+
+_HOLDS = {"self": Holds()}
 
 # Integer division by zero raises (ZeroDivisionError), so a divisor the replay fills (a
 # wrapped Python int such as top_k, or a tensor built from a list) never holds 0;
@@ -36,6 +51,10 @@ _KEEPS_SIGN = {
 
 FAMILY = OpFamily(
     name="math domains",
+    shape_rules={
+        "aten::_assert_async": _HOLDS,
+        "aten::_functional_assert_async": _HOLDS,
+    },
     epsilon_args={"aten::cosine_similarity": ("eps",)},
     integer_divisors={name: ("other",) for name in _DIVISIONS},
     keeps_sign=_KEEPS_SIGN,
