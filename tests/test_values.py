@@ -735,6 +735,23 @@ def test_jagged_lengths_add_up_to_the_values():
     assert (init.kind, init.low) == ("sum", 10)
 
 
+JAGGED_TO_PADDED = ("aten::_jagged_to_padded_dense_forward(Tensor values, Tensor[] offsets, "
+                    "SymInt[] max_lengths, float padding_value=0.0) -> Tensor")
+
+
+def test_a_nested_tensors_offsets_given_as_a_list_cut_all_its_values():
+    """A nested tensor built in the step from values and offsets made outside it
+    (``nested_tensor_from_jagged``), padded: the rule for ``offsets`` was never applied
+    to a ``Tensor[]`` of one, the offsets were filled 0..8, and the replay raised "The
+    size of tensor a (105) must match the size of tensor b (0)"."""
+    b = TraceBuilder()
+    offsets = b.tensor((5,), dtype="int64")
+    b.op(JAGGED_TO_PADDED, [b.tensor((107, 64)), [offsets], [107], 0.0],
+         [b.tensor((4, 107, 64))])
+    init = _init_of(_program(b))
+    assert (init.kind, init.low, init.high) == ("cuts", 0, 107)
+
+
 ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
 SUB = "aten::sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
 

@@ -579,6 +579,12 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
         outputs = _output_shapes(op)
         for arg_name, fill in shape_rules.items():
             value = by_name.get(arg_name)
+            if isinstance(value, ListValue) and len(value.items) == 1:
+                # A list of one tensor: the jagged ops' ``Tensor[] offsets`` of one
+                # ragged dimension (a nested tensor's), which went unfilled: random
+                # offsets cut its 107 values at 0..8 ("size of tensor a (105) must
+                # match the size of tensor b (0)").
+                value = value.items[0]
             if isinstance(value, TensorValue):
                 facts.shape_fill(value, fill.init(args, outputs), f"{op.name} {arg_name}",
                                  fill.fitted_where_made(args))
