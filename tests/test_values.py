@@ -400,6 +400,9 @@ def test_unpool_indices_and_margin_targets_stay_in_range(schema, args, target, b
 UNSAFE_INDEX = "aten::_unsafe_index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"
 UNSAFE_INDEX_PUT = ("aten::_unsafe_index_put(Tensor self, Tensor?[] indices, Tensor values, "
                     "bool accumulate=False) -> Tensor")
+SEARCHSORTED_SORTER = ("aten::searchsorted.Tensor(Tensor sorted_sequence, Tensor self, *, "
+                       "bool out_int32=False, bool right=False, str? side=None, "
+                       "Tensor? sorter=None) -> Tensor")
 NARROW_TENSOR = ("aten::narrow.Tensor(Tensor(a) self, int dim, Tensor start, SymInt length) "
                  "-> Tensor(a)")
 
@@ -416,6 +419,9 @@ NARROW_TENSOR = ("aten::narrow.Tensor(Tensor(a) self, int dim, Tensor start, Sym
     # int: "start (6) + length (3) exceeds dimension size (5)")
     (NARROW_TENSOR, lambda b, t: [b.tensor((4, 3, 5, 6)), 2, t, 3], (), (4, 3, 3, 6), 3),
     (NARROW_TENSOR, lambda b, t: [b.tensor((4, 3, 5, 6)), -1, t, 6], (), (4, 3, 5, 6), 1),
+    # a sorter holds positions in each row of a 5-long sequence
+    (SEARCHSORTED_SORTER, lambda b, t: [b.tensor((4, 5)), b.tensor((4, 3)), False, False,
+                                        None, t], (4, 5), (4, 3), 5),
 ])
 def test_unchecked_indices_and_tensor_narrow_starts_stay_in_range(schema, args, target,
                                                                    out, bound):

@@ -77,6 +77,9 @@ FAMILY = OpFamily(
         "aten::_unsafe_index": {"indices": PerDim("self")},
         "aten::_unsafe_index_put": {"indices": PerDim("self", "values")},
         "aten::narrow": {"start": NarrowStart()},
+        # positions in each row of the sequence (its argsort): a sequence shorter than
+        # 8 refused sorter filled 0..8 ("sorter index out of range")
+        "aten::searchsorted": {"sorter": SizeOf("sorted_sequence", -1)},
         "aten::index_put": {"indices": PerDim("self", "values")},
         "aten::index_put_": {"indices": PerDim("self", "values")},
         "aten::_index_put_impl_": {"indices": PerDim("self", "values")},
