@@ -76,9 +76,10 @@ def fit_lines(op: Op, targets: list[str], depth: int) -> list[str]:
     as its mask, ``n = _fit_lengths(n, rows, longest)`` for each computed result it
     reads as sequence lengths (``recorded=[...]``: the lengths its recorded children
     showed, ``Op.recorded_lengths``), and ``o = _fit_values(o, kind, low, high)`` for
-    each it reads as repeats, bag offsets, jagged cuts or a grouped matmul's group ends. Where
-    the op's fits are reusable (``Op.fits_reusable``) each call names its site,
-    ``site=(op index, output position)``, under which the file keeps it."""
+    each it reads as repeats, bag offsets, jagged cuts, packed sequences' spans or a
+    grouped matmul's group ends. Where the op's fits are reusable
+    (``Op.fits_reusable``) each call names its site, ``site=(op index, output
+    position)``, under which the file keeps it."""
     lines: list[str] = []
 
     def site(position: int) -> list[Node]:

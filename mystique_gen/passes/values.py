@@ -319,8 +319,8 @@ class _Facts:
         # (op index, output position) -> true elements of a computed mask (None: readers
         # disagree)
         self.true_counts: dict[tuple[int, int], int | None] = {}
-        # (op index, output position) -> (rows, longest) of computed sequence lengths
-        # (None: readers disagree)
+        # (op index, output position) -> (fill kind, a, b) of computed values fitted
+        # where they are made, Op.fit_values (None: readers disagree)
         self.fit_values: dict[tuple[int, int], tuple[str, int, int] | None] = {}
         # Data-dependent fills wanted by computed storages, carried back to the inputs
         # they were copied or sorted from (_carry_shape_fills).
