@@ -2378,3 +2378,21 @@ def test_no_harness_name_is_defined_twice():
     names = [node.name for node in tree.body
              if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "miopen"])
+def test_fused_convolution_relu_equivalents_match_convolution_then_relu(backend):
+    """cuDNN's and MIOpen's fused convolution + (skip connection) + ReLU (GPU conv
+    fusion: torch.jit.freeze, torch.fx) against conv2d and relu on the CPU."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 4, 9, 9, generator=gen), torch.randn(6, 2, 3, 3, generator=gen)
+    bias, z = torch.randn(6, generator=gen), torch.randn(2, 6, 5, 5, generator=gen)
+    values = {"self": x, "weight": w, "bias": bias, "stride": [2, 2], "padding": [1, 1],
+              "dilation": [1, 1], "groups": 2, "z": z, "alpha": 0.5}
+    conv = torch.nn.functional.conv2d(x, w, bias, 2, 1, 1, 2)
+    args, kwargs = _schema_call(f"aten::{backend}_convolution_relu.default", values)
+    got = runtime.PORTABLE[f"aten::{backend}_convolution_relu.default"](*args, **kwargs)
+    torch.testing.assert_close(got, conv.relu())
+    args, kwargs = _schema_call(f"aten::{backend}_convolution_add_relu.default", values)
+    got = runtime.PORTABLE[f"aten::{backend}_convolution_add_relu.default"](*args, **kwargs)
+    torch.testing.assert_close(got, (conv + 0.5 * z).relu())

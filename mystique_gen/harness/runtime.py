@@ -962,6 +962,44 @@ def _depthwise_convolution(self, weight, kernel_size, bias, stride, padding, dil
     )
 
 
+def _convolution_relu(self, weight, bias, stride, padding, dilation, groups):
+    """cudnn_convolution_relu and miopen_convolution_relu (a CUDA graph's
+    convolution fused with its ReLU: torch.jit.freeze's and torch.fx's conv fusion
+    on a GPU): relu(convolution)."""
+    out = torch.ops.aten.convolution.default(
+        self,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0] * len(stride),
+        groups,
+    )
+    return torch.relu_(out)
+
+
+def _convolution_add_relu(
+    self, weight, z, alpha, bias, stride, padding, dilation, groups
+):
+    """cudnn_convolution_add_relu and miopen_convolution_add_relu (a residual block's
+    convolution, its skip connection and ReLU in one call): relu(conv + alpha * z)."""
+    out = torch.ops.aten.convolution.default(
+        self,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        False,
+        [0] * len(stride),
+        groups,
+    )
+    out = out.add_(z, alpha=1 if alpha is None else alpha)
+    return torch.relu_(out)
+
+
 def _fused_rms_norm_backward(
     grad_out, input, normalized_shape, rstd, weight, output_mask
 ):
@@ -2301,6 +2339,10 @@ PORTABLE = {
     "aten::max_pool2d_backward.default": _max_pool2d_backward,
     "aten::_conv_depthwise2d.default": _depthwise_convolution,
     "aten::conv_depthwise3d.default": _depthwise_convolution,
+    "aten::cudnn_convolution_relu.default": _convolution_relu,
+    "aten::miopen_convolution_relu.default": _convolution_relu,
+    "aten::cudnn_convolution_add_relu.default": _convolution_add_relu,
+    "aten::miopen_convolution_add_relu.default": _convolution_add_relu,
     "aten::_fused_rms_norm_backward.default": _fused_rms_norm_backward,
     "aten::mm.dtype": _with_out_dtype(torch.mm),
     "aten::bmm.dtype": _with_out_dtype(torch.bmm),
