@@ -2396,3 +2396,28 @@ def test_fused_convolution_relu_equivalents_match_convolution_then_relu(backend)
     args, kwargs = _schema_call(f"aten::{backend}_convolution_add_relu.default", values)
     got = runtime.PORTABLE[f"aten::{backend}_convolution_add_relu.default"](*args, **kwargs)
     torch.testing.assert_close(got, (conv + 0.5 * z).relu())
+
+
+def test_cudnn_spatial_transformer_equivalents_match_grid_sample_and_affine_grid():
+    """cuDNN's grid sampler and affine grid generator (F.grid_sample and F.affine_grid
+    with align_corners=True on CUDA) and their backwards, against the functional ops
+    and autograd on the CPU."""
+    gen = torch.Generator().manual_seed(0)
+    theta = (torch.eye(2, 3) + 0.1 * torch.randn(2, 2, 3, generator=gen)).requires_grad_()
+    x = torch.randn(2, 3, 6, 7, generator=gen, requires_grad=True)
+    grid = torch.nn.functional.affine_grid(theta, [2, 3, 4, 5], align_corners=True)
+    out = torch.nn.functional.grid_sample(x, grid, align_corners=True)
+    grad = torch.randn_like(out)
+    want = torch.autograd.grad(out, (x, grid, theta), grad, retain_graph=True)
+    portable = runtime.PORTABLE
+    got_grid = portable["aten::cudnn_affine_grid_generator.default"](theta, 2, 3, 4, 5)
+    torch.testing.assert_close(got_grid, grid)
+    got = portable["aten::cudnn_grid_sampler.default"](x, grid)
+    torch.testing.assert_close(got, out)
+    grad_x, grad_grid = portable["aten::cudnn_grid_sampler_backward.default"](
+        x, grid, grad)
+    torch.testing.assert_close(grad_x, want[0])
+    torch.testing.assert_close(grad_grid, want[1])
+    grad_theta = portable["aten::cudnn_affine_grid_generator_backward.default"](
+        grad_grid, 2, 3, 4, 5)
+    torch.testing.assert_close(grad_theta, want[2])

@@ -1000,6 +1000,33 @@ def _convolution_add_relu(
     return torch.relu_(out)
 
 
+# cuDNN's spatial transformer kernels (F.grid_sample and F.affine_grid pick them on
+# CUDA for a 4-d bilinear, zero-padded sampling with align_corners=True; autograd's
+# backward then calls cuDNN's backward): the native kernels with those settings.
+def _cudnn_grid_sampler(self, grid):
+    """cudnn_grid_sampler: bilinear (0), zeros padding (0), corners aligned."""
+    return torch.ops.aten.grid_sampler_2d.default(self, grid, 0, 0, True)
+
+
+def _cudnn_grid_sampler_backward(self, grid, grad_output):
+    """cudnn_grid_sampler_backward: (the input's grad, the grid's)."""
+    return torch.ops.aten.grid_sampler_2d_backward.default(
+        grad_output, self, grid, 0, 0, True, [True, True]
+    )
+
+
+def _cudnn_affine_grid(theta, N, C, H, W):
+    """cudnn_affine_grid_generator: the (N, H, W, 2) sampling grid of theta."""
+    return torch.ops.aten.affine_grid_generator.default(theta, [N, C, H, W], True)
+
+
+def _cudnn_affine_grid_backward(grad, N, C, H, W):
+    """cudnn_affine_grid_generator_backward: theta's grad."""
+    return torch.ops.aten.affine_grid_generator_backward.default(
+        grad, [N, C, H, W], True
+    )
+
+
 def _fused_rms_norm_backward(
     grad_out, input, normalized_shape, rstd, weight, output_mask
 ):
@@ -2343,6 +2370,10 @@ PORTABLE = {
     "aten::miopen_convolution_relu.default": _convolution_relu,
     "aten::cudnn_convolution_add_relu.default": _convolution_add_relu,
     "aten::miopen_convolution_add_relu.default": _convolution_add_relu,
+    "aten::cudnn_grid_sampler.default": _cudnn_grid_sampler,
+    "aten::cudnn_grid_sampler_backward.default": _cudnn_grid_sampler_backward,
+    "aten::cudnn_affine_grid_generator.default": _cudnn_affine_grid,
+    "aten::cudnn_affine_grid_generator_backward.default": _cudnn_affine_grid_backward,
     "aten::_fused_rms_norm_backward.default": _fused_rms_norm_backward,
     "aten::mm.dtype": _with_out_dtype(torch.mm),
     "aten::bmm.dtype": _with_out_dtype(torch.bmm),
