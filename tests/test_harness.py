@@ -2421,3 +2421,116 @@ def test_cudnn_spatial_transformer_equivalents_match_grid_sample_and_affine_grid
     grad_theta = portable["aten::cudnn_affine_grid_generator_backward.default"](
         grad_grid, 2, 3, 4, 5)
     torch.testing.assert_close(grad_theta, want[2])
+
+
+def _sdpa_bshd(q, k, v, mask=None):
+    """SDPA on (batch, sequence, heads, dim) tensors."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask).transpose(1, 2)
+
+
+def test_memory_efficient_attention_equivalents_match_attention():
+    """aten::_efficient_attention_forward and _backward (CUDA; nested-tensor SDPA
+    calls them directly): no mask, causal from the top left and from the bottom right,
+    a learned bias with its grad, and packed sequences, against SDPA."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 5, 4, 8, generator=gen)
+    k, v = torch.randn(2, 7, 4, 8, generator=gen), torch.randn(2, 7, 4, 8, generator=gen)
+    bias = torch.randn(2, 4, 5, 7, generator=gen)
+    forward = runtime.PORTABLE["aten::_efficient_attention_forward.default"]
+    backward = runtime.PORTABLE["aten::_efficient_attention_backward.default"]
+    top_left = torch.ones(5, 7, dtype=torch.bool).tril()
+    bottom_right = torch.ones(5, 7, dtype=torch.bool).tril(2)
+    for mask_type, mask in ((0, None), (1, top_left), (2, bottom_right)):
+        values = {"query": q, "key": k, "value": v, "dropout_p": 0.0,
+                  "custom_mask_type": mask_type}
+        args, kwargs = _schema_call("aten::_efficient_attention_forward.default", values)
+        (got,) = forward(*args, **kwargs)
+        torch.testing.assert_close(got, _sdpa_bshd(q, k, v, mask))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    want = _sdpa_bshd(*leaves)
+    grad = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, leaves, grad)
+    values = {"grad_out_": grad, "query": q, "key": k, "value": v, "bias": bias,
+              "out": want.detach(), "dropout_p": 0.0, "custom_mask_type": 0,
+              "bias_requires_grad": True}
+    args, kwargs = _schema_call("aten::_efficient_attention_backward.default", values)
+    for got, want_grad in zip(backward(*args, **kwargs), want_grads, strict=True):
+        torch.testing.assert_close(got, want_grad)
+    values["bias_requires_grad"] = False
+    args, kwargs = _schema_call("aten::_efficient_attention_backward.default", values)
+    assert backward(*args, **kwargs)[3] is None
+    pq, pk, pv, cu = _packed(gen, [5, 9, 2])
+    values = {"query": pq[None], "key": pk[None], "value": pv[None], "cu_seqlens_q": cu,
+              "cu_seqlens_k": cu, "max_seqlen_q": 9, "max_seqlen_k": 9, "dropout_p": 0.0,
+              "custom_mask_type": 1}
+    args, kwargs = _schema_call("aten::_efficient_attention_forward.default", values)
+    (got,) = forward(*args, **kwargs)
+    torch.testing.assert_close(got[0], _per_sequence(pq, pk, pv, cu))
+
+
+def test_cudnn_attention_equivalents_match_attention():
+    """aten::_cudnn_attention_forward and _backward (CUDA) over a batch (heads
+    first, as SDPA) and over packed sequences (nested-tensor SDPA), against SDPA."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=gen) for _ in range(3))
+    forward = runtime.PORTABLE["aten::_cudnn_attention_forward.default"]
+    backward = runtime.PORTABLE["aten::_cudnn_attention_backward.default"]
+    values = {"query": q, "key": k, "value": v, "max_q": 6, "max_k": 6,
+              "compute_log_sumexp": True, "dropout_p": 0.0, "is_causal": True,
+              "return_debug_mask": False}
+    args, kwargs = _schema_call("aten::_cudnn_attention_forward.default", values)
+    (got,) = forward(*args, **kwargs)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+    torch.testing.assert_close(got, want.detach())
+    grad = torch.randn_like(want)
+    values.update(grad_out=grad, out=got)
+    args, kwargs = _schema_call("aten::_cudnn_attention_backward.default", values)
+    for got_grad, want_grad in zip(backward(*args, **kwargs),
+                                   torch.autograd.grad(want, leaves, grad), strict=True):
+        torch.testing.assert_close(got_grad, want_grad)
+    pq, pk, pv, cu = _packed(gen, [5, 9, 2])
+    values.update(query=pq, key=pk, value=pv, cum_seq_q=cu, cum_seq_k=cu, max_q=9,
+                  max_k=9)
+    args, kwargs = _schema_call("aten::_cudnn_attention_forward.default", values)
+    (got,) = forward(*args, **kwargs)
+    torch.testing.assert_close(got, _per_sequence(pq, pk, pv, cu))
+
+
+def test_packed_memory_efficient_attention_of_a_cuda_trace_replays_on_cpu(tmp_path):
+    """aten::_efficient_attention_forward and _backward called directly over packed
+    sequences in a CUDA trace (no CPU kernel): the cumulative lengths are filled as
+    spans of the tokens, both run as their equivalents, nothing skipped."""
+    from mystique_gen.backends.base import GenerateOptions
+    from mystique_gen.driver import generate
+    from tests.conftest import last_json, run_benchmark
+    from tests.tracebuilder import TraceBuilder
+
+    b = TraceBuilder()
+    forward = str(torch.ops.aten._efficient_attention_forward.default._schema)
+    backward = str(torch.ops.aten._efficient_attention_backward.default._schema)
+    q, k, v = (b.tensor((1, 48, 4, 8), dtype="bfloat16", device="cuda:0")
+               for _ in range(3))
+    cu = b.tensor((4,), dtype="int32", device="cuda:0")
+    out = b.tensor((1, 48, 4, 8), dtype="bfloat16", device="cuda:0")
+    lse = b.tensor((3, 4, 32), device="cuda:0")
+    seed, offset = (b.tensor((), dtype="int64", device="cuda:0") for _ in range(2))
+    b.op(forward, [q, k, v, None, cu, cu, 20, 20, 0.0, 1, True, None, None, None],
+         [out, lse, seed, offset, 20, 20])
+    grads = [b.tensor((1, 48, 4, 8), dtype="bfloat16", device="cuda:0") for _ in range(3)]
+    grad_out = b.tensor((1, 48, 4, 8), dtype="bfloat16", device="cuda:0")
+    b.op(backward, [grad_out, q, k, v, None, out, cu, cu, 20, 20, lse, 0.0, seed, offset,
+                    1, False, None, None, None, False],
+         [*grads, b.tensor((0,), dtype="bfloat16", device="cuda:0")])
+    bench = tmp_path / "bench.py"
+    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
+    text = " ".join(bench.read_text().split())
+    assert '"spans", 20, 48,' in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    out = last_json(proc.stdout)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    for op in ("_efficient_attention_forward", "_efficient_attention_backward"):
+        assert f"aten::{op}" in proc.stderr or f"aten.{op}" in proc.stderr
+    assert "running its portable equivalent" in proc.stderr

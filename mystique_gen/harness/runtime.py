@@ -556,6 +556,174 @@ def _fused_attention_backward(
     )
 
 
+# The memory-efficient (xformers-derived) and cuDNN attention kernels that SDPA's
+# backends call, which nested-tensor SDPA and xformers-style code also call directly:
+# queries (batch, sequence, heads, dim) for the memory-efficient one, (batch, heads,
+# sequence, dim) for cuDNN's; both over packed sequences (cumulative lengths) too.
+def _efficient_attn(q, k, v, bias, dropout_p, mask_type, scale, seqlen_k, window):
+    """One batch of memory-efficient attention, (batch, sequence, heads, dim): its
+    mask type 0 none, 1 causal from the top left, 2 from the bottom right; `window`
+    keys before each query's diagonal at most; keys past `seqlen_k[b]` masked."""
+    query, key, value = (t.transpose(1, 2) for t in (q, k, v))
+    rows, cols = query.size(2), key.size(2)
+    allowed = None
+    if mask_type or window:
+        offset = cols - rows if mask_type == 2 else 0
+        position = torch.arange(rows, device=q.device)[:, None] + offset
+        distance = torch.arange(cols, device=q.device)[None, :] - position
+        allowed = distance <= 0
+        if window:
+            allowed &= distance > -window
+    if seqlen_k is not None:
+        present = torch.arange(cols, device=q.device) < seqlen_k.reshape(-1, 1)
+        present = present[:, None, None, :]
+        allowed = present if allowed is None else allowed & present
+    mask = bias
+    if allowed is not None:
+        mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
+    (out,) = _attention(query, key, value, mask, dropout_p, False, scale)
+    return out.transpose(1, 2)
+
+
+def _efficient_attn_call(q, k, v, bias, cu_q, cu_k, dropout_p, mask_type, *rest):
+    """Memory-efficient attention over a batch, or over the packed sequences of a
+    batch of one, (1, tokens, heads, dim), one sequence at a time (without a bias)."""
+    if cu_q is None:
+        return _efficient_attn(q, k, v, bias, dropout_p, mask_type, *rest)
+    scale, _, window = rest
+    cu_k = cu_q if cu_k is None else cu_k
+    out = torch.zeros((*q.shape[:-1], v.size(-1)), dtype=q.dtype, device=q.device)
+    spans_q, spans_k = _packed_spans(cu_q, q.size(1)), _packed_spans(cu_k, k.size(1))
+    for (q0, q1), (k0, k1) in zip(spans_q, spans_k, strict=False):
+        if q1 > q0 and k1 > k0:
+            one = (q[:, q0:q1], k[:, k0:k1], v[:, k0:k1])
+            args = (None, dropout_p, mask_type, scale, None, window)
+            out[:, q0:q1] = _efficient_attn(*one, *args)
+    return out
+
+
+def _aten_efficient_forward(
+    query,
+    key,
+    value,
+    bias,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p,
+    custom_mask_type,
+    compute_log_sumexp=False,
+    *,
+    scale=None,
+    seqlen_k=None,
+    window_size=None,
+):
+    """aten::_efficient_attention_forward (CUDA): the output; the log-sum-exp, seeds
+    and sizes stand in."""
+    spans = (cu_seqlens_q, cu_seqlens_k, dropout_p, custom_mask_type)
+    rest = (scale, seqlen_k, window_size)
+    return (_efficient_attn_call(query, key, value, bias, *spans, *rest),)
+
+
+def _aten_efficient_backward(
+    grad_out_,
+    query,
+    key,
+    value,
+    bias,
+    out,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    logsumexp,
+    dropout_p,
+    philox_seed,
+    philox_offset,
+    custom_mask_type,
+    bias_requires_grad,
+    *,
+    scale=None,
+    num_splits_key=None,
+    window_size=None,
+    shared_storage_dqdkdv=False,
+):
+    """aten::_efficient_attention_backward: its forward again under autograd; the
+    grads of query, key, value and (where asked and floating) the bias."""
+    learned = bool(bias_requires_grad) and bias is not None
+    learned = learned and bias.is_floating_point()
+    spans = (cu_seqlens_q, cu_seqlens_k, dropout_p, custom_mask_type)
+
+    def forward(q, k, v, *learned_bias):
+        b = learned_bias[0] if learned_bias else bias
+        rest = (scale, None, window_size)
+        return (_efficient_attn_call(q, k, v, b, *spans, *rest),)
+
+    inputs = [query, key, value] + ([bias] if learned else [])
+    grads = tuple(_grads_by_autograd(forward, inputs, (grad_out_.to(query.dtype),)))
+    return grads if learned else grads + (None,)
+
+
+def _cudnn_attn_call(q, k, v, bias, cum_seq_q, cum_seq_k, dropout_p, causal, scale):
+    """cuDNN attention over a batch (batch, heads, sequence, dim), or over packed
+    sequences (tokens, heads, dim) cut by cumulative lengths."""
+    if cum_seq_q is None:
+        return _attention(q, k, v, bias, dropout_p, causal, scale)[0]
+    spans = (cum_seq_q, cum_seq_k, dropout_p, causal, scale, (None, None), None)
+    return _packed_flash_call(q, k, v, *spans)
+
+
+def _aten_cudnn_forward(
+    query,
+    key,
+    value,
+    attn_bias,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    compute_log_sumexp,
+    dropout_p=0.0,
+    is_causal=False,
+    return_debug_mask=False,
+    *,
+    scale=None,
+):
+    """aten::_cudnn_attention_forward (CUDA): the output; the rest stands in."""
+    spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale)
+    return (_cudnn_attn_call(query, key, value, attn_bias, *spans),)
+
+
+def _aten_cudnn_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    philox_seed,
+    philox_offset,
+    attn_bias,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    *,
+    scale=None,
+):
+    """aten::_cudnn_attention_backward: its forward again under autograd."""
+    spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale)
+
+    def forward(q, k, v):
+        return (_cudnn_attn_call(q, k, v, attn_bias, *spans),)
+
+    inputs = (query, key, value)
+    return _grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),))
+
+
 # FlashAttention 2's ops (the flash_attn package's torch.library ops, CUDA only, which
 # transformers' attn_implementation="flash_attention_2" calls): tensors laid out
 # (batch, sequence, heads, head dim), or sequences packed one after another (varlen,
@@ -2402,6 +2570,10 @@ PORTABLE = {
     "aten::_pin_memory.default": _pinned,
     "aten::_flash_attention_forward.default": _aten_flash_forward,
     "aten::_flash_attention_backward.default": _aten_flash_backward,
+    "aten::_efficient_attention_forward.default": _aten_efficient_forward,
+    "aten::_efficient_attention_backward.default": _aten_efficient_backward,
+    "aten::_cudnn_attention_forward.default": _aten_cudnn_forward,
+    "aten::_cudnn_attention_backward.default": _aten_cudnn_backward,
     "torch_attn::_varlen_attn.default": _varlen_attn,
     "torch_attn::_varlen_attn_backward.default": _varlen_attn_backward,
     "flash_attn::_flash_attn_forward.default": _flash_attn_forward,

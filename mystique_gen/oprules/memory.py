@@ -82,13 +82,15 @@ FAMILY = OpFamily(
             "aten::_scaled_dot_product_flash_attention_for_cpu",
             "aten::_scaled_dot_product_efficient_attention",
             "aten::_scaled_dot_product_cudnn_attention",
-            "aten::_flash_attention_forward", "aten::_efficient_attention_forward")},
+            "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
+            "aten::_cudnn_attention_forward")},
         **{op: (("logsumexp",), ()) for op in (
             "aten::_scaled_dot_product_flash_attention_backward",
             "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
             "aten::_scaled_dot_product_efficient_attention_backward",
             "aten::_scaled_dot_product_cudnn_attention_backward",
-            "aten::_flash_attention_backward", "aten::_efficient_attention_backward")},
+            "aten::_flash_attention_backward", "aten::_efficient_attention_backward",
+            "aten::_cudnn_attention_backward")},
     },
     # A quantization observer reads ``x.detach()``: bound to ``x`` itself, its min and
     # max recorded autograd nodes in the replay, and the scale they made required grad.
