@@ -2534,3 +2534,64 @@ def test_packed_memory_efficient_attention_of_a_cuda_trace_replays_on_cpu(tmp_pa
     for op in ("_efficient_attention_forward", "_efficient_attention_backward"):
         assert f"aten::{op}" in proc.stderr or f"aten.{op}" in proc.stderr
     assert "running its portable equivalent" in proc.stderr
+
+
+def _two_four_dense(values: torch.Tensor) -> torch.Tensor:
+    """The 2:4 matrix whose groups of four columns start with two of `values`."""
+    rows, half = values.shape
+    dense = torch.zeros(rows, half // 2, 4, dtype=values.dtype)
+    dense[..., :2] = values.reshape(rows, half // 2, 2)
+    return dense.reshape(rows, half * 2)
+
+
+def test_semi_structured_sparse_gemm_equivalents_multiply_a_two_four_matrix():
+    """CUTLASS's 2:4 sparse linear, mm and addmm, and cuSPARSELt's mm (its values
+    and metadata in one buffer, 1-d as _cslt_compress makes it or 2-d as torch.sparse
+    views it; int8 to int32, alpha per row, a transposed result): the product of a 2:4
+    matrix of the kept values, as dense matmuls compute it."""
+    gen = torch.Generator().manual_seed(0)
+    portable = runtime.PORTABLE
+    x, values = torch.randn(3, 5, 16, generator=gen), torch.randn(8, 8, generator=gen)
+    w, bias = _two_four_dense(values), torch.randn(8, generator=gen)
+    got = portable["aten::_sparse_semi_structured_linear.default"](
+        x, values, torch.zeros(8, 1, dtype=torch.int16), bias=bias, activation="relu")
+    torch.testing.assert_close(got, (x @ w.t() + bias).relu())
+    assert (w.reshape(8, 4, 4) != 0).sum(-1).max() <= 2
+    b, c = torch.randn(16, 6, generator=gen), torch.randn(8, 6, generator=gen)
+    got = portable["aten::_sparse_semi_structured_mm.default"](values, None, b)
+    torch.testing.assert_close(got, w @ b)
+    got = portable["aten::_sparse_semi_structured_addmm.default"](
+        c, values, None, b, alpha=2, beta=0.5)
+    torch.testing.assert_close(got, 0.5 * c + 2 * w @ b)
+    half = values.half()
+    buffer = torch.cat([half.reshape(-1), torch.zeros(8 * 16 // 16, dtype=torch.half)])
+    for compressed in (buffer, buffer.reshape(8, -1)):
+        got = portable["aten::_cslt_sparse_mm.default"](
+            compressed, b.half(), bias.half(), transpose_result=True)
+        assert got.shape == (6, 8) and got.dtype == torch.half
+        torch.testing.assert_close(got.float(), (w @ b + bias[:, None]).t(),
+                                   rtol=1e-2, atol=1e-2)
+    q = torch.randint(-8, 8, (8, 8), generator=gen, dtype=torch.int8)
+    buffer = torch.cat([q.reshape(-1), torch.zeros(8 * 16 // 8, dtype=torch.int8)])
+    qb = torch.randint(-8, 8, (16, 6), generator=gen, dtype=torch.int8)
+    alpha = torch.rand(8, generator=gen)
+    got = portable["aten::_cslt_sparse_mm.default"](
+        buffer, qb, alpha=alpha, out_dtype=torch.bfloat16)
+    want = (_two_four_dense(q).float() @ qb.float()) * alpha[:, None]
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-1)
+
+
+def test_mixed_dtypes_linear_equivalent_dequantizes_per_column():
+    """CUTLASS's half x int8 (and int4, two a byte) linear: input @ (W * scale)."""
+    gen = torch.Generator().manual_seed(0)
+    x, scale = torch.randn(4, 16, generator=gen), torch.rand(8, generator=gen)
+    w = torch.randint(-8, 8, (16, 8), generator=gen, dtype=torch.int8)
+    got = runtime.PORTABLE["aten::_mixed_dtypes_linear.default"](x, w, scale)
+    torch.testing.assert_close(got, x @ (w.float() * scale))
+    packed = torch.randint(0, 256, (16, 4), generator=gen, dtype=torch.uint8)
+    got = runtime.PORTABLE["aten::_mixed_dtypes_linear.default"](
+        x, packed, scale, bias=scale, activation="relu")
+    nibbles = torch.stack((packed >> 4, packed & 15), -1).reshape(16, 8).float() - 8
+    torch.testing.assert_close(got, (x @ (nibbles * scale) + scale).relu())
+

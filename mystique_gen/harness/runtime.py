@@ -1249,6 +1249,120 @@ def _weight_int8pack_mm(self, mat2, scales):
     return (self @ mat2.to(self.dtype).t()) * scales.to(self.dtype)
 
 
+# 2:4 (semi-structured) sparse GEMMs, CUDA only: CUTLASS's take the kept values
+# (rows, cols / 2) and a separate metadata tensor, cuSPARSELt's one buffer holding both
+# (torchao's and torch.sparse's 2:4 sparse linear layers, inference and training). The
+# metadata's layout is the kernel's own, so the values are placed as the first two of
+# each group of four: another 2:4 matrix of the same shape, the same dense product.
+def _two_four(values, cols):
+    """A (rows, cols) matrix whose every group of four columns holds two of `values`
+    (rows, cols / 2), in a dtype the host multiplies (8-bit types as float32)."""
+    dtype = values.dtype
+    if dtype.itemsize == 1 or not (dtype.is_floating_point or dtype.is_complex):
+        dtype = torch.float32
+    values = values.reshape(values.shape[0], cols // 4, 2).to(dtype)
+    return torch.nn.functional.pad(values, (0, 2)).reshape(values.shape[0], cols)
+
+
+def _sparse_result(out, dtype, activation=None):
+    """A sparse GEMM's result in `dtype`, after its fused activation."""
+    if activation == "relu":
+        out = torch.relu(out)
+    elif activation == "silu":
+        out = torch.nn.functional.silu(out)
+    if not dtype.is_floating_point and out.is_floating_point():
+        info = torch.iinfo(dtype)
+        out = out.round().clamp(info.min, info.max)
+    return out.to(dtype)
+
+
+def _sparse_out_dtype(operand, out_dtype):
+    """int8 x int8 accumulates to int32 where no out_dtype is given."""
+    if out_dtype is not None:
+        return out_dtype
+    return torch.int32 if operand.dtype == torch.int8 else operand.dtype
+
+
+def _sparse_semi_structured_linear(
+    input, weight, meta, *, bias=None, activation=None, out_dtype=None
+):
+    """_sparse_semi_structured_linear: activation(input @ W.T + bias), W 2:4 sparse
+    (out, in) from its kept values (out, in / 2)."""
+    w = _two_four(weight, weight.shape[1] * 2)
+    out = input.to(w.dtype) @ w.t()
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return _sparse_result(out, _sparse_out_dtype(input, out_dtype), activation)
+
+
+def _sparse_semi_structured_mm(mat1, mat1_meta, mat2, *, out_dtype=None):
+    """_sparse_semi_structured_mm: mat1 (2:4 sparse, its kept values) @ mat2."""
+    a = _two_four(mat1, mat2.shape[0])
+    return _sparse_result(a @ mat2.to(a.dtype), _sparse_out_dtype(mat2, out_dtype))
+
+
+def _sparse_semi_structured_addmm(
+    input, mat1, mat1_meta, mat2, *, alpha=1, beta=1, out_dtype=None
+):
+    """_sparse_semi_structured_addmm: beta * input + alpha * mat1 @ mat2."""
+    a = _two_four(mat1, mat2.shape[0])
+    out = torch.addmm(input.to(a.dtype), a, mat2.to(a.dtype), beta=beta, alpha=alpha)
+    return _sparse_result(out, _sparse_out_dtype(mat2, out_dtype))
+
+
+def _cslt_rows(compressed_A, k):
+    """The rows of cuSPARSELt's compressed matrix: a 2-d buffer's rows (torch.sparse's
+    view of it), else from its size: per row, k / 2 values and 2 bits of metadata per
+    value kept."""
+    if compressed_A.dim() == 2:
+        return compressed_A.shape[0]
+    size = compressed_A.element_size()
+    return round(compressed_A.numel() * size * 8 / (k * (4 * size + 1)))
+
+
+def _cslt_sparse_mm(
+    compressed_A,
+    dense_B,
+    bias=None,
+    alpha=None,
+    out_dtype=None,
+    transpose_result=False,
+    alg_id=0,
+    split_k=1,
+    split_k_mode=-1,
+):
+    """_cslt_sparse_mm (cuSPARSELt): alpha * A @ B + bias (bias per row of A), A 2:4
+    sparse (m, k); transposed where asked."""
+    k = dense_B.shape[0]
+    m = _cslt_rows(compressed_A, k)
+    values = compressed_A.reshape(-1)[: m * k // 2]
+    a = _two_four(values.reshape(m, k // 2), k)
+    out = a @ dense_B.to(a.dtype)
+    if alpha is not None:
+        alpha = alpha.to(out.dtype)
+        out = out * (alpha.reshape(-1, 1) if alpha.numel() == m else alpha)
+    if bias is not None:
+        out = out + bias.to(out.dtype).reshape(-1, 1)
+    out = _sparse_result(out, out_dtype or dense_B.dtype)
+    return out.t().contiguous() if transpose_result else out
+
+
+def _mixed_dtypes_linear(input, weight, scale, *, bias=None, activation=None):
+    """_mixed_dtypes_linear (CUTLASS, CUDA): input (half or bfloat16) @ W * scale per
+    output column, W (k, n) int8, or int4 two a byte (uint8 (k, n / 2)), in the
+    kernel's reordered layout, read here in row-major order (another weight of the same
+    shape, the same dequantization and product)."""
+    k, n = input.shape[-1], scale.numel()
+    if weight.dtype == torch.uint8 and weight.numel() * 2 == k * n:
+        w = _int4_values(weight, k, n).to(input.dtype).sub_(8)
+    else:
+        w = weight.reshape(k, n).to(input.dtype)
+    out = input @ (w * scale.to(input.dtype))
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return _sparse_result(out, input.dtype, activation)
+
+
 def _f8f8bf16_rowwise(
     XQ, WQ, x_scale, w_scale, bias=None, use_fast_accum=True, output=None
 ):
@@ -2550,6 +2664,11 @@ PORTABLE = {
     "aten::_weight_int4pack_mm.default": _weight_int4pack_mm,
     "aten::_weight_int4pack_mm_for_cpu.default": _weight_int4pack_mm,
     "aten::_weight_int8pack_mm.default": _weight_int8pack_mm,
+    "aten::_sparse_semi_structured_linear.default": _sparse_semi_structured_linear,
+    "aten::_sparse_semi_structured_mm.default": _sparse_semi_structured_mm,
+    "aten::_sparse_semi_structured_addmm.default": _sparse_semi_structured_addmm,
+    "aten::_cslt_sparse_mm.default": _cslt_sparse_mm,
+    "aten::_mixed_dtypes_linear.default": _mixed_dtypes_linear,
     "aten::_grouped_mm.default": _grouped_mm,
     "aten::_scaled_grouped_mm.default": _scaled_grouped_mm,
     "mslk::f8f8bf16_rowwise.default": _f8f8bf16_rowwise,
