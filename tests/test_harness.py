@@ -2595,3 +2595,21 @@ def test_mixed_dtypes_linear_equivalent_dequantizes_per_column():
     nibbles = torch.stack((packed >> 4, packed & 15), -1).reshape(16, 8).float() - 8
     torch.testing.assert_close(got, (x @ (nibbles * scale) + scale).relu())
 
+
+def test_scaled_grouped_matmul_v2_equivalent_reads_its_scale_lists():
+    """F.scaled_grouped_mm's _scaled_grouped_mm_v2 (CUDA only) takes its scales as
+    lists with their recipes: rowwise ones scale as _scaled_grouped_mm's do."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 32, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(4, 16, 32, generator=gen).to(torch.float8_e4m3fn).transpose(-2, -1)
+    scale_a, scale_b = torch.rand(64, generator=gen), torch.rand(4, 16, generator=gen)
+    offs = torch.tensor([16, 32, 32, 64], dtype=torch.int32)
+    want = runtime.PORTABLE["aten::_scaled_grouped_mm.default"](
+        x, w, scale_a, scale_b, offs, out_dtype=torch.bfloat16)
+    values = {"self": x, "mat2": w, "scale_a": [scale_a], "recipe_a": [1],
+              "swizzle_a": [], "scale_b": [scale_b], "recipe_b": [1], "swizzle_b": [],
+              "offs": offs, "out_dtype": torch.bfloat16, "contraction_dim": [],
+              "use_fast_accum": False}
+    args, kwargs = _schema_call("aten::_scaled_grouped_mm_v2.default", values)
+    got = runtime.PORTABLE["aten::_scaled_grouped_mm_v2.default"](*args, **kwargs)
+    torch.testing.assert_close(got, want)

@@ -1439,6 +1439,32 @@ def _scaled_grouped_mm(
     return out.to(out_dtype or torch.bfloat16)
 
 
+def _scaled_grouped_mm_v2(
+    self,
+    mat2,
+    scale_a,
+    recipe_a,
+    swizzle_a,
+    scale_b,
+    recipe_b,
+    swizzle_b,
+    offs=None,
+    bias=None,
+    out_dtype=None,
+    contraction_dim=(),
+    use_fast_accum=False,
+):
+    """_scaled_grouped_mm_v2 (F.scaled_grouped_mm, CUDA only: scales as lists with
+    their recipes) as `_scaled_grouped_mm` on the first scale of each: rowwise scales
+    apply as the kernel applies them; block scales (MX, swizzled) leave the product
+    unscaled, the same grouped GEMM."""
+    first_a = scale_a[0] if scale_a else self.new_ones(())
+    first_b = scale_b[0] if scale_b else mat2.new_ones(())
+    return _scaled_grouped_mm(
+        self, mat2, first_a, first_b, offs, bias, None, out_dtype, use_fast_accum
+    )
+
+
 def _lstm_gates(input_gates, hidden_gates, input_bias, hidden_bias):
     gates = input_gates + hidden_gates
     if input_bias is not None:
@@ -2671,6 +2697,7 @@ PORTABLE = {
     "aten::_mixed_dtypes_linear.default": _mixed_dtypes_linear,
     "aten::_grouped_mm.default": _grouped_mm,
     "aten::_scaled_grouped_mm.default": _scaled_grouped_mm,
+    "aten::_scaled_grouped_mm_v2.default": _scaled_grouped_mm_v2,
     "mslk::f8f8bf16_rowwise.default": _f8f8bf16_rowwise,
     "fbgemm::f8f8bf16_rowwise.default": _f8f8bf16_rowwise,
     "aten::_thnn_fused_lstm_cell.default": _fused_lstm_cell,
