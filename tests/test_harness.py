@@ -2613,3 +2613,36 @@ def test_scaled_grouped_matmul_v2_equivalent_reads_its_scale_lists():
     args, kwargs = _schema_call("aten::_scaled_grouped_mm_v2.default", values)
     got = runtime.PORTABLE["aten::_scaled_grouped_mm_v2.default"](*args, **kwargs)
     torch.testing.assert_close(got, want)
+
+
+def test_float8_flash_attention_equivalents_descale_their_operands():
+    """FlashAttention 3's float8 path (aten::_flash_attention_forward.quantized and
+    SDPA's flash .quantized overload, CUDA only): SDPA on the operands in bfloat16
+    times their descales per batch and key/value head (grouped query heads)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 4, 8, generator=gen).to(torch.float8_e4m3fn)
+    k, v = (torch.randn(2, 6, 2, 8, generator=gen).to(torch.float8_e4m3fn)
+            for _ in range(2))
+    dq, dk, dv = (torch.rand(2, 2, generator=gen) + 0.5 for _ in range(3))
+
+    def scaled(t, d):
+        heads = t.size(2)
+        d = d.repeat_interleave(heads // 2, 1).to(torch.bfloat16)
+        return t.to(torch.bfloat16) * d[:, None, :, None]
+
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(scaled(t, d).transpose(1, 2) for t, d in ((q, dq), (k, dk), (v, dv))),
+        is_causal=True, enable_gqa=True)
+    values = {"query": q, "key": k, "value": v, "max_q": 6, "max_k": 6, "dropout_p": 0.0,
+              "is_causal": True, "return_debug_mask": False, "q_descale": dq,
+              "k_descale": dk, "v_descale": dv}
+    key = "aten::_flash_attention_forward.quantized"
+    args, kwargs = _schema_call(key, values)
+    (got,) = runtime.PORTABLE[key](*args, **kwargs)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected.transpose(1, 2))
+    values.update(query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2))
+    key = "aten::_scaled_dot_product_flash_attention.quantized"
+    args, kwargs = _schema_call(key, values)
+    (got,) = runtime.PORTABLE[key](*args, **kwargs)
+    torch.testing.assert_close(got, expected)

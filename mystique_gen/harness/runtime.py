@@ -977,6 +977,82 @@ def _aten_flash_backward(
     return _grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),))
 
 
+def _descaled(t, descale, heads_dim):
+    """A float8 operand of FlashAttention 3's quantized path in bfloat16 (another
+    dtype kept), times its descale: one number, or (batch, kv heads) broadcast over
+    heads at `heads_dim` (repeated over each group of query heads); another shape
+    (packed sequences') is left unscaled, the same attention."""
+    out = t.to(torch.bfloat16) if t.element_size() == 1 else t
+    if descale is None:
+        return out
+    descale = descale.to(torch.float32)
+    if descale.numel() == 1:
+        return out * descale.reshape(()).to(out.dtype)
+    heads = t.size(heads_dim)
+    if t.dim() == 4 and descale.dim() == 2 and descale.size(0) == t.size(0):
+        if descale.size(1) != heads and heads % descale.size(1) == 0:
+            descale = descale.repeat_interleave(heads // descale.size(1), dim=1)
+        if descale.size(1) == heads:
+            shape = [t.size(0), 1, 1, 1]
+            shape[heads_dim] = heads
+            return out * descale.reshape(shape).to(out.dtype)
+    return out
+
+
+def _aten_flash_forward_quantized(
+    query,
+    key,
+    value,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    return_debug_mask,
+    q_descale,
+    k_descale,
+    v_descale,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+    seqused_k=None,
+    alibi_slopes=None,
+):
+    """aten::_flash_attention_forward.quantized (FlashAttention 3's float8 path,
+    CUDA): the operands descaled to bfloat16, then as the unquantized one."""
+    q, k, v = (
+        _descaled(t, d, 2)
+        for t, d in ((query, q_descale), (key, k_descale), (value, v_descale))
+    )
+    window = (window_size_left, window_size_right)
+    spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale, window, alibi_slopes)
+    return (_packed_flash_call(q, k, v, *spans),)
+
+
+def _flash_attention_quantized(
+    query,
+    key,
+    value,
+    q_descale,
+    k_descale,
+    v_descale,
+    dropout_p=0.0,
+    is_causal=False,
+    return_debug_mask=False,
+    *,
+    scale=None,
+):
+    """_scaled_dot_product_flash_attention.quantized (float8 SDPA, CUDA), heads
+    first: the operands descaled to bfloat16, then attention."""
+    q, k, v = (
+        _descaled(t, d, 1)
+        for t, d in ((query, q_descale), (key, k_descale), (value, v_descale))
+    )
+    return _attention(q, k, v, None, dropout_p, is_causal, scale)
+
+
 def _varlen_attn(
     query,
     key,
@@ -2716,6 +2792,8 @@ PORTABLE = {
     "aten::_pin_memory.default": _pinned,
     "aten::_flash_attention_forward.default": _aten_flash_forward,
     "aten::_flash_attention_backward.default": _aten_flash_backward,
+    "aten::_flash_attention_forward.quantized": _aten_flash_forward_quantized,
+    "aten::_scaled_dot_product_flash_attention.quantized": _flash_attention_quantized,
     "aten::_efficient_attention_forward.default": _aten_efficient_forward,
     "aten::_efficient_attention_backward.default": _aten_efficient_backward,
     "aten::_cudnn_attention_forward.default": _aten_cudnn_forward,
