@@ -2646,3 +2646,59 @@ def test_float8_flash_attention_equivalents_descale_their_operands():
     args, kwargs = _schema_call(key, values)
     (got,) = runtime.PORTABLE[key](*args, **kwargs)
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("overload", ["default", "Tensor"])
+def test_cudnn_ctc_loss_equivalent_returns_each_loss_and_their_sums_grad(overload):
+    """cuDNN's CTC loss (both overloads) against the native loss per sequence and
+    autograd's grad of their sum."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 3, 6, generator=gen)
+    targets = torch.randint(1, 6, (9,), generator=gen, dtype=torch.int32)
+    lengths = ([12, 12, 12], [2, 4, 3])
+    if overload == "Tensor":
+        lengths = tuple(torch.tensor(x, dtype=torch.int32) for x in lengths)
+    log_probs = logits.log_softmax(-1).requires_grad_()
+    want = torch.nn.functional.ctc_loss(log_probs, targets, *lengths, reduction="none")
+    (want_grad,) = torch.autograd.grad(want.sum(), log_probs)
+    loss, grad = runtime.PORTABLE[f"aten::_cudnn_ctc_loss.{overload}"](
+        log_probs.detach(), targets, *lengths, 0, True, False)
+    torch.testing.assert_close(loss, want.detach())
+    torch.testing.assert_close(grad, want_grad)
+    assert runtime.PORTABLE[f"aten::_use_cudnn_ctc_loss.{overload}"](
+        log_probs, targets, *lengths, 0) is True
+
+
+def test_a_cudnn_ctc_loss_of_a_cuda_trace_replays_on_cpu(tmp_path):
+    """F.ctc_loss with tensor lengths on CUDA ran cuDNN's loss inside ctc_loss: the
+    replay runs its children (the loss and its grad, which the backward reads) as
+    their equivalents, its lengths filled as the kernel takes them, nothing skipped."""
+    from mystique_gen.backends.base import GenerateOptions
+    from mystique_gen.driver import generate
+    from tests.conftest import last_json, run_benchmark
+    from tests.tracebuilder import TraceBuilder
+
+    b = TraceBuilder()
+    ctc = str(torch.ops.aten.ctc_loss.Tensor._schema)
+    use = str(torch.ops.aten._use_cudnn_ctc_loss.Tensor._schema)
+    cudnn = str(torch.ops.aten._cudnn_ctc_loss.Tensor._schema)
+    mul = str(torch.ops.aten.mul.Tensor._schema)
+    probs = b.tensor((20, 3, 6), device="cuda:0")
+    targets = b.tensor((12,), dtype="int32")
+    input_lengths, target_lengths = (b.tensor((3,), dtype="int32") for _ in range(2))
+    args = [probs, targets, input_lengths, target_lengths]
+    loss, grad = b.tensor((3,), device="cuda:0"), b.tensor((20, 3, 6), device="cuda:0")
+    whole = b.op(ctc, [*args, 0, 0, False], [loss])
+    b.op(use, [*args, 0], [True], parent=whole)
+    b.op(cudnn, [*args, 0, True, False], [loss, grad], parent=whole)
+    b.op(mul, [grad, b.tensor((1, 3, 1), device="cuda:0")],
+         [b.tensor((20, 3, 6), device="cuda:0")])
+    bench = tmp_path / "bench.py"
+    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
+    text = " ".join(bench.read_text().split())
+    assert '"span", 20, 20,' in text and '"sum", 12, 0,' in text
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    out = last_json(proc.stdout)
+    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    assert "_cudnn_ctc_loss.Tensor cannot run here" in proc.stderr

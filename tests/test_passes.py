@@ -550,20 +550,20 @@ def test_attention_replays_as_its_kernel_where_the_backward_reads_its_logsumexp(
 
 
 def test_a_composite_stays_whole_where_a_child_has_no_portable_equivalent():
-    """cuDNN's CTC loss returns the gradient the backward reads, but the harness has
+    """MIOpen's CTC loss returns the gradient the backward reads, but the harness has
     no portable equivalent of it: descending would make a CUDA trace's replay skip
     the loss on any other device, so the portable composite is replayed whole."""
     b = TraceBuilder()
     ctc = ("aten::ctc_loss.IntList(Tensor log_probs, Tensor targets, int[] input_lengths, "
            "int[] target_lengths, int blank=0, int reduction=1, bool zero_infinity=False) "
            "-> Tensor")
-    cudnn = ("aten::_cudnn_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, "
-             "int[] target_lengths, int blank, bool deterministic, bool zero_infinity) -> "
-             "(Tensor, Tensor)")
+    miopen = ("aten::miopen_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, "
+              "int[] target_lengths, int blank, bool deterministic, bool zero_infinity) -> "
+              "(Tensor, Tensor)")
     probs, targets = b.tensor((6, 2, 5)), b.tensor((2, 3), dtype="int64")
     loss, grad = b.tensor((2,)), b.tensor((6, 2, 5))
     whole = b.op(ctc, [probs, targets, [6, 6], [3, 3], 0, 0, False], [loss])
-    b.op(cudnn, [probs, targets, [6, 6], [3, 3], 0, True, False], [loss, grad],
+    b.op(miopen, [probs, targets, [6, 6], [3, 3], 0, True, False], [loss, grad],
          parent=whole)
     backward = b.op(RELU, [grad], [b.tensor((6, 2, 5))])
     sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
@@ -1588,9 +1588,9 @@ FLASH_CPU = ("aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Te
 CTC = ("aten::ctc_loss.IntList(Tensor log_probs, Tensor targets, int[] input_lengths, "
        "int[] target_lengths, int blank=0, int reduction=1, bool zero_infinity=False) "
        "-> Tensor")
-CUDNN_CTC = ("aten::_cudnn_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, "
-             "int[] target_lengths, int blank, bool deterministic, bool zero_infinity) -> "
-             "(Tensor, Tensor)")
+MIOPEN_CTC = ("aten::miopen_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, "
+              "int[] target_lengths, int blank, bool deterministic, bool zero_infinity) -> "
+              "(Tensor, Tensor)")
 
 
 @pytest.mark.parametrize("attention", [True, False])
@@ -1600,7 +1600,7 @@ def test_a_storage_allocated_inside_a_composite_is_not_an_earlier_tensor(attenti
     the backward read that embedding as its logsumexp: wrong values, and under --dtype
     float16 a half tensor where the kernel takes float32 only. Attention now replays
     as its kernel (the harness has its portable equivalent), whose result the backward
-    reads; a composite that stays whole (cuDNN's CTC loss: no portable equivalent)
+    reads; a composite that stays whole (MIOpen's CTC loss: no portable equivalent)
     still must not hand out the earlier tensor. A storage an op inside a replayed one
     allocated begins a new lifetime there: a later read is an input."""
     b = TraceBuilder()
@@ -1617,7 +1617,7 @@ def test_a_storage_allocated_inside_a_composite_is_not_an_earlier_tensor(attenti
         probs, targets, loss = b.tensor((2, 4, 16)), b.tensor((4, 3), dtype="int64"), \
             b.tensor((4,))
         whole = b.op(CTC, [probs, targets, [2] * 4, [1] * 4, 0, 0, False], [loss])
-        b.op(CUDNN_CTC, [probs, targets, [2] * 4, [1] * 4, 0, True, False], [loss, saved],
+        b.op(MIOPEN_CTC, [probs, targets, [2] * 4, [1] * 4, 0, True, False], [loss, saved],
              parent=whole)
     b.op(RELU, [saved], [b.tensor((2, 4, 16))])
     program = build_program(trace_from_document(b.doc(), name="t.json", sha256=""))
@@ -1665,3 +1665,26 @@ def test_a_wrapped_number_at_a_freed_inner_results_address_is_not_that_result(re
         assert names == ["aten::matrix_exp", "aten::add"]
     else:
         assert "aten::matrix_exp" not in names and "aten::linalg_matrix_exp" in names
+
+
+def test_cudnn_ctc_loss_replays_as_its_children_whose_grad_the_backward_reads():
+    """cuDNN's CTC loss computes the grad in its forward, which the backward only
+    scales: with its portable equivalent (and _use_cudnn_ctc_loss's), a CUDA trace's
+    ctc_loss replays as its children, so the backward reads the grad the replay
+    computed, and the replay does the grad's work."""
+    b = TraceBuilder()
+    use = ("aten::_use_cudnn_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, "
+           "int[] target_lengths, int blank) -> bool")
+    cudnn = ("aten::_cudnn_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, "
+             "int[] target_lengths, int blank, bool deterministic, bool zero_infinity) -> "
+             "(Tensor, Tensor)")
+    probs, targets = b.tensor((6, 2, 5)), b.tensor((6,), dtype="int32")
+    loss, grad = b.tensor((2,)), b.tensor((6, 2, 5))
+    whole = b.op(CTC, [probs, targets, [6, 6], [3, 3], 0, 0, False], [loss])
+    b.op(use, [probs, targets, [6, 6], [3, 3], 0], [True], parent=whole)
+    kernel = b.op(cudnn, [probs, targets, [6, 6], [3, 3], 0, True, False], [loss, grad],
+                  parent=whole)
+    backward = b.op(RELU, [grad], [b.tensor((6, 2, 5))])
+    sel = select_ops(trace_from_document(b.doc(), name="t", sha256="0"))
+    assert kernel in [s.node.id for s in sel.ops] and whole not in [s.node.id for s in sel.ops]
+    assert [s.node.id for s in sel.ops][-1] == backward

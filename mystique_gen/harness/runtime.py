@@ -1271,6 +1271,48 @@ def _cudnn_affine_grid_backward(grad, N, C, H, W):
     )
 
 
+# cuDNN's CTC loss (F.ctc_loss picks it on CUDA for float32 log-probabilities, blank
+# 0, int32 targets on the host and every input as long as the batch): it returns each
+# sequence's loss and, computed in the same pass, their sum's grad, which autograd's
+# backward only scales. Inside ctc_loss, which replays as these children so that the
+# backward reads that grad (and the replay does the grad's work).
+def _use_cudnn_ctc_loss(log_probs, targets, input_lengths, target_lengths, blank):
+    """_use_cudnn_ctc_loss: the trace ran cuDNN's loss (its equivalent's here)."""
+    return True
+
+
+def _cudnn_ctc_loss(
+    log_probs,
+    targets,
+    input_lengths,
+    target_lengths,
+    blank,
+    deterministic,
+    zero_infinity,
+):
+    """_cudnn_ctc_loss: (each sequence's loss, the grad of their sum), by the native
+    CTC loss and its backward."""
+    lengths = (input_lengths, target_lengths)
+    if torch.is_tensor(input_lengths):
+        forward = torch.ops.aten._ctc_loss.Tensor
+        backward = torch.ops.aten._ctc_loss_backward.Tensor
+    else:
+        forward = torch.ops.aten._ctc_loss.default
+        backward = torch.ops.aten._ctc_loss_backward.default
+    nll, alpha = forward(log_probs, targets, *lengths, blank, zero_infinity)
+    grad = backward(
+        torch.ones_like(nll),
+        log_probs,
+        targets,
+        *lengths,
+        nll,
+        alpha,
+        blank,
+        zero_infinity,
+    )
+    return nll, grad
+
+
 def _fused_rms_norm_backward(
     grad_out, input, normalized_shape, rstd, weight, output_mask
 ):
@@ -2758,6 +2800,10 @@ PORTABLE = {
     "aten::cudnn_grid_sampler_backward.default": _cudnn_grid_sampler_backward,
     "aten::cudnn_affine_grid_generator.default": _cudnn_affine_grid,
     "aten::cudnn_affine_grid_generator_backward.default": _cudnn_affine_grid_backward,
+    "aten::_use_cudnn_ctc_loss.default": _use_cudnn_ctc_loss,
+    "aten::_use_cudnn_ctc_loss.Tensor": _use_cudnn_ctc_loss,
+    "aten::_cudnn_ctc_loss.default": _cudnn_ctc_loss,
+    "aten::_cudnn_ctc_loss.Tensor": _cudnn_ctc_loss,
     "aten::_fused_rms_norm_backward.default": _fused_rms_norm_backward,
     "aten::mm.dtype": _with_out_dtype(torch.mm),
     "aten::bmm.dtype": _with_out_dtype(torch.bmm),

@@ -9,7 +9,38 @@ NaN and inf change what value-dependent kernels do, so the replay times another 
 
 from __future__ import annotations
 
-from mystique_gen.oprules.base import ClassCount, IntArg, OpFamily, SizeOf
+from mystique_gen.harness.fills import FillKind
+from mystique_gen.oprules.base import ClassCount, Facts, Fill, IntArg, OpFamily, OutShapes, SizeOf
+
+
+class CtcInputLengths(Fill):
+    """CTC's input lengths as tensors: every sequence as long as log_probs' time
+    dimension (cuDNN's kernel takes only that; at random the CPU kernel refuses a
+    length above it)."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        probs = args.get("log_probs")
+        if not isinstance(probs, tuple) or not probs or probs[0] <= 0:
+            return None
+        return (FillKind.SPAN, probs[0], probs[0])
+
+
+class CtcTargetLengths(Fill):
+    """CTC's target lengths as tensors: parts adding up to the concatenated targets
+    (1-d), or in [1, the padded length] (2-d), none above the input length."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
+        probs, targets = args.get("log_probs"), args.get("targets")
+        if not isinstance(probs, tuple) or not probs or not isinstance(targets, tuple):
+            return None
+        if len(targets) == 1:
+            return (FillKind.SUM, targets[0], 0)
+        if len(targets) == 2 and targets[1] > 0:
+            return (FillKind.SPAN, 1, max(1, min(targets[1], probs[0])))
+        return None
+
+
+_CTC_LENGTHS = {"input_lengths": CtcInputLengths(), "target_lengths": CtcTargetLengths()}
 
 _LOSS = {"target": ClassCount("self")}
 _CTC = {"targets": SizeOf("log_probs", -1)}
@@ -42,9 +73,15 @@ FAMILY = OpFamily(
         "aten::ctc_loss": _CTC,
         "aten::_ctc_loss": _CTC,
         "aten::_ctc_loss_backward": _CTC,
+        "aten::_cudnn_ctc_loss": _CTC,
+        "aten::_use_cudnn_ctc_loss": _CTC,
         "torchaudio::rnnt_loss": _RNNT,
         "torchaudio::rnnt_loss_forward": _RNNT_FORWARD,
     },
+    # The tensor overloads' lengths (the list overloads record them as numbers).
+    shape_rules={name: _CTC_LENGTHS for name in (
+        "aten::ctc_loss", "aten::_ctc_loss", "aten::_ctc_loss_backward",
+        "aten::_cudnn_ctc_loss", "aten::_use_cudnn_ctc_loss")},
     float_ranges={
         "aten::binary_cross_entropy": {"self": (0.05, 0.95), "target": (0.0, 1.0)},
         "aten::binary_cross_entropy_backward": {"self": (0.05, 0.95), "target": (0.0, 1.0)},
