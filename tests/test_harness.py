@@ -1111,6 +1111,12 @@ LIBRARY_SCHEMAS = {
         "float? scale=None, SymInt[]? window_size=None, bool enable_gqa=False, "
         "Tensor? seqused_k=None, Tensor? block_table=None, SymInt? num_splits=None) "
         "-> (Tensor, Tensor, Tensor)"),
+    "torch_attn::_varlen_attn_out.default": (
+        "torch_attn::_varlen_attn_out(Tensor(a0!) out, Tensor query, Tensor key, "
+        "Tensor value, Tensor cu_seq_q, Tensor? cu_seq_k, SymInt max_q, SymInt max_k, "
+        "bool is_causal=False, float? scale=None, SymInt[]? window_size=None, "
+        "bool enable_gqa=False, Tensor? seqused_k=None, Tensor? block_table=None, "
+        "SymInt? num_splits=None) -> Tensor"),
     "torch_attn::_varlen_attn_backward.default": (
         "torch_attn::_varlen_attn_backward(Tensor grad_out, Tensor query, Tensor key, "
         "Tensor value, Tensor out, Tensor lse, Tensor cu_seq_q, Tensor cu_seq_k, "
@@ -2702,3 +2708,66 @@ def test_a_cudnn_ctc_loss_of_a_cuda_trace_replays_on_cpu(tmp_path):
     out = last_json(proc.stdout)
     assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
     assert "_cudnn_ctc_loss.Tensor cannot run here" in proc.stderr
+
+
+def test_in_place_flash_attention_equivalents_write_out_and_return_the_lse():
+    """aten::_flash_attention_forward_no_dropout_inplace and varlen attention's out=
+    op (torch_attn::_varlen_attn_out), CUDA only: the output written into `out`
+    (as SDPA per packed sequence computes it) and the log-sum-exp of the scaled
+    scores, (heads, tokens) over packed sequences, (batch, heads, rows) over a batch."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, cu = _packed(gen, [5, 9, 2])
+    want = _per_sequence(q, k, v, cu)
+    bounds = cu.tolist()
+    want_lse = torch.cat([
+        ((q[s:e].transpose(0, 1) @ k[s:e].permute(1, 2, 0)) * 8 ** -0.5
+         + torch.ones(e - s, e - s).tril().log()).logsumexp(-1)
+        for s, e in itertools.pairwise(bounds)], dim=1)
+    values = {"query": q, "key": k, "value": v, "cum_seq_q": cu, "cum_seq_k": cu,
+              "cu_seq_q": cu, "cu_seq_k": cu, "max_q": 9, "max_k": 9, "dropout_p": 0.0,
+              "is_causal": True, "return_debug_mask": False}
+    for key in ("aten::_flash_attention_forward_no_dropout_inplace.default",
+                "torch_attn::_varlen_attn_out.default"):
+        out = torch.zeros_like(q)
+        args, kwargs = _schema_call(key, {**values, "out": out})
+        lse = runtime.PORTABLE[key](*args, **kwargs)
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(lse, want_lse)
+    batched = [t[:8].reshape(2, 4, 4, 8) for t in (q, k, v)]
+    out = torch.zeros_like(batched[0])
+    values.update(query=batched[0], key=batched[1], value=batched[2], cum_seq_q=None,
+                  cum_seq_k=None, out=out)
+    args, kwargs = _schema_call(
+        "aten::_flash_attention_forward_no_dropout_inplace.default", values)
+    lse = runtime.PORTABLE["aten::_flash_attention_forward_no_dropout_inplace.default"](
+        *args, **kwargs)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in batched), is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out, expected)
+    assert lse.shape == (2, 4, 4) and lse.dtype == torch.float32
+
+
+def test_torch_varlen_attention_out_of_a_cuda_trace_replays_on_cpu(tmp_path):
+    """varlen attention's out= op (its kernel CUDA only, for inference) in a CUDA
+    trace: its equivalent writes the output and returns the log-sum-exp on the CPU,
+    its spans filled, nothing skipped."""
+    from mystique_gen.backends.base import GenerateOptions
+    from mystique_gen.driver import generate
+    from tests.conftest import last_json, run_benchmark
+    from tests.tracebuilder import TraceBuilder
+
+    b = TraceBuilder()
+    q, k, v, out = (b.tensor((48, 4, 8), dtype="bfloat16", device="cuda:0")
+                    for _ in range(4))
+    cu = b.tensor((4,), dtype="int32", device="cuda:0")
+    b.op(LIBRARY_SCHEMAS["torch_attn::_varlen_attn_out.default"],
+         [out, q, k, v, cu, cu, 20, 20, True, None, None, False, None, None, None],
+         [b.tensor((4, 48), device="cuda:0")])
+    bench = tmp_path / "bench.py"
+    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
+    assert '"spans", 20, 48,' in " ".join(bench.read_text().split())
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    result = last_json(proc.stdout)
+    assert result["skipped_at_runtime"] == [] and result["nonfinite_inputs"] == []
+    assert "torch_attn._varlen_attn_out.default cannot run here" in proc.stderr

@@ -1053,6 +1053,113 @@ def _flash_attention_quantized(
     return _attention(q, k, v, None, dropout_p, is_causal, scale)
 
 
+def _flash_with_lse(q, k, v, causal, scale, left, right):
+    """FlashAttention over a batch (batch, sequence, heads, dim), written out to keep
+    the log-sum-exp its in-place kernel returns: (the output, (batch, heads, rows) in
+    float32). Causal masks and windows align to the bottom right, as flash's do."""
+    query, key, value = (t.transpose(1, 2) for t in (q, k, v))
+    key, value = _grouped_heads(query, key, value)
+    scale = query.size(-1) ** -0.5 if scale is None else scale
+    scores = (query @ key.transpose(-1, -2)).float() * scale
+    rows, cols = query.size(2), key.size(2)
+    right = 0 if causal else (-1 if right is None else right)
+    left = -1 if left is None else left
+    if right >= 0 or left >= 0:
+        position = torch.arange(rows, device=q.device)[:, None] + (cols - rows)
+        distance = torch.arange(cols, device=q.device)[None, :] - position
+        allowed = torch.ones(rows, cols, dtype=torch.bool, device=q.device)
+        if right >= 0:
+            allowed &= distance <= right
+        if left >= 0:
+            allowed &= distance >= -left
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num_(0.0)
+    return (probs.to(value.dtype) @ value).transpose(1, 2), lse
+
+
+def _aten_flash_forward_into(
+    out,
+    query,
+    key,
+    value,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    return_debug_mask,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+    seqused_k=None,
+    alibi_slopes=None,
+    block_table=None,
+    num_splits=None,
+):
+    """aten::_flash_attention_forward_no_dropout_inplace (CUDA; varlen attention's
+    out= variant, for inference): the output written into `out`, and the log-sum-exp,
+    (batch, heads, rows), or (heads, tokens) over packed sequences."""
+    window = (is_causal, scale, window_size_left, window_size_right)
+    if cum_seq_q is None:
+        result, lse = _flash_with_lse(query, key, value, *window)
+        out.copy_(result)
+        return lse
+    cum_seq_k = cum_seq_q if cum_seq_k is None else cum_seq_k
+    lse = torch.full(
+        (query.size(1), query.size(0)),
+        float("-inf"),
+        dtype=torch.float32,
+        device=query.device,
+    )
+    spans_q = _packed_spans(cum_seq_q, query.size(0))
+    spans_k = _packed_spans(cum_seq_k, key.size(0))
+    for (q0, q1), (k0, k1) in zip(spans_q, spans_k, strict=False):
+        if q1 > q0 and k1 > k0:
+            one = [t[None] for t in (query[q0:q1], key[k0:k1], value[k0:k1])]
+            result, part = _flash_with_lse(*one, *window)
+            out[q0:q1] = result[0]
+            lse[:, q0:q1] = part[0]
+    return lse
+
+
+def _varlen_attn_out(
+    out,
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    is_causal=False,
+    scale=None,
+    window_size=None,
+    *rest,
+):
+    """torch_attn::_varlen_attn_out (torch.nn.attention.varlen's out= op, CUDA only):
+    the output into `out`; the log-sum-exp returned."""
+    left, right = tuple(window_size) if window_size is not None else (None, None)
+    return _aten_flash_forward_into(
+        out,
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        0.0,
+        is_causal,
+        False,
+        scale=scale,
+        window_size_left=left,
+        window_size_right=right,
+    )
+
+
 def _varlen_attn(
     query,
     key,
@@ -2838,6 +2945,9 @@ PORTABLE = {
     "aten::_pin_memory.default": _pinned,
     "aten::_flash_attention_forward.default": _aten_flash_forward,
     "aten::_flash_attention_backward.default": _aten_flash_backward,
+    "aten::_flash_attention_forward_no_dropout_inplace.default": (
+        _aten_flash_forward_into
+    ),
     "aten::_flash_attention_forward.quantized": _aten_flash_forward_quantized,
     "aten::_scaled_dot_product_flash_attention.quantized": _flash_attention_quantized,
     "aten::_efficient_attention_forward.default": _aten_efficient_forward,
@@ -2846,6 +2956,7 @@ PORTABLE = {
     "aten::_cudnn_attention_backward.default": _aten_cudnn_backward,
     "torch_attn::_varlen_attn.default": _varlen_attn,
     "torch_attn::_varlen_attn_backward.default": _varlen_attn_backward,
+    "torch_attn::_varlen_attn_out.default": _varlen_attn_out,
     "flash_attn::_flash_attn_forward.default": _flash_attn_forward,
     "flash_attn::_flash_attn_varlen_forward.default": _flash_attn_varlen_forward,
     "flash_attn::_flash_attn_backward.default": _flash_attn_backward,

@@ -60,6 +60,7 @@ FAMILY = OpFamily(
     shape_rules={
         "aten::_flash_attention_forward": _ATEN,
         "aten::_flash_attention_backward": _ATEN,
+        "aten::_flash_attention_forward_no_dropout_inplace": _ATEN,
         "aten::_cudnn_attention_forward": _ATEN,
         "aten::_cudnn_attention_backward": _ATEN,
         "aten::_efficient_attention_forward": _EFFICIENT,

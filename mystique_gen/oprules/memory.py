@@ -84,6 +84,8 @@ FAMILY = OpFamily(
             "aten::_scaled_dot_product_cudnn_attention",
             "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
             "aten::_cudnn_attention_forward")},
+        # the in-place flash forward writes the output and returns the logsumexp
+        "aten::_flash_attention_forward_no_dropout_inplace": ((), (0,)),
         **{op: (("logsumexp",), ()) for op in (
             "aten::_scaled_dot_product_flash_attention_backward",
             "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
