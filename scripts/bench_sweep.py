@@ -19,7 +19,8 @@ Outcomes: ``skip`` (the model cannot be built or run eagerly from a tiny config:
 our failure), ``gen error``, ``run error``, ``op mismatch``, ``nonfinite``, ``pass``. Each failure
 prints the first line of its error.
 
-Environment: SWEEP_ONLY=substr,... (architecture names containing any), SWEEP_KINDS=
+Environment: SWEEP_ONLY=substr,... (architecture names containing any; =name: that name
+only), SWEEP_KINDS=
 causal,masked,seq2seq,image,audio,ctc,speech,segmentation,video,detection,depth,
 contrastive,panoptic,keypoints,series (default: all), SWEEP_LIMIT=N (first N per
 kind), SWEEP_SAMPLE=K/N (the architectures whose place in the sorted list is K modulo
@@ -102,7 +103,7 @@ _SMALL: dict[str, int] = {
                                  "moe_num_experts", "num_routed_experts"), 4),
     **dict.fromkeys(("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"), 1),
     **dict.fromkeys(_TOP_K := ("num_experts_per_tok", "num_experts_per_token", "moe_topk",
-                               "top_k", "num_selected_experts", "moe_k"), 2),
+                               "top_k", "num_selected_experts", "moe_k", "top_k_experts"), 2),
     # Group-limited routing (DeepSeek): 4 experts in 2 groups of 2, the best group.
     **dict.fromkeys(("n_group", "num_expert_group"), 2),
     **dict.fromkeys(("topk_group",), 1),
@@ -118,6 +119,18 @@ _SMALL: dict[str, int] = {
     # A detector's object queries: RT-DETR picks its top ones among the encoder's tokens.
     "num_queries": 16,
 }
+# A vocoder's or audio tokenizer's channels (HiFi-GAN's and BigVGAN's first upsampling
+# width, halved at each of its upsamplings; an acoustic tokenizer's first filters,
+# doubled at each of its downsamplings): shrunk to these, with the widths.
+_CHANNELS: dict[str, int] = {"upsample_initial_channel": 2 * _WIDTH, "decoder_dim": 2 * _WIDTH,
+                              "num_filters": 8}
+_SMALL.update(_CHANNELS)
+# Sizes a model names its own way (an adapter's input and output widths, a
+# projection's): an attribute so named whose value is one of the config tree's widths
+# (its own, its parent's, a sibling's) is shrunk with them, to _WIDTH.
+_WIDTH_LIKE = ("_dim", "_size", "_channels", "hidden_size")
+_NOT_WIDTH = ("vocab", "position", "window", "length", "image", "chunk", "sampl", "rate",
+              "hop", "codebook", "patch", "feature", "bins")
 # Channel lists of a speech model's convolutional feature extractor (wav2vec 2.0's
 # seven 512-wide convolutions), each shrunk to _WIDTH.
 _CHANNEL_LISTS = ("conv_dim",)
@@ -134,14 +147,15 @@ _STAGE_DEPTHS = ("depths", "num_layers_per_stage", "num_block_repeats")
 _LADDER: tuple[tuple[frozenset[str], bool], ...] = (
     (frozenset(), False),
     (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS), False),
-    (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS + _IMAGE_SIZES), False),
+    (frozenset(_HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS + _IMAGE_SIZES + tuple(_CHANNELS)),
+     False),
     (frozenset(), True),
     # Depths as they were: a dense-prediction head or a detector reads the backbone's
     # layers or stages by index (BEiT's out_indices, DPT's neck, RT-DETR's strides).
     (frozenset(_DEPTHS + _STAGE_DEPTHS), False),
     # ... and widths too: its neck's sizes follow the backbone's (Depth Anything).
     (frozenset(_DEPTHS + _STAGE_DEPTHS + _HEAD_SIZES + _HEAD_PARTS + _LATENTS + _WIDTHS
-               + _IMAGE_SIZES), False),
+               + _IMAGE_SIZES + tuple(_CHANNELS)), False),
 )
 # Per-layer lists (layer_types, mlp_only_layers, ...) are cut to the new layer count.
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -198,8 +212,19 @@ def _given(cfg: Any) -> dict[str, Any]:
     return given
 
 
+def _tree_widths(cfg: Any, depth: int = 0) -> set[int]:
+    """The widths (hidden sizes, model dims) a config and its sub-configs default to."""
+    cls = type(cfg)
+    found = {v for k, v in vars(cfg).items() if _is_int(v) and v > 2 * _WIDTH
+             and _names(cls, k) & set(_WIDTHS)}
+    for value in vars(cfg).values():
+        if hasattr(value, "to_dict") and depth < 3:
+            found |= _tree_widths(value, depth + 1)
+    return found
+
+
 def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
-            depth: int = 0) -> Any:
+            depth: int = 0, widths: frozenset[int] | None = None) -> Any:
     """A shrunk copy of a config: widths, depths, heads, experts, vocabulary, per-layer
     lists; sub-configs (text_config, encoder, ...) likewise. Attributes named in keep
     stay as they are; with fill, sizes left unset (None) get their small value.
@@ -214,6 +239,8 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
     cls = type(cfg)
     raw = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
     new: dict[str, Any] = {}
+    if widths is None:
+        widths = frozenset(_tree_widths(cfg))
     stages = raw.get("depths")  # blocks per stage of a vision backbone (a tuple or a list)
     layer_key = next((k for k, v in raw.items() if _is_int(v)
                       and _names(cls, k) & set(_LAYER_COUNT_KEYS)), None)
@@ -222,6 +249,10 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
             continue  # a count of stages, each with its own width: depths shrinks them
         if (small := _smaller(cls, key, value, keep)) is not None:
             new[key] = small
+        elif _is_int(value) and value in widths and not set(_WIDTHS) & keep \
+                and key.endswith(_WIDTH_LIKE) and not any(w in key for w in _NOT_WIDTH) \
+                and _small_for(cls, key) is None:
+            new[key] = _WIDTH  # (Dots3's adapters: vision width in, text width out)
     heads = [k for k in raw if _names(cls, k) & set(_HEADS)]
     kv_heads = [k for k in raw if _names(cls, k) & set(_KV_HEADS)]
     if heads and kv_heads and heads[0] in new and kv_heads[0] in new \
@@ -295,6 +326,13 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
                     for a, v in overrides[i].items()}
                 for j, i in enumerate(kept) if i in overrides}
     for key, value in raw.items():
+        if key.endswith(("_indexes", "_indices")) and key != "out_indices" and old_layers \
+                and new_layers and new_layers < old_layers and isinstance(value, (list, tuple)) \
+                and value and all(_is_int(v) and 0 <= v < old_layers for v in value):
+            # Layers named by index (SAM's global-attention layers): the same places in
+            # the fewer layers.
+            new[key] = type(value)(v * new_layers // old_layers for v in value)
+    for key, value in raw.items():
         if key in per_layer:
             continue
         if isinstance(value, (list, tuple)) and key in _STAGE_DEPTHS and key not in keep:
@@ -311,9 +349,9 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
 
             indices = list(getattr(value, "out_indices", None) or [4])
             new[key] = _shrunk(transformers.ResNetConfig(out_indices=indices), keep, fill,
-                               depth + 1)
+                               depth + 1, widths)
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
-            new[key] = _shrunk(value, keep, fill, depth + 1)
+            new[key] = _shrunk(value, keep, fill, depth + 1, widths)
     if raw.get("use_timm_backbone") is True:
         new["use_timm_backbone"] = False  # DETR's own (transformers') ResNet: no timm
     if "use_cache" in raw:
@@ -419,9 +457,58 @@ def _memory_cap() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+# A config attribute a model reads and its config class lacks (DBRX's attention config
+# has no rope_theta, Qwen3-Omni's talker no shared expert size): one more try per rung
+# with it filled (`_fill_missing`), at most this many.
+_MISSING = re.compile(r"'(\w+Config)' object has no attribute '(\w+)'")
+_FILLS = 4
+
+
 def _build_rung(kind: str, arch: str, class_name: str, keep: frozenset[str], fill: bool
                 ) -> tuple[Any, Callable[[], Any], Callable[[], Any]] | str:
-    """One rung of :func:`build`: the model and its forwards, or why it failed."""
+    """One rung of :func:`build`: the model and its forwards, or why it failed. Where
+    the model reads an attribute its config lacks, the rung is tried again with it
+    filled."""
+    missing: list[tuple[str, str]] = []
+    while True:
+        built = _build_once(kind, arch, class_name, keep, fill, missing)
+        found = _MISSING.search(built) if isinstance(built, str) else None
+        if found is None or found.groups() in missing or len(missing) >= _FILLS:
+            return built
+        missing.append(found.groups())  # type: ignore[arg-type]
+
+
+def _configs(cfg: Any, depth: int = 0) -> Iterator[Any]:
+    """A config and its sub-configs, parents first."""
+    yield cfg
+    for value in list(vars(cfg).values()):
+        if hasattr(value, "to_dict") and depth < 3:
+            yield from _configs(value, depth + 1)
+
+
+def _fill_missing(cfg: Any, missing: list[tuple[str, str]]) -> None:
+    """Set each (config class, attribute) a model read and its config lacked: as another
+    config of the tree has it (a sibling's, the parent's), or as a key of one of their
+    dicts (DBRX's rope_theta in rope_parameters), else its small size, else a token id
+    of its own (a placeholder id the model looks for, unused by the text)."""
+    configs = list(_configs(cfg))
+    for number, (class_name, attr) in enumerate(missing):
+        value = next((v for c in configs if (v := vars(c).get(attr)) is not None), None)
+        if value is None:
+            value = next((d[attr] for c in configs for d in vars(c).values()
+                          if isinstance(d, dict) and d.get(attr) is not None), None)
+        if value is None:
+            value = _small_for(type(cfg), attr)
+        if value is None and attr.endswith(("token_id", "token_index")):
+            value = VOCAB - 1 - len(_TOKEN_ID_KEYS) - number
+        for target in (c for c in configs if type(c).__name__ == class_name):
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
+                setattr(target, attr, value)
+
+
+def _build_once(kind: str, arch: str, class_name: str, keep: frozenset[str], fill: bool,
+                missing: list[tuple[str, str]]
+                ) -> tuple[Any, Callable[[], Any], Callable[[], Any]] | str:
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -434,17 +521,28 @@ def _build_rung(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
         sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
                     and type(v) is getattr(cls, "config_class", None)), None)
         cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
-        if kind in ("vlm", "speechlm"):
-            _fit_multimodal(cfg)
+        if kind in ("vlm", "speechlm") or kind == "speech" and hasattr(cfg, "audio_config"):
+            _fit_multimodal(cfg)  # (a speech LLM as a speech-to-text model: Voxtral)
+            if cls.forward is torch.nn.Module.forward:  # (its parts: see below)
+                for part in list(_configs(cfg))[1:]:
+                    if hasattr(part, "text_config"):
+                        _fit_multimodal(part)
         if kind in _LABELLED:
             cfg.num_labels = _LABELS
             if hasattr(cfg, "num_targets"):  # a time-series classifier's classes
                 cfg.num_targets = _LABELS
+        _fill_missing(cfg, missing)
         params = _parameters(cls, cfg)
         if params > 30_000_000:
             return f"{params / 1e6:.0f}M parameters after shrinking"
         torch.manual_seed(0)
         model = cls(cfg)
+        if type(model).forward is torch.nn.Module.forward:
+            # A generation-only composite (Qwen2.5-Omni: thinker, talker, vocoder) has no
+            # forward of its own: its first part that has one, from that part's config.
+            model = next((m for m in model.children() if hasattr(m, "config")
+                          and type(m).forward is not torch.nn.Module.forward), model)
+            cfg = model.config
     except ImportError as exc:  # a library the model needs is missing: no rung helps
         raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - any build failure is a skip
@@ -488,7 +586,12 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
         name = getattr(model, "main_input_name", None)
         name = name if isinstance(name, str) and name.startswith("pixel_values") \
             else "pixel_values"
-        inputs[name] = pixels = _pixels(kind, cfg, g)
+        inputs[name] = pixels = _pixels(kind, cfg, g, video=name.endswith("videos"))
+        params = inspect.signature(model.forward).parameters
+        if "spatial_shapes" in params and pixels.dim() == 4:
+            # (NaFlex, SigLIP 2: patches flattened, each image's grid and a patch mask)
+            vision = getattr(cfg, "vision_config", None) or cfg
+            inputs.update(_patches(pixels, vision.patch_size))
         if kind in ("image", "video"):
             labels = torch.randint(0, _LABELS, (BATCH,), generator=g)
         elif kind == "segmentation":
@@ -502,6 +605,12 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
         channels = getattr(cfg, "num_input_channels", 1) or 1
         inputs["past_values"] = torch.randn(BATCH, length, channels, generator=g)
         labels = torch.randint(0, _LABELS, (BATCH,), generator=g)
+    elif kind == "speech" and _reads_text(model):
+        if hasattr(cfg, "audio_config"):  # a speech LLM (Voxtral): placeholders for its audio
+            inputs = _media_text("speechlm", cfg, model, g)
+            labels = inputs["input_ids"]
+        else:  # text to speech (Dia): token ids in, the loss of its outputs
+            inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
     elif kind in ("audio", "ctc", "speech"):
         name = getattr(model, "main_input_name", "input_values")
         inputs[name] = _audio(name, cfg, g)
@@ -520,7 +629,7 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
         if kind == "seq2seq":
             inputs["decoder_input_ids"] = ids
     infer_inputs = dict(inputs)
-    if kind == "speech":
+    if kind == "speech" and "input_ids" not in inputs:
         infer_inputs["decoder_input_ids"] = ids
     train_inputs = dict(inputs)
     if kind == "contrastive":
@@ -547,7 +656,10 @@ def _fit_multimodal(cfg: Any) -> None:
     text = getattr(cfg, "text_config", None)
     for obj in (cfg, text):
         for key, value in list(vars(obj).items()) if obj is not None else ():
-            if key.endswith(("token_id", "token_index")) and _is_int(value) and value >= VOCAB:
+            if key.endswith(("token_id", "token_index")) and _is_int(value) and value >= VOCAB \
+                    or value is None and re.fullmatch(r"(image|audio|video)_token_(id|index)",
+                                                      key):
+                # (an unset placeholder id is the processor's to give: Voxtral's)
                 setattr(obj, key, free)
                 free += 1
     rope = getattr(text, "rope_parameters", None)
@@ -600,6 +712,39 @@ def _default_mrope_sections(cfg: Any) -> list[int] | None:
     return None
 
 
+def _reads_text(model: Any) -> bool:
+    """Whether a model's main input is token ids (a speech LLM's, a text-to-speech
+    model's), not audio."""
+    return getattr(model, "main_input_name", None) == "input_ids"
+
+
+# A forward's media inputs: a multimodal model without any reads text only.
+_MEDIA = ("pixel_values", "input_features", "input_values")
+
+
+def _text_only(cfg: Any, params: Any, g: Any) -> dict[str, Any]:
+    """Inputs of a multimodal architecture whose class reads no media (a text model
+    registered as image-text-to-text, Mistral 4; a diffusion LM fed encoder outputs):
+    token ids, and ids of each other sequence it embeds (Evolla's proteins) with their
+    masks."""
+    import torch
+
+    ids = torch.randint(3, _SPECIALS, (BATCH, SEQ), generator=g)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    for name in params:
+        prefix = name[:-len("input_ids")]
+        if name.endswith("_input_ids") and prefix != "decoder_":
+            # (its vocabulary: the sub-config named for it, protein_encoder_config)
+            sub = next((v for k, v in vars(cfg).items() if k.startswith(prefix)
+                        and hasattr(v, "to_dict")), None)
+            vocab = getattr(sub, "vocab_size", None)
+            top = min(vocab, VOCAB) if _is_int(vocab) and vocab > 4 else VOCAB
+            inputs[name] = torch.randint(3, top, (BATCH, SEQ), generator=g)
+            if f"{prefix}attention_mask" in params:
+                inputs[f"{prefix}attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    return inputs
+
+
 def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
     """A batch of images (``vlm``) or recordings (``speechlm``) and, per sample, its
     placeholder tokens among text tokens, as a processor makes them: as many
@@ -610,6 +755,8 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
     import torch
 
     params = inspect.signature(model.forward).parameters
+    if not any(p.startswith(_MEDIA) for p in params):
+        return _text_only(cfg, params, g)
     media, count, token = (_images if kind == "vlm" else _recordings)(cfg, model, params, g)
     ids = torch.randint(3, _SPECIALS, (BATCH, SEQ + count + 2), generator=g)
     start, end = (getattr(cfg, f"vision_{k}_token_id", None) for k in ("start", "end"))
@@ -619,6 +766,11 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **media}
     if "mm_token_type_ids" in params:
         inputs["mm_token_type_ids"] = (ids == token).long()
+    pixels = media.get("pixel_values")
+    if "image_attention_mask" in params and pixels is not None and pixels.dim() == 5:
+        # (IDEFICS: which of a sample's images each token attends to, all here)
+        inputs["image_attention_mask"] = torch.ones(BATCH, ids.shape[1], pixels.shape[1],
+                                                    dtype=torch.long)
     return inputs
 
 
@@ -646,7 +798,10 @@ def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], 
         size = getattr(vision, "image_size", IMAGE)
         size = size if _is_int(size) else tuple(size)[0]
         channels = getattr(vision, "num_channels", 3) or 3
-        return {"pixel_values": torch.randn(BATCH, channels, size, size, generator=g)}, 0, -1
+        pixels = torch.randn(BATCH, channels, size, size, generator=g)
+        if "image_attention_mask" in params:  # images per sample (IDEFICS): one each
+            pixels = pixels[:, None]
+        return {"pixel_values": pixels}, 0, -1
     token = _token(cfg, "image")
     if "image_grid_thw" in params:
         patch = vision.patch_size
@@ -669,6 +824,15 @@ def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], 
     if wanted is not None and wanted.default is inspect.Parameter.empty:
         # (where optional, a tower may read them as another layout's: LLaVA's CLIP)
         extra["image_sizes"] = torch.tensor([[size, size]] * BATCH)
+    for name, param in inspect.signature(get).parameters.items():
+        if name.endswith("_pixel_values") and param.default is inspect.Parameter.empty:
+            # another tower's view of the same images (DeepSeek-VL's high-resolution
+            # one), at the size of that tower's config
+            tower = getattr(cfg, f"{name[:-len('pixel_values')]}vision_config", None) or vision
+            side = getattr(tower, "image_size", size)
+            side = side if _is_int(side) else tuple(side)[0]
+            extra[name] = torch.randn(BATCH, getattr(tower, "num_channels", 3) or 3, side, side,
+                                      generator=g)
     failure = ""
     # one image per sample, or a list of crops each (one, or LLaVA-NeXT's two)
     for layout in (pixels, pixels[:, None], pixels[:, None].repeat(1, 2, 1, 1, 1)):
@@ -735,13 +899,24 @@ def _audio_layouts(name: str, audio: Any, g: Any) -> Iterator[tuple[Any, int]]:
         return
     positions = getattr(audio, "max_source_positions", None)
     counts = ([2 * positions] if _is_int(positions) else []) + [FRAMES, 100, 200]
-    for frames in dict.fromkeys(counts):
-        yield torch.randn(BATCH, bins, frames, generator=g), frames
-        yield torch.randn(BATCH, frames, bins, generator=g), frames
+    # (frames stacked into one input vector: Fun-ASR's low frame rate, 7 x 80 mel bins)
+    stacked = [v * bins for k, v in vars(audio).items() if "stack" in k and _is_int(v) and v > 1]
+    for width in [bins, *stacked]:
+        for frames in dict.fromkeys(counts):
+            yield torch.randn(BATCH, width, frames, generator=g), frames
+            yield torch.randn(BATCH, frames, width, generator=g), frames
 
 
 def _encoder(model: Any, method: str) -> Callable[..., Any]:
+    """The model's method that encodes its media, else its encoder module itself
+    (Qwen2-Audio's audio_tower: its outputs, one per placeholder)."""
     get = getattr(model, method, None) or getattr(getattr(model, "model", None), method, None)
+    modality = method[len("get_"):].split("_")[0]  # image, audio
+    modality = "vision" if modality == "image" else modality
+    for owner in (model, getattr(model, "model", None)):
+        for attr in (f"{modality}_tower", f"{modality}_model", f"{modality}_encoder"):
+            if get is None and callable(tower := getattr(owner, attr, None)):
+                get = tower.forward
     if get is None:
         raise Skip(f"no {method}")
     return get
@@ -761,9 +936,24 @@ def _features(get: Callable[..., Any], **inputs: Any) -> int:
     return sum(p.numel() // p.shape[-1] for p in parts)
 
 
-def _pixels(kind: str, cfg: Any, g: Any) -> Any:
+def _patches(pixels: Any, patch: int) -> dict[str, Any]:
+    """Images as a NaFlex tower takes them: each one's patches flattened (channels
+    last), its grid of patches, and a mask of its patches."""
+    import torch
+
+    batch, channels, height, width = pixels.shape
+    rows, cols = height // patch, width // patch
+    flat = pixels[:, :, :rows * patch, :cols * patch].reshape(
+        batch, channels, rows, patch, cols, patch).permute(0, 2, 4, 3, 5, 1).reshape(
+        batch, rows * cols, patch * patch * channels)
+    return {"pixel_values": flat, "spatial_shapes": torch.tensor([[rows, cols]] * batch),
+            "pixel_attention_mask": torch.ones(batch, rows * cols, dtype=torch.long)}
+
+
+def _pixels(kind: str, cfg: Any, g: Any, video: bool = False) -> Any:
     """An image batch at the config's size (its vision tower's, for a contrastive model),
-    or a batch of clips of its frame count, for video."""
+    or a batch of clips of its frame count, for video (or a contrastive model that
+    reads clips: VideoPrism)."""
     import torch
 
     vision = getattr(cfg, "vision_config", None)
@@ -773,7 +963,9 @@ def _pixels(kind: str, cfg: Any, g: Any) -> Any:
     height, width = (size, size) if _is_int(size) else tuple(size)[:2] \
         if isinstance(size, (list, tuple)) and len(size) == 2 else (IMAGE, IMAGE)
     frames = getattr(cfg, "num_frames", None)
-    shape = (BATCH, frames, channels, height, width) if kind == "video" and _is_int(frames) \
+    frames = frames if _is_int(frames) else getattr(source, "num_frames", None)
+    shape = (BATCH, frames, channels, height, width) \
+        if (kind == "video" or video) and _is_int(frames) \
         else (BATCH, channels, height, width)
     return torch.randn(*shape, generator=g)
 
@@ -803,6 +995,10 @@ def _audio(name: str, cfg: Any, g: Any) -> Any:
     Transformer's `input_values`: its frames by mel bins)."""
     import torch
 
+    if not _is_int(getattr(cfg, "num_mel_bins", None)):
+        # (an encoder-decoder's encoder reads the features: Canary's encoder_config)
+        cfg = next((c for c in _configs(cfg) if _is_int(getattr(c, "num_mel_bins", None))),
+                   cfg)
     mel = getattr(cfg, "num_mel_bins", None)
     if name == "input_values":
         if _is_int(mel) and _is_int(getattr(cfg, "max_length", None)):
@@ -994,7 +1190,8 @@ def main() -> int:
     steps = [s for s in os.environ.get("SWEEP_STEPS", "train,infer").split(",") if s]
     timeout = float(os.environ.get("SWEEP_TIMEOUT", "900"))
     work = [(k, a) for k in kinds for a in
-            [a for a in sorted(_mapping(k)) if not only or any(s in a for s in only)][:limit]]
+            [a for a in sorted(_mapping(k)) if not only or any(
+                a == s[1:] if s.startswith("=") else s in a for s in only)][:limit]]
     sample = os.environ.get("SWEEP_SAMPLE")
     if sample:
         part, parts = (int(x) for x in sample.split("/"))
