@@ -858,7 +858,9 @@ def _recordings(cfg: Any, model: Any, params: Any, g: Any
     twice its positions, Qwen3-ASR's windows of 100): each layout is tried in turn."""
     import torch
 
-    audio = getattr(cfg, "audio_config", None) or getattr(cfg, "encoder_config", None)
+    audio = getattr(cfg, "audio_config", None) or getattr(cfg, "encoder_config", None) or next(
+        (v for k, v in vars(cfg).items() if hasattr(v, "to_dict")
+         and any(w in k for w in ("audio", "acoustic", "speech"))), None)  # (VibeVoice's)
     if audio is None:
         raise Skip("no audio_config")
     token = _token(cfg, "audio")
