@@ -656,10 +656,7 @@ def _fit_multimodal(cfg: Any) -> None:
     text = getattr(cfg, "text_config", None)
     for obj in (cfg, text):
         for key, value in list(vars(obj).items()) if obj is not None else ():
-            if key.endswith(("token_id", "token_index")) and _is_int(value) and value >= VOCAB \
-                    or value is None and re.fullmatch(r"(image|audio|video)_token_(id|index)",
-                                                      key):
-                # (an unset placeholder id is the processor's to give: Voxtral's)
+            if key.endswith(("token_id", "token_index")) and _is_int(value) and value >= VOCAB:
                 setattr(obj, key, free)
                 free += 1
     rope = getattr(text, "rope_parameters", None)
@@ -775,8 +772,15 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
 
 
 def _token(cfg: Any, modality: str) -> int:
-    found = next((v for k in (f"{modality}_token_id", f"{modality}_token_index")
-                  if _is_int(v := getattr(cfg, k, None))), None)
+    keys = (f"{modality}_token_id", f"{modality}_token_index")
+    found = next((v for k in keys if _is_int(v := getattr(cfg, k, None))), None)
+    unset = next((k for k in keys if k in vars(cfg) and vars(cfg)[k] is None), None)
+    if found is None and unset is not None:
+        # An unset placeholder id is the processor's to give (Voxtral's, Phi-4's audio):
+        # a special id no other token has; the model reads it from this config.
+        used = {v for k, v in vars(cfg).items() if k.endswith(("token_id", "token_index"))}
+        found = next(i for i in range(_SPECIALS, VOCAB) if i not in used)
+        setattr(cfg, unset, found)
     if found is None:
         raise Skip(f"no {modality} token id in the config")
     return found
