@@ -21,11 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.harness import BEGIN, END, harness_source, shaken
+from mystique_gen.driver import generate
 from mystique_gen.errors import MystiqueError
 from mystique_gen.harness import dist, runtime
 from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import Init
+from tests.conftest import last_json, run_benchmark
+from tests.tracebuilder import TraceBuilder
 
 
 def test_every_fill_kind_has_a_filler_and_back():
@@ -2246,13 +2250,22 @@ def test_scaled_grouped_matmul_equivalent_scales_rows_and_each_groups_columns():
     torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=5e-2)
 
 
+def _run_on_cpu(b: TraceBuilder, tmp_path: Path) -> tuple[str, subprocess.CompletedProcess]:
+    """A built trace (recorded on cuda:0) generated and run on the CPU: the file's text,
+    its whitespace folded, and the run, which skipped nothing and left no input NaN or
+    inf (asserted)."""
+    bench = tmp_path / "bench.py"
+    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    result = last_json(proc.stdout)
+    assert result["skipped_at_runtime"] == [] and result["nonfinite_inputs"] == []
+    return " ".join(bench.read_text().split()), proc
+
+
 def test_a_float8_grouped_matmul_of_a_cuda_trace_replays_on_cpu(tmp_path):
     """A CUDA trace's ``_scaled_grouped_mm`` (float8 MoE training) has no CPU kernel:
     the replay runs its equivalent, skips nothing, and says so."""
-    from mystique_gen.backends.base import GenerateOptions
-    from mystique_gen.driver import generate
-    from tests.conftest import last_json, run_benchmark
-    from tests.tracebuilder import TraceBuilder
 
     b = TraceBuilder()
     schema = str(torch.ops.aten._scaled_grouped_mm.default._schema)
@@ -2262,34 +2275,19 @@ def test_a_float8_grouped_matmul_of_a_cuda_trace_replays_on_cpu(tmp_path):
     b.op(schema, [x, w, b.tensor((64,), device="cuda:0"), b.tensor((4, 16), device="cuda:0"),
                   offs, None, None, 15, False],
          [b.tensor((64, 16), dtype="bfloat16", device="cuda:0")])
-    bench = tmp_path / "bench.py"
-    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    out = last_json(proc.stdout)
-    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
+    text, proc = _run_on_cpu(b, tmp_path)
     assert "aten::_scaled_grouped_mm" in proc.stderr and "portable equivalent" in proc.stderr
 
 
 def test_packed_attention_of_a_cuda_trace_replays_over_its_filled_spans(tmp_path):
     """flash_attn's varlen forward with its cu_seqlens given: filled as even spans
     over the recorded tokens, it runs as its equivalent on the CPU, nothing skipped."""
-    from mystique_gen.backends.base import GenerateOptions
-    from mystique_gen.driver import generate
-    from tests.conftest import last_json, run_benchmark
     from tests.test_values import _varlen_attention
-    from tests.tracebuilder import TraceBuilder
 
     b = TraceBuilder()
     _varlen_attention(b, b.tensor((5,), dtype="int32"), b.tensor((5,), dtype="int32"))
-    bench = tmp_path / "bench.py"
-    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
-    text = " ".join(bench.read_text().split())
+    text, proc = _run_on_cpu(b, tmp_path)
     assert '"spans", 20, 60,' in text and '"spans", 40, 90,' in text
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    out = last_json(proc.stdout)
-    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
 
 
 def _packed(gen: torch.Generator, lengths: list[int]) -> tuple[torch.Tensor, ...]:
@@ -2349,10 +2347,6 @@ def test_torch_varlen_attention_of_a_cuda_trace_replays_on_cpu(tmp_path):
     """torch.nn.attention.varlen's op (its kernel CUDA only) in a CUDA trace: the
     benchmark loads its namespace, fills the cumulative lengths as spans of the tokens,
     and runs its equivalent on the CPU, nothing skipped."""
-    from mystique_gen.backends.base import GenerateOptions
-    from mystique_gen.driver import generate
-    from tests.conftest import last_json, run_benchmark
-    from tests.tracebuilder import TraceBuilder
 
     b = TraceBuilder()
     q, k, v = (b.tensor((48, 4, 8), dtype="bfloat16", device="cuda:0") for _ in range(3))
@@ -2361,15 +2355,9 @@ def test_torch_varlen_attention_of_a_cuda_trace_replays_on_cpu(tmp_path):
          [q, k, v, cu, cu, 20, 20, True, None, None, False, None, None, None],
          [b.tensor((48, 4, 8), dtype="bfloat16", device="cuda:0"),
           b.tensor((4, 48), device="cuda:0"), b.tensor((2,), dtype="int64", device="cuda:0")])
-    bench = tmp_path / "bench.py"
-    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
-    text = " ".join(bench.read_text().split())
+    text, proc = _run_on_cpu(b, tmp_path)
     assert '_load_namespace("torch.nn.attention.varlen")' in text
     assert '"spans", 20, 48,' in text
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    out = last_json(proc.stdout)
-    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
     assert "torch_attn._varlen_attn.default cannot run here" in proc.stderr
     assert "running its portable equivalent" in proc.stderr
 
@@ -2508,10 +2496,6 @@ def test_packed_memory_efficient_attention_of_a_cuda_trace_replays_on_cpu(tmp_pa
     """aten::_efficient_attention_forward and _backward called directly over packed
     sequences in a CUDA trace (no CPU kernel): the cumulative lengths are filled as
     spans of the tokens, both run as their equivalents, nothing skipped."""
-    from mystique_gen.backends.base import GenerateOptions
-    from mystique_gen.driver import generate
-    from tests.conftest import last_json, run_benchmark
-    from tests.tracebuilder import TraceBuilder
 
     b = TraceBuilder()
     forward = str(torch.ops.aten._efficient_attention_forward.default._schema)
@@ -2529,14 +2513,8 @@ def test_packed_memory_efficient_attention_of_a_cuda_trace_replays_on_cpu(tmp_pa
     b.op(backward, [grad_out, q, k, v, None, out, cu, cu, 20, 20, lse, 0.0, seed, offset,
                     1, False, None, None, None, False],
          [*grads, b.tensor((0,), dtype="bfloat16", device="cuda:0")])
-    bench = tmp_path / "bench.py"
-    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
-    text = " ".join(bench.read_text().split())
+    text, proc = _run_on_cpu(b, tmp_path)
     assert '"spans", 20, 48,' in text
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    out = last_json(proc.stdout)
-    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
     for op in ("_efficient_attention_forward", "_efficient_attention_backward"):
         assert f"aten::{op}" in proc.stderr or f"aten.{op}" in proc.stderr
     assert "running its portable equivalent" in proc.stderr
@@ -2679,10 +2657,6 @@ def test_a_cudnn_ctc_loss_of_a_cuda_trace_replays_on_cpu(tmp_path):
     """F.ctc_loss with tensor lengths on CUDA ran cuDNN's loss inside ctc_loss: the
     replay runs its children (the loss and its grad, which the backward reads) as
     their equivalents, its lengths filled as the kernel takes them, nothing skipped."""
-    from mystique_gen.backends.base import GenerateOptions
-    from mystique_gen.driver import generate
-    from tests.conftest import last_json, run_benchmark
-    from tests.tracebuilder import TraceBuilder
 
     b = TraceBuilder()
     ctc = str(torch.ops.aten.ctc_loss.Tensor._schema)
@@ -2699,14 +2673,8 @@ def test_a_cudnn_ctc_loss_of_a_cuda_trace_replays_on_cpu(tmp_path):
     b.op(cudnn, [*args, 0, True, False], [loss, grad], parent=whole)
     b.op(mul, [grad, b.tensor((1, 3, 1), device="cuda:0")],
          [b.tensor((20, 3, 6), device="cuda:0")])
-    bench = tmp_path / "bench.py"
-    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
-    text = " ".join(bench.read_text().split())
+    text, proc = _run_on_cpu(b, tmp_path)
     assert '"span", 20, 20,' in text and '"sum", 12, 0,' in text
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    out = last_json(proc.stdout)
-    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
     assert "_cudnn_ctc_loss.Tensor cannot run here" in proc.stderr
 
 
@@ -2751,10 +2719,6 @@ def test_torch_varlen_attention_out_of_a_cuda_trace_replays_on_cpu(tmp_path):
     """varlen attention's out= op (its kernel CUDA only, for inference) in a CUDA
     trace: its equivalent writes the output and returns the log-sum-exp on the CPU,
     its spans filled, nothing skipped."""
-    from mystique_gen.backends.base import GenerateOptions
-    from mystique_gen.driver import generate
-    from tests.conftest import last_json, run_benchmark
-    from tests.tracebuilder import TraceBuilder
 
     b = TraceBuilder()
     q, k, v, out = (b.tensor((48, 4, 8), dtype="bfloat16", device="cuda:0")
@@ -2763,11 +2727,6 @@ def test_torch_varlen_attention_out_of_a_cuda_trace_replays_on_cpu(tmp_path):
     b.op(LIBRARY_SCHEMAS["torch_attn::_varlen_attn_out.default"],
          [out, q, k, v, cu, cu, 20, 20, True, None, None, False, None, None, None],
          [b.tensor((4, 48), device="cuda:0")])
-    bench = tmp_path / "bench.py"
-    generate(b.write(tmp_path / "t.json"), bench, GenerateOptions(command_line="t"))
-    assert '"spans", 20, 48,' in " ".join(bench.read_text().split())
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    result = last_json(proc.stdout)
-    assert result["skipped_at_runtime"] == [] and result["nonfinite_inputs"] == []
+    text, proc = _run_on_cpu(b, tmp_path)
+    assert '"spans", 20, 48,' in text
     assert "torch_attn._varlen_attn_out.default cannot run here" in proc.stderr
