@@ -383,6 +383,22 @@ def _grads_by_autograd(forward, inputs, grads):
         )
 
 
+def _attention_grads(attend, grad_out, query, key, value, bias=None, bias_grad=False):
+    """An attention kernel's backward where the kernel cannot run: its forward,
+    `attend(q, k, v, bias)`, again under autograd, then autograd's backward (a fused
+    backward recomputes the attention matrix as well, without writing the output).
+    The grads of query, key and value; with `bias_grad`, the bias's too (None where it
+    is not floating)."""
+    learned = bias_grad and bias is not None and bias.is_floating_point()
+
+    def forward(q, k, v, *learned_bias):
+        return (attend(q, k, v, learned_bias[0] if learned_bias else bias),)
+
+    inputs = [query, key, value] + ([bias] if learned else [])
+    grads = tuple(_grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),)))
+    return grads + (None,) if bias_grad and not learned else grads
+
+
 def _attention_backward(
     grad_out,
     query,
@@ -395,18 +411,12 @@ def _attention_backward(
     bias_grad=False,
 ):
     """The fused attention kernels' backward, as autograd runs it through this device's
-    best kernel: its forward again, then its backward (a fused backward recomputes the
-    attention matrix as well, without writing the output). The grads of query, key and
-    value; with `bias_grad`, the mask's too (None where it is not floating)."""
-    learned = bias_grad and attn_mask is not None and attn_mask.is_floating_point()
+    best kernel (`_attention_grads`)."""
 
-    def forward(q, k, v, *mask):
-        mask = mask[0] if mask else attn_mask
-        return _attention(q, k, v, mask, dropout_p, is_causal, scale)
+    def attend(q, k, v, mask):
+        return _attention(q, k, v, mask, dropout_p, is_causal, scale)[0]
 
-    inputs = [query, key, value] + ([attn_mask] if learned else [])
-    grads = tuple(_grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),)))
-    return grads + (None,) if bias_grad and not learned else grads
+    return _attention_grads(attend, grad_out, query, key, value, attn_mask, bias_grad)
 
 
 def _flash_attention(
@@ -556,6 +566,25 @@ def _fused_attention_backward(
     )
 
 
+def _key_distance(rows, cols, offset, device):
+    """(rows, cols): each key's column less its query's row plus `offset`: 0 on the
+    diagonal a causal mask keeps, aligned to the top left (`offset` 0) or to the
+    bottom right (`cols - rows`, as FlashAttention aligns it)."""
+    position = torch.arange(rows, device=device)[:, None] + offset
+    return torch.arange(cols, device=device)[None, :] - position
+
+
+def _band(distance, right, left):
+    """Where a query may attend a key: its `distance` at most `right` and at least
+    `-left`, each bound where it is 0 or more."""
+    allowed = torch.ones_like(distance, dtype=torch.bool)
+    if right >= 0:
+        allowed &= distance <= right
+    if left >= 0:
+        allowed &= distance >= -left
+    return allowed
+
+
 # The memory-efficient (xformers-derived) and cuDNN attention kernels that SDPA's
 # backends call, which nested-tensor SDPA and xformers-style code also call directly:
 # queries (batch, sequence, heads, dim) for the memory-efficient one, (batch, heads,
@@ -569,11 +598,8 @@ def _efficient_attn(q, k, v, bias, dropout_p, mask_type, scale, seqlen_k, window
     allowed = None
     if mask_type or window:
         offset = cols - rows if mask_type == 2 else 0
-        position = torch.arange(rows, device=q.device)[:, None] + offset
-        distance = torch.arange(cols, device=q.device)[None, :] - position
-        allowed = distance <= 0
-        if window:
-            allowed &= distance > -window
+        distance = _key_distance(rows, cols, offset, q.device)
+        allowed = _band(distance, 0, window - 1 if window else -1)
     if seqlen_k is not None:
         present = torch.arange(cols, device=q.device) < seqlen_k.reshape(-1, 1)
         present = present[:, None, None, :]
@@ -591,14 +617,10 @@ def _efficient_attn_call(q, k, v, bias, cu_q, cu_k, dropout_p, mask_type, *rest)
     if cu_q is None:
         return _efficient_attn(q, k, v, bias, dropout_p, mask_type, *rest)
     scale, _, window = rest
-    cu_k = cu_q if cu_k is None else cu_k
     out = torch.zeros((*q.shape[:-1], v.size(-1)), dtype=q.dtype, device=q.device)
-    spans_q, spans_k = _packed_spans(cu_q, q.size(1)), _packed_spans(cu_k, k.size(1))
-    for (q0, q1), (k0, k1) in zip(spans_q, spans_k, strict=False):
-        if q1 > q0 and k1 > k0:
-            one = (q[:, q0:q1], k[:, k0:k1], v[:, k0:k1])
-            args = (None, dropout_p, mask_type, scale, None, window)
-            out[:, q0:q1] = _efficient_attn(*one, *args)
+    args = (None, dropout_p, mask_type, scale, None, window)
+    for _, q0, q1, k0, k1 in _packed_pairs(cu_q, cu_k, q.size(1), k.size(1)):
+        out[:, q0:q1] = _efficient_attn(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], *args)
     return out
 
 
@@ -650,19 +672,15 @@ def _aten_efficient_backward(
     shared_storage_dqdkdv=False,
 ):
     """aten::_efficient_attention_backward: its forward again under autograd; the
-    grads of query, key, value and (where asked and floating) the bias."""
-    learned = bool(bias_requires_grad) and bias is not None
-    learned = learned and bias.is_floating_point()
+    grads of query, key, value and the bias (None unless asked and floating)."""
     spans = (cu_seqlens_q, cu_seqlens_k, dropout_p, custom_mask_type)
 
-    def forward(q, k, v, *learned_bias):
-        b = learned_bias[0] if learned_bias else bias
-        rest = (scale, None, window_size)
-        return (_efficient_attn_call(q, k, v, b, *spans, *rest),)
+    def attend(q, k, v, b):
+        return _efficient_attn_call(q, k, v, b, *spans, scale, None, window_size)
 
-    inputs = [query, key, value] + ([bias] if learned else [])
-    grads = tuple(_grads_by_autograd(forward, inputs, (grad_out_.to(query.dtype),)))
-    return grads if learned else grads + (None,)
+    asked = bool(bias_requires_grad)
+    grads = _attention_grads(attend, grad_out_, query, key, value, bias, asked)
+    return grads if asked else grads + (None,)
 
 
 def _cudnn_attn_call(q, k, v, bias, cum_seq_q, cum_seq_k, dropout_p, causal, scale):
@@ -717,11 +735,10 @@ def _aten_cudnn_backward(
     """aten::_cudnn_attention_backward: its forward again under autograd."""
     spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale)
 
-    def forward(q, k, v):
-        return (_cudnn_attn_call(q, k, v, attn_bias, *spans),)
+    def attend(q, k, v, bias):
+        return _cudnn_attn_call(q, k, v, bias, *spans)
 
-    inputs = (query, key, value)
-    return _grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),))
+    return _attention_grads(attend, grad_out, query, key, value, attn_bias)
 
 
 # FlashAttention 2's ops (the flash_attn package's torch.library ops, CUDA only, which
@@ -741,14 +758,9 @@ def _flash_attn(
     masked = right >= 0 or window_left >= 0
     mask = distance = None
     if masked or alibi is not None:
-        position = torch.arange(rows, device=q.device)[:, None] + (cols - rows)
-        distance = torch.arange(cols, device=q.device)[None, :] - position
+        distance = _key_distance(rows, cols, cols - rows, q.device)
     if masked:
-        mask = torch.ones(rows, cols, dtype=torch.bool, device=q.device)
-        if right >= 0:
-            mask &= distance <= right
-        if window_left >= 0:
-            mask &= distance >= -window_left
+        mask = _band(distance, right, window_left)
     if not softcap and alibi is None:
         (out,) = _attention(query, key, value, mask, dropout_p, False, softmax_scale)
         return out.transpose(1, 2)
@@ -793,16 +805,30 @@ def _packed_spans(cu_seqlens, total):
     return list(zip(bounds[:-1], bounds[1:], strict=False))
 
 
+def _packed_pairs(cu_seqlens_q, cu_seqlens_k, rows_q, rows_k):
+    """(index, q0, q1, k0, k1): each packed sequence that has queries and keys, its
+    rows among the `rows_q` queries and `rows_k` keys. Keys without cumulative lengths
+    of their own (None: self-attention) are cut as the queries are."""
+    cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
+    spans_q = _packed_spans(cu_seqlens_q, rows_q)
+    spans_k = _packed_spans(cu_seqlens_k, rows_k)
+    return [
+        (index, q0, q1, k0, k1)
+        for index, ((q0, q1), (k0, k1)) in enumerate(
+            zip(spans_q, spans_k, strict=False)
+        )
+        if q1 > q0 and k1 > k0
+    ]
+
+
 def _flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi, *args):
     """FlashAttention over packed sequences, one sequence at a time."""
     out = torch.zeros_like(q)
-    spans_q = _packed_spans(cu_seqlens_q, q.size(0))
-    spans_k = _packed_spans(cu_seqlens_k, k.size(0))
-    for index, ((q0, q1), (k0, k1)) in enumerate(zip(spans_q, spans_k, strict=False)):
-        if q1 > q0 and k1 > k0:
-            slopes = alibi[index] if alibi is not None and alibi.dim() == 2 else alibi
-            one = [t[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1])]
-            out[q0:q1] = _flash_attn(*one, *args, slopes)[0]
+    rows = (q.size(0), k.size(0))
+    for index, q0, q1, k0, k1 in _packed_pairs(cu_seqlens_q, cu_seqlens_k, *rows):
+        slopes = alibi[index] if alibi is not None and alibi.dim() == 2 else alibi
+        one = [t[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1])]
+        out[q0:q1] = _flash_attn(*one, *args, slopes)[0]
     return out
 
 
@@ -909,13 +935,13 @@ def _packed_flash_call(
     query, key, value, cum_seq_q, cum_seq_k, dropout_p, causal, scale, window, alibi
 ):
     """aten's FlashAttention (CUDA): over a batch, (batch, seq, heads, dim), or over
-    packed sequences, (tokens, heads, dim) cut by cumulative lengths."""
+    packed sequences, (tokens, heads, dim) cut by cumulative lengths. `window`: (left,
+    right), either None for none, or None (torch's varlen_attn given no window)."""
     scale = query.size(-1) ** -0.5 if scale is None else scale
-    left, right = (-1 if w is None else w for w in window)
+    left, right = (-1 if w is None else w for w in (window or (None, None)))
     args = (dropout_p, scale, causal, left, right, 0.0)
     if cum_seq_q is None:
         return _flash_attn(query, key, value, *args, alibi)
-    cum_seq_k = cum_seq_q if cum_seq_k is None else cum_seq_k
     return _flash_attn_varlen(query, key, value, cum_seq_q, cum_seq_k, alibi, *args)
 
 
@@ -968,13 +994,12 @@ def _aten_flash_backward(
 ):
     """aten::_flash_attention_backward: its forward again under autograd."""
     window = (window_size_left, window_size_right)
+    spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale, window, None)
 
-    def forward(q, k, v):
-        spans = (cum_seq_q, cum_seq_k, dropout_p, is_causal, scale, window, None)
-        return (_packed_flash_call(q, k, v, *spans),)
+    def attend(q, k, v, bias):
+        return _packed_flash_call(q, k, v, *spans)
 
-    inputs = (query, key, value)
-    return _grads_by_autograd(forward, inputs, (grad_out.to(query.dtype),))
+    return _attention_grads(attend, grad_out, query, key, value)
 
 
 def _descaled(t, descale, heads_dim):
@@ -1065,14 +1090,8 @@ def _flash_with_lse(q, k, v, causal, scale, left, right):
     right = 0 if causal else (-1 if right is None else right)
     left = -1 if left is None else left
     if right >= 0 or left >= 0:
-        position = torch.arange(rows, device=q.device)[:, None] + (cols - rows)
-        distance = torch.arange(cols, device=q.device)[None, :] - position
-        allowed = torch.ones(rows, cols, dtype=torch.bool, device=q.device)
-        if right >= 0:
-            allowed &= distance <= right
-        if left >= 0:
-            allowed &= distance >= -left
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        distance = _key_distance(rows, cols, cols - rows, q.device)
+        scores = scores.masked_fill(~_band(distance, right, left), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num_(0.0)
     return (probs.to(value.dtype) @ value).transpose(1, 2), lse
@@ -1107,21 +1126,18 @@ def _aten_flash_forward_into(
         result, lse = _flash_with_lse(query, key, value, *window)
         out.copy_(result)
         return lse
-    cum_seq_k = cum_seq_q if cum_seq_k is None else cum_seq_k
     lse = torch.full(
         (query.size(1), query.size(0)),
         float("-inf"),
         dtype=torch.float32,
         device=query.device,
     )
-    spans_q = _packed_spans(cum_seq_q, query.size(0))
-    spans_k = _packed_spans(cum_seq_k, key.size(0))
-    for (q0, q1), (k0, k1) in zip(spans_q, spans_k, strict=False):
-        if q1 > q0 and k1 > k0:
-            one = [t[None] for t in (query[q0:q1], key[k0:k1], value[k0:k1])]
-            result, part = _flash_with_lse(*one, *window)
-            out[q0:q1] = result[0]
-            lse[:, q0:q1] = part[0]
+    rows = (query.size(0), key.size(0))
+    for _, q0, q1, k0, k1 in _packed_pairs(cum_seq_q, cum_seq_k, *rows):
+        one = [t[None] for t in (query[q0:q1], key[k0:k1], value[k0:k1])]
+        result, part = _flash_with_lse(*one, *window)
+        out[q0:q1] = result[0]
+        lse[:, q0:q1] = part[0]
     return lse
 
 
@@ -1175,8 +1191,7 @@ def _varlen_attn(
 ):
     """torch_attn::_varlen_attn (torch.nn.attention.varlen, CUDA only): the output
     over packed sequences; the log-sum-exp and seeds stand in."""
-    window = tuple(window_size) if window_size is not None else (None, None)
-    spans = (cu_seq_q, cu_seq_k, 0.0, is_causal, scale, window, None)
+    spans = (cu_seq_q, cu_seq_k, 0.0, is_causal, scale, window_size, None)
     return (_packed_flash_call(query, key, value, *spans),)
 
 
@@ -1198,13 +1213,12 @@ def _varlen_attn_backward(
     *rest,
 ):
     """torch_attn::_varlen_attn_backward: its forward again under autograd."""
-    window = tuple(window_size) if window_size is not None else (None, None)
+    spans = (cu_seq_q, cu_seq_k, 0.0, is_causal, scale, window_size, None)
 
-    def forward(q, k, v):
-        spans = (cu_seq_q, cu_seq_k, 0.0, is_causal, scale, window, None)
-        return (_packed_flash_call(q, k, v, *spans),)
+    def attend(q, k, v, bias):
+        return _packed_flash_call(q, k, v, *spans)
 
-    return _grads_by_autograd(forward, (query, key, value), (grad_out.to(query.dtype),))
+    return _attention_grads(attend, grad_out, query, key, value)
 
 
 # SyncBatchNorm's kernels (CUDA only): statistics, their reduction over ranks, the
