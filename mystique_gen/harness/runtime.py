@@ -1327,21 +1327,19 @@ def _depthwise_convolution(self, weight, kernel_size, bias, stride, padding, dil
     )
 
 
+def _convolution_in_order(self, weight, bias, stride, padding, dilation, groups):
+    """aten::convolution of the fused convolutions' arguments (stride before padding,
+    unlike cuDNN's plain one: `_convolution_as`)."""
+    return torch.ops.aten.convolution.default(
+        self, weight, bias, stride, padding, dilation, False, [0] * len(stride), groups
+    )
+
+
 def _convolution_relu(self, weight, bias, stride, padding, dilation, groups):
     """cudnn_convolution_relu and miopen_convolution_relu (a CUDA graph's
     convolution fused with its ReLU: torch.jit.freeze's and torch.fx's conv fusion
     on a GPU): relu(convolution)."""
-    out = torch.ops.aten.convolution.default(
-        self,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        False,
-        [0] * len(stride),
-        groups,
-    )
+    out = _convolution_in_order(self, weight, bias, stride, padding, dilation, groups)
     return torch.relu_(out)
 
 
@@ -1350,17 +1348,7 @@ def _convolution_add_relu(
 ):
     """cudnn_convolution_add_relu and miopen_convolution_add_relu (a residual block's
     convolution, its skip connection and ReLU in one call): relu(conv + alpha * z)."""
-    out = torch.ops.aten.convolution.default(
-        self,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        False,
-        [0] * len(stride),
-        groups,
-    )
+    out = _convolution_in_order(self, weight, bias, stride, padding, dilation, groups)
     out = out.add_(z, alpha=1 if alpha is None else alpha)
     return torch.relu_(out)
 
