@@ -29,6 +29,7 @@ from mystique_gen.harness import dist, runtime
 from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import Init
 from tests.conftest import last_json, run_benchmark
+from tests.test_values import _varlen_attention
 from tests.tracebuilder import TraceBuilder
 
 
@@ -2282,8 +2283,6 @@ def test_a_float8_grouped_matmul_of_a_cuda_trace_replays_on_cpu(tmp_path):
 def test_packed_attention_of_a_cuda_trace_replays_over_its_filled_spans(tmp_path):
     """flash_attn's varlen forward with its cu_seqlens given: filled as even spans
     over the recorded tokens, it runs as its equivalent on the CPU, nothing skipped."""
-    from tests.test_values import _varlen_attention
-
     b = TraceBuilder()
     _varlen_attention(b, b.tensor((5,), dtype="int32"), b.tensor((5,), dtype="int32"))
     text, proc = _run_on_cpu(b, tmp_path)

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
+from torch.ao.quantization.fake_quantize import FusedMovingAvgObsFakeQuantize
 
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import generate
@@ -248,7 +249,6 @@ def _qat_flags():
     """Fused observers and fake quantizations, one with its observer off and one with
     its fake quantization off (QAT's later epochs): the flags filled 0..8 turned others
     off or these on (an aminmax and a quantization more or less)."""
-    from torch.ao.quantization.fake_quantize import FusedMovingAvgObsFakeQuantize
     fqs = [FusedMovingAvgObsFakeQuantize() for _ in range(3)]
     fqs[0].disable_observer()
     fqs[1].disable_fake_quant()
