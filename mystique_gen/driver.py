@@ -580,7 +580,8 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             f"observer's estimated cost at most {runtime.OBSERVER_TRUST:g}x what is left "
             "to wait, and the median recorded step's gaps above the quietest step's by "
             f"at most that{_stalled(program.timing)}; else stderr "
-            "says which")])
+            "says which. The observer's slowing of the original's Python between ops "
+            "is not corrected: where the gaps replay, stderr bounds it")])
     if not program.ops:  # (every op a compiled kernel the trace does not hold, say)
         waits = program.timing is not None and program.timing.tail_gap_us is not None
         message = f"no op of {source.trace.name} replays (see the header's ops not " + (

@@ -188,12 +188,18 @@ def test_each_rank_replays_with_its_own_original(monkeypatch):
     assert mine["host_gap_own_us"] == 4.5
     job.comm = True  # launched: every rank of the job, without gathering here
     job.per_rank = [[1.0], [2.0]]
-    job.per_rank_gaps = [[4.5, 0.0, 1.0, 0.2, 0.0], [6.0, 0.0, 0.0, 0.0, 0.0]]
+    # Rank 0's gaps came from a same-session pair (its observer's cost calibrated out,
+    # the wait left and its doubt), rank 1's from profile-only steps (-1: none).
+    job.per_rank_gaps = [[4.5, 0.0, 1.0, 0.2, 0.0, 30.0, 90.0, 1.5, 23.0],
+                         [6.0, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0, -1.0, -1.0]]
     assert job.original_ms() == 3.0
     per_rank = job.facts()["per_rank"]
     assert [r["original_ms"] for r in per_rank] == [2.0, 3.0]
     assert [r["host_gaps_replayed"] for r in per_rank] == [True, False]
     assert [r["host_gap_call_us"] for r in per_rank] == [0.2, 0.0]
+    assert [r["host_gap_wait_us"] for r in per_rank] == [90.0, None]
+    assert [r["host_gap_doubt_us"] for r in per_rank] == [23.0, None]
+    assert [r["host_gap_observer_ratio"] for r in per_rank] == [1.5, None]
     # A Kineto trace that linked no op (one cycle's, another step's) gives a step of
     # 0: none known, as for one process, not the job's step at 0.0 ms.
     nothing = {r: {"step_ms": 0.0, "observer_in_gaps": False} for r in (0, 1)}

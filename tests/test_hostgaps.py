@@ -275,6 +275,8 @@ def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
     # the ET, and its observer computes integral tensors' ranges.
     assert '"memory_in_gaps": True' in text and '"observer_ranges": True' in text
     assert "with the ET observer attached (linked by id" in " ".join(text.split())
+    assert "slowing of the original's Python between ops is not corrected" in " ".join(
+        text.split())
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
                          "--json", "--host-gaps", "recorded")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -291,6 +293,16 @@ def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
         assert "left to wait" in proc.stderr and out["host_gap_own_us"] == 0
     # The observer's own cost in the replay's gaps, measured against a pass without it.
     assert out["host_gap_observer_us"] > 0 and out["host_gap_wait_us"] >= 0
+    # Its slowing of the original's Python, which no calibration sees, is bounded and
+    # said wherever the gaps replay, with the way to capture gaps free of it.
+    if out["host_gaps_replayed"]:
+        assert 0 <= out["host_gap_doubt_us"] < out["host_gap_wait_us"] or (
+            out["host_gap_wait_us"] == out["host_gap_doubt_us"] == 0)
+        said = " ".join(proc.stderr.split())
+        assert "also slowed the original's Python between ops" in said
+        assert "steps without the observer" in said
+    else:
+        assert out["host_gap_doubt_us"] is None
 
     # Where that cost dwarfs what is left to wait, the correction is mostly the
     # observer's (which costs the original more than the replay): no gaps, and why.

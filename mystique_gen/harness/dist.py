@@ -35,6 +35,13 @@ RANKS = {}  # rank -> (make_inputs_rankN, replay_rankN, ops, ORIGINAL_RANKN or N
 # </generated-file>
 
 _GROUPS = []
+# Each rank's same-session calibration in its `per_rank` entry: JSON name -> _RUNTIME's.
+_OBSERVER_FACTS = {
+    "host_gap_observer_us": "gap_observer_us",
+    "host_gap_wait_us": "gap_wait_us",
+    "host_gap_observer_ratio": "gap_observer_ratio",
+    "host_gap_doubt_us": "gap_doubt_us",
+}
 _RUNTIME["comm"] = False
 _RUNTIME["rank"] = None
 
@@ -382,6 +389,12 @@ class _Ranks(_Local):
             1.0 if _RUNTIME["host_gaps"] else 0.0,
             _RUNTIME["gap_call_us"],
             _RUNTIME["gap_annotation_us"],
+            # Same-session gaps' calibration, -1 on the wire where there is none
+            # (each is 0 or more).
+            *(
+                -1.0 if _RUNTIME[key] is None else _RUNTIME[key]
+                for key in _OBSERVER_FACTS.values()
+            ),
         ]
         self.per_rank, self.per_rank_gaps = [times], [gaps]
         if self.comm:
@@ -434,6 +447,8 @@ class _Ranks(_Local):
         facts["host_gaps_replayed"] = bool(gaps[2])
         facts["host_gap_own_us"], facts["host_gap_event_us"] = gaps[0], gaps[1]
         facts["host_gap_call_us"], facts["host_gap_annotation_us"] = gaps[3], gaps[4]
+        for name, value in zip(_OBSERVER_FACTS, gaps[5:], strict=True):
+            facts[name] = None if value < 0 else value
         original = RANKS[rank][3] if rank in RANKS else None
         if original is not None:
             facts["original_ms"] = original["step_ms"] or None
