@@ -3631,8 +3631,9 @@ OBSERVER_TRUST = 5.0
 # four profiler settings, 0.21 for ResNet inference, 0.13 for GPT-2's and ViT's,
 # 0.07 to 0.09 for GPT-2's and BERT's training steps (0.03 to 0.07 in their backward
 # gaps, which the autograd engine runs in C++). Synthetic Python between two ops
-# (calls, attribute reads, hundreds of distinct functions) slowed 0 to 4%: what in a
-# model's Python the observer slows is not found, so it is bounded, not corrected.
+# (calls, attribute reads, hundreds of distinct functions) slowed 0 to 4%, and the
+# observer's work after it 3 to 8 us a gap whatever its length: what in a model's
+# Python the observer slows is not found, so it is bounded, not corrected.
 OBSERVER_PYTHON_SLOWDOWN = 0.34
 
 
