@@ -219,6 +219,18 @@ class Fill:
         return True
 
 
+class SetFlag(Fill):
+    """A flag the op reads that the original step had set: an asserted condition
+    (``torch._assert_async(flag)``, an exported program's runtime check), which raises
+    where it is 0 or False; a QAT module's on/off buffer (``observer_enabled``,
+    ``fake_quant_enabled``), where 0 skips the op's work. Filled at random, the replay
+    stopped at one seed in two ("RuntimeError: bad input"), and one fake quantization
+    in eight did none of its work (0.8 ms against 12.4). Filled 1."""
+
+    def init(self, args: Facts, outputs: OutShapes) -> tuple[str, int, int] | None:
+        return (FillKind.ONES, 0, 0)
+
+
 @dataclass(frozen=True)
 class CommRule:
     """How one c10d operator replays as a torch.distributed call. ``tensors`` lists

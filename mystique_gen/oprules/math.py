@@ -3,22 +3,10 @@
 
 from __future__ import annotations
 
-from mystique_gen.harness.fills import FillKind
-from mystique_gen.oprules.base import Facts, Fill, OpFamily, OutShapes, ShiftedRange
+from mystique_gen.oprules.base import OpFamily, SetFlag, ShiftedRange
 
-
-class Holds(Fill):
-    """An asserted condition (``torch._assert_async(flag)``, an exported program's
-    runtime check) raises where it is 0 or False: a flag made outside the step (a
-    validity check the data pipeline computed) was filled True or False at random,
-    and the replay stopped at one seed in two ("RuntimeError: bad input"). Filled
-    1: the original step passed it."""
-
-    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
-        return (FillKind.ONES, 0, 0)
-
-
-_HOLDS = {"self": Holds()}
+# An asserted condition holds: the original step passed it.
+_HOLDS = {"self": SetFlag()}
 
 # Integer division by zero raises (ZeroDivisionError), so a divisor the replay fills (a
 # wrapped Python int such as top_k, or a tensor built from a list) never holds 0;

@@ -13,8 +13,7 @@ reason. Quantized tensors themselves are filled as their integer representation
 
 from __future__ import annotations
 
-from mystique_gen.harness.fills import FillKind
-from mystique_gen.oprules.base import Facts, Fill, IntArg, OpFamily, OutShapes
+from mystique_gen.oprules.base import IntArg, OpFamily, SetFlag
 from mystique_gen.oprules.indexing import EMBEDDING_BAG_RULES
 
 # The packed weight class the ops below take, as their schema names it.
@@ -62,18 +61,9 @@ _FAKE_QUANT = ("fake_quantize_per_tensor_affine", "fake_quantize_per_channel_aff
 _LEARNABLE_FAKE_QUANT = ("_fake_quantize_learnable_per_tensor_affine",
                          "_fake_quantize_learnable_per_channel_affine")
 
-class Enabled(Fill):
-    """A QAT module's on/off flag (``observer_enabled``, ``fake_quant_enabled``: a
-    one-element buffer, 1 by default): the fused observer and fake quantization skips
-    its work where it reads 0, so it is filled 1 (filled 0..8, one fake quantization
-    in eight did none of its work: 0.8 ms against 12.4). Where the op's recorded
-    children show the value (kernel_paths.ItemReads), that wins."""
-
-    def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
-        return (FillKind.RANDINT, 1, 2)
-
-
-_FLAGS = {"observer_on": Enabled(), "fake_quant_on": Enabled()}
+# A QAT module's on/off flags are on (1 by default), save where the op's recorded
+# children show their value (kernel_paths.ItemReads), which wins.
+_FLAGS = {"observer_on": SetFlag(), "fake_quant_on": SetFlag()}
 _FUSED_OBSERVERS = ("fused_moving_avg_obs_fake_quant", "_fused_moving_avg_obs_fq_helper",
                     "_fused_moving_avg_obs_fq_helper_functional")
 
@@ -82,7 +72,7 @@ FAMILY = OpFamily(
     shape_rules={
         **{f"aten::{name}": _FLAGS for name in _FUSED_OBSERVERS},
         "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams": {
-            "fake_quant_enabled": Enabled()},
+            "fake_quant_enabled": SetFlag()},
     },
     packed_linear=_LINEAR,
     index_rules={
