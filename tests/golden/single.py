@@ -586,7 +586,7 @@ OBSERVER_TRUST = 5.0
 # time observed less plain = c + s x plain; `make bench`'s capture section): s 0.15
 # to 0.43 for the zoo's inference steps (BERT 0.29, ResNet 0.23, the MoE 0.43), 0.06
 # to 0.34 for its training steps (0.03 to 0.07 in backward gaps, which the autograd
-# engine runs in C++), more on recurrent and tiny steps (an LSTM's training step 5.8).
+# engine runs in C++); an LSTM's training step read 5.8 in one run, 0.04 in another.
 # Synthetic Python between two ops (calls, attribute reads, hundreds of distinct
 # functions) slowed 0 to 4%, and the observer's work after it 3 to 8 us a gap
 # whatever its length: what in a model's Python the observer slows is not found, and
