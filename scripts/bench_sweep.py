@@ -461,6 +461,12 @@ def _memory_cap() -> Iterator[None]:
 # has no rope_theta, Qwen3-Omni's talker no shared expert size): one more try per rung
 # with it filled (`_fill_missing`), at most this many.
 _MISSING = re.compile(r"'(\w+Config)' object has no attribute '(\w+)'")
+# ... or an attribute it has and leaves unset, which the model's code requires (Step
+# 3.7 builds a sliding-window mask whether or not a layer slides): filled in every
+# config of the tree that leaves it unset (an empty class name).
+_UNSET = re.compile(r"Could not find a `(\w+)` argument in the config")
+# Values of such attributes no other config of the tree has (a window of half the text).
+_UNSET_VALUES: dict[str, int] = {"sliding_window": SEQ // 2}
 _FILLS = 4
 
 
@@ -473,9 +479,11 @@ def _build_rung(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
     while True:
         built = _build_once(kind, arch, class_name, keep, fill, missing)
         found = _MISSING.search(built) if isinstance(built, str) else None
-        if found is None or found.groups() in missing or len(missing) >= _FILLS:
+        unset = _UNSET.search(built) if isinstance(built, str) else None
+        wanted = found.groups() if found else ("", unset.group(1)) if unset else None
+        if wanted is None or wanted in missing or len(missing) >= _FILLS:
             return built
-        missing.append(found.groups())  # type: ignore[arg-type]
+        missing.append(wanted)  # type: ignore[arg-type]
 
 
 def _configs(cfg: Any, depth: int = 0) -> Iterator[Any]:
@@ -498,10 +506,11 @@ def _fill_missing(cfg: Any, missing: list[tuple[str, str]]) -> None:
             value = next((d[attr] for c in configs for d in vars(c).values()
                           if isinstance(d, dict) and d.get(attr) is not None), None)
         if value is None:
-            value = _small_for(type(cfg), attr)
+            value = _small_for(type(cfg), attr) or _UNSET_VALUES.get(attr)
         if value is None and attr.endswith(("token_id", "token_index")):
             value = VOCAB - 1 - len(_TOKEN_ID_KEYS) - number
-        for target in (c for c in configs if type(c).__name__ == class_name):
+        for target in (c for c in configs if type(c).__name__ == class_name
+                       or not class_name and attr in vars(c) and vars(c)[attr] is None):
             with contextlib.suppress(AttributeError, TypeError, ValueError):
                 setattr(target, attr, value)
 
@@ -547,12 +556,33 @@ def _build_once(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
         raise Skip(f"build: {type(exc).__name__}: {_first_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - any build failure is a skip
         return f"build: {type(exc).__name__}: {_first_line(exc)}"
-    loss_fn, infer_fn = _forwards(kind, cfg, model)
-    try:
-        _probe(model, loss_fn, infer_fn)
-    except Exception as exc:  # noqa: BLE001
-        return f"eager: {type(exc).__name__}: {_first_line(exc)}"
-    return model, loss_fn, infer_fn
+    failure = ""
+    for placeholders in (False, True):
+        if placeholders:
+            # No placeholders failed: a model that puts its media's features at
+            # placeholder tokens only (InstructBLIP; BLIP-2 either way) gets the id its
+            # processor would give, one placeholder per feature.
+            unset = _unset_placeholders(cfg) if kind == "vlm" else []
+            if not unset:
+                break
+            for modality in unset:
+                _token(cfg, modality)
+        try:
+            loss_fn, infer_fn = _forwards(kind, cfg, model)
+            _probe(model, loss_fn, infer_fn)
+        except Skip:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            failure = failure or f"eager: {type(exc).__name__}: {_first_line(exc)}"
+            continue
+        return model, loss_fn, infer_fn
+    return failure
+
+
+def _unset_placeholders(cfg: Any) -> list[str]:
+    """The media (image, video) whose placeholder token id the config leaves unset."""
+    return [m for m in ("image", "video") if any(
+        k in vars(cfg) and vars(cfg)[k] is None for k in (f"{m}_token_id", f"{m}_token_index"))]
 
 
 def _parameters(cls: Any, cfg: Any) -> int:
@@ -628,6 +658,7 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
         labels = ids
         if kind == "seq2seq":
             inputs["decoder_input_ids"] = ids
+    inputs.update(_required_ids(cfg, model, inputs, g))
     infer_inputs = dict(inputs)
     if kind == "speech" and "input_ids" not in inputs:
         infer_inputs["decoder_input_ids"] = ids
@@ -639,6 +670,33 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
     elif labels is not None:
         train_inputs["target_values" if kind == "series" else "labels"] = labels
     return (lambda: _output_loss(model(**train_inputs))), (lambda: model(**infer_inputs))
+
+
+def _required_ids(cfg: Any, model: Any, inputs: dict[str, Any], g: Any) -> dict[str, Any]:
+    """Token sequences a forward requires besides its main input, by their names
+    (InstructBLIP's ``qformer_input_ids``, OneFormer's ``task_inputs``): ids below the
+    smallest vocabulary of the config tree, as long as the config's ``<prefix>_seq_len``
+    (OneFormer's task MLP reads exactly that many) else SEQ, with a mask where the
+    forward takes ``<prefix>_attention_mask``."""
+    import torch
+
+    params = inspect.signature(model.forward).parameters
+    vocabs = [v for c in _configs(cfg) for k, v in vars(c).items()
+              if "vocab_size" in k and _is_int(v) and v > 4]
+    top = min([VOCAB, *vocabs])
+    found: dict[str, Any] = {}
+    for name, param in params.items():
+        if name in inputs or param.default is not inspect.Parameter.empty \
+                or not name.endswith(("_input_ids", "_inputs")):
+            continue
+        prefix = name[:-len("input_ids")] if name.endswith("_input_ids") \
+            else name[:-len("inputs")]
+        length = next((v for k in ("seq_len", "sequence_length", "length")
+                       if _is_int(v := getattr(cfg, f"{prefix}{k}", None))), SEQ)
+        found[name] = torch.randint(3, top, (BATCH, length), generator=g)
+        if f"{prefix}attention_mask" in params:
+            found[f"{prefix}attention_mask"] = torch.ones(BATCH, length, dtype=torch.long)
+    return found
 
 
 # A vision-language model's special tokens (image placeholder, vision start and end)
@@ -754,7 +812,13 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
     params = inspect.signature(model.forward).parameters
     if not any(p.startswith(_MEDIA) for p in params):
         return _text_only(cfg, params, g)
-    media, count, token = (_images if kind == "vlm" else _recordings)(cfg, model, params, g)
+    # (ids its encoder reads as well: InstructBLIP's Q-Former is instructed by the text)
+    required = _required_ids(cfg, model, {"input_ids": None}, g)
+    if kind == "vlm":
+        media, count, token = _images(cfg, model, params, g, required)
+    else:
+        media, count, token = _recordings(cfg, model, params, g)
+    media = {**required, **media}
     ids = torch.randint(3, _SPECIALS, (BATCH, SEQ + count + 2), generator=g)
     start, end = (getattr(cfg, f"vision_{k}_token_id", None) for k in ("start", "end"))
     if kind == "vlm" and _is_int(start) and _is_int(end):
@@ -786,7 +850,8 @@ def _token(cfg: Any, modality: str) -> int:
     return found
 
 
-def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], int, int]:
+def _images(cfg: Any, model: Any, params: Any, g: Any, required: dict[str, Any]
+            ) -> tuple[dict[str, Any], int, int]:
     """Images as the vision tower takes them, its features per image, the image token:
     flattened patches and a grid per image where the model reads ``image_grid_thw``;
     else one image per sample, or a list of one; ``image_sizes`` where
@@ -796,7 +861,11 @@ def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], 
     vision = getattr(cfg, "vision_config", None)
     if vision is None:  # (Fuyu embeds raw patches; Evolla reads proteins)
         raise Skip("no vision_config")
-    if not any(_is_int(getattr(cfg, k, None)) for k in ("image_token_id", "image_token_index")):
+    # (a video model's placeholders are video tokens, encoded by get_video_features:
+    # InstructBLIP-Video's clips of frames)
+    modality = next((m for m in ("image", "video") if any(
+        k in vars(cfg) for k in (f"{m}_token_id", f"{m}_token_index"))), "image")
+    if not any(_is_int(getattr(cfg, f"{modality}_{k}", None)) for k in ("token_id", "token_index")):
         # No placeholders: the model puts the image's features before the text itself
         # (BLIP-2's query tokens, GIT, Kosmos-2's own layout); the eager run decides.
         size = getattr(vision, "image_size", IMAGE)
@@ -806,7 +875,7 @@ def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], 
         if "image_attention_mask" in params:  # images per sample (IDEFICS): one each
             pixels = pixels[:, None]
         return {"pixel_values": pixels}, 0, -1
-    token = _token(cfg, "image")
+    token = _token(cfg, modality)
     if "image_grid_thw" in params:
         patch = vision.patch_size
         temporal = getattr(vision, "temporal_patch_size", 1) or 1
@@ -822,8 +891,8 @@ def _images(cfg: Any, model: Any, params: Any, g: Any) -> tuple[dict[str, Any], 
     size = size if _is_int(size) else tuple(size)[0]
     pixels = torch.randn(BATCH, getattr(vision, "num_channels", 3) or 3, size, size,
                          generator=g)
-    get = _encoder(model, "get_image_features")
-    extra: dict[str, Any] = {}
+    get = _encoder(model, f"get_{modality}_features")
+    extra = {k: v for k, v in required.items() if k in inspect.signature(get).parameters}
     wanted = inspect.signature(get).parameters.get("image_sizes")
     if wanted is not None and wanted.default is inspect.Parameter.empty:
         # (where optional, a tower may read them as another layout's: LLaVA's CLIP)
