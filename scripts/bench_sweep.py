@@ -524,7 +524,7 @@ def _build_once(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
 
     try:
         cls = getattr(transformers, class_name)
-        cfg = CONFIG_MAPPING[arch]()
+        cfg = _default_config(CONFIG_MAPPING[arch])
         # A composite (multimodal) architecture's causal LM is its text model: build it
         # from the composite's text_config, as the composite would.
         sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
@@ -583,6 +583,54 @@ def _unset_placeholders(cfg: Any) -> list[str]:
     """The media (image, video) whose placeholder token id the config leaves unset."""
     return [m for m in ("image", "video") if any(
         k in vars(cfg) and vars(cfg)[k] is None for k in (f"{m}_token_id", f"{m}_token_index"))]
+
+
+# A config's validator rejecting its own defaults: "<field> must be <value>, got ...".
+_MUST_BE = re.compile(r"\b(\w+) must be (\w+), got")
+
+
+def _default_config(cls: Any) -> Any:
+    """The default config of a class, or, where its validator rejects its own defaults
+    (Gemma 4 Assistant's text_config must have no per-layer inputs, no MoE block), the
+    default with each field the validator names set as it says: in the config, or in
+    whichever sub-config of its defaults has that field."""
+    given: dict[str, Any] = {}
+    subs: dict[str, dict[str, Any]] = {}
+    for _ in range(8):
+        try:
+            return cls(**given, **subs)
+        except Exception as exc:  # noqa: BLE001 - re-raised where no field is named
+            found = _MUST_BE.search(str(exc))
+            if found is None:
+                raise
+            field, text = found.groups()
+            value: Any = {"True": True, "False": False, "None": None}.get(text, text)
+            value = int(text) if text.isdigit() else value
+            owner = _sub_config_with(cls, field)
+            if owner is None and (field in given or field not in {
+                    f.name for f in dataclasses.fields(cls)}):
+                raise
+            if owner is None:
+                given[field] = value
+            else:
+                name, model_type = owner
+                subs.setdefault(name, {"model_type": model_type})[field] = value
+    return cls(**given, **subs)
+
+
+def _sub_config_with(cls: Any, field: str) -> tuple[str, str] | None:
+    """The sub-config (its argument name and model type) whose default has `field`."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for name, spec in (getattr(cls, "sub_configs_defaults", None) or {}).items():
+        model_type = getattr(spec, "model_type", None)
+        try:  # (the lazy mapping's get() answers None for every name)
+            sub = CONFIG_MAPPING[model_type]
+        except KeyError:
+            continue
+        if field in {f.name for f in dataclasses.fields(sub)}:
+            return name, model_type
+    return None
 
 
 def _parameters(cls: Any, cfg: Any) -> int:
@@ -658,6 +706,13 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
         labels = ids
         if kind == "seq2seq":
             inputs["decoder_input_ids"] = ids
+        # Token ids in another layout, as the forward documents it (MusicGen's decoder:
+        # a row per codebook of each sample, a column per codebook in its labels).
+        shape = _documented_shape(model, "input_ids", cfg)
+        if shape is not None and shape != tuple(ids.shape):
+            inputs["input_ids"] = torch.randint(3, min(vocab, VOCAB), shape, generator=g)
+            shape = _documented_shape(model, "labels", cfg)
+            labels = torch.randint(3, min(vocab, VOCAB), shape or (BATCH, SEQ), generator=g)
     inputs.update(_required_ids(cfg, model, inputs, g))
     infer_inputs = dict(inputs)
     if kind == "speech" and "input_ids" not in inputs:
@@ -697,6 +752,32 @@ def _required_ids(cfg: Any, model: Any, inputs: dict[str, Any], g: Any) -> dict[
         if f"{prefix}attention_mask" in params:
             found[f"{prefix}attention_mask"] = torch.ones(BATCH, length, dtype=torch.long)
     return found
+
+
+def _documented_shape(model: Any, name: str, cfg: Any) -> tuple[int, ...] | None:
+    """The shape a forward's docstring gives an argument (``input_ids (`torch.LongTensor`
+    of shape `(batch_size * num_codebooks, sequence_length)`)``), each dimension a
+    product of BATCH, SEQ, literals and the config tree's sizes; None where the
+    docstring gives none or names a size neither this script nor the config has."""
+    doc = inspect.getdoc(type(model).forward) or ""
+    found = re.search(rf"\b{name} \(`[^`]*` of shape `\(([^`)]*)\)`", doc)
+    if found is None:
+        return None
+    configs = list(_configs(cfg))
+    shape: list[int] = []
+    for dim in found.group(1).split(","):
+        size = 1
+        for term in (t.strip() for t in dim.split("*")):
+            value = {"batch_size": BATCH, "sequence_length": SEQ}.get(term)
+            if value is None and term.isdigit():
+                value = int(term)
+            if value is None:
+                value = next((v for c in configs if _is_int(v := vars(c).get(term))), None)
+            if value is None:
+                return None
+            size *= value
+        shape.append(size)
+    return tuple(shape)
 
 
 # A vision-language model's special tokens (image placeholder, vision start and end)
