@@ -557,7 +557,9 @@ def _build_once(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
     except Exception as exc:  # noqa: BLE001 - any build failure is a skip
         return f"build: {type(exc).__name__}: {_first_line(exc)}"
     failure = ""
-    for placeholders in (False, True):
+    for placeholders, labelled in ((False, True), (False, False), (True, True)):
+        if not labelled and not _infers(kind, cfg, model):
+            continue  # (labels are not what fails)
         if placeholders:
             # No placeholders failed: a model that puts its media's features at
             # placeholder tokens only (InstructBLIP; BLIP-2 either way) gets the id its
@@ -568,7 +570,7 @@ def _build_once(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
             for modality in unset:
                 _token(cfg, modality)
         try:
-            loss_fn, infer_fn = _forwards(kind, cfg, model)
+            loss_fn, infer_fn = _forwards(kind, cfg, model, labelled)
             _probe(model, loss_fn, infer_fn)
         except Skip:
             raise
@@ -577,6 +579,22 @@ def _build_once(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
             continue
         return model, loss_fn, infer_fn
     return failure
+
+
+def _infers(kind: str, cfg: Any, model: Any) -> bool:
+    """Whether the model runs its inference forward (no labels): where it does and its
+    training forward failed, the labels given are what it rejects (VidEoMT trains on no
+    labels of a clip), and the training step's loss is the mean of its outputs."""
+    import torch
+
+    try:
+        _, infer_fn = _forwards(kind, cfg, model)
+        model.eval()
+        with torch.no_grad():
+            infer_fn()
+    except Exception:  # noqa: BLE001 - a failure of its own: no retry without labels
+        return False
+    return True
 
 
 def _unset_placeholders(cfg: Any) -> list[str]:
@@ -645,9 +663,11 @@ def _parameters(cls: Any, cfg: Any) -> int:
         return 0
 
 
-def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def _forwards(kind: str, cfg: Any, model: Any, labelled: bool = True
+              ) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """The training forward (returning a loss) and the inference forward of a model of
-    `kind`, on inputs made for it from its config. Where the model computes no loss
+    `kind`, on inputs made for it from its config (without labels where `labelled` is
+    false). Where the model computes no loss
     from labels this script can give (a detector's matching needs scipy, a depth model
     has no training loss), the loss is the mean of its floating outputs
     (`_output_loss`): the step still runs a backward through every layer."""
@@ -718,7 +738,9 @@ def _forwards(kind: str, cfg: Any, model: Any) -> tuple[Callable[[], Any], Calla
     if kind == "speech" and "input_ids" not in inputs:
         infer_inputs["decoder_input_ids"] = ids
     train_inputs = dict(inputs)
-    if kind == "contrastive":
+    if not labelled:
+        pass
+    elif kind == "contrastive":
         train_inputs["return_loss"] = True
     elif kind == "panoptic":
         train_inputs.update(labels)
@@ -1120,6 +1142,8 @@ def _pixels(kind: str, cfg: Any, g: Any, video: bool = False) -> Any:
         if isinstance(size, (list, tuple)) and len(size) == 2 else (IMAGE, IMAGE)
     frames = getattr(cfg, "num_frames", None)
     frames = frames if _is_int(frames) else getattr(source, "num_frames", None)
+    if video and not _is_int(frames):
+        frames = 2  # (a clip of any length: VidEoMT's config names no frame count)
     shape = (BATCH, frames, channels, height, width) \
         if (kind == "video" or video) and _is_int(frames) \
         else (BATCH, channels, height, width)
