@@ -204,6 +204,12 @@ def _given(cfg: Any) -> dict[str, Any]:
         if default not in (None, dataclasses.MISSING) and value != default \
                 and not hasattr(value, "to_dict") and not field.name.startswith("_"):
             given[field.name] = value
+    # Attributes the parent gave that are no fields of the class (kwargs it keeps as
+    # they are: CHMv2's backbone returns its class tokens): those a default lacks.
+    with contextlib.suppress(Exception):
+        default = vars(type(cfg)())
+        given.update({k: v for k, v in vars(cfg).items() if k not in default
+                      and not k.startswith("_") and not hasattr(v, "to_dict")})
     # A backbone's stages read out (properties over private fields): DPT's neck reads
     # four of its backbone's layers.
     indices = getattr(cfg, "out_indices", None)
@@ -294,6 +300,17 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
             new[key] = 512
     old_layers = raw.get(layer_key) if layer_key else None
     new_layers = new.get(layer_key, old_layers) if layer_key else None
+    indices = getattr(cfg, "out_indices", None)
+    if isinstance(indices, (list, tuple)) and old_layers and new_layers \
+            and new_layers < old_layers and layer_key not in keep and indices \
+            and all(_is_int(v) and 0 < v <= old_layers for v in indices) \
+            and max(indices) > new_layers:
+        # A backbone read out at k of its layers (CHMv2's DINOv3 at four, for a neck of
+        # four levels): k layers, each read out, where fewer would leave levels unread.
+        count = max(new_layers, len(indices))
+        new[layer_key] = count
+        new["out_indices"] = [max(1, v * count // old_layers) for v in indices]
+        new_layers = count
     per_layer = [k for k, v in raw.items() if isinstance(v, (list, tuple)) and old_layers
                  and new_layers and len(v) == old_layers != new_layers]
     # Heterogeneous configs keep per-layer overrides (a head_dim of every sixth layer)
@@ -362,7 +379,7 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         elif isinstance(raw.get(key), (list, tuple)) and len(raw[key]) == 2:
             new[key] = type(raw[key])((IMAGE, IMAGE))  # Hiera's and PVTv2's (height, width)
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-    args = {k: v for k, v in new.items() if k in fields or k == "per_layer_config"}
+    args = {k: v for k, v in new.items() if k in fields or k in ("per_layer_config", "out_indices")}
     if depth:
         args = {**_given(cfg), **args}
     try:
@@ -370,7 +387,7 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
     except Exception:  # noqa: BLE001 - a config that cannot be rebuilt is set in place
         out, fields = copy.deepcopy(cfg), set()
     for key, value in new.items():
-        if key in fields or key == "per_layer_config":
+        if key in fields or key in ("per_layer_config", "out_indices"):
             continue
         now = vars(out).get(key)
         if fields and (now != raw.get(key) or _is_int(now) and _is_int(value) and now <= value):
