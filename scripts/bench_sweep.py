@@ -834,7 +834,9 @@ def _fit_multimodal(cfg: Any) -> None:
     text = getattr(cfg, "text_config", None)
     for obj in (cfg, text):
         for key, value in list(vars(obj).items()) if obj is not None else ():
-            if key.endswith(("token_id", "token_index")) and _is_int(value) and value >= VOCAB:
+            # (by an alias too: Molmo2's image_token_id is its image_patch_id)
+            if any(n.endswith(("token_id", "token_index")) for n in _names(type(obj), key)) \
+                    and _is_int(value) and value >= VOCAB:
                 setattr(obj, key, free)
                 free += 1
     rope = getattr(text, "rope_parameters", None)
@@ -869,6 +871,18 @@ def _fit_multimodal(cfg: Any) -> None:
     layers = getattr(cfg, "vision_feature_layers", None)
     if isinstance(layers, (list, tuple)):  # (VipLLaVA reads five of 24 layers; the tower has 2)
         cfg.vision_feature_layers = [-1] * len(layers)
+    depth = getattr(vision, "num_hidden_layers", None)
+    for part in list(_configs(cfg))[1:]:
+        for key, value in list(vars(part).items()):
+            if key == "text_hidden_size" and _is_int(value) and text is not None:
+                # an adapter's output, a text token (Molmo2's default says 3584 for a
+                # 4096-wide text: no width of the tree to shrink it with)
+                setattr(part, key, text.hidden_size)
+        layers = vars(part).get("vision_feature_layer")
+        if isinstance(layers, (list, tuple)) and _is_int(depth):
+            # (Molmo2's adapter reads layers 24 and 18 of the tower: the last one)
+            part.vision_feature_layer = [v if _is_int(v) and -depth <= v < depth else -1
+                                         for v in layers]
 
 
 def _default_mrope_sections(cfg: Any) -> list[int] | None:
@@ -983,8 +997,9 @@ def _images(cfg: Any, model: Any, params: Any, g: Any, required: dict[str, Any]
         raise Skip("no vision_config")
     # (a video model's placeholders are video tokens, encoded by get_video_features:
     # InstructBLIP-Video's clips of frames)
+    aliases = getattr(type(cfg), "attribute_map", {})
     modality = next((m for m in ("image", "video") if any(
-        k in vars(cfg) for k in (f"{m}_token_id", f"{m}_token_index"))), "image")
+        k in vars(cfg) or k in aliases for k in (f"{m}_token_id", f"{m}_token_index"))), "image")
     if not any(_is_int(getattr(cfg, f"{modality}_{k}", None)) for k in ("token_id", "token_index")):
         # No placeholders: the model puts the image's features before the text itself
         # (BLIP-2's query tokens, GIT, Kosmos-2's own layout); the eager run decides.
@@ -1007,11 +1022,15 @@ def _images(cfg: Any, model: Any, params: Any, g: Any, required: dict[str, Any]
         grid = torch.tensor([[1, side, side]] * BATCH)
         return ({"pixel_values": pixels, "image_grid_thw": grid},
                 side * side // (merge * merge), token)
+    get = _encoder(model, f"get_{modality}_features")
+    processed = _PROCESSED_IMAGES.get(getattr(cfg, "model_type", ""))
+    if processed is not None:
+        media = processed(cfg, g)
+        return media, _features(get, **media) // BATCH, token
     size = getattr(vision, "image_size", IMAGE)
     size = size if _is_int(size) else tuple(size)[0]
     pixels = torch.randn(BATCH, getattr(vision, "num_channels", 3) or 3, size, size,
                          generator=g)
-    get = _encoder(model, f"get_{modality}_features")
     extra = {k: v for k, v in required.items() if k in inspect.signature(get).parameters}
     wanted = inspect.signature(get).parameters.get("image_sizes")
     if wanted is not None and wanted.default is inspect.Parameter.empty:
@@ -1036,6 +1055,27 @@ def _images(cfg: Any, model: Any, params: Any, g: Any, required: dict[str, Any]
             continue
         return {"pixel_values": layout, **extra}, count // BATCH, token
     raise Skip(f"no image layout the vision tower takes ({failure})")
+
+
+def _molmo2_images(cfg: Any, g: Any) -> dict[str, Any]:
+    """Molmo2's processor's layout: each image one crop of patches flattened (as many as
+    the tower's positions), and its tokens (a 2 x 2 grid here, no high-resolution part)
+    each pooling four of that image's patches."""
+    import torch
+
+    vision = cfg.vision_config
+    patches = vision.num_position_embeddings
+    width = vision.patch_size * vision.patch_size * (getattr(vision, "num_channels", 3) or 3)
+    tokens, pool = 4, 4
+    return {"pixel_values": torch.randn(BATCH, 1, patches, width, generator=g),
+            "image_token_pooling": torch.randint(0, patches, (BATCH * tokens, pool), generator=g),
+            "image_grids": torch.tensor([[2, 2, 0, 0]] * BATCH),
+            "image_num_crops": torch.ones(BATCH, dtype=torch.long)}
+
+
+# Images a model's processor lays out its own way (no layout of pixel_values alone
+# reaches its tower), by model type: their inputs, from the config.
+_PROCESSED_IMAGES: dict[str, Callable[[Any, Any], dict[str, Any]]] = {"molmo2": _molmo2_images}
 
 
 # A speech LLM's mask over its feature frames, by the names models give it.
