@@ -1047,7 +1047,15 @@ def _images(cfg: Any, model: Any, params: Any, g: Any, required: dict[str, Any]
                                       generator=g)
     failure = ""
     # one image per sample, or a list of crops each (one, or LLaVA-NeXT's two)
-    for layout in (pixels, pixels[:, None], pixels[:, None].repeat(1, 2, 1, 1, 1)):
+    layouts = [pixels, pixels[:, None], pixels[:, None].repeat(1, 2, 1, 1, 1)]
+    patch = getattr(vision, "patch_size", None)
+    if _is_int(patch):
+        # or a sample's patches, each a clip of its time steps, channels last
+        # (Inkling's tower folds (time, height, width) into depth, a token a patch)
+        steps = getattr(vision, "temporal_patch_size", 1) or 1
+        layouts.append(torch.randn(BATCH * 4, steps, patch, patch,
+                                   getattr(vision, "num_channels", 3) or 3, generator=g))
+    for layout in layouts:
         try:
             count = _features(get, pixel_values=layout, **extra)
         except Exception as exc:  # noqa: BLE001 - the next layout, else a skip below
