@@ -256,7 +256,10 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         if (small := _smaller(cls, key, value, keep)) is not None:
             new[key] = small
         elif _is_int(value) and value in widths and not set(_WIDTHS) & keep \
-                and key.endswith(_WIDTH_LIKE) and not any(w in key for w in _NOT_WIDTH) \
+                and (key.endswith(_WIDTH_LIKE) and not any(w in key for w in _NOT_WIDTH)
+                     # a group count that is a width: a depthwise convolution (Mimi's
+                     # upsample_groups)
+                     or key.endswith("_groups")) \
                 and _small_for(cls, key) is None:
             new[key] = _WIDTH  # (Dots3's adapters: vision width in, text width out)
     heads = [k for k in raw if _names(cls, k) & set(_HEADS)]
@@ -295,6 +298,12 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         # (with fill, unset ones too: ESM's embeddings need a padding id)
         if _is_int(raw.get(key)) and raw[key] >= VOCAB or fill and key in raw and raw[key] is None:
             new[key] = VOCAB - 1 - _TOKEN_ID_KEYS.index(key)
+    padding = [k for k, v in raw.items() if k.endswith("pad_token_id") and k not in _TOKEN_ID_KEYS
+               and _is_int(v) and v >= VOCAB]
+    for number, key in enumerate(padding):
+        # Another padding id (Kyutai's audio_pad_token_id: the row after its text and
+        # codebook vocabularies) is an embedding's padding_idx: inside the shrunk table.
+        new[key] = VOCAB - 1 - len(_TOKEN_ID_KEYS) - number
     for key, value in raw.items():
         if _names(cls, key) & {"max_position_embeddings"} and _is_int(value) and value > 512:
             new[key] = 512
@@ -726,6 +735,12 @@ def _forwards(kind: str, cfg: Any, model: Any, labelled: bool = True
             labels = inputs["input_ids"]
         else:  # text to speech (Dia): token ids in, the loss of its outputs
             inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+            if getattr(cfg, "model_type", None) in _STEP_CODES:
+                # (a text token and one code per codebook at each step: Kyutai's speech
+                # to text reads the codec's codes beside its text, as generate gives them)
+                codes = torch.randint(0, min(cfg.codebook_vocab_size, VOCAB) - 1,
+                                      (BATCH, SEQ, cfg.num_codebooks), generator=g)
+                inputs["input_ids"] = torch.cat([ids[..., None], codes], -1)
     elif kind in ("audio", "ctc", "speech"):
         name = getattr(model, "main_input_name", "input_values")
         inputs[name] = _audio(name, cfg, g)
@@ -817,6 +832,11 @@ def _documented_shape(model: Any, name: str, cfg: Any) -> tuple[int, ...] | None
             size *= value
         shape.append(size)
     return tuple(shape)
+
+
+# Models whose input ids carry, at each step, a code of each codebook after the text
+# token (their own layout, no docstring or signature says it), by model type.
+_STEP_CODES = frozenset({"kyutai_speech_to_text"})
 
 
 # A vision-language model's special tokens (image placeholder, vision start and end)
