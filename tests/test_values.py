@@ -2284,3 +2284,36 @@ def test_a_count_minus_one_and_a_square_over_a_number_keep_a_variance_positive(t
     text = generate(et_path, bench, GenerateOptions(command_line="test"))
     assert '"uniform", 7.5, 8.5' in text, text  # the count, above n - 1's 1..7
     _assert_replays_finite(bench, 3)
+
+
+def test_indices_only_written_through_keep_every_row_the_replay_selects(tmp_path):
+    """Mask2Former's masked attention unmasks every query whose mask covers all keys
+    (``mask[torch.where(mask.sum(-1) == keys)] = False``) before a softmax. The
+    original selected one such row; replayed weights select about half of them, and
+    the ``where`` fitted to its recorded count kept one: the others stayed all -inf,
+    their softmax NaN, and the weights NaN after a step (OneFormer's training step).
+    Indices only an index write reads, with one value for any count, keep their
+    replayed size: the write's result has its recorded size anyway."""
+    torch.manual_seed(0)
+    scorer, values = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
+    with torch.no_grad():  # positive logits for every query but one
+        scorer.weight.fill_(0.1)
+        scorer.bias.zero_()
+    x = torch.rand(2, 16, 4) + 0.1
+    x[0, 0] = -1.0
+    opt = torch.optim.SGD([*scorer.parameters(), *values.parameters()], lr=1e-2)
+
+    def step() -> None:
+        opt.zero_grad()
+        logits = scorer(x)  # one key per query
+        mask = (logits.sigmoid() < 0.5).detach()
+        mask[torch.where(mask.sum(-1) == mask.shape[-1])] = False
+        scores = torch.zeros_like(logits).masked_fill(mask, float("-inf")) + logits
+        (scores.softmax(-1) * values(x)).sum().backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / "masked_attention.et.json")
+    bench = tmp_path / "masked_attention_bench.py"
+    text = generate(et_path, bench, GenerateOptions(command_line="test"))
+    assert "where = _fit(" not in text, text
+    _assert_replays_finite(bench, 3)

@@ -270,6 +270,10 @@ class Op:
     # made by it and written by no later op (passes/values.py): a fit made once may
     # serve every iteration, which the file keys by the op's index.
     fits_reusable: bool = False
+    # Data-dependent outputs (by position) the file leaves at their replayed size: every
+    # reader writes through them as indices (``x[torch.where(m)] = v``), its result the
+    # size of what it writes whatever their count (passes/values.py).
+    unfitted: frozenset[int] = frozenset()
     # Outputs (by position) a later view reads through views only, in a layout this
     # op's kernel may give otherwise where the replay runs: the file lays them out as
     # recorded (passes/tensors.py keep_viewed_layouts).

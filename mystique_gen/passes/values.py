@@ -480,6 +480,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
             if fit[0] == FillKind.DESCENDING and known is not None \
                     and sum(known[0]) == fit[1]:
                 by_index[index].recorded_lengths[position] = tuple(known[0])
+    _unfitted_indices(ops)
     _reusable_fits(ops)
     _guard_computed_values(ops, facts)
     for s in storages:
@@ -1454,13 +1455,53 @@ def _masks_to_fit(ops: list[Op], counts: dict[tuple[int, int], int | None]
             if count is not None and (key in unfitted or len(readers.get(key, ())) > 1)}
 
 
+# Ops that write through indices: their result is `self`, whatever the indices' count.
+_INDEX_WRITERS = frozenset({"aten::index_put_", "aten::index_put", "aten::_index_put_impl_"})
+
+
+def _unfitted_indices(ops: list[Op]) -> None:
+    """Set ``Op.unfitted``: the data-dependent outputs that only index writes read, as
+    their indices, with one value for any count (``mask[torch.where(full_rows)] =
+    False``, Mask2Former's guard against a query that masks every key). Fitted to the
+    recorded count, a cut would drop rows the replayed values select and leave them
+    unwritten (there: rows all -inf, a softmax of NaN, NaN weights after a step); the
+    write's result has its recorded size either way, so nothing later needs the fit."""
+    made: dict[int, tuple[Op, int]] = {}
+    for op in ops:
+        if op.name not in oprules.DATA_DEPENDENT_OUTPUTS:
+            continue
+        for position, value in enumerate(op.outputs):
+            for tv in iter_tensors(value):
+                if tv.storage is not None:
+                    made[id(tv.storage)] = (op, position)
+    read: set[tuple[Op, int]] = set()
+    needed: set[tuple[Op, int]] = set()
+    for op in ops:
+        named = {a.spec.name: a.value for a in op.args}
+        values = named.get("values")
+        broadcast = isinstance(values, TensorValue) and values.meta.numel <= 1
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                maker = made.get(id(tv.storage)) if tv.storage is not None else None
+                if maker is None or maker[0] is op:
+                    continue
+                read.add(maker)
+                if not (op.name in _INDEX_WRITERS and arg.spec.name == "indices"
+                        and broadcast):
+                    needed.add(maker)
+    for op, position in read - needed:
+        op.unfitted = op.unfitted | {position}
+
+
 def fits_output(op: Op, value: object) -> bool:
     """Whether the file fits this output of ``op`` to its recorded size after the op
     (backends/valuefill.py): an op whose output sizes depend on values
     (``oprules.DATA_DEPENDENT_OUTPUTS``), or a sparse result whose entry count does
     (``SPARSE_DATA_DEPENDENT_OUTPUTS``). Under a guard too: a stand-in has the recorded
     size already, but a portable equivalent (torchvision's nms) keeps what its
-    values decide."""
+    values decide. Not one left at its replayed size (``Op.unfitted``)."""
+    if any(value is op.outputs[p] for p in op.unfitted if p < len(op.outputs)):
+        return False
     if op.name in oprules.DATA_DEPENDENT_OUTPUTS:
         return True
     return (op.name in oprules.SPARSE_DATA_DEPENDENT_OUTPUTS
