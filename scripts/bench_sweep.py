@@ -756,7 +756,12 @@ def _forwards(kind: str, cfg: Any, model: Any, labelled: bool = True
     else:
         inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
         labels = ids
-        if kind == "seq2seq":
+        if kind == "seq2seq" and "input_features" in inspect.signature(model.forward).parameters \
+                and hasattr(cfg, "audio_config"):
+            # A streaming speech model (Voxtral Realtime) adds a feature of its audio to
+            # each text token: the recording as long as gives one per token.
+            inputs["input_features"] = _aligned_audio(cfg, model, g)
+        elif kind == "seq2seq":
             inputs["decoder_input_ids"] = ids
         # Token ids in another layout, as the forward documents it (MusicGen's decoder:
         # a row per codebook of each sample, a column per codebook in its labels).
@@ -1144,6 +1149,33 @@ def _recordings(cfg: Any, model: Any, params: Any, g: Any
             continue
         return {k: v for k, v in media.items() if k in params}, count // BATCH, token
     raise Skip(f"no audio layout the encoder takes ({failure})")
+
+
+def _aligned_audio(cfg: Any, model: Any, g: Any) -> Any:
+    """Feature frames (in the layout the encoder takes) from which the audio encoder
+    gives exactly SEQ features per recording: one per text token."""
+    get = _encoder(model, "get_audio_features")
+    bins = next((v for k in ("num_mel_bins", "input_dim", "feature_size", "n_mels")
+                 if _is_int(v := getattr(cfg.audio_config, k, None))), None)
+    if bins is None:
+        raise Skip("no audio feature size")
+    failure = ""
+    for frames in (SEQ * k for k in (1, 2, 4, 8, 16)):
+        for values in (_randn(g, BATCH, bins, frames), _randn(g, BATCH, frames, bins)):
+            try:
+                count = _features(get, input_features=values)
+            except Exception as exc:  # noqa: BLE001 - the next length, else a skip below
+                failure = failure or f"{type(exc).__name__}: {_first_line(exc)}"
+                continue
+            if count == BATCH * SEQ:
+                return values
+    raise Skip(f"no recording gives a feature per token ({failure})")
+
+
+def _randn(g: Any, *shape: int) -> Any:
+    import torch
+
+    return torch.randn(*shape, generator=g)
 
 
 def _audio_layouts(name: str, audio: Any, g: Any) -> Iterator[tuple[Any, int]]:
