@@ -774,6 +774,11 @@ def _forwards(kind: str, cfg: Any, model: Any, labelled: bool = True
     infer_inputs = dict(inputs)
     if kind == "speech" and "input_ids" not in inputs:
         infer_inputs["decoder_input_ids"] = ids
+    elif kind == "vlm" and getattr(cfg, "is_encoder_decoder", False) \
+            and "decoder_input_ids" in inspect.signature(model.forward).parameters:
+        # (an encoder-decoder's decoder starts from labels in training: UDOP's infers
+        # from ids of its own)
+        infer_inputs["decoder_input_ids"] = ids
     train_inputs = dict(inputs)
     if not labelled:
         pass
@@ -857,13 +862,28 @@ def _fit_multimodal(cfg: Any) -> None:
     more than the shrunk image has patches."""
     free = _SPECIALS
     text = getattr(cfg, "text_config", None)
+    renamed: dict[int, int] = {}
     for obj in (cfg, text):
         for key, value in list(vars(obj).items()) if obj is not None else ():
             # (by an alias too: Molmo2's image_token_id is its image_patch_id)
             if any(n.endswith(("token_id", "token_index")) for n in _names(type(obj), key)) \
                     and _is_int(value) and value >= VOCAB:
                 setattr(obj, key, free)
+                renamed.setdefault(value, free)
                 free += 1
+    for part in list(_configs(cfg))[1:]:
+        if part is text or getattr(part, "vision_config", None) is None:
+            continue
+        # A composite inside (T5Gemma 2's encoder: its image tokens, its pooling): the
+        # same ids for the ids the top level has, its tokens per image fitted too.
+        for obj in (part, getattr(part, "text_config", None)):
+            for key, value in list(vars(obj).items()) if obj is not None else ():
+                if key.endswith(("token_id", "token_index")) and _is_int(value) \
+                        and value >= VOCAB:
+                    if value not in renamed:
+                        renamed[value], free = free, free + 1
+                    setattr(obj, key, renamed[value])
+        _fit_tokens_per_image(part, part.vision_config)
     rope = getattr(text, "rope_parameters", None)
     heads = getattr(text, "num_attention_heads", None)
     sections = rope.get("mrope_section") if isinstance(rope, dict) else None
@@ -885,10 +905,7 @@ def _fit_multimodal(cfg: Any) -> None:
     patch = getattr(vision, "patch_size", None)
     if _is_int(shuffle) and _is_int(patch) and _is_int(getattr(vision, "image_size", None)):
         vision.image_size = max(vision.image_size, patch * shuffle)
-    tokens = getattr(cfg, "mm_tokens_per_image", None)
-    size, patch = (getattr(vision, k, None) for k in ("image_size", "patch_size"))
-    if _is_int(tokens) and _is_int(size) and _is_int(patch) and patch:
-        cfg.mm_tokens_per_image = min(tokens, (size // patch) ** 2)
+    size = _fit_tokens_per_image(cfg, vision)
     if isinstance(getattr(cfg, "image_grid_pinpoints", None), list) and _is_int(size):
         # LLaVA-NeXT's any-resolution tiles: one tile of the shrunk image (two crops
         # an image: the whole image, and that tile)
@@ -908,6 +925,16 @@ def _fit_multimodal(cfg: Any) -> None:
             # (Molmo2's adapter reads layers 24 and 18 of the tower: the last one)
             part.vision_feature_layer = [v if _is_int(v) and -depth <= v < depth else -1
                                          for v in layers]
+
+
+def _fit_tokens_per_image(cfg: Any, vision: Any) -> Any:
+    """Tokens per image (Gemma 3 pools patches into them) no more than the shrunk
+    image has patches; the image's size."""
+    tokens = getattr(cfg, "mm_tokens_per_image", None)
+    size, patch = (getattr(vision, k, None) for k in ("image_size", "patch_size"))
+    if _is_int(tokens) and _is_int(size) and _is_int(patch) and patch:
+        cfg.mm_tokens_per_image = min(tokens, (size // patch) ** 2)
+    return size
 
 
 def _default_mrope_sections(cfg: Any) -> list[int] | None:
@@ -986,6 +1013,11 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **media}
     if "mm_token_type_ids" in params:
         inputs["mm_token_type_ids"] = (ids == token).long()
+    if "bbox" in params:
+        # (a document model: each token's box on the page, (x0, y0, x1, y1) as fractions
+        # of it; UDOP places its image's patches by them)
+        corners = torch.rand(BATCH, ids.shape[1], 2, 2, generator=g).sort(dim=2).values
+        inputs["bbox"] = corners.reshape(BATCH, ids.shape[1], 4)
     pixels = media.get("pixel_values")
     if "image_attention_mask" in params and pixels is not None and pixels.dim() == 5:
         # (IDEFICS: which of a sample's images each token attends to, all here)
@@ -1017,9 +1049,11 @@ def _images(cfg: Any, model: Any, params: Any, g: Any, required: dict[str, Any]
     ``get_image_features`` requires them."""
     import torch
 
-    vision = getattr(cfg, "vision_config", None)
-    if vision is None:  # (Fuyu embeds raw patches; Evolla reads proteins)
-        raise Skip("no vision_config")
+    # (an encoder-decoder's vision config is its encoder's: T5Gemma 2's)
+    vision = next((v for c in _configs(cfg) if (v := getattr(c, "vision_config", None))
+                   is not None), None)
+    if vision is None:  # (Fuyu embeds raw patches, UDOP its image's in its encoder)
+        return _unencoded_images(cfg, model, g)
     # (a video model's placeholders are video tokens, encoded by get_video_features:
     # InstructBLIP-Video's clips of frames)
     aliases = getattr(type(cfg), "attribute_map", {})
@@ -1088,6 +1122,26 @@ def _images(cfg: Any, model: Any, params: Any, g: Any, required: dict[str, Any]
             continue
         return {"pixel_values": layout, **extra}, count // BATCH, token
     raise Skip(f"no image layout the vision tower takes ({failure})")
+
+
+def _unencoded_images(cfg: Any, model: Any, g: Any) -> tuple[dict[str, Any], int, int]:
+    """Images of a model without a vision tower, which embeds patches itself: with an
+    image token, a sample's patches flattened (Fuyu: a feature a patch, at its image
+    tokens); else one image per sample (UDOP adds its patches to its encoder's)."""
+    import torch
+
+    patch = getattr(cfg, "patch_size", None)
+    channels = getattr(cfg, "num_channels", 3) or 3
+    if not _is_int(patch):
+        raise Skip("no vision_config")
+    if any(_is_int(getattr(cfg, k, None)) for k in ("image_token_id", "image_token_index")):
+        token = _token(cfg, "image")
+        patches = torch.randn(BATCH, 4, patch * patch * channels, generator=g)
+        count = _features(_encoder(model, "get_image_features"), pixel_values=patches)
+        return {"pixel_values": patches}, count // BATCH, token
+    size = getattr(cfg, "image_size", IMAGE)
+    size = size if _is_int(size) else IMAGE
+    return {"pixel_values": torch.randn(BATCH, channels, size, size, generator=g)}, 0, -1
 
 
 def _molmo2_images(cfg: Any, g: Any) -> dict[str, Any]:
