@@ -163,6 +163,28 @@ _TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start
                   "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
 
 
+# Widths of a backbone's stages (Florence-2's DaViT: 128 to 1024; Muse's audio tower):
+# where a model is too big with them, divided by a power of two (see _slimmer).
+_STAGE_WIDTHS = ("embed_dim", "hidden_sizes", "embed_dims")
+_STAGE_HEADS = ("num_heads", "num_groups", "num_attention_heads")
+
+
+def _slimmer(raw: dict[str, Any], widths: Any) -> list[int] | None:
+    """Stage widths divided by the largest power of two that leaves the first at least
+    16 and each a multiple of its stage's head and group counts; None where none does."""
+    if not isinstance(widths, (list, tuple)) or len(widths) < 2 \
+            or not all(_is_int(w) and w > 0 for w in widths):
+        return None
+    counts = [v for k in _STAGE_HEADS if isinstance(v := raw.get(k), (list, tuple))
+              and len(v) == len(widths) and all(_is_int(c) and c > 0 for c in v)]
+    factor = 1
+    while widths[0] // (factor * 2) >= 16 and all(
+            w % (factor * 2) == 0 and all((w // (factor * 2)) % c[i] == 0 for c in counts)
+            for i, w in enumerate(widths)):
+        factor *= 2
+    return [w // factor for w in widths] if factor > 1 else None
+
+
 def _names(cls: type, name: str) -> set[str]:
     """The names a config attribute answers to: its own and its attribute_map aliases
     (GPT-2's n_embd is hidden_size, ConvNeXt's num_stages is num_hidden_layers)."""
@@ -230,7 +252,7 @@ def _tree_widths(cfg: Any, depth: int = 0) -> set[int]:
 
 
 def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
-            depth: int = 0, widths: frozenset[int] | None = None) -> Any:
+            depth: int = 0, widths: frozenset[int] | None = None, slim: bool = False) -> Any:
     """A shrunk copy of a config: widths, depths, heads, experts, vocabulary, per-layer
     lists; sub-configs (text_config, encoder, ...) likewise. Attributes named in keep
     stay as they are; with fill, sizes left unset (None) get their small value.
@@ -363,6 +385,13 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
             continue
         if isinstance(value, (list, tuple)) and key in _STAGE_DEPTHS and key not in keep:
             new[key] = [min(v, 1) if _is_int(v) else v for v in value]
+        elif slim and key in _STAGE_WIDTHS and key not in keep and _slimmer(raw, value):
+            new[key] = _slimmer(raw, value)
+        elif slim and key.endswith("out_hidden_size") and _is_int(value) and any(
+                value == w * k for w in widths for k in (2, 4, 8, 16)):
+            # an encoder's output after merging k patches (Muse's vision: 4 x 1536)
+            new[key] = _WIDTH * next(k for w in widths for k in (2, 4, 8, 16)
+                                     if value == w * k)
         elif isinstance(value, (list, tuple)) and key in _CHANNEL_LISTS:
             new[key] = type(value)(min(v, _WIDTH) if _is_int(v) else v for v in value)
         elif key == "max_length" and _is_int(value) and _is_int(raw.get("num_mel_bins")):
@@ -375,9 +404,9 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
 
             indices = list(getattr(value, "out_indices", None) or [4])
             new[key] = _shrunk(transformers.ResNetConfig(out_indices=indices), keep, fill,
-                               depth + 1, widths)
+                               depth + 1, widths, slim)
         elif hasattr(value, "to_dict") and depth < 3 and key != "quantization_config":
-            new[key] = _shrunk(value, keep, fill, depth + 1, widths)
+            new[key] = _shrunk(value, keep, fill, depth + 1, widths, slim)
     if raw.get("use_timm_backbone") is True:
         new["use_timm_backbone"] = False  # DETR's own (transformers') ResNet: no timm
     if "use_cache" in raw:
@@ -550,25 +579,14 @@ def _build_once(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
 
     try:
         cls = getattr(transformers, class_name)
-        cfg = _default_config(CONFIG_MAPPING[arch])
-        # A composite (multimodal) architecture's causal LM is its text model: build it
-        # from the composite's text_config, as the composite would.
-        sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
-                    and type(v) is getattr(cls, "config_class", None)), None)
-        cfg = _shrunk(cfg, keep, fill) if sub is None else _shrunk(sub, keep, fill, depth=1)
-        if kind in ("vlm", "speechlm") or kind == "speech" and hasattr(cfg, "audio_config"):
-            _fit_multimodal(cfg)  # (a speech LLM as a speech-to-text model: Voxtral)
-            if cls.forward is torch.nn.Module.forward:  # (its parts: see below)
-                for part in list(_configs(cfg))[1:]:
-                    if hasattr(part, "text_config"):
-                        _fit_multimodal(part)
-        if kind in _LABELLED:
-            cfg.num_labels = _LABELS
-            if hasattr(cfg, "num_targets"):  # a time-series classifier's classes
-                cfg.num_targets = _LABELS
-        _fill_missing(cfg, missing)
-        params = _parameters(cls, cfg)
-        if params > 30_000_000:
+        for slim in (False, True):
+            # (slimmer only where the model is too big: its stages' widths too)
+            default = _default_config(CONFIG_MAPPING[arch])
+            cfg = _configured(kind, cls, default, keep, fill, slim, missing)
+            params = _parameters(cls, cfg)
+            if params <= _MAX_PARAMETERS:
+                break
+        if params > _MAX_PARAMETERS:
             return f"{params / 1e6:.0f}M parameters after shrinking"
         torch.manual_seed(0)
         model = cls(cfg)
@@ -675,6 +693,36 @@ def _sub_config_with(cls: Any, field: str) -> tuple[str, str] | None:
         if field in {f.name for f in dataclasses.fields(sub)}:
             return name, model_type
     return None
+
+
+_MAX_PARAMETERS = 30_000_000
+
+
+def _configured(kind: str, cls: Any, default: Any, keep: frozenset[str], fill: bool,
+                slim: bool, missing: list[tuple[str, str]]) -> Any:
+    """The shrunk config a model of `kind` and class `cls` is built from, from the
+    `default` config (which the multimodal fits change in place: a fresh one)."""
+    import torch
+
+    cfg = default
+    # A composite (multimodal) architecture's causal LM is its text model: build it
+    # from the composite's text_config, as the composite would.
+    sub = next((v for v in vars(cfg).values() if type(v) is not type(cfg)
+                and type(v) is getattr(cls, "config_class", None)), None)
+    cfg = _shrunk(cfg, keep, fill, slim=slim) if sub is None \
+        else _shrunk(sub, keep, fill, depth=1, slim=slim)
+    if kind in ("vlm", "speechlm") or kind == "speech" and hasattr(cfg, "audio_config"):
+        _fit_multimodal(cfg)  # (a speech LLM as a speech-to-text model: Voxtral)
+        if cls.forward is torch.nn.Module.forward:  # (its parts: see _build_once)
+            for part in list(_configs(cfg))[1:]:
+                if hasattr(part, "text_config"):
+                    _fit_multimodal(part)
+    if kind in _LABELLED:
+        cfg.num_labels = _LABELS
+        if hasattr(cfg, "num_targets"):  # a time-series classifier's classes
+            cfg.num_targets = _LABELS
+    _fill_missing(cfg, missing)
+    return cfg
 
 
 def _parameters(cls: Any, cfg: Any) -> int:
@@ -1072,8 +1120,9 @@ def _images(cfg: Any, model: Any, params: Any, g: Any, required: dict[str, Any]
     token = _token(cfg, modality)
     if "image_grid_thw" in params:
         patch = vision.patch_size
-        temporal = getattr(vision, "temporal_patch_size", 1) or 1
-        merge = getattr(vision, "spatial_merge_size", 1) or 1
+        temporal = getattr(vision, "temporal_patch_size", None) \
+            or getattr(vision, "patch_temporal", 1) or 1  # (Muse names it so)
+        merge = getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", 1) or 1
         side = 2 * merge
         channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
         pixels = torch.randn(BATCH * side * side, channels * temporal * patch * patch,
