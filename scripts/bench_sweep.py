@@ -1046,6 +1046,13 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
     params = inspect.signature(model.forward).parameters
     if not any(p.startswith(_MEDIA) for p in params):
         return _text_only(cfg, params, g)
+    if kind == "speechlm" and "input_features" in params and hasattr(cfg, "audio_config") \
+            and not any(k.startswith("audio_token") for k in vars(cfg)):
+        # No audio placeholders: a streaming model adds a feature of its recording to
+        # each text token (Voxtral Realtime)
+        ids = torch.randint(3, _SPECIALS, (BATCH, SEQ), generator=g)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                "input_features": _aligned_audio(cfg, model, g)}
     # (ids its encoder reads as well: InstructBLIP's Q-Former is instructed by the text)
     required = _required_ids(cfg, model, {"input_ids": None}, g)
     if kind == "vlm":
