@@ -753,7 +753,10 @@ def _forwards(kind: str, cfg: Any, model: Any, labelled: bool = True
     vocab = getattr(cfg, "vocab_size", None) or getattr(
         getattr(cfg, "text_config", None), "vocab_size", VOCAB)
     ids = torch.randint(3, min(vocab, VOCAB), (BATCH, SEQ), generator=g)
-    if kind in _PIXEL_KINDS:
+    own = _OWN_INPUTS.get(getattr(cfg, "model_type", ""))
+    if own is not None:
+        inputs = own(cfg, g)
+    elif kind in _PIXEL_KINDS:
         # (a video model may call its clip pixel_values_videos)
         name = getattr(model, "main_input_name", None)
         name = name if isinstance(name, str) and name.startswith("pixel_values") \
@@ -890,6 +893,30 @@ def _documented_shape(model: Any, name: str, cfg: Any) -> tuple[int, ...] | None
             size *= value
         shape.append(size)
     return tuple(shape)
+
+
+def _assistant_inputs(cfg: Any, g: Any) -> dict[str, Any]:
+    """Gemma 4 Assistant drafts from its main model's state: that model's last hidden
+    states beside its token embeddings (twice its width) and the keys and values of its
+    last layer of each attention type, as many heads and head sizes as the assistant's
+    layers of that type read."""
+    import torch
+
+    text = cfg.get_text_config()
+    shared = {}
+    for number, kind in enumerate(text.layer_types):
+        layer = text.per_layer_config[number]
+        shape = (BATCH, layer.num_key_value_heads, SEQ, layer.head_dim)
+        shared.setdefault(kind, (torch.randn(*shape, generator=g),
+                                 torch.randn(*shape, generator=g)))
+    return {"inputs_embeds": torch.randn(BATCH, SEQ, 2 * cfg.backbone_hidden_size, generator=g),
+            "shared_kv_states": shared}
+
+
+# Models a forward of inputs made from the signature cannot run, by model type: their
+# inputs, from the config (a model that reads another model's state).
+_OWN_INPUTS: dict[str, Callable[[Any, Any], dict[str, Any]]] = {
+    "gemma4_assistant": _assistant_inputs}
 
 
 # Models whose input ids carry, at each step, a code of each codebook after the text
