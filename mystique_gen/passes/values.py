@@ -1455,8 +1455,13 @@ def _masks_to_fit(ops: list[Op], counts: dict[tuple[int, int], int | None]
             if count is not None and (key in unfitted or len(readers.get(key, ())) > 1)}
 
 
-# Ops that write through indices: their result is `self`, whatever the indices' count.
-_INDEX_WRITERS = frozenset({"aten::index_put_", "aten::index_put", "aten::_index_put_impl_"})
+# Ops that write through indices, their result `self` whatever the indices' count: the
+# argument of the indices, and that of the value written at each.
+_INDEX_WRITERS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("aten::index_put_", "aten::index_put", "aten::_index_put_impl_"),
+                    ("indices", "values")),
+    **dict.fromkeys(("aten::index_fill_", "aten::index_fill"), ("index", "value")),
+}
 
 
 def _unfitted_indices(ops: list[Op]) -> None:
@@ -1477,17 +1482,18 @@ def _unfitted_indices(ops: list[Op]) -> None:
     read: set[tuple[Op, int]] = set()
     needed: set[tuple[Op, int]] = set()
     for op in ops:
-        named = {a.spec.name: a.value for a in op.args}
-        values = named.get("values")
-        broadcast = isinstance(values, TensorValue) and values.meta.numel <= 1
+        index, written = _INDEX_WRITERS.get(op.name, ("", ""))
+        value = next((a.value for a in op.args if a.spec.name == written), None)
+        # one value for any count: a scalar, or a tensor of one element
+        broadcast = bool(index) and (not isinstance(value, TensorValue)
+                                     or value.meta.numel <= 1)
         for arg in op.args:
             for tv in iter_tensors(arg.value):
                 maker = made.get(id(tv.storage)) if tv.storage is not None else None
                 if maker is None or maker[0] is op:
                     continue
                 read.add(maker)
-                if not (op.name in _INDEX_WRITERS and arg.spec.name == "indices"
-                        and broadcast):
+                if not (broadcast and arg.spec.name == index):
                     needed.add(maker)
     for op, position in read - needed:
         op.unfitted = op.unfitted | {position}
