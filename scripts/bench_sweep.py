@@ -8,7 +8,10 @@ classification, object detection, depth estimation, contrastive image-text
 (CLIP-like), universal (panoptic) segmentation, keypoint detection and time-series
 classification models, from its default config shrunk generically (no weights are
 downloaded; where the model does not build or run eagerly from that, with fewer
-attributes shrunk), captures one training step (loss, backward, AdamW; where the model
+attributes shrunk; inputs are made from what the forward's signature, docstring and the
+config ask for, and the few models whose processor lays inputs out its own way have
+their own builders in three small tables, ``_OWN_INPUTS``, ``_PROCESSED_IMAGES`` and
+``_STEP_CODES``), captures one training step (loss, backward, AdamW; where the model
 computes no loss from the labels given, the mean of its outputs) and one inference
 step each, generates a benchmark with the CLI, replays it standalone
 (``--warmup 0 --iters 3 --reset-inputs off --json --et replay.json``, with
