@@ -620,7 +620,9 @@ def _build_once(kind: str, arch: str, class_name: str, keep: frozenset[str], fil
             loss_fn, infer_fn = _forwards(kind, cfg, model, labelled)
             _probe(model, loss_fn, infer_fn)
         except Skip:
-            raise
+            if not placeholders and labelled:
+                raise  # (inputs this script cannot make: as before the retries)
+            continue  # (a retry's skip leaves the first failure, and the next rungs)
         except Exception as exc:  # noqa: BLE001
             failure = failure or f"eager: {type(exc).__name__}: {_first_line(exc)}"
             continue
