@@ -812,8 +812,7 @@ def _forwards(kind: str, cfg: Any, model: Any, labelled: bool = True
     else:
         inputs.update(input_ids=ids, attention_mask=torch.ones_like(ids))
         labels = ids
-        if kind == "seq2seq" and "input_features" in inspect.signature(model.forward).parameters \
-                and hasattr(cfg, "audio_config"):
+        if kind == "seq2seq" and _aligns_audio(cfg, inspect.signature(model.forward).parameters):
             # A streaming speech model (Voxtral Realtime) adds a feature of its audio to
             # each text token: the recording as long as gives one per token.
             inputs["input_features"] = _aligned_audio(cfg, model, g)
@@ -1078,8 +1077,7 @@ def _media_text(kind: str, cfg: Any, model: Any, g: Any) -> dict[str, Any]:
     params = inspect.signature(model.forward).parameters
     if not any(p.startswith(_MEDIA) for p in params):
         return _text_only(cfg, params, g)
-    if kind == "speechlm" and "input_features" in params and hasattr(cfg, "audio_config") \
-            and not any(k.startswith("audio_token") for k in vars(cfg)):
+    if kind == "speechlm" and _aligns_audio(cfg, params):
         # No audio placeholders: a streaming model adds a feature of its recording to
         # each text token (Voxtral Realtime)
         ids = torch.randint(3, _SPECIALS, (BATCH, SEQ), generator=g)
@@ -1291,6 +1289,14 @@ def _recordings(cfg: Any, model: Any, params: Any, g: Any
             continue
         return {k: v for k, v in media.items() if k in params}, count // BATCH, token
     raise Skip(f"no audio layout the encoder takes ({failure})")
+
+
+def _aligns_audio(cfg: Any, params: Any) -> bool:
+    """Whether a model reads a recording beside its text with no audio placeholder
+    tokens (set or left to its processor): a streaming model, a feature a token. (One
+    with placeholders, Moss's transcriber, runs on text alone as well.)"""
+    return "input_features" in params and hasattr(cfg, "audio_config") \
+        and not any(k.startswith("audio_token") for k in vars(cfg))
 
 
 def _aligned_audio(cfg: Any, model: Any, g: Any) -> Any:
