@@ -1667,6 +1667,32 @@ def test_a_wrapped_number_at_a_freed_inner_results_address_is_not_that_result(re
         assert "aten::matrix_exp" not in names and "aten::linalg_matrix_exp" in names
 
 
+@pytest.mark.parametrize("dtype", ["float64", "int64"])
+def test_a_wrapped_number_of_another_dtype_at_a_freed_inner_results_address(dtype):
+    """A bool ``sum`` upcasts its input to a 0-d long inside (``to``), then frees it;
+    a Python float wrapped for ``mul(Tensor, Tensor)`` (a 0-d double, the same size
+    and rank, and no op records its allocation) took its TensorImpl and data
+    addresses. The ``sum`` was taken for an op whose inner result a later op reads,
+    and replayed as its children in one capture of five (a transformers I-BERT
+    training step: an overload the original never ran). A read at those addresses
+    of another dtype is another tensor; one of the inner result's dtype is still
+    that result."""
+    b = TraceBuilder()
+    x, out = b.tensor((5, 5)), b.tensor((5, 5))
+    inner = b.tensor((), dtype="int64")
+    whole = b.op(MATRIX_EXP, [x], [out])
+    b.op(ZEROS_OP, [[], 4, None, None, None], [inner], parent=whole)
+    b.op(LINALG_MATRIX_EXP, [x], [out], parent=whole)
+    read = T(inner.tensor_id, inner.storage_id, (), (), dtype=dtype)
+    b.op(ADD_TENSORS, [b.tensor(()), read, 1], [b.tensor(())])
+    names = [sel.node.name for sel in select_ops(
+        trace_from_document(b.doc(), name="t.json", sha256="")).ops]
+    if dtype == "float64":
+        assert names == ["aten::matrix_exp", "aten::add"]
+    else:
+        assert "aten::matrix_exp" not in names and "aten::linalg_matrix_exp" in names
+
+
 def test_cudnn_ctc_loss_replays_as_its_children_whose_grad_the_backward_reads():
     """cuDNN's CTC loss computes the grad in its forward, which the backward only
     scales: with its portable equivalent (and _use_cudnn_ctc_loss's), a CUDA trace's

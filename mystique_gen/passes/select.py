@@ -73,7 +73,11 @@ INDUCTOR_CPP_NOTE = ("Inductor's C++ wrapper called it (cpp_wrapper, AOTInductor
                      "arguments recorded (the torch ops it called inside replay); --kineto "
                      "with --host-gaps recorded replays its time")
 
-TensorKey = tuple[int, int, int, int | None]  # (tensor, storage, element size, dims)
+# (tensor, storage, element size, dims, dtype)
+TensorKey = tuple[int, int, int, int | None, str | None]
+# Each tensor's dtype in a recorded argument's type ("Tensor(float)", a list's
+# "GenericList[Tensor(float),Tensor(long int)]"), in order.
+_TENSOR_DTYPE = re.compile(r"Tensor\(([^)]*)\)")
 
 
 # A value domain of one tensor: ("positive" | "range", low, high, why).
@@ -1231,13 +1235,21 @@ def _portable_children(kids: list[RawNode], replayed_as_children: Set[int] = fro
 
 
 def _tensor_keys(arg: RawArg) -> list[TensorKey]:
-    """(tensor id, storage id, element size, dimensions) of the tensors of one recorded
-    argument that have a storage: the allocator reuses a small temporary's TensorImpl
-    and data addresses together, for a wrapped Python scalar too, whose wrapping
-    records no op that allocates (a double where the temporary was a float; a 0-d
-    long where ``matrix_exp``'s decomposition had freed a [1] long, and the forward
-    was replayed as its decomposition, whose degree buckets left NaN)."""
-    return [(r[0], r[1], r[4], rank) for r, rank in tensor_records_with_ranks(arg)
+    """(tensor id, storage id, element size, dimensions, dtype) of the tensors of one
+    recorded argument that have a storage: the allocator reuses a small temporary's
+    TensorImpl and data addresses together, for a wrapped Python scalar too, whose
+    wrapping records no op that allocates (a double where the temporary was a float;
+    a 0-d long where ``matrix_exp``'s decomposition had freed a [1] long, and the
+    forward was replayed as its decomposition, whose degree buckets left NaN; a 0-d
+    double where a bool ``sum``'s upcast had freed a 0-d long, and the ``sum`` was
+    replayed as its children in one capture of five). The dtype is None where the
+    argument's type does not name one per tensor."""
+    records = tensor_records_with_ranks(arg)
+    dtypes: list[str | None] = list(_TENSOR_DTYPE.findall(arg.type))
+    if len(dtypes) != len(records):
+        dtypes = [None] * len(records)
+    return [(r[0], r[1], r[4], rank, dtype)
+            for (r, rank), dtype in zip(records, dtypes, strict=True)
             if r[1] and isinstance(r[0], int)]
 
 
