@@ -2317,3 +2317,38 @@ def test_indices_only_written_through_keep_every_row_the_replay_selects(tmp_path
     text = generate(et_path, bench, GenerateOptions(command_line="test"))
     assert "where = _fit(" not in text, text
     _assert_replays_finite(bench, 3)
+
+
+@pytest.mark.parametrize("through", ["squeeze", "select"])
+def test_indices_written_through_a_view_keep_every_row_too(tmp_path, through):
+    """As above, with the rows of a ``nonzero`` taken through a view that keeps them
+    for any count (``nonzero().squeeze(1)`` into ``index_fill_``, ``nonzero()[:, 0]``
+    into an index assignment): the ``nonzero`` keeps its replayed size. Fitted, it
+    left all but the recorded row all -inf, and the weights NaN."""
+    torch.manual_seed(0)
+    scorer, values = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
+    with torch.no_grad():  # positive logits for every query but one
+        scorer.weight.fill_(0.1)
+        scorer.bias.zero_()
+    x = torch.rand(2, 16, 4) + 0.1
+    x[0, 0] = -1.0
+    opt = torch.optim.SGD([*scorer.parameters(), *values.parameters()], lr=1e-2)
+
+    def step() -> None:
+        opt.zero_grad()
+        logits = scorer(x)  # one key per query
+        mask = (logits.sigmoid() < 0.5).detach()
+        full = (mask.sum(-1) == mask.shape[-1]).flatten()
+        if through == "squeeze":
+            mask.view(-1, 1).index_fill_(0, full.nonzero().squeeze(1), False)
+        else:
+            mask.view(-1, 1)[full.nonzero()[:, 0]] = False
+        scores = torch.zeros_like(logits).masked_fill(mask, float("-inf")) + logits
+        (scores.softmax(-1) * values(x)).sum().backward()
+        opt.step()
+
+    et_path = record_et(step, tmp_path / f"{through}.et.json")
+    bench = tmp_path / f"{through}_bench.py"
+    text = generate(et_path, bench, GenerateOptions(command_line="test"))
+    assert "nonzero = _fit(" not in text, text
+    _assert_replays_finite(bench, 3)

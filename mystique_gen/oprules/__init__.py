@@ -80,6 +80,7 @@ from mystique_gen.oprules.collectives import (
     reduce_op_name,
     wire_form,
 )
+from mystique_gen.oprules.datadep import keeps_rows
 from mystique_gen.oprules.derivatives import not_differentiable
 from mystique_gen.oprules.linalg import matmul_grad_operand
 from mystique_gen.oprules.normalization import NOT_DIFFERENTIABLE_ARGS
@@ -225,7 +226,7 @@ __all__ = [
     "DISTINCT_ALIASES", "FILLS", "OVERWRITES",
     "METADATA_ONLY",
     "MKLDNN_LAYOUT", "MKLDNN_OPS",
-    "GRAD_REVEALED_BY", "GROUP_RANK_ARGS", "matmul_grad_operand",
+    "GRAD_REVEALED_BY", "GROUP_RANK_ARGS", "matmul_grad_operand", "keeps_rows",
     "KERNEL_PATHS", "KernelPath", "PathFacts",
     "COMMUNICATION_NAMESPACES", "COMM_NOT_REPLAYED", "COMM_OPS", "CORE_NAMESPACES",
     "ClassCount", "CommRule", "DATA_DEPENDENT_OUTPUTS", "DEFAULT_CATEGORY",

@@ -173,6 +173,49 @@ class PackedGradBatchSizes(Fill):
         return (FillKind.DESCENDING, grad[0], width)
 
 
+# Beyond any size a view could name: an ``end`` at or above it slices to the end.
+_TO_THE_END = 2**62
+
+
+def _dim(value: object, rank: int) -> int | None:
+    """``value`` as a dim of a tensor of ``rank`` dims, or None."""
+    return value % rank if type(value) is int and rank and -rank <= value < rank else None
+
+
+def keeps_rows(op_name: str, args: Facts) -> bool:
+    """Whether view ``op_name`` of a tensor whose dim 0 counts data-dependent rows (a
+    ``nonzero``'s) keeps those rows in its own dim 0 for any count, naming no count
+    (``nonzero().squeeze(1)``, ``nonzero()[:, 0]``): the replay may read it at the
+    replayed count. A view that names sizes, cuts rows or moves dim 0 does not."""
+    shape = args.get("self")
+    if not isinstance(shape, tuple) or not shape:
+        return False
+    rank, dim = len(shape), args.get("dim")
+    if op_name in ("aten::alias", "aten::detach"):
+        return True
+    if op_name == "aten::squeeze":
+        if dim is None:  # every dim of one: rows alone are left (0-d at a count of one)
+            return shape[0] != 1 and all(d == 1 for d in shape[1:])
+        dims = dim if isinstance(dim, list) else [dim]
+        return all(_dim(d, rank) not in (None, 0) for d in dims)
+    if op_name == "aten::unsqueeze":
+        return _dim(dim, rank + 1) not in (None, 0)
+    if op_name == "aten::select":
+        return _dim(dim, rank) not in (None, 0)
+    if op_name == "aten::slice":
+        if _dim(dim, rank) != 0:
+            return _dim(dim, rank) is not None
+        end = args.get("end")
+        return args.get("start") in (None, 0) and args.get("step") in (None, 1) \
+            and (end is None or (type(end) is int and end >= _TO_THE_END))
+    if op_name == "aten::transpose":
+        return 0 not in (_dim(args.get("dim0"), rank), _dim(args.get("dim1"), rank))
+    if op_name == "aten::permute":
+        dims = args.get("dims")
+        return isinstance(dims, list) and bool(dims) and _dim(dims[0], rank) == 0
+    return False
+
+
 _UNIQUE = {"self": DistinctCount()}
 # A packed recurrent network: its final hidden state (output 1: layers x batch x
 # hidden) holds the batch.

@@ -1467,36 +1467,61 @@ _INDEX_WRITERS: dict[str, tuple[str, str]] = {
 def _unfitted_indices(ops: list[Op]) -> None:
     """Set ``Op.unfitted``: the data-dependent outputs that only index writes read, as
     their indices, with one value for any count (``mask[torch.where(full_rows)] =
-    False``, Mask2Former's guard against a query that masks every key). Fitted to the
+    False``, Mask2Former's guard against a query that masks every key), maybe through
+    views that keep their rows for any count (``nonzero().squeeze(1)``). Fitted to the
     recorded count, a cut would drop rows the replayed values select and leave them
     unwritten (there: rows all -inf, a softmax of NaN, NaN weights after a step); the
     write's result has its recorded size either way, so nothing later needs the fit."""
-    made: dict[int, tuple[Op, int]] = {}
+    by_index = {op.index: op for op in ops}
+    made: dict[int, tuple[int, int]] = {}  # storage -> its data-dependent maker
     for op in ops:
-        if op.name not in oprules.DATA_DEPENDENT_OUTPUTS:
-            continue
-        for position, value in enumerate(op.outputs):
-            for tv in iter_tensors(value):
-                if tv.storage is not None:
-                    made[id(tv.storage)] = (op, position)
-    read: set[tuple[Op, int]] = set()
-    needed: set[tuple[Op, int]] = set()
+        if op.name in oprules.DATA_DEPENDENT_OUTPUTS:
+            for position, value in enumerate(op.outputs):
+                for tv in iter_tensors(value):
+                    if tv.storage is not None:
+                        made[id(tv.storage)] = (op.index, position)
+    read: set[tuple[int, int]] = set()
+    needed: set[tuple[int, int]] = set()
     for op in ops:
         index, written = _INDEX_WRITERS.get(op.name, ("", ""))
         value = next((a.value for a in op.args if a.spec.name == written), None)
         # one value for any count: a scalar, or a tensor of one element
         broadcast = bool(index) and (not isinstance(value, TensorValue)
                                      or value.meta.numel <= 1)
+        passes_rows = op.signature.is_view and oprules.keeps_rows(op.name, _arg_facts(op))
         for arg in op.args:
             for tv in iter_tensors(arg.value):
-                maker = made.get(id(tv.storage)) if tv.storage is not None else None
-                if maker is None or maker[0] is op:
+                maker = _rows_maker(tv, by_index)
+                traced = maker is not None  # else read otherwise (a view by offset)
+                if not traced and tv.storage is not None:
+                    maker = made.get(id(tv.storage))
+                if maker is None or maker[0] == op.index:
                     continue
                 read.add(maker)
-                if not (broadcast and arg.spec.name == index):
+                if traced and passes_rows and arg.spec.name == "self":
+                    continue  # its readers read the rows
+                if not (traced and broadcast and arg.spec.name == index):
                     needed.add(maker)
-    for op, position in read - needed:
-        op.unfitted = op.unfitted | {position}
+    for index, position in read - needed:
+        by_index[index].unfitted = by_index[index].unfitted | {position}
+
+
+def _rows_maker(tv: TensorValue, by_index: dict[int, Op]) -> tuple[int, int] | None:
+    """The data-dependent op and output position whose rows ``tv`` holds, directly or
+    through views that keep rows (:func:`oprules.keeps_rows`), or None."""
+    for _ in range(8):
+        b = tv.binding
+        op = by_index.get(b.op_index) if isinstance(b, OpOutput) and b.path else None
+        if op is None:
+            return None
+        if op.name in oprules.DATA_DEPENDENT_OUTPUTS:
+            return op.index, b.path[0]
+        source = next((a.value for a in op.args if a.spec.name == "self"), None)
+        if not (op.signature.is_view and isinstance(source, TensorValue)
+                and oprules.keeps_rows(op.name, _arg_facts(op))):
+            return None
+        tv = source
+    return None
 
 
 def fits_output(op: Op, value: object) -> bool:
