@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -2286,69 +2287,63 @@ def test_a_count_minus_one_and_a_square_over_a_number_keep_a_variance_positive(t
     _assert_replays_finite(bench, 3)
 
 
-def test_indices_only_written_through_keep_every_row_the_replay_selects(tmp_path):
+def _masked_attention_step(unmask_full_rows: Callable[[torch.Tensor], None]
+                           ) -> Callable[[], None]:
+    """A training step of masked attention, one key per query, whose mask covers every
+    key of all queries but one: ``unmask_full_rows(mask)`` unmasks such queries (as
+    Mask2Former guards its softmax) before masked logits meet a softmax."""
+    torch.manual_seed(0)
+    scorer, values = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
+    with torch.no_grad():  # positive logits for every query but one
+        scorer.weight.fill_(0.1)
+        scorer.bias.zero_()
+    x = torch.rand(2, 16, 4) + 0.1
+    x[0, 0] = -1.0
+    opt = torch.optim.SGD([*scorer.parameters(), *values.parameters()], lr=1e-2)
+
+    def step() -> None:
+        opt.zero_grad()
+        logits = scorer(x)  # one key per query
+        mask = (logits.sigmoid() < 0.5).detach()
+        unmask_full_rows(mask)
+        scores = torch.zeros_like(logits).masked_fill(mask, float("-inf")) + logits
+        (scores.softmax(-1) * values(x)).sum().backward()
+        opt.step()
+
+    return step
+
+
+def _unmask_by_where(mask: torch.Tensor) -> None:
+    mask[torch.where(mask.sum(-1) == mask.shape[-1])] = False
+
+
+def _unmask_by_squeezed_rows(mask: torch.Tensor) -> None:
+    full = (mask.sum(-1) == mask.shape[-1]).flatten()
+    mask.view(-1, 1).index_fill_(0, full.nonzero().squeeze(1), False)
+
+
+def _unmask_by_selected_rows(mask: torch.Tensor) -> None:
+    full = (mask.sum(-1) == mask.shape[-1]).flatten()
+    mask.view(-1, 1)[full.nonzero()[:, 0]] = False
+
+
+@pytest.mark.parametrize("unmask,made_by", [(_unmask_by_where, "where"),
+                                            (_unmask_by_squeezed_rows, "nonzero"),
+                                            (_unmask_by_selected_rows, "nonzero")],
+                         ids=["where", "nonzero-squeeze", "nonzero-select"])
+def test_indices_only_written_through_keep_every_row_the_replay_selects(
+        tmp_path, unmask, made_by):
     """Mask2Former's masked attention unmasks every query whose mask covers all keys
     (``mask[torch.where(mask.sum(-1) == keys)] = False``) before a softmax. The
     original selected one such row; replayed weights select about half of them, and
     the ``where`` fitted to its recorded count kept one: the others stayed all -inf,
     their softmax NaN, and the weights NaN after a step (OneFormer's training step).
     Indices only an index write reads, with one value for any count, keep their
-    replayed size: the write's result has its recorded size anyway."""
-    torch.manual_seed(0)
-    scorer, values = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
-    with torch.no_grad():  # positive logits for every query but one
-        scorer.weight.fill_(0.1)
-        scorer.bias.zero_()
-    x = torch.rand(2, 16, 4) + 0.1
-    x[0, 0] = -1.0
-    opt = torch.optim.SGD([*scorer.parameters(), *values.parameters()], lr=1e-2)
-
-    def step() -> None:
-        opt.zero_grad()
-        logits = scorer(x)  # one key per query
-        mask = (logits.sigmoid() < 0.5).detach()
-        mask[torch.where(mask.sum(-1) == mask.shape[-1])] = False
-        scores = torch.zeros_like(logits).masked_fill(mask, float("-inf")) + logits
-        (scores.softmax(-1) * values(x)).sum().backward()
-        opt.step()
-
-    et_path = record_et(step, tmp_path / "masked_attention.et.json")
+    replayed size: the write's result has its recorded size anyway. So do rows taken
+    through a view that keeps them at any count (``nonzero().squeeze(1)`` into
+    ``index_fill_``, ``nonzero()[:, 0]`` into an index assignment)."""
+    et_path = record_et(_masked_attention_step(unmask), tmp_path / "masked.et.json")
     bench = tmp_path / "masked_attention_bench.py"
     text = generate(et_path, bench, GenerateOptions(command_line="test"))
-    assert "where = _fit(" not in text, text
-    _assert_replays_finite(bench, 3)
-
-
-@pytest.mark.parametrize("through", ["squeeze", "select"])
-def test_indices_written_through_a_view_keep_every_row_too(tmp_path, through):
-    """As above, with the rows of a ``nonzero`` taken through a view that keeps them
-    for any count (``nonzero().squeeze(1)`` into ``index_fill_``, ``nonzero()[:, 0]``
-    into an index assignment): the ``nonzero`` keeps its replayed size. Fitted, it
-    left all but the recorded row all -inf, and the weights NaN."""
-    torch.manual_seed(0)
-    scorer, values = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
-    with torch.no_grad():  # positive logits for every query but one
-        scorer.weight.fill_(0.1)
-        scorer.bias.zero_()
-    x = torch.rand(2, 16, 4) + 0.1
-    x[0, 0] = -1.0
-    opt = torch.optim.SGD([*scorer.parameters(), *values.parameters()], lr=1e-2)
-
-    def step() -> None:
-        opt.zero_grad()
-        logits = scorer(x)  # one key per query
-        mask = (logits.sigmoid() < 0.5).detach()
-        full = (mask.sum(-1) == mask.shape[-1]).flatten()
-        if through == "squeeze":
-            mask.view(-1, 1).index_fill_(0, full.nonzero().squeeze(1), False)
-        else:
-            mask.view(-1, 1)[full.nonzero()[:, 0]] = False
-        scores = torch.zeros_like(logits).masked_fill(mask, float("-inf")) + logits
-        (scores.softmax(-1) * values(x)).sum().backward()
-        opt.step()
-
-    et_path = record_et(step, tmp_path / f"{through}.et.json")
-    bench = tmp_path / f"{through}_bench.py"
-    text = generate(et_path, bench, GenerateOptions(command_line="test"))
-    assert "nonzero = _fit(" not in text, text
+    assert f"{made_by} = _fit(" not in text, text
     _assert_replays_finite(bench, 3)
