@@ -343,6 +343,19 @@ def test_same_session_gaps_calibrate_the_observer_out(captured, tmp_path):
     assert "with the ET observer attached (linked by id" not in " ".join(beside.split())
 
 
+def test_gaps_asked_of_an_et_without_kineto_are_reported_off(captured, tmp_path):
+    """An ET alone (another tool's capture without its Kineto trace) has no gaps:
+    --host-gaps recorded said so on stderr while --json's host_gaps_replayed read true
+    (on every rank of a job too)."""
+    bench = tmp_path / "et_only.py"
+    generate(captured.et_path, bench)
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
+                         "--json", "--host-gaps", "recorded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no host gaps recorded (use --kineto): host gaps off" in proc.stderr
+    assert last_json(proc.stdout)["host_gaps_replayed"] is False
+
+
 def test_recorded_gaps_subtract_the_replays_own_host_time(captured, tmp_path):
     bench = tmp_path / "bench.py"
     text = generate(captured.et_path, bench, kineto=captured.kineto_path)
