@@ -66,9 +66,11 @@ from mystique_gen.passes.compose import (
 )
 from mystique_gen.passes.filters import (
     filter_selection,
+    kept_step,
     kineto_steps,
     step_listing,
     steps,
+    steps_apart,
     unmarked_steps,
 )
 from mystique_gen.passes.lower import COMPLEX_STAND_IN, lower_ops
@@ -818,6 +820,11 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
                      "no group for them): on the default group a peer was another rank")
     for program in programs:
         program.diagnostics.extend(note(n) for n in notes)
+    apart = steps_apart({r: kept_step(p.filters) for r, p in zip(ranks, programs, strict=True)})
+    for message in [apart] if apart else []:
+        warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
+        for program in programs:
+            program.diagnostics.append(note(message))
     for message in unsettled:
         warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
         for program in programs:

@@ -109,6 +109,8 @@ captures its step as :func:`mystique_gen.tools.capture.capture` captures one pro
 steps profiled without the observer (``.profile.json``) and the ``.step.json`` sidecar
 (eager step times over ``WORKLOAD_TIMING_ITERS`` steps, default 2: tests need the
 trace, the bench the time; ``WORKLOAD_PROFILE_STEPS`` profiled steps, default 3).
+With ``--profiled`` instead, as other tools capture (``_profiled``): ``OUT_DIR/<mode>/``
+holds ``et_rank<N>.json`` and two cycles' ``<host>_<pid>.<time>.pt.trace.json`` per rank.
 """
 
 from __future__ import annotations
@@ -132,7 +134,13 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
-from torch.profiler import ExecutionTraceObserver
+from torch.profiler import (
+    ExecutionTraceObserver,
+    ProfilerActivity,
+    profile,
+    schedule,
+    tensorboard_trace_handler,
+)
 
 from mystique_gen.tools.capture import capture
 
@@ -1291,14 +1299,35 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "compiled_fsdp2": compiled_fsdp2, "compiled_tp": compiled_tp}
 
 
+def _profiled(step: Callable[[], object], out_dir: str, rank: int) -> None:
+    """``step`` captured as PARAM's, HTA's and torchtitan's recipes capture it: an ET
+    observer handed to a profiler whose schedule repeats (wait 1, warm-up 1, active 1,
+    two cycles), ``tensorboard_trace_handler`` writing each cycle's Kineto trace per
+    rank, the observer every active step into ``et_rank<N>.json``."""
+    os.makedirs(out_dir, exist_ok=True)
+    observer = ExecutionTraceObserver().register_callback(
+        os.path.join(out_dir, f"et_rank{rank}.json"))
+    with profile(activities=[ProfilerActivity.CPU],
+                 schedule=schedule(wait=1, warmup=1, active=1, repeat=2),
+                 on_trace_ready=tensorboard_trace_handler(out_dir),
+                 execution_trace_observer=observer) as prof:
+        for _ in range(6):
+            step()
+            prof.step()
+
+
 def main(out_dir: str, modes: list[str]) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     kineto = modes[:1] == ["--kineto"]
-    for mode in modes[1:] if kineto else modes:
+    profiled = modes[:1] == ["--profiled"]
+    for mode in modes[1:] if kineto or profiled else modes:
         torch.manual_seed(0)
         step = MODES[mode]()
+        if profiled:
+            _profiled(step, os.path.join(out_dir, mode), rank)
+            continue
         if kineto:  # every rank runs the same steps: the collectives meet
             capture(step, out_dir, name=f"{mode}-rank-{rank}", warmup=2,
                     timing_iters=int(os.environ.get("WORKLOAD_TIMING_ITERS", "2")),

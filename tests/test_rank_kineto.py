@@ -2,8 +2,10 @@
 (matched by the rank it records in ``distributedInfo``, else in the order given) and
 its own profile-only steps, and the distributed benchmark carries every rank's timing.
 
-Synthetic ETs and Kineto documents (tests/golden_cases.py ``two_ranks``): no process is
-started here; tests/test_parallel.py captures and replays a real job under torchrun.
+Synthetic ETs and Kineto documents (tests/golden_cases.py ``two_ranks``), and one job
+captured under torchrun as other tools capture it (``parallel_workload.py --profiled``: a
+repeating schedule's tensorboard_trace_handler files beside each rank's ET);
+tests/test_parallel.py captures and replays more real jobs.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,9 +22,12 @@ from mystique_gen.cli import main as cli_main
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.driver import compile_paths, expand_inputs, kineto_paths, render
 from mystique_gen.errors import OptionError
+from mystique_gen.passes.filters import kineto_steps
 from mystique_gen.passes.ranks import match_kineto
 from mystique_gen.sources.kineto import load_kineto
+from tests.conftest import ROOT
 from tests.golden_cases import two_ranks
+from tests.test_distributed import _torchrun
 
 
 def _replay_body(text: str, rank: int) -> str:
@@ -201,3 +207,36 @@ def test_match_kineto_pairs():
         match_kineto([0, 1, 2], [0, None, 1], names, knames)
     with pytest.raises(OptionError, match="x rank 0, y rank 1, z rank 3"):
         match_kineto([0, 1, 2], [0, 1, 3], names, knames)
+
+
+@pytest.fixture(scope="module")
+def profiled_tp(tmp_path_factory) -> dict[int, list[Path]]:
+    """A tensor-parallel job captured as PARAM's and HTA's recipes do, two cycles of a
+    repeating schedule: per rank, its ET and its Kineto traces in cycle order."""
+    out = tmp_path_factory.mktemp("profiled")
+    proc = _torchrun(str(ROOT / "tests" / "parallel_workload.py"), str(out), "--profiled",
+                     "tp", cwd=out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files: dict[int, list[Path]] = {0: [], 1: []}
+    for path in sorted((out / "tp").glob("*.pt.trace.json")):
+        kineto = load_kineto(path)
+        files[kineto.rank].append((min(kineto_steps(kineto)), path))
+    return {r: [out / "tp" / f"et_rank{r}.json"] + [p for _, p in sorted(files[r])]
+            for r in (0, 1)}
+
+
+@pytest.mark.slow
+def test_kineto_traces_of_different_cycles_are_said_to_replay_different_steps(profiled_tp):
+    """Each rank keeps the first step its own Kineto trace holds: given rank 0's first
+    cycle and rank 1's second, rank 0 replayed ProfilerStep#2 and rank 1 #5, silently
+    (the header named rank 0's step only). Said now; one cycle's files say nothing."""
+    ets = [profiled_tp[r][0] for r in (0, 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one cycle's: no warning
+        same = compile_paths(ets, kineto=[profiled_tp[0][2], profiled_tp[1][2]])
+    assert not any("different steps" in n for p in same.programs for n in p.notes)
+    with pytest.warns(UserWarning, match=r"the ranks replay different steps \(rank 0 "
+                      r"ProfilerStep#2, rank 1 ProfilerStep#5\)"):
+        mixed = compile_paths(ets, kineto=[profiled_tp[0][1], profiled_tp[1][2]])
+    for program in mixed.programs:
+        assert any("different steps" in n for n in program.notes)

@@ -242,6 +242,35 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
                       f"it has {listing}")
 
 
+# How _step labels the step it keeps (its line in Program.filters).
+KEPT_STEP_RE = re.compile(r"iteration ProfilerStep#(\d+) ")
+
+
+def kept_step(lines: Iterable[str]) -> int | None:
+    """The ``ProfilerStep#N`` a program's filter lines say it keeps, if one."""
+    for line in lines:
+        m = KEPT_STEP_RE.match(line)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def steps_apart(kept: dict[int, int | None]) -> str | None:
+    """Where the ranks of one job keep different steps (rank -> ``kept_step``): why that
+    misleads, else None. Each rank's default is the first step its own Kineto trace
+    holds, so a repeating schedule's files of two cycles (rank 0's first, rank 1's
+    second) had each rank replay another iteration, and the header named rank 0's."""
+    numbers = {n for n in kept.values() if n is not None}
+    if len(numbers) < 2:
+        return None
+    listing = ", ".join(f"rank {r} ProfilerStep#{n}" for r, n in sorted(kept.items())
+                        if n is not None)
+    return (f"the ranks replay different steps ({listing}), each the step its own "
+            "Kineto trace holds: their ops, collectives and timing come from different "
+            "iterations (give every rank its Kineto trace of the same cycle, or "
+            "--iteration N)")
+
+
 def _annotation(tree: _Tree, ops: list[Selected], text: str) -> RawNode:
     """The first annotation (by start) around a kept op whose name contains ``text``."""
     around: set[int] = set()
