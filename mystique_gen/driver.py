@@ -454,6 +454,19 @@ def link_kineto(program: Program, build: Build) -> Program:
                 f"than the ET (pid {et_pid}): ids are not shared, so ops link by name "
                 "and order, and its times and host gaps are another run's")
             program = _said(program, message)
+        elif source.kineto.without_observer and any(n.rf_id for n in source.trace.nodes):
+            # No op of it carries a record function id, while the ET's nodes do: the
+            # observer was not attached while it profiled, so it holds other steps than
+            # the ET's (an observer started by hand before the profiler's active
+            # window). Its External ids count from 1 as the ET's rf_ids do and linked
+            # by id by chance, which the header called the recorded step, silently.
+            message = (
+                f"{source.kineto.name} was profiled without the ET observer attached (no "
+                "op of it carries a record function id): it recorded other steps than "
+                "the ET, and its times and host gaps are those steps' (ops link by "
+                "name, and by ids that agree by chance); the Kineto trace of the "
+                "profiler session the observer ran in links the ET's own step")
+            program = _said(program, message)
         loaded = _loaded_host(program, source)
         if loaded:
             program = _said(program, loaded)
