@@ -826,8 +826,22 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
             if start <= ts < stop and (not spans or ts >= spans[-1][1]):
                 spans.append((ts, -neg_end))  # not inside the previous top-level op
         iterations.append((start, stop, {t: v for t, v in top.items() if v}))
+    # What each iteration waited for peers (marks' last field), left out of its mean
+    # as of each gap below: counted in, a pipeline stage's mean swung with its peers'
+    # pace between the passes with and without the observer, and their difference,
+    # scaled by the observer ratio, read a negative own time (-676 us a gap).
+    waits = [0.0] * len(iterations)
+    if iterations and trace_start_ns is not None:
+        starts = [start for start, _, _ in iterations]
+        for _, wall_ns, *rest in marks:
+            k = bisect.bisect_right(starts, (wall_ns - trace_start_ns) / 1000.0) - 1
+            if k >= 0 and len(rest) > 4:
+                waits[k] += rest[4]
+    elif iterations:
+        total = sum(rest[4] for _, _, *rest in marks if len(rest) > 4)
+        waits = [total / len(iterations)] * len(iterations)
     means, busy, harness_means = [], [], []
-    for _, _, top in iterations:
+    for (_, _, top), waited in zip(iterations, waits, strict=True):
         all_spans = [span for spans in top.values() for span in spans]
         busy.append((sum(b - a for a, b in all_spans), len(all_spans)))
         gaps = [
@@ -836,7 +850,7 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
             for a, b in zip(spans, spans[1:], strict=False)
         ]
         if gaps:
-            means.append(sum(b - a for a, b in gaps) / len(gaps))
+            means.append(max(0.0, sum(b - a for a, b in gaps) - waited) / len(gaps))
             harness_means.append(
                 sum(_overlap(harness, a, b) for a, b in gaps) / len(gaps)
             )
