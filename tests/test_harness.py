@@ -590,6 +590,24 @@ def test_own_gaps_leave_out_the_waits_for_peers():
     assert runtime._own_gaps(events, marks, trace_start_ns=None)[0] == pytest.approx(10.0)
 
 
+def test_each_ranks_messages_name_its_rank(monkeypatch, capsys):
+    """torchrun interleaves the ranks' stderr: one rank's "host gaps off" (a pipeline's
+    first stage, whose own time exceeded its gaps) read as the job's, while the other
+    replayed its gaps. A launched job's messages name their rank; one process's do not."""
+    monkeypatch.setitem(runtime._RUNTIME, "host_gaps", True)
+    monkeypatch.setitem(runtime._RUNTIME, "gap_planned", {0: (5.0, 0, 0, 0)})
+    monkeypatch.setitem(runtime._RUNTIME, "gap_own", {0: 8.0})
+    monkeypatch.setitem(runtime._RUNTIME, "comm", True)
+    monkeypatch.setitem(runtime._RUNTIME, "rank", 1)
+    runtime._drop_gaps_behind_own_time()
+    assert capsys.readouterr().err.startswith(
+        "mystique: rank 1: this replay's own host time between ops exceeds the recorded "
+        "gaps by 3 us")
+    monkeypatch.setitem(runtime._RUNTIME, "comm", False)  # not launched: no rank
+    runtime._say("host gaps off")
+    assert capsys.readouterr().err == "mystique: host gaps off\n"
+
+
 def test_gaps_behind_the_replays_own_time_are_turned_off(capsys):
     """Where the replay's own host time exceeds the recorded gaps of an iteration in
     all (a scan of many small ops), no gap would ever wait (the carry takes each

@@ -184,10 +184,9 @@ def _op(resolve, name):
         if equivalent is None:
             return _Unavailable(name, why)
         _RUNTIME["equivalents"].append(name)
-        print(
-            f"mystique: {name} is unavailable here ({why[:120]}): running its "
-            "equivalent in torch ops",
-            file=sys.stderr,
+        _say(
+            f"{name} is unavailable here ({why[:120]}): running its "
+            "equivalent in torch ops"
         )
         return equivalent
 
@@ -329,6 +328,15 @@ def _join(stream):
         torch.cuda.current_stream(torch.device(_RUNTIME["device"])).wait_stream(stream)
 
 
+def _say(message):
+    """Say `message` on stderr, naming this process's rank where it replays one rank of
+    a launched job: torchrun interleaves the ranks' lines, and one rank's "host gaps
+    off" read as the whole job's (the other replayed its gaps)."""
+    rank = _RUNTIME.get("rank") if _RUNTIME.get("comm") else None
+    where = "" if rank is None else f"rank {rank}: "
+    print(f"mystique: {where}{message}", file=sys.stderr)
+
+
 class _ProbeLayer:
     """A stand-in for a model layer in `_host_probe_us`: a call and attribute reads."""
 
@@ -383,10 +391,9 @@ def _scale_host_gaps(original):
     (a trace from another tool), the gaps replay as recorded, and stderr says so."""
     recorded = (original or {}).get("host_probe_us")
     if not recorded:
-        print(
-            "mystique: the trace records no host speed (host_probe_us): the gaps "
-            "replay as recorded, unscaled",
-            file=sys.stderr,
+        _say(
+            "the trace records no host speed (host_probe_us): the gaps "
+            "replay as recorded, unscaled"
         )
         return
     _RUNTIME["probe_recorded_us"] = recorded
@@ -556,10 +563,9 @@ def _drop_gaps_behind_own_time():
     if left > 0:
         return
     _RUNTIME["host_gaps"] = False  # (the calibration stays, for --json)
-    print(
-        f"mystique: this replay's own host time between ops exceeds the recorded gaps "
-        f"by {-left:.0f} us an iteration, so no gap would wait: host gaps off",
-        file=sys.stderr,
+    _say(
+        f"this replay's own host time between ops exceeds the recorded gaps "
+        f"by {-left:.0f} us an iteration, so no gap would wait: host gaps off"
     )
 
 
@@ -638,14 +644,13 @@ def _report_observer_doubt():
     trusted same-session correction leaves may be the observer's slowing of the
     original's Python, and how to capture gaps without that doubt."""
     doubt = _RUNTIME["gap_doubt_us"] = _observer_doubt_us(_RUNTIME["gap_wait_us"])
-    print(
-        f"mystique: the ET observer also slowed the original's Python between ops, "
+    _say(
+        f"the ET observer also slowed the original's Python between ops, "
         f"which the calibration cannot see: up to {doubt:.0f} of the "
         f"{_RUNTIME['gap_wait_us']:.0f} us the gaps wait an iteration may be its; "
         "gaps recorded in steps without the observer (`mystique-gen "
         "capture`, or the observer stopped for a step or two of the same profile) "
-        "carry none of it",
-        file=sys.stderr,
+        "carry none of it"
     )
 
 
@@ -653,10 +658,9 @@ def _gaps_off(why):
     """Replay no recorded gaps, and say why on stderr."""
     _RUNTIME["gap_own_us"] = 0.0
     _RUNTIME["host_gaps"] = False
-    print(
-        f"mystique: the recorded host gaps include the ET observer's cost, and {why}: "
-        "host gaps off",
-        file=sys.stderr,
+    _say(
+        f"the recorded host gaps include the ET observer's cost, and {why}: "
+        "host gaps off"
     )
 
 
@@ -1742,11 +1746,10 @@ def _set_threads(threads, device):
         return
     captured = _other_thread_count(device)
     if captured:
-        print(
-            f"mystique: the capture ran with {captured} intra-op CPU thread"
+        _say(
+            f"the capture ran with {captured} intra-op CPU thread"
             f"{'s' if captured != 1 else ''}, this run with "
-            f"{torch.get_num_threads()}: --num-threads {captured} to match",
-            file=sys.stderr,
+            f"{torch.get_num_threads()}: --num-threads {captured} to match"
         )
 
 
@@ -1768,10 +1771,7 @@ def main(argv=None):
     if _RUNTIME["host_gaps"] and original is None:
         # Off, not only said: --json's host_gaps_replayed read true beside this line.
         _RUNTIME["host_gaps"] = False
-        print(
-            "mystique: no host gaps recorded (use --kineto): host gaps off",
-            file=sys.stderr,
-        )
+        _say("no host gaps recorded (use --kineto): host gaps off")
     _check_memory(device)
     torch.manual_seed(args.seed)
     gens = {
@@ -1780,10 +1780,9 @@ def main(argv=None):
     }
     inputs = make_inputs(device, host, gens)
     if _RUNTIME["unmade_bytes"]:
-        print(
-            f"mystique: {_RUNTIME['unmade_bytes'] / 2**30:.2f} GiB of inputs not made: "
-            "only ops that do not exist here read them",
-            file=sys.stderr,
+        _say(
+            f"{_RUNTIME['unmade_bytes'] / 2**30:.2f} GiB of inputs not made: "
+            "only ops that do not exist here read them"
         )
     _keep_layouts(inputs)
     snapshot = _snapshot(inputs, device, args.reset_inputs)
@@ -1817,11 +1816,10 @@ def main(argv=None):
     nonfinite = _nonfinite_written(inputs, versions)
     if nonfinite:
         shown = ", ".join(nonfinite[:5]) + (", ..." if len(nonfinite) > 5 else "")
-        print(
-            f"mystique: after the timed iterations, {len(nonfinite)} input(s) this "
+        _say(
+            f"after the timed iterations, {len(nonfinite)} input(s) this "
             f"replay writes hold NaN or inf ({shown}): value-dependent kernels may "
-            "not have timed as the original's",
-            file=sys.stderr,
+            "not have timed as the original's"
         )
     _reset(snapshot)
     job.before_iteration()
@@ -1882,12 +1880,11 @@ def main(argv=None):
             if args.num_threads is not None and captured:
                 # --num-threads asked for another count than the capture's: the
                 # ratio compares two thread counts, not the replay with its original
-                print(
-                    f"mystique: original_ratio compares this run's "
+                _say(
+                    f"original_ratio compares this run's "
                     f"{torch.get_num_threads()} intra-op CPU thread"
                     f"{'s' if torch.get_num_threads() != 1 else ''} with the "
-                    f"capture's {captured}",
-                    file=sys.stderr,
+                    f"capture's {captured}"
                 )
     if args.et:
         _reset(snapshot)
@@ -1899,7 +1896,7 @@ def main(argv=None):
             path, job, args.warmup, args.iters, step, inputs, device, host, snapshot
         )
     elif args.profile:
-        print("mystique: --profile needs --iters 1 or more", file=sys.stderr)
+        _say("--profile needs --iters 1 or more")
     result.update(job.facts())
     job.finish()
     if not job.reports():
