@@ -606,6 +606,12 @@ def test_each_ranks_messages_name_its_rank(monkeypatch, capsys):
     monkeypatch.setitem(runtime._RUNTIME, "comm", False)  # not launched: no rank
     runtime._say("host gaps off")
     assert capsys.readouterr().err == "mystique: host gaps off\n"
+    # One write per line: print's two writes let another rank's line in between.
+    writes: list[str] = []
+    monkeypatch.setattr(runtime.sys, "stderr", types.SimpleNamespace(
+        write=writes.append, flush=lambda: None))
+    runtime._say("no host gaps recorded (use --kineto): host gaps off")
+    assert writes == ["mystique: no host gaps recorded (use --kineto): host gaps off\n"]
 
 
 def test_gaps_behind_the_replays_own_time_are_turned_off(capsys):

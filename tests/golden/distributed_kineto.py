@@ -341,7 +341,10 @@ def _say(message):
     off" read as the whole job's (the other replayed its gaps)."""
     rank = _RUNTIME.get("rank") if _RUNTIME.get("comm") else None
     where = "" if rank is None else f"rank {rank}: "
-    print(f"mystique: {where}{message}", file=sys.stderr)
+    # One write, newline included: print's two (the text, then its end) let another
+    # rank's line in between ("...(use --kineto)mystique: no host gaps...").
+    sys.stderr.write(f"mystique: {where}{message}\n")
+    sys.stderr.flush()
 
 
 def _host_gap(us, events=0, before=None, calls=0, annotations=0):
