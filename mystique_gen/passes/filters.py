@@ -265,10 +265,10 @@ def steps_apart(kept: dict[int, int | None]) -> str | None:
         return None
     listing = ", ".join(f"rank {r} ProfilerStep#{n}" for r, n in sorted(kept.items())
                         if n is not None)
-    return (f"the ranks replay different steps ({listing}), each the step its own "
-            "Kineto trace holds: their ops, collectives and timing come from different "
-            "iterations (give every rank its Kineto trace of the same cycle, or "
-            "--iteration N)")
+    return (f"the ranks replay different steps ({listing}): their ops, collectives and "
+            "timing come from different iterations (each rank keeps the first step its "
+            "own Kineto trace holds: give every rank its Kineto trace of the same cycle "
+            "of a repeating schedule, or --iteration N)")
 
 
 def _annotation(tree: _Tree, ops: list[Selected], text: str) -> RawNode:
