@@ -564,6 +564,7 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
         steps = hostgaps.apply_session_steps(program, source.trace, source.kineto,
                                              build.links.offset if build.links else None,
                                              serial=serial)
+    program = _peer_waits(program, build)
     if steps and program.timing is not None and not program.timing.observer_in_gaps:
         # The observer was started and stopped by hand inside a longer profile: the
         # steps it did not record gave the gaps (passes/hostgaps.py), which the header
@@ -606,6 +607,23 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
             "trace and --host-gaps recorded replay its recorded time")
         program = _said(program, message)
     return program
+
+
+def _peer_waits(program: Program, build: Build) -> Program:
+    """Gaps less the waits for peers they held (passes/hostgaps.py remove_peer_waits),
+    said on stderr: before the spikes are damped, which such a wait would be."""
+    kineto = build.sources[0].kineto
+    if kineto is None or build.links is None or program.timing is None:
+        return program
+    found = hostgaps.remove_peer_waits(program, build.links.events, kineto,
+                                       serial=not build.options.threaded)
+    if not found.gaps:
+        return program
+    who = f"rank {kineto.rank}'s" if kineto.rank is not None else "the"
+    return _said(program, (
+        f"{found.us:.0f} us of {who} recorded gaps ({found.gaps} gaps) were waits for "
+        "its peers (until the backend's work completed): not replayed as host time; "
+        "the replay's own communication waits its own"))
 
 
 def _stalled(timing: ProgramTiming) -> str:

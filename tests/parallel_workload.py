@@ -118,6 +118,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -1271,6 +1272,29 @@ def pp_zb_fsdp() -> Callable[[], object]:
     return _pp_over_fsdp(ScheduleInterleavedZeroBubble)
 
 
+# How long rank 0 of ``late_send`` computes (sleeps) before it sends.
+LATE_SEND_S = 0.05
+
+
+def late_send() -> Callable[[], object]:
+    """Rank 0 is busy LATE_SEND_S before it sends; rank 1 posts its recv at once and
+    waits for it, no op open, before the matmul that reads it: a peer wait in rank 1's
+    gap, of a known length."""
+    rank = dist.get_rank()
+    weight = torch.randn(32, 32)
+
+    def step() -> object:
+        if rank == 0:
+            time.sleep(LATE_SEND_S)
+            dist.isend(weight @ weight, 1).wait()
+            return None
+        buf = torch.empty(32, 32)
+        dist.irecv(buf, 0).wait()
+        return buf @ weight
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_dim1": fsdp2_dim1,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
@@ -1296,7 +1320,8 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "contrastive": contrastive,
          "fsdp2_lora": fsdp2_lora, "fsdp1": fsdp1,
          "pp_zb_fsdp": pp_zb_fsdp, "compiled_ddp": compiled_ddp,
-         "compiled_fsdp2": compiled_fsdp2, "compiled_tp": compiled_tp}
+         "compiled_fsdp2": compiled_fsdp2, "compiled_tp": compiled_tp,
+         "late_send": late_send}
 
 
 def _profiled(step: Callable[[], object], out_dir: str, rank: int) -> None:

@@ -240,3 +240,36 @@ def test_kineto_traces_of_different_cycles_are_said_to_replay_different_steps(pr
         mixed = compile_paths(ets, kineto=[profiled_tp[0][1], profiled_tp[1][2]])
     for program in mixed.programs:
         assert any("different steps" in n for n in program.notes)
+
+
+def test_a_wait_for_a_peer_is_not_replayed_as_host_time(tmp_path):
+    """Rank 1 posts a recv and waits LATE_SEND_S for rank 0, which sleeps before it
+    sends: captured the PARAM/HTA way, the wait sat in rank 1's gap before the matmul
+    reading the received tensor (50.9 ms of a 51 ms gap), and --host-gaps recorded
+    busy-waited it as host time, replaying the original's peer pace. The backend's
+    scope (``gloo:recv``) ends when the data came: only what follows is host time.
+    Rank 0's sleep is its own host time and stays."""
+    from tests.parallel_workload import LATE_SEND_S
+
+    proc = _torchrun(str(ROOT / "tests" / "parallel_workload.py"), str(tmp_path),
+                     "--profiled", "late_send", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "late_send"
+    first: dict[int, Path] = {}
+    for path in sorted(out.glob("*.pt.trace.json")):
+        kineto = load_kineto(path)
+        if kineto.rank not in first or min(kineto_steps(kineto)) < min(
+                kineto_steps(load_kineto(first[kineto.rank]))):
+            first[kineto.rank] = path
+    sleep_us = LATE_SEND_S * 1e6
+    with pytest.warns(UserWarning, match=r"us of rank 1's recorded gaps \(1 gaps\) were "
+                      "waits for its peers"):
+        compiled = compile_paths([out / "et_rank0.json", out / "et_rank1.json"],
+                                 kineto=[first[0], first[1]])
+    reader = {r: next(op for op in p.ops if op.name == "aten::matmul")
+              for r, p in zip(compiled.ranks, compiled.programs, strict=True)}
+    assert reader[1].timing is not None and reader[1].timing.gap_us is not None
+    assert reader[1].timing.gap_us < sleep_us / 10
+    assert reader[0].timing is not None and reader[0].timing.gap_us is not None
+    assert reader[0].timing.gap_us > sleep_us * 0.9  # its own sleep: host time
+    assert not any("waits for its peers" in n for n in compiled.programs[0].notes)

@@ -30,9 +30,11 @@ did not record, those serve as the profile-only steps.
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+from mystique_gen import oprules
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.ir import Op, OpTiming, Program
 from mystique_gen.passes.filters import STEP_RE
@@ -538,3 +540,82 @@ def damp_spikes(program: Program, *, serial: bool = True) -> int:
                 op.timing = replace(timing, gap_us=median)
                 damped += 1
     return damped
+
+
+@dataclass(frozen=True)
+class PeerWaits:
+    """What :func:`remove_peer_waits` took out of the recorded gaps."""
+
+    gaps: int = 0  # gaps that held a wait for a peer
+    us: float = 0.0  # their wait, in all
+
+
+def _completions(events: list[CpuEvent]) -> dict[tuple[object, object], list[CpuEvent]]:
+    """Each thread's backend async-work scopes (``gloo:recv``), by start: the backend
+    opens one inside the c10d op that issues the work and closes it when the work
+    completes, so its end is when a peer's data arrived (or a peer took ours)."""
+    found: dict[tuple[object, object], list[CpuEvent]] = defaultdict(list)
+    for e in events:
+        if oprules.ASYNC_SCOPE.match(e.name):
+            found[(e.pid, e.tid)].append(e)
+    for scopes in found.values():
+        scopes.sort(key=lambda e: e.ts)
+    return found
+
+
+def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
+                      kineto: KinetoTrace, *, serial: bool = True) -> PeerWaits:
+    """Take out of each recorded gap the time its thread waited for a peer.
+
+    A wait on async communication (``work.wait()`` of an isend/irecv or of an async
+    collective) is no op, so the Kineto trace leaves it in a gap: a pipeline stage's
+    gap before the op that reads a received tensor held its wait for the previous
+    stage (5 ms of a 5.2 ms gap), and the replay busy-waited it as host time, on top
+    of the wait its own comm makes. The backend's scope of the work (``gloo:recv``)
+    ends when the work completed; where that falls inside a gap, after the work was
+    issued, the thread resumed then, so of the gap only the time from the last such
+    completion to the op is host work (what ran before the wait began cannot be told
+    from the wait, and is taken as none). Measured in the linked step, with the gap
+    ``host_gaps`` measures there (``serial`` as it does); a median gap from several
+    steps is cut to that host time where it exceeds it."""
+    scopes = _completions(kineto.cpu_ops)
+    # Per replay thread: (issue end, completion) of its async comms not yet complete
+    # at its latest gap (gap starts only grow on a thread, so the rest are dropped).
+    issued: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
+    gaps, removed = 0, 0.0
+    last: dict[int | None, CpuEvent] = {}
+    latest_end = float("-inf")
+    for op in program.ops:
+        ev = events.get(op.node_id)
+        if ev is None:
+            continue
+        key = None if serial else op.thread
+        prev = last.get(key)
+        timing = op.timing
+        if prev is not None and timing is not None and timing.gap_us is not None:
+            begin = max(latest_end, prev.end) if serial else prev.end
+            pending = issued[key] = [(s, d) for s, d in issued[key] if d > begin]
+            ends = [done for start, done in pending if start <= begin and done <= ev.ts]
+            host = ev.ts - max(ends) if ends else timing.gap_us
+            if host < timing.gap_us:
+                gaps += 1
+                removed += timing.gap_us - host
+                op.timing = replace(timing, gap_us=host)
+        if op.comm is not None and op.comm.asynchronous:
+            done = _completed(ev, scopes)
+            if done is not None:
+                issued[key].append((ev.end, done))
+        latest_end = max(latest_end, ev.end)
+        last[key] = ev
+    return PeerWaits(gaps, removed)
+
+
+def _completed(issued: CpuEvent | None,
+               scopes: dict[tuple[object, object], list[CpuEvent]]) -> float | None:
+    """When the work a c10d op (its linked event `issued`) started completed: the end
+    of the first backend scope opened on its thread within its span; None if none."""
+    if issued is None:
+        return None
+    found = scopes.get((issued.pid, issued.tid), [])
+    k = bisect_left(found, issued.ts, key=lambda e: e.ts)
+    return found[k].end if k < len(found) and found[k].ts <= issued.end else None
