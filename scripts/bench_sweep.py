@@ -843,7 +843,11 @@ def _forwards(kind: str, cfg: Any, model: Any, labelled: bool = True
         train_inputs.update(labels)
     elif labels is not None:
         train_inputs["target_values" if kind == "series" else "labels"] = labels
-    return (lambda: _output_loss(model(**train_inputs))), (lambda: model(**infer_inputs))
+    def infer() -> Any:
+        return model(**infer_inputs)
+
+    infer.inputs = infer_inputs  # type: ignore[attr-defined]  # (the decode step's prompt)
+    return (lambda: _output_loss(model(**train_inputs))), infer
 
 
 def _required_ids(cfg: Any, model: Any, inputs: dict[str, Any], g: Any) -> dict[str, Any]:
@@ -1504,15 +1508,69 @@ def _stderr_error(text: str) -> str:
     return lines[-1].strip()[:200] if lines else ""
 
 
-def run_step(kind: str, arch: str, train: bool, work: Path) -> dict[str, object]:
-    """Capture, generate, replay and compare one step of one model."""
+# Kinds whose models generate text (or codes): the decode step applies to those whose
+# model says it can generate.
+_DECODE_KINDS = ("causal", "seq2seq", "vlm", "speechlm", "speech")
+DECODE_TOKENS = 4
+
+
+def _decode_step(kind: str, model: Any, infer_fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Greedy generation of DECODE_TOKENS tokens with the KV cache on, from the
+    inference step's inputs: a prefill and DECODE_TOKENS - 1 cached decoding steps,
+    as production inference traces mostly are. The cache is whatever the model's
+    generate builds for it (a DynamicCache, a sliding-window or hybrid cache, Mamba's
+    states): this script only turns use_cache back on."""
+    import torch
+
+    if kind not in _DECODE_KINDS or not model.can_generate():
+        raise Skip("decode: the model does not generate")
+    inputs = dict(getattr(infer_fn, "inputs", {}))
+    # generate starts the decoder itself (an encoder-decoder's decoder_start_token_id)
+    inputs.pop("decoder_input_ids", None)
+    inputs.pop("decoder_attention_mask", None)
+    # The shrunk config turned the cache off for training and scoring: on again, in
+    # every config of the tree (a VLM's text_config is what its decoder reads).
+    for cfg in _configs(model.config):
+        if "use_cache" in vars(cfg):
+            cfg.use_cache = True
+    gen_cfg = model.generation_config
+    gen_cfg.use_cache = True
+    # A pad id generate would otherwise warn about (or fail on, where eos is unset too):
+    # the config's own, else its eos, else 0; each must be inside the shrunk vocabulary.
+    vocab = min(_vocab(model.config), VOCAB)
+    pad = next((t for t in (gen_cfg.pad_token_id, model.config.pad_token_id,
+                            gen_cfg.eos_token_id) if _is_int(t) and 0 <= t < vocab), 0)
+    gen_cfg.pad_token_id = pad
+
+    def step() -> None:
+        with torch.no_grad():
+            model.generate(**inputs, max_new_tokens=DECODE_TOKENS, do_sample=False,
+                           use_cache=True, pad_token_id=pad)
+    return step
+
+
+def _vocab(cfg: Any) -> int:
+    """The vocabulary a config's decoder reads (its own, or its text config's)."""
+    for c in _configs(cfg):
+        if _is_int(v := vars(c).get("vocab_size")):
+            return v
+    return VOCAB
+
+
+def run_step(kind: str, arch: str, name: str, work: Path) -> dict[str, object]:
+    """Capture, generate, replay and compare one step (train, infer or decode) of one
+    model."""
     import torch
 
     from mystique_gen.tools.capture import capture
     from mystique_gen.tools.compare import multiset_match, op_multiset
 
     model, loss_fn, infer_fn = build(kind, arch)
-    if train:
+    train = name == "train"
+    if name == "decode":
+        model.eval()
+        step = _decode_step(kind, model, infer_fn)
+    elif train:
         model.train()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
                                 foreach=False)
@@ -1536,7 +1594,7 @@ def run_step(kind: str, arch: str, train: bool, work: Path) -> dict[str, object]
         raise
     except Exception as exc:  # noqa: BLE001
         raise Skip(f"eager: {type(exc).__name__}: {_first_line(exc)}") from None
-    stem = f"{kind}_{arch}_{'train' if train else 'infer'}".replace("/", "_")
+    stem = f"{kind}_{arch}_{name}".replace("/", "_")
     result = capture(step, work, name=stem, warmup=1, timing_iters=1, kineto=False)
     bench = work / f"{stem}_bench.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -1588,7 +1646,7 @@ def child(kind: str, arch: str, steps: list[str]) -> None:
         for name in steps:
             start = time.perf_counter()
             try:
-                row = run_step(kind, arch, name == "train", Path(tmp))
+                row = run_step(kind, arch, name, Path(tmp))
             except Skip as exc:
                 row = {"outcome": "skip", "error": str(exc)}
             except Exception as exc:  # noqa: BLE001 - a crash is a result
