@@ -29,9 +29,16 @@ contrastive,panoptic,keypoints,series (default: all), SWEEP_LIMIT=N (first N per
 kind), SWEEP_SAMPLE=K/N (the architectures whose place in the sorted list is K modulo
 N: a sweep in N parts, each a spread of every kind and family), SWEEP_JOBS=N (models
 at once; default 1),
-SWEEP_STEPS=train,infer, SWEEP_TIMEOUT=seconds per model (default 900). Traces go to a
-temporary directory (SWEEP_KEEP=DIR keeps them in DIR/ARCH). Each model runs in a
-process of its own, so a crash or a hang costs one row.
+SWEEP_STEPS=train,infer (the default) or any of train,infer,decode: ``decode`` (opt-in:
+about twice an inference step's time) captures greedy generation of 4 tokens with the KV
+cache on (``model.generate(**inputs, max_new_tokens=4, do_sample=False, use_cache=True)``
+under ``torch.no_grad``, from the inference step's inputs less any decoder ids, with a
+pad id in the vocabulary), the cache turned back on in every config of the tree and the
+cache itself built by the model's own ``generate`` (dynamic, sliding-window, hybrid or
+recurrent states); a skip where the kind is not a generating one (causal, seq2seq,
+vlm, speechlm, speech) or the model cannot generate. SWEEP_TIMEOUT=seconds per model
+(default 900). Traces go to a temporary directory (SWEEP_KEEP=DIR keeps them in
+DIR/ARCH). Each model runs in a process of its own, so a crash or a hang costs one row.
 """
 
 from __future__ import annotations
