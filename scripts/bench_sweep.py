@@ -1545,7 +1545,8 @@ def _decode_step(kind: str, model: Any, infer_fn: Callable[[], Any]) -> Callable
     # A pad id generate would otherwise warn about (or fail on, where eos is unset too):
     # the config's own, else its eos, else 0; each must be inside the shrunk vocabulary.
     vocab = min(_vocab(model.config), VOCAB)
-    pad = next((t for t in (gen_cfg.pad_token_id, model.config.pad_token_id,
+    # (a composite's top config may have no pad_token_id at all: GOT-OCR 2's)
+    pad = next((t for t in (gen_cfg.pad_token_id, getattr(model.config, "pad_token_id", None),
                             gen_cfg.eos_token_id) if _is_int(t) and 0 <= t < vocab), 0)
     gen_cfg.pad_token_id = pad
 
