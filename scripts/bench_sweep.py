@@ -363,7 +363,12 @@ def _shrunk(cfg: Any, keep: frozenset[str] = frozenset(), fill: bool = False,
         # layers): the first layer with each value of each per-layer list in turn (so
         # that variations of a later list do not crowd out a full-attention layer),
         # then the first layers; in order.
-        columns = [[repr(v) for v in raw[k]] for k in per_layer]
+        # The attention kinds first (`layer_types`): Kimi Linear's `mlp_layer_types`
+        # comes first in its config, and its dense and sparse layers would otherwise fill
+        # both places with linear attention (no attention layer: generate cannot size
+        # its mask).
+        columns = [[repr(v) for v in raw[k]]
+                   for k in sorted(per_layer, key=lambda k: k != "layer_types")]
         columns.append([repr(sorted(overrides.get(i, {}).items())) for i in range(old_layers)])
         chosen: set[int] = set()
         for column in columns:
