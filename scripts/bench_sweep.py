@@ -1554,6 +1554,12 @@ def _decode_step(kind: str, model: Any, infer_fn: Callable[[], Any]) -> Callable
     pad = next((t for t in (gen_cfg.pad_token_id, getattr(model.config, "pad_token_id", None),
                             gen_cfg.eos_token_id) if _is_int(t) and 0 <= t < vocab), 0)
     gen_cfg.pad_token_id = pad
+    if getattr(model.config, "is_encoder_decoder", False) \
+            and not any(_is_int(t) for t in (gen_cfg.decoder_start_token_id,
+                                             gen_cfg.bos_token_id)):
+        # An encoder-decoder whose config names no start of its decoder (a composed
+        # EncoderDecoder, Switch Transformers as shrunk): T5's convention, the pad id.
+        gen_cfg.decoder_start_token_id = pad
 
     def step() -> None:
         with torch.no_grad():
