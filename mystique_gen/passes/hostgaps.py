@@ -45,6 +45,7 @@ from mystique_gen.sources.kineto import (
     KinetoTrace,
     annotation_starts,
     begun_in,
+    gap_begins,
     host_gaps,
     starts_by_thread,
 )
@@ -583,18 +584,12 @@ def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
     # at its latest gap (gap starts only grow on a thread, so the rest are dropped).
     issued: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
     gaps, removed = 0, 0.0
-    last: dict[int | None, CpuEvent] = {}
-    latest_end = float("-inf")
-    for op in program.ops:
-        ev = events.get(op.node_id)
-        if ev is None:
-            continue
-        key = None if serial else op.thread
-        prev = last.get(key)
+    order = [(op, op.thread, events.get(op.node_id)) for op in program.ops]
+    for op, ev, prev, begin in gap_begins(order, serial=serial):
+        lane = None if serial else op.thread
         timing = op.timing
         if prev is not None and timing is not None and timing.gap_us is not None:
-            begin = max(latest_end, prev.end) if serial else prev.end
-            pending = issued[key] = [(s, d) for s, d in issued[key] if d > begin]
+            pending = issued[lane] = [(s, d) for s, d in issued[lane] if d > begin]
             ends = [done for start, done in pending if start <= begin and done <= ev.ts]
             host = ev.ts - max(ends) if ends else timing.gap_us
             if host < timing.gap_us:
@@ -604,18 +599,14 @@ def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
         if op.comm is not None and op.comm.asynchronous:
             done = _completed(ev, scopes)
             if done is not None:
-                issued[key].append((ev.end, done))
-        latest_end = max(latest_end, ev.end)
-        last[key] = ev
+                issued[lane].append((ev.end, done))
     return PeerWaits(gaps, removed)
 
 
-def _completed(issued: CpuEvent | None,
-               scopes: dict[tuple[object, object], list[CpuEvent]]) -> float | None:
+def _completed(issued: CpuEvent, scopes: dict[tuple[object, object], list[CpuEvent]]
+               ) -> float | None:
     """When the work a c10d op (its linked event `issued`) started completed: the end
     of the first backend scope opened on its thread within its span; None if none."""
-    if issued is None:
-        return None
     found = scopes.get((issued.pid, issued.tid), [])
     k = bisect_left(found, issued.ts, key=lambda e: e.ts)
     return found[k].end if k < len(found) and found[k].ts <= issued.end else None

@@ -30,9 +30,10 @@ import hashlib
 import json
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mystique_gen.constants import DEVICE_CATEGORIES, ET_SUFFIX, KINETO_SUFFIX, SIDECAR_SUFFIX
 from mystique_gen.errors import TraceError
@@ -386,6 +387,7 @@ class HostGap:
 
 
 Thread = tuple[object, object]  # (pid, tid) of a Kineto thread
+Key = TypeVar("Key")
 
 
 def annotation_starts(events: list[CpuEvent]) -> dict[Thread, list[float]]:
@@ -437,17 +439,28 @@ def host_gaps(order: list[tuple[int, int, CpuEvent | None]],
     the op before it, are counted in it; ``annotated``: the starts among ``starts``
     of Python record_function scopes (:func:`annotation_starts`), counted apart."""
     found: dict[int, HostGap] = {}
-    last: dict[int | None, CpuEvent | None] = {}  # previous op's event (per thread)
-    latest_end = float("-inf")
-    for node_id, thread, ev in order:
-        key = None if serial else thread
-        prev = last.get(key)
-        if ev is not None and prev is not None:
-            begin = max(latest_end, prev.end) if serial else prev.end
+    for node_id, ev, prev, begin in gap_begins(order, serial=serial):
+        if prev is not None:
             threads = {(ev.pid, ev.tid), (prev.pid, prev.tid)}
             found[node_id] = HostGap(max(0.0, ev.ts - begin),
                                      *begun_in(threads, begin, ev.ts, starts, calls, annotated))
-        if ev is not None:
-            latest_end = max(latest_end, ev.end)
-        last[key] = ev
     return found
+
+
+def gap_begins(order: Iterable[tuple[Key, int, CpuEvent | None]], *, serial: bool
+               ) -> Iterator[tuple[Key, CpuEvent, CpuEvent | None, float]]:
+    """Each linked op of ``order`` (a key, its recorded thread, its linked event or
+    None, in replay order), its event, the event its gap follows and where that gap
+    begins (see :func:`host_gaps`); no event before it (the first op, or one after an
+    unlinked op): it has no gap."""
+    last: dict[int | None, CpuEvent | None] = {}  # previous op's event (per thread)
+    latest_end = float("-inf")
+    for key, thread, ev in order:
+        lane = None if serial else thread
+        prev = last.get(lane)
+        if ev is not None:
+            begin = float("-inf") if prev is None else \
+                max(latest_end, prev.end) if serial else prev.end
+            yield key, ev, prev, begin
+            latest_end = max(latest_end, ev.end)
+        last[lane] = ev
