@@ -852,11 +852,7 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
     for program in programs:
         program.diagnostics.extend(note(n) for n in notes)
     apart = steps_apart({r: kept_step(p.filters) for r, p in zip(ranks, programs, strict=True)})
-    for message in [apart] if apart else []:
-        warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
-        for program in programs:
-            program.diagnostics.append(note(message))
-    for message in unsettled:
+    for message in [apart, *unsettled] if apart else unsettled:
         warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
         for program in programs:
             program.diagnostics.append(note(message))
