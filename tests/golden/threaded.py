@@ -838,12 +838,16 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
     # pace between the passes with and without the observer, and their difference,
     # scaled by the observer ratio, read a negative own time (-676 us a gap).
     waits = [0.0] * len(iterations)
-    if iterations and trace_start_ns is not None:
+    placed = []  # each mark in an iteration: (its op, its time, the iteration, waited)
+    if trace_start_ns is not None:
         starts = [start for start, _, _ in iterations]
-        for _, wall_ns, *rest in marks:
-            k = bisect.bisect_right(starts, (wall_ns - trace_start_ns) / 1000.0) - 1
-            if k >= 0 and len(rest) > 4:
-                waits[k] += rest[4]
+        for before, wall_ns, *rest in marks:
+            at = (wall_ns - trace_start_ns) / 1000.0
+            k = bisect.bisect_right(starts, at) - 1
+            waited = rest[4] if len(rest) > 4 else 0.0  # for a peer: not own time
+            if k >= 0:
+                waits[k] += waited
+                placed.append((before, at, k, waited))
     elif iterations:
         total = sum(rest[4] for _, _, *rest in marks if len(rest) > 4)
         waits = [total / len(iterations)] * len(iterations)
@@ -862,18 +866,11 @@ def _own_gaps(events, marks=(), trace_start_ns=None):
                 sum(_overlap(harness, a, b) for a, b in gaps) / len(gaps)
             )
     samples, harness_samples = {}, {}
-    if trace_start_ns is not None:
-        starts = [start for start, _, _ in iterations]
-        for before, wall_ns, *rest in marks:
-            at = (wall_ns - trace_start_ns) / 1000.0
-            k = bisect.bisect_right(starts, at) - 1
-            span = _gap_at(at, *iterations[k]) if k >= 0 else None
-            if span is not None:
-                waited = rest[4] if len(rest) > 4 else 0.0  # for a peer: not own time
-                samples.setdefault(before, []).append(
-                    max(0.0, span[1] - span[0] - waited)
-                )
-                harness_samples.setdefault(before, []).append(_overlap(harness, *span))
+    for before, at, k, waited in placed:
+        span = _gap_at(at, *iterations[k])
+        if span is not None:
+            samples.setdefault(before, []).append(max(0.0, span[1] - span[0] - waited))
+            harness_samples.setdefault(before, []).append(_overlap(harness, *span))
     per_gap = {k: statistics.median(v) for k, v in samples.items()}
     mean = statistics.median(means) if means else 0.0
     busy_us = statistics.median(b for b, _ in busy) if busy else 0.0
