@@ -66,7 +66,6 @@ from mystique_gen.passes.compose import (
 )
 from mystique_gen.passes.filters import (
     filter_selection,
-    kept_step,
     kineto_steps,
     step_listing,
     steps,
@@ -373,7 +372,7 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
                               "device's kernels lay it out so that they cannot view it"
                               if views else ""))
     info = TraceInfo(trace.name, trace.sha256, trace.schema, trace.node_count,
-                     strides_recorded=strides)
+                     strides_recorded=strides, step=kept.step)
     return Part(info, ops, not_replayed, kept.threads, lines, recorded, comm, part_notes)
 
 
@@ -851,7 +850,7 @@ def _compile_ranks(sources: list[Source], options: BuildOptions, consume: bool,
                      "no group for them): on the default group a peer was another rank")
     for program in programs:
         program.diagnostics.extend(note(n) for n in notes)
-    apart = steps_apart({r: kept_step(p.filters) for r, p in zip(ranks, programs, strict=True)})
+    apart = steps_apart({r: p.trace.step for r, p in zip(ranks, programs, strict=True)})
     for message in [apart, *unsettled] if apart else unsettled:
         warnings.warn(message, stacklevel=2)  # the CLI prints it on stderr
         for program in programs:

@@ -22,6 +22,7 @@ from mystique_gen.driver import build_program, generate, generate_source
 from mystique_gen.errors import OptionError
 from mystique_gen.ir import InputView, OpOutput, TensorMeta, TensorValue
 from mystique_gen.options import BuildOptions
+from mystique_gen.passes.filters import filter_selection
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace, trace_from_document
 from mystique_gen.tools.capture import capture
@@ -441,6 +442,10 @@ def test_resnet_iteration_keeps_one_step(shared_traces, tmp_path):
     assert f"iteration ProfilerStep#7 (of 3 steps #6, #7, #8): {len(ops)} -> {expected} ops" \
         in doc.replace("\n      ", " ")
     assert "ProfilerStep#6" not in bench.read_text().split('"""', 2)[2]
+    # The kept step's number travels as a field (the ranks of a job are compared on it).
+    for iteration, kept in (("7", 7), ("auto", 6), ("all", None)):
+        assert filter_selection(trace, select_ops(trace), BuildOptions(iteration=iteration)
+                                )[0].step == kept
 
 
 # -- tensors a dropped op would have produced -----------------------------------------

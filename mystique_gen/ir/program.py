@@ -471,6 +471,9 @@ class TraceInfo:
     # The observer wrote strides (passes/tensors.py keep_viewed_layouts): without them
     # every tensor is taken to be row-major.
     strides_recorded: bool = True
+    # The N of the ProfilerStep#N the filters kept, if they kept one step: the ranks of
+    # one job are warned where theirs differ (passes/filters.py steps_apart).
+    step: int | None = None
 
 
 @dataclass

@@ -100,8 +100,9 @@ def filter_selection(trace: RawTrace, selection: Selection, options: BuildOption
         lines.append(f"{label}: {before} -> {len(ops)} ops")
 
     step = _step(trace, tree, ops, options.iteration, profiled_steps)
+    kept_number = None
     if step is not None:
-        anchor, label = step
+        anchor, kept_number, label = step
 
         def no_step_around(node: RawNode) -> bool:
             return not any(STEP_RE.fullmatch(tree.by_id[a].name)
@@ -132,7 +133,7 @@ def filter_selection(trace: RawTrace, selection: Selection, options: BuildOption
         raise OptionError(f"the filters leave no op of {trace.name} to replay: "
                           + "; ".join(lines))
     threads = sorted({s.node.tid for s in ops})
-    return Selection(ops, skipped, threads), lines
+    return Selection(ops, skipped, threads, step=kept_number), lines
 
 
 def _patterns(patterns: tuple[str, ...]) -> str:
@@ -208,8 +209,9 @@ def unmarked_steps(trace: RawTrace, selection: Selection) -> str | None:
 
 
 def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
-          profiled_steps: frozenset[int] = frozenset()) -> tuple[RawNode, str] | None:
-    """The step annotation to keep and its description, or None to keep every step.
+          profiled_steps: frozenset[int] = frozenset()) -> tuple[RawNode, int, str] | None:
+    """The step annotation to keep, its ``N`` and its description, or None to keep
+    every step.
 
     By default, the first step that the linked Kineto trace holds as well: an observer
     handed to a profiler with a repeating schedule records every active step of every
@@ -229,12 +231,13 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
         number, node = (profiled or busy)[0]
         held = f" that the Kineto trace holds too ({step_listing(n for n, _ in profiled)})" \
             if profiled and len(profiled) < len(busy) else ""
-        return node, (f"iteration ProfilerStep#{number} (default: the first complete of "
+        return node, number, (f"iteration ProfilerStep#{number} (default: the first complete of "
                       f"{len(busy)} steps {listing}{held}; --iteration all keeps every step)")
     wanted = int(iteration)
     for number, node in found:
         if number == wanted:
-            return node, f"iteration ProfilerStep#{number} (of {len(found)} steps {listing})"
+            return node, number, \
+                f"iteration ProfilerStep#{number} (of {len(found)} steps {listing})"
     if not found:
         raise OptionError(f"--iteration {wanted}: {trace.name} has no ProfilerStep#N "
                           "annotations (use --subgraph for other annotations)")
@@ -242,21 +245,9 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
                       f"it has {listing}")
 
 
-# How _step labels the step it keeps (its line in Program.filters).
-KEPT_STEP_RE = re.compile(r"iteration ProfilerStep#(\d+) ")
-
-
-def kept_step(lines: Iterable[str]) -> int | None:
-    """The ``ProfilerStep#N`` a program's filter lines say it keeps, if one."""
-    for line in lines:
-        m = KEPT_STEP_RE.match(line)
-        if m:
-            return int(m.group(1))
-    return None
-
-
 def steps_apart(kept: dict[int, int | None]) -> str | None:
-    """Where the ranks of one job keep different steps (rank -> ``kept_step``): why that
+    """Where the ranks of one job keep different steps (rank -> the ``N`` of the
+    ``ProfilerStep#N`` each keeps, None where it keeps no one step): why that
     misleads, else None. Each rank's default is the first step its own Kineto trace
     holds, so a repeating schedule's files of two cycles (rank 0's first, rank 1's
     second) had each rank replay another iteration, and the header named rank 0's."""

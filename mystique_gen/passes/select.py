@@ -144,6 +144,7 @@ class Selection:
     not_replayed: list[Diagnostic]
     threads: list[int]
     covered: list[RawNode] = field(default_factory=list)  # nodes inside selected ops
+    step: int | None = None  # the N of the ProfilerStep#N the filters kept, if one
 
 
 def is_root(node: RawNode) -> bool:
