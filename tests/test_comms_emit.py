@@ -6,10 +6,12 @@ import json
 
 import pytest
 
+from mystique_gen.backends.base import report_lines
 from mystique_gen.backends.comms import RankBody, _splits, _tensor_arg, group_lines, rank_lines
 from mystique_gen.backends.layout import Atom, flat
+from mystique_gen.diagnostics import filter_applied, guarded, not_replayed, note
 from mystique_gen.errors import OptionError
-from mystique_gen.ir import ListValue, Literal
+from mystique_gen.ir import ListValue, Literal, Program
 from mystique_gen.ir.dist import DistInfo, ProcessGroupSpec
 from mystique_gen.passes.comms import replayable
 from mystique_gen.passes.ranks import (
@@ -131,3 +133,29 @@ def test_a_rank_set_missing_a_rank_or_giving_one_twice_is_refused():
     plain = [_rank_trace("trace.json", [], 4, f"h{r}") for r in range(4)]
     paths = [f"node{n}/trace.json" for n in (1, 0, 3, 2)]
     assert order_ranks(plain, paths)[0] == [1, 0, 3, 2]
+
+
+def test_a_multi_rank_header_lists_every_ranks_facts_naming_the_ranks_they_hold_on():
+    """The header listed rank 0's filters, skipped ops and notes only: an op rank 1
+    did not replay was in no header, against the contract (every op not replayed, with
+    its reason)."""
+    programs = [Program.empty(f"rank-{r}.json") for r in range(3)]
+    for rank, program in enumerate(programs):
+        program.diagnostics += [filter_applied("iteration ProfilerStep#3"),
+                                note("job-wide"), note(f"rank {rank}'s own"),
+                                not_replayed(7, "aten::shared", "same on all")]
+    programs[1].diagnostics += [not_replayed(9, "aten::odd", "only here"),
+                                guarded(4, "aten::g", "may not run")]
+    programs[2].diagnostics += [not_replayed(8, "aten::shared", "same on all")]
+    lines = report_lines(list(enumerate(programs)), ["include 'mm'"])
+    text = "\n".join(lines)
+    assert "  - include 'mm'\n  - iteration ProfilerStep#3\n" in text
+    assert "  - job-wide" in lines and "  - rank 1: rank 1's own" in lines
+    assert "  - rank 1: aten::odd x1: only here" in lines
+    assert "  - rank 1: aten::g x1: may not run" in lines
+    # The same skipped node on every rank once; where the nodes differ, per rank.
+    assert "  - rank 2: aten::shared x2: same on all" in lines
+    assert "  - rank 0: aten::shared x1: same on all" in lines
+    alike = report_lines([(0, programs[0]), (1, programs[0])], [])
+    assert "  - aten::shared x1: same on all" in alike
+    assert not any(line.startswith(("  - rank 0: ", "  - rank 1: ")) for line in alike)

@@ -545,7 +545,19 @@ class CodeGen:
         return lay_out("TRACE = ", Group("{", tuple(items), "}", literal=True), 0)
 
     def _docstring(self) -> list[str]:
-        p = self.program
+        return wrap(self._source_lines(self.program)
+                    + report_lines([(None, self.program)], self.options.filters))
+
+    def docstring_of_ranks(self, programs: list[Program], ranks: list[int]) -> list[str]:
+        """The header of a file that replays several ranks: the first rank's source
+        lines, and every rank's filters, ops not replayed and notes (a line that holds
+        on some ranks only names them)."""
+        return wrap(self._source_lines(programs[0])
+                    + report_lines(list(zip(ranks, programs, strict=True)),
+                                   self.options.filters))
+
+    def _source_lines(self, p: Program) -> list[str]:
+        """The header's lines on the trace, the command line and the replay's size."""
         t = p.trace
         d = exprs.docstring_line
         lines = [
@@ -568,31 +580,66 @@ class CodeGen:
             lines.append(f"Captured with {t.num_threads} intra-op CPU thread"
                          f"{'s' if t.num_threads != 1 else ''} (a CPU run: --num-threads "
                          f"{t.num_threads} to match; default: torch's)")
-        lines += [
-            "",
-            "Filters applied:",
-        ]
-        lines += [f"  - {d(f, 300)}" for f in self.options.filters + p.filters] or ["  - none"]
-        lines += ["", "Ops not replayed:"]
-        if not p.not_replayed:
-            lines.append("  - none")
-        grouped: dict[tuple[str, str], list[int]] = defaultdict(list)
+        return lines
+
+
+def _on_ranks(held: list[int | None], every: int) -> str:
+    """The prefix naming the ranks a header line holds on: none where it holds on all."""
+    if len(held) == every:
+        return ""
+    return ("rank " if len(held) == 1 else "ranks ") + ", ".join(map(str, held)) + ": "
+
+
+def report_lines(programs: list[tuple[int | None, Program]], filters: list[str]
+                 ) -> list[str]:
+    """The header's facts of one program or of several ranks' (``programs``: rank, or
+    None for a single program, and its program): filters applied, ops not replayed
+    with their reasons and node ids, guarded ops and notes. A line that holds on every
+    rank is written once; others name the ranks they hold on."""
+    d = exprs.docstring_line
+    every = len(programs)
+
+    def merged(items: list[tuple[int | None, str]]) -> list[tuple[str, str]]:
+        held: dict[str, list[int | None]] = {}
+        for rank, text in items:
+            ranks = held.setdefault(text, [])
+            if rank not in ranks:
+                ranks.append(rank)
+        return [(_on_ranks(ranks, every), text) for text, ranks in held.items()]
+
+    lines = ["", "Filters applied:"]
+    applied = [f"  - {d(f, 300)}" for f in filters]  # the command line's: every rank's
+    applied += [f"  - {who}{d(f, 300)}" for who, f in merged(
+        [(r, f) for r, p in programs for f in p.filters])]
+    lines += applied or ["  - none"]
+    lines += ["", "Ops not replayed:"]
+    grouped: dict[tuple[str, str], dict[int | None, list[int]]] = defaultdict(dict)
+    for rank, p in programs:
         for s in p.not_replayed:
-            grouped[(s.name, s.reason)].append(s.node_id)
-        for (name, reason), ids in grouped.items():
+            grouped[(s.name, s.reason)].setdefault(rank, []).append(s.node_id)
+    if not grouped:
+        lines.append("  - none")
+    for (name, reason), by_rank in grouped.items():
+        # One line where every rank skipped the same nodes, else one per rank.
+        same = len(by_rank) == every and len({tuple(i) for i in by_rank.values()}) == 1
+        for rank, ids in ([(None, next(iter(by_rank.values())))] if same
+                          else by_rank.items()):
+            who = "" if rank is None else f"rank {rank}: "
             shown = ", ".join(str(i) for i in ids[:6]) + (", ..." if len(ids) > 6 else "")
-            lines.append(f"  - {d(name, 60)} x{len(ids)}: {d(reason, 200)}")
+            lines.append(f"  - {who}{d(name, 60)} x{len(ids)}: {d(reason, 200)}")
             lines.append(f"    nodes {shown}")
-        guarded = p.reported(Level.GUARDED)
-        if guarded:
-            lines += ["", "Ops guarded at run time (where one cannot run, its portable"
-                      " equivalent runs where it has one, else its outputs stand in):"]
-            counts = Counter(g.name for g in guarded)
-            reasons = {g.name: g.reason for g in guarded}
-            lines += [f"  - {n} x{c}: {d(reasons[n], 120)}" for n, c in counts.items()]
-        if p.notes:
-            lines += ["", "Notes:"] + [f"  - {d(n, 400)}" for n in p.notes]
-        return wrap(lines)
+    guarded = [(r, g) for r, p in programs for g in p.reported(Level.GUARDED)]
+    if guarded:
+        lines += ["", "Ops guarded at run time (where one cannot run, its portable"
+                  " equivalent runs where it has one, else its outputs stand in):"]
+        counts = Counter((r, g.name) for r, g in guarded)
+        reasons = {g.name: g.reason for _, g in guarded}
+        lines += [f"  - {who}{text}" for who, text in merged(
+            [(r, f"{n} x{c}: {d(reasons[n], 120)}") for (r, n), c in counts.items()])]
+    notes = [(r, n) for r, p in programs for n in p.notes]
+    if notes:
+        lines += ["", "Notes:"] + [f"  - {who}{d(n, 400)}" for who, n in merged(notes)]
+    return lines
 
 
 def wrap(lines: list[str], width: int = 84) -> list[str]:

@@ -74,8 +74,8 @@ def build_distributed_context(programs: list[Program], ranks: list[int],
         group_lines=emit_comms.group_lines(dist_info),
         rank_lines=emit_comms.rank_lines(bodies),
     )
-    docstring = first.docstring + _rank_docstring(programs, ranks, world, rank_source,
-                                                  dist_info)
+    docstring = builder.docstring_of_ranks(programs, ranks) + _rank_docstring(
+        programs, ranks, world, rank_source, dist_info)
     # Each rank's Kineto facts sit beside its functions; the job picks its own (RANKS).
     original = first.original_lines if not any(b.original_lines for b in bodies) else [
         "# The linked Kineto traces (mystique-gen --kineto), one per rank: "

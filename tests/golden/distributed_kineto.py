@@ -19,16 +19,21 @@ Ops not replayed:
 Notes:
   - reduce op not recorded (ReduceOp is written as an opaque object), SUM replayed:
       c10d::allreduce_ x1
-  - host gaps from rank-0.kineto.json, recorded with the ET observer attached
-      (linked by id; no profile-only steps beside it): with --host-gaps recorded
-      the benchmark calibrates the observer's cost out, or replays no gaps where it
-      cannot (no observer there, or one that writes another schema than the trace's
-      1.1.1-chakra.0.0.4)
+  - rank 0: host gaps from rank-0.kineto.json, recorded with the ET observer
+      attached (linked by id; no profile-only steps beside it): with --host-gaps
+      recorded the benchmark calibrates the observer's cost out, or replays no gaps
+      where it cannot (no observer there, or one that writes another schema than
+      the trace's 1.1.1-chakra.0.0.4)
   - same-session gaps replay only where that correction can be trusted: the
       observer's estimated cost at most 5x what is left to wait, and the median
       recorded step's gaps above the quietest step's by at most that; else stderr
       says which. The observer's slowing of the original's Python between ops is
       not corrected: where the gaps replay, stderr bounds it
+  - rank 1: host gaps from rank-1.kineto.json, recorded with the ET observer
+      attached (linked by id; no profile-only steps beside it): with --host-gaps
+      recorded the benchmark calibrates the observer's cost out, or replays no gaps
+      where it cannot (no observer there, or one that writes another schema than
+      the trace's 1.1.1-chakra.0.0.4)
 
 Distributed: recorded on 2 rank(s); this file replays rank(s) 0, 1
   run: torchrun --nproc-per-node 2 THIS_FILE [--backend gloo|nccl]
