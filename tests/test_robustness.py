@@ -121,6 +121,15 @@ def test_empty_object(tmp_path, capsys):
     assert_refused(tmp_path, write(tmp_path, {}), capsys, "no 'nodes' field")
 
 
+def test_a_kineto_trace_given_as_the_trace_says_what_it_is_and_what_to_do(tmp_path, capsys):
+    """A user's first try is often the profiler trace they already have: "no 'nodes'
+    field; is this an execution trace?" left them guessing."""
+    kineto = {"schemaVersion": 1, "traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 2.0}]}
+    assert_refused(tmp_path, write(tmp_path, kineto), capsys, "a Kineto (torch.profiler) "
+                   "trace, not an execution trace", "ExecutionTraceObserver", "--kineto")
+
+
 @pytest.mark.parametrize("nodes", [{}, "nodes", 3, None])
 def test_nodes_not_a_list(tmp_path, capsys, nodes):
     assert_refused(tmp_path, write(tmp_path, {"schema": "1.1.1", "nodes": nodes}), capsys,

@@ -231,6 +231,13 @@ def trace_from_document(doc: Any, *, name: str, sha256: str) -> RawTrace:
     if not isinstance(doc, dict):
         raise TraceError(f"{name}: top level is {type(doc).__name__}, expected an object")
     if "nodes" not in doc:
+        if "traceEvents" in doc:  # the profiler's own trace, given where an ET goes
+            raise TraceError(
+                f"{name}: a Kineto (torch.profiler) trace, not an execution trace: it "
+                "times ops but records no tensor identities, so the ops' data flow "
+                "cannot be rebuilt from it. Record an execution trace of the same step "
+                "(ExecutionTraceObserver, or `mystique-gen capture`) and give this file "
+                "beside it with --kineto")
         raise TraceError(f"{name}: no 'nodes' field; is this an execution trace?")
     nodes = doc["nodes"]
     if not isinstance(nodes, list):
