@@ -169,6 +169,13 @@ SIDECARS = (SIDECAR_SUFFIX, SIDECAR_SUFFIX + ".gz")
 NOT_KINETO_SUFFIXES = (ET_SUFFIX, ET_SUFFIX + ".gz", *SIDECARS)
 
 
+def _named_files(kineto: KinetoPaths) -> list[Path]:
+    """The files ``--kineto`` names as such (not found in a directory it names)."""
+    named = [] if kineto is None else [kineto] if isinstance(kineto, (str, Path)) \
+        else list(kineto)
+    return [Path(p) for p in named if Path(p).is_file()]
+
+
 def kineto_paths(kineto: KinetoPaths) -> list[Path]:
     """``--kineto`` as files: one path or several, a directory standing for its Kineto
     traces (its ``*.kineto.json`` files where it has any, see :func:`expand_inputs`)."""
@@ -724,8 +731,10 @@ def compile_paths(paths: Sequence[str | Path], options: BuildOptions | None = No
     trace, or one per rank trace (matched by the rank each records, else in order)."""
     options = options or BuildOptions()
     files = expand_inputs(paths)
-    # A --kineto directory that also holds the ET (one folder for both): not a Kineto trace.
-    given = {f.resolve() for f in files}
+    # A --kineto directory that also holds the ET (one folder for both): not a Kineto
+    # trace. The trace named as its own --kineto is one: an ET+ carries its times (a
+    # plain ET is then refused for holding none; both had been dropped without a word).
+    given = {f.resolve() for f in files} - {k.resolve() for k in _named_files(kineto)}
     kinetos = [k for k in kineto_paths(kineto) if k.resolve() not in given]
     if kinetos and options.compose is not None:
         raise OptionError("--kineto links one trace; it cannot go with --compose")

@@ -364,14 +364,21 @@ def test_a_chakra_et_plus_replays_its_ops_and_links_its_own_times(pair, tmp_path
                                               if op.stream is not None)
     bench = tmp_path / "bench.py"
     generate(et_plus, bench, kineto=et_plus)
+    # Its times reach the benchmark (the file named as its own --kineto had been
+    # dropped, as an ET in a --kineto folder is).
+    assert f'"kineto": "{et_plus.name}"' in bench.read_text()
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert last_json(proc.stdout)["ops"] == len(plain.ops)
 
 
-def test_an_execution_trace_without_times_is_no_kineto_trace(pair):
+def test_an_execution_trace_without_times_is_no_kineto_trace(pair, tmp_path, capsys):
     with pytest.raises(TraceError, match="without linked Kineto times"):
         load_kineto(pair[0])
+    # Named as its own --kineto, it is refused so, not generated without timing.
+    out = tmp_path / "bench.py"
+    assert cli_main([str(pair[0]), "--kineto", str(pair[0]), "-o", str(out)]) == 2
+    assert "without linked Kineto times" in capsys.readouterr().err and not out.exists()
 
 
 def test_hta_pair_links(shared_traces):
