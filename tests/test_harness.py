@@ -116,6 +116,33 @@ def test_main_times_the_replay_the_file_provides(monkeypatch, capsys):
         assert result[key] > 0
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--et", "/proc/replay.et.json"], "mystique: --et /proc/replay.et.json: "),
+    (["--profile", "/proc/profiles"], "mystique: --profile /proc/profiles: "),
+    (["--device", "meta"], "mystique: --device meta: "),
+])
+def test_outputs_and_devices_that_cannot_serve_stop_the_run_before_it_starts(
+        monkeypatch, flags, said):
+    """An --et the observer could not open was only logged by it, and the run ended as
+    if it had written the trace; --profile's folder and --device meta raised
+    tracebacks, the profile's after the whole timed run."""
+    calls = []
+    _main_replaying(monkeypatch, lambda device, host, gens: {},
+                    lambda inputs, device, host: calls.append(1), 1)
+    with pytest.raises(SystemExit) as stopped:
+        runtime.main(["--warmup", "1", "--iters", "2", *flags])
+    assert str(stopped.value.code).startswith(said) and calls == []
+
+
+def test_outputs_are_written_where_their_folders_do_not_exist_yet(monkeypatch, tmp_path):
+    _main_replaying(monkeypatch, lambda device, host, gens: {"x": torch.ones(2)},
+                    lambda inputs, device, host: inputs["x"].mul_(2.0), 1)
+    et, profiles = tmp_path / "new" / "replay.et.json", tmp_path / "profiles"
+    assert runtime.main(["--warmup", "1", "--iters", "2", "--et", str(et),
+                         "--profile", str(profiles)]) == 0
+    assert et.is_file() and [p.name for p in profiles.iterdir()] == ["kineto_trace.json"]
+
+
 def test_main_names_the_inputs_an_iteration_left_nan_or_inf(monkeypatch, capsys):
     """A replay that carries NaN into the inputs it writes (a training step on values
     outside some op's domain) says so, by name, in --json and on stderr, though the

@@ -75,10 +75,31 @@ def _usable_device(name):
         device = torch.device(name)
         if device.type != "cpu":
             torch.empty(0, device=device)
-    except (RuntimeError, AssertionError, ValueError) as exc:
+            # The inputs are drawn from its generator, and the replay computes there:
+            # `meta` allocates but does neither (a traceback, from the generator).
+            torch.Generator(device.type)
+            (torch.ones(1, device=device) + 1).cpu()
+    except (RuntimeError, AssertionError, ValueError, NotImplementedError) as exc:
         reason = (str(exc).strip().splitlines() or ["unavailable"])[0][:160]
         sys.exit(f"mystique: --device {name}: {reason}")
     return device
+
+
+def _writable(flag, path, folder=False):
+    """Exit with one line where the output `path` (a file, or with `folder` a folder)
+    cannot be written, before any work: the ET observer only logs a file it cannot
+    open, and the run ended as if --et had written one; --profile raised a traceback
+    after the timed run. Tried by writing, as permissions do not tell (root, /proc)."""
+    probe = os.path.join(path, ".mystique-write-probe") if folder else path
+    existed = os.path.exists(probe)
+    try:
+        os.makedirs(os.path.dirname(probe) or ".", exist_ok=True)
+        with open(probe, "a"):
+            pass
+        if not existed:
+            os.remove(probe)
+    except OSError as exc:
+        sys.exit(f"mystique: {flag} {path}: {exc.strerror or exc}")
 
 
 def _parse_args(argv=None):
@@ -1746,6 +1767,10 @@ def main(argv=None):
     _RUNTIME["host"] = host
     _RUNTIME["host_gaps"] = args.host_gaps in ("recorded", "scaled")
     job.start(args, device)
+    if args.et:
+        _writable("--et", job.et_path(args.et))
+    if args.profile:
+        _writable("--profile", args.profile, folder=True)
     original = job.original()
     if _RUNTIME["host_gaps"] and original is None:
         # Off, not only said: --json's host_gaps_replayed read true beside this line.
