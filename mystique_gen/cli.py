@@ -13,10 +13,11 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 from mystique_gen import __version__
 from mystique_gen.backends.base import GenerateOptions
-from mystique_gen.driver import generate, one_kineto
+from mystique_gen.driver import generate, one_kineto, writable
 from mystique_gen.errors import MystiqueError
 from mystique_gen.options import add_build_arguments, build_options, default_device, device_lines
 from mystique_gen.progress import session
@@ -227,6 +228,7 @@ def run_capture(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.warmup < 1 or args.timing_iters < 1 or args.profile_steps < 1:
         raise MystiqueError("--warmup, --timing-iters and --profile-steps must be at least 1")
+    writable(Path(args.out), folder=True)  # before the script runs, not after
     before = set(threading.enumerate())
     try:
         result = capture_script(
@@ -276,6 +278,7 @@ def run_compare(args: argparse.Namespace) -> int:
         except ImportError:
             raise MystiqueError(
                 "--plot needs matplotlib: pip install 'mystique-gen[plot]'") from None
+        writable(Path(args.plot), "--plot")
     step_json = args.step_json or (
         step_json_beside(args.kineto_original) if args.kineto_original else None)
     result = compare_traces(

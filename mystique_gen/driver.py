@@ -898,15 +898,40 @@ def generate(trace: str | Path | list[str | Path], out: str | Path,
     if threads:
         build = replace(build, threads=True)
     paths = trace if isinstance(trace, list) else [trace]
+    writable(Path(out))
     text = render(compile_paths(paths, build, kineto=kineto), options)
     write_atomic(Path(out), text)
     return text
 
 
-def write_atomic(path: Path, text: str) -> None:
+def _temporary_in(folder: Path, path: Path, flag: str) -> tuple[int, str]:
+    """A temporary file in ``folder`` (made where missing) toward writing ``path``, or an
+    OptionError naming ``flag`` and why it cannot be written (/proc, no permission, a
+    folder where a file is asked for)."""
+    if path.is_dir() and folder != path:
+        raise OptionError(f"{flag} {path}: is a folder; name the file to write")
+    if folder == path and path.exists() and not path.is_dir():
+        raise OptionError(f"{flag} {path}: is a file; name the folder to write into")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise OptionError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def writable(path: Path, flag: str = "-o", *, folder: bool = False) -> None:
+    """Raise an OptionError where the file ``path`` (with ``folder``, files in the folder
+    ``path``) cannot be written: tried by writing, as permissions do not tell (root,
+    /proc). Before the work: a large trace compiled for minutes, a script captured,
+    and the write then raised a traceback."""
+    fd, tmp = _temporary_in(path if folder else path.parent, path, flag)
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def write_atomic(path: Path, text: str, flag: str = "-o") -> None:
     """Write via a temporary file in the same folder, so no partial file is ever left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temporary_in(path.parent, path, flag)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -914,7 +939,9 @@ def write_atomic(path: Path, text: str) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk: one line, as for any other output
+            raise MystiqueError(f"{flag} {path}: {exc.strerror or exc}") from None
         raise

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from mystique_gen import driver
 from mystique_gen.backends.check import check_source
 from mystique_gen.backends.single import reference_facts
 from mystique_gen.cli import main as cli_main
@@ -115,6 +116,30 @@ def test_top_level_not_an_object(tmp_path, capsys):
 def test_extra_data_after_document(tmp_path, capsys):
     data = json.dumps(base_doc()).encode() + b" {}"
     assert_refused(tmp_path, write(tmp_path, data), capsys, "not valid JSON")
+
+
+@pytest.mark.parametrize("where", ["/proc/bench.py", "folder", "a file's folder"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys,
+                                                                     where, monkeypatch):
+    """-o on /proc, on a folder, or below a file: a traceback after the whole trace was
+    compiled (minutes for a large one)."""
+    blocker = write(tmp_path, b"", "blocker")
+    out = {"/proc/bench.py": Path("/proc/bench.py"), "folder": tmp_path,
+           "a file's folder": blocker / "bench.py"}[where]
+    monkeypatch.setattr(driver, "compile_paths", lambda *a, **k: pytest.fail("compiled"))
+    rc = cli_main([str(write(tmp_path, base_doc())), "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"mystique-gen: error: -o {out}: ")
+
+
+def test_capture_into_a_folder_that_cannot_be_written_stops_before_the_script(tmp_path,
+                                                                              capsys):
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('ran')\n")
+    for out in (Path("/proc/traces"), script):
+        rc = cli_main(["capture", "-o", str(out), "--", sys.executable, str(script)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err[-1].startswith(f"mystique-gen: error: -o {out}: "), err
 
 
 def test_empty_object(tmp_path, capsys):
