@@ -237,7 +237,8 @@ def trace_from_document(doc: Any, *, name: str, sha256: str) -> RawTrace:
                 "times ops but records no tensor identities, so the ops' data flow "
                 "cannot be rebuilt from it. Record an execution trace of the same step "
                 "(ExecutionTraceObserver, or `mystique-gen capture`) and give this file "
-                "beside it with --kineto")
+                "beside it: --kineto (compare: --kineto-original or --kineto-replay; "
+                "diff: --kineto-a or --kineto-b)")
         raise TraceError(f"{name}: no 'nodes' field; is this an execution trace?")
     nodes = doc["nodes"]
     if not isinstance(nodes, list):
