@@ -134,6 +134,22 @@ def test_outputs_and_devices_that_cannot_serve_stop_the_run_before_it_starts(
     assert str(stopped.value.code).startswith(said) and calls == []
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--warmup", "-1"], "--warmup must be 0 or more, not -1"),
+    (["--iters", "-2"], "--iters must be 0 or more, not -2"),
+    (["--seed", str(2**64)], "--seed must fit in 64 bits"),
+])
+def test_numbers_out_of_range_are_usage_errors(monkeypatch, capsys, flags, said):
+    """A seed past 64 bits raised a traceback from torch.Generator after the inputs'
+    set-up; a usage error says which flag, before anything runs."""
+    _main_replaying(monkeypatch, lambda device, host, gens: {}, lambda *a: None, 1)
+    with pytest.raises(SystemExit) as stopped:
+        runtime.main(flags)
+    assert stopped.value.code == 2 and said in capsys.readouterr().err
+    runtime._parse_args(["--seed", str(-(2**63))])  # the edges torch takes
+    runtime._parse_args(["--seed", str(2**63 - 1)])
+
+
 def test_outputs_are_written_where_their_folders_do_not_exist_yet(monkeypatch, tmp_path):
     _main_replaying(monkeypatch, lambda device, host, gens: {"x": torch.ones(2)},
                     lambda inputs, device, host: inputs["x"].mul_(2.0), 1)

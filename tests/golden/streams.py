@@ -192,6 +192,10 @@ def _parse_args(argv=None):
     for flag, count in (("warmup", args.warmup), ("iters", args.iters)):
         if count < 0:
             parser.error(f"--{flag} must be 0 or more, not {count}")
+    if not -(2**63) <= args.seed < 2**63:  # what a torch.Generator takes
+        parser.error(
+            f"--seed must fit in 64 bits (from -2**63 to 2**63 - 1), not {args.seed}"
+        )
     return args
 
 
