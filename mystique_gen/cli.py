@@ -181,6 +181,12 @@ def capture_parser() -> argparse.ArgumentParser:
                    "records 0-d argument values, each annotated, into "
                    "<name>.profile.json (host gaps, compare); fewer if the script "
                    "ends first (default: 9)")
+    p.add_argument("--step-at", metavar="[MODULE:]NAME",
+                   help="each return from this function ends a step, instead of an "
+                   "optimizer step: an inference script's (serve_batch), a method "
+                   "(Engine.step), or a function of a module the script imports "
+                   "(transformers.generation.utils:GenerationMixin.generate); default "
+                   "module: the script's own")
     p.add_argument("--no-kineto", action="store_true", help="record the ET only")
     p.add_argument("--no-ranges", action="store_true",
                    help="do not record integral tensor ranges")
@@ -235,11 +241,12 @@ def run_capture(args: argparse.Namespace) -> int:
             command, args.out, name=args.name, warmup=args.warmup,
             timing_iters=args.timing_iters, kineto=not args.no_kineto,
             integral_ranges=not args.no_ranges, integral_data=args.save_indices,
-            profile_steps=args.profile_steps)
+            profile_steps=args.profile_steps, step_at=args.step_at)
     except ScriptError as exc:
         raise MystiqueError(str(exc)) from None
     print(json.dumps(result_dict(result)))
-    print(f"captured one optimizer step: eager {result.step_ms_median:.3f} ms "
+    step = "optimizer step" if args.step_at is None else f"step (to a return from {args.step_at})"
+    print(f"captured one {step}: eager {result.step_ms_median:.3f} ms "
           f"(median); wrote {result.et_path}", file=sys.stderr)
     _leave_script_threads(before)
     return 0

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from mystique_gen.cli import main as tools_main
 from mystique_gen.sources.et import load_trace
 from mystique_gen.tools.capture import rank_stem
+from mystique_gen.tools.compare import op_multiset
 from tests.test_mesh import free_port
 
 
@@ -254,7 +255,85 @@ def test_a_script_without_an_optimizer_says_how_to_capture_it(tmp_path, capsys):
                 model(torch.randn(4, 8))
         """)
     assert _capture(tmp_path / "o", "python", script) != 0
-    assert "tools.capture.capture(step_fn" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--step-at" in err and "tools.capture.capture(step_fn" in err
+
+
+_SERVING = """
+    import torch
+    from helpers import Batches
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+
+
+    def serve(batch, again=True):  # calls itself: one step all the same
+        with torch.inference_mode():
+            out = model(batch)
+        return serve(out, again=False) if again else out.argmax(-1)
+
+
+    class Engine:
+        def step(self, batch):
+            return serve(batch)
+
+        @staticmethod
+        def stats(out):
+            return out.sum()
+
+
+    if __name__ == "__main__":
+        engine = Engine()
+        for batch in Batches():
+            Engine.stats(engine.step(batch))
+    """
+
+
+@pytest.mark.parametrize("step_at, linears", [
+    ("serve", 2), ("Engine.step", 2), ("__main__:Engine.stats", 2),
+    ("helpers:Batches.__next__", 2), ("helpers:make_batch", 2)])
+def test_an_inference_step_ends_at_each_return_from_the_function_named(tmp_path, step_at,
+                                                                       linears):
+    """--step-at: a script with no optimizer steps at each return from a function of
+    its own (a method, a static method) or of a module it imports; a call inside
+    another call of it (recursion) is part of that one."""
+    (tmp_path / "helpers.py").write_text(textwrap.dedent("""
+        import torch
+
+        def make_batch():
+            return torch.randn(4, 8)
+
+        class Batches:
+            def __init__(self):
+                self.left = 40
+            def __iter__(self):
+                return self
+            def __next__(self):
+                self.left -= 1
+                if self.left < 0:
+                    raise StopIteration
+                return make_batch()
+        """))
+    script = _script(tmp_path / "serve.py", _SERVING)
+    out = tmp_path / "o"
+    assert tools_main(["capture", "-o", str(out), *_CAPTURE_ARGS, "--step-at", step_at,
+                       "--", "python", script]) == 0
+    step = json.loads((out / "s.step.json").read_text())
+    assert step["boundary"] == f"return from {step_at}" and len(step["step_ms"]) == 1
+    ops = op_multiset(out / "s.et.json")
+    # One whole iteration of the loop: its batch, both passes of the model, the stats.
+    assert ops["aten::linear"] == linears and ops["aten::randn"] == 1
+    assert ops["aten::sum"] == 1
+
+
+def test_a_step_function_that_is_never_reached_says_so(tmp_path, capsys):
+    (tmp_path / "helpers.py").write_text("class Batches(list):\n    pass\n")
+    script = _script(tmp_path / "serve.py", _SERVING)
+    assert tools_main(["capture", "-o", str(tmp_path / "o"), *_CAPTURE_ARGS, "--step-at",
+                       "Server.handle", "--", "python", script]) == 2
+    assert "never returned from Server.handle" in capsys.readouterr().err
+    assert tools_main(["capture", "-o", str(tmp_path / "o"), "--step-at", "serve()",
+                       "--", "python", script]) == 2
+    assert "not [MODULE:]NAME[.NAME...]" in capsys.readouterr().err
 
 
 def test_a_package_module_runs_from_the_working_directory(tmp_path, monkeypatch, capsys):
@@ -672,6 +751,69 @@ def test_a_launchers_command_is_captured_rank_by_rank(tmp_path, capsys):
     for rank in (0, 1):
         step = json.loads((tmp_path / "o" / f"s-rank-{rank}.step.json").read_text())
         assert len(step["step_ms"]) == 1
+
+
+def test_a_launched_jobs_ranks_end_their_steps_at_the_function_named(tmp_path, capsys):
+    """--step-at in a launcher's workers: the script is their __main__, already running
+    as the capture joins them (at torch's import), and each rank's step is one call."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("no torchrun beside this interpreter")
+    script = _script(tmp_path / "serve.py", """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(8, 4).eval()
+
+        def serve(batch):
+            with torch.inference_mode():
+                out = model(batch)
+            dist.all_reduce(out)
+            return out.argmax(-1)
+
+        for _ in range(30):
+            serve(torch.randn(4, 8))
+        """)
+    assert tools_main(["capture", "-o", str(tmp_path / "o"), *_CAPTURE_ARGS, "--step-at",
+                       "serve", "--", str(torchrun), "--nnodes", "1", "--nproc-per-node",
+                       "2", "--master-port", str(free_port()), script]) == 0
+    assert "captured 2 process(es)" in capsys.readouterr().err
+    for rank in (0, 1):
+        ops = op_multiset(tmp_path / "o" / f"s-rank-{rank}.et.json")
+        assert ops["aten::linear"] == 1 and ops["c10d::allreduce_"] == 1
+
+
+def test_ranks_a_serving_script_spawns_end_their_steps_at_its_function(tmp_path, capsys):
+    """--step-at naming the script's own function, in ranks torch.multiprocessing
+    spawns: there the script runs as __mp_main__, whose module is a copy of the
+    namespace its functions read their globals from (wrapped in the copy alone, no
+    call ended a step: "never returned from serve")."""
+    script = _script(tmp_path / "serve.py", """
+        import os, torch, torch.distributed as dist, torch.multiprocessing as mp
+        model = torch.nn.Linear(8, 4).eval()
+        def serve(batch):
+            with torch.inference_mode():
+                out = model(batch)
+            dist.all_reduce(out)
+            return out.argmax(-1)
+        def run(rank, world, port):
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            for _ in range(30):
+                serve(torch.randn(4, 8))
+            dist.destroy_process_group()
+        if __name__ == "__main__":
+            mp.spawn(run, args=(2, os.environ["TEST_PORT"]), nprocs=2)
+        """)
+    os.environ["TEST_PORT"] = str(free_port())
+    try:
+        assert tools_main(["capture", "-o", str(tmp_path / "o"), *_CAPTURE_ARGS,
+                           "--step-at", "serve", "--", "python", script]) == 0
+    finally:
+        del os.environ["TEST_PORT"]
+    assert "captured 2 of the 2 ranks the script spawned" in capsys.readouterr().err
+    for rank in (0, 1):
+        ops = op_multiset(tmp_path / "o" / f"s-rank-{rank}.et.json")
+        assert ops["aten::linear"] == 1 and ops["c10d::allreduce_"] == 1
 
 
 def test_what_runs_in_this_process_and_what_is_launched(tmp_path):

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -31,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -39,6 +42,7 @@ from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import torch
 import torch.multiprocessing
@@ -858,6 +862,156 @@ def _step_wrapper(on_step: Callable[[object], None]) -> Callable[[], None]:
     return _ACTIVE.clear
 
 
+def parse_step_at(target: str) -> tuple[str, list[str]]:
+    """``--step-at [MODULE:]NAME[.NAME...]`` as (module, attribute path): a module-level
+    function or a class's method, of the script (``__main__``, the default) or of a
+    module it imports (``transformers.generation.utils:GenerationMixin.generate``)."""
+    module, _, qualname = target.rpartition(":")
+    parts = qualname.split(".")
+    if not all(p.isidentifier() for p in parts) or \
+            (module and not all(p.isidentifier() for p in module.split("."))):
+        raise ScriptError(f"--step-at {target}: not [MODULE:]NAME[.NAME...] (a function "
+                          "defined at a module's top level, or a method of a class there)")
+    return module or "__main__", parts
+
+
+class _StepAt:
+    """Each return of a function (``--step-at``) ends a step, instead of an optimizer's
+    step: an inference script, or a step function that steps several optimizers. The
+    function is wrapped where it is bound (its module's global, its class's attribute);
+    a call inside another call of it (recursion, a method calling its base's) is part
+    of the outer one. A function of the script itself is wrapped as soon as its
+    definition has run: until then, only the script's top-level frame is traced, line
+    by line (no frame of the step is: the trace stops once it is wrapped)."""
+
+    def __init__(self, target: str, on_return: Callable[[object], None]) -> None:
+        self.target = target
+        self.module, self.path = parse_step_at(target)
+        self.on_return = on_return
+        self.undo: list[Callable[[], None]] = []
+        self.wrapped = False
+
+    def install(self, script_running: bool) -> Callable[[], None]:
+        """Wrap now, or once the script's definition has run (``script_running``: this
+        process runs the script as its ``__main__`` already, as a launcher's worker
+        does; else the script is yet to start in this process); returns the undo."""
+        if self.module != "__main__":
+            try:
+                namespace = vars(importlib.import_module(self.module))
+            except ImportError as exc:
+                raise ScriptError(f"--step-at {self.target}: {exc}") from None
+            if not self._wrap(namespace):
+                raise ScriptError(f"--step-at {self.target}: {self.module} has no "
+                                  f"{'.'.join(self.path)}")
+        else:
+            self._watch_main(script_running)
+        return self.uninstall
+
+    def uninstall(self) -> None:
+        for undo in reversed(self.undo):
+            undo()
+        self.undo.clear()
+
+    def _wrap(self, namespace: dict[str, object]) -> bool:
+        """Wrap the function where ``namespace`` binds it; False where it is not bound."""
+        if self.wrapped:
+            return True
+        owner: object = None
+        for name in self.path[:-1]:
+            owner = namespace.get(name) if owner is None else getattr(owner, name, None)
+            if owner is None:
+                return False
+        name = self.path[-1]
+        if owner is None:
+            if name not in namespace:
+                return False
+            raw = namespace[name]
+        else:
+            try:
+                raw = inspect.getattr_static(owner, name)
+            except AttributeError:
+                return False
+        kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+        function = raw.__func__ if kind is not None else raw  # type: ignore[union-attr]
+        if not callable(function):
+            raise ScriptError(f"--step-at {self.target}: not a function "
+                              f"({type(function).__name__})")
+        wrapper = self._wrapper(function)
+        bound = kind(wrapper) if kind is not None else wrapper
+        if owner is None:
+            # Also where the function's module code ran, if that is another dict: a
+            # spawned rank's __mp_main__ is a copy of the namespace its functions read
+            # their globals from (multiprocessing's fix-up of the script's run_path).
+            home = getattr(function, "__globals__", namespace)
+            for where in [namespace] + ([home] if home is not namespace
+                                        and home.get(name) is raw else []):
+                where[name] = bound
+                self.undo.append(functools.partial(where.__setitem__, name, raw))
+        else:
+            setattr(owner, name, bound)
+            self.undo.append(lambda: setattr(owner, name, raw))
+        self.wrapped = True
+        return True
+
+    def _wrapper(self, function: Callable[..., object]) -> Callable[..., object]:
+        inside = threading.local()
+        on_return = self.on_return
+
+        @functools.wraps(function)
+        def step(*args: object, **kwargs: object) -> object:
+            if getattr(inside, "depth", 0):
+                return function(*args, **kwargs)
+            inside.depth = 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                inside.depth = 0
+                on_return(None)
+
+        return step
+
+    def _watch_main(self, script_running: bool) -> None:
+        """Wrap the script's function where it is defined already (``script_running``),
+        else trace the script's top-level frame until its definition has run: the frame
+        running now (``script_running``) or the next to start."""
+        # A spawned rank imported the script as __mp_main__; a forked one holds it as
+        # __main__ (runpy's module, defined up to the fork).
+        for name in ("__mp_main__", "__main__") if script_running else ():
+            module = sys.modules.get(name)
+            if module is not None and self._wrap(vars(module)):
+                return
+
+        def script_frame(frame: FrameType) -> bool:
+            return frame.f_code.co_name == "<module>" and \
+                frame.f_globals.get("__name__") == "__main__"
+
+        previous = sys.gettrace()  # a debugger's or coverage's, given back after
+
+        def lines(frame: FrameType, event: str, arg: object):  # noqa: ANN202
+            if self._wrap(frame.f_globals):
+                frame.f_trace = None
+                sys.settrace(previous)
+                return None
+            return lines
+
+        def calls(frame: FrameType, event: str, arg: object):  # noqa: ANN202
+            return lines if event == "call" and script_frame(frame) else None
+
+        running: FrameType | None = sys._getframe(1) if script_running else None
+        while running is not None and not script_frame(running):
+            running = running.f_back
+        if running is not None:
+            running.f_trace = lines
+        sys.settrace(calls)
+
+        def stop() -> None:
+            if not self.wrapped:
+                sys.settrace(previous)
+            if running is not None:
+                running.f_trace = None
+        self.undo.append(stop)
+
+
 def rank_stem(name: str) -> str:
     """``name`` for this process's files: ``<name>-rank-<RANK>`` where a launcher started
     it as one rank of several (its initialised process group's rank and size, else
@@ -891,11 +1045,15 @@ def capture_script(
     integral_ranges: bool = True,
     integral_data: bool = False,
     profile_steps: int = 9,
+    step_at: str | None = None,
 ) -> CaptureResult:
     """Run ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) in this process and
     record one optimizer step after ``warmup`` + ``timing_iters`` steps; with
     ``kineto``, then profile up to ``profile_steps`` more (at least one), as
-    :func:`capture` does."""
+    :func:`capture` does. ``step_at`` (``[MODULE:]NAME``): each return from that
+    function ends a step instead (:class:`_StepAt`)."""
+    if step_at is not None:
+        parse_step_at(step_at)  # its form, before the script runs
 
     if argv and Path(argv[0]).name.startswith("python"):
         argv = _interpreter_options(argv[1:])
@@ -904,7 +1062,7 @@ def capture_script(
     if _launched(argv):
         capture = _ScriptCapture(Path(out_dir), warmup, timing_iters, kineto,
                                  integral_ranges, integral_data, max(1, profile_steps),
-                                 tuple(argv))
+                                 tuple(argv), step_at)
         capture.out.mkdir(parents=True, exist_ok=True)
         return _capture_command(argv, capture, name)
     module = None
@@ -925,7 +1083,7 @@ def capture_script(
         if found is None:
             raise ScriptError(f"no module named {module!r} (from {search})")
     capture = _ScriptCapture(Path(out_dir), warmup, timing_iters, kineto, integral_ranges,
-                             integral_data, max(1, profile_steps), tuple(argv))
+                             integral_data, max(1, profile_steps), tuple(argv), step_at)
     capture.out.mkdir(parents=True, exist_ok=True)
 
     def run_script() -> None:
@@ -990,13 +1148,21 @@ class _ScriptCapture:
     integral_data: bool
     profile_steps: int
     command: tuple[str, ...]
+    step_at: str | None = None  # --step-at: each return of it ends a step
+
+    @property
+    def boundary(self) -> str:
+        """What ends a step, in words."""
+        return "optimizer step" if self.step_at is None else f"return from {self.step_at}"
 
     def run(self, name: str, body: Callable[[], object],
-            spawns_as: str | None = None, resolve: bool = False) -> _Run:
+            spawns_as: str | None = None, resolve: bool = False,
+            script_running: bool = False) -> _Run:
         """Run ``body`` with the step hooks set; ``spawns_as``: the name whose
         ``-rank-<i>`` the ranks it spawns take (None: spawned ranks are not followed);
-        ``resolve``: ``name`` takes the process's rank when it first records."""
-        run = self.begin(name, spawns_as, resolve)
+        ``resolve``: ``name`` takes the process's rank when it first records;
+        ``script_running``: see :meth:`begin`."""
+        run = self.begin(name, spawns_as, resolve, script_running)
         try:
             with _env({KERNEL_PROFILE_ENV: os.environ.get(KERNEL_PROFILE_ENV, "1")}):
                 body()
@@ -1012,17 +1178,23 @@ class _ScriptCapture:
             _JOB.leave()
         return run
 
-    def begin(self, name: str, spawns_as: str | None = None, resolve: bool = False) -> _Run:
-        """Set the step hooks of a run (:meth:`end` takes them off)."""
+    def begin(self, name: str, spawns_as: str | None = None, resolve: bool = False,
+              script_running: bool = False) -> _Run:
+        """Set the step hooks of a run (:meth:`end` takes them off); ``script_running``:
+        this process runs the script as its ``__main__`` already (a launcher's worker)."""
         recorder = _Recorder(self.out, name, kineto=self.kineto,
                              integral_ranges=self.integral_ranges,
                              integral_data=self.integral_data, resolve=resolve)
         clock = _StepClock(self.warmup, self.timing_iters, recorder, self.profile_steps)
         run = _Run(name, clock, recorder)
-        handle = register_optimizer_step_post_hook(
-            lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
-            else clock.on_step(opt))
-        restore = _step_wrapper(clock.on_step)
+        if self.step_at is None:
+            handle = register_optimizer_step_post_hook(
+                lambda opt, *_: None if getattr(type(opt).step, "_mystique", False)
+                else clock.on_step(opt)).remove
+            restore = _step_wrapper(clock.on_step)
+        else:  # optimizers step inside the function, or not at all
+            handle = _StepAt(self.step_at, clock.on_step).install(script_running)
+            restore = _no_op
         unwatch = _watch_script_profilers(recorder)
         unwatch_spawn = _watch_spawned_processes(
             run.spawned, None if spawns_as is None else (self, spawns_as), clock)
@@ -1030,12 +1202,12 @@ class _ScriptCapture:
 
         def detach() -> None:  # in a forked child, or where a rank's own capture starts
             run.detached = True
-            handle.remove()
+            handle()
             restore()
             clock.drop_probe()
 
         def undo() -> None:
-            handle.remove()
+            handle()
             restore()
             unwatch()
             unwatch_spawn()
@@ -1074,24 +1246,32 @@ class _ScriptCapture:
             raised = (f"the script exited with status {run.raised.code}"
                       if isinstance(run.raised, SystemExit)
                       else f"the script raised {type(run.raised).__name__}: {run.raised}")
-            raise ScriptError(raised + _kept_after_recording(self.out, recorder.name, clock,
-                                                             recorder, argv))
+            raise ScriptError(raised + _kept_after_recording(
+                self.out, recorder.name, clock, recorder, argv, self.boundary))
         if clock.steps == 0 and not clock.cycle and run.spawned:
             return self._spawned_result(run.spawned)
+        if clock.steps == 0 and not clock.cycle and self.step_at is not None:
+            raise ScriptError(
+                f"the script never returned from {self.step_at} in this process (--step-at "
+                "names a function defined at a module's top level, or a method of a class "
+                "there, as [MODULE:]NAME; the module is the script's own by default)")
         if clock.steps == 0 and not clock.cycle:
             raise ScriptError(
                 "the script made no optimizer step in this process: a script without a "
-                "torch.optim optimizer (inference) has no step boundary; capture a function "
-                "of it with the Python API (mystique_gen.tools.capture.capture(step_fn, "
-                "DIR)); no Python process the script started was captured either")
+                "torch.optim optimizer (inference) has no step boundary; name the function "
+                "one call of which is a step with --step-at (or capture it with the Python "
+                "API, mystique_gen.tools.capture.capture(step_fn, DIR)); no Python process "
+                "the script started was captured either")
         if clock.steps < needed:
+            made = "optimizer steps" if self.step_at is None else \
+                f"returns from {self.step_at}"
             raise ScriptError(
-                f"the script made {clock.steps} optimizer steps; capture needs {needed} "
+                f"the script made {clock.steps} {made}; capture needs {needed} "
                 f"(--warmup {self.warmup} + --timing-iters {self.timing_iters} + {recorded} "
                 "recorded)" + _kept_after_recording(self.out, recorder.name, clock, recorder,
-                                                    argv))
+                                                    argv, self.boundary))
         return _write_sidecar(self.out, recorder.name, clock.times, clock.cpu_times, self.warmup,
-                              recorder, _sidecar_extra(clock, recorder, argv))
+                              recorder, _sidecar_extra(clock, recorder, argv, self.boundary))
 
     def _spawned_result(self, names: list[str]) -> CaptureResult:
         """The first captured rank's result, where the script trained in ranks it
@@ -1134,7 +1314,7 @@ class _SpawnedRank:
             detach()
         _LIVE.clear()
         name = _spawned_name(self.name, index, self.nprocs)
-        run = self.capture.run(name, lambda: self.fn(index, *args))
+        run = self.capture.run(name, lambda: self.fn(index, *args), script_running=True)
         try:
             self.capture.finish(run)
         except ScriptError as exc:
@@ -1143,14 +1323,18 @@ class _SpawnedRank:
             raise run.raised  # the rank's own error: spawn reports it to the script
 
 
+def _no_op() -> None:
+    pass
+
+
 def _spawned_name(name: str, index: int, nprocs: int) -> str:
     """The files' name of the ``index``-th of ``nprocs`` ranks a script spawned."""
     return f"{name}-rank-{index}" if nprocs > 1 else name
 
 
-def _sidecar_extra(clock: _StepClock, recorder: _Recorder,
-                   argv: list[str]) -> dict[str, object]:
-    extra: dict[str, object] = {"boundary": "optimizer step", "command": argv,
+def _sidecar_extra(clock: _StepClock, recorder: _Recorder, argv: list[str],
+                   boundary: str = "optimizer step") -> dict[str, object]:
+    extra: dict[str, object] = {"boundary": boundary, "command": argv,
                                 "scalars": clock.inputs.scalars,
                                 "literals": clock.inputs.literals}
     if recorder.kineto_path is not None:
@@ -1159,7 +1343,7 @@ def _sidecar_extra(clock: _StepClock, recorder: _Recorder,
 
 
 def _kept_after_recording(out: Path, name: str, clock: _StepClock, recorder: _Recorder,
-                          argv: list[str]) -> str:
+                          argv: list[str], boundary: str = "optimizer step") -> str:
     """Where the script stopped after its recorded step (it raised, exited or ran out of
     steps while the capture recorded scalars or profiled), write the step.json of what
     was measured and say what the capture lacks: the ET and Kineto trace hold the whole
@@ -1175,7 +1359,7 @@ def _kept_after_recording(out: Path, name: str, clock: _StepClock, recorder: _Re
         if recorder.profile_path is not None:
             recorder.profile_path.unlink(missing_ok=True)  # holds no whole step
             recorder.profile_path = None
-    extra = {**_sidecar_extra(clock, recorder, argv), "complete": False}
+    extra = {**_sidecar_extra(clock, recorder, argv, boundary), "complete": False}
     sidecar = _write_sidecar(out, name, clock.times, clock.cpu_times, clock.warmup,
                              recorder, extra).sidecar_path
     kept = ", ".join(p.name for p in (recorder.et_path, recorder.kineto_path) if p)
@@ -1389,6 +1573,7 @@ def _job_environment(capture: _ScriptCapture, name: str):  # noqa: ANN202
                 "integral_ranges": capture.integral_ranges,
                 "integral_data": capture.integral_data,
                 "profile_steps": capture.profile_steps, "command": list(capture.command),
+                "step_at": capture.step_at,
                 "job": folder, "root": str(Path(__file__).resolve().parents[2])}
     path = os.environ.get("PYTHONPATH")
     try:
@@ -1410,11 +1595,16 @@ def _capture_this_process() -> None:
     capture = _ScriptCapture(Path(settings["out"]), settings["warmup"],
                              settings["timing_iters"], settings["kineto"],
                              settings["integral_ranges"], settings["integral_data"],
-                             settings["profile_steps"], tuple(settings["command"]))
+                             settings["profile_steps"], tuple(settings["command"]),
+                             settings.get("step_at"))
     name = settings["name"]
     # A process without a rank follows the ranks it starts (as the script's own does).
-    run = capture.begin(name, spawns_as=name if rank_stem(name) == name else None,
-                        resolve=True)
+    try:
+        run = capture.begin(name, spawns_as=name if rank_stem(name) == name else None,
+                            resolve=True, script_running=True)
+    except ScriptError as exc:  # --step-at names what this process cannot find
+        print(f"mystique-gen: process {os.getpid()}: {exc}", file=sys.stderr)
+        return
     pid = os.getpid()
 
     def report() -> CaptureResult | None:
