@@ -876,7 +876,7 @@ def parse_step_at(target: str) -> tuple[str, list[str]]:
 
 
 class _StepAt:
-    """Each return of a function (``--step-at``) ends a step, instead of an optimizer's
+    """Each return from a function (``--step-at``) ends a step, instead of an optimizer's
     step: an inference script, or a step function that steps several optimizers. The
     function is wrapped where it is bound (its module's global, its class's attribute);
     a call inside another call of it (recursion, a method calling its base's) is part
@@ -959,13 +959,13 @@ class _StepAt:
 
         @functools.wraps(function)
         def step(*args: object, **kwargs: object) -> object:
-            if getattr(inside, "depth", 0):
+            if getattr(inside, "active", False):  # a call within the step's own call
                 return function(*args, **kwargs)
-            inside.depth = 1
+            inside.active = True
             try:
                 return function(*args, **kwargs)
-            finally:
-                inside.depth = 0
+            finally:  # (a call that raised ends its step too: an iterator's last)
+                inside.active = False
                 on_return(None)
 
         return step
