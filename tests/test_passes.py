@@ -359,6 +359,34 @@ def test_a_collectives_completion_work_is_its_own():
     assert parents[chunk] == parents[copy] == rs
 
 
+def test_a_collective_issued_in_a_hook_completes_where_it_is_waited():
+    """ZeRO by hand: a post-accumulate-grad hook issues an async reduce-scatter inside
+    autograd's AccumulateGrad, and the step waits for it after backward, at its top
+    level, where gloo chunks its clone and copies into the output. Looked for at the
+    hook's level only, those ops were replayed as the program's (an extra chunk and
+    copy, the output overwritten with a stand-in's values)."""
+    b = TraceBuilder()
+    hook = b.annotation("torch::autograd::AccumulateGrad",
+                        b.annotation("autograd::engine::evaluate_function: "
+                                     "torch::autograd::AccumulateGrad"))
+    out, flat = b.tensor((4,)), b.tensor((8,))
+    rs = b.op(REDUCE_SCATTER_, [out, flat, Object(), Object(), True, -1], [out, Object()],
+              parent=hook)
+    private = b.tensor((8,))
+    b.op(CLONE, [flat, None], [private], parent=rs)
+    backward = b.op(RELU, [b.tensor((4,))], [b.tensor((4,))],
+                    parent=b.annotation("autograd::engine::evaluate_function: ReluBackward0"))
+    b.annotation("gloo:all_reduce")
+    parts = [b.view(private, (4,)), b.view(private, (4,), offset=4)]
+    chunk = b.op(CHUNK, [private, 2, 0], [parts])
+    copy = b.op(COPY_, [out, parts[0], False], [out])
+    after = b.op(RELU, [out], [b.tensor((4,))])
+    trace = trace_from_document(b.doc(), name="t", sha256="0")
+    assert [s.node.id for s in select_ops(trace).ops] == [rs, backward, after]
+    parents = {n.id: n.parent for n in trace.nodes}
+    assert parents[chunk] == parents[copy] == rs
+
+
 def test_two_collectives_in_flight_each_complete_their_own():
     """Two async reduce-scatters in flight: gloo finished the first (chunked its clone
     and copied into its output) after the second began, and those ops, recorded past

@@ -351,7 +351,15 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
         private = {t for inner in _below(node.id, children) for t in _made(inner, own)}
         if not private:
             continue
-        levels = {node.parent}  # its parent, and async scopes opened after it there
+        # Its parent, every op enclosing that (an async collective issued in a hook,
+        # inside autograd's AccumulateGrad, is waited after backward, at the step's
+        # top level: its completion was replayed as program ops), and async scopes
+        # opened after it at any of those levels.
+        levels = {node.parent}
+        outer = by_id.get(node.parent)
+        while outer is not None and outer.parent != outer.id and not is_root(outer):
+            levels.add(outer.parent)
+            outer = by_id.get(outer.parent)
         run: list[RawNode] = []
         reached, skipped = set(private), False
         for j in range(k + 1, len(trace.nodes)):  # (no slice: a copy per collective)
