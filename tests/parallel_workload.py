@@ -1272,6 +1272,426 @@ def pp_zb_fsdp() -> Callable[[], object]:
     return _pp_over_fsdp(ScheduleInterleavedZeroBubble)
 
 
+# Parallelism written by hand, as Megatron-LM, DeepSpeed and research code write it:
+# autograd Functions around c10d calls, gradient hooks launching async collectives.
+
+
+class _CopyToRegion(torch.autograd.Function):
+    """Megatron's copy_to_tensor_model_parallel_region: identity forward, the
+    gradient all-reduced (on the autograd engine's thread)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        grad = grad.contiguous()
+        dist.all_reduce(grad)
+        return grad
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    """Megatron's reduce_from_tensor_model_parallel_region: all-reduce forward,
+    identity backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad
+
+
+def _gather_seq(x: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty((x.shape[0] * dist.get_world_size(), *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x.contiguous())
+    return out
+
+
+def _reduce_scatter_seq(x: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty((x.shape[0] // dist.get_world_size(), *x.shape[1:]))
+    dist.reduce_scatter_tensor(out, x.contiguous())
+    return out
+
+
+class _GatherFromSequenceRegion(torch.autograd.Function):
+    """Megatron's gather_from_sequence_parallel_region: all-gather along the sequence
+    (dim 0) forward, reduce-scatter backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _gather_seq(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _reduce_scatter_seq(grad)
+
+
+class _ReduceScatterToSequenceRegion(torch.autograd.Function):
+    """Megatron's reduce_scatter_to_sequence_parallel_region: reduce-scatter forward,
+    all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _reduce_scatter_seq(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _gather_seq(grad)
+
+
+class _ScatterToSequenceRegion(torch.autograd.Function):
+    """Megatron's scatter_to_sequence_parallel_region: this rank's slice of the
+    sequence forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        chunk = x.shape[0] // dist.get_world_size()
+        return x[dist.get_rank() * chunk:(dist.get_rank() + 1) * chunk].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return _gather_seq(grad)
+
+
+class _ColumnParallelLinear(torch.nn.Module):
+    """Megatron's ColumnParallelLinear: this rank's rows of the weight; the input
+    gathered from the sequence shards (sequence parallel) or copied to the region."""
+
+    def __init__(self, n_in: int, n_out: int, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_out // dist.get_world_size(), n_in) * 0.1)
+        self.bias = torch.nn.Parameter(torch.zeros(n_out // dist.get_world_size()))
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = (_GatherFromSequenceRegion.apply(x) if self.sequence_parallel
+             else _CopyToRegion.apply(x))
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+class _RowParallelLinear(torch.nn.Module):
+    """Megatron's RowParallelLinear: this rank's columns of the weight; the partial
+    outputs reduce-scattered to sequence shards or all-reduced, then the bias."""
+
+    def __init__(self, n_in: int, n_out: int, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_out, n_in // dist.get_world_size()) * 0.1)
+        self.bias = torch.nn.Parameter(torch.zeros(n_out))
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.matmul(x, self.weight.t())
+        out = (_ReduceScatterToSequenceRegion.apply(out) if self.sequence_parallel
+               else _ReduceFromRegion.apply(out))
+        return out + self.bias
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron's vocab_parallel_cross_entropy: each rank holds a slice of the
+    vocabulary's logits; the max, the target's logit and the sum of exponentials are
+    all-reduced (MAX, SUM, SUM); the gradient is local."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits_max = logits.max(dim=-1)[0]
+        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX)
+        logits = logits - logits_max.unsqueeze(-1)
+        part = logits.shape[-1]
+        first = dist.get_rank() * part
+        mask = (target < first) | (target >= first + part)
+        local = (target - first).masked_fill(mask, 0)
+        predicted = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(mask, 0.0)
+        dist.all_reduce(predicted)
+        exp = logits.exp()
+        sum_exp = exp.sum(dim=-1)
+        dist.all_reduce(sum_exp)
+        softmax = exp / sum_exp.unsqueeze(-1)
+        ctx.save_for_backward(softmax, local, mask)
+        return torch.log(sum_exp) - predicted
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        softmax, local, mask = ctx.saved_tensors
+        grad_input = softmax.clone()
+        hit = 1.0 - mask.float()
+        grad_input.scatter_add_(-1, local.unsqueeze(-1), -hit.unsqueeze(-1))
+        return grad_input * grad.unsqueeze(-1), None
+
+
+def megatron_tp() -> Callable[[], object]:
+    """Megatron-LM's tensor and sequence parallel by hand: a vocabulary-parallel
+    embedding, LayerNorms on sequence shards, column/row-parallel attention and MLP
+    through Megatron's autograd regions (their collectives in backward on the
+    autograd engine's thread), a column-parallel head, vocab-parallel cross entropy,
+    AdamW."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    vocab, dim, seq = 32, 16, 8
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1 = torch.nn.LayerNorm(dim)
+            self.qkv = _ColumnParallelLinear(dim, 3 * dim, True)
+            self.proj = _RowParallelLinear(dim, dim, True)
+            self.norm2 = torch.nn.LayerNorm(dim)
+            self.fc1 = _ColumnParallelLinear(dim, 4 * dim, True)
+            self.fc2 = _RowParallelLinear(4 * dim, dim, True)
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:  # h: [seq/world, batch, dim]
+            q, k, v = self.qkv(self.norm1(h)).chunk(3, dim=-1)
+            heads = 2 // world if world <= 2 else 1
+            s, b = q.shape[:2]
+            q, k, v = (t.reshape(s, b * heads, -1).transpose(0, 1) for t in (q, k, v))
+            att = torch.softmax(q @ k.transpose(1, 2) / 4.0, dim=-1) @ v
+            h = h + self.proj(att.transpose(0, 1).reshape(s, b, -1))
+            return h + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(h))))
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Parameter(torch.randn(vocab // world, dim) * 0.1)
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(2))
+            self.head = _ColumnParallelLinear(dim, vocab, True)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            part = vocab // world
+            mask = (ids < rank * part) | (ids >= (rank + 1) * part)
+            local = (ids - rank * part).masked_fill(mask, 0)
+            h = torch.nn.functional.embedding(local, self.embed).masked_fill(
+                mask.unsqueeze(-1), 0.0)
+            h = _ReduceScatterToSequenceRegion.apply(h)  # [seq/world, batch, dim]
+            for block in self.blocks:
+                h = block(h)
+            return self.head(h)  # [seq, batch, vocab/world]
+
+    model = Model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids, target = torch.randint(0, vocab, (seq, 2)), torch.randint(0, vocab, (seq, 2))
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = _VocabParallelCrossEntropy.apply(model(ids), target).mean()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def zero_by_hand() -> Callable[[], object]:
+    """DeepSpeed's ZeRO-2 by hand: the parameters views of one flat buffer in two
+    buckets, a post-accumulate-grad hook on each copying its gradient into the
+    bucket's flat gradient and, once the bucket is full, launching an async
+    reduce-scatter of it during backward; the handles waited at the end of backward,
+    each rank's shard of each bucket stepped by Adam, then async all-gathers of the
+    updated shards into the flat buffer the parameters live on, waited before the
+    next forward."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 16))
+    params = list(model.parameters())
+    buckets = [[2, 3], [0, 1]]  # backward reaches the last layer first
+    sizes = [sum(params[i].numel() for i in b) for b in buckets]
+    padded = [-(-n // world) * world for n in sizes]
+    starts = [sum(padded[:j]) for j in range(len(buckets))]
+    flat, flat_grad = torch.zeros(sum(padded)), torch.zeros(sum(padded))
+    where: dict[int, tuple[int, int]] = {}  # parameter -> (bucket, offset in flat)
+    for j, bucket in enumerate(buckets):
+        off = starts[j]
+        for i in bucket:
+            n = params[i].numel()
+            flat[off:off + n].copy_(params[i].detach().flatten())
+            params[i].data = flat[off:off + n].view_as(params[i])
+            where[i] = (j, off)
+            off += n
+    chunks = [n // world for n in padded]
+    shards = [torch.nn.Parameter(flat[s + rank * c:s + (rank + 1) * c].clone())
+              for s, c in zip(starts, chunks, strict=True)]
+    opt = torch.optim.Adam(shards, lr=1e-3)
+    arrived = [0] * len(buckets)
+    pending: list[tuple[dist.Work, torch.Tensor, int]] = []
+    gathers: list[dist.Work] = []
+
+    def hook(p: torch.Tensor) -> None:
+        j, off = where[next(i for i, q in enumerate(params) if q is p)]
+        flat_grad[off:off + p.numel()].copy_(p.grad.flatten())
+        p.grad = None
+        arrived[j] += 1
+        if arrived[j] == len(buckets[j]):
+            out = torch.empty(chunks[j])
+            bucket = flat_grad[starts[j]:starts[j] + padded[j]]
+            pending.append((dist.reduce_scatter_tensor(out, bucket, async_op=True), out, j))
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+    x = torch.randn(8, 16)
+
+    def step() -> None:
+        for work in gathers:  # the last step's parameters, before they are read
+            work.wait()
+        gathers.clear()
+        opt.zero_grad()
+        arrived[:] = [0] * len(buckets)
+        model(x).sum().backward()
+        for work, out, j in pending:
+            work.wait()
+            shards[j].grad = out.div_(world)
+        pending.clear()
+        opt.step()
+        for j, shard in enumerate(shards):
+            gathers.append(dist.all_gather_into_tensor(
+                flat[starts[j]:starts[j] + padded[j]], shard.detach(), async_op=True))
+
+    return step
+
+
+def tp_decode() -> Callable[[], object]:
+    """Tensor-parallel inference of a tiny causal LM by hand, under inference_mode:
+    attention heads and MLP split column/row-wise, an all-reduce after each
+    row-parallel linear, a vocab-parallel head whose logits are all-gathered; a KV
+    cache written in place, a prompt prefilled and 3 tokens decoded greedily in one
+    step, each next token broadcast from rank 0."""
+    world = dist.get_world_size()
+    vocab, dim, heads, layers, max_len = 32, 16, 2, 2, 8
+    local_heads, head_dim = heads // world, dim // heads
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape) * 0.2
+
+    embed = rand(vocab, dim)
+    blocks = [{"qkv": rand(3 * local_heads * head_dim, dim),
+               "proj": rand(dim, local_heads * head_dim),
+               "fc1": rand(4 * dim // world, dim), "fc2": rand(dim, 4 * dim // world),
+               "k": torch.zeros(1, local_heads, max_len, head_dim),
+               "v": torch.zeros(1, local_heads, max_len, head_dim)} for _ in range(layers)]
+    head = rand(vocab // world, dim)
+    prompt = torch.randint(0, vocab, (1, 4))
+
+    def forward(ids: torch.Tensor, pos: int) -> torch.Tensor:
+        h = torch.nn.functional.embedding(ids, embed)
+        n = ids.shape[1]
+        for b in blocks:
+            x = torch.nn.functional.layer_norm(h, (dim,))
+            q, k, v = torch.nn.functional.linear(x, b["qkv"]).view(
+                1, n, 3 * local_heads, head_dim).transpose(1, 2).chunk(3, dim=1)
+            b["k"][:, :, pos:pos + n] = k
+            b["v"][:, :, pos:pos + n] = v
+            keys, values = b["k"][:, :, :pos + n], b["v"][:, :, :pos + n]
+            att = torch.nn.functional.scaled_dot_product_attention(
+                q, keys, values, is_causal=n > 1)
+            out = torch.nn.functional.linear(att.transpose(1, 2).reshape(1, n, -1), b["proj"])
+            dist.all_reduce(out)
+            h = h + out
+            x = torch.nn.functional.layer_norm(h, (dim,))
+            out = torch.nn.functional.linear(
+                torch.nn.functional.gelu(torch.nn.functional.linear(x, b["fc1"])), b["fc2"])
+            dist.all_reduce(out)
+            h = h + out
+        local = torch.nn.functional.linear(
+            torch.nn.functional.layer_norm(h[:, -1], (dim,)), head)
+        logits = torch.empty(world, vocab // world)  # local: [1, vocab // world]
+        dist.all_gather_into_tensor(logits, local)
+        return logits.reshape(1, vocab)
+
+    def step() -> object:
+        with torch.inference_mode():
+            tokens = [prompt]
+            nxt = forward(prompt, 0).argmax(-1, keepdim=True)
+            pos = prompt.shape[1]
+            for _ in range(3):
+                dist.broadcast(nxt, 0)
+                tokens.append(nxt)
+                nxt = forward(nxt, pos).argmax(-1, keepdim=True)
+                pos += 1
+            return torch.cat(tokens, dim=1)
+
+    return step
+
+
+def _ring_exchange(send: torch.Tensor) -> torch.Tensor:
+    """``send`` to the next rank of the ring, the previous rank's block back, by
+    batch_isend_irecv, waited."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    recv = torch.empty_like(send)
+    ops = [dist.P2POp(dist.isend, send, (rank + 1) % world),
+           dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    return recv
+
+
+class _RingAttention(torch.autograd.Function):
+    """Ring attention by hand: K/V blocks go round the ring, each hop's partial
+    attention merged by online softmax (running max and sum); backward recomputes
+    each hop's probabilities from the saved log-sum-exp, the K/V gradients travelling
+    round the ring with their blocks and arriving home after the last hop."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        world, scale = dist.get_world_size(), q.shape[-1] ** -0.5
+        m = torch.full(q.shape[:-1], float("-inf"))
+        s_sum, acc = torch.zeros(q.shape[:-1]), torch.zeros_like(q)
+        kv = torch.stack([k, v])
+        for hop in range(world):
+            nxt = _ring_exchange(kv) if hop < world - 1 else kv
+            scores = q @ kv[0].transpose(-1, -2) * scale
+            m_new = torch.maximum(m, scores.amax(-1))
+            p = torch.exp(scores - m_new.unsqueeze(-1))
+            corr = torch.exp(m - m_new)
+            s_sum = s_sum * corr + p.sum(-1)
+            acc = acc * corr.unsqueeze(-1) + p @ kv[1]
+            m, kv = m_new, nxt
+        out = acc / s_sum.unsqueeze(-1)
+        ctx.save_for_backward(q, k, v, out, m + torch.log(s_sum))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        world, scale = dist.get_world_size(), q.shape[-1] ** -0.5
+        delta = (dout * out).sum(-1, keepdim=True)
+        dq = torch.zeros_like(q)
+        kv, dkv = torch.stack([k, v]), torch.zeros(2, *k.shape)
+        for hop in range(world):
+            scores = q @ kv[0].transpose(-1, -2) * scale
+            p = torch.exp(scores - lse.unsqueeze(-1))
+            ds = p * (dout @ kv[1].transpose(-1, -2) - delta)
+            dq += ds @ kv[0] * scale
+            dkv = dkv + torch.stack([ds.transpose(-1, -2) @ q * scale,
+                                     p.transpose(-1, -2) @ dout])
+            if hop < world - 1:
+                kv = _ring_exchange(kv)
+            dkv = _ring_exchange(dkv)  # after the last hop: home
+        return dq, dkv[0], dkv[1]
+
+
+def ring_by_hand() -> Callable[[], object]:
+    """Context parallel by hand (ring attention): each rank holds a slice of the
+    sequence, projects its Q/K/V, attends over every rank's K/V passed round the ring
+    (batch_isend_irecv), and the replicated projections' gradients are all-reduced
+    by hand; SGD."""
+    world = dist.get_world_size()
+    qkv, proj = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+    params = [*qkv.parameters(), *proj.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1)
+    x = torch.randn(2, 8 // world, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        q, k, v = qkv(x).chunk(3, dim=-1)
+        proj(_RingAttention.apply(q, k, v)).square().mean().backward()
+        for p in params:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+        opt.step()
+
+    return step
+
+
 # How long rank 0 of ``late_send`` computes (sleeps) before it sends.
 LATE_SEND_S = 0.05
 
@@ -1321,7 +1741,9 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_lora": fsdp2_lora, "fsdp1": fsdp1,
          "pp_zb_fsdp": pp_zb_fsdp, "compiled_ddp": compiled_ddp,
          "compiled_fsdp2": compiled_fsdp2, "compiled_tp": compiled_tp,
-         "late_send": late_send}
+         "late_send": late_send, "megatron_tp": megatron_tp,
+         "zero_by_hand": zero_by_hand, "tp_decode": tp_decode,
+         "ring_by_hand": ring_by_hand}
 
 
 def _profiled(step: Callable[[], object], out_dir: str, rank: int) -> None:
