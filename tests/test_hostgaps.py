@@ -935,3 +935,41 @@ def test_a_capture_on_a_loaded_host_is_said_to_be_one(captured, tmp_path):
         said = [str(w.message) for w in seen if "host was loaded" in str(w.message)]
         assert bool(said) == warned
         assert any("host was loaded" in d.reason for d in program.diagnostics) == warned
+
+
+@pytest.mark.parametrize(("asynchronous", "tid", "opened"),
+                         [(False, 1, 25.0), (False, 2, 25.0), (False, 2, 40.0),
+                          (True, 2, 40.0), (False, 2, 1005.0)])
+def test_the_wait_after_a_blocking_collective_is_no_host_time(asynchronous, tid, opened):
+    """``dist.all_reduce(t)`` issues its c10d op and waits for the work after the op
+    returns, outside any op: the gap after it held the wait for the peers (3-4 ms per
+    all-reduce of a tensor-parallel decode on gloo), which --host-gaps recorded
+    busy-waited on top of the replayed call's own wait. The backend's scope ends when
+    the work completed, and only what follows is host time, as for an async call's;
+    gloo opens a collective's scope on its worker thread (``tid`` 2), on a busy host
+    after the op returned (``opened`` at 40). One opened after the thread went on (at
+    1005, past the next op's start) is not this op's."""
+    from types import SimpleNamespace
+
+    from mystique_gen.ir.dist import CommInfo
+    from mystique_gen.ir.program import OpTiming
+    from mystique_gen.passes.hostgaps import remove_peer_waits
+    from mystique_gen.sources.kineto import KinetoTrace
+
+    events = {1: _ev(0, "aten::mm", 0.0, 10.0), 2: _ev(1, "c10d::allreduce_", 20.0, 10.0),
+              3: _ev(3, "aten::mm", 1001.0, 10.0)}
+    scope = _ev(2, "gloo:all_reduce", opened, 991.0 - opened, tid=tid)  # closes at 991
+    kineto = KinetoTrace("k", "0", sorted([*events.values(), scope], key=lambda e: e.ts),
+                         [], [])
+    comm = CommInfo("all_reduce", 0, asynchronous=asynchronous)
+    ops = [SimpleNamespace(node_id=n, thread=1, name=events[n].name,
+                           comm=comm if n == 2 else None,
+                           timing=OpTiming(10.0, 10.0, gap_us=None if n == 1 else 10.0))
+           for n in events]
+    ops[2].timing = OpTiming(10.0, 10.0, gap_us=971.0)
+    found = remove_peer_waits(SimpleNamespace(ops=ops), events, kineto)  # type: ignore[arg-type]
+    if opened > 1001.0:
+        assert (found.gaps, ops[2].timing.gap_us) == (0, 971.0)
+        return
+    assert (found.gaps, found.us) == (1, 961.0)
+    assert ops[2].timing.gap_us == 10.0 and ops[1].timing.gap_us == 10.0

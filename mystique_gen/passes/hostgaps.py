@@ -552,13 +552,16 @@ class PeerWaits:
 
 
 def _completions(events: list[CpuEvent]) -> dict[tuple[object, object], list[CpuEvent]]:
-    """Each thread's backend async-work scopes (``gloo:recv``), by start: the backend
-    opens one inside the c10d op that issues the work and closes it when the work
-    completes, so its end is when a peer's data arrived (or a peer took ours)."""
+    """The backend async-work scopes (``gloo:recv``), by start, per thread and (keyed
+    by pid and None) per process: the backend opens one when it starts the work an op
+    issued (a send's or recv's on the issuing thread, a collective's on the backend's
+    worker) and closes it when the work completes, so its end is when a peer's data
+    arrived (or a peer took ours)."""
     found: dict[tuple[object, object], list[CpuEvent]] = defaultdict(list)
     for e in events:
         if oprules.ASYNC_SCOPE.match(e.name):
             found[(e.pid, e.tid)].append(e)
+            found[(e.pid, None)].append(e)
     for scopes in found.values():
         scopes.sort(key=lambda e: e.ts)
     return found
@@ -568,18 +571,22 @@ def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
                       kineto: KinetoTrace, *, serial: bool = True) -> PeerWaits:
     """Take out of each recorded gap the time its thread waited for a peer.
 
-    A wait on async communication (``work.wait()`` of an isend/irecv or of an async
-    collective) is no op, so the Kineto trace leaves it in a gap: a pipeline stage's
-    gap before the op that reads a received tensor held its wait for the previous
-    stage (5 ms of a 5.2 ms gap), and the replay busy-waited it as host time, on top
-    of the wait its own comm makes. The backend's scope of the work (``gloo:recv``)
-    ends when the work completed; where that falls inside a gap, after the work was
-    issued, the thread resumed then, so of the gap only the time from the last such
-    completion to the op is host work (what ran before the wait began cannot be told
-    from the wait, and is taken as none). Measured in the linked step, with the gap
+    A wait on communication (``work.wait()`` of an isend/irecv or of an async
+    collective, or the one a blocking c10d call makes after its op) is no op, so the
+    Kineto trace leaves it in a gap: a pipeline stage's gap before the op that reads
+    a received tensor held its wait for the previous stage (5 ms of a 5.2 ms gap), and
+    the replay busy-waited it as host time, on top of the wait its own comm makes.
+    The backend's scope of the work (``gloo:recv``) ends when the work completed;
+    where that falls inside a gap, after the work was issued, the thread resumed
+    then, so of the gap only the time from the last such completion to the op is host
+    work (what ran before the wait began cannot be told from the wait, and is taken
+    as none). Measured in the linked step, with the gap
     ``host_gaps`` measures there (``serial`` as it does); a median gap from several
     steps is cut to that host time where it exceeds it."""
     scopes = _completions(kineto.cpu_ops)
+    starts: dict[tuple[object, object], list[float]] = defaultdict(list)
+    for e in kineto.cpu_ops:  # (sorted by start)
+        starts[(e.pid, e.tid)].append(e.ts)
     # Per replay thread: (issue end, completion) of its async comms not yet complete
     # at its latest gap (gap starts only grow on a thread, so the rest are dropped).
     issued: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
@@ -596,17 +603,36 @@ def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
                 gaps += 1
                 removed += timing.gap_us - host
                 op.timing = replace(timing, gap_us=host)
-        if op.comm is not None and op.comm.asynchronous:
-            done = _completed(ev, scopes)
+        # A blocking c10d call waits too: torch.distributed issues the c10d op and
+        # calls ``work.wait()`` after it returns, outside any op (gloo's blocking
+        # all-reduces in tensor-parallel decoding left 3-4 ms peer waits in the gaps
+        # after them: replayed as host time, 85 ms against a 27 ms eager step).
+        if op.comm is not None and (op.comm.asynchronous or op.name.startswith("c10d::")):
+            done = _completed(ev, scopes, starts)
             if done is not None:
                 issued[lane].append((ev.end, done))
     return PeerWaits(gaps, removed)
 
 
-def _completed(issued: CpuEvent, scopes: dict[tuple[object, object], list[CpuEvent]]
-               ) -> float | None:
+def _completed(issued: CpuEvent, scopes: dict[tuple[object, object], list[CpuEvent]],
+               starts: dict[tuple[object, object], list[float]]) -> float | None:
     """When the work a c10d op (its linked event `issued`) started completed: the end
-    of the first backend scope opened on its thread within its span; None if none."""
+    of the first backend scope opened on its thread within its span, else of the first
+    opened on another thread of its process after it began and before its thread's
+    next event (gloo runs a collective's work, ``gloo:all_reduce``, on its worker,
+    which on a busy host picks it up after the op returned; a blocking call's thread
+    waits for it, so it starts before the thread goes on); None if none."""
     found = scopes.get((issued.pid, issued.tid), [])
     k = bisect_left(found, issued.ts, key=lambda e: e.ts)
-    return found[k].end if k < len(found) and found[k].ts <= issued.end else None
+    if k < len(found) and found[k].ts <= issued.end:
+        return found[k].end
+    own = starts.get((issued.pid, issued.tid), [])
+    j = bisect_left(own, issued.end)
+    resumed = own[j] if j < len(own) else float("inf")
+    found = scopes.get((issued.pid, None), [])
+    for scope in found[bisect_left(found, issued.ts, key=lambda e: e.ts):]:
+        if scope.ts > resumed:
+            break
+        if scope.tid != issued.tid:
+            return scope.end
+    return None
