@@ -855,3 +855,35 @@ def test_ranks_that_record_no_size_are_one_job(tmp_path):
     tb.op(MM, [x, w], [a])
     alone = load_trace(tb.write(tmp_path / "compute.json"))
     assert not is_multi_rank_set([traces[0], alone])
+
+
+REDUCE_SCATTER_BASE = (f"c10d::_reduce_scatter_base_(Tensor output_tensor, Tensor "
+                       f"input_tensor, {PG}, {REDUCE_OP}, bool async_op=True, "
+                       f"int timeout=-1) -> (Tensor, {WORK})")
+SLICE = ("aten::slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? "
+         "end=None, SymInt step=1) -> Tensor(a)")
+COPY_ = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
+
+
+def test_an_async_collective_on_part_of_a_buffer_waits_for_a_use_of_that_part(tmp_path):
+    """Bucketed gradients reduced from one flat buffer (ZeRO, Megatron's distributed
+    optimizer): the first bucket's reduce-scatter is in flight while backward slices
+    the buffer and writes the next bucket. A view reads nothing and the other bucket
+    is other memory: the wait (gloo records none) waited before the first slice and
+    serialised backward with the collective; it belongs before the op that reads the
+    collective's output."""
+    b = TraceBuilder()
+    flat, out = b.tensor((16,)), b.tensor((4,))
+    first = b.view(flat, (8,))
+    b.op(REDUCE_SCATTER_BASE, [out, first, OBJECT, OBJECT, True, -1], [out, OBJECT])
+    second = b.view(flat, (8,), offset=8)
+    b.op(SLICE, [flat, 0, 8, 16, 1], [second])
+    b.op(COPY_, [second, b.tensor((8,)), False], [second])
+    b.op(RELU, [out], [b.tensor((4,))])
+    text = generate(b.write(tmp_path / "zero.json"), tmp_path / "bench.py",
+                    GenerateOptions(command_line="test"))
+    body = re.sub(r"\s+", "", text.split("def replay_rank0(")[1].split("\nRANKS = ")[0])
+    work = re.search(r"(work\d*)=_reduce_scatter_single\(", body)
+    assert work, body
+    wait = body.index(f"_wait_work({work.group(1)})")
+    assert body.index("aten_copy_(") < wait < body.index("aten_relu("), body

@@ -32,6 +32,7 @@ from mystique_gen.ir import (
     Literal,
     Op,
     Program,
+    TensorValue,
     Value,
     iter_leaves,
     iter_tensors,
@@ -360,20 +361,51 @@ def place_functional_waits(ops: list[Op], nested: dict[int, set[int]]) -> None:
 
 
 def _first_use(ops: list[Op], comm: Op) -> int | None:
-    """Index of the first later op that reads or writes one of the collective's storages,
-    or of the next collective on its group: a trace without wait records (gloo) nests
-    every later op under a collective still in flight, and programs wait before their
-    next one. Not before one on another group: a side group's call issued between
-    (another rank issuing it first) would wait on this one, which that rank has not
-    issued yet."""
+    """Index of the first later op that reads or writes memory of the collective's
+    tensors, or of the next collective on its group: a trace without wait records
+    (gloo) nests every later op under a collective still in flight, and programs wait
+    before their next one. Not before one on another group: a side group's call issued
+    between (another rank issuing it first) would wait on this one, which that rank
+    has not issued yet. A view reads no data, and another part of the same storage is
+    other memory: bucketed gradients reduced from one flat buffer (ZeRO, Megatron's
+    distributed optimizer) write the next bucket while the last is in flight, and a
+    wait before the first slice of the buffer serialised backward with its comm."""
     assert comm.comm is not None
-    storages = {tv.storage_id for arg in comm.args for tv in iter_tensors(arg.value)}
+    spans = [_span(tv) for arg in comm.args for tv in iter_tensors(arg.value)]
+    storages = {span[0] for span in spans}
     for op in ops[comm.index + 1:]:
         if op.comm is not None and op.comm.group == comm.comm.group:
             return op.index
-        if any(tv.storage_id in storages for arg in op.args for tv in iter_tensors(arg.value)):
-            return op.index
+        if op.signature.is_view and op.comm is None:
+            continue
+        for arg in op.args:
+            for tv in iter_tensors(arg.value):
+                if tv.storage_id in storages and any(
+                        _overlap(span, _span(tv)) for span in spans):
+                    return op.index
     return None
+
+
+# A tensor's memory: (storage id, dtype, first element, end), the elements in its dtype;
+# None for the range where it has no strided layout (sparse, MKLDNN).
+MemorySpan = tuple[int, str, int | None, int | None]
+
+
+def _span(tv: TensorValue) -> MemorySpan:
+    meta = tv.meta
+    if meta.storageless:
+        return tv.storage_id, meta.dtype, None, None
+    return tv.storage_id, meta.dtype, meta.offset, meta.extent
+
+
+def _overlap(a: MemorySpan, b: MemorySpan) -> bool:
+    """Whether two spans may share memory: on one storage, and where their dtypes or
+    layouts leave their element ranges unknown to each other, taken as shared."""
+    if a[0] != b[0]:
+        return False
+    if a[1] != b[1] or None in (a[2], a[3], b[2], b[3]):
+        return True
+    return a[2] < b[3] and b[2] < a[3]  # type: ignore[operator]
 
 
 class CommLowering:
