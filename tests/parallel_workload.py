@@ -97,6 +97,18 @@ collectives per rank (``make test`` runs none of them: run them by name):
   ``compiled_fsdp2`` (FSDP2's hooks between compiled regions), ``compiled_tp``
   (functional collectives inside the compiled graph).
 
+* parallelism by hand, as Megatron-LM, DeepSpeed and research code write it:
+  ``megatron_tp`` (tensor and sequence parallel through Megatron's autograd regions,
+  column/row-parallel linears, vocab-parallel cross entropy, AdamW: the backward's
+  collectives on the autograd engine's thread), ``zero_by_hand`` (ZeRO-2: a flat
+  buffer, post-accumulate-grad hooks launching async reduce-scatters per bucket,
+  Adam on each rank's shard, async all-gathers waited before the next forward),
+  ``tp_decode`` (tensor-parallel greedy decoding under inference_mode with a KV
+  cache, the next token broadcast from rank 0), ``ring_by_hand`` (ring attention:
+  K/V passed round by ``batch_isend_irecv``, online softmax, backward passing the
+  K/V gradients round too) and ``odd_collectives`` (``new_subgroups``, a PRODUCT
+  all-reduce, a reduce to a non-zero root, a list ``all_to_all``; 2 or 4 ranks).
+
 Context parallel (``context_parallel`` with SDPA) does not run on CPU in torch 2.13:
 SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which has no
 DTensor sharding strategy; nor does SyncBatchNorm under DDP ("SyncBatchNorm layers
@@ -1556,7 +1568,7 @@ def tp_decode() -> Callable[[], object]:
     cache written in place, a prompt prefilled and 3 tokens decoded greedily in one
     step, each next token broadcast from rank 0."""
     world = dist.get_world_size()
-    vocab, dim, heads, layers, max_len = 32, 16, 2, 2, 8
+    vocab, dim, heads, layers, max_len = 32, 16, 4, 2, 8  # heads: 1 per rank on 4
     local_heads, head_dim = heads // world, dim // heads
 
     def rand(*shape: int) -> torch.Tensor:
@@ -1692,6 +1704,28 @@ def ring_by_hand() -> Callable[[], object]:
     return step
 
 
+
+def odd_collectives() -> Callable[[], object]:
+    """Collectives as less common code calls them: an all-reduce on a group of
+    ``dist.new_subgroups()`` (pairs of ranks on 4), a PRODUCT all-reduce, a reduce to
+    the last rank (a non-zero root) and a list ``all_to_all`` (of equal chunks: gloo
+    refuses uneven ones, "invalid tensor size")."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sub, _ = dist.new_subgroups(group_size=max(1, world // 2))
+    x = torch.full((4,), rank + 1.0)
+    sent = [torch.full((3, 2), float(rank * world + j)) for j in range(world)]
+    got = [torch.empty(3, 2) for _ in range(world)]
+
+    def step() -> object:
+        pair, product, reduced = x.clone(), x.clone(), x.clone()
+        dist.all_reduce(pair, group=sub)
+        dist.all_reduce(product, op=dist.ReduceOp.PRODUCT)
+        dist.reduce(reduced, dst=world - 1)
+        dist.all_to_all(got, sent)
+        return pair.sum() + product.sum() + reduced.sum() + torch.cat(got).sum()
+
+    return step
+
 # How long rank 0 of ``late_send`` computes (sleeps) before it sends.
 LATE_SEND_S = 0.05
 
@@ -1743,7 +1777,7 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "compiled_fsdp2": compiled_fsdp2, "compiled_tp": compiled_tp,
          "late_send": late_send, "megatron_tp": megatron_tp,
          "zero_by_hand": zero_by_hand, "tp_decode": tp_decode,
-         "ring_by_hand": ring_by_hand}
+         "ring_by_hand": ring_by_hand, "odd_collectives": odd_collectives}
 
 
 def _profiled(step: Callable[[], object], out_dir: str, rank: int) -> None:

@@ -25,7 +25,8 @@ from tests.test_distributed import _torchrun
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
 MODES = ["tp", "fsdp2", "fsdp2_dim1", "functional", "coalesced", "reductions", "pipeline", "seqpar",
-         "expert", "expert_grouped", "rooted", "objects", "vocab", "sparse", "side", "hooks"]
+         "expert", "expert_grouped", "rooted", "objects", "vocab", "sparse", "side", "hooks",
+         "zero_by_hand"]
 # What each mode's benchmark must call or say (header notes wrap, so whitespace is
 # compared loosely): functional collectives; FSDP2's own ops, with the import of the
 # torch module that registers them; coalesced collectives as one call each; the c10d
@@ -80,6 +81,9 @@ CALLS = {
     "side": ["group=_GROUPS[0]", "group=_GROUPS[1]", "async_op=True"],
     # The half-precision all-reduce; the callback's decompression (checked below).
     "hooks": ["torch.distributed.all_reduce("],
+    # Each bucket's reduce-scatter, issued in a gradient hook, runs async (checked
+    # below: gloo's completion is the collective's, the wait where the bucket is read).
+    "zero_by_hand": ["_reduce_scatter_single(", "_all_gather_single("],
 }
 
 
@@ -112,6 +116,16 @@ def test_replays_the_same_collectives_on_every_rank(captured, mode, tmp_path):
             assert all(call in body for call in CALLS[mode]), r
     if mode == "hooks":  # the callback on gloo's thread is the program's: replayed
         assert _not_replayed(text) == ["none"], _not_replayed(text)
+    if mode == "zero_by_hand":
+        body = text.split("def replay_rank0(")[1].split("\ndef ")[0]
+        # gloo chunks its clone and copies into the output where the step waited,
+        # after backward, outside the hook that issued it: the collective's own work.
+        assert "aten_chunk(" not in body
+        # The first bucket's reduce-scatter is in flight while backward writes the
+        # next bucket of the same flat buffer: waited before the next collective only.
+        first_wait = body.index("_wait_work(")
+        assert "aten_" not in body[first_wait:body.index("_reduce_scatter_single(",
+                                                         first_wait)]
     if mode == "seqpar":  # every wait is one the trace recorded
         body = text.split("def replay_rank0(")[1].split("\ndef ")[0]
         assert "_wait_tensor(" not in body
