@@ -100,7 +100,9 @@ collectives per rank (``make test`` runs none of them: run them by name):
 * parallelism by hand, as Megatron-LM, DeepSpeed and research code write it:
   ``megatron_tp`` (tensor and sequence parallel through Megatron's autograd regions,
   column/row-parallel linears, vocab-parallel cross entropy, AdamW: the backward's
-  collectives on the autograd engine's thread), ``zero_by_hand`` (ZeRO-2: a flat
+  collectives on the autograd engine's thread), ``megatron_async`` (Megatron's
+  overlapped backward: async all-gathers and reduce-scatters beside the gradient
+  GEMMs, gradients accumulated into ``main_grad``), ``zero_by_hand`` (ZeRO-2: a flat
   buffer, post-accumulate-grad hooks launching async reduce-scatters per bucket,
   Adam on each rank's shard, async all-gathers waited before the next forward),
   ``tp_decode`` (tensor-parallel greedy decoding under inference_mode with a KV
@@ -1435,6 +1437,68 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad_input * grad.unsqueeze(-1), None
 
 
+class _LinearWithAsyncComm(torch.autograd.Function):
+    """Megatron's LinearWithGradAccumulationAndAsyncCommunication under sequence
+    parallel: forward all-gathers the input's sequence shards; backward all-gathers
+    them again async while the input gradient is computed, reduce-scatters that
+    gradient async while the weight gradient is computed, and accumulates the weight
+    gradient into the parameter's ``main_grad`` (gradient accumulation fusion)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        return torch.matmul(_gather_seq(x), weight.t())
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        full = x.new_empty((x.shape[0] * dist.get_world_size(), *x.shape[1:]))
+        gather = dist.all_gather_into_tensor(full, x.contiguous(), async_op=True)
+        grad_input = grad.matmul(weight)
+        gather.wait()
+        shard = grad_input.new_empty((x.shape[0], *grad_input.shape[1:]))
+        scatter = dist.reduce_scatter_tensor(shard, grad_input.contiguous(), async_op=True)
+        weight.main_grad.add_(grad.flatten(0, -2).t().matmul(full.flatten(0, -2)))
+        scatter.wait()
+        return shard, None
+
+
+def megatron_async() -> Callable[[], object]:
+    """Megatron-LM's overlapped tensor-parallel communication: column-parallel linears
+    whose backward overlaps async all-gathers and reduce-scatters with the gradient
+    GEMMs, gradients accumulated into ``main_grad`` buffers (the parameters' ``.grad``
+    stays None) that an async all-reduce over the data-parallel ranks (here the
+    world, after backward) averages, then SGD on ``main_grad`` by hand."""
+    world = dist.get_world_size()
+    dim, seq = 16, 8
+    weights = [torch.nn.Parameter(torch.randn(dim // world, dim) * 0.1) for _ in range(2)]
+    heads = [torch.nn.Parameter(torch.randn(dim, dim // world) * 0.1) for _ in range(2)]
+    for p in (*weights, *heads):
+        p.main_grad = torch.zeros_like(p)  # type: ignore[attr-defined]
+    x = torch.randn(seq // world, 2, dim)
+
+    def step() -> None:
+        for p in (*weights, *heads):
+            p.main_grad.zero_()  # type: ignore[attr-defined]
+        h = x
+        for w, head in zip(weights, heads, strict=True):
+            out = torch.nn.functional.gelu(_LinearWithAsyncComm.apply(h, w))
+            h = h + _ReduceScatterToSequenceRegion.apply(out.matmul(head.t()))
+        h.square().mean().backward()
+        for head in heads:  # the row-parallel weights' gradients, by autograd
+            head.main_grad.add_(head.grad)  # type: ignore[attr-defined]
+            head.grad = None
+        works = [dist.all_reduce(p.main_grad, async_op=True)  # type: ignore[attr-defined]
+                 for p in (*weights, *heads)]
+        for work in works:
+            work.wait()
+        with torch.no_grad():
+            for p in (*weights, *heads):
+                p.sub_(p.main_grad, alpha=0.1 / world)  # type: ignore[attr-defined]
+
+    return step
+
+
 def megatron_tp() -> Callable[[], object]:
     """Megatron-LM's tensor and sequence parallel by hand: a vocabulary-parallel
     embedding, LayerNorms on sequence shards, column/row-parallel attention and MLP
@@ -1777,7 +1841,8 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "compiled_fsdp2": compiled_fsdp2, "compiled_tp": compiled_tp,
          "late_send": late_send, "megatron_tp": megatron_tp,
          "zero_by_hand": zero_by_hand, "tp_decode": tp_decode,
-         "ring_by_hand": ring_by_hand, "odd_collectives": odd_collectives}
+         "ring_by_hand": ring_by_hand, "odd_collectives": odd_collectives,
+         "megatron_async": megatron_async}
 
 
 def _profiled(step: Callable[[], object], out_dir: str, rank: int) -> None:
