@@ -105,6 +105,9 @@ collectives per rank (``make test`` runs none of them: run them by name):
   GEMMs, gradients accumulated into ``main_grad``), ``zero_by_hand`` (ZeRO-2: a flat
   buffer, post-accumulate-grad hooks launching async reduce-scatters per bucket,
   Adam on each rank's shard, async all-gathers waited before the next forward),
+  ``zero3_by_hand`` (ZeRO-3 by an autograd Function: each weight gathered for forward
+  and backward, freed by resizing its storage to nothing, its gradient
+  reduce-scattered),
   ``tp_decode`` (tensor-parallel greedy decoding under inference_mode with a KV
   cache, the next token broadcast from rank 0), ``ring_by_hand`` (ring attention:
   K/V passed round by ``batch_isend_irecv``, online softmax, backward passing the
@@ -1625,6 +1628,55 @@ def zero_by_hand() -> Callable[[], object]:
     return step
 
 
+class _GatheredLinear(torch.autograd.Function):
+    """ZeRO-3 by hand: the weight lives as this rank's shard; forward all-gathers the
+    full weight, uses it and frees it (its storage resized to nothing); backward
+    gathers it again, and reduce-scatters the weight gradient back to the shard."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        full = shard.new_empty((shard.shape[0] * dist.get_world_size(), *shard.shape[1:]))
+        dist.all_gather_into_tensor(full, shard)
+        out = torch.nn.functional.linear(x, full)
+        full.untyped_storage().resize_(0)
+        ctx.save_for_backward(x, shard)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        x, shard = ctx.saved_tensors
+        full = shard.new_empty((shard.shape[0] * dist.get_world_size(), *shard.shape[1:]))
+        work = dist.all_gather_into_tensor(full, shard, async_op=True)
+        grad_weight = grad.flatten(0, -2).t().matmul(x.flatten(0, -2))
+        work.wait()
+        grad_input = grad.matmul(full)
+        full.untyped_storage().resize_(0)
+        grad_shard = torch.empty_like(shard)
+        dist.reduce_scatter_tensor(grad_shard, grad_weight)
+        return grad_input, grad_shard.div_(dist.get_world_size())
+
+
+def zero3_by_hand() -> Callable[[], object]:
+    """ZeRO-3 (fully sharded) by hand, as research code writes it before FSDP: each
+    linear's weight a shard, gathered for forward and again for backward by an
+    autograd Function, freed after each use by resizing its storage to nothing, the
+    weight gradient reduce-scattered back; Adam on the shards."""
+    world = dist.get_world_size()
+    shards = [torch.nn.Parameter(torch.randn(16 // world, 16) * 0.2) for _ in range(3)]
+    opt = torch.optim.Adam(shards, lr=1e-3)
+    x = torch.randn(4, 16)
+
+    def step() -> None:
+        opt.zero_grad()
+        h = x
+        for shard in shards:
+            h = torch.relu(_GatheredLinear.apply(h, shard))
+        h.sum().backward()
+        opt.step()
+
+    return step
+
+
 def tp_decode() -> Callable[[], object]:
     """Tensor-parallel inference of a tiny causal LM by hand, under inference_mode:
     attention heads and MLP split column/row-wise, an all-reduce after each
@@ -1842,7 +1894,7 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "late_send": late_send, "megatron_tp": megatron_tp,
          "zero_by_hand": zero_by_hand, "tp_decode": tp_decode,
          "ring_by_hand": ring_by_hand, "odd_collectives": odd_collectives,
-         "megatron_async": megatron_async}
+         "megatron_async": megatron_async, "zero3_by_hand": zero3_by_hand}
 
 
 def _profiled(step: Callable[[], object], out_dir: str, rank: int) -> None:
