@@ -128,15 +128,16 @@ def _writable(flag, path, folder=False):
     """Exit with one line where the output `path` (a file, or with `folder` a folder)
     cannot be written, before any work: the ET observer only logs a file it cannot
     open, and the run ended as if --et had written one; --profile raised a traceback
-    after the timed run. Tried by writing, as permissions do not tell (root, /proc)."""
-    probe = os.path.join(path, ".mystique-write-probe") if folder else path
-    existed = os.path.exists(probe)
+    after the timed run. Tried by writing a file of this process's own there (the
+    ranks of a job try one folder at once), as permissions do not tell (root, /proc)."""
+    where = path if folder else os.path.dirname(path) or "."
+    if not folder and os.path.isdir(path):
+        sys.exit(f"mystique: {flag} {path}: is a folder; name the file to write")
     try:
-        os.makedirs(os.path.dirname(probe) or ".", exist_ok=True)
-        with open(probe, "a"):
-            pass
-        if not existed:
-            os.remove(probe)
+        os.makedirs(where, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".mystique-probe-", dir=where)
+        os.close(handle)
+        os.remove(probe)
     except OSError as exc:
         sys.exit(f"mystique: {flag} {path}: {exc.strerror or exc}")
 
