@@ -46,6 +46,7 @@ from mystique_gen.passes import autograd, frees, hostgaps, link, public_calls, s
 from mystique_gen.passes.comms import (
     CommLowering,
     ambiguous_regrouping,
+    mark_in_flight,
     pair_point_to_point,
     place_rooted_collectives,
     rank_disagreements,
@@ -615,6 +616,20 @@ def profiled_host_gaps(program: Program, build: Build) -> Program:
     return program
 
 
+def comms_in_flight(program: Program, build: Build) -> Program:
+    """Async collectives the original had in flight together, by when its Kineto trace
+    shows each one's work completed, each waited where its data is needed instead of
+    before its group's next one (passes/comms.py mark_in_flight)."""
+    kineto = build.sources[0].kineto
+    if kineto is None or build.links is None or program.distributed is None:
+        return program
+    events = build.links.events
+    completed = hostgaps.work_completions(program.ops, events, kineto)
+    if completed:
+        mark_in_flight(program, completed, {i: e.ts for i, e in events.items()})
+    return program
+
+
 def _peer_waits(program: Program, build: Build) -> Program:
     """Gaps less the waits for peers they held (passes/hostgaps.py remove_peer_waits),
     said on stderr: before the spikes are damped, which such a wait would be."""
@@ -665,6 +680,7 @@ PASSES: tuple[Pass, ...] = (
     call_public_functions,
     place_comm_waits,
     link_kineto,
+    comms_in_flight,
     recorded_frees,
     profiled_host_gaps,
     assign_streams,

@@ -973,3 +973,24 @@ def test_the_wait_after_a_blocking_collective_is_no_host_time(asynchronous, tid,
         return
     assert (found.gaps, found.us) == (1, 961.0)
     assert ops[2].timing.gap_us == 10.0 and ops[1].timing.gap_us == 10.0
+
+
+def test_a_collectives_completion_is_its_backends_scope_or_its_kernels_end():
+    """When the original's collective work completed, for placing waits
+    (passes/comms.py mark_in_flight): gloo's scope of it on its worker thread, or the
+    end of the device kernel (NCCL's) launched within the op; unknown otherwise."""
+    from types import SimpleNamespace
+
+    from mystique_gen.ir.dist import CommInfo
+    from mystique_gen.passes.hostgaps import work_completions
+    from mystique_gen.sources.kineto import GpuEvent, KinetoTrace, RuntimeEvent
+
+    events = {1: _ev(0, "c10d::allreduce_", 0.0, 10.0), 2: _ev(1, "c10d::allgather_", 20.0, 10.0),
+              3: _ev(2, "c10d::broadcast_", 40.0, 10.0), 4: _ev(3, "aten::mm", 60.0, 10.0)}
+    gloo = _ev(4, "gloo:all_reduce", 5.0, 90.0, tid=2)  # on the worker: ends at 95
+    kineto = KinetoTrace("k", "0", sorted([*events.values(), gloo], key=lambda e: e.ts),
+                         [RuntimeEvent("cudaLaunchKernel", 0, 1, 22.0, 7)],
+                         [GpuEvent("ncclKernel_AllGather", "kernel", 7, 30.0, 50.0, 7)])
+    ops = [SimpleNamespace(node_id=n, comm=None if n == 4 else CommInfo("x", 0))
+           for n in events]
+    assert work_completions(ops, events, kineto) == {1: 95.0, 2: 80.0}  # 3: not shown

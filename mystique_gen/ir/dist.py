@@ -38,6 +38,10 @@ class ParamComms:
     world_size: int | None
 
 
+# CommInfo.done_by of a collective whose work completed after every op of the step.
+AFTER_THE_STEP = 1 << 62
+
+
 @dataclass
 class CommInfo:
     """How one communication op is replayed with torch.distributed."""
@@ -54,6 +58,10 @@ class CommInfo:
     seq: int | None = None
     recorded_async: bool = False  # the trace's async_op argument
     wait_recorded: bool = False  # a wait node in the trace placed the wait
+    # Node id of the first later op the original started once this async collective's
+    # work had completed (its Kineto trace; AFTER_THE_STEP: none did); None: not known.
+    # A later collective on its group issued before then had both in flight at once.
+    done_by: int | None = None
     # The ReduceOp member the trace records ("MAX"); None where the op does not reduce
     # or the trace does not say which (the call then reduces with SUM).
     reduce_op: str | None = None

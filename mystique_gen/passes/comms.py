@@ -38,7 +38,7 @@ from mystique_gen.ir import (
     iter_tensors,
     not_replayed,
 )
-from mystique_gen.ir.dist import CommInfo, DistInfo, ProcessGroupSpec
+from mystique_gen.ir.dist import AFTER_THE_STEP, CommInfo, DistInfo, ProcessGroupSpec
 from mystique_gen.ir.schema import SchemaError, Signature, parse_signature
 from mystique_gen.oprules.base import CommRule
 from mystique_gen.passes.lower import Unsupported, decode_value, list_element_types
@@ -274,6 +274,31 @@ def replace_inferred_waits(programs: Sequence[Program]) -> None:
             comm.wait_before = _first_use(program.ops, op)
 
 
+def mark_in_flight(program: Program, completed: dict[int, float],
+                   starts: dict[int, float]) -> int:
+    """Where the original's Kineto trace shows when each async collective's work
+    completed (``completed``: node id -> time; ``starts``: each linked op's start),
+    note the first later op it started after that (``CommInfo.done_by``), and place
+    the waits the trace does not record again: a later collective on the group issued
+    before then does not wait for it. Returns the collectives found in flight past
+    their group's next one."""
+    ops = program.ops
+    found = 0
+    for op in ops:
+        comm = op.comm
+        done = completed.get(op.node_id)
+        if comm is None or done is None or not comm.asynchronous or comm.wait_recorded \
+                or oprules.COMM_OPS[op.name].point_to_point:
+            continue
+        comm.done_by = next((o.node_id for o in ops[op.index + 1:]
+                             if starts.get(o.node_id, -1.0) >= done), AFTER_THE_STEP)
+        nxt = next((o for o in ops[op.index + 1:] if o.comm is not None
+                    and o.comm.group == comm.group), None)
+        found += nxt is not None and nxt.node_id < comm.done_by
+    replace_inferred_waits([program])
+    return found
+
+
 def _point_to_point_wait(ops: list[Op], p2p: Op, kind: str) -> int | None:
     """Index of the op a send or recv is waited before: for a recv, the first later op
     that touches its tensor; for a send, the first that writes it (reads may overlap
@@ -373,8 +398,12 @@ def _first_use(ops: list[Op], comm: Op) -> int | None:
     assert comm.comm is not None
     spans = [_span(tv) for arg in comm.args for tv in iter_tensors(arg.value)]
     storages = {span[0] for span in spans}
+    done_by = comm.comm.done_by
     for op in ops[comm.index + 1:]:
-        if op.comm is not None and op.comm.group == comm.comm.group:
+        # Not where the original had it still in flight as it issued that one (DDP's
+        # buckets, ZeRO's broadcasts: in flight together), as its Kineto trace shows.
+        if op.comm is not None and op.comm.group == comm.comm.group and (
+                done_by is None or op.node_id >= done_by):
             return op.index
         if op.signature.is_view and op.comm is None:
             continue

@@ -636,3 +636,34 @@ def _completed(issued: CpuEvent, scopes: dict[tuple[object, object], list[CpuEve
         if scope.tid != issued.tid:
             return scope.end
     return None
+
+
+def work_completions(ops: list[Op], events: dict[int, CpuEvent], kineto: KinetoTrace
+                     ) -> dict[int, float]:
+    """When each linked communication op's work completed in the original (node id ->
+    Kineto time): its backend's scope of the work (gloo, :func:`_completed`), else the
+    end of the last device activity launched within the op (NCCL's kernel); ops whose
+    completion the trace does not show are left out."""
+    scopes = _completions(kineto.cpu_ops)
+    starts: dict[tuple[object, object], list[float]] = defaultdict(list)
+    for e in kineto.cpu_ops:  # (sorted by start)
+        starts[(e.pid, e.tid)].append(e.ts)
+    device_end = {g.correlation: g.ts + g.dur for g in kineto.gpu}
+    launches: dict[object, list[tuple[float, int]]] = defaultdict(list)
+    for r in kineto.runtime:  # (sorted by start)
+        if r.correlation in device_end:
+            launches[r.tid].append((r.ts, r.correlation))
+    found: dict[int, float] = {}
+    for op in ops:
+        ev = events.get(op.node_id)
+        if op.comm is None or ev is None:
+            continue
+        done = _completed(ev, scopes, starts)
+        if done is None:
+            on_thread = launches.get(ev.tid, [])
+            k = bisect_left(on_thread, (ev.ts, -1))
+            ends = [device_end[c] for ts, c in on_thread[k:] if ts <= ev.end]
+            done = max(ends) if ends else None
+        if done is not None:
+            found[op.node_id] = done
+    return found
