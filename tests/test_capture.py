@@ -753,23 +753,26 @@ def test_a_launchers_command_is_captured_rank_by_rank(tmp_path, capsys):
         assert len(step["step_ms"]) == 1
 
 
+# A rank's serving step: its model, and an all-reduce of the result across ranks.
+_SERVE_ALL_REDUCE = """
+        import torch, torch.distributed as dist
+        model = torch.nn.Linear(8, 4).eval()
+        def serve(batch):
+            with torch.inference_mode():
+                out = model(batch)
+            dist.all_reduce(out)
+            return out.argmax(-1)
+        """
+
+
 def test_a_launched_jobs_ranks_end_their_steps_at_the_function_named(tmp_path, capsys):
     """--step-at in a launcher's workers: the script is their __main__, already running
     as the capture joins them (at torch's import), and each rank's step is one call."""
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("no torchrun beside this interpreter")
-    script = _script(tmp_path / "serve.py", """
-        import torch, torch.distributed as dist
+    script = _script(tmp_path / "serve.py", _SERVE_ALL_REDUCE + """
         dist.init_process_group("gloo")
-        model = torch.nn.Linear(8, 4).eval()
-
-        def serve(batch):
-            with torch.inference_mode():
-                out = model(batch)
-            dist.all_reduce(out)
-            return out.argmax(-1)
-
         for _ in range(30):
             serve(torch.randn(4, 8))
         """)
@@ -787,14 +790,8 @@ def test_ranks_a_serving_script_spawns_end_their_steps_at_its_function(tmp_path,
     spawns: there the script runs as __mp_main__, whose module is a copy of the
     namespace its functions read their globals from (wrapped in the copy alone, no
     call ended a step: "never returned from serve")."""
-    script = _script(tmp_path / "serve.py", """
-        import os, torch, torch.distributed as dist, torch.multiprocessing as mp
-        model = torch.nn.Linear(8, 4).eval()
-        def serve(batch):
-            with torch.inference_mode():
-                out = model(batch)
-            dist.all_reduce(out)
-            return out.argmax(-1)
+    script = _script(tmp_path / "serve.py", _SERVE_ALL_REDUCE + """
+        import os, torch.multiprocessing as mp
         def run(rank, world, port):
             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
             dist.init_process_group("gloo", rank=rank, world_size=world)
