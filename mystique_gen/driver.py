@@ -625,8 +625,13 @@ def comms_in_flight(program: Program, build: Build) -> Program:
         return program
     events = build.links.events
     completed = hostgaps.work_completions(program.ops, events, kineto)
-    if completed:
-        mark_in_flight(program, completed, {i: e.ts for i, e in events.items()})
+    found = mark_in_flight(program, completed, {i: e.ts for i, e in events.items()}) \
+        if completed else 0
+    if found:
+        program.diagnostics.append(note(
+            f"{found} async collectives were still in flight in the original when the "
+            f"next collective on their group was issued ({kineto.name}): each is waited "
+            "where its data is needed, not before that one"))
     return program
 
 

@@ -912,7 +912,9 @@ def test_collectives_the_original_had_in_flight_together_are_not_waited_one_by_o
     gather, reduce, relu = program.ops
     assert gather.comm is not None and gather.comm.wait_before == reduce.index  # the guess
     starts = {gather.node_id: 0.0, reduce.node_id: 10.0, relu.node_id: 40.0}
-    mark_in_flight(program, {gather.node_id: completed_at}, starts)
+    # Counted (the header says so) where the original had it past the next one.
+    assert mark_in_flight(program, {gather.node_id: completed_at}, starts) == \
+        (completed_at > starts[reduce.node_id])
     waited = program.ops[gather.comm.wait_before] if gather.comm.wait_before is not None \
         else None
     assert (waited.name.split("::")[1].split(".")[0] if waited else None) == waited_at
