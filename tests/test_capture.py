@@ -336,6 +336,34 @@ def test_a_step_function_that_is_never_reached_says_so(tmp_path, capsys):
     assert "not [MODULE:]NAME[.NAME...]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("step_at", ["serve", "servepkg.serve:serve"])
+def test_the_step_function_of_a_module_run_with_m_is_named_by_its_module_too(
+        tmp_path, monkeypatch, step_at):
+    """``--step-at pkg.serve:serve -- python -m pkg.serve``: the module named is the
+    script, run as __main__; it was imported a second time, as another module whose
+    function the script's loop never called (never returned from)."""
+    (tmp_path / "servepkg").mkdir()
+    (tmp_path / "servepkg" / "__init__.py").write_text("")
+    _script(tmp_path / "servepkg" / "serve.py", """
+        import torch
+        model = torch.nn.Linear(8, 8).eval()
+
+        def serve(x):
+            with torch.no_grad():
+                return model(x).relu()
+
+        if __name__ == "__main__":
+            for _ in range(12):
+                serve(torch.randn(4, 8))
+        """)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "o"
+    assert tools_main(["capture", "-o", str(out), *_CAPTURE_ARGS, "--step-at", step_at,
+                       "--", "python", "-m", "servepkg.serve"]) == 0
+    ops = op_multiset(out / "s.et.json")
+    assert ops["aten::linear"] == 1 and ops["aten::randn"] == 1 and ops["aten::relu"] == 1
+
+
 def test_a_package_module_runs_from_the_working_directory(tmp_path, monkeypatch, capsys):
     """``capture -- python -m pkg.train`` finds ``pkg`` in the working directory, as
     ``python -m`` does; a module that does not exist is a one-line error."""

@@ -891,10 +891,17 @@ class _StepAt:
         self.undo: list[Callable[[], None]] = []
         self.wrapped = False
 
-    def install(self, script_running: bool) -> Callable[[], None]:
+    def install(self, script_running: bool, script: str | None = None
+                ) -> Callable[[], None]:
         """Wrap now, or once the script's definition has run (``script_running``: this
         process runs the script as its ``__main__`` already, as a launcher's worker
-        does; else the script is yet to start in this process); returns the undo."""
+        does; else the script is yet to start in this process); ``script``: the file it
+        runs (known from the module otherwise). Returns the undo."""
+        if self.module != "__main__" and self._is_script(script_running, script):
+            # ``pkg.serve:serve`` of ``python -m pkg.serve``: the script runs as
+            # __main__, a module of its own; importing pkg.serve would run its code a
+            # second time, as another module whose function the loop never calls.
+            self.module = "__main__"
         if self.module != "__main__":
             try:
                 namespace = vars(importlib.import_module(self.module))
@@ -906,6 +913,20 @@ class _StepAt:
         else:
             self._watch_main(script_running)
         return self.uninstall
+
+    def _is_script(self, script_running: bool, script: str | None) -> bool:
+        """Whether the module named is the script's own file (run as ``__main__``)."""
+        if script_running:
+            main = sys.modules.get("__mp_main__") or sys.modules.get("__main__")
+            script = getattr(main, "__file__", None)
+        if script is None or self.module in sys.modules:
+            return False
+        try:
+            spec = importlib.util.find_spec(self.module)
+        except (ImportError, ValueError):
+            return False
+        origin = getattr(spec, "origin", None)
+        return origin is not None and Path(origin).resolve() == Path(script).resolve()
 
     def uninstall(self) -> None:
         for undo in reversed(self.undo):
@@ -1082,8 +1103,15 @@ def capture_script(
             sys.path.remove(search)
         if found is None:
             raise ScriptError(f"no module named {module!r} (from {search})")
+    if module is None:
+        script: str | None = argv[0]
+    else:  # (a package's __main__, where -m names a package)
+        spec = found if not getattr(found, "submodule_search_locations", None) \
+            else _find_module(f"{module}.__main__")
+        script = getattr(spec, "origin", None)
     capture = _ScriptCapture(Path(out_dir), warmup, timing_iters, kineto, integral_ranges,
-                             integral_data, max(1, profile_steps), tuple(argv), step_at)
+                             integral_data, max(1, profile_steps), tuple(argv), step_at,
+                             script)
     capture.out.mkdir(parents=True, exist_ok=True)
 
     def run_script() -> None:
@@ -1149,6 +1177,7 @@ class _ScriptCapture:
     profile_steps: int
     command: tuple[str, ...]
     step_at: str | None = None  # --step-at: each return of it ends a step
+    script: str | None = None  # the file the script runs as __main__ (where known)
 
     @property
     def boundary(self) -> str:
@@ -1193,7 +1222,8 @@ class _ScriptCapture:
                 else clock.on_step(opt)).remove
             restore = _step_wrapper(clock.on_step)
         else:  # optimizers step inside the function, or not at all
-            handle = _StepAt(self.step_at, clock.on_step).install(script_running)
+            handle = _StepAt(self.step_at, clock.on_step).install(script_running,
+                                                                  self.script)
             restore = _no_op
         unwatch = _watch_script_profilers(recorder)
         unwatch_spawn = _watch_spawned_processes(
