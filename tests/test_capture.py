@@ -364,6 +364,38 @@ def test_the_step_function_of_a_module_run_with_m_is_named_by_its_module_too(
     assert ops["aten::linear"] == 1 and ops["aten::randn"] == 1 and ops["aten::relu"] == 1
 
 
+def test_a_step_function_a_worker_thread_calls_stops_the_scripts_thread(tmp_path):
+    """A request loop: the main thread queues requests and waits on each reply, a
+    worker thread calls the step function. The capture's stop ended the worker alone,
+    and the main thread waited for its reply forever (here: until its timeout)."""
+    script = _script(tmp_path / "serve.py", """
+        import queue, threading
+        import torch
+        model = torch.nn.Linear(8, 8).eval()
+
+        def serve(x):
+            with torch.no_grad():
+                return model(x).relu()
+
+        def worker(requests, replies):
+            while (x := requests.get()) is not None:
+                replies.put(serve(x))
+
+        if __name__ == "__main__":
+            requests, replies = queue.Queue(), queue.Queue()
+            threading.Thread(target=worker, args=(requests, replies), daemon=True).start()
+            for _ in range(12):
+                requests.put(torch.randn(4, 8))
+                replies.get(timeout=20)
+            requests.put(None)
+        """)
+    out = tmp_path / "o"
+    assert tools_main(["capture", "-o", str(out), *_CAPTURE_ARGS, "--step-at", "serve",
+                       "--no-kineto", "--", "python", script]) == 0
+    ops = op_multiset(out / "s.et.json")
+    assert ops["aten::linear"] == 1 and ops["aten::randn"] == 1
+
+
 def test_a_package_module_runs_from_the_working_directory(tmp_path, monkeypatch, capsys):
     """``capture -- python -m pkg.train`` finds ``pkg`` in the working directory, as
     ``python -m`` does; a module that does not exist is a one-line error."""

@@ -19,6 +19,7 @@ Two entry points:
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import importlib
 import importlib.util
@@ -635,8 +636,11 @@ class _StepClock:
         # The two steps after the recorded one run under it (record_scalars).
         self.scalar_mode: _ScalarRecorder | None = None
         self.inputs = CapturedInputs()
+        self.thread = threading.get_ident()  # the script's: the one CaptureDone stops
 
     def on_step(self, optimizer: object = None) -> None:
+        if self.done and threading.get_ident() != self.thread:
+            raise CaptureDone  # a worker's later step: the script's thread is stopping
         if self.done:
             # The script caught CaptureDone (a bare ``except:`` around its step, to
             # skip a bad batch) and went on: the clock started over, recorded and
@@ -695,6 +699,12 @@ class _StepClock:
         if self.on_done is not None:
             self.on_done()
         _JOB.finished()
+        if threading.get_ident() != self.thread and self.on_done is None:
+            # The step ran on a worker thread (a request queue's): CaptureDone there
+            # ended the worker alone, and the script's thread waited for it forever.
+            # The script's thread gets it when it next runs Python code.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread),
+                                                       ctypes.py_object(CaptureDone))
         raise CaptureDone
 
     def start_probe(self) -> None:
@@ -977,6 +987,7 @@ class _StepAt:
     def _wrapper(self, function: Callable[..., object]) -> Callable[..., object]:
         inside = threading.local()
         on_return = self.on_return
+        home = threading.get_ident()  # the script's thread
 
         @functools.wraps(function)
         def step(*args: object, **kwargs: object) -> object:
@@ -987,7 +998,13 @@ class _StepAt:
                 return function(*args, **kwargs)
             finally:  # (a call that raised ends its step too: an iterator's last)
                 inside.active = False
-                on_return(None)
+                try:
+                    on_return(None)
+                except CaptureDone:
+                    # A worker thread's step: the worker returns and goes on (the
+                    # script's thread, which the clock stops, may wait on its reply).
+                    if threading.get_ident() == home:
+                        raise
 
         return step
 
