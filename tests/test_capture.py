@@ -396,6 +396,22 @@ def test_a_step_function_a_worker_thread_calls_stops_the_scripts_thread(tmp_path
     assert ops["aten::linear"] == 1 and ops["aten::randn"] == 1
 
 
+def test_a_step_at_name_bound_to_no_function_is_the_captures_error(tmp_path, capsys):
+    """--step-at naming a module-level int: said as the capture's one-line error, not
+    as an error of the script's (with a traceback into the capture's tracer)."""
+    script = _script(tmp_path / "serve.py", """
+        import torch
+        LIMIT = 12
+        for _ in range(LIMIT):
+            torch.randn(4, 8).relu()
+        """)
+    assert tools_main(["capture", "-o", str(tmp_path / "o"), *_CAPTURE_ARGS, "--step-at",
+                       "LIMIT", "--", "python", script]) == 2
+    err = capsys.readouterr().err
+    assert "--step-at LIMIT: not a function (int)" in err
+    assert "the script raised" not in err and "Traceback" not in err
+
+
 def test_a_package_module_runs_from_the_working_directory(tmp_path, monkeypatch, capsys):
     """``capture -- python -m pkg.train`` finds ``pkg`` in the working directory, as
     ``python -m`` does; a module that does not exist is a one-line error."""

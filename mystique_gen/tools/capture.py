@@ -1146,7 +1146,7 @@ def capture_script(
             run = capture.run(name, run_script, spawns_as=name, resolve=True)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    if run.raised is not None and not isinstance(run.raised, SystemExit):
+    if run.raised is not None and not isinstance(run.raised, (SystemExit, ScriptError)):
         traceback.print_exception(run.raised)
     if run.clock.steps == 0 and not run.clock.cycle and not run.spawned:
         # Trained in processes it started otherwise (Lightning's ddp re-runs the script
@@ -1289,6 +1289,10 @@ class _ScriptCapture:
         recorded = 4 if recorder.kineto_path is not None else 3  # (the script's profiler
         # may have taken Kineto away)
         needed = self.warmup + self.timing_iters + recorded
+        if isinstance(run.raised, ScriptError):
+            # The capture's own (--step-at names no function), raised in the script's
+            # frame where the definition ran: not the script's error.
+            raise run.raised
         if run.raised is not None:
             raised = (f"the script exited with status {run.raised.code}"
                       if isinstance(run.raised, SystemExit)
