@@ -412,6 +412,32 @@ def test_a_step_at_name_bound_to_no_function_is_the_captures_error(tmp_path, cap
     assert "the script raised" not in err and "Traceback" not in err
 
 
+def test_a_step_function_defined_twice_is_wrapped_in_its_last_definition(tmp_path):
+    """``def serve`` twice: the first definition was wrapped, the second replaced it
+    and the loop called that one, never returning from the wrapped one."""
+    script = _script(tmp_path / "serve.py", """
+        import torch
+        model = torch.nn.Linear(8, 8).eval()
+
+        def serve(x):
+            return model(x).relu()
+
+        def serve(x):  # the one the loop calls
+            return model(x).sigmoid()
+
+        def main():
+            for _ in range(12):
+                serve(torch.randn(4, 8))
+
+        main()
+        """)
+    out = tmp_path / "o"
+    assert tools_main(["capture", "-o", str(out), *_CAPTURE_ARGS, "--step-at", "serve",
+                       "--no-kineto", "--", "python", script]) == 0
+    ops = op_multiset(out / "s.et.json")
+    assert ops["aten::sigmoid"] == 1 and "aten::relu" not in ops
+
+
 def test_a_package_module_runs_from_the_working_directory(tmp_path, monkeypatch, capsys):
     """``capture -- python -m pkg.train`` finds ``pkg`` in the working directory, as
     ``python -m`` does; a module that does not exist is a one-line error."""

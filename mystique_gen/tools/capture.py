@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import dis
 import functools
 import importlib
 import importlib.util
@@ -43,7 +44,7 @@ from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 
 import torch
 import torch.multiprocessing
@@ -899,7 +900,11 @@ class _StepAt:
         self.module, self.path = parse_step_at(target)
         self.on_return = on_return
         self.undo: list[Callable[[], None]] = []
+        self.unwrap: list[Callable[[], None]] = []  # (undone where the name is rebound)
         self.wrapped = False
+        self.bound: object = None  # what the namespace bound to path[0] when wrapped
+        self.called = False  # a step began: stop watching the script's definitions
+        self.stop_watching: Callable[[], None] = _no_op
 
     def install(self, script_running: bool, script: str | None = None
                 ) -> Callable[[], None]:
@@ -939,9 +944,21 @@ class _StepAt:
         return origin is not None and Path(origin).resolve() == Path(script).resolve()
 
     def uninstall(self) -> None:
-        for undo in reversed(self.undo):
+        for undo in reversed(self.unwrap + self.undo):
             undo()
+        self.unwrap.clear()
         self.undo.clear()
+
+    def _rewrap(self, namespace: dict[str, object]) -> None:
+        """Wrap the definition ``namespace`` binds now, where the script bound another
+        since (``def serve`` twice: the loop calls the last)."""
+        if namespace.get(self.path[0]) is self.bound:
+            return
+        for undo in reversed(self.unwrap):
+            undo()
+        self.unwrap.clear()
+        self.wrapped = False
+        self._wrap(namespace)
 
     def _wrap(self, namespace: dict[str, object]) -> bool:
         """Wrap the function where ``namespace`` binds it; False where it is not bound."""
@@ -977,11 +994,12 @@ class _StepAt:
             for where in [namespace] + ([home] if home is not namespace
                                         and home.get(name) is raw else []):
                 where[name] = bound
-                self.undo.append(functools.partial(where.__setitem__, name, raw))
+                self.unwrap.append(functools.partial(_unbind, where, name, bound, raw))
         else:
             setattr(owner, name, bound)
-            self.undo.append(lambda: setattr(owner, name, raw))
+            self.unwrap.append(lambda: setattr(owner, name, raw))
         self.wrapped = True
+        self.bound = namespace.get(self.path[0])
         return True
 
     def _wrapper(self, function: Callable[..., object]) -> Callable[..., object]:
@@ -993,6 +1011,9 @@ class _StepAt:
         def step(*args: object, **kwargs: object) -> object:
             if getattr(inside, "active", False):  # a call within the step's own call
                 return function(*args, **kwargs)
+            if not self.called:  # (no frame of a step is traced)
+                self.called = True
+                self.stop_watching()
             inside.active = True
             try:
                 return function(*args, **kwargs)
@@ -1025,14 +1046,33 @@ class _StepAt:
 
         previous = sys.gettrace()  # a debugger's or coverage's, given back after
 
-        def lines(frame: FrameType, event: str, arg: object):  # noqa: ANN202
-            if self._wrap(frame.f_globals):
+        home = threading.get_ident()
+        watched: list[FrameType] = []
+
+        def stop_watching() -> None:
+            for frame in watched:
                 frame.f_trace = None
+            if threading.get_ident() == home:
                 sys.settrace(previous)
+        self.stop_watching = stop_watching
+
+        def lines(frame: FrameType, event: str, arg: object):  # noqa: ANN202
+            if frame not in watched:
+                watched.append(frame)
+            if self.wrapped:
+                self._rewrap(frame.f_globals)
+            if self._wrap(frame.f_globals) and (
+                    self.called or _stores(frame.f_code, self.path[0]) < 2):
+                stop_watching()
                 return None
+            # Bound more than once (``def serve`` twice): the last definition before
+            # the first call is the one wrapped, so the watch goes on until that call.
             return lines
 
         def calls(frame: FrameType, event: str, arg: object):  # noqa: ANN202
+            if self.called:  # (a step began on another thread)
+                sys.settrace(previous)
+                return None
             return lines if event == "call" and script_frame(frame) else None
 
         running: FrameType | None = sys._getframe(1) if script_running else None
@@ -1040,14 +1080,32 @@ class _StepAt:
             running = running.f_back
         if running is not None:
             running.f_trace = lines
+            watched.append(running)
         sys.settrace(calls)
 
         def stop() -> None:
-            if not self.wrapped:
+            if sys.gettrace() is calls:
                 sys.settrace(previous)
             if running is not None:
                 running.f_trace = None
+            for frame in watched:
+                frame.f_trace = None
         self.undo.append(stop)
+
+
+def _unbind(namespace: dict[str, object], name: str, bound: object, raw: object) -> None:
+    """Give ``name`` back its function where it still binds the wrapper (not where the
+    script has bound another since)."""
+    if namespace.get(name) is bound:
+        namespace[name] = raw
+
+
+@functools.lru_cache(maxsize=64)
+def _stores(code: CodeType, name: str) -> int:
+    """How many times the module code ``code`` binds ``name`` (a ``def`` or ``class``
+    statement, an assignment)."""
+    return sum(1 for i in dis.get_instructions(code)
+               if i.opname in ("STORE_NAME", "STORE_GLOBAL") and i.argval == name)
 
 
 def rank_stem(name: str) -> str:
