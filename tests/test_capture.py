@@ -394,6 +394,9 @@ def test_a_step_function_a_worker_thread_calls_stops_the_scripts_thread(tmp_path
                        "--no-kineto", "--", "python", script]) == 0
     ops = op_multiset(out / "s.et.json")
     assert ops["aten::linear"] == 1 and ops["aten::randn"] == 1
+    # and the first-step probe the script's thread entered is left (it stayed on, and
+    # every later ET of this process was empty)
+    assert _get_current_dispatch_mode() is None
 
 
 def test_a_step_at_name_bound_to_no_function_is_the_captures_error(tmp_path, capsys):

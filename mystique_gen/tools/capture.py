@@ -720,6 +720,11 @@ class _StepClock:
         it found one."""
         if self.probe is None:
             return
+        if threading.get_ident() != self.thread:
+            # A step on a worker thread: the probe is a mode of the script's thread (a
+            # thread's own stack), which leaves it when the capture ends; dropped here,
+            # it stayed on there, and every later ET of this process was empty.
+            return
         if _get_current_dispatch_mode() is self.probe:
             self.probe.__exit__(None, None, None)
         if self.probe.found:
