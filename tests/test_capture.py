@@ -331,6 +331,10 @@ def test_a_step_function_that_is_never_reached_says_so(tmp_path, capsys):
     assert tools_main(["capture", "-o", str(tmp_path / "o"), *_CAPTURE_ARGS, "--step-at",
                        "Server.handle", "--", "python", script]) == 2
     assert "never returned from Server.handle" in capsys.readouterr().err
+    # a typo: the script never bound the name, and its closest names are said
+    assert tools_main(["capture", "-o", str(tmp_path / "o"), *_CAPTURE_ARGS, "--step-at",
+                       "sevre", "--", "python", script]) == 2
+    assert "the script never bound sevre (did you mean serve?)" in capsys.readouterr().err
     assert tools_main(["capture", "-o", str(tmp_path / "o"), "--step-at", "serve()",
                        "--", "python", script]) == 2
     assert "not [MODULE:]NAME[.NAME...]" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import difflib
 import dis
 import functools
 import importlib
@@ -910,6 +911,7 @@ class _StepAt:
         self.bound: object = None  # what the namespace bound to path[0] when wrapped
         self.called = False  # a step began: stop watching the script's definitions
         self.stop_watching: Callable[[], None] = _no_op
+        self.seen: dict[str, object] | None = None  # the script's namespace, as watched
 
     def install(self, script_running: bool, script: str | None = None
                 ) -> Callable[[], None]:
@@ -953,6 +955,16 @@ class _StepAt:
             undo()
         self.unwrap.clear()
         self.undo.clear()
+
+    def unbound(self) -> str:
+        """Why the script never returned from the function, where its name was never
+        bound in the script (a typo): the script's names closest to it."""
+        if self.wrapped or self.module != "__main__" or self.seen is None:
+            return ""
+        names = [n for n, v in self.seen.items() if callable(v) and not n.startswith("__")]
+        close = difflib.get_close_matches(self.path[0], names, n=3)
+        return (f"; the script never bound {self.path[0]}"
+                + (f" (did you mean {', '.join(close)}?)" if close else ""))
 
     def _rewrap(self, namespace: dict[str, object]) -> None:
         """Wrap the definition ``namespace`` binds now, where the script bound another
@@ -1064,6 +1076,7 @@ class _StepAt:
         def lines(frame: FrameType, event: str, arg: object):  # noqa: ANN202
             if frame not in watched:
                 watched.append(frame)
+                self.seen = frame.f_globals
             if self.wrapped:
                 self._rewrap(frame.f_globals)
             if self._wrap(frame.f_globals) and (
@@ -1240,6 +1253,7 @@ class _Run:
     detached: bool = False  # its hooks dropped: a forked child's copy, or yielded to a rank's
     detach: Callable[[], None] = lambda: None
     undo: Callable[[], None] = lambda: None
+    step_at: _StepAt | None = None  # --step-at's wrapper (what it found)
 
 
 @dataclass(frozen=True)
@@ -1302,8 +1316,8 @@ class _ScriptCapture:
                 else clock.on_step(opt)).remove
             restore = _step_wrapper(clock.on_step)
         else:  # optimizers step inside the function, or not at all
-            handle = _StepAt(self.step_at, clock.on_step).install(script_running,
-                                                                  self.script)
+            run.step_at = _StepAt(self.step_at, clock.on_step)
+            handle = run.step_at.install(script_running, self.script)
             restore = _no_op
         unwatch = _watch_script_profilers(recorder)
         unwatch_spawn = _watch_spawned_processes(
@@ -1366,9 +1380,11 @@ class _ScriptCapture:
             return self._spawned_result(run.spawned)
         if clock.steps == 0 and not clock.cycle and self.step_at is not None:
             raise ScriptError(
-                f"the script never returned from {self.step_at} in this process (--step-at "
-                "names a function defined at a module's top level, or a method of a class "
-                "there, as [MODULE:]NAME; the module is the script's own by default)")
+                f"the script never returned from {self.step_at} in this process"
+                + (run.step_at.unbound() if run.step_at is not None else "")
+                + " (--step-at names a function defined at a module's top level, or a "
+                "method of a class there, as [MODULE:]NAME; the module is the script's own "
+                "by default)")
         if clock.steps == 0 and not clock.cycle:
             raise ScriptError(
                 "the script made no optimizer step in this process: a script without a "
