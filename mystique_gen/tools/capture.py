@@ -1451,6 +1451,14 @@ class _SpawnedRank:
             print(f"mystique-gen: rank {index} ({name}): {exc}", file=sys.stderr)
         if run.raised is not None:
             raise run.raised  # the rank's own error: spawn reports it to the script
+        if run.clock.done:
+            # Its files written, the rank leaves as a launched worker's capture does,
+            # without the interpreter's teardown (that of a process group whose peer
+            # has stopped): a spawned serving rank aborted once in CI, "terminate
+            # called without an active exception", and spawn failed the capture.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def _no_op() -> None:
