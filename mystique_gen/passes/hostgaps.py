@@ -551,20 +551,47 @@ class PeerWaits:
     us: float = 0.0  # their wait, in all
 
 
-def _completions(events: list[CpuEvent]) -> dict[tuple[object, object], list[CpuEvent]]:
-    """The backend async-work scopes (``gloo:recv``), by start, per thread and (keyed
-    by pid and None) per process: the backend opens one when it starts the work an op
-    issued (a send's or recv's on the issuing thread, a collective's on the backend's
-    worker) and closes it when the work completes, so its end is when a peer's data
-    arrived (or a peer took ours)."""
-    found: dict[tuple[object, object], list[CpuEvent]] = defaultdict(list)
-    for e in events:
-        if oprules.ASYNC_SCOPE.match(e.name):
-            found[(e.pid, e.tid)].append(e)
-            found[(e.pid, None)].append(e)
-    for scopes in found.values():
-        scopes.sort(key=lambda e: e.ts)
-    return found
+class _WorkScopes:
+    """When the work an op issued completed, from one Kineto trace: the backend's
+    async-work scopes (``gloo:recv``), by start, per thread and (keyed by pid and
+    None) per process, and each thread's event starts. The backend opens a scope when
+    it starts the work an op issued (a send's or recv's on the issuing thread, a
+    collective's on the backend's worker) and closes it when the work completes, so
+    its end is when a peer's data arrived (or a peer took ours)."""
+
+    def __init__(self, events: list[CpuEvent]) -> None:
+        self.scopes: dict[tuple[object, object], list[CpuEvent]] = defaultdict(list)
+        self.starts: dict[tuple[object, object], list[float]] = defaultdict(list)
+        for e in events:  # (sorted by start)
+            self.starts[(e.pid, e.tid)].append(e.ts)
+            if oprules.ASYNC_SCOPE.match(e.name):
+                self.scopes[(e.pid, e.tid)].append(e)
+                self.scopes[(e.pid, None)].append(e)
+        for scopes in self.scopes.values():
+            scopes.sort(key=lambda e: e.ts)
+
+    def completed(self, issued: CpuEvent) -> float | None:
+        """When the work a c10d op (its linked event `issued`) started completed: the
+        end of the first backend scope opened on its thread within its span, else of
+        the first opened on another thread of its process after it began and before
+        its thread's next event (gloo runs a collective's work, ``gloo:all_reduce``, on
+        its worker, which on a busy host picks it up after the op returned; a blocking
+        call's thread waits for it, so it starts before the thread goes on); None if
+        none."""
+        found = self.scopes.get((issued.pid, issued.tid), [])
+        k = bisect_left(found, issued.ts, key=lambda e: e.ts)
+        if k < len(found) and found[k].ts <= issued.end:
+            return found[k].end
+        own = self.starts.get((issued.pid, issued.tid), [])
+        j = bisect_left(own, issued.end)
+        resumed = own[j] if j < len(own) else float("inf")
+        found = self.scopes.get((issued.pid, None), [])
+        for scope in found[bisect_left(found, issued.ts, key=lambda e: e.ts):]:
+            if scope.ts > resumed:
+                break
+            if scope.tid != issued.tid:
+                return scope.end
+        return None
 
 
 def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
@@ -583,10 +610,7 @@ def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
     as none). Measured in the linked step, with the gap
     ``host_gaps`` measures there (``serial`` as it does); a median gap from several
     steps is cut to that host time where it exceeds it."""
-    scopes = _completions(kineto.cpu_ops)
-    starts: dict[tuple[object, object], list[float]] = defaultdict(list)
-    for e in kineto.cpu_ops:  # (sorted by start)
-        starts[(e.pid, e.tid)].append(e.ts)
+    work = _WorkScopes(kineto.cpu_ops)
     # Per replay thread: (issue end, completion) of its async comms not yet complete
     # at its latest gap (gap starts only grow on a thread, so the rest are dropped).
     issued: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
@@ -608,46 +632,20 @@ def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
         # all-reduces in tensor-parallel decoding left 3-4 ms peer waits in the gaps
         # after them: replayed as host time, 85 ms against a 27 ms eager step).
         if op.comm is not None and (op.comm.asynchronous or op.name.startswith("c10d::")):
-            done = _completed(ev, scopes, starts)
+            done = work.completed(ev)
             if done is not None:
                 issued[lane].append((ev.end, done))
     return PeerWaits(gaps, removed)
 
 
-def _completed(issued: CpuEvent, scopes: dict[tuple[object, object], list[CpuEvent]],
-               starts: dict[tuple[object, object], list[float]]) -> float | None:
-    """When the work a c10d op (its linked event `issued`) started completed: the end
-    of the first backend scope opened on its thread within its span, else of the first
-    opened on another thread of its process after it began and before its thread's
-    next event (gloo runs a collective's work, ``gloo:all_reduce``, on its worker,
-    which on a busy host picks it up after the op returned; a blocking call's thread
-    waits for it, so it starts before the thread goes on); None if none."""
-    found = scopes.get((issued.pid, issued.tid), [])
-    k = bisect_left(found, issued.ts, key=lambda e: e.ts)
-    if k < len(found) and found[k].ts <= issued.end:
-        return found[k].end
-    own = starts.get((issued.pid, issued.tid), [])
-    j = bisect_left(own, issued.end)
-    resumed = own[j] if j < len(own) else float("inf")
-    found = scopes.get((issued.pid, None), [])
-    for scope in found[bisect_left(found, issued.ts, key=lambda e: e.ts):]:
-        if scope.ts > resumed:
-            break
-        if scope.tid != issued.tid:
-            return scope.end
-    return None
-
-
 def work_completions(ops: list[Op], events: dict[int, CpuEvent], kineto: KinetoTrace
                      ) -> dict[int, float]:
     """When each linked communication op's work completed in the original (node id ->
-    Kineto time): its backend's scope of the work (gloo, :func:`_completed`), else the
-    end of the last device activity launched within the op (NCCL's kernel); ops whose
-    completion the trace does not show are left out."""
-    scopes = _completions(kineto.cpu_ops)
-    starts: dict[tuple[object, object], list[float]] = defaultdict(list)
-    for e in kineto.cpu_ops:  # (sorted by start)
-        starts[(e.pid, e.tid)].append(e.ts)
+    Kineto time): its backend's scope of the work (gloo,
+    :meth:`_WorkScopes.completed`), else the end of the last device activity launched
+    within the op (NCCL's kernel); ops whose completion the trace does not show are
+    left out."""
+    work = _WorkScopes(kineto.cpu_ops)
     device_end = {g.correlation: g.ts + g.dur for g in kineto.gpu}
     launches: dict[object, list[tuple[float, int]]] = defaultdict(list)
     for r in kineto.runtime:  # (sorted by start)
@@ -658,7 +656,7 @@ def work_completions(ops: list[Op], events: dict[int, CpuEvent], kineto: KinetoT
         ev = events.get(op.node_id)
         if op.comm is None or ev is None:
             continue
-        done = _completed(ev, scopes, starts)
+        done = work.completed(ev)
         if done is None:
             on_thread = launches.get(ev.tid, [])
             k = bisect_left(on_thread, (ev.ts, -1))
