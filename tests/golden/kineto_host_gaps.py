@@ -1823,8 +1823,9 @@ def main(argv=None):
     _RUNTIME["host"] = host
     _RUNTIME["host_gaps"] = args.host_gaps in ("recorded", "scaled")
     job.start(args, device)
-    if args.et:
-        _writable("--et", job.et_path(args.et))
+    et_path = job.et_path(args.et) if args.et else None  # this rank's
+    if et_path:
+        _writable("--et", et_path)
     if args.profile:
         _writable("--profile", args.profile, folder=True)
     original = job.original()
@@ -1946,10 +1947,10 @@ def main(argv=None):
                     f"{'s' if torch.get_num_threads() != 1 else ''} with the "
                     f"capture's {captured}"
                 )
-    if args.et:
+    if et_path:
         _reset(snapshot)
-        result["et"] = job.et_path(args.et)
-        _record_et(result["et"], inputs, device, host)
+        result["et"] = et_path
+        _record_et(et_path, inputs, device, host)
     if args.profile and args.iters > 0:
         path = job.profile_path(os.path.join(args.profile, "kineto_trace.json"))
         result["profile"] = _profile(
