@@ -23,6 +23,7 @@ from mystique_gen.passes.comms import (
     collective_sequence,
     group_of_size,
     implied_group_size,
+    mark_in_flight,
     pair_point_to_point,
     place_rooted_collectives,
     rank_disagreements,
@@ -900,8 +901,6 @@ def test_collectives_the_original_had_in_flight_together_are_not_waited_one_by_o
     the comm). Where the Kineto trace shows the work still running as the next one was
     issued (at 10 here), the wait goes where its data is needed (the relu, at 40),
     however late the work completed."""
-    from mystique_gen.passes.comms import mark_in_flight
-
     b = TraceBuilder()
     shards, gathered = [b.tensor((4,))], [b.tensor((4,))]
     other = b.tensor((4,))

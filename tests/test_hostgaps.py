@@ -8,6 +8,7 @@ import re
 import statistics
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,11 +23,27 @@ from torch.profiler import (
 from mystique_gen.constants import STEP_SCOPE
 from mystique_gen.driver import compile_trace, generate
 from mystique_gen.harness import runtime
+from mystique_gen.ir.dist import CommInfo
+from mystique_gen.ir.program import OpTiming
 from mystique_gen.options import BuildOptions
-from mystique_gen.passes.hostgaps import _match, _observed, profile_gaps, typical_step_total
+from mystique_gen.passes.hostgaps import (
+    _match,
+    _observed,
+    profile_gaps,
+    remove_peer_waits,
+    typical_step_total,
+    work_completions,
+)
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import load_trace, trace_from_document
-from mystique_gen.sources.kineto import CpuEvent, load_kineto, profile_beside
+from mystique_gen.sources.kineto import (
+    CpuEvent,
+    GpuEvent,
+    KinetoTrace,
+    RuntimeEvent,
+    load_kineto,
+    profile_beside,
+)
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import compare_traces, kineto_times, op_multiset
 from tests.conftest import last_json, run_benchmark
@@ -949,13 +966,6 @@ def test_the_wait_after_a_blocking_collective_is_no_host_time(asynchronous, tid,
     gloo opens a collective's scope on its worker thread (``tid`` 2), on a busy host
     after the op returned (``opened`` at 40). One opened after the thread went on (at
     1005, past the next op's start) is not this op's."""
-    from types import SimpleNamespace
-
-    from mystique_gen.ir.dist import CommInfo
-    from mystique_gen.ir.program import OpTiming
-    from mystique_gen.passes.hostgaps import remove_peer_waits
-    from mystique_gen.sources.kineto import KinetoTrace
-
     events = {1: _ev(0, "aten::mm", 0.0, 10.0), 2: _ev(1, "c10d::allreduce_", 20.0, 10.0),
               3: _ev(3, "aten::mm", 1001.0, 10.0)}
     scope = _ev(2, "gloo:all_reduce", opened, 991.0 - opened, tid=tid)  # closes at 991
@@ -979,12 +989,6 @@ def test_a_collectives_completion_is_its_backends_scope_or_its_kernels_end():
     """When the original's collective work completed, for placing waits
     (passes/comms.py mark_in_flight): gloo's scope of it on its worker thread, or the
     end of the device kernel (NCCL's) launched within the op; unknown otherwise."""
-    from types import SimpleNamespace
-
-    from mystique_gen.ir.dist import CommInfo
-    from mystique_gen.passes.hostgaps import work_completions
-    from mystique_gen.sources.kineto import GpuEvent, KinetoTrace, RuntimeEvent
-
     events = {1: _ev(0, "c10d::allreduce_", 0.0, 10.0), 2: _ev(1, "c10d::allgather_", 20.0, 10.0),
               3: _ev(2, "c10d::broadcast_", 40.0, 10.0), 4: _ev(3, "aten::mm", 60.0, 10.0)}
     gloo = _ev(4, "gloo:all_reduce", 5.0, 90.0, tid=2)  # on the worker: ends at 95
