@@ -121,6 +121,44 @@ def test_ops_under_vmap_replay_as_the_ops_on_real_tensors(tmp_path):
     assert op_multiset(replay_et, by_overload=True) == original
 
 
+def _higher_order_ops() -> Callable[[], None]:
+    from torch._higher_order_ops.while_loop import while_loop
+
+    lin = torch.nn.Linear(16, 16)
+    x = torch.randn(8, 16)
+
+    def step() -> None:
+        with torch.no_grad():
+            y = torch.cond(x.sum() > -1e9, lambda t: lin(t).relu() * 2.5,
+                           lambda t: lin(t).sigmoid() * 0.5, (x,))
+            while_loop(lambda i, t: i < 3, lambda i, t: (i + 1, torch.tanh(t * 0.75)),
+                       (torch.tensor(0), y))
+
+    return step
+
+
+def test_higher_order_ops_are_captured_with_the_values_in_their_bodies(tmp_path):
+    """The capture's recorders are dispatch modes, and a step calling a higher-order op
+    (``torch.cond``, ``while_loop``, flex attention's eager path) failed the capture:
+    "There was no rule registered for HigherOrderOperator cond". The ops in the bodies
+    run under the recorder too, so the constants they multiply by are recorded in call
+    order, as the ET holds those ops, and the benchmark replays the same ops."""
+    torch.set_num_threads(1)
+    result = capture(_higher_order_ops(), tmp_path, name="hop", kineto=False,
+                     timing_iters=1)
+    scalars = json.loads(result.sidecar_path.read_text())["scalars"]
+    assert scalars["aten::mul.Tensor"]["1"] == [2.5, 0.75, 0.75, 0.75], scalars
+    bench = tmp_path / "hop_bench.py"
+    generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    original = op_multiset(result.et_path, by_overload=True)
+    assert original["aten::tanh.default"] == 3, original
+    assert op_multiset(replay_et, by_overload=True) == original
+
+
 def test_a_training_steps_peak_memory_is_the_originals(tmp_path):
     """What autograd saves inside composite ops (cross_entropy's log_softmax result,
     layer_norm's mean and rstd, dropout's mask) is allocated in the step, as the

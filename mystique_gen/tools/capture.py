@@ -50,6 +50,7 @@ from types import CodeType, FrameType
 import torch
 import torch.multiprocessing
 from torch._C._profiler import _disable_execution_trace_observer
+from torch._ops import HigherOrderOperator
 from torch.optim import Optimizer
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
@@ -342,7 +343,13 @@ os.register_at_fork(after_in_child=_silence_forked_child)
 
 
 class _StepMode(TorchDispatchMode):
-    """A dispatch mode the capture runs a step of the program under."""
+    """A dispatch mode the capture runs a step of the program under: it sees each op
+    the step runs (:meth:`see`), those in the bodies of higher-order ops included."""
+
+    # Without it, a step calling a higher-order op (``torch.cond``, ``while_loop``,
+    # flex attention's eager path) failed the capture: "There was no rule registered
+    # for HigherOrderOperator cond and mode".
+    supports_higher_order_operators = True
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -351,6 +358,36 @@ class _StepMode(TorchDispatchMode):
         # step (the profile-only steps timed the eager model). Compiled code's ops are
         # also what the ET records of it.
         return True
+
+    def see(self, func, args: tuple, kwargs: dict) -> None:  # noqa: ANN001
+        """Look at one op the step runs, before it runs."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            return func(*(self._under_mode(a) for a in args), **kwargs)
+        self.see(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _under_mode(self, value: object) -> object:
+        """A higher-order op's function argument (a branch, a loop body, a score
+        modifier), made to run its ops under this mode again, as the ET records them:
+        the op runs with the mode popped, and the ops of its bodies, which the ET holds
+        as ops of the step, would go unseen (the literals and 0-d values recorded in
+        call order would then be matched to the wrong nodes). Where another mode is
+        active, the op is tracing the function (autograd derives its backward from a
+        graph), not running it, and it runs as it is."""
+        if not callable(value) or isinstance(value, torch.Tensor):
+            return value
+
+        @functools.wraps(value)
+        def run(*args: object, **kwargs: object) -> object:
+            if _get_current_dispatch_mode() is not None:
+                return value(*args, **kwargs)
+            with self:
+                return value(*args, **kwargs)
+
+        return run
 
 
 class _ScalarRecorder(_StepMode):
@@ -378,14 +415,12 @@ class _ScalarRecorder(_StepMode):
     def next_step(self) -> None:
         self.steps.append([])
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
+    def see(self, func, args: tuple, kwargs: dict) -> None:  # noqa: ANN001
         with suppress(Exception):  # recording never fails the step it watches
             if func.name() in oprules.ASSIGNED_LITERALS:  # aten::lift_fresh
                 self.steps[-1].append(_literal_values(args[0]))
             if len(self.steps) == 1:
                 self._record(func, args, kwargs)
-        return func(*args, **kwargs)
 
     def literals(self) -> list[list[float | int] | None]:
         """Each literal's values where every complete step built the same ones in the
@@ -433,11 +468,9 @@ class _SubclassProbe(_StepMode):
         super().__init__()
         self.found = False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
+    def see(self, func, args: tuple, kwargs: dict) -> None:  # noqa: ANN001
         if not self.found:
             self.found = any(_integral_subclass(a) for a in (*args, *kwargs.values()))
-        return func(*args, **kwargs)
 
 
 def _integral_subclass(value: object) -> bool:
