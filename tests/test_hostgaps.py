@@ -998,3 +998,28 @@ def test_a_collectives_completion_is_its_backends_scope_or_its_kernels_end():
     ops = [SimpleNamespace(node_id=n, comm=None if n == 4 else CommInfo("x", 0))
            for n in events]
     assert work_completions(ops, events, kineto) == {1: 95.0, 2: 80.0}  # 3: not shown
+
+
+def test_collectives_gloo_starts_after_their_thread_moved_on_complete_in_queue_order():
+    """ZeRO's broadcasts issued back to back: gloo's workers took them first in, first
+    out, after the fourth had returned, so no scope opened before the issuing thread's
+    next op, and 1 of the 4 completions was found (the last). Its scopes pair with the
+    ops in queue order, where their names agree (gloo runs a reduce-scatter as an
+    all-reduce), and an op whose work the trace does not show takes none: a scope of
+    another kind is left to the op of that kind."""
+    issued = [(1, "c10d::broadcast_"), (2, "c10d::_reduce_scatter_base_"),
+              (3, "c10d::broadcast_"), (4, "c10d::_allgather_base_")]
+    events = {n: _ev(n, name, 10.0 * n, 5.0) for n, name in issued}
+    worker = [_ev(10, "gloo:broadcast", 60.0, 10.0, tid=2),
+              _ev(11, "gloo:all_reduce", 70.0, 10.0, tid=3),
+              _ev(12, "gloo:broadcast", 80.0, 20.0, tid=2)]  # none of the all-gather
+    kineto = KinetoTrace("k", "0", sorted([*events.values(), *worker], key=lambda e: e.ts),
+                         [], [])
+    ops = [SimpleNamespace(node_id=n, comm=CommInfo("x", 0, asynchronous=True))
+           for n in events]
+    assert work_completions(ops, events, kineto) == {1: 70.0, 2: 80.0, 3: 100.0}
+    # Blocking, the first broadcast's thread waited for its work before issuing the
+    # next op: a scope opened after that is another op's, and the trace does not show
+    # this one's.
+    ops[0].comm = CommInfo("x", 0)
+    assert work_completions(ops, events, kineto) == {2: 80.0, 3: 70.0}

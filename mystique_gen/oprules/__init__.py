@@ -78,6 +78,7 @@ from mystique_gen.oprules.collectives import (
     WIRE_DTYPES,
     functional_reduces,
     reduce_op_name,
+    scope_runs_op,
     wire_form,
 )
 from mystique_gen.oprules.datadep import keeps_rows
@@ -249,6 +250,6 @@ __all__ = [
     "WINDOW_BOUNDS",
     "WINDOW_SHIFTS", "WIRE_DTYPES", "differentiable", "functional_reduces",
     "device_specific_reason", "guard_reason", "has_portable_equivalent", "merged",
-    "op_category", "reduce_op_name",
+    "op_category", "reduce_op_name", "scope_runs_op",
     "wire_form",
 ]

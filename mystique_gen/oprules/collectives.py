@@ -15,6 +15,26 @@ FUNCTIONAL_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autogra
 # The record-function scope a backend opens for its async work ("gloo:all_reduce"): it
 # closes on the backend's thread, so the ET nests later ops of the step inside it.
 ASYNC_SCOPE = re.compile(r"^(gloo|nccl|ucc|mpi|xccl|hccl):")
+
+
+# Gloo's scope of the work of some c10d ops names the algorithm it runs them with (a
+# reduce-scatter is an all-reduce there; seen on torch 2.13).
+_SCOPE_ALIASES = {"reducescatter": frozenset({"reducescatter", "allreduce"})}
+# Forms of one collective: what names the same work in a c10d op and in a scope.
+_COLLECTIVE_FORMS = re.compile(r"base|coalesced|intotensor|tensor|sparse")
+
+
+def scope_runs_op(scope: str, op: str) -> bool:
+    """Whether a backend's scope of async work (``gloo:all_gather``) can be the work of
+    a c10d op (``c10d::_allgather_base_``): their names agree, underscores, namespaces
+    and a collective's forms (base, coalesced, into-tensor, sparse) aside."""
+    def bare(name: str) -> str:
+        return _COLLECTIVE_FORMS.sub("", name.rsplit(":", 1)[-1].replace("_", "").lower())
+
+    kind = bare(op)
+    return bare(scope) in _SCOPE_ALIASES.get(kind, frozenset({kind}))
+
+
 # Bookkeeping ops of functional collectives: not collectives themselves.
 COLLECTIVE_HELPERS = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
 # Arguments that name a process group (by its recorded pg_name).

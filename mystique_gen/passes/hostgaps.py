@@ -559,7 +559,9 @@ class _WorkScopes:
     collective's on the backend's worker) and closes it when the work completes, so
     its end is when a peer's data arrived (or a peer took ours)."""
 
-    def __init__(self, events: list[CpuEvent]) -> None:
+    def __init__(self, events: list[CpuEvent], blocking: set[int] = frozenset()) -> None:
+        """`blocking`: the event indices of c10d ops whose thread waited for their work
+        (no async_op), whose work therefore started before that thread went on."""
         self.scopes: dict[tuple[object, object], list[CpuEvent]] = defaultdict(list)
         self.starts: dict[tuple[object, object], list[float]] = defaultdict(list)
         for e in events:  # (sorted by start)
@@ -569,29 +571,75 @@ class _WorkScopes:
                 self.scopes[(e.pid, None)].append(e)
         for scopes in self.scopes.values():
             scopes.sort(key=lambda e: e.ts)
+        self.queued = self._queued_work(events, blocking)
+
+    def _own_scope(self, issued: CpuEvent) -> CpuEvent | None:
+        """The first backend scope opened on the issuing thread within the op's span
+        (a send's or recv's, or NCCL's)."""
+        found = self.scopes.get((issued.pid, issued.tid), [])
+        k = bisect_left(found, issued.ts, key=lambda e: e.ts)
+        return found[k] if k < len(found) and found[k].ts <= issued.end else None
+
+    def _queued_work(self, events: list[CpuEvent], blocking: set[int]
+                     ) -> dict[int, CpuEvent]:
+        """Each c10d op's scope on the backend's worker threads (event index -> scope),
+        paired in queue order. Gloo queues a collective's work and its workers take it
+        first in, first out; on a busy host they start it after the issuing thread has
+        issued the next ones (ZeRO's four broadcasts issued back to back, their scopes
+        opened one after another after the fourth returned), so no scope opens within
+        an op's span or before its thread's next event. Per process, the ops (those
+        without a scope of their own on their thread), in issue order, each take the
+        first scope not yet taken, on a thread that issues no c10d op, that opened
+        after the op and whose name agrees (gloo runs a reduce-scatter as an
+        all-reduce); a blocking op's thread waited for its work, so its scope opened
+        before that thread went on, or the trace does not show its work."""
+        ops: dict[object, list[CpuEvent]] = defaultdict(list)
+        issuing: set[tuple[object, object]] = set()
+        for e in events:
+            if e.name.startswith("c10d::"):
+                issuing.add((e.pid, e.tid))
+                if self._own_scope(e) is None:
+                    ops[e.pid].append(e)
+        paired: dict[int, CpuEvent] = {}
+        taken: set[int] = set()
+        for pid, issued in ops.items():
+            workers = [s for s in self.scopes.get((pid, None), [])
+                       if (pid, s.tid) not in issuing]
+            for op in sorted(issued, key=lambda e: e.ts):
+                latest = self._resumed(op) if op.index in blocking else float("inf")
+                for scope in workers[bisect_left(workers, op.ts, key=lambda e: e.ts):]:
+                    if scope.ts > latest:
+                        break
+                    if scope.index not in taken \
+                            and oprules.scope_runs_op(scope.name, op.name):
+                        paired[op.index] = scope
+                        taken.add(scope.index)
+                        break
+        return paired
+
+    def _resumed(self, issued: CpuEvent) -> float:
+        """When the op's thread began its next event (inf where none)."""
+        own = self.starts.get((issued.pid, issued.tid), [])
+        j = bisect_left(own, issued.end)
+        return own[j] if j < len(own) else float("inf")
 
     def completed(self, issued: CpuEvent) -> float | None:
         """When the work a c10d op (its linked event `issued`) started completed: the
-        end of the first backend scope opened on its thread within its span, else of
-        the first opened on another thread of its process after it began and before
-        its thread's next event (gloo runs a collective's work, ``gloo:all_reduce``, on
-        its worker, which on a busy host picks it up after the op returned; a blocking
-        call's thread waits for it, so it starts before the thread goes on); None if
-        none."""
-        found = self.scopes.get((issued.pid, issued.tid), [])
-        k = bisect_left(found, issued.ts, key=lambda e: e.ts)
-        if k < len(found) and found[k].ts <= issued.end:
-            return found[k].end
-        own = self.starts.get((issued.pid, issued.tid), [])
-        j = bisect_left(own, issued.end)
-        resumed = own[j] if j < len(own) else float("inf")
-        found = self.scopes.get((issued.pid, None), [])
-        for scope in found[bisect_left(found, issued.ts, key=lambda e: e.ts):]:
-            if scope.ts > resumed:
-                break
-            if scope.tid != issued.tid:
-                return scope.end
-        return None
+        end of the first backend scope opened on its thread within its span (a send's
+        or recv's, NCCL's), else of its scope on the backend's worker (gloo runs a
+        collective's work, ``gloo:all_reduce``, there, :meth:`_queued_work`); None if
+        the trace shows neither."""
+        own_scope = self._own_scope(issued)
+        if own_scope is not None:
+            return own_scope.end
+        queued = self.queued.get(issued.index)
+        return queued.end if queued is not None else None
+
+
+def _blocking(ops: list[Op], events: dict[int, CpuEvent]) -> set[int]:
+    """The linked events of the communication ops whose thread waited for their work."""
+    return {events[op.node_id].index for op in ops
+            if op.comm is not None and not op.comm.asynchronous and op.node_id in events}
 
 
 def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
@@ -610,7 +658,7 @@ def remove_peer_waits(program: Program, events: dict[int, CpuEvent],
     as none). Measured in the linked step, with the gap
     ``host_gaps`` measures there (``serial`` as it does); a median gap from several
     steps is cut to that host time where it exceeds it."""
-    work = _WorkScopes(kineto.cpu_ops)
+    work = _WorkScopes(kineto.cpu_ops, _blocking(program.ops, events))
     # Per replay thread: (issue end, completion) of its async comms not yet complete
     # at its latest gap (gap starts only grow on a thread, so the rest are dropped).
     issued: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
@@ -645,7 +693,7 @@ def work_completions(ops: list[Op], events: dict[int, CpuEvent], kineto: KinetoT
     :meth:`_WorkScopes.completed`), else the end of the last device activity launched
     within the op (NCCL's kernel); ops whose completion the trace does not show are
     left out."""
-    work = _WorkScopes(kineto.cpu_ops)
+    work = _WorkScopes(kineto.cpu_ops, _blocking(ops, events))
     device_end = {g.correlation: g.ts + g.dur for g in kineto.gpu}
     launches: dict[object, list[tuple[float, int]]] = defaultdict(list)
     for r in kineto.runtime:  # (sorted by start)
