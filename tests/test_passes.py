@@ -11,7 +11,7 @@ import torch
 
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import build_program, generate
-from mystique_gen.errors import TraceError
+from mystique_gen.errors import OptionError, TraceError
 from mystique_gen.ir import (
     DerivedView,
     FreshStorage,
@@ -25,6 +25,7 @@ from mystique_gen.ir import (
     iter_tensors,
 )
 from mystique_gen.ir.schema import parse_signature
+from mystique_gen.options import BuildOptions
 from mystique_gen.passes import kernels
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops, sparse_tensors
@@ -1583,11 +1584,14 @@ def test_an_op_without_a_kernel_for_every_device_is_guarded():
         "backend-specific kernel, with a portable equivalent")
 
 
-def test_an_et_of_several_unmarked_steps_says_they_replay_as_one_iteration(tmp_path):
+def test_an_et_of_several_unmarked_steps_replays_one_optimizer_step(tmp_path):
     """An observer started and stopped by hand around three optimizer steps marks no
-    ProfilerStep#N: the three replay as one iteration, three steps long, which the
-    header said nothing of (an MLP's iteration read 1.5x its eager step). One step,
-    or steps marked, need no note."""
+    ProfilerStep#N: the three replayed as one iteration, three steps long (an MLP's
+    iteration read 1.5x its eager step). An iteration now runs from the end of one
+    optimizer step to the end of the next, as ``mystique-gen capture`` cuts a step;
+    the second by default (the first may begin before the observer did, or hold the
+    optimizer's lazy initialisation), any with --iteration K, all with --iteration
+    all, which says they replay as one."""
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.Adam(model.parameters())
     x = torch.randn(2, 4)
@@ -1598,11 +1602,79 @@ def test_an_et_of_several_unmarked_steps_says_they_replay_as_one_iteration(tmp_p
             opt.step()
             opt.zero_grad()
 
-    three = record_et(lambda: steps(3), tmp_path / "three.json")
-    notes = " ".join(" ".join(n.split()) for n in build_program(load_trace(three)).notes)
-    assert "the trace holds 3 steps of optimizer Adam and marks none" in notes
-    one = record_et(lambda: steps(1), tmp_path / "one.json")
-    assert not any("steps of optimizer" in n for n in build_program(load_trace(one)).notes)
+    def kept(trace, iteration: str) -> tuple[Counter, str]:
+        program = build_program(trace, options=BuildOptions(iteration=iteration))
+        notes = " ".join(" ".join(n.split()) for n in program.notes)
+        return Counter(op.name for op in program.ops), notes
+
+    steps(1)  # the optimizer's state is made in its first step
+    one = load_trace(record_et(lambda: steps(1), tmp_path / "one.json"))
+    step, notes = kept(one, "auto")
+    assert step["aten::mm"] >= 1 and "marks no ProfilerStep" not in notes
+    three = load_trace(record_et(lambda: steps(3), tmp_path / "three.json"))
+    for iteration in ("auto", "1", "2", "3"):
+        ops, notes = kept(three, iteration)
+        assert ops == step, iteration  # forward, backward, the update: one step's
+        assert "marks no ProfilerStep" not in notes
+    everything, notes = kept(three, "all")
+    assert everything == Counter({k: 3 * v for k, v in step.items()})
+    assert "the trace holds 3 optimizer steps and marks no ProfilerStep#N" in notes
+    with pytest.raises(OptionError, match="its optimizer steps make 3 iterations: 1 to 3"):
+        kept(three, "4")
+
+
+def test_unmarked_iterations_end_where_the_last_optimizer_of_a_cycle_steps(tmp_path):
+    """A GAN's two Adams share the optimizer's name: told apart by the tensors they
+    update, an iteration ends at the generator's step (the one that first steps
+    last), each holding both updates; a critic's three steps per generator step are
+    inside one iteration."""
+    gen, disc = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    opt_g = torch.optim.Adam(gen.parameters())
+    opt_d = torch.optim.Adam(disc.parameters())
+    z = torch.randn(2, 4)
+
+    def iterations(count: int, critic_steps: int) -> None:
+        for _ in range(count):
+            for _ in range(critic_steps):
+                disc(gen(z).detach()).mean().backward()
+                opt_d.step()
+                opt_d.zero_grad()
+            (-disc(gen(z)).mean()).backward()
+            opt_g.step()
+            opt_g.zero_grad()
+
+    for critic_steps in (1, 3):
+        trace = load_trace(record_et(lambda c=critic_steps: iterations(3, c),
+                                     tmp_path / f"gan{critic_steps}.json"))
+        program = build_program(trace)
+        filters = " ".join(" ".join(line.split()) for line in program.filters)
+        assert "iteration 2 of 3, up to the end of every 2 optimizer steps" in filters \
+            if critic_steps == 1 else "of every 4 optimizer steps" in filters, filters
+        updates = Counter(op.name for op in program.ops)["aten::addcdiv_"]
+        single = load_trace(record_et(lambda c=critic_steps: iterations(1, c),
+                                      tmp_path / f"one{critic_steps}.json"))
+        assert updates == Counter(op.name for op in build_program(single).ops)[
+            "aten::addcdiv_"] > 0
+
+
+def test_unmarked_steps_whose_ops_differ_replay_as_one_iteration(tmp_path):
+    """Steps whose ops differ (a batch that changes the path the step takes) repeat no
+    iteration to cut: they replay whole, and the header says why."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def steps() -> None:
+        for k in range(3):
+            out = model(torch.randn(2, 4))
+            (out.relu() if k % 2 else out.tanh()).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    program = build_program(load_trace(record_et(steps, tmp_path / "differ.json")))
+    assert program.filters == []
+    notes = " ".join(" ".join(n.split()) for n in program.notes)
+    assert "the trace holds 3 optimizer steps and marks no ProfilerStep#N" in notes
+    assert "their ops differ from step to step" in notes
 
 
 SDPA = ("aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "

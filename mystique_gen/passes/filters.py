@@ -17,7 +17,9 @@ being in start order -- belong to it too, so a step keeps its backward pass.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from mystique_gen import oprules
 from mystique_gen.errors import OptionError, TraceError
@@ -109,6 +111,11 @@ def filter_selection(trace: RawTrace, selection: Selection, options: BuildOption
                            for a in tree.ancestors(node.id))
 
         apply(label, lambda n: tree.within(anchor, n, no_step_around))
+    elif not steps(trace):
+        between = _optimizer_step(tree, ops, options.iteration)
+        if between is not None:
+            (after, last), label = between
+            apply(label, lambda n: after < n.id <= last)
     if options.subgraph is not None:
         around = _annotation(tree, ops, options.subgraph)
         apply(f"subgraph {options.subgraph!r}: {around.name!r} (node {around.id})",
@@ -184,28 +191,109 @@ def node_steps(trace: RawTrace) -> dict[int, int]:
     return found
 
 
+@dataclass(frozen=True)
+class OptimizerIterations:
+    """Iterations of a trace that marks no ``ProfilerStep#N``, cut where optimizer
+    steps end: each ends with the ``per_iteration``-th of the outermost optimizer
+    steps since the previous one (a GAN's discriminator and generator: 2)."""
+
+    ends: list[int]  # the largest node id of each iteration, in order
+    per_iteration: int
+    last_name: str  # the optimizer whose step ends the first iteration
+
+    def describe(self, k: int) -> str:
+        each = (f"optimizer {self.last_name}'s step" if self.per_iteration == 1 else
+                f"every {self.per_iteration} optimizer steps ({self.last_name}'s last)")
+        return f"iteration {k} of {len(self.ends)}, up to the end of {each} {k}"
+
+
+def optimizer_iterations(tree: _Tree, ops: list[Selected]) -> OptimizerIterations | None:
+    """Where the kept ops lie under several optimizer steps (``Optimizer.step#...``
+    annotations, the outermost: a wrapper's step holds its inner optimizer's), the
+    iterations they make: an iteration ends with an optimizer step, as
+    ``mystique-gen capture`` cuts a step, and holds the fewest steps after which the
+    iterations repeat, the same ops in each (the first aside, which may hold the
+    optimizer's lazy initialisation, compared only where there are two): one step of
+    one optimizer, a GAN's discriminator's and generator's, or a critic's several
+    and its generator's. None where no such repetition shows (a two-step trace whose
+    steps differ, or routing that changes the ops every step)."""
+    ordered = _outer_optimizer_steps(tree, ops)
+    if len(ordered) < 2:
+        return None
+    by_id = sorted((sel.node.id, sel.node.name) for sel in ops)
+    for per in range(1, len(ordered) // 2 + 1):
+        ends = [tree.span_end(a) for a in ordered[per - 1::per]]
+        held: list[Counter[str]] = []
+        after = -1
+        for last in ends:
+            held.append(Counter(name for nid, name in by_id if after < nid <= last))
+            after = last
+        compared = held[1:] if len(held) > 2 else held
+        if all(c == compared[0] for c in compared):
+            first = OPTIMIZER_STEP_RE.fullmatch(tree.by_id[ordered[per - 1]].name)
+            return OptimizerIterations(ends, per, first.group(1) if first else "?")
+    return None
+
+
+def _outer_optimizer_steps(tree: _Tree, ops: list[Selected]) -> list[int]:
+    """The ids of the outermost ``Optimizer.step#...`` annotations above the ops."""
+    found: set[int] = set()
+    for sel in ops:
+        for a in tree.ancestors(sel.node.id):
+            node = tree.by_id[a]
+            if OPTIMIZER_STEP_RE.fullmatch(node.name) and not node.op_schema and not any(
+                    OPTIMIZER_STEP_RE.fullmatch(tree.by_id[b].name)
+                    for b in tree.ancestors(a)):
+                found.add(a)
+    return sorted(found)
+
+
+def _optimizer_step(tree: _Tree, ops: list[Selected], iteration: str
+                    ) -> tuple[tuple[int, int], str] | None:
+    """Where a trace marks no ``ProfilerStep#N`` but its ops make iterations by their
+    optimizer steps (an observer started and stopped by hand around a loop,
+    :func:`optimizer_iterations`): the node ids of the iteration to keep,
+    ``(after, last]``, and its description; None to keep every op. By default the
+    second: the first may have begun before the observer did, or run the optimizer's
+    lazy initialisation of its state; the second is whole and warm."""
+    if iteration == "all":
+        return None
+    found = optimizer_iterations(tree, ops)
+    if found is None:
+        if iteration == "auto":
+            return None
+        raise OptionError(f"--iteration {iteration}: the trace has no ProfilerStep#N "
+                          "annotations and no optimizer steps that repeat (use "
+                          "--subgraph for other annotations)")
+    wanted = 2 if iteration == "auto" else int(iteration)
+    if not 1 <= wanted <= len(found.ends):
+        raise OptionError(f"--iteration {wanted}: the trace marks no ProfilerStep#N, and "
+                          f"its optimizer steps make {len(found.ends)} iterations: 1 to "
+                          f"{len(found.ends)}")
+    after = found.ends[wanted - 2] if wanted >= 2 else -1
+    why = ("default: the first after a whole one; --iteration all keeps them all"
+           if iteration == "auto" else "--iteration")
+    return (after, found.ends[wanted - 1]), (
+        f"{found.describe(wanted)} (the trace marks no ProfilerStep#N; {why})")
+
+
 def unmarked_steps(trace: RawTrace, selection: Selection) -> str | None:
-    """A note where the kept ops hold several steps of one optimizer and the trace
-    marks no ``ProfilerStep#N`` (an observer started and stopped by hand around N
-    steps): they all replay in one iteration, which is then N steps long, and no
-    --iteration can pick one."""
+    """A note where the kept ops lie under several optimizer steps and the trace marks
+    no ``ProfilerStep#N`` (an observer started and stopped by hand around a loop,
+    kept whole with --iteration all, or whose steps do not repeat): they all replay
+    in one iteration."""
     if steps(trace):
         return None
     tree = _Tree(trace)
-    counts: dict[str, set[int]] = {}
-    for sel in selection.ops:
-        for a in tree.ancestors(sel.node.id):
-            m = OPTIMIZER_STEP_RE.fullmatch(tree.by_id[a].name)
-            if m and not tree.by_id[a].op_schema:
-                counts.setdefault(m.group(1), set()).add(a)
-    if not counts:
+    count = len(_outer_optimizer_steps(tree, selection.ops))
+    if count < 2:
         return None
-    name, found = max(counts.items(), key=lambda kv: len(kv[1]))
-    if len(found) < 2:
-        return None
-    return (f"the trace holds {len(found)} steps of optimizer {name} and marks none "
-            "(no ProfilerStep#N): they replay as one iteration, and iteration times are "
-            f"of {len(found)} steps (record one step, or keep fewer ops with --max-ops)")
+    found = optimizer_iterations(tree, selection.ops)
+    cut = (f"--iteration K keeps the K-th of the {len(found.ends)} iterations they make"
+           if found is not None else
+           "their ops differ from step to step, so no iteration is cut from them")
+    return (f"the trace holds {count} optimizer steps and marks no ProfilerStep#N: they "
+            f"replay as one iteration ({cut})")
 
 
 def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
@@ -239,8 +327,7 @@ def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
             return node, number, \
                 f"iteration ProfilerStep#{number} (of {len(found)} steps {listing})"
     if not found:
-        raise OptionError(f"--iteration {wanted}: {trace.name} has no ProfilerStep#N "
-                          "annotations (use --subgraph for other annotations)")
+        return None  # iterations by optimizer steps, if any (_optimizer_step)
     raise OptionError(f"--iteration {wanted}: {trace.name} has no ProfilerStep#{wanted}; "
                       f"it has {listing}")
 
