@@ -25,7 +25,7 @@ from mystique_gen import oprules
 from mystique_gen.errors import OptionError, TraceError
 from mystique_gen.options import BuildOptions
 from mystique_gen.passes.select import Selected, Selection, is_root
-from mystique_gen.sources.et import RawNode, RawTrace
+from mystique_gen.sources.et import RawNode, RawTrace, raw_storage_ids
 from mystique_gen.sources.kineto import KinetoTrace
 
 STEP_RE = re.compile(r"ProfilerStep#(\d+)")
@@ -213,15 +213,19 @@ def optimizer_iterations(tree: _Tree, ops: list[Selected]) -> OptimizerIteration
     iterations they make: an iteration ends with an optimizer step, as
     ``mystique-gen capture`` cuts a step, and holds the fewest steps after which the
     iterations repeat, the same ops in each (the first aside, which may hold the
-    optimizer's lazy initialisation, compared only where there are two): one step of
-    one optimizer, a GAN's discriminator's and generator's, or a critic's several
-    and its generator's. None where no such repetition shows (a two-step trace whose
-    steps differ, or routing that changes the ops every step)."""
+    optimizer's lazy initialisation, compared only where there are two), all the
+    steps in whole iterations: one step of one optimizer, a GAN's discriminator's and
+    generator's, or a critic's several and its generator's (one WGAN iteration of
+    four critic steps is not two iterations of two). None where no such repetition
+    shows (one GAN iteration, steps whose ops differ, routing that changes the ops
+    every step)."""
     ordered = _outer_optimizer_steps(tree, ops)
     if len(ordered) < 2:
         return None
     by_id = sorted((sel.node.id, sel.node.name) for sel in ops)
     for per in range(1, len(ordered) // 2 + 1):
+        if len(ordered) % per:  # whole iterations, or a critic's steps would be one
+            continue
         ends = [tree.span_end(a) for a in ordered[per - 1::per]]
         held: list[Counter[str]] = []
         after = -1
@@ -278,22 +282,62 @@ def _optimizer_step(tree: _Tree, ops: list[Selected], iteration: str
 
 
 def unmarked_steps(trace: RawTrace, selection: Selection) -> str | None:
-    """A note where the kept ops lie under several optimizer steps and the trace marks
-    no ``ProfilerStep#N`` (an observer started and stopped by hand around a loop,
-    kept whole with --iteration all, or whose steps do not repeat): they all replay
-    in one iteration."""
+    """A note where the kept ops hold several steps of every optimizer and the trace
+    marks no ``ProfilerStep#N`` (an observer started and stopped by hand around a
+    loop, kept whole with --iteration all, or whose steps do not repeat): they all
+    replay in one iteration, which is then that many steps long.
+
+    Optimizers are told apart by the tensors their steps update in place (their
+    parameters and state), not by class alone: one iteration of a GAN steps its
+    discriminator's Adam and its generator's once each (a WGAN's critic several
+    times), and is one step."""
     if steps(trace):
         return None
     tree = _Tree(trace)
-    count = len(_outer_optimizer_steps(tree, selection.ops))
-    if count < 2:
+    outer = _outer_optimizer_steps(tree, selection.ops)
+    # Each optimizer steps at least once an iteration (a critic several times).
+    iterations = min(_steps_per_optimizer(tree, selection.ops, outer), default=0)
+    if iterations < 2:
         return None
     found = optimizer_iterations(tree, selection.ops)
     cut = (f"--iteration K keeps the K-th of the {len(found.ends)} iterations they make"
            if found is not None else
            "their ops differ from step to step, so no iteration is cut from them")
-    return (f"the trace holds {count} optimizer steps and marks no ProfilerStep#N: they "
-            f"replay as one iteration ({cut})")
+    return (f"the trace holds {iterations} steps of each optimizer and marks no "
+            f"ProfilerStep#N: they replay as one iteration ({cut})")
+
+
+def _steps_per_optimizer(tree: _Tree, ops: list[Selected], outer: list[int]) -> list[int]:
+    """How many of the optimizer steps ``outer`` each optimizer took, the steps of one
+    optimizer being those of one class that update mostly the same storages."""
+    updated: dict[int, set[int]] = {a: set() for a in outer}
+    for sel in ops:
+        step = next((a for a in tree.ancestors(sel.node.id) if a in updated), None)
+        op = sel.node.name.rsplit("::", 1)[-1].split(".", 1)[0]
+        if step is not None and sel.node.inputs and op.endswith("_") \
+                and not op.endswith("__"):  # in place: its first argument's storages
+            updated[step].update(raw_storage_ids(sel.node.inputs[0]))
+    optimizers: list[tuple[str, set[int], list[int]]] = []
+    for a in outer:
+        name = tree.by_id[a].name
+        same = next((o for o in optimizers
+                     if o[0] == name and _mostly_shared(o[1], updated[a])), None)
+        if same is None:
+            optimizers.append((name, set(updated[a]), [a]))
+        else:
+            same[1].update(updated[a])
+            same[2].append(a)
+    return [len(steps) for _, _, steps in optimizers]
+
+
+def _mostly_shared(a: set[int], b: set[int]) -> bool:
+    """Whether two optimizer steps update mostly the same storages: those of one
+    optimizer do, two optimizers' share at most a few temporaries whose freed storage
+    ids the recorder handed out again; steps whose updates were not recorded are taken
+    for one optimizer's."""
+    if not a or not b:
+        return True
+    return 2 * len(a & b) > min(len(a), len(b))
 
 
 def _step(trace: RawTrace, tree: _Tree, ops: list[Selected], iteration: str,
