@@ -17,6 +17,7 @@ being in start order -- belong to it too, so a step keeps its backward pass.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -223,33 +224,33 @@ def optimizer_iterations(tree: _Tree, ops: list[Selected]) -> OptimizerIteration
     if len(ordered) < 2:
         return None
     by_id = sorted((sel.node.id, sel.node.name) for sel in ops)
+    ids = [nid for nid, _ in by_id]
     for per in range(1, len(ordered) // 2 + 1):
         if len(ordered) % per:  # whole iterations, or a critic's steps would be one
             continue
-        ends = [tree.span_end(a) for a in ordered[per - 1::per]]
-        held: list[Counter[str]] = []
-        after = -1
-        for last in ends:
-            held.append(Counter(name for nid, name in by_id if after < nid <= last))
-            after = last
+        ends = [tree.span_end(a) for a, _ in ordered[per - 1::per]]
+        bounds = [bisect_right(ids, end) for end in ends]
+        held = [Counter(name for _, name in by_id[lo:hi])
+                for lo, hi in zip([0, *bounds], bounds, strict=False)]
         compared = held[1:] if len(held) > 2 else held
         if all(c == compared[0] for c in compared):
-            first = OPTIMIZER_STEP_RE.fullmatch(tree.by_id[ordered[per - 1]].name)
-            return OptimizerIterations(ends, per, first.group(1) if first else "?")
+            return OptimizerIterations(ends, per, ordered[per - 1][1])
     return None
 
 
-def _outer_optimizer_steps(tree: _Tree, ops: list[Selected]) -> list[int]:
-    """The ids of the outermost ``Optimizer.step#...`` annotations above the ops."""
-    found: set[int] = set()
+def _outer_optimizer_steps(tree: _Tree, ops: list[Selected]) -> list[tuple[int, str]]:
+    """The outermost ``Optimizer.step#NAME.step`` annotations above the ops: (id,
+    NAME), in order."""
+    found: dict[int, str] = {}
     for sel in ops:
         for a in tree.ancestors(sel.node.id):
             node = tree.by_id[a]
-            if OPTIMIZER_STEP_RE.fullmatch(node.name) and not node.op_schema and not any(
+            m = OPTIMIZER_STEP_RE.fullmatch(node.name)
+            if m and not node.op_schema and not any(
                     OPTIMIZER_STEP_RE.fullmatch(tree.by_id[b].name)
                     for b in tree.ancestors(a)):
-                found.add(a)
-    return sorted(found)
+                found[a] = m.group(1)
+    return sorted(found.items())
 
 
 def _optimizer_step(tree: _Tree, ops: list[Selected], iteration: str
@@ -307,10 +308,11 @@ def unmarked_steps(trace: RawTrace, selection: Selection) -> str | None:
             f"ProfilerStep#N: they replay as one iteration ({cut})")
 
 
-def _steps_per_optimizer(tree: _Tree, ops: list[Selected], outer: list[int]) -> list[int]:
+def _steps_per_optimizer(tree: _Tree, ops: list[Selected],
+                         outer: list[tuple[int, str]]) -> list[int]:
     """How many of the optimizer steps ``outer`` each optimizer took, the steps of one
     optimizer being those of one class that update mostly the same storages."""
-    updated: dict[int, set[int]] = {a: set() for a in outer}
+    updated: dict[int, set[int]] = {a: set() for a, _ in outer}
     for sel in ops:
         step = next((a for a in tree.ancestors(sel.node.id) if a in updated), None)
         op = sel.node.name.rsplit("::", 1)[-1].split(".", 1)[0]
@@ -318,8 +320,7 @@ def _steps_per_optimizer(tree: _Tree, ops: list[Selected], outer: list[int]) -> 
                 and not op.endswith("__"):  # in place: its first argument's storages
             updated[step].update(raw_storage_ids(sel.node.inputs[0]))
     optimizers: list[tuple[str, set[int], list[int]]] = []
-    for a in outer:
-        name = tree.by_id[a].name
+    for a, name in outer:
         same = next((o for o in optimizers
                      if o[0] == name and _mostly_shared(o[1], updated[a])), None)
         if same is None:
