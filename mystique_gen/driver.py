@@ -99,7 +99,7 @@ from mystique_gen.passes.values import (
     recorded_values,
     resources_dir,
 )
-from mystique_gen.sources.et import RawTrace, load_trace
+from mystique_gen.sources.et import RawTrace, load_trace, unfinished_note
 from mystique_gen.sources.jsonstream import document_kind
 from mystique_gen.sources.kineto import (
     KinetoTrace,
@@ -347,6 +347,8 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume, sparse=sparse)
     rename_storages(ops, lifetimes, k, names)
     part_notes = [several] if several else []
+    if trace.cut is not None:
+        part_notes.append(unfinished_note(trace))
     numbers = replay_wrapped_numbers(ops, recorded)
     if numbers:
         part_notes.append(f"{numbers} wrapped Python numbers (0-d tensor arguments whose "

@@ -82,16 +82,46 @@ def test_empty_file(tmp_path, capsys):
     assert_refused(tmp_path, write(tmp_path, b""), capsys, "truncated JSON")
 
 
+def _nodes_last(doc: dict[str, Any]) -> str:
+    """The document as the observer writes it: its header fields, then the node list."""
+    return json.dumps({k: v for k, v in doc.items() if k != "nodes"} | {"nodes": doc["nodes"]},
+                      indent=1)
+
+
 def test_truncated_json(tmp_path, capsys):
-    data = json.dumps(base_doc()).encode()
-    for cut in (len(data) // 3, len(data) // 2, len(data) - 1):
-        assert_refused(tmp_path, write(tmp_path, data[:cut]), capsys, "truncated JSON")
+    """Cut before the first whole node (in the header, or inside the first node)."""
+    text = _nodes_last(base_doc())
+    first = text.index('"nodes"')
+    for cut in (first // 2, first + 20):
+        assert_refused(tmp_path, write(tmp_path, text[:cut].encode()), capsys,
+                       "truncated JSON")
 
 
 def test_truncated_gzip(tmp_path, capsys):
-    data = gzip.compress(json.dumps(base_doc()).encode())
-    trace = write(tmp_path, data[: len(data) // 2], "t.json.gz")
-    assert_refused(tmp_path, trace, capsys, "gzip")
+    data = gzip.compress(_nodes_last(base_doc()).encode())
+    trace = write(tmp_path, data[:30], "t.json.gz")
+    assert_refused(tmp_path, trace, capsys, "truncated gzip data")
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_trace_cut_inside_its_node_list_is_read_as_far_as_it_goes(tmp_path, capsys,
+                                                                    compressed):
+    """The observer finishes its file when it is unregistered: a process that ends
+    first (killed after the step, ``os._exit``) leaves a node list without its end, and
+    the trace was refused ("truncated JSON"). Its whole nodes are read, and stderr and
+    the header say what is missing; the same where gzip data ends early."""
+    text = _nodes_last(base_doc())
+    whole = text.rindex("}", 0, text.rindex("]")) + 1  # after the last node's end
+    for cut in (len(text) - 1, whole):  # the document's end, the node list's end
+        data = text[:cut].encode()
+        data = gzip.compress(data)[:-8] if compressed else data  # (no gzip trailer)
+        trace = write(tmp_path, data, "t.json.gz" if compressed else "t.json")
+        rc, err, out = generate(tmp_path, trace, capsys)
+        assert rc == 0, err
+        said = [line for line in err if "ends inside its node list" in line]
+        assert len(said) == 1, err
+        assert re.search(r"its (\d+) whole nodes are read", said[0])
+        assert "ends inside its node list" in " ".join(out.read_text().split())
 
 
 def test_corrupt_gzip(tmp_path, capsys):

@@ -148,6 +148,8 @@ class RawTrace:
     # tensors (a SparseTensors; typed loosely: sources import no pass).
     subclass_dispatched: set[int] | None = None
     storageless: Any = None
+    # The file ended inside its node list, after this many whole nodes (None: whole).
+    cut: int | None = None
     # Device activity (kernels, copies) that Chakra's trace_link linked into the trace,
     # below the ops that launched them; not ops (sources/kineto.py linked_kineto).
     device_nodes: list[RawNode] = field(default_factory=list)
@@ -215,8 +217,8 @@ def load_trace(path: str | Path,
         with open(path, "rb") as f:
             reader = HashingReader(f)
             _progress.phase(f"reading {path.name[:24]}", os.fstat(f.fileno()).st_size)
-            doc, streamed = JsonStream(reader, path.name, progress or _progress.advance
-                                       ).document(lambda obj, i: nodes.append(_node(obj, i)))
+            stream = JsonStream(reader, path.name, progress or _progress.advance)
+            doc, streamed = stream.document(lambda obj, i: nodes.append(_node(obj, i)))
             reader.drain()
     except OSError as exc:
         raise TraceError(f"cannot read {path.name}: {exc.strerror or exc}") from None
@@ -224,7 +226,19 @@ def load_trace(path: str | Path,
     sha256 = reader.sha256.hexdigest()
     if not streamed:
         return trace_from_document(doc, name=path.name, sha256=sha256)
-    return _assemble(doc, nodes, path.name, sha256)
+    trace = _assemble(doc, nodes, path.name, sha256)
+    if stream.cut is not None:
+        trace.cut = stream.cut
+        warnings.warn(unfinished_note(trace), stacklevel=2)
+    return trace
+
+
+def unfinished_note(trace: RawTrace) -> str:
+    """What an execution trace whose file ends inside its node list holds."""
+    return (f"{trace.name} ends inside its node list (the process ended before the ET "
+            "observer was unregistered, which finishes the file, or the file was cut): "
+            f"its {trace.cut} whole nodes are read; ops still running when it ended, "
+            "and whatever the observer had not yet written, are not in it")
 
 
 def trace_from_document(doc: Any, *, name: str, sha256: str) -> RawTrace:

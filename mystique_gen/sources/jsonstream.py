@@ -31,6 +31,10 @@ _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
+class TruncatedJSON(TraceError):
+    """The data ended inside the document."""
+
+
 class HashingReader:
     """A binary file wrapper that hashes every byte read through it (the trace's sha256)."""
 
@@ -59,10 +63,10 @@ class JsonStream:
         self.name = name
         self.source = source
         head = source.read(2)
-        self._gzip: gzip.GzipFile | None = None
+        self._gzip: _Gunzip | None = None
         self._pending = head
         if head == b"\x1f\x8b":
-            self._gzip = gzip.GzipFile(fileobj=_Prefixed(head, source), mode="rb")
+            self._gzip = _Gunzip(_Prefixed(head, source))
             self._pending = b""
         self._text = codecs.getincrementaldecoder("utf-8-sig")()
         self.buf = ""
@@ -71,6 +75,10 @@ class JsonStream:
         self.line_base = 1  # line number of buf[0]
         self.progress = progress
         self.where = ""  # " in nodes[i]" while reading the node list
+        # Where the data ended inside the node list: how many nodes were read whole
+        # (the file of a process that ended before its observer was unregistered).
+        self.cut: int | None = None
+        self.gzip_cut = False  # the compressed stream ended before its end marker
 
     # -- buffer ---------------------------------------------------------------------
     def _read_bytes(self, size: int) -> bytes:
@@ -78,9 +86,11 @@ class JsonStream:
             data, self._pending = self._pending + self.source.read(size), b""
             return data
         try:
-            return self._gzip.read(size)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceError(f"{self.name}: corrupt or truncated gzip data ({exc})") from None
+            data = self._gzip.read(size)
+        except zlib.error as exc:
+            raise TraceError(f"{self.name}: corrupt gzip data ({exc})") from None
+        self.gzip_cut = self._gzip.cut
+        return data
 
     def fill(self, size: int | None = None) -> bool:
         """Append up to ``size`` (default CHUNK) more bytes' text; False at the end."""
@@ -157,7 +167,8 @@ class JsonStream:
         at = self.pos if at is None else at
         line = self.line_base + self.buf.count("\n", 0, min(at, len(self.buf)))
         if truncated:
-            raise TraceError(f"{self.name}: truncated JSON (ends at line {line})")
+            what = "gzip data" if self.gzip_cut else "JSON"
+            raise TruncatedJSON(f"{self.name}: truncated {what} (ends at line {line})")
         raise TraceError(f"{self.name}: not valid JSON: {what} at line {line}")
 
     # -- document ---------------------------------------------------------------------
@@ -186,35 +197,87 @@ class JsonStream:
             if key == "nodes" and "nodes" in doc:
                 raise TraceError(f"{self.name}: 'nodes' is given twice")
             if key == "nodes" and self.skip_ws() == "[":
-                self._array(on_node)
+                read = self._array(on_node)
                 doc["nodes"] = None
                 streamed = True
+                if self.cut is not None:
+                    return doc, streamed
+                try:
+                    ended = self.expect(",}", "expecting ',' or '}'") == "}"
+                except TruncatedJSON:  # the node list whole, what follows it cut
+                    self.cut = read
+                    return doc, streamed
             else:
                 doc[key] = self.value()
                 if key == "nodes":
                     streamed = False
-            if self.expect(",}", "expecting ',' or '}'") == "}":
+                ended = self.expect(",}", "expecting ',' or '}'") == "}"
+            if ended:
                 break
         self._end()
         return doc, streamed
 
-    def _array(self, on_node: Callable[[Any, int], None]) -> None:
+    def _array(self, on_node: Callable[[Any, int], None]) -> int:
+        """Hand each element of the array at the current position to ``on_node``;
+        how many. Where the data ends after one or more whole elements, ``cut`` says
+        how many were read, and the rest of the document is not."""
         self.pos += 1  # "["
         if self.skip_ws() == "]":
             self.pos += 1
-            return
+            return 0
         index = 0
         while True:
             self.where = f" in nodes[{index}]"
-            on_node(self.value(), index)
+            try:
+                node = self.value()
+            except TruncatedJSON:
+                if not index:
+                    raise
+                self.cut = index  # the nodes before are whole: the loader keeps them
+                return index
+            on_node(node, index)
             index += 1
-            if self.expect(",]", "expecting ',' or ']'") == "]":
-                self.where = ""
-                return
+            try:
+                if self.expect(",]", "expecting ',' or ']'") == "]":
+                    self.where = ""
+                    return index
+            except TruncatedJSON:
+                self.cut = index
+                return index
 
     def _end(self) -> None:
         if self.skip_ws() != "":
             self._fail("extra data after the document", truncated=False)
+
+
+class _Gunzip:
+    """Gzip data decompressed as it is read, members one after another. A stream cut
+    short (a file copied or written only in part) gives what it held, and ``cut``
+    says so: ``gzip.GzipFile`` raises at the missing end marker and drops what that
+    read had decompressed, all of a small file."""
+
+    def __init__(self, source: _Prefixed):
+        self.source = source
+        self._member = zlib.decompressobj(wbits=31)  # a gzip header and trailer
+        self._out = b""
+        self._done = False
+        self.cut = False
+
+    def read(self, size: int) -> bytes:
+        while len(self._out) < size and not self._done:
+            chunk = self.source.read(CHUNK)
+            if not chunk:
+                self._done = True
+                self.cut = not self._member.eof
+                self._out += self._member.flush()
+                break
+            self._out += self._member.decompress(chunk)
+            while self._member.eof and self._member.unused_data.strip(b"\x00"):
+                rest = self._member.unused_data  # the next member
+                self._member = zlib.decompressobj(wbits=31)
+                self._out += self._member.decompress(rest)
+        data, self._out = self._out[:size], self._out[size:]
+        return data
 
 
 class _Prefixed:
