@@ -134,6 +134,9 @@ class Source:
     # the values of 0-d floating arguments and of the literals each step built alike,
     # which the capture recorded beside the trace (step.json)
     captured: CapturedInputs = field(default_factory=CapturedInputs)
+    # Recorded as one step by `mystique-gen capture` (a step.json beside it): however
+    # many optimizer steps it holds, it is not cut into iterations.
+    one_step: bool = False
 
 
 def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
@@ -142,7 +145,7 @@ def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
     sidecar = sidecar_beside(path)
     source = Source(load_trace(path), resources_dir(path),
                     captured=CapturedInputs(scalars_of(sidecar), literals_of(sidecar)),
-                    num_threads=threads_of(sidecar))
+                    num_threads=threads_of(sidecar), one_step=bool(sidecar))
     if kineto is not None:
         link_source(source, load_kineto(kineto), kineto)
     return source
@@ -281,7 +284,8 @@ def lower_sources(program: Program, build: Build) -> Program:
     options = build.options
     names: dict[tuple[int, int, int], int] = {}
     parts = [_lower_part(k, s.trace, s.resources, options, names, build.consume,
-                         s.captured, kineto_steps(s.kineto) if k == 0 else frozenset())
+                         s.captured, kineto_steps(s.kineto) if k == 0 else frozenset(),
+                         one_step=s.one_step)
              for k, s in enumerate(build.sources)]
     lines: list[str] = []
     if len(parts) > 1:
@@ -330,16 +334,19 @@ def lower_sources(program: Program, build: Build) -> Program:
 def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildOptions,
                 names: dict[tuple[int, int, int], int], consume: bool,
                 captured: CapturedInputs | None = None,
-                profiled_steps: frozenset[int] = frozenset()) -> Part:
+                profiled_steps: frozenset[int] = frozenset(), *, one_step: bool = False
+                ) -> Part:
     """``consume``: the caller no longer needs the trace's recorded arguments, so
-    lowering may release them as it goes. ``profiled_steps``: see filter_selection."""
+    lowering may release them as it goes. ``profiled_steps``, ``one_step``: see
+    filter_selection."""
     strides = trace.records_strides  # before any recorded argument is released
     selection = select_ops(trace)
     sparse = trace_sparse_tensors(trace)  # read below ops whose arguments are released
     inner = inner_allocations(selection)
     release_covered_arguments(selection)
-    kept, lines = filter_selection(trace, selection, options, profiled_steps)
-    several = unmarked_steps(trace, kept)
+    kept, lines = filter_selection(trace, selection, options, profiled_steps,
+                                   one_step=one_step)
+    several = None if one_step else unmarked_steps(trace, kept)
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops, inner)
     recorded = recorded_values(trace, resources, captured)

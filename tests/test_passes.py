@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mystique_gen.backends.base import GenerateOptions
-from mystique_gen.driver import build_program, generate
+from mystique_gen.driver import build_program, compile_trace, generate
 from mystique_gen.errors import OptionError, TraceError
 from mystique_gen.ir import (
     DerivedView,
@@ -30,6 +30,7 @@ from mystique_gen.passes import kernels
 from mystique_gen.passes.lower import lower_ops
 from mystique_gen.passes.select import select_ops, sparse_tensors
 from mystique_gen.sources.et import RawArg, RawNode, load_trace, trace_from_document
+from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
 from tests.conftest import record_et, run_benchmark
 from tests.tracebuilder import (
@@ -1621,6 +1622,29 @@ def test_an_et_of_several_unmarked_steps_replays_one_optimizer_step(tmp_path):
     assert "the trace holds 3 steps of each optimizer and marks no ProfilerStep#N" in notes
     with pytest.raises(OptionError, match="its optimizer steps make 3 iterations: 1 to 3"):
         kept(three, "4")
+
+
+def test_a_captured_step_is_one_iteration_whatever_optimizer_steps_it_takes(tmp_path):
+    """``mystique-gen capture`` records one call of the step function: a step function
+    that steps its optimizer twice (two micro-steps a call) is one step, timed as one
+    in its step.json, and is not cut into iterations; ``compare`` keeps it whole too."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+
+    def two_updates() -> None:
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    result = capture(two_updates, tmp_path, name="two", kineto=False, timing_iters=1)
+    program = compile_trace(result.et_path)
+    assert program.filters == []
+    assert Counter(op.name for op in program.ops)["aten::add_"] >= 2  # both updates
+    assert op_multiset(result.et_path, iteration="auto") == op_multiset(result.et_path)
+    cut = build_program(load_trace(result.et_path))  # the same trace, no step.json
+    assert "iteration 2 of 2" in " ".join(cut.filters)
 
 
 def test_unmarked_iterations_end_where_the_last_optimizer_of_a_cycle_steps(tmp_path):

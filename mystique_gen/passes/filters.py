@@ -84,11 +84,14 @@ class _Tree:
 
 
 def filter_selection(trace: RawTrace, selection: Selection, options: BuildOptions,
-                     profiled_steps: frozenset[int] = frozenset()
-                     ) -> tuple[Selection, list[str]]:
+                     profiled_steps: frozenset[int] = frozenset(), *,
+                     one_step: bool = False) -> tuple[Selection, list[str]]:
     """The selection ``options`` keep, and one line per filter applied (counts of
     top-level ops before and after). ``profiled_steps``: the ``ProfilerStep#N`` numbers
-    the Kineto trace linked to this one holds, which the default step comes from."""
+    the Kineto trace linked to this one holds, which the default step comes from.
+    ``one_step``: the trace was recorded as one step (``mystique-gen capture``'s, a
+    call of the step function, whatever optimizer steps it takes), not cut into
+    iterations by its optimizer steps."""
     tree = _Tree(trace)
     ops = list(selection.ops)
     skipped = list(selection.not_replayed)
@@ -112,7 +115,7 @@ def filter_selection(trace: RawTrace, selection: Selection, options: BuildOption
                            for a in tree.ancestors(node.id))
 
         apply(label, lambda n: tree.within(anchor, n, no_step_around))
-    elif not steps(trace):
+    elif not steps(trace) and not one_step:
         between = _optimizer_step(tree, ops, options.iteration)
         if between is not None:
             (after, last), label = between

@@ -23,7 +23,7 @@ from mystique_gen.passes.filters import STEP_RE, filter_selection, kineto_steps
 from mystique_gen.passes.link import exclusive_times
 from mystique_gen.passes.select import select_ops
 from mystique_gen.sources.et import RawTrace, load_trace
-from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, load_kineto
+from mystique_gen.sources.kineto import CpuEvent, KinetoTrace, load_kineto, sidecar_beside
 
 
 def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False,
@@ -37,8 +37,10 @@ def op_multiset(trace: RawTrace | str | Path, *, by_overload: bool = False,
     raw = trace if isinstance(trace, RawTrace) else load_trace(trace)
     selection = select_ops(raw)
     if iteration is not None:
+        # A trace `mystique-gen capture` recorded is one step, as the generator takes it.
+        one_step = not isinstance(trace, RawTrace) and bool(sidecar_beside(trace))
         selection, _ = filter_selection(raw, selection, BuildOptions(iteration=iteration),
-                                        profiled_steps)
+                                        profiled_steps, one_step=one_step)
     ops = [s.node for s in selection.ops if HARNESS_SCOPE not in s.scope
            and not any(equivalent_of(scope) for scope in s.scope)]
     # A replay ran an op it could not call as its portable equivalent, in a scope that
