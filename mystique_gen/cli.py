@@ -140,9 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     parser, runner = _command(command, rest)
     args = parser.parse_args(rest)
     with warnings.catch_warnings():
-        warnings.simplefilter("default")
-        # catch_warnings restores showwarning afterwards (not formatwarning).
-        warnings.showwarning = _show_warning
+        # A captured script's warnings are its own: it runs in this process, and under
+        # these settings torch's and transformers' warnings printed as ours
+        # ("mystique-gen: warning: `torch.jit.script_method` is deprecated"), with
+        # library DeprecationWarnings shown that python hides from the script alone.
+        # (catch_warnings still undoes the script's -W filters afterwards.)
+        if command != "capture":
+            warnings.simplefilter("default")
+            # catch_warnings restores showwarning afterwards (not formatwarning).
+            warnings.showwarning = _show_warning
         try:
             with session():  # collector relaxed; a progress bar when stderr is a tty
                 return runner(args)

@@ -193,6 +193,36 @@ def test_interpreter_options_before_the_script_are_not_the_script(tmp_path, caps
     assert "python option -O is ignored" in capsys.readouterr().err
 
 
+def test_the_scripts_warnings_show_as_python_shows_them_alone(tmp_path):
+    """The script runs inside the command, whose warning settings printed a library's
+    DeprecationWarning (hidden from the script run alone) as the tool's own:
+    "mystique-gen: warning: `torch.jit.script_method` is deprecated" under a
+    transformers Trainer with torch_compile. Its warnings are python's again."""
+    _script(tmp_path / "helper.py", """
+        import warnings
+        def old_api():
+            warnings.warn("old_api is deprecated", DeprecationWarning)
+        """)
+    script = _script(tmp_path / "train.py", """
+        import warnings
+        import torch
+        import helper
+        warnings.warn("the script's own warning")
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(8):
+            helper.old_api()
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+        """)
+    done = _capture_in_a_fresh_process(tmp_path / "o", "python", script, env={})
+    assert done.returncode == 0, done.stderr
+    assert "old_api is deprecated" not in done.stderr
+    assert "UserWarning: the script's own warning" in done.stderr
+    assert "mystique-gen: warning" not in done.stderr
+
+
 def test_threads_the_stopped_script_leaves_running_do_not_hold_the_capture(tmp_path):
     """A script's own thread that is no daemon (a prefetcher its loop's end stops)
     kept the interpreter alive after the capture had stopped the script and written
