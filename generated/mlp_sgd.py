@@ -236,6 +236,7 @@ def _op_key(op):
 
 _RUNTIME = {
     "device": "cpu",
+    "saves": True,  # autograd nodes keep what they save (`_saved_tensors`)
     "host": "cpu",
     "skipped": {},
     "streams": {},

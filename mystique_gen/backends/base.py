@@ -103,6 +103,7 @@ class CodeGen:
         # file of several ranks keeps rank 0's, whose estimate REQUIRED_BYTES is).
         self.inputs_only_for: list[Node] = []
         self.grad_state: bool | None = None  # autograd mode at this point of the unit
+        self.saves_state = True  # whether ops' autograd nodes keep what they save
         self.read_roots = self._read_roots()
         self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
         self._name_inputs()
@@ -316,10 +317,21 @@ class CodeGen:
         self.grad_state = mode
         return [f"{INDENT * depth}torch.set_grad_enabled({mode})"]
 
+    def saves_lines(self, op: Op, depth: int) -> list[str]:
+        """Switch whether autograd nodes keep their saved tensors where the next op that
+        records one needs the other (``Op.keeps_saved``, passes/frees.py)."""
+        if not op.records_grad or op.keeps_saved == self.saves_state:
+            return []
+        self.saves_state = op.keeps_saved
+        return [f"{INDENT * depth}_saved_tensors({op.keeps_saved})"]
+
     def end_grad_mode(self, depth: int) -> list[str]:
-        """Leave a replay unit with autograd on, as the harness expects."""
+        """Leave a replay unit with autograd on and saving, as the harness expects."""
         lines = self.grad_mode_lines(True, depth) if self.grad_state is False else []
         self.grad_state = None
+        if not self.saves_state:
+            lines.append(f"{INDENT * depth}_saved_tensors(True)")
+            self.saves_state = True
         return lines
 
     def wait_lines(self, op: Op, depth: int = BODY_DEPTH) -> list[str]:
@@ -339,6 +351,7 @@ class CodeGen:
         caller placed them (before the op's host gap, which holds them)."""
         lines = self.wait_lines(op, depth) if waits else []
         lines += self.grad_mode_lines(op.grad_mode, depth)
+        lines += self.saves_lines(op, depth)
         if op.derive_before:
             lines.append(INDENT * depth + "with _harness():")
         for view in op.derive_before:

@@ -38,6 +38,7 @@ class Builder(Protocol):
     program: Program
     ns: Namespace
     grad_state: bool | None
+    saves_state: bool
 
     def wait_lines(self, op: Op, depth: int = 1) -> list[str]: ...
 
@@ -167,6 +168,7 @@ def _unit(b: Builder, ops: list[Op], depth: int, streams: dict[int, str], events
     current: int | None = None
     previous_scope: tuple[str, ...] | None = None
     b.grad_state = None  # grad mode is per host thread
+    b.saves_state = True  # as are saved-tensor hooks
     for op in ops:
         if op.stream != current:
             current = op.stream

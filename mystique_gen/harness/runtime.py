@@ -392,20 +392,50 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
     )
 
 
+def _keep_nothing(tensor):
+    return None
+
+
+def _never_unpacked(packed):
+    raise RuntimeError("mystique: a replayed op's saved tensor was read back")
+
+
+# Pushed by `_saved_tensors(False)`: the nodes made meanwhile keep none of the tensors
+# they save. The replay's backward runs as explicit ops, never through that graph.
+_SAVE_NOTHING = torch.autograd.graph.saved_tensors_hooks(_keep_nothing, _never_unpacked)
+
+
+def _saved_tensors(keep):
+    """Whether the autograd nodes of the next ops keep the tensors they save: not where
+    the original's freed them in the forward (activation checkpointing's pack hook,
+    save_on_cpu), which the replay's graph would hold until its backward."""
+    if keep and not _RUNTIME["saves"]:
+        _SAVE_NOTHING.__exit__(None, None, None)
+    elif not keep and _RUNTIME["saves"]:
+        _SAVE_NOTHING.__enter__()
+    _RUNTIME["saves"] = keep
+
+
 def _grads_by_autograd(forward, inputs, grads):
     """The grads of `inputs` from running `forward(*inputs)` again under autograd,
     given its outputs' grads (None where an output has none): a kernel's backward
-    where the kernel cannot run, computed by this device's portable kernels."""
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in inputs]
-        pairs = [
-            (output, grad)
-            for output, grad in zip(forward(*leaves), grads, strict=False)
-            if grad is not None
-        ]
-        return torch.autograd.grad(
-            [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True
-        )
+    where the kernel cannot run, computed by this device's portable kernels. Its own
+    graph keeps what it saves, under `_saved_tensors(False)` too."""
+    saves = _RUNTIME["saves"]
+    _saved_tensors(True)
+    try:
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in inputs]
+            pairs = [
+                (output, grad)
+                for output, grad in zip(forward(*leaves), grads, strict=False)
+                if grad is not None
+            ]
+            return torch.autograd.grad(
+                [o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True
+            )
+    finally:
+        _saved_tensors(saves)
 
 
 def _attention_grads(attend, grad_out, query, key, value, bias=None, bias_grad=False):
@@ -3031,6 +3061,7 @@ def _op_key(op):
 
 _RUNTIME = {
     "device": "cpu",
+    "saves": True,  # autograd nodes keep what they save (`_saved_tensors`)
     "host": "cpu",
     "skipped": {},
     "streams": {},
