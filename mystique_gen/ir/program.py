@@ -302,8 +302,8 @@ class Op:
     # passes/frees.py) but whose autograd history goes: the replay's forward records a
     # graph its explicit backward never consumes, which would keep every saved tensor.
     drop_history_after: list[Binding] = field(default_factory=list)
-    # False: the original freed an input this op read last, in grad mode, no later than
-    # the replay frees it, so its autograd node saved none of it (activation
+    # False: the original freed an input this op read in grad mode before the next
+    # backward began, so its autograd node saved none of it (activation
     # checkpointing's pack hook, save_on_cpu); the replay's node saves nothing either
     # (passes/frees.py). Its graph would keep the input to the backward (a checkpointed
     # MLP's peak was the unchecked one's).

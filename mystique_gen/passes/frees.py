@@ -23,9 +23,9 @@ where the original's backward released them node by node: a training step's loss
 to the end of the step with its history, as the original holds it, held every
 activation to the end (+50 % peak).
 
-An op in grad mode that reads a variable last, where the original freed it no later
-(the variable's free is not moved), saved none of it for its backward: activation
-checkpointing's pack hook kept nothing, or saved tensors went to the CPU. The replay's
+An op in grad mode that reads a variable the original freed before the next backward
+began saved none of it for its backward: activation checkpointing's pack hook kept
+nothing, or saved tensors went to the CPU. The replay's
 autograd node would save it and hold it until the graph goes, in the backward (a
 checkpointed MLP's peak replayed as the unchecked one's, +95 %): such ops replay
 saving nothing (``Op.keeps_saved``); what the explicit backward reads it holds itself.
@@ -46,6 +46,7 @@ from mystique_gen.passes.tensors import binding_key, output_paths
 from mystique_gen.sources.kineto import CpuEvent, MemoryEvent
 
 NEVER = float("inf")
+BACKWARD_SCOPE = "autograd::engine::evaluate_function"
 
 
 @dataclass(frozen=True)
@@ -192,22 +193,26 @@ def _hold(ops: list[Op], free_at: dict[int, tuple[int, int]]) -> int:
 
 
 def _save_nothing_freed(ops: list[Op], free_at: dict[int, tuple[int, int]]) -> None:
-    """Mark the ops in grad mode that read last a variable the original freed no later
-    than their replay frees it (after ``_hold``: its free stayed at its last read): their
-    autograd nodes saved none of it (module docstring)."""
-    by_index = {op.index: op for op in ops}
-    for op in ops:
+    """Mark the ops in grad mode that read a value the original freed before the next
+    backward began: their autograd nodes saved none of it (module docstring). A node
+    that saved it would have held it into that backward; a layer's local variables
+    (a decoder layer's residual) are freed at its return, after their last read."""
+    position = {op.index: k for k, op in enumerate(ops)}
+    backward = [k for k, op in enumerate(ops) if _in_backward(op)]
+    for k, op in enumerate(ops):
         if not op.records_grad:
             continue
-        for root in op.free_after:
-            producer = by_index.get(root.op_index) if isinstance(root, OpOutput) else None
-            if producer is None:
-                continue
-            freed_by = [free_at[tv.storage.index][1]
-                        for tv in iter_tensors(producer.outputs[root.path[0]])
-                        if tv.storage is not None and tv.storage.index in free_at
-                        and free_at[tv.storage.index][0] == root.op_index]
+        following = bisect.bisect_right(backward, k)
+        next_backward = backward[following] if following < len(backward) else len(ops)
+        for arg in op.args:
+            freed = [free_at[tv.storage.index][1] for tv in iter_tensors(arg.value)
+                     if tv.storage is not None and tv.storage.index in free_at]
             # Recorded frees only: without one the original may have held it longer.
-            if freed_by and max(freed_by) <= op.index:
+            if any(position.get(f, len(ops)) < next_backward for f in freed):
                 op.keeps_saved = False
                 break
+
+
+def _in_backward(op: Op) -> bool:
+    """Whether the autograd engine ran ``op`` (a node's backward)."""
+    return any(scope.startswith(BACKWARD_SCOPE) for scope in op.scope)
