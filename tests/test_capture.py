@@ -318,6 +318,34 @@ _SERVING = """
     """
 
 
+def test_a_step_that_ends_inside_inference_mode_leaves_the_script_running(tmp_path):
+    """--step-at a function the serving loop calls under ``inference_mode`` (HF's
+    ``GenerationMixin.generate``): the capture enters and leaves its dispatch modes at
+    its returns, inside that scope, whose end restores the thread's dispatch keys as
+    they were. The restored keys named a mode that was gone, and the loop's next
+    ``torch.randint(..., generator=g)`` failed "Hit Python dispatch key but no
+    arguments had PyInterpreter"."""
+    script = _script(tmp_path / "serve.py", """
+        import torch
+        model = torch.nn.Linear(8, 8)
+
+        def answer(x):
+            return model(x).relu()
+
+        g = torch.Generator().manual_seed(0)
+        for _ in range(16):
+            x = torch.randint(0, 5, (4, 8), generator=g).float()
+            with torch.inference_mode():
+                answer(x)
+        """)
+    out = tmp_path / "o"
+    assert tools_main(["capture", "-o", str(out), *_CAPTURE_ARGS, "--step-at", "answer",
+                       "--", "python", script]) == 0
+    names = [node.name for node in load_trace(out / "s.et.json").nodes]
+    assert names.count("aten::linear") == 1 and names.count("aten::randint") == 1
+    assert json.loads((out / "s.step.json").read_text()).get("complete", True)
+
+
 @pytest.mark.parametrize("step_at, linears", [
     ("serve", 2), ("Engine.step", 2), ("__main__:Engine.stats", 2),
     ("helpers:Batches.__next__", 2), ("helpers:make_batch", 2)])

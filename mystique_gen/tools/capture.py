@@ -1353,6 +1353,7 @@ class _ScriptCapture:
             handle = run.step_at.install(script_running, self.script)
             restore = _no_op
         unwatch = _watch_script_profilers(recorder)
+        unpatch_inference = _modes_survive_inference_mode()
         unwatch_spawn = _watch_spawned_processes(
             run.spawned, None if spawns_as is None else (self, spawns_as), clock)
         clock.start_probe()
@@ -1367,6 +1368,7 @@ class _ScriptCapture:
             handle()
             restore()
             unwatch()
+            unpatch_inference()
             unwatch_spawn()
         run.detach, run.undo = detach, undo
         _LIVE.append(detach)
@@ -1574,6 +1576,29 @@ def _interpreter_options(argv: list[str]) -> list[str]:
             print(f"mystique-gen: note: python option {shown} is ignored: the script runs "
                   "in the capture's own interpreter", file=sys.stderr)
     return argv
+
+
+def _modes_survive_inference_mode() -> Callable[[], None]:
+    """Keep the dispatch keys of Python modes in step with the mode stack where an
+    ``inference_mode`` scope ends: it restores the thread's dispatch key set as it was
+    when it began, and a step that ends inside it (``--step-at`` generate, called under
+    a serving loop's ``inference_mode``) enters or leaves the capture's modes there.
+    Left there, the restored set still named a mode that was gone, and the script's
+    next factory op (``torch.randint(..., generator=g)``) failed "Hit Python dispatch
+    key but no arguments had PyInterpreter"; entered there, the mode missed every op
+    after the scope. Returns the undo."""
+    cls = torch.autograd.grad_mode.inference_mode
+    original = cls.__exit__
+
+    def exit_(self: object, *exc: object) -> None:
+        original(self, *exc)
+        moded = torch._C._len_torch_dispatch_stack() > 0
+        for key in (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot):
+            if torch._C._dispatch_tls_is_dispatch_key_included(key) != moded:
+                torch._C._dispatch_tls_set_dispatch_key_included(key, moded)
+
+    cls.__exit__ = exit_  # type: ignore[method-assign]
+    return lambda: setattr(cls, "__exit__", original)
 
 
 def _watch_script_profilers(recorder: _Recorder) -> Callable[[], None]:
