@@ -115,8 +115,8 @@ def filter_selection(trace: RawTrace, selection: Selection, options: BuildOption
                            for a in tree.ancestors(node.id))
 
         apply(label, lambda n: tree.within(anchor, n, no_step_around))
-    elif not steps(trace) and not one_step:
-        between = _optimizer_step(tree, ops, options.iteration)
+    elif not steps(trace):
+        between = _optimizer_step(tree, ops, options.iteration, one_step=one_step)
         if between is not None:
             (after, last), label = between
             apply(label, lambda n: after < n.id <= last)
@@ -256,23 +256,25 @@ def _outer_optimizer_steps(tree: _Tree, ops: list[Selected]) -> list[tuple[int, 
     return sorted(found.items())
 
 
-def _optimizer_step(tree: _Tree, ops: list[Selected], iteration: str
-                    ) -> tuple[tuple[int, int], str] | None:
+def _optimizer_step(tree: _Tree, ops: list[Selected], iteration: str, *,
+                    one_step: bool = False) -> tuple[tuple[int, int], str] | None:
     """Where a trace marks no ``ProfilerStep#N`` but its ops make iterations by their
     optimizer steps (an observer started and stopped by hand around a loop,
     :func:`optimizer_iterations`): the node ids of the iteration to keep,
     ``(after, last]``, and its description; None to keep every op. By default the
     second: the first may have begun before the observer did, or run the optimizer's
-    lazy initialisation of its state; the second is whole and warm."""
+    lazy initialisation of its state; the second is whole and warm. ``one_step``: the
+    trace is one step (``mystique-gen capture``'s), not cut."""
     if iteration == "all":
         return None
-    found = optimizer_iterations(tree, ops)
+    found = None if one_step else optimizer_iterations(tree, ops)
     if found is None:
         if iteration == "auto":
             return None
+        why = ("it was captured as one step" if one_step else
+               "and no optimizer steps that repeat")
         raise OptionError(f"--iteration {iteration}: the trace has no ProfilerStep#N "
-                          "annotations and no optimizer steps that repeat (use "
-                          "--subgraph for other annotations)")
+                          f"annotations ({why}; use --subgraph for other annotations)")
     wanted = 2 if iteration == "auto" else int(iteration)
     if not 1 <= wanted <= len(found.ends):
         raise OptionError(f"--iteration {wanted}: the trace marks no ProfilerStep#N, and "
