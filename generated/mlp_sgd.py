@@ -2067,6 +2067,10 @@ def replay(inputs, device, host):
         pin_memory=False,
         memory_format=torch.preserve_format,
     )
+    relu = relu.data
+    relu_256x256 = relu_256x256.data
+    log_softmax = log_softmax.data
+    nll_loss_forward_1 = nll_loss_forward_1.data
     del nll_loss_forward
     # NllLossBackward0
     nll_loss_backward = aten_nll_loss_backward(

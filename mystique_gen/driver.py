@@ -552,12 +552,14 @@ def _unprofiled_threads(program: Program) -> int:
 
 
 def recorded_frees(program: Program, build: Build) -> Program:
-    """Frees where the original's memory events put them (passes/frees.py)."""
+    """Frees where the original's memory events put them, and no history held across a
+    backward (passes/frees.py)."""
     kineto = build.sources[0].kineto
-    if kineto is None or build.links is None or not kineto.memory:
-        return program
-    held = frees.follow_recorded_frees(program, build.links.events, kineto.memory)
-    if not held:
+    held = 0
+    if kineto is not None and build.links is not None and kineto.memory:
+        held = frees.follow_recorded_frees(program, build.links.events, kineto.memory)
+    frees.drop_history_at_backward(program)
+    if not held or kineto is None:
         return program
     return replace(program, diagnostics=program.diagnostics + [note(
         f"frees as recorded: {held} values are held past their last read until the op "
