@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -33,6 +34,29 @@ _CAPTURE_ARGS = ("--name", "s", "--warmup", "1", "--timing-iters", "1", "--profi
 
 def _capture(out, *argv: str) -> int:
     return tools_main(["capture", "-o", str(out), *_CAPTURE_ARGS, "--", *argv])
+
+
+def _capture_spawning(out, capsys, *args: str) -> int:
+    """``mystique-gen capture`` (``args``: its options after ``-o``) of a script that
+    spawns its ranks on the port ``TEST_PORT`` names. A spawned rank died of a signal
+    inside torch in 2 of about 8 CI runs on a loaded host (SIGABRT, "terminate called
+    without an active exception"; SIGSEGV right after its recorded step's profiler
+    stopped), never in 16 runs here, loaded or not: such a run is retried once, on a
+    fresh port and folder, and said on the real stderr. Any other failure, or a second
+    crash, fails the test."""
+    argv = ["capture", "-o", str(out), *_CAPTURE_ARGS, *args]
+    rc = tools_main(argv)
+    if rc == 0:
+        return rc
+    err = capsys.readouterr().err
+    if "terminated with signal" not in err:
+        sys.stderr.write(err)  # for the test's own assertions and report
+        return rc
+    print(f"retrying a capture whose spawned rank crashed: {err.strip().splitlines()[-1]}",
+          file=sys.__stderr__)
+    shutil.rmtree(out, ignore_errors=True)
+    os.environ["TEST_PORT"] = str(free_port())
+    return tools_main(argv)
 
 
 def _capture_in_a_fresh_process(out, *argv: str, env: dict[str, str]
@@ -736,7 +760,7 @@ def test_ranks_a_script_spawns_are_captured_each(tmp_path, capsys):
         """)
     os.environ["TEST_PORT"] = str(free_port())
     try:
-        assert _capture(tmp_path / "o", "python", script) == 0
+        assert _capture_spawning(tmp_path / "o", capsys, "--", "python", script) == 0
     finally:
         del os.environ["TEST_PORT"]
     out = tmp_path / "o"
@@ -970,8 +994,8 @@ def test_ranks_a_serving_script_spawns_end_their_steps_at_its_function(tmp_path,
         """)
     os.environ["TEST_PORT"] = str(free_port())
     try:
-        assert tools_main(["capture", "-o", str(tmp_path / "o"), *_CAPTURE_ARGS,
-                           "--step-at", "serve", "--", "python", script]) == 0
+        assert _capture_spawning(tmp_path / "o", capsys, "--step-at", "serve", "--",
+                                 "python", script) == 0
     finally:
         del os.environ["TEST_PORT"]
     assert "captured 2 of the 2 ranks the script spawned" in capsys.readouterr().err

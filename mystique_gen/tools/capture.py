@@ -22,6 +22,7 @@ import atexit
 import ctypes
 import difflib
 import dis
+import faulthandler
 import functools
 import importlib
 import importlib.util
@@ -1473,6 +1474,10 @@ class _SpawnedRank:
         self.fn, self.capture, self.name, self.nprocs = fn, capture, name, nprocs
 
     def __call__(self, index: int, *args: object) -> None:
+        # A rank that dies of a signal inside torch says where, on its stderr (two
+        # spawned ranks died so in CI, with no trace of where).
+        if not faulthandler.is_enabled():
+            faulthandler.enable()
         # The capture this interpreter started for itself (a spawned child imports the
         # bootstrap as any Python process of the job does) yields to the rank's.
         for detach in list(_LIVE):
