@@ -342,6 +342,8 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     strides = trace.records_strides  # before any recorded argument is released
     selection = select_ops(trace)
     sparse = trace_sparse_tensors(trace)  # read below ops whose arguments are released
+    # Before covered arguments go: it reads the backend worker threads' ops (AVG).
+    comm = CommLowering(trace, sparse, serial=not options.threaded)
     inner = inner_allocations(selection)
     release_covered_arguments(selection)
     kept, lines = filter_selection(trace, selection, options, profiled_steps,
@@ -350,7 +352,6 @@ def _lower_part(k: int, trace: RawTrace, resources: Path | None, options: BuildO
     # Everything that reads recorded arguments runs before lowering releases them.
     lifetimes = storage_lifetimes(selection.ops, inner)
     recorded = recorded_values(trace, resources, captured)
-    comm = CommLowering(trace, sparse, serial=not options.threaded)
     ops, lowering_skips = lower_ops(kept.ops, comm=comm, release=consume, sparse=sparse)
     rename_storages(ops, lifetimes, k, names)
     part_notes = [several] if several else []

@@ -917,3 +917,43 @@ def test_collectives_the_original_had_in_flight_together_are_not_waited_one_by_o
     waited = program.ops[gather.comm.wait_before] if gather.comm.wait_before is not None \
         else None
     assert (waited.name.split("::")[1].split(".")[0] if waited else None) == waited_at
+
+
+def _averaging_rank(rank: int, port: int, out: str) -> None:
+    """One gloo rank: a reduce-scatter that averages (gloo divides on its worker
+    thread) and an all-reduce that sums, under the ET observer."""
+    import torch.distributed as dist
+
+    from tests.conftest import record_et
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    x = torch.ones(8) * (rank + 1)
+    out_t = torch.empty(4)
+
+    def step() -> None:
+        dist.reduce_scatter_tensor(out_t, x, op=dist.ReduceOp.AVG)
+        dist.all_reduce(out_t)
+
+    step()
+    record_et(step, Path(out) / f"rank-{rank}.json")
+    dist.destroy_process_group()
+
+
+def test_a_reduction_the_backend_averaged_replays_as_avg(tmp_path):
+    """Torch 2.x records c10d's ReduceOp as an opaque object; gloo runs AVG as a sum
+    then an in-place division by the group size on its worker thread, which the trace
+    does record: that collective replays with AVG, the summing one with SUM."""
+    import torch.multiprocessing as mp
+
+    from tests.test_mesh import free_port
+
+    mp.spawn(_averaging_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    out = tmp_path / "bench.py"
+    generate([str(tmp_path / "rank-0.json"), str(tmp_path / "rank-1.json")], out)
+    text = out.read_text()
+    assert text.count("op=torch.distributed.ReduceOp.AVG") == 2  # once per rank
+    flat = re.sub(r"\s+", " ", text)
+    assert "SUM replayed: c10d::allreduce_ x1 " in flat  # the note, alike on both ranks
+    # The worker thread's division is the collective's own work, not the step's.
+    assert "aten::div_ x1: a communication backend's worker thread ran it" in flat

@@ -55,6 +55,8 @@ from mystique_gen.passes.ranks import (
 from mystique_gen.passes.select import (
     Selected,
     SparseTensors,
+    _is_collective,
+    backend_worker_threads,
     select_ops,
     subclass_dispatches,
 )
@@ -437,6 +439,51 @@ def _overlap(a: MemorySpan, b: MemorySpan) -> bool:
     return a[2] < b[3] and b[2] < a[3]  # type: ignore[operator]
 
 
+def _backend_divisors(trace: RawTrace) -> dict[int, int]:
+    """Collective node id -> the integer a communication backend's worker thread divided
+    that collective's data by in place (``aten::div_``): how gloo runs ``ReduceOp.AVG``,
+    which torch 2.x records only as an opaque object. A worker thread's op belongs to the
+    collective whose storages (or storages its earlier ops derived from them) it reads."""
+    threads = trace.backend_threads
+    if threads is None:
+        threads = backend_worker_threads(trace)
+    if not threads:
+        return {}
+    owner: dict[int, int] = {}  # storage id -> the collective whose data it holds
+    divisors: dict[int, int] = {}
+    within: dict[int, int] = {}  # node id -> the collective whose dispatch it is in
+    for node in sorted(trace.nodes, key=lambda n: n.id):
+        if node.tid not in threads:
+            if _is_collective(node):
+                within[node.id] = node.id
+                for arg in (*node.inputs, *node.outputs):
+                    for sid in raw_storage_ids(arg):
+                        owner[sid] = node.id
+                continue
+            if node.parent not in within:
+                continue
+            # Inside the collective's dispatch on its own thread (gloo copies a
+            # reduce-scatter's input to a scratch buffer there): its outputs are the
+            # collective's data too.
+            within[node.id] = within[node.parent]
+        if not node.op_schema:
+            continue
+        # The latest collective among those it reads: a reused scratch buffer (an
+        # out= or copy_ destination, an input too) still maps to an earlier one.
+        source = max((owner[sid] for arg in node.inputs for sid in raw_storage_ids(arg)
+                      if sid in owner), default=None)
+        if source is None:
+            continue
+        for arg in node.outputs:
+            for sid in raw_storage_ids(arg):
+                owner[sid] = source
+        divisor = node.inputs[1].value if len(node.inputs) > 1 else None
+        if (node.name == "aten::div_" and isinstance(divisor, int)
+                and not isinstance(divisor, bool)):
+            divisors[source] = divisor
+    return divisors
+
+
 class CommLowering:
     """The pipeline's communication hook for one trace: lowers c10d ops (given to
     :func:`~mystique_gen.passes.lower.lower_ops` as ``comm=``), then places waits and
@@ -457,6 +504,7 @@ class CommLowering:
         self.group_ranks = _recorded_group_ranks(trace)
         # (tensor id, storage id) of each reduced result -> the collective that wrote it
         self.reduced: dict[tuple[int, int], int] = {}
+        self.backend_divisors = _backend_divisors(trace)
 
     def lower(self, sel: Selected, sig: Signature, index: int) -> Op | Diagnostic:
         groups = self.groups or [ProcessGroupSpec(0, "0", "default_pg", None, 1)]
@@ -477,6 +525,11 @@ class CommLowering:
         if (comm.group < len(self.groups)
                 and not replayable(self.groups[comm.group], self.world_size)):
             comm.group = self.default_group
+        if (comm.reduce_op is None and oprules.COMM_OPS[op.name].reduce_op
+                and self.backend_divisors.get(op.node_id) == groups[comm.group].size):
+            # The recorded ReduceOp is opaque, but the backend divided the result by the
+            # group's size on its own thread: the collective averaged (gloo's AVG).
+            comm.reduce_op = "AVG"
         self._follow_reductions(op, comm)
         return op
 

@@ -869,10 +869,16 @@ def backend_worker_threads(trace: RawTrace) -> set[int]:
     issuing: set[int] = set()
     comm_storages: dict[int, set[int]] = {}  # storage id -> threads whose collectives use it
     first: int | None = None  # the first collective's node id
-    for node in trace.nodes:
-        if _is_collective(node):
-            issuing.add(node.tid)
-            first = node.id if first is None else first
+    inside: set[int] = set()  # collectives and the ops of their dispatch
+    for node in sorted(trace.nodes, key=lambda n: n.id):  # parents before children
+        if _is_collective(node) or node.parent in inside:
+            # An op inside a collective's dispatch works on its data too: gloo's
+            # reduce-scatter copies its input to a scratch buffer that its worker
+            # thread then divides (AVG).
+            inside.add(node.id)
+            if _is_collective(node):
+                issuing.add(node.tid)
+                first = node.id if first is None else first
             for arg in (*node.inputs, *node.outputs):
                 for sid in raw_storage_ids(arg):
                     comm_storages.setdefault(sid, set()).add(node.tid)
