@@ -55,8 +55,8 @@ from mystique_gen.passes.ranks import (
 from mystique_gen.passes.select import (
     Selected,
     SparseTensors,
-    _is_collective,
     backend_worker_threads,
+    is_collective,
     select_ops,
     subclass_dispatches,
 )
@@ -454,7 +454,7 @@ def _backend_divisors(trace: RawTrace) -> dict[int, int]:
     within: dict[int, int] = {}  # node id -> the collective whose dispatch it is in
     for node in sorted(trace.nodes, key=lambda n: n.id):
         if node.tid not in threads:
-            if _is_collective(node):
+            if is_collective(node):
                 within[node.id] = node.id
                 for arg in (*node.inputs, *node.outputs):
                     for sid in raw_storage_ids(arg):

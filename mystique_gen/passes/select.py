@@ -342,7 +342,7 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
     children = children_of(trace)
     waits = _functional_waits(trace)
     for k, node in enumerate(trace.nodes):
-        if node.name.partition("::")[0] != "c10d" or not _is_collective(node):
+        if node.name.partition("::")[0] != "c10d" or not is_collective(node):
             continue
         own = {sid for arg in (*node.inputs, *node.outputs) for sid in raw_storage_ids(arg)}
         rule = oprules.COMM_OPS.get(node.name)
@@ -369,7 +369,7 @@ def _adopt_completion_work(trace: RawTrace, by_id: dict[int, RawNode]) -> None:
             if oprules.ASYNC_SCOPE.match(later.name):
                 levels.add(later.id)
                 continue
-            if _is_collective(later):
+            if is_collective(later):
                 # A collective completes none of its peers, but two may be in flight:
                 # gloo finished the first of two async reduce-scatters after the
                 # second began (its chunk and copy were replayed as program ops).
@@ -849,7 +849,7 @@ def mkldnn_tensors(nodes: list[RawNode], sparse: SparseTensors) -> frozenset[int
     return frozenset(found)
 
 
-def _is_collective(node: RawNode) -> bool:
+def is_collective(node: RawNode) -> bool:
     namespace, _, name = node.name.partition("::")
     return (bool(node.op_schema) and namespace in oprules.COMMUNICATION_NAMESPACES
             and name not in oprules.COLLECTIVE_HELPERS)
@@ -871,12 +871,12 @@ def backend_worker_threads(trace: RawTrace) -> set[int]:
     first: int | None = None  # the first collective's node id
     inside: set[int] = set()  # collectives and the ops of their dispatch
     for node in sorted(trace.nodes, key=lambda n: n.id):  # parents before children
-        if _is_collective(node) or node.parent in inside:
+        if is_collective(node) or node.parent in inside:
             # An op inside a collective's dispatch works on its data too: gloo's
             # reduce-scatter copies its input to a scratch buffer that its worker
             # thread then divides (AVG).
             inside.add(node.id)
-            if _is_collective(node):
+            if is_collective(node):
                 issuing.add(node.tid)
                 first = node.id if first is None else first
             for arg in (*node.inputs, *node.outputs):
@@ -916,7 +916,7 @@ def future_callbacks(trace: RawTrace, workers: set[int]) -> dict[int, int]:
     collective made is the backend's, whoever reads that address later."""
     if not workers:
         return {}
-    collective = {sid for node in trace.nodes if _is_collective(node)
+    collective = {sid for node in trace.nodes if is_collective(node)
                   for arg in (*node.inputs, *node.outputs) for sid in raw_storage_ids(arg)}
     by_id = {n.id: n for n in trace.nodes}
     in_collective: dict[int, bool] = {}
@@ -931,7 +931,7 @@ def future_callbacks(trace: RawTrace, workers: set[int]) -> dict[int, int]:
                 found = in_collective[cur.id]
                 break
             chain.append(cur.id)
-            if _is_collective(cur):
+            if is_collective(cur):
                 found = True
                 break
             if is_root(cur) or cur.parent == cur.id:
