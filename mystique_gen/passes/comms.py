@@ -56,6 +56,7 @@ from mystique_gen.passes.select import (
     Selected,
     SparseTensors,
     backend_worker_threads,
+    collective_dispatch,
     is_collective,
     select_ops,
     subclass_dispatches,
@@ -451,21 +452,19 @@ def _backend_divisors(trace: RawTrace) -> dict[int, int]:
         return {}
     owner: dict[int, int] = {}  # storage id -> the collective whose data it holds
     divisors: dict[int, int] = {}
-    within: dict[int, int] = {}  # node id -> the collective whose dispatch it is in
-    for node in sorted(trace.nodes, key=lambda n: n.id):
+    # Ops inside a collective's dispatch on its own thread (gloo copies a
+    # reduce-scatter's input to a scratch buffer there): their outputs are the
+    # collective's data too.
+    inside = collective_dispatch(trace)
+    for node in trace.nodes:  # (sorted by id)
         if node.tid not in threads:
             if is_collective(node):
-                within[node.id] = node.id
                 for arg in (*node.inputs, *node.outputs):
                     for sid in raw_storage_ids(arg):
                         owner[sid] = node.id
                 continue
-            if node.parent not in within:
+            if node.id not in inside:
                 continue
-            # Inside the collective's dispatch on its own thread (gloo copies a
-            # reduce-scatter's input to a scratch buffer there): its outputs are the
-            # collective's data too.
-            within[node.id] = within[node.parent]
         if not node.op_schema:
             continue
         # The latest collective among those it reads: a reused scratch buffer (an

@@ -855,6 +855,17 @@ def is_collective(node: RawNode) -> bool:
             and name not in oprules.COLLECTIVE_HELPERS)
 
 
+def collective_dispatch(trace: RawTrace) -> set[int]:
+    """The ids of the collectives and of the ops their dispatch ran, which work on the
+    collective's data too: gloo's reduce-scatter copies its input to a scratch buffer
+    there, which its worker thread then divides (AVG)."""
+    inside: set[int] = set()
+    for node in trace.nodes:  # (sorted by id: parents before children)
+        if node.parent in inside or is_collective(node):
+            inside.add(node.id)
+    return inside
+
+
 def backend_worker_threads(trace: RawTrace) -> set[int]:
     """Host threads on which a communication backend ran parts of collectives that
     other threads issued.
@@ -869,19 +880,16 @@ def backend_worker_threads(trace: RawTrace) -> set[int]:
     issuing: set[int] = set()
     comm_storages: dict[int, set[int]] = {}  # storage id -> threads whose collectives use it
     first: int | None = None  # the first collective's node id
-    inside: set[int] = set()  # collectives and the ops of their dispatch
-    for node in sorted(trace.nodes, key=lambda n: n.id):  # parents before children
-        if is_collective(node) or node.parent in inside:
-            # An op inside a collective's dispatch works on its data too: gloo's
-            # reduce-scatter copies its input to a scratch buffer that its worker
-            # thread then divides (AVG).
-            inside.add(node.id)
-            if is_collective(node):
-                issuing.add(node.tid)
-                first = node.id if first is None else first
-            for arg in (*node.inputs, *node.outputs):
-                for sid in raw_storage_ids(arg):
-                    comm_storages.setdefault(sid, set()).add(node.tid)
+    inside = collective_dispatch(trace)
+    for node in trace.nodes:
+        if node.id not in inside:
+            continue
+        if is_collective(node):
+            issuing.add(node.tid)
+            first = node.id if first is None else first
+        for arg in (*node.inputs, *node.outputs):
+            for sid in raw_storage_ids(arg):
+                comm_storages.setdefault(sid, set()).add(node.tid)
     if first is None:
         return set()
     disqualified = set(issuing)
