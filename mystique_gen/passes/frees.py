@@ -231,9 +231,11 @@ def drop_history_at_backward(program: Program) -> int:
     ops = program.ops
     if program.threaded or not ops:
         return 0
-    starts = [k for k, op in enumerate(ops)
-              if _in_backward(op) and (k == 0 or not _in_backward(ops[k - 1]))]
-    if not any(starts):
+    # Where each backward begins, after an op that is not in one (one that begins
+    # the program has nothing before it to drop).
+    starts = [k for k in range(1, len(ops))
+              if _in_backward(ops[k]) and not _in_backward(ops[k - 1])]
+    if not starts:
         return 0
     freed: dict[object, int] = {}
     for k, op in enumerate(ops):
@@ -258,8 +260,6 @@ def drop_history_at_backward(program: Program) -> int:
                 made.setdefault(binding_key(root), (k, root))
     dropped = 0
     for start in starts:
-        if start == 0:
-            continue
         before = ops[start - 1]
         held = {binding_key(b) for b in before.drop_history_after}
         for key, (k, root) in made.items():
