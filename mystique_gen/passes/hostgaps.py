@@ -605,9 +605,11 @@ class _WorkScopes:
         for pid, issued in ops.items():
             workers = [s for s in self.scopes.get((pid, None), [])
                        if (pid, s.tid) not in issuing]
-            for op in sorted(issued, key=lambda e: e.ts):
+            for op in issued:  # (in issue order: events are sorted by start)
                 latest = self._resumed(op) if op.index in blocking else float("inf")
-                for scope in workers[bisect_left(workers, op.ts, key=lambda e: e.ts):]:
+                for k in range(bisect_left(workers, op.ts, key=lambda e: e.ts),
+                               len(workers)):
+                    scope = workers[k]
                     if scope.ts > latest:
                         break
                     if scope.index not in taken \
