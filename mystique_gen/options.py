@@ -87,7 +87,9 @@ def add_build_arguments(parser: argparse.ArgumentParser, *, compose: bool = True
                    help="drop ops whose qualified name matches (after --include); repeatable")
     g.add_argument("--iteration", default="auto", metavar="N|all",
                    help="keep the ops of ProfilerStep#N (default: the first complete step "
-                        "when the trace has several; 'all' keeps every step)")
+                        "when the trace has several; 'all' keeps every step); in a trace "
+                        "with no step marks, the N-th iteration its optimizer steps make "
+                        "(default: the second)")
     g.add_argument("--subgraph", metavar="NAME",
                    help="keep the ops under the first annotation whose name contains NAME")
     g.add_argument("--max-ops", type=_positive, metavar="N",
