@@ -8,7 +8,7 @@ use it without pulling in another.
 # equivalent of an op: defined by the harness.
 from mystique_gen.harness.runtime import EQUIVALENT_SCOPE, HARNESS_SCOPE
 
-__all__ = ["DEVICE_CATEGORIES", "EQUIVALENT_SCOPE", "ET_SUFFIX", "HARNESS_SCOPE",
+__all__ = ["BACKWARD_SCOPE", "DEVICE_CATEGORIES", "EQUIVALENT_SCOPE", "ET_SUFFIX", "HARNESS_SCOPE",
            "KINETO_SUFFIX", "SIDECAR_SUFFIX", "STEP_SCOPE", "equivalent_of"]
 
 
@@ -19,6 +19,9 @@ def equivalent_of(scope: str) -> str | None:
         return scope[len(head):len(scope) - len(tail)]
     return None
 
+# The scope the autograd engine records around each node's backward: what ran in it is
+# the backward's work.
+BACKWARD_SCOPE = "autograd::engine::evaluate_function"
 # The annotation capture wraps each profiled step in (no "::": compare counts "ns::name"
 # events as ops).
 STEP_SCOPE = "MystiqueProfiledStep"

@@ -1797,16 +1797,18 @@ def test_a_wrapped_number_at_a_freed_inner_results_address_is_not_that_result(re
         assert "aten::matrix_exp" not in names and "aten::linalg_matrix_exp" in names
 
 
-@pytest.mark.parametrize("dtype", ["float64", "int64"])
-def test_a_wrapped_number_of_another_dtype_at_a_freed_inner_results_address(dtype):
+@pytest.mark.parametrize("dtype,read_in", [("float64", "forward"), ("int64", "forward"),
+                                           ("int64", "backward")])
+def test_a_wrapped_number_at_a_freed_0d_inner_results_address(dtype, read_in):
     """A bool ``sum`` upcasts its input to a 0-d long inside (``to``), then frees it;
     a Python float wrapped for ``mul(Tensor, Tensor)`` (a 0-d double, the same size
     and rank, and no op records its allocation) took its TensorImpl and data
-    addresses. The ``sum`` was taken for an op whose inner result a later op reads,
-    and replayed as its children in one capture of five (a transformers I-BERT
-    training step: an overload the original never ran). A read at those addresses
-    of another dtype is another tensor; one of the inner result's dtype is still
-    that result."""
+    addresses: the ``sum`` was replayed as its children in one capture of five (a
+    transformers I-BERT training step). Of the same dtype too: Adam's ``step += 1``
+    wraps a 0-d long, which took ``bincount``'s freed ``min`` (a GCN's step, in one
+    capture of many). A saved result lives until the backward reads it, so a 0-d read
+    at those addresses outside the backward is another tensor, whatever its dtype;
+    the autograd engine's read of one is still that result."""
     b = TraceBuilder()
     x, out = b.tensor((5, 5)), b.tensor((5, 5))
     inner = b.tensor((), dtype="int64")
@@ -1814,13 +1816,39 @@ def test_a_wrapped_number_of_another_dtype_at_a_freed_inner_results_address(dtyp
     b.op(ZEROS_OP, [[], 4, None, None, None], [inner], parent=whole)
     b.op(LINALG_MATRIX_EXP, [x], [out], parent=whole)
     read = T(inner.tensor_id, inner.storage_id, (), (), dtype=dtype)
-    b.op(ADD_TENSORS, [b.tensor(()), read, 1], [b.tensor(())])
+    parent = (b.annotation("autograd::engine::evaluate_function: MatrixExpBackward0")
+              if read_in == "backward" else None)
+    b.op(ADD_TENSORS, [b.tensor(()), read, 1], [b.tensor(())], parent=parent)
     names = [sel.node.name for sel in select_ops(
         trace_from_document(b.doc(), name="t.json", sha256="")).ops]
-    if dtype == "float64":
+    if read_in == "forward":
         assert names == ["aten::matrix_exp", "aten::add"]
     else:
         assert "aten::matrix_exp" not in names and "aten::linalg_matrix_exp" in names
+
+
+@pytest.mark.parametrize("made_node", [True, False])
+def test_an_op_that_made_no_autograd_node_keeps_no_inner_result(made_node):
+    """Only autograd keeps a composite's inner result past the op, and it keeps one
+    only for an op that made an autograd node. A ``bincount`` on indices (its
+    ``min``, ``max`` and ``zeros`` inside) made none, as the recorded sequence numbers
+    show: a later read at its freed temporary's addresses is another tensor, and the
+    op replays whole. A differentiable op's read result is still kept."""
+    b = TraceBuilder()
+    x, out = b.tensor((5, 5)), b.tensor((5, 5))
+    inner = b.tensor((1,), dtype="int64")
+    seq = 3 if made_node else 4  # the next op records 4: 3 was taken only if made
+    whole = b.op(MATRIX_EXP, [x], [out], attrs={"seq_id": seq})
+    b.op(ZEROS_OP, [[1], 4, None, None, None], [inner], parent=whole,
+         attrs={"seq_id": -1})
+    b.op(LINALG_MATRIX_EXP, [x], [out], parent=whole, attrs={"seq_id": -1})
+    b.op(ADD_TENSORS, [b.tensor((1,)), inner, 1], [b.tensor((1,))], attrs={"seq_id": 4})
+    b.op(RELU, [out], [b.tensor((5, 5))], attrs={"seq_id": 4})
+    b.op(RELU, [out], [b.tensor((5, 5))], attrs={"seq_id": 5})
+    sel = select_ops(trace_from_document(b.doc(), name="t.json", sha256=""))
+    names = [s.node.name for s in sel.ops]
+    assert ("aten::matrix_exp" in names) is not made_node
+    assert ("aten::linalg_matrix_exp" in names) is made_node
 
 
 def test_cudnn_ctc_loss_replays_as_its_children_whose_grad_the_backward_reads():

@@ -52,12 +52,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mystique_gen.constants import BACKWARD_SCOPE
 from mystique_gen.ir import Binding, Op, OpOutput, Program, TensorValue, iter_tensors
 from mystique_gen.passes.tensors import binding_key, output_paths
 from mystique_gen.sources.kineto import CpuEvent, MemoryEvent
 
 NEVER = float("inf")
-BACKWARD_SCOPE = "autograd::engine::evaluate_function"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from mystique_gen import oprules
+from mystique_gen.constants import BACKWARD_SCOPE
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, SparseLayout, TensorMeta, not_replayed
 from mystique_gen.ir.schema import ArgSpec, SchemaError, is_op_name, parse_signature
@@ -1069,6 +1070,14 @@ def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, R
     op is replayed as its children (:func:`select_ops` descends into it), which return
     those tensors, where they can run wherever the op can (:func:`_portable_children`).
     Collectives are kept whole (their insides are the backend's).
+    Only what autograd saved outlives the op, and a saved result lives until the
+    backward reads it: an op that made no autograd node (``bincount``'s ``min`` and
+    ``max``) keeps nothing, and a 0-d read outside the backward scopes is not taken
+    for a saved result, since the argument parser wraps each Python number as a 0-d
+    tensor that no op records allocating, and the allocator may put it at a freed
+    temporary's TensorImpl and data addresses, of the same dtype too (``step += 1``
+    in Adam, at ``bincount``'s freed ``min``: replayed as its children in one capture
+    of many).
     A tensor is known by (tensor id, storage id, element size), and the allocator
     reuses both addresses: a later key is the inner result only while its storage
     lives. A node that allocates at a storage id (an output on no storage it read)
@@ -1107,14 +1116,20 @@ def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, R
     for sel in ops:
         node = sel.node
         reads, returns = keys_of(node)
-        found.update(owner[key] for key in reads if key in owner)
+        # A 0-d tensor read outside the backward may be a wrapped Python number, made
+        # where the observer records nothing, at a freed inner result's addresses.
+        backward = any(scope.startswith(BACKWARD_SCOPE) for scope in sel.scope)
+        found.update(owner[key] for key in reads
+                     if key in owner and (backward or key[3] != 0))
         own = reads | returns
         for key in own:
             owner.pop(key, None)
         inside = list(_below(node.id, children))
         for allocating in (node, *inside):
             allocated(allocating)
-        if node.name.partition("::")[0] in oprules.COMMUNICATION_NAMESPACES:
+        # An op that made no autograd node saved nothing: its inner results are freed.
+        if node.name.partition("::")[0] in oprules.COMMUNICATION_NAMESPACES \
+                or sel.made_grad_node is False:
             continue
         # Views of what the op read or returned (linear's t() of its weight) are not
         # results of its own: a later read of one reads that storage, as it is.
