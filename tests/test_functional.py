@@ -7,6 +7,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,12 +27,49 @@ from tests.test_harness import LIBRARY_SCHEMAS
 pytestmark = pytest.mark.slow
 
 
+@dataclass
+class _Replayed:
+    """One run of a benchmark generated from a trace: the file's text, the run's
+    ``--json`` line and, where it recorded one, its own ET."""
+
+    text: str
+    out: dict
+    et: Path | None
+
+    def ops(self) -> Counter[str]:
+        assert self.et is not None
+        return op_multiset(self.et, by_overload=True)
+
+
+def _replay(trace: Path, tmp_path: Path, *flags: str, warmup: int = 1, iters: int = 1,
+            record: bool = False, kineto: Path | None = None) -> _Replayed:
+    """Generate a benchmark from ``trace`` (``<stem>_bench.py``) and run it once on
+    the CPU with ``flags`` and ``--json``, recording ``<stem>_replay.et.json`` where
+    ``record``; the run must succeed."""
+    stem = trace.name.split(".")[0]
+    bench = tmp_path / f"{stem}_bench.py"
+    text = generate(trace, bench, GenerateOptions(command_line="test"), kineto=kineto)
+    replay_et = tmp_path / f"{stem}_replay.et.json" if record else None
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", str(warmup), "--iters",
+                         str(iters), "--json", *flags,
+                         *(("--et", str(replay_et)) if replay_et else ()))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _Replayed(text, last_json(proc.stdout), replay_et)
+
+
+def _assert_same_ops(original: Path, run: _Replayed) -> Counter[str]:
+    """The replay ran the original's top-level ops, by overload: its multiset."""
+    want, got = op_multiset(original, by_overload=True), run.ops()
+    assert want == got, (want - got, got - want)
+    return got
+
+
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_replay_matches_original_op_multiset(model, tmp_path):
     torch.set_num_threads(1)
     result = capture(MODELS[model](), tmp_path, name=model, kineto=False, timing_iters=1)
-    bench = tmp_path / f"{model}_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    run = _replay(result.et_path, tmp_path, iters=2, record=True)
+    text = run.text
 
     imports = {
         alias.name.split(".")[0]
@@ -48,18 +86,11 @@ def test_replay_matches_original_op_multiset(model, tmp_path):
     assert "torch" in imports
     assert imports - {"torch"} <= set(sys.stdlib_module_names), imports
 
-    replay_et = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",
-                         "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = last_json(proc.stdout)
+    out = run.out
     assert out["iters"] == 2 and out["device"] == "cpu"
     assert out["iter_ms_min"] > 0
     assert out["skipped_at_runtime"] == []
-
-    original = op_multiset(result.et_path, by_overload=True)
-    replayed = op_multiset(replay_et, by_overload=True)
-    assert original == replayed, (original - replayed, replayed - original)
+    _assert_same_ops(result.et_path, run)
 
 
 def test_reset_inputs_starts_every_iteration_from_the_same_values(tmp_path):
@@ -109,16 +140,10 @@ def test_ops_under_vmap_replay_as_the_ops_on_real_tensors(tmp_path):
         scores.masked_fill(~mask, float("-inf")).softmax(-1)
 
     result = capture(step, tmp_path, name="vmap", kineto=False, timing_iters=1)
-    bench = tmp_path / "vmap_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    assert "without storage" not in text
-    replay_et = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
-                         "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    original = op_multiset(result.et_path, by_overload=True)
-    assert {"aten::le.Tensor", "aten::bitwise_and.Tensor"} & set(original), original
-    assert op_multiset(replay_et, by_overload=True) == original
+    run = _replay(result.et_path, tmp_path, record=True)
+    assert "without storage" not in run.text
+    replayed = _assert_same_ops(result.et_path, run)
+    assert {"aten::le.Tensor", "aten::bitwise_and.Tensor"} & set(replayed), replayed
 
 
 def _higher_order_ops() -> Callable[[], None]:
@@ -148,15 +173,9 @@ def test_higher_order_ops_are_captured_with_the_values_in_their_bodies(tmp_path)
                      timing_iters=1)
     scalars = json.loads(result.sidecar_path.read_text())["scalars"]
     assert scalars["aten::mul.Tensor"]["1"] == [2.5, 0.75, 0.75, 0.75], scalars
-    bench = tmp_path / "hop_bench.py"
-    generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    replay_et = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
-                         "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    original = op_multiset(result.et_path, by_overload=True)
-    assert original["aten::tanh.default"] == 3, original
-    assert op_multiset(replay_et, by_overload=True) == original
+    replayed = _assert_same_ops(result.et_path, _replay(result.et_path, tmp_path,
+                                                        record=True))
+    assert replayed["aten::tanh.default"] == 3, replayed
 
 
 def test_a_training_steps_peak_memory_is_the_originals(tmp_path):
@@ -182,21 +201,13 @@ def test_a_training_steps_peak_memory_is_the_originals(tmp_path):
 
     result = capture(step, tmp_path, name="clf", timing_iters=1, profile_steps=1)
     original = json.loads(result.sidecar_path.read_text())["step_peak_bytes"]
-    bench = tmp_path / "clf_bench.py"
-    generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    replay = last_json(proc.stdout)["peak_step_bytes"]
+    replay = _replay(result.et_path, tmp_path).out["peak_step_bytes"]
     assert original and replay == pytest.approx(original, rel=0.05), (replay, original)
 
 
-def _replay_peak(result, tmp_path, name: str, kineto: bool) -> tuple[int, str]:
-    bench = tmp_path / f"{name}_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"),
-                    kineto=result.kineto_path if kineto else None)
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return last_json(proc.stdout)["peak_step_bytes"], text
+def _replay_peak(result, tmp_path, kineto: bool) -> tuple[int, str]:
+    run = _replay(result.et_path, tmp_path, kineto=result.kineto_path if kineto else None)
+    return run.out["peak_step_bytes"], run.text
 
 
 def test_values_are_freed_where_the_original_freed_them(tmp_path):
@@ -218,10 +229,10 @@ def test_values_are_freed_where_the_original_freed_them(tmp_path):
 
     result = capture(step, tmp_path, name="locals", timing_iters=1, profile_steps=1)
     original = json.loads(result.sidecar_path.read_text())["step_peak_bytes"]
-    replay, text = _replay_peak(result, tmp_path, "locals", kineto=True)
+    replay, text = _replay_peak(result, tmp_path, kineto=True)
     assert replay == pytest.approx(original, rel=0.05), (replay, original)
     assert "frees as recorded" in text
-    at_last_read, _ = _replay_peak(result, tmp_path, "locals_plain", kineto=False)
+    at_last_read, _ = _replay_peak(result, tmp_path, kineto=False)
     assert at_last_read < 0.8 * original, (at_last_read, original)
 
 
@@ -250,9 +261,9 @@ def test_a_loss_read_after_the_backward_holds_no_graph(tmp_path):
 
     result = capture(step, tmp_path, name="kept", timing_iters=1, profile_steps=1)
     original = json.loads(result.sidecar_path.read_text())["step_peak_bytes"]
-    replay, _ = _replay_peak(result, tmp_path, "kept", kineto=True)
+    replay, _ = _replay_peak(result, tmp_path, kineto=True)
     assert replay == pytest.approx(original, rel=0.05), (replay, original)
-    without_memory, _ = _replay_peak(result, tmp_path, "kept_plain", kineto=False)
+    without_memory, _ = _replay_peak(result, tmp_path, kineto=False)
     assert without_memory <= 1.05 * original, (without_memory, original)
 
 
@@ -275,7 +286,7 @@ def test_python_numbers_in_a_training_step_are_not_parameters(tmp_path):
 
     result = capture(step, tmp_path, name="gelu", timing_iters=1, profile_steps=1)
     original = json.loads(result.sidecar_path.read_text())["step_peak_bytes"]
-    replay, text = _replay_peak(result, tmp_path, "gelu", kineto=True)
+    replay, text = _replay_peak(result, tmp_path, kineto=True)
     assert replay == pytest.approx(original, rel=0.05), (replay, original)
     assert ".requires_grad_()" not in "".join(
         line for line in text.splitlines() if "_other_" in line)
@@ -481,12 +492,7 @@ def test_an_inference_step_takes_the_kernels_its_parameters_chose(tmp_path):
             table(indices, offsets)
 
     result = capture(step, tmp_path, name="bags", kineto=False, timing_iters=1)
-    bench = tmp_path / "bags_bench.py"
-    generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    replay_et = tmp_path / "bags_replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
-                         "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    replay_et = _replay(result.et_path, tmp_path, record=True).et
 
     def names(path) -> set[str]:
         return {n["name"] for n in json.loads(path.read_text())["nodes"]}
@@ -510,13 +516,9 @@ def test_an_inference_step_in_grad_mode_builds_no_graph(tmp_path):
         torch.sin(b)  # the last op reads a tensor made outside the step
 
     result = capture(step, tmp_path, name="nograd", kineto=False, timing_iters=1)
-    bench = tmp_path / "nograd_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    assert ".requires_grad_()" not in text.split("\ndef make_inputs(", 1)[1]
-    replay_et = tmp_path / "nograd_replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
-                         "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = _replay(result.et_path, tmp_path, record=True)
+    assert ".requires_grad_()" not in run.text.split("\ndef make_inputs(", 1)[1]
+    replay_et = run.et
 
     def numbers(path: Path) -> set[int]:
         found = set()
@@ -556,17 +558,11 @@ def test_a_packed_sequence_replays_with_lengths_that_pack_the_same_shapes(
         opt.step()
 
     result = capture(step, tmp_path, name="gru", kineto=False, timing_iters=1)
-    bench = tmp_path / "gru_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
+    run = _replay(result.et_path, tmp_path, iters=2, record=True)
     # The recorded lengths, [12, 9, 5] as bytes, read from the pack's children (oprules
     # kernel_paths); unsorted, carried back through the sort to the tensor given.
-    assert '_data("0c0905"' in text
-    replay_et = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--et",
-                         str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert op_multiset(replay_et, by_overload=True) == op_multiset(result.et_path,
-                                                                   by_overload=True)
+    assert '_data("0c0905"' in run.text
+    _assert_same_ops(result.et_path, run)
 
 
 def test_adams_state_of_a_complex_parameter_replays_finite(tmp_path):
@@ -589,11 +585,7 @@ def test_adams_state_of_a_complex_parameter_replays_finite(tmp_path):
         opt.step()
 
     result = capture(step, tmp_path, name="spectral", kineto=False, timing_iters=1)
-    bench = tmp_path / "spectral_bench.py"
-    generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+    assert _replay(result.et_path, tmp_path, iters=3).out["nonfinite_inputs"] == []
 
 
 def test_a_covariance_input_replays_positive_definite(tmp_path):
@@ -611,12 +603,9 @@ def test_a_covariance_input_replays_positive_definite(tmp_path):
         (factor.sum() + torch.linalg.inv(cov).sum() + torch.linalg.solve(cov, rhs).sum()).item()
 
     result = capture(step, tmp_path, name="cov", kineto=False, timing_iters=1)
-    bench = tmp_path / "cov_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    assert '"spd", 5, 0' in text
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["nonfinite_inputs"] == []
+    run = _replay(result.et_path, tmp_path, iters=2)
+    assert '"spd", 5, 0' in run.text
+    assert run.out["nonfinite_inputs"] == []
 
 
 @torch.library.custom_op("mystique_test::scale_add", mutates_args=())
@@ -691,16 +680,10 @@ def test_a_models_own_op_replays_as_what_it_ran(tmp_path):
     a, b = torch.randn(16, 16), torch.randn(16, 16)
     result = capture(lambda: torch.mm(_scale_add(a, b, 0.5), a).sum(), tmp_path,
                      name="custom", kineto=False, timing_iters=1)
-    bench = tmp_path / "custom_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    assert "mystique_test::scale_add" in text.split('"""')[1]  # the header says why
-    replay_et = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
-                         "--json", "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["skipped_at_runtime"] == []
-    replayed = op_multiset(replay_et, by_overload=True)
-    assert replayed == op_multiset(result.et_path, by_overload=True)
+    run = _replay(result.et_path, tmp_path, iters=2, record=True)
+    assert "mystique_test::scale_add" in run.text.split('"""')[1]  # the header says why
+    assert run.out["skipped_at_runtime"] == []
+    replayed = _assert_same_ops(result.et_path, run)
     assert replayed["aten::mul.Tensor"] == 1 and replayed["aten::add.Tensor"] == 1
 
 
@@ -1074,17 +1057,10 @@ def test_a_quantization_aware_training_step_replays(tmp_path):
         opt.step()
 
     result = capture(step, tmp_path, name="qat", kineto=False, timing_iters=1)
-    bench = tmp_path / "qat_bench.py"
-    generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    replay_et = tmp_path / "qat_replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
-                         "--json", "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["skipped_at_runtime"] == []
-    original = op_multiset(result.et_path, by_overload=True)
-    replayed = op_multiset(replay_et, by_overload=True)
-    assert "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default" in original
-    assert original == replayed, (original - replayed, replayed - original)
+    run = _replay(result.et_path, tmp_path, iters=2, record=True)
+    assert run.out["skipped_at_runtime"] == []
+    replayed = _assert_same_ops(result.et_path, run)
+    assert "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default" in replayed
 
 
 def _sparse_embedding_adam() -> Callable[[], None]:
@@ -1249,14 +1225,8 @@ def _train_on_the_replay(make_step: Callable[[], Callable[[], None]], tmp_path: 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     result = capture(make_step(), tmp_path, name="step", kineto=False, timing_iters=1)
-    bench = tmp_path / "step_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    replay_et = tmp_path / "step_replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "3",
-                         "--reset-inputs", "off", "--json", "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return (text, last_json(proc.stdout), op_multiset(result.et_path, by_overload=True),
-            op_multiset(replay_et, by_overload=True))
+    run = _replay(result.et_path, tmp_path, "--reset-inputs", "off", iters=3, record=True)
+    return run.text, run.out, op_multiset(result.et_path, by_overload=True), run.ops()
 
 
 def test_views_made_again_after_an_in_place_write_replay_as_the_new_views(tmp_path):
@@ -1314,12 +1284,8 @@ def test_in_place_metadata_ops_on_inputs_replay_on_the_recorded_layouts(tmp_path
 
     torch.manual_seed(0)
     original = record_et(make_step(), tmp_path / "step.et.json")
-    bench = tmp_path / "bench.py"
-    generate(original, bench, GenerateOptions(command_line="test"))
-    replay = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "2", "--iters", "2",
-                         "--reset-inputs", "off", "--et", str(replay))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    replay = _replay(original, tmp_path, "--reset-inputs", "off", warmup=2, iters=2,
+                     record=True).et
     want = shapes(original)
     assert {name for name, _ in want} >= {"aten::squeeze_", "aten::t_", "aten::resize_",
                                           "aten::as_strided_"}
@@ -1425,17 +1391,11 @@ def test_forward_mode_and_functorch_steps_replay_every_op(make_step, tmp_path):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     result = capture(make_step(), tmp_path, name="step", kineto=False, timing_iters=1)
-    bench = tmp_path / "step_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    assert "Ops not replayed:\n  - none" in text
-    replay_et = tmp_path / "step_replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "1",
-                         "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert op_multiset(replay_et, by_overload=True) == \
-        op_multiset(result.et_path, by_overload=True)
+    run = _replay(result.et_path, tmp_path, record=True)
+    assert "Ops not replayed:\n  - none" in run.text
+    _assert_same_ops(result.et_path, run)
     if make_step is _forward_ad_step:
-        assert _all_ops(replay_et) == _all_ops(result.et_path)
+        assert _all_ops(run.et) == _all_ops(result.et_path)
 
 
 def test_microscaling_dtypes_replay(tmp_path):
@@ -1453,17 +1413,10 @@ def test_microscaling_dtypes_replay(tmp_path):
         return values.view(torch.uint8).float().sum() + scales.to(torch.float32).sum()
 
     result = capture(step, tmp_path, name="mx", kineto=False, timing_iters=1)
-    bench = tmp_path / "mx_bench.py"
-    text = generate(result.et_path, bench, GenerateOptions(command_line="test"))
-    assert "Ops not replayed:\n  - none" in text.split('"""')[1]
-    replay_et = tmp_path / "mx_replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2",
-                         "--json", "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = last_json(proc.stdout)
-    assert out["skipped_at_runtime"] == [] and out["nonfinite_inputs"] == []
-    replayed = op_multiset(replay_et, by_overload=True)
-    assert replayed == op_multiset(result.et_path, by_overload=True)
+    run = _replay(result.et_path, tmp_path, iters=2, record=True)
+    assert "Ops not replayed:\n  - none" in run.text.split('"""')[1]
+    assert run.out["skipped_at_runtime"] == [] and run.out["nonfinite_inputs"] == []
+    replayed = _assert_same_ops(result.et_path, run)
     assert replayed["aten::view.dtype"] == 2
 
 
@@ -1475,11 +1428,6 @@ def test_unsigned_dtypes_in_gccs_spelling_replay(tmp_path):
     halves, longs = torch.zeros(6, dtype=torch.uint16), torch.zeros(6, dtype=torch.uint64)
     et = record_et(lambda: (torch.hash_tensor(x, [1]).clone(), halves.clone(), longs.clone()),
                    tmp_path / "unsigned.json")
-    bench = tmp_path / "unsigned_bench.py"
-    text = generate(et, bench, GenerateOptions(command_line="test"))
-    assert "Ops not replayed:\n  - none" in text.split('"""')[1]
-    replay_et = tmp_path / "unsigned_replay.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1",
-                         "--json", "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert op_multiset(replay_et, by_overload=True) == op_multiset(et, by_overload=True)
+    run = _replay(et, tmp_path, warmup=0, record=True)
+    assert "Ops not replayed:\n  - none" in run.text.split('"""')[1]
+    _assert_same_ops(et, run)
