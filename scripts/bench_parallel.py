@@ -1,7 +1,8 @@
 """`make bench` section: parallel training steps, eager against replay, under torchrun.
 
 For each mode of tests/parallel_workload.py (tensor parallel on DTensor, FSDP2, a
-2-stage 1F1B pipeline, coalesced collectives on 2 gloo ranks; collectives on a 2 x 2
+2-stage 1F1B pipeline, coalesced collectives, and transformers' own tensor, FSDP2 and expert parallel plans,
+on 2 gloo ranks; collectives on a 2 x 2
 device mesh, and FSDP2 + tensor parallel on that mesh, on 4), every rank captures its
 step as ``mystique_gen.tools.capture`` does (ET + Kineto + profile-only steps + the
 measured eager step time), one benchmark is
@@ -33,7 +34,8 @@ from mystique_gen.passes.comms import collective_sequence  # noqa: E402
 from mystique_gen.sources.et import load_trace  # noqa: E402
 
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
-CASES = {"tp": 2, "fsdp2": 2, "pipeline": 2, "coalesced": 2, "mesh2d": 4, "fsdp2_tp": 4}
+CASES = {"tp": 2, "fsdp2": 2, "pipeline": 2, "coalesced": 2, "mesh2d": 4, "fsdp2_tp": 4,
+         "hf_tp": 2, "hf_fsdp": 2, "hf_ep": 2}
 
 
 def _env() -> dict[str, str]:

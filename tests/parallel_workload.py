@@ -114,6 +114,12 @@ collectives per rank (``make test`` runs none of them: run them by name):
   K/V gradients round too) and ``odd_collectives`` (``new_subgroups``, a PRODUCT
   all-reduce, a reduce to a non-zero root, a list ``all_to_all``; 2 or 4 ranks).
 
+* transformers' own parallelism (``from_pretrained(distributed_config=...)``, a tiny
+  model saved from its config): ``hf_tp`` (tensor parallel, Llama), ``hf_fsdp`` (FSDP2,
+  Llama), ``hf_ep`` (expert parallel, Qwen3-MoE: tokens to their experts' ranks by
+  ``all_to_all_single``; ``make test`` runs it) and ``hf_pp`` (pipeline stages serving
+  greedy generation). Loading with a parallel plan needs ``accelerate``.
+
 Context parallel (``context_parallel`` with SDPA) does not run on CPU in torch 2.13:
 SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which has no
 DTensor sharding strategy; nor does SyncBatchNorm under DDP ("SyncBatchNorm layers
@@ -1865,6 +1871,90 @@ def late_send() -> Callable[[], object]:
     return step
 
 
+
+def _hf_causal_lm(arch: str, parallel: dict[str, object], **sizes: int) -> torch.nn.Module:
+    """A tiny transformers causal LM (``arch``, its default config with ``sizes``)
+    loaded with transformers' own parallelism, ``DistributedConfig(**parallel)``: rank 0
+    saves it from its config (no weights are downloaded), and every rank loads it with
+    ``from_pretrained``, the path that applies the model's TP, FSDP2, EP and PP plans."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoConfig, AutoModelForCausalLM, DistributedConfig
+
+    shared = os.path.join(tempfile.gettempdir(),
+                          f"mystique-hf-{os.environ.get('MASTER_PORT', '0')}-{arch}")
+    if dist.get_rank() == 0:
+        config = AutoConfig.for_model(
+            arch, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+            max_position_embeddings=64, **sizes)
+        AutoModelForCausalLM.from_config(config).save_pretrained(shared)
+    dist.barrier()
+    model = AutoModelForCausalLM.from_pretrained(
+        shared, distributed_config=DistributedConfig(**parallel), dtype=torch.float32)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(shared, ignore_errors=True)
+    return model
+
+
+def _hf_train_step(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:
+    """One AdamW step of a causal LM on ``ids`` as its own labels."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step
+
+
+def hf_tp() -> Callable[[], object]:
+    """transformers' tensor parallel: a Llama loaded with ``tp_size`` = world, its
+    ``base_model_tp_plan`` on DTensor (functional all-reduces), AdamW."""
+    model = _hf_causal_lm("llama", {"tp_size": dist.get_world_size()})
+    return _hf_train_step(model, torch.randint(0, 256, (2, 16)))
+
+
+def hf_fsdp() -> Callable[[], object]:
+    """transformers' FSDP2: a Llama loaded with ``fsdp_size`` = world (its
+    ``fsdp_plan``), each rank training on its own batch."""
+    model = _hf_causal_lm("llama", {"fsdp_size": dist.get_world_size()})
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(
+        dist.get_rank()))
+    return _hf_train_step(model, ids)
+
+
+def hf_ep() -> Callable[[], object]:
+    """transformers' expert parallel: a Qwen3-MoE (4 experts, top 2) loaded with
+    ``ep_size`` = world and no TP rules: each rank holds half the experts, and the
+    routed tokens go to them and back by ``all_to_all_single`` (their counts
+    exchanged first), forward and backward; AdamW."""
+    world = dist.get_world_size()
+    model = _hf_causal_lm("qwen3_moe", {"ep_size": world, "tp_size": world, "tp_plan": {}},
+                          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                          head_dim=16)
+    return _hf_train_step(model, torch.randint(0, 256, (2, 16)))
+
+
+def hf_pp() -> Callable[[], object]:
+    """transformers' pipeline parallel, which serves generation: a Llama's layers split
+    over ``pp_size`` = world stages, hidden states sent stage to stage and the logits
+    (their shape first) broadcast from the last; 4 tokens decoded greedily."""
+    model = _hf_causal_lm("llama", {"pp_size": dist.get_world_size()}).eval()
+    prompt = torch.randint(1, 256, (2, 8))
+
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            return model.generate(input_ids=prompt, max_new_tokens=4, do_sample=False,
+                                  pad_token_id=0)
+
+    return step
+
+
 MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "fsdp2_dim1": fsdp2_dim1,
          "coalesced": coalesced, "reductions": reductions, "pipeline": pipeline,
@@ -1894,7 +1984,8 @@ MODES = {"functional": functional, "tp": tensor_parallel, "fsdp2": fsdp2,
          "late_send": late_send, "megatron_tp": megatron_tp,
          "zero_by_hand": zero_by_hand, "tp_decode": tp_decode,
          "ring_by_hand": ring_by_hand, "odd_collectives": odd_collectives,
-         "megatron_async": megatron_async, "zero3_by_hand": zero3_by_hand}
+         "megatron_async": megatron_async, "zero3_by_hand": zero3_by_hand,
+         "hf_tp": hf_tp, "hf_fsdp": hf_fsdp, "hf_ep": hf_ep, "hf_pp": hf_pp}
 
 
 def _profiled(step: Callable[[], object], out_dir: str, rank: int) -> None:

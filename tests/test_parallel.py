@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
 MODES = ["tp", "fsdp2", "fsdp2_dim1", "functional", "coalesced", "reductions", "pipeline", "seqpar",
          "expert", "expert_grouped", "rooted", "objects", "vocab", "sparse", "side", "hooks",
-         "zero_by_hand"]
+         "zero_by_hand", "hf_ep"]
 # What each mode's benchmark must call or say (header notes wrap, so whitespace is
 # compared loosely): functional collectives; FSDP2's own ops, with the import of the
 # torch module that registers them; coalesced collectives as one call each; the c10d
@@ -84,6 +84,11 @@ CALLS = {
     # Each bucket's reduce-scatter, issued in a gradient hook, runs async (checked
     # below: gloo's completion is the collective's, the wait where the bucket is read).
     "zero_by_hand": ["_reduce_scatter_single(", "_all_gather_single("],
+    # transformers' expert parallel: the token counts by c10d, the tokens by functional
+    # all_to_all_single through autograd (its backward sends the gradients back).
+    "hf_ep": ["torch.distributed.all_to_all_single(",
+              "torch.ops._c10d_functional.all_to_all_single",
+              "torch.ops._c10d_functional._wrap_tensor_autograd"],
 }
 
 
