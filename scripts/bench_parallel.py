@@ -5,8 +5,9 @@ For each mode of tests/parallel_workload.py (tensor parallel on DTensor, FSDP2, 
 expert parallel plans, on 2 gloo ranks; collectives on a 2 x 2 device mesh, and FSDP2
 + tensor parallel on that mesh, on 4), every rank captures its step as
 ``mystique_gen.tools.capture`` does (ET + Kineto + profile-only steps + the measured
-eager step time), one benchmark is generated with every rank's Kineto trace (``--kineto`` per rank), and it runs under
-torchrun with host gaps off and ``recorded``. Eager = the slowest rank's median
+eager step time), one benchmark is generated with every rank's Kineto trace
+(``--kineto`` per rank), and it runs under torchrun with host gaps off and
+``recorded``. Eager = the slowest rank's median
 captured step; replay = the benchmark's ``iter_ms_median`` (each iteration timed to
 its slowest rank); error = replay / eager - 1. ``collectives``: ranks whose replay
 issues the recorded collectives in order with the recorded sizes (``--et``), of all
