@@ -2007,6 +2007,7 @@ def _profiled(step: Callable[[], object], out_dir: str, rank: int) -> None:
 
 def main(out_dir: str, modes: list[str]) -> int:
     torch.set_num_threads(1)
+    os.makedirs(out_dir, exist_ok=True)  # the observer writes nothing into a missing one
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     kineto = modes[:1] == ["--kineto"]
