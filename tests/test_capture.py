@@ -944,6 +944,32 @@ def test_a_launchers_command_is_captured_rank_by_rank(tmp_path, capsys):
         assert len(step["step_ms"]) == 1
 
 
+
+def test_a_launchers_ranks_short_of_steps_are_said_to_be_so(tmp_path, capsys):
+    """Ranks that made fewer steps than the capture needs keep their recorded step and
+    say so; the launcher's own process, which made none, said "no Python process the
+    script started was captured either", as if nothing had been."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("no torchrun beside this interpreter")
+    script = _script(tmp_path / "train.py", """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        """)
+    assert _capture(tmp_path / "o", str(torchrun), "--nnodes", "1", "--nproc-per-node", "2",
+                    "--master-port", str(free_port()), script) != 0
+    err = capsys.readouterr().err
+    assert "none of the 2 process(es) the script started was captured whole" in err, err
+    assert "no Python process the script started was captured" not in err
+    for rank in (0, 1):  # each kept its recorded step (and said so on its own stderr)
+        assert (tmp_path / "o" / f"s-rank-{rank}.et.json").exists()
+
 # A rank's serving step: its model, and an all-reduce of the result across ranks.
 _SERVE_ALL_REDUCE = """
         import torch, torch.distributed as dist

@@ -1265,6 +1265,11 @@ def capture_script(
         if results and run.raised is None:
             _say_ranks(capture.out, results, "process(es) the script started")
             return _result_of(capture.out, results[0])
+        short = _captured_since(capture.out, name, started, whole=False)
+        if short and run.raised is None:  # not "none captured": each said what it kept
+            raise ScriptError(
+                f"none of the {len(short)} process(es) the script started was captured "
+                f"whole ({', '.join(n for n, _, _ in short)}: each said why above)")
     result = capture.finish(run)
     others = [] if run.spawned else [r for r in _captured_since(capture.out, name, started)
                                      if r[1] != result.sidecar_path]
@@ -1854,9 +1859,11 @@ def _launched(argv: list[str]) -> bool:
     return True
 
 
-def _captured_since(out: Path, name: str, started: float) -> list[tuple[str, Path, dict]]:
+def _captured_since(out: Path, name: str, started: float, whole: bool = True
+                    ) -> list[tuple[str, Path, dict]]:
     """The captures of ``name`` (or its ranks) whose step.json was written since
-    ``started``, whole ones, in rank order."""
+    ``started``, in rank order: whole ones, or with ``whole`` False those short of
+    steps too."""
     found = []
     for sidecar in out.glob(f"{glob_escape(name)}*.step.json"):
         stem = sidecar.name[: -len(".step.json")]
@@ -1866,7 +1873,7 @@ def _captured_since(out: Path, name: str, started: float) -> list[tuple[str, Pat
             if sidecar.stat().st_mtime < started - 1.0:
                 continue
             summary = json.loads(sidecar.read_text())
-            if summary.get("complete", True):
+            if summary.get("complete", True) or not whole:
                 found.append((stem, sidecar, summary))
     return sorted(found, key=lambda f: [int(t) if t.isdigit() else t
                                         for t in re.split(r"(\d+)", f[0])])
