@@ -144,7 +144,8 @@ def load_source(path: str | Path, kineto: str | Path | None = None) -> Source:
     capture's profile-only trace named beside it."""
     sidecar = sidecar_beside(path)
     source = Source(load_trace(path), resources_dir(path),
-                    captured=CapturedInputs(scalars_of(sidecar), literals_of(sidecar)),
+                    captured=CapturedInputs(scalars_of(sidecar), literals_of(sidecar),
+                                            scalars_of(sidecar, "integer_scalars")),
                     num_threads=threads_of(sidecar), one_step=bool(sidecar))
     if kineto is not None:
         link_source(source, load_kineto(kineto), kineto)

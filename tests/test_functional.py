@@ -178,6 +178,29 @@ def test_higher_order_ops_are_captured_with_the_values_in_their_bodies(tmp_path)
     assert replayed["aten::tanh.default"] == 3, replayed
 
 
+def test_wrapped_integers_replay_with_their_recorded_values(tmp_path):
+    """A Python int the argument parser wraps (``2 * p - 1``, a Normal's ``icdf`` as
+    Gemma 3n's activation sparsity computes it) is a 0-d long tensor the trace holds no
+    value of: filled at random in [1, 8), ``erfinv`` left its domain in most replays
+    and the step's parameters went NaN. The capture records 0-d integral arguments too,
+    and the replay fills them with the recorded values."""
+    torch.set_num_threads(1)
+    x = torch.randn(8, 16)
+
+    def step() -> None:
+        sparsity = torch.tensor(0.95)
+        cutoff = torch.distributions.Normal(0, 1).icdf(sparsity)
+        torch.relu(x - x.mean() - cutoff * x.std()).sum()
+
+    result = capture(step, tmp_path, name="icdf", kineto=False, timing_iters=1)
+    recorded = json.loads(result.sidecar_path.read_text())["integer_scalars"]
+    assert recorded["aten::mul.Tensor|float32"]["1"] == [2], recorded
+    run = _replay(result.et_path, tmp_path, record=True)
+    assert run.text.count('"span", 2, 2, gens') == 1, "the 2 of 2 * p: recorded"
+    assert run.text.count('"span", 1, 1, gens') >= 1, "the 1 of - 1: recorded"
+    assert run.out["nonfinite_inputs"] == []
+    _assert_same_ops(result.et_path, run)
+
 def test_a_training_steps_peak_memory_is_the_originals(tmp_path):
     """What autograd saves inside composite ops (cross_entropy's log_softmax result,
     layer_norm's mean and rstd, dropout's mask) is allocated in the step, as the

@@ -102,6 +102,9 @@ class CapturedInputs:
 
     scalars: ScalarRecord = field(default_factory=dict)
     literals: LiteralRecord = field(default_factory=list)
+    # The same of 0-d integral arguments (wrapped Python ints: the 2 and 1 of a
+    # Normal's ``icdf``, ``erfinv(2 * p - 1)``), matched apart from the floating ones.
+    integers: ScalarRecord = field(default_factory=dict)
 
 
 def resources_dir(trace_path: str | Path) -> Path | None:
@@ -153,6 +156,8 @@ def recorded_values(trace: RawTrace, resources: Path | None = None,
     found = RecordedValues()
     if captured is not None and captured.scalars:
         found.scalars = match_scalars(trace, captured.scalars)
+    if captured is not None and captured.integers:
+        found.scalars.update(match_scalars(trace, captured.integers, integral=True))
     if captured is not None and captured.literals:
         found.literals = match_literals(trace, captured.literals)
     with_scalars = {node_id for node_id, _ in found.scalars} | \
@@ -177,19 +182,31 @@ def recorded_values(trace: RawTrace, resources: Path | None = None,
     return found
 
 
-def match_scalars(trace: RawTrace, recorded: ScalarRecord) -> dict[tuple[int, int], float]:
+def integer_key(op: str, first: str | None) -> str:
+    """How integral values are recorded and matched: by op overload and the dtype of
+    its first tensor argument (``aten::sub.Tensor|float32``). An op's calls on other
+    dtypes are often other code (Gemma 3n's ``2 * p - 1`` on a float, its mask
+    arithmetic on longs), and the capture's steps may run one more of those."""
+    return f"{op}|{first}"
+
+
+def match_scalars(trace: RawTrace, recorded: ScalarRecord, integral: bool = False
+                  ) -> dict[tuple[int, int], float]:
     """(node id, tensor ordinal) -> value: the k-th recorded value of an op overload's
     ordinal is its k-th node (in id order, the call order) whose input at that ordinal
-    is a 0-d floating CPU tensor. Where the counts differ (the recorded step ran other
-    ops), that overload and ordinal get no values: better a stand-in than a value
-    from another call."""
+    is a 0-d floating CPU tensor (``integral``: a 0-d integral one). Where the counts
+    differ (the recorded step ran other ops), that overload and ordinal get no values:
+    better a stand-in than a value from another call."""
     sites: dict[tuple[str, int], list[int]] = {}
     for node in trace.nodes:
         op = node.op_schema.split("(", 1)[0].strip()
+        if integral:
+            first = next((raw for raw in node.inputs if raw.type.startswith("Tensor")), None)
+            op = integer_key(op, dtype_from_type_string(first.type) if first else None)
         if op not in recorded:
             continue
         for raw, row in zip(node.inputs, _ordinals(node.inputs), strict=True):
-            if raw.type.startswith("Tensor") and _scalar_tensor(raw):
+            if raw.type.startswith("Tensor") and _scalar_tensor(raw, integral):
                 sites.setdefault((op, row[0]), []).append(node.id)
     found: dict[tuple[int, int], float] = {}
     for (op, k), node_ids in sites.items():
@@ -219,12 +236,12 @@ def match_literals(trace: RawTrace, recorded: LiteralRecord
     return found
 
 
-def _scalar_tensor(raw: RawArg) -> bool:
-    """A 0-d floating CPU tensor, as the ET records one."""
+def _scalar_tensor(raw: RawArg, integral: bool = False) -> bool:
+    """A 0-d floating (``integral``: integral) CPU tensor, as the ET records one."""
     record = raw.value
     device = record[5] if isinstance(record, list) and len(record) > 5 else None
     return raw.shape == [] and device in ("cpu", None) and \
-        dtype_from_type_string(raw.type) in FLOATING
+        dtype_from_type_string(raw.type) in (INTEGRAL if integral else FLOATING)
 
 
 def _arg_facts(op: Op) -> dict[str, object]:
@@ -1922,6 +1939,9 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         domain = _integral_domain(facts, i) if i in facts.float_read else None
         if domain is not None:
             return domain
+        value = _one_value(facts.scalar_values.get(i, []))
+        if value is not None and s.extent == 1 and value == int(value):
+            return Init(FillKind.SPAN, int(value), int(value), "recorded value")
         if s.extent == 1 and i in facts.scalar:
             kind, low, high = oprules.SCALAR_INTEGRAL
             return Init(kind, low, high, "0-d tensor (a wrapped Python integer): never 0")

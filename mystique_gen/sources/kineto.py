@@ -340,10 +340,12 @@ def step_ms_of(sidecar: dict[str, Any]) -> float | None:
     return _positive(sidecar, "step_ms_median")
 
 
-def scalars_of(sidecar: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+def scalars_of(sidecar: dict[str, Any], key: str = "scalars"
+               ) -> dict[str, dict[str, list[float]]]:
     """The values of 0-d floating arguments the capture recorded (the sidecar's
-    ``scalars``: op overload -> tensor ordinal -> values in call order), if any."""
-    found = sidecar.get("scalars")
+    ``scalars``: op overload -> tensor ordinal -> values in call order; ``key``
+    ``integer_scalars``: of 0-d integral ones), if any."""
+    found = sidecar.get(key)
     if not isinstance(found, dict):
         return {}
     return {op: {str(k): [float(v) for v in values if isinstance(v, (int, float))]

@@ -60,7 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from mystique_gen import oprules
 from mystique_gen.constants import ET_SUFFIX, KINETO_SUFFIX, STEP_SCOPE
 from mystique_gen.harness.runtime import _host_probe_us, _trace_peaks
-from mystique_gen.passes.values import CapturedInputs
+from mystique_gen.passes.values import CapturedInputs, integer_key
 
 RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 DATA_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"
@@ -400,7 +400,10 @@ class _ScalarRecorder(_StepMode):
       metadata, not its values, and 0-d floating tensors are mostly Python numbers
       wrapped by the argument parser: model constants (the -8.0 of RecurrentGemma's
       gate, ``-8.0 * gate * softplus(a)``, whose square root of ``1 - exp(2x)`` a
-      positive stand-in turns to NaN), optimizer betas and step sizes;
+      positive stand-in turns to NaN), optimizer betas and step sizes; and of every
+      0-d integral one apart (:meth:`recorded` with ``integers``: wrapped Python ints,
+      the 2 and 1 of a Normal's ``icdf``, ``erfinv(2 * p - 1)``, which at random
+      left erfinv's domain);
     * in every step, the values of each tensor the step builds from Python data
       (``aten::lift_fresh``: ``torch.tensor([0.5, 2.0])``, the index of ``x[:, [0, 2]]``)
       of at most :data:`MAX_LITERAL_ELEMENTS` elements, in call order
@@ -411,6 +414,7 @@ class _ScalarRecorder(_StepMode):
     def __init__(self) -> None:
         super().__init__()
         self.values: dict[str, dict[int, list[float]]] = {}
+        self.integers: dict[str, dict[int, list[float]]] = {}
         self.steps: list[list[list[float | int] | None]] = [[]]  # literals, per step
 
     def next_step(self) -> None:
@@ -438,11 +442,15 @@ class _ScalarRecorder(_StepMode):
         schema = func._schema
         key = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
         ordinal = 0
+        first: str | None = None  # the dtype of the op's first tensor argument
         for i, spec in enumerate(schema.arguments):
             value = args[i] if i < len(args) else kwargs.get(spec.name)
             if "Tensor" not in str(spec.type):
                 continue
             for item in value if isinstance(value, (list, tuple)) else (value,):
+                if first is None and not isinstance(value, (list, tuple)) \
+                        and isinstance(item, (torch.Tensor, int, float, bool)):
+                    first = _wrapped_dtype(item)
                 # A wrapped number reaches __torch_dispatch__ as the Python number;
                 # the ET records it as a 0-d tensor, at this ordinal.
                 number = isinstance(item, float) or (
@@ -451,14 +459,34 @@ class _ScalarRecorder(_StepMode):
                 if number:
                     self.values.setdefault(key, {}).setdefault(ordinal, []).append(
                         float(item.detach() if isinstance(item, torch.Tensor) else item))
+                integer = (isinstance(item, int) and not isinstance(item, bool)) or (
+                    isinstance(item, torch.Tensor) and item.dim() == 0
+                    and not item.is_floating_point() and not item.is_complex()
+                    and item.dtype != torch.bool and item.device.type == "cpu")
+                if integer:
+                    self.integers.setdefault(integer_key(key, first), {}).setdefault(
+                        ordinal, []).append(
+                        int(item.detach() if isinstance(item, torch.Tensor) else item))
                 if number or isinstance(item, (torch.Tensor, int, bool, complex)):
                     ordinal += 1
 
-    def recorded(self) -> dict[str, dict[str, list[float]]]:
+    def recorded(self, integers: bool = False) -> dict[str, dict[str, list[float]]]:
         """What was recorded, as the sidecar stores it:
-        ``{"aten::mul.Tensor": {"1": [values...]}}``."""
+        ``{"aten::mul.Tensor": {"1": [values...]}}``; ``integers``: the integral ones."""
         return {op: {str(k): v for k, v in sorted(by.items())}
-                for op, by in sorted(self.values.items())}
+                for op, by in sorted((self.integers if integers else self.values).items())}
+
+    def captured(self) -> CapturedInputs:
+        return CapturedInputs(self.recorded(), self.literals(), self.recorded(integers=True))
+
+
+def _wrapped_dtype(item: torch.Tensor | int | float | bool) -> str:
+    """``item``'s dtype as the ET names it (passes/values.py ``integer_key``): a
+    Python number's, the parser's wrapping."""
+    if isinstance(item, torch.Tensor):
+        return str(item.dtype).removeprefix("torch.")
+    return "bool" if isinstance(item, bool) else "int64" if isinstance(item, int) \
+        else "float64"
 
 
 class _SubclassProbe(_StepMode):
@@ -535,7 +563,7 @@ def record_scalars(step_fn: Callable[[], object]) -> CapturedInputs:
     except Exception:  # noqa: BLE001 (a step that cannot run under a mode: no values)
         if len(recorder.steps) == 1:
             return CapturedInputs()
-    return CapturedInputs(recorder.recorded(), recorder.literals())
+    return recorder.captured()
 
 
 def _step_peak(trace: Path) -> int:
@@ -618,7 +646,8 @@ def capture(
             recorder.stop_profile()
     return _write_sidecar(out, name, times, cpu, warmup, recorder,
                           {"boundary": "step_fn call", "profile_steps": max(1, profile_steps),
-                           "scalars": inputs.scalars, "literals": inputs.literals})
+                           "scalars": inputs.scalars, "literals": inputs.literals,
+                           "integer_scalars": inputs.integers})
 
 
 class CaptureDone(BaseException):
@@ -855,8 +884,7 @@ class _StepClock:
         """Leave the scalar recorder's mode and keep what it recorded."""
         if self.scalar_mode is not None:
             self.scalar_mode.__exit__(None, None, None)
-            self.inputs = CapturedInputs(self.scalar_mode.recorded(),
-                                         self.scalar_mode.literals())
+            self.inputs = self.scalar_mode.captured()
             self.scalar_mode = None
 
     def finish_profile(self) -> None:
@@ -1519,7 +1547,8 @@ def _sidecar_extra(clock: _StepClock, recorder: _Recorder, argv: list[str],
                    boundary: str = "optimizer step") -> dict[str, object]:
     extra: dict[str, object] = {"boundary": boundary, "command": argv,
                                 "scalars": clock.inputs.scalars,
-                                "literals": clock.inputs.literals}
+                                "literals": clock.inputs.literals,
+                                "integer_scalars": clock.inputs.integers}
     if recorder.kineto_path is not None:
         extra["profile_steps"] = clock.profiled
     return extra
