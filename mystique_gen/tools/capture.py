@@ -464,9 +464,10 @@ class _ScalarRecorder(_StepMode):
                     and not item.is_floating_point() and not item.is_complex()
                     and item.dtype != torch.bool and item.device.type == "cpu")
                 if integer:
-                    self.integers.setdefault(integer_key(key, first), {}).setdefault(
-                        ordinal, []).append(
-                        int(item.detach() if isinstance(item, torch.Tensor) else item))
+                    with suppress(Exception):  # (a subclass's value: the others still)
+                        self.integers.setdefault(integer_key(key, first), {}).setdefault(
+                            ordinal, []).append(
+                            int(item.detach() if isinstance(item, torch.Tensor) else item))
                 if number or isinstance(item, (torch.Tensor, int, bool, complex)):
                     ordinal += 1
 
