@@ -84,7 +84,8 @@ def rank_main(arch: str, plan: str, out: Path) -> int:
             model.save_pretrained(saved)
             del model
         except Exception as exc:  # noqa: BLE001 - bench_sweep.Skip or a save failure
-            (out / "skip-0").write_text(f"build: {bench_sweep._first_line(exc)}")
+            why = bench_sweep._first_line(exc)
+            (out / "skip-0").write_text(why if why.startswith("build") else f"build: {why}")
     dist.barrier()
     if (out / "skip-0").exists():
         return 0
