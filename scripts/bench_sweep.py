@@ -61,7 +61,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -1698,6 +1698,24 @@ def _run_child(kind: str, arch: str, steps: list[str], timeout: float) -> list[d
     return rows
 
 
+def named(arch: str, only: list[str]) -> bool:
+    """Whether SWEEP_ONLY's entries (``only``) pick ``arch``: a substring, or ``=name``
+    that name alone; all where none is given."""
+    return not only or any(arch == s[1:] if s.startswith("=") else s in arch for s in only)
+
+
+_Work = TypeVar("_Work")
+
+
+def sampled(work: list[_Work]) -> list[_Work]:
+    """SWEEP_SAMPLE=K/N: the items whose place in ``work`` is K modulo N; all without."""
+    sample = os.environ.get("SWEEP_SAMPLE")
+    if not sample:
+        return work
+    part, parts = (int(x) for x in sample.split("/"))
+    return [w for i, w in enumerate(work) if i % parts == part]
+
+
 def main() -> int:
     warnings.filterwarnings("ignore")
     try:
@@ -1711,13 +1729,8 @@ def main() -> int:
     jobs = max(1, int(os.environ.get("SWEEP_JOBS", "1")))
     steps = [s for s in os.environ.get("SWEEP_STEPS", "train,infer").split(",") if s]
     timeout = float(os.environ.get("SWEEP_TIMEOUT", "900"))
-    work = [(k, a) for k in kinds for a in
-            [a for a in sorted(_mapping(k)) if not only or any(
-                a == s[1:] if s.startswith("=") else s in a for s in only)][:limit]]
-    sample = os.environ.get("SWEEP_SAMPLE")
-    if sample:
-        part, parts = (int(x) for x in sample.split("/"))
-        work = [w for i, w in enumerate(work) if i % parts == part]
+    work = sampled([(k, a) for k in kinds for a in
+                    [a for a in sorted(_mapping(k)) if named(a, only)][:limit]])
     print(f"{len(work)} architectures x {len(steps)} steps, {jobs} at a time", flush=True)
     print(f"{'kind':<12} {'arch':<28} {'step':<6} {'outcome':<12} {'ops':>5} {'s':>5}  error",
           flush=True)

@@ -37,6 +37,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_sweep import named, sampled  # noqa: E402
+
 RANKS = 2
 PLANS = {"ep": {"ep_size": RANKS, "tp_size": RANKS, "tp_plan": {}},
          "tp": {"tp_size": RANKS}}
@@ -66,11 +70,9 @@ def rank_main(arch: str, plan: str, out: Path) -> int:
     """One rank (under torchrun): rank 0 builds and saves the shrunk model, every rank
     loads it with ``plan`` and captures one training step. A failure before the capture
     is written to ``skip-<rank>`` (the model's or transformers', not ours)."""
+    import bench_sweep
     import torch
     import torch.distributed as dist
-
-    sys.path.insert(0, str(HERE))
-    import bench_sweep
 
     from mystique_gen.tools.capture import capture
 
@@ -190,13 +192,8 @@ def main() -> int:
     plans = [p for p in os.environ.get("SWEEP_PLANS", "ep").split(",") if p]
     only = [s for s in os.environ.get("SWEEP_ONLY", "").split(",") if s]
     timeout = float(os.environ.get("SWEEP_TIMEOUT", "600"))
-    work = [(plan, arch) for plan in plans for arch in architectures(plan)
-            if not only or any(arch == s[1:] if s.startswith("=") else s in arch
-                               for s in only)]
-    sample = os.environ.get("SWEEP_SAMPLE")
-    if sample:
-        part, parts = (int(x) for x in sample.split("/"))
-        work = [w for i, w in enumerate(work) if i % parts == part]
+    work = sampled([(plan, arch) for plan in plans for arch in architectures(plan)
+                    if named(arch, only)])
     print(f"{len(work)} architecture x plan pairs on {RANKS} gloo ranks", flush=True)
     print(f"{'plan':<5} {'arch':<28} {'outcome':<13} {'ops':>5} {'comm':>5} {'s':>5}  error",
           flush=True)
