@@ -414,7 +414,7 @@ class _ScalarRecorder(_StepMode):
     def __init__(self) -> None:
         super().__init__()
         self.values: dict[str, dict[int, list[float]]] = {}
-        self.integers: dict[str, dict[int, list[float]]] = {}
+        self.integers: dict[str, dict[int, list[int]]] = {}
         self.steps: list[list[list[float | int] | None]] = [[]]  # literals, per step
 
     def next_step(self) -> None:
@@ -478,6 +478,7 @@ class _ScalarRecorder(_StepMode):
                 for op, by in sorted((self.integers if integers else self.values).items())}
 
     def captured(self) -> CapturedInputs:
+        """Everything recorded, as the values pass takes it."""
         return CapturedInputs(self.recorded(), self.literals(), self.recorded(integers=True))
 
 
