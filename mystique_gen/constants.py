@@ -8,8 +8,9 @@ use it without pulling in another.
 # equivalent of an op: defined by the harness.
 from mystique_gen.harness.runtime import EQUIVALENT_SCOPE, HARNESS_SCOPE
 
-__all__ = ["BACKWARD_SCOPE", "DEVICE_CATEGORIES", "EQUIVALENT_SCOPE", "ET_SUFFIX", "HARNESS_SCOPE",
-           "KINETO_SUFFIX", "SIDECAR_SUFFIX", "STEP_SCOPE", "equivalent_of"]
+__all__ = ["BACKWARD_SCOPE", "DEVICE_CATEGORIES", "EQUIVALENT_SCOPE", "ET_SUFFIX",
+           "HARNESS_SCOPE", "KINETO_SUFFIX", "SIDECAR_SUFFIX", "STEP_SCOPE", "equivalent_of",
+           "in_backward"]
 
 
 def equivalent_of(scope: str) -> str | None:
@@ -22,6 +23,13 @@ def equivalent_of(scope: str) -> str | None:
 # The scope the autograd engine records around each node's backward: what ran in it is
 # the backward's work.
 BACKWARD_SCOPE = "autograd::engine::evaluate_function"
+
+
+def in_backward(scopes: tuple[str, ...]) -> bool:
+    """Whether an op inside ``scopes`` (its enclosing annotations) is the autograd
+    engine's work: a node's backward."""
+    return any(scope.startswith(BACKWARD_SCOPE) for scope in scopes)
+
 # The annotation capture wraps each profiled step in (no "::": compare counts "ns::name"
 # events as ops).
 STEP_SCOPE = "MystiqueProfiledStep"

@@ -52,7 +52,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from mystique_gen.constants import BACKWARD_SCOPE
+from mystique_gen.constants import in_backward
 from mystique_gen.ir import Binding, Op, OpOutput, Program, TensorValue, iter_tensors
 from mystique_gen.passes.tensors import binding_key, output_paths
 from mystique_gen.sources.kineto import CpuEvent, MemoryEvent
@@ -278,4 +278,4 @@ def _makes_node(op: Op) -> bool:
 
 def _in_backward(op: Op) -> bool:
     """Whether the autograd engine ran ``op`` (a node's backward)."""
-    return any(scope.startswith(BACKWARD_SCOPE) for scope in op.scope)
+    return in_backward(op.scope)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from mystique_gen import oprules
-from mystique_gen.constants import BACKWARD_SCOPE
+from mystique_gen.constants import in_backward
 from mystique_gen.errors import TraceError
 from mystique_gen.ir import Diagnostic, SparseLayout, TensorMeta, not_replayed
 from mystique_gen.ir.schema import ArgSpec, SchemaError, is_op_name, parse_signature
@@ -1118,7 +1118,7 @@ def escaping_composites(trace: RawTrace, ops: list[Selected], by_id: dict[int, R
         reads, returns = keys_of(node)
         # A 0-d tensor read outside the backward may be a wrapped Python number, made
         # where the observer records nothing, at a freed inner result's addresses.
-        backward = any(scope.startswith(BACKWARD_SCOPE) for scope in sel.scope)
+        backward = in_backward(sel.scope)
         found.update(owner[key] for key in reads
                      if key in owner and (backward or key[3] != 0))
         own = reads | returns

@@ -106,6 +106,12 @@ class CapturedInputs:
     # Normal's ``icdf``, ``erfinv(2 * p - 1)``), matched apart from the floating ones.
     integers: ScalarRecord = field(default_factory=dict)
 
+    def sidecar_fields(self) -> dict[str, object]:
+        """These, under the keys the sidecar keeps them (sources/kineto.py reads them:
+        ``scalars_of``, ``literals_of``)."""
+        return {"scalars": self.scalars, "literals": self.literals,
+                "integer_scalars": self.integers}
+
 
 def resources_dir(trace_path: str | Path) -> Path | None:
     """``x.et.json`` (or ``x.et.json.gz``) -> ``x.et_resources/`` where it exists."""

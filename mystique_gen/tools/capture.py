@@ -648,8 +648,7 @@ def capture(
             recorder.stop_profile()
     return _write_sidecar(out, name, times, cpu, warmup, recorder,
                           {"boundary": "step_fn call", "profile_steps": max(1, profile_steps),
-                           "scalars": inputs.scalars, "literals": inputs.literals,
-                           "integer_scalars": inputs.integers})
+                           **inputs.sidecar_fields()})
 
 
 class CaptureDone(BaseException):
@@ -1548,9 +1547,7 @@ def _spawned_name(name: str, index: int, nprocs: int) -> str:
 def _sidecar_extra(clock: _StepClock, recorder: _Recorder, argv: list[str],
                    boundary: str = "optimizer step") -> dict[str, object]:
     extra: dict[str, object] = {"boundary": boundary, "command": argv,
-                                "scalars": clock.inputs.scalars,
-                                "literals": clock.inputs.literals,
-                                "integer_scalars": clock.inputs.integers}
+                                **clock.inputs.sidecar_fields()}
     if recorder.kineto_path is not None:
         extra["profile_steps"] = clock.profiled
     return extra
