@@ -1312,6 +1312,29 @@ def test_each_reader_of_a_recorded_scalar_replays_its_own_value(values):
         [(v, v, "recorded value") for v in values]
 
 
+XLOGY = "aten::xlogy.Tensor(Tensor self, Tensor other) -> Tensor"
+
+
+@pytest.mark.parametrize("recorded", [None, 3])
+def test_a_recorded_integer_wins_over_its_readers_domain(recorded):
+    """``xlogy(x, 3)`` wraps the 3 as a 0-d long that a floating op reads inside its
+    domain (> 0): the value the capture recorded replays as it was; without one, a
+    value inside the domain."""
+    b = TraceBuilder()
+    x, base = b.tensor((4,)), b.tensor((), dtype="int64")
+    b.op(XLOGY, [x, base], [b.tensor((4,))])
+    trace = trace_from_document(b.doc(), name="t.json", sha256="0")
+    integers = {} if recorded is None else {"aten::xlogy.Tensor|float32": {"1": [recorded]}}
+    program = run_passes([Source(trace, captured=CapturedInputs(integers=integers))],
+                         BuildOptions())
+    init = program.ops[0].args[1].value.storage.init
+    if recorded is None:
+        assert init.kind == "randint" and init.low >= 1
+    else:
+        assert (init.kind, init.low, init.high, init.why) == \
+            ("span", recorded, recorded, "recorded value")
+
+
 def test_a_float32_scalar_read_by_two_ops_is_one_tensor():
     """A float32 0-d tensor is no wrapped Python number (those are doubles, int64s or
     bools): two ops reading it (a learnable temperature, a median a backward reads

@@ -1942,12 +1942,14 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         _, low, high = QUANTIZED[s.dtype]
         return Init(FillKind.RANDINT, low, high, "quantized: any integer representation")
     if s.dtype in INTEGRAL:
-        domain = _integral_domain(facts, i) if i in facts.float_read else None
-        if domain is not None:
-            return domain
+        # (a value the capture recorded was the original's, inside every reader's
+        # domain: it wins over a domain inferred from the readers, as for floats)
         value = _one_value(facts.scalar_values.get(i, []))
         if value is not None and s.extent == 1 and value == int(value):
             return Init(FillKind.SPAN, int(value), int(value), "recorded value")
+        domain = _integral_domain(facts, i) if i in facts.float_read else None
+        if domain is not None:
+            return domain
         if s.extent == 1 and i in facts.scalar:
             kind, low, high = oprules.SCALAR_INTEGRAL
             return Init(kind, low, high, "0-d tensor (a wrapped Python integer): never 0")
