@@ -25,20 +25,18 @@ sys.path.insert(0, str(ROOT))
 from mystique_gen.cli import main as cli_main  # noqa: E402
 from mystique_gen.passes.comms import collective_sequence  # noqa: E402
 from mystique_gen.sources.et import load_trace  # noqa: E402
+from tests.launch import launch_env, torchrun  # noqa: E402
 
 RANKS = int(os.environ.get("DIST_RANKS", "4"))
 TIMED = 10
 
 
 def _torchrun(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(RANKS), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=cwd, env=env)
+    return torchrun(RANKS, *args, cwd=cwd, timeout=900, env=env)
 
 
 def main() -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DIST_WORKLOAD_TIMED": str(TIMED)}
-    env.pop("PYTHONPATH", None)
+    env = launch_env(DIST_WORKLOAD_TIMED=str(TIMED))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         proc = _torchrun(str(ROOT / "tests" / "dist_workload.py"), str(out), cwd=out, env=env)

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from mystique_gen.passes.comms import collective_sequence  # noqa: E402
 from mystique_gen.sources.et import load_trace  # noqa: E402
+from tests.launch import launch_env, torchrun  # noqa: E402
 
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
 CASES = {"tp": 2, "fsdp2": 2, "pipeline": 2, "coalesced": 2, "mesh2d": 4, "fsdp2_tp": 4,
@@ -39,18 +40,12 @@ CASES = {"tp": 2, "fsdp2": 2, "pipeline": 2, "coalesced": 2, "mesh2d": 4, "fsdp2
 
 
 def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORKLOAD_TIMING_ITERS": "20",
-           "WORKLOAD_PROFILE_STEPS": "5"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
+    return launch_env(keep_pythonpath=True, WORKLOAD_TIMING_ITERS="20",
+                      WORKLOAD_PROFILE_STEPS="5")
 
 
 def _torchrun(ranks: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(ranks), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=cwd,
-                          env=_env())
+    return torchrun(ranks, *args, cwd=cwd, timeout=900, env=_env())
 
 
 def _last_json(text: str) -> dict[str, object]:

@@ -37,9 +37,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(ROOT)]
 
 from bench_sweep import named, sampled  # noqa: E402
+
+from tests.launch import launch_env, torchrun  # noqa: E402
 
 RANKS = 2
 PLANS = {"ep": {"ep_size": RANKS, "tp_size": RANKS, "tp_plan": {}},
@@ -121,12 +123,8 @@ def rank_main(arch: str, plan: str, out: Path) -> int:
 
 
 def _torchrun(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", str(RANKS), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=env, check=False)
+    return torchrun(RANKS, *args, cwd=cwd, timeout=timeout,
+                    env=launch_env(keep_pythonpath=True, TRANSFORMERS_VERBOSITY="error"))
 
 
 def _error_line(text: str) -> str:

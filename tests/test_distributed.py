@@ -8,7 +8,6 @@ run (session fixtures); the other tests read their results or run plain processe
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from mystique_gen.passes.comms import collective_sequence
 from mystique_gen.passes.ranks import is_multi_rank_set, read_groups, read_param_comms
 from mystique_gen.sources.et import load_trace
 from tests.conftest import ROOT, last_json, run_benchmark
+from tests.launch import launch_env, torchrun
 
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "dist_workload.py"
@@ -31,22 +31,10 @@ COLLECTIVES = ["c10d::allreduce_", "c10d::allreduce_", "c10d::broadcast_", "c10d
                "c10d::barrier"]
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONPATH", None)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
-
-
 def _torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available in this build")
-    # --standalone: a rendezvous on a free local port, so parallel runs never collide.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd,
-                          env=_env())
+    return torchrun(2, *args, cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="session")
@@ -150,12 +138,12 @@ def test_rank_set_detection(rank_traces):
 
 def test_world_size_one_runs_standalone_in_a_one_rank_group(tmp_path):
     proc = subprocess.run([sys.executable, str(WORKLOAD), str(tmp_path)], capture_output=True,
-                          text=True, timeout=300, env=_env())
+                          text=True, timeout=300, env=launch_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     bench = tmp_path / "bench.py"
     assert cli_main([str(tmp_path / "rank-0.json"), "-o", str(bench)]) == 0
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "1", "--iters", "2", "--json",
-                         "--et", str(tmp_path / "replay.json"), env=_env())
+                         "--et", str(tmp_path / "replay.json"), env=launch_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = last_json(proc.stdout)
     assert out["distributed"] is True and out["world_size"] == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from mystique_gen.driver import compile_paths
 from mystique_gen.passes.ranks import is_multi_rank_set, recorded_groups
 from mystique_gen.sources.et import load_trace
 from tests.conftest import ROOT, assert_rank_replays, last_json
-from tests.test_distributed import _env
+from tests.launch import launch_env, torchrun_command
 
 pytestmark = pytest.mark.slow
 WORKLOAD = ROOT / "tests" / "parallel_workload.py"
@@ -32,10 +31,9 @@ RANKS = 4
 
 def _launch(*args: str, nproc: int, cwd: Path, extra: tuple[str, ...] = ("--standalone",)
             ) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", *extra, "--nproc-per-node",
-           str(nproc), *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=cwd, env=_env())
+    return subprocess.Popen(torchrun_command(nproc, *args, rendezvous=extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=cwd, env=launch_env())
 
 
 def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
