@@ -1,17 +1,22 @@
 """`make bench` section: do transformers' LMs replay under their own parallel plans?
 
-transformers loads a model with its own expert- and tensor-parallel plans
+transformers loads a model with its own expert-, tensor-, FSDP2 and pipeline plans
 (``from_pretrained(..., distributed_config=DistributedConfig(...))``), as a user
 serving or fine-tuning a checkpoint on several ranks does. For every causal-LM
-architecture whose config names an expert-parallel plan (``base_model_ep_plan``;
-``SWEEP_PLANS=ep,tp`` adds those with a tensor-parallel one, ``base_model_tp_plan``),
-the sweep's shrunk config and weights (scripts/bench_sweep.py ``build``, no download)
-are saved, and two gloo ranks under torchrun load them with the plan (ep:
-``ep_size=2, tp_size=2, tp_plan={}``, tokens sent to their experts' ranks and back by
-all-to-all; tp: ``tp_size=2``), each capturing one AdamW training step on token ids
-as their own labels (``mystique_gen.tools.capture.capture``, no Kineto). One benchmark
-is generated from both ranks' ETs and replayed under torchrun (3 iterations without
-``--reset-inputs``, ``--et``), and each rank's top-level ops are compared by overload.
+architecture whose config names the plan (``SWEEP_PLANS``, default ``ep``; ``ep,tp,
+fsdp,pp`` for all four), the sweep's shrunk config and weights (scripts/bench_sweep.py
+``build``, no download) are saved, and two gloo ranks under torchrun load them with it:
+- ep (``base_model_ep_plan``): ``ep_size=2, tp_size=2, tp_plan={}``, tokens sent to
+  their experts' ranks and back by all-to-all;
+- tp (``base_model_tp_plan``): ``tp_size=2``, the layers' weights as DTensor shards;
+- fsdp (``base_model_fsdp_plan``, which every config has by default): ``fsdp_size=2``,
+  each rank training on a batch of its own;
+- pp (``base_model_pp_plan``): ``pp_size=2``, the layers split in two stages, which
+  transformers runs for generation only: the step is a 4-token greedy ``generate``.
+The training plans capture one AdamW step on token ids as their own labels
+(``mystique_gen.tools.capture.capture``, no Kineto). One benchmark is generated from
+both ranks' ETs and replayed under torchrun (3 iterations without ``--reset-inputs``,
+``--et``), and each rank's top-level ops are compared by overload.
 
 Outcomes as the sweep's: skip (the model does not build, load with the plan or train
 eagerly: not our failure), capture error, gen error, run error, op mismatch, nonfinite
@@ -33,6 +38,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -45,8 +51,12 @@ from tests.launch import launch_env, torchrun  # noqa: E402
 
 RANKS = 2
 PLANS = {"ep": {"ep_size": RANKS, "tp_size": RANKS, "tp_plan": {}},
-         "tp": {"tp_size": RANKS}}
-PLAN_ATTRIBUTE = {"ep": "base_model_ep_plan", "tp": "base_model_tp_plan"}
+         "tp": {"tp_size": RANKS}, "fsdp": {"fsdp_size": RANKS}, "pp": {"pp_size": RANKS}}
+PLAN_ATTRIBUTE = {"ep": "base_model_ep_plan", "tp": "base_model_tp_plan",
+                  "fsdp": "base_model_fsdp_plan", "pp": "base_model_pp_plan"}
+# transformers runs its pipeline stages for generation, not for training.
+SERVED = frozenset({"pp"})
+NEW_TOKENS = 4
 OUTCOMES = ("skip", "capture error", "gen error", "run error", "op mismatch", "nonfinite",
             "crash", "pass")
 REPLAY_ITERS = 3
@@ -70,8 +80,9 @@ def architectures(plan: str) -> list[str]:
 
 def rank_main(arch: str, plan: str, out: Path) -> int:
     """One rank (under torchrun): rank 0 builds and saves the shrunk model, every rank
-    loads it with ``plan`` and captures one training step. A failure before the capture
-    is written to ``skip-<rank>`` (the model's or transformers', not ours)."""
+    loads it with ``plan`` and captures one training step (a ``generate`` call for a
+    plan in SERVED). A failure before the capture is written to ``skip-<rank>`` (the
+    model's or transformers', not ours)."""
     import bench_sweep
     import torch
     import torch.distributed as dist
@@ -99,17 +110,12 @@ def rank_main(arch: str, plan: str, out: Path) -> int:
         config = AutoConfig.from_pretrained(saved)
         model = AutoModelForCausalLM.from_pretrained(
             saved, distributed_config=DistributedConfig(**PLANS[plan]), dtype=torch.float32)
-        model.train()
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-        ids = torch.randint(0, bench_sweep._vocab(config), (2, bench_sweep.SEQ),
-                            generator=torch.Generator().manual_seed(0))
-
-        def step() -> None:
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        step()  # eagerly first: a model that cannot train with the plan is no failure of ours
+        # (FSDP's ranks train on batches of their own; the others' ranks share one)
+        seed = rank if plan == "fsdp" else 0
+        ids = torch.randint(1, bench_sweep._vocab(config), (2, bench_sweep.SEQ),
+                            generator=torch.Generator().manual_seed(seed))
+        step = _served(model, ids) if plan in SERVED else _trained(model, ids)
+        step()  # eagerly first: a model that cannot run with the plan is no failure of ours
     except Exception as exc:  # noqa: BLE001
         (out / f"skip-{rank}").write_text(
             f"eager: {type(exc).__name__}: {bench_sweep._first_line(exc)}")
@@ -120,6 +126,35 @@ def rank_main(arch: str, plan: str, out: Path) -> int:
     capture(step, out, name=f"step-rank-{rank}", warmup=1, timing_iters=1, kineto=False)
     dist.destroy_process_group()
     return 0
+
+
+def _trained(model: object, ids: object) -> Callable[[], None]:
+    """One AdamW step of ``model`` on ``ids`` as their own labels."""
+    import torch
+
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _served(model: object, ids: object) -> Callable[[], object]:
+    """A greedy ``generate`` of NEW_TOKENS tokens after ``ids``."""
+    import torch
+
+    model.eval()
+
+    def step() -> object:
+        with torch.no_grad():
+            return model.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                  pad_token_id=0)
+
+    return step
 
 
 def _torchrun(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
