@@ -1293,6 +1293,31 @@ def test_literals_pair_with_the_traces_calls_one_for_one():
 
 MUL = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
 LIFT_FRESH = "aten::lift_fresh(Tensor(a) self) -> Tensor(a)"
+FILL_ = "aten::fill_.Tensor(Tensor(a!) self, Tensor value) -> Tensor(a!)"
+
+
+def test_two_literals_at_one_freed_address_are_two_values():
+    """``mask[:, n:] = 1`` and later ``attn[...] = -inf`` (D-FINE's denoising queries):
+    each literal is a 0-d tensor the allocator may put where the freed one was, under
+    the same tensor and storage ids. Each lift is a literal of its own, filled with its
+    own recorded value (read as one, both were -inf, and the mask's 1 - mask
+    multiplied NaN into the boxes)."""
+    b = TraceBuilder()
+    mask, attn = b.tensor((2, 6)), b.tensor((4, 4))
+    literal = b.tensor(())
+    again = T(literal.tensor_id, literal.storage_id, (), ())
+    b.op(LIFT_FRESH, [literal], [literal])
+    b.op(FILL_, [mask, literal], [mask])
+    b.op(LIFT_FRESH, [again], [again])
+    b.op(FILL_, [attn, again], [attn])
+    trace = trace_from_document(b.doc(), name="t.json", sha256="0")
+    captured = CapturedInputs(literals=[[1.0], [float("-inf")]])
+    program = run_passes([Source(trace, captured=captured)], BuildOptions())
+    fills = [op.args[1].value.storage for op in program.ops if op.name == "aten::fill_"]
+    assert fills[0] is not fills[1]
+    assert [s.init.values for s in fills] == [(1.0,), (float("-inf"),)]
+
+
 
 
 @pytest.mark.parametrize("values", [[-8.0, -8.0], [-8.0, 2.0]])

@@ -2,7 +2,9 @@
 
 Trace ids are reused once memory is freed, so a storage id names a *lifetime*, not a
 buffer: an op that outputs a storage id that none of its inputs carries starts a new
-lifetime of that id. Within a lifetime:
+lifetime of that id, and so does a second literal lifted on one storage id
+(``aten::lift_fresh`` of ``torch.tensor(1.0)``: each literal is lifted once, and a
+later one may sit where a freed one sat, under its ids). Within a lifetime:
 
 * a storage first seen as an input is *materialised*: one buffer, sized to cover
   every view of it in the lifetime, built before timing (weights, inputs, optimizer
@@ -245,6 +247,7 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
     split = split_storages_without_memory(ops)
     undefined = undefined_reads(ops)
     current: dict[int, _Lifetime] = {}
+    lifted: set[int] = set()  # storages an oprules.ASSIGNED_LITERALS op has read
     shadows: dict[tuple[int, str, str], _Lifetime] = {}
     storages: list[Storage] = []
     notes: list[str] = []
@@ -273,8 +276,14 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
                 input_sids.add(tv.storage_id)
                 input_tids.add(tv.trace_id)
                 life = current.get(tv.storage_id)
-                if life is None:
+                lifts = op.name in oprules.ASSIGNED_LITERALS
+                if life is None or (lifts and life.storage.index in lifted):
+                    # (a literal is lifted once, just after the step built it from
+                    # Python data: one lifted before is another literal, which the
+                    # allocator put where the freed one was, under the same ids)
                     life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
+                if lifts:
+                    lifted.add(life.storage.index)
                 if (life.storage.dtype, life.storage.device) != (tv.meta.dtype, tv.meta.device):
                     # A reinterpreting view (another dtype): give it a buffer of its own.
                     dtype_mismatches += 1
