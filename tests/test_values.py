@@ -1318,6 +1318,33 @@ def test_two_literals_at_one_freed_address_are_two_values():
     assert [s.init.values for s in fills] == [(1.0,), (float("-inf"),)]
 
 
+SUM = "aten::sum(Tensor self, *, ScalarType? dtype=None) -> Tensor"
+
+
+@pytest.mark.parametrize("same_tensor", [False, True])
+def test_a_literal_where_a_freed_result_was_is_the_literal(same_tensor):
+    """A loss's 0-d ``sum`` is freed and ``torch.tensor(0.5)`` lands on its storage id:
+    the lifted literal is another tensor object than the result (a tensor id of its
+    own), so it is filled with its recorded value, not read as the sum. Where the
+    lifted tensor is the result itself (``torch.tensor`` recorded its own ``empty``
+    and ``to``), it stays the op's result."""
+    b = TraceBuilder()
+    x, mask = b.tensor((4,)), b.tensor((4,))
+    total = b.tensor(())
+    b.op(SUM, [x, None], [total])
+    literal = total if same_tensor else T(b.new_id(), total.storage_id, (), ())
+    b.op(LIFT_FRESH, [literal], [literal])
+    b.op(FILL_, [mask, literal], [mask])
+    trace = trace_from_document(b.doc(), name="t.json", sha256="0")
+    program = run_passes([Source(trace, captured=CapturedInputs(literals=[[0.5]]))],
+                         BuildOptions())
+    read = next(op for op in program.ops if op.name == "aten::fill_").args[1].value
+    if same_tensor:
+        assert not read.storage.materialised
+    else:
+        assert read.storage.materialised and read.storage.init.values == (0.5,)
+
+
 
 
 @pytest.mark.parametrize("values", [[-8.0, -8.0], [-8.0, 2.0]])

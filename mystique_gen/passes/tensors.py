@@ -2,9 +2,10 @@
 
 Trace ids are reused once memory is freed, so a storage id names a *lifetime*, not a
 buffer: an op that outputs a storage id that none of its inputs carries starts a new
-lifetime of that id, and so does a second literal lifted on one storage id
-(``aten::lift_fresh`` of ``torch.tensor(1.0)``: each literal is lifted once, and a
-later one may sit where a freed one sat, under its ids). Within a lifetime:
+lifetime of that id, and so does a literal lifted from a tensor the lifetime has not
+held, or lifted a second time (``aten::lift_fresh`` of ``torch.tensor(1.0)``: each
+literal is lifted once, just after the step built it, and it may sit where a freed
+tensor sat, on its storage id). Within a lifetime:
 
 * a storage first seen as an input is *materialised*: one buffer, sized to cover
   every view of it in the lifetime, built before timing (weights, inputs, optimizer
@@ -71,6 +72,8 @@ class _Lifetime:
     # storage: a reader of another tensor of that view (one no replayed op made) reads
     # a leaf of its own on the same memory (:func:`plan_tensors`).
     made_by: dict[ViewKey, int] = field(default_factory=dict)
+    # The trace tensor ids read or made on it (a literal lifted from another is fresh).
+    tensor_ids: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -277,13 +280,16 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
                 input_tids.add(tv.trace_id)
                 life = current.get(tv.storage_id)
                 lifts = op.name in oprules.ASSIGNED_LITERALS
-                if life is None or (lifts and life.storage.index in lifted):
+                if life is None or (lifts and (life.storage.index in lifted
+                                               or tv.trace_id not in life.tensor_ids)):
                     # (a literal is lifted once, just after the step built it from
-                    # Python data: one lifted before is another literal, which the
-                    # allocator put where the freed one was, under the same ids)
+                    # Python data: one lifted before, or another tensor object than
+                    # those the lifetime held, is a literal the allocator put where a
+                    # freed tensor was, on its storage id)
                     life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
                 if lifts:
                     lifted.add(life.storage.index)
+                life.tensor_ids.add(tv.trace_id)
                 if (life.storage.dtype, life.storage.device) != (tv.meta.dtype, tv.meta.device):
                     # A reinterpreting view (another dtype): give it a buffer of its own.
                     dtype_mismatches += 1
@@ -347,6 +353,7 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
                 # Values the original wrote outside recorded ops: built before timing,
                 # and every reader reads that buffer (the op's own result goes unused).
                 life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
+                life.tensor_ids.add(tv.trace_id)
                 tv.storage = life.storage
                 tv.binding = materialised_view(life, tv)
                 continue
@@ -354,6 +361,7 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
                 life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=False)
                 made_here.add(tv.storage_id)
             assert life is not None
+            life.tensor_ids.add(tv.trace_id)
             key = view_key(tv.meta)
             tv.storage = life.storage
             existing = life.views.get(key)
