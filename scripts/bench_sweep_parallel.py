@@ -176,9 +176,11 @@ def run_one(arch: str, plan: str, work: Path, timeout: float) -> dict[str, objec
         cap = _torchrun([__file__, "--rank", arch, plan, str(work)], work, timeout)
     except subprocess.TimeoutExpired:
         return {"outcome": "crash", "error": f"capture: timeout after {timeout:.0f} s"}
-    skips = sorted(work.glob("skip-*"))
+    skips = [path.read_text() for path in sorted(work.glob("skip-*"))]
     if skips:
-        return {"outcome": "skip", "error": skips[0].read_text()}
+        # (the rank that failed first says why; its peers only that it went away)
+        own = [why for why in skips if "Connection closed by peer" not in why]
+        return {"outcome": "skip", "error": (own or skips)[0]}
     ets = [work / f"step-rank-{r}.et.json" for r in range(RANKS)]
     if cap.returncode != 0 or not all(et.exists() for et in ets):
         return {"outcome": "capture error", "error": _error_line(cap.stderr)}
