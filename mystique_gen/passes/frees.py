@@ -209,7 +209,7 @@ def _save_nothing_freed(ops: list[Op], free_at: dict[int, tuple[int, int]]) -> N
     that saved it would have held it into that backward; a layer's local variables
     (a decoder layer's residual) are freed at its return, after their last read."""
     position = {op.index: k for k, op in enumerate(ops)}
-    backward = [k for k, op in enumerate(ops) if _in_backward(op)]
+    backward = [k for k, op in enumerate(ops) if in_backward(op.scope)]
     for k, op in enumerate(ops):
         if not op.records_grad:
             continue
@@ -234,7 +234,7 @@ def drop_history_at_backward(program: Program) -> int:
     # Where each backward begins, after an op that is not in one (one that begins
     # the program has nothing before it to drop).
     starts = [k for k in range(1, len(ops))
-              if _in_backward(ops[k]) and not _in_backward(ops[k - 1])]
+              if in_backward(ops[k].scope) and not in_backward(ops[k - 1].scope)]
     if not starts:
         return 0
     freed: dict[object, int] = {}
@@ -274,8 +274,3 @@ def _makes_node(op: Op) -> bool:
     """Whether ``op`` ran in grad mode and made an autograd node (where the trace
     does not tell, that it may have)."""
     return bool(op.records_grad) and op.made_grad_node is not False
-
-
-def _in_backward(op: Op) -> bool:
-    """Whether the autograd engine ran ``op`` (a node's backward)."""
-    return in_backward(op.scope)

@@ -74,6 +74,7 @@ class _Lifetime:
     made_by: dict[ViewKey, int] = field(default_factory=dict)
     # The trace tensor ids read or made on it (a literal lifted from another is fresh).
     tensor_ids: set[int] = field(default_factory=set)
+    lifted: bool = False  # an oprules.ASSIGNED_LITERALS op has read it
 
 
 @dataclass
@@ -250,7 +251,6 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
     split = split_storages_without_memory(ops)
     undefined = undefined_reads(ops)
     current: dict[int, _Lifetime] = {}
-    lifted: set[int] = set()  # storages an oprules.ASSIGNED_LITERALS op has read
     shadows: dict[tuple[int, str, str], _Lifetime] = {}
     storages: list[Storage] = []
     notes: list[str] = []
@@ -280,15 +280,14 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
                 input_tids.add(tv.trace_id)
                 life = current.get(tv.storage_id)
                 lifts = op.name in oprules.ASSIGNED_LITERALS
-                if life is None or (lifts and (life.storage.index in lifted
+                if life is None or (lifts and (life.lifted
                                                or tv.trace_id not in life.tensor_ids)):
                     # (a literal is lifted once, just after the step built it from
                     # Python data: one lifted before, or another tensor object than
                     # those the lifetime held, is a literal the allocator put where a
                     # freed tensor was, on its storage id)
                     life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
-                if lifts:
-                    lifted.add(life.storage.index)
+                life.lifted = life.lifted or lifts
                 life.tensor_ids.add(tv.trace_id)
                 if (life.storage.dtype, life.storage.device) != (tv.meta.dtype, tv.meta.device):
                     # A reinterpreting view (another dtype): give it a buffer of its own.
