@@ -45,8 +45,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
+import bench_sweep  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from bench_sweep import named, sampled  # noqa: E402
 
+from mystique_gen.tools.capture import capture  # noqa: E402
+from mystique_gen.tools.compare import op_multiset  # noqa: E402
 from tests.launch import launch_env, torchrun  # noqa: E402
 
 RANKS = 2
@@ -83,12 +88,6 @@ def rank_main(arch: str, plan: str, out: Path) -> int:
     loads it with ``plan`` and captures one training step (a ``generate`` call for a
     plan in SERVED). A failure before the capture is written to ``skip-<rank>`` (the
     model's or transformers', not ours)."""
-    import bench_sweep
-    import torch
-    import torch.distributed as dist
-
-    from mystique_gen.tools.capture import capture
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -128,10 +127,8 @@ def rank_main(arch: str, plan: str, out: Path) -> int:
     return 0
 
 
-def _trained(model: object, ids: object) -> Callable[[], None]:
+def _trained(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:
     """One AdamW step of ``model`` on ``ids`` as their own labels."""
-    import torch
-
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
@@ -143,10 +140,8 @@ def _trained(model: object, ids: object) -> Callable[[], None]:
     return step
 
 
-def _served(model: object, ids: object) -> Callable[[], object]:
+def _served(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], object]:
     """A greedy ``generate`` of NEW_TOKENS tokens after ``ids``."""
-    import torch
-
     model.eval()
 
     def step() -> object:
@@ -170,8 +165,6 @@ def _error_line(text: str) -> str:
 
 def run_one(arch: str, plan: str, work: Path, timeout: float) -> dict[str, object]:
     """Capture, generate, replay and compare ``arch`` under ``plan``: one row."""
-    from mystique_gen.tools.compare import op_multiset
-
     try:
         cap = _torchrun([__file__, "--rank", arch, plan, str(work)], work, timeout)
     except subprocess.TimeoutExpired:
