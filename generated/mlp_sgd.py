@@ -57,7 +57,26 @@ HOST_BYTES = 0
 ORIGINAL = None
 
 
-# -- harness: mystique_gen/harness/runtime.py, inlined -------------------------------
+# -- harness: mystique_gen/harness/equivalents.py and runtime.py, inlined ------------
+_EQUIVALENTS = {}
+
+
+def _with_out_dtype(op):
+    """mm, bmm, addmm and baddbmm with an out_dtype (CUDA only): in the inputs' dtype,
+    then cast."""
+
+    def run(*args, **kwargs):
+        *rest, out_dtype = args
+        return op(*rest, **kwargs).to(out_dtype)
+
+    return run
+
+
+PORTABLE = {
+    "aten::mm.dtype": _with_out_dtype(torch.mm),
+}
+
+
 # The profiler scope around work the harness adds (views no replayed op returned,
 # stand-ins for skipped ops): a replay's trace labels it, and `compare` leaves it out.
 HARNESS_SCOPE = "## mystique: harness ##"
@@ -207,25 +226,6 @@ def _op(resolve, name):
             "equivalent in torch ops"
         )
         return equivalent
-
-
-_EQUIVALENTS = {}
-
-
-def _with_out_dtype(op):
-    """mm, bmm, addmm and baddbmm with an out_dtype (CUDA only): in the inputs' dtype,
-    then cast."""
-
-    def run(*args, **kwargs):
-        *rest, out_dtype = args
-        return op(*rest, **kwargs).to(out_dtype)
-
-    return run
-
-
-PORTABLE = {
-    "aten::mm.dtype": _with_out_dtype(torch.mm),
-}
 
 
 def _op_key(op):

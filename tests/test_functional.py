@@ -16,7 +16,7 @@ import torch
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.constants import HARNESS_SCOPE
 from mystique_gen.driver import generate
-from mystique_gen.harness import runtime
+from mystique_gen.harness import equivalents
 from mystique_gen.sources.et import load_trace
 from mystique_gen.tools.capture import capture
 from mystique_gen.tools.compare import op_multiset
@@ -725,10 +725,10 @@ def _ops_of_a_library() -> tuple[Callable[..., torch.Tensor], Callable[..., torc
         library.define(
             LIBRARY_SCHEMAS["torchvision::_roi_align_backward.default"].split("::")[1])
         library.define(LIBRARY_SCHEMAS["torchvision::nms.default"].split("::")[1])
-        library.impl("nms", runtime._nms, "CPU")
-        library.impl("roi_align", runtime._roi_align, "CPU")
+        library.impl("nms", equivalents._nms, "CPU")
+        library.impl("roi_align", equivalents._roi_align, "CPU")
         # Above autograd, since the equivalent differentiates the forward again.
-        library.impl("_roi_align_backward", runtime._roi_align_backward,
+        library.impl("_roi_align_backward", equivalents._roi_align_backward,
                      "CompositeImplicitAutograd")
 
         def backward(ctx, grad):  # noqa: ANN001, ANN202 (torch.library's signature)
@@ -816,7 +816,7 @@ def _rnnt_loss_of_a_library() -> Callable[..., torch.Tensor]:
     losses and their gradients, called by an autograd Function whose backward scales
     the gradients (functional.RnntLoss); here, where torchaudio is absent, an op of the
     same name and schema computing with the harness's equivalent."""
-    _stand_in_library("torchaudio", {"rnnt_loss_forward": (runtime._rnnt_loss, "CPU")})
+    _stand_in_library("torchaudio", {"rnnt_loss_forward": (equivalents._rnnt_loss, "CPU")})
 
     class RnntLoss(torch.autograd.Function):
         @staticmethod
@@ -872,7 +872,7 @@ def test_an_iir_filter_replays_as_its_equivalent_without_torchaudio(tmp_path):
     the benchmark skipped it, and the filtering was missing from the step. Its
     equivalent writes the buffer there."""
     _stand_in_library("torchaudio",
-                      {"_lfilter_core_loop": (runtime._lfilter_core_loop, "CPU")})
+                      {"_lfilter_core_loop": (equivalents._lfilter_core_loop, "CPU")})
 
     def make_step() -> Callable[[], None]:
         waveform = torch.randn(2, 1, 300)
@@ -900,13 +900,13 @@ def _flash_attn_of_a_library() -> Callable[..., torch.Tensor]:
             library.define(LIBRARY_SCHEMAS[f"flash_attn::{name}.default"].split("::")[1])
 
         def forward(q, k, v, *args):  # noqa: ANN001, ANN202
-            (out,) = runtime._flash_attn_forward(q, k, v, *args)
+            (out,) = equivalents._flash_attn_forward(q, k, v, *args)
             lse = torch.zeros(q.size(0), q.size(2), q.size(1))
             return out, lse, torch.empty(0), torch.zeros(2, dtype=torch.int64)
 
         library.impl("_flash_attn_forward", forward, "CPU")
         # Above autograd, since the equivalent differentiates the forward again.
-        library.impl("_flash_attn_backward", runtime._flash_attn_backward,
+        library.impl("_flash_attn_backward", equivalents._flash_attn_backward,
                      "CompositeImplicitAutograd")
 
         def backward(ctx, dout, *_):  # noqa: ANN001, ANN202
@@ -968,11 +968,11 @@ def test_flash_attention_2_of_the_flash_attn_package_replays_as_attention(tmp_pa
 # fbgemm's ops a TorchRec step runs on the host (sharded tables with a fused
 # optimizer, KeyedJaggedTensor's offsets and permutes), with the harness's equivalents.
 _FBGEMM_OPS = {
-    "asynchronous_complete_cumsum": (runtime._complete_cumsum, "CPU"),
-    "permute_2D_sparse_data": (runtime._permute_sparse_data, "CPU"),
-    "split_embedding_codegen_forward_cpu": (runtime._tbe_forward_cpu, "CPU"),
+    "asynchronous_complete_cumsum": (equivalents._complete_cumsum, "CPU"),
+    "permute_2D_sparse_data": (equivalents._permute_sparse_data, "CPU"),
+    "split_embedding_codegen_forward_cpu": (equivalents._tbe_forward_cpu, "CPU"),
     "split_embedding_backward_codegen_rowwise_adagrad_cpu": (
-        runtime._tbe_backward_rowwise_adagrad_cpu, "CPU"),
+        equivalents._tbe_backward_rowwise_adagrad_cpu, "CPU"),
 }
 
 

@@ -25,7 +25,7 @@ from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.backends.harness import BEGIN, END, harness_source, shaken
 from mystique_gen.driver import generate
 from mystique_gen.errors import MystiqueError
-from mystique_gen.harness import dist, runtime
+from mystique_gen.harness import dist, equivalents, runtime
 from mystique_gen.harness.fills import FillKind
 from mystique_gen.ir import Init
 from tests.conftest import last_json, run_benchmark
@@ -1238,15 +1238,15 @@ def _schema_call(key: str, values: dict[str, object],
     return args, kwargs
 
 
-@pytest.mark.parametrize("key", sorted(runtime.PORTABLE))
+@pytest.mark.parametrize("key", sorted(equivalents.PORTABLE))
 def test_every_portable_equivalent_takes_its_kernels_arguments(key):
     """The benchmark calls an equivalent exactly as it calls the kernel: with the
     schema's positional arguments and its keyword-only ones by name."""
     args, kwargs = _schema_call(key, {})
-    inspect.signature(runtime.PORTABLE[key]).bind(*args, **kwargs)
+    inspect.signature(equivalents.PORTABLE[key]).bind(*args, **kwargs)
     if key in OLDER_LIBRARY_SCHEMAS:
         args, kwargs = _schema_call(key, {}, OLDER_LIBRARY_SCHEMAS)
-        inspect.signature(runtime.PORTABLE[key]).bind(*args, **kwargs)
+        inspect.signature(equivalents.PORTABLE[key]).bind(*args, **kwargs)
 
 
 def _batch_norm_case(dtype=torch.float32):
@@ -1262,7 +1262,7 @@ def test_cudnn_batch_norm_runs_as_native_batch_norm_with_the_same_gradients():
               "running_var": var, "training": True, "exponential_average_factor": 0.1,
               "epsilon": 1e-5}
     args, kwargs = _schema_call("aten::cudnn_batch_norm.default", values)
-    out, save_mean, save_invstd = runtime.PORTABLE["aten::cudnn_batch_norm.default"](
+    out, save_mean, save_invstd = equivalents.PORTABLE["aten::cudnn_batch_norm.default"](
         *args, **kwargs)
     leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
     expected = torch.nn.functional.batch_norm(
@@ -1275,7 +1275,7 @@ def test_cudnn_batch_norm_runs_as_native_batch_norm_with_the_same_gradients():
     for key in ("aten::cudnn_batch_norm_backward.default",
                 "aten::miopen_batch_norm_backward.default"):
         args, kwargs = _schema_call(key, values)
-        grads = runtime.PORTABLE[key](*args, **kwargs)
+        grads = equivalents.PORTABLE[key](*args, **kwargs)
         for got, want in zip(grads, expected_grads, strict=True):
             torch.testing.assert_close(got, want)
 
@@ -1296,14 +1296,14 @@ def test_backend_convolutions_run_as_aten_convolution(transposed):
         expected = torch.nn.functional.conv2d(x, weight, stride=2, padding=1, groups=2)
         keys = ["aten::cudnn_convolution.default", "aten::miopen_convolution.default",
                 "aten::mkldnn_convolution.default"]
-        nnpack = runtime.PORTABLE["aten::_nnpack_spatial_convolution.default"]
+        nnpack = equivalents.PORTABLE["aten::_nnpack_spatial_convolution.default"]
         torch.testing.assert_close(nnpack(x, weight[:, :1].repeat(1, 4, 1, 1), None,
                                           [1, 1], [2, 2]),
                                    torch.nn.functional.conv2d(
                                        x, weight[:, :1].repeat(1, 4, 1, 1), None, 2, 1))
     for key in keys:
         args, kwargs = _schema_call(key, values)
-        torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs), expected)
+        torch.testing.assert_close(equivalents.PORTABLE[key](*args, **kwargs), expected)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -1322,18 +1322,18 @@ def test_fused_attention_backward_matches_the_kernel_that_runs_here(causal):
               "grad_input_mask": [True, True, True, False], "max_q": 8, "max_k": 8}
     # SDPA's fused kernels, heads before the sequence (aten::_flash_attention_* put
     # the sequence first: tested apart)
-    fused = [key for key in runtime.PORTABLE if "scaled_dot_product" in key]
+    fused = [key for key in equivalents.PORTABLE if "scaled_dot_product" in key]
     backward = [key for key in fused if "backward" in key]
     assert len(backward) == 5
     for key in backward:
         args, kwargs = _schema_call(key, values)
-        got = runtime.PORTABLE[key](*args, **kwargs)
+        got = equivalents.PORTABLE[key](*args, **kwargs)
         for g, w in zip(got, want, strict=False):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
     forward = [key for key in fused if "backward" not in key]
     for key in forward:
         args, kwargs = _schema_call(key, {**values, "dropout_p": 0.0})
-        torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs)[0], out)
+        torch.testing.assert_close(equivalents.PORTABLE[key](*args, **kwargs)[0], out)
 
 
 def _bilinear(image: torch.Tensor, y: float, x: float) -> torch.Tensor:
@@ -1398,16 +1398,16 @@ def test_roi_align_runs_as_torchvisions_kernel_computes_it(sampling_ratio, align
     values = {"input": x, "rois": rois, "spatial_scale": 0.25, "pooled_height": 3,
               "pooled_width": 4, "sampling_ratio": sampling_ratio, "aligned": aligned}
     args, _ = _schema_call("torchvision::roi_align.default", values)
-    out = runtime.PORTABLE["torchvision::roi_align.default"](*args)
+    out = equivalents.PORTABLE["torchvision::roi_align.default"](*args)
     torch.testing.assert_close(
         out, _reference_roi_align(x, rois, 0.25, 3, sampling_ratio, aligned))
     grad = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     values.update(grad=grad, batch_size=2, channels=3, height=9, width=7)
     args, _ = _schema_call("torchvision::_roi_align_backward.default", values)
-    grad_input = runtime.PORTABLE["torchvision::_roi_align_backward.default"](*args)
+    grad_input = equivalents.PORTABLE["torchvision::_roi_align_backward.default"](*args)
     assert grad_input.shape == x.shape
     torch.testing.assert_close((grad_input * x).sum(), (grad * out).sum())
-    empty = runtime.PORTABLE["torchvision::_roi_align_backward.default"](
+    empty = equivalents.PORTABLE["torchvision::_roi_align_backward.default"](
         grad[:0], rois[:0], *args[2:])
     assert empty.shape == x.shape and not empty.any()  # no regions: no gradient
 
@@ -1463,7 +1463,7 @@ def test_deform_conv2d_runs_as_torchvisions_kernel_computes_it(stride, pad, dila
               "dilation_h": dilation, "dilation_w": dilation, "groups": groups,
               "offset_groups": offset_groups, "use_mask": use_mask}
     args, _ = _schema_call("torchvision::deform_conv2d.default", values)
-    deform = runtime.PORTABLE["torchvision::deform_conv2d.default"]
+    deform = equivalents.PORTABLE["torchvision::deform_conv2d.default"]
     out = deform(*args)
     torch.testing.assert_close(out, _reference_deform_conv2d(
         x, weight, offset, mask, bias, stride, pad, dilation, groups, offset_groups,
@@ -1471,7 +1471,7 @@ def test_deform_conv2d_runs_as_torchvisions_kernel_computes_it(stride, pad, dila
     grad = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     args, _ = _schema_call("torchvision::_deform_conv2d_backward.default", {**values,
                                                                             "grad": grad})
-    grad_x, grad_weight, grad_offset, grad_mask, grad_bias = runtime.PORTABLE[
+    grad_x, grad_weight, grad_offset, grad_mask, grad_bias = equivalents.PORTABLE[
         "torchvision::_deform_conv2d_backward.default"](*args)
     without_bias = (grad * (out - bias.reshape(1, -1, 1, 1))).sum()
     for tensor, found in ((x, grad_x), (weight, grad_weight)):
@@ -1515,7 +1515,7 @@ def test_nms_runs_as_torchvisions_greedy_suppression(count):
     boxes = torch.cat([corners[:, :2].minimum(corners[:, 2:]),
                        corners[:, :2].maximum(corners[:, 2:]) + 1], 1)
     scores = torch.rand(count, generator=gen, dtype=torch.float64)
-    nms = runtime.PORTABLE["torchvision::nms.default"]
+    nms = equivalents.PORTABLE["torchvision::nms.default"]
     for threshold in (0.1, 0.5, 0.9):
         args, _ = _schema_call("torchvision::nms.default", {
             "dets": boxes, "scores": scores, "iou_threshold": threshold})
@@ -1539,7 +1539,7 @@ def _flash_call(key: str, **values: object) -> object:
     args, _ = _schema_call(key, {"dropout_p": 0.0, "softmax_scale": 0.25, "causal": False,
                                  "window_size_left": -1, "window_size_right": -1,
                                  "softcap": 0.0, **values})
-    return runtime.PORTABLE[key](*args)
+    return equivalents.PORTABLE[key](*args)
 
 
 def test_flash_attn_runs_as_flash_attention_computes_it():
@@ -1645,7 +1645,7 @@ def test_fbgemm_cumsums_run_as_torch_cumsum(shape, dtype):
     for kind, want in expected.items():
         key = f"fbgemm::asynchronous_{kind}_cumsum.default"
         args, _ = _schema_call(key, {"t_in": lengths})
-        got = runtime.PORTABLE[key](*args)
+        got = equivalents.PORTABLE[key](*args)
         assert got.dtype == dtype and torch.equal(got, want), (kind, got, want)
         if fbgemm is not None and (kind == "complete" or len(shape) == 1):
             assert torch.equal(got, getattr(fbgemm, f"asynchronous_{kind}_cumsum")(lengths))
@@ -1681,7 +1681,7 @@ def test_fbgemm_permute_sparse_data_gathers_the_rows_it_names(kind, permute):
     for w in (None, weights):
         args, _ = _schema_call(key, {"permute": order, "lengths": lengths, "values": values,
                                      "weights": w})
-        got = runtime.PORTABLE[key](*args)
+        got = equivalents.PORTABLE[key](*args)
         for a, b in zip(got, _reference_permute(permute, lengths, values, w), strict=True):
             assert (a is None and b is None) or torch.equal(a, b)
         if fbgemm is not None:
@@ -1753,7 +1753,7 @@ def test_fbgemm_tbe_lookup_runs_as_embedding_bags(pooling):
                          cuda),
                         ("fbgemm::dense_embedding_codegen_lookup_function.default", cuda)):
         args, kwargs = _schema_call(key, values)
-        torch.testing.assert_close(runtime.PORTABLE[key](*args, **kwargs), want)
+        torch.testing.assert_close(equivalents.PORTABLE[key](*args, **kwargs), want)
     fbgemm = _fbgemm()
     if fbgemm is not None:
         args, _ = _schema_call("fbgemm::split_embedding_codegen_forward_cpu.default", case)
@@ -1770,9 +1770,9 @@ def test_fbgemm_tbe_lookup_of_filled_inputs_splits_the_columns_evenly():
                 hash_size_cumsum=torch.tensor([5, 0, 4, 6]), pooling_mode=0)
     case["offsets"] = case["offsets"] * 3  # past the indices' end, as filled ones may be
     args, _ = _schema_call("fbgemm::split_embedding_codegen_forward_cpu.default", case)
-    out = runtime.PORTABLE["fbgemm::split_embedding_codegen_forward_cpu.default"](*args)
+    out = equivalents.PORTABLE["fbgemm::split_embedding_codegen_forward_cpu.default"](*args)
     assert out.shape == (6, 28) and out.isfinite().all()
-    assert runtime._tbe_tables(case["weights"], case["weights_offsets"], case["D_offsets"],
+    assert equivalents._tbe_tables(case["weights"], case["weights_offsets"], case["D_offsets"],
                                28, case["hash_size_cumsum"]) == [
         (0, 132, 10, 0), (1320, 132, 9, 10), (2508, 132, 9, 19)]
 
@@ -1834,7 +1834,7 @@ def test_fbgemm_fused_backward_updates_the_rows_the_bags_read(optimizer, pooling
         copies = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
         args, kwargs = _schema_call(key, {**values, **copies, "host_weights": copies["weights"]})
         if run == "equivalent":
-            assert runtime.PORTABLE[key](*args, **kwargs) is None
+            assert equivalents.PORTABLE[key](*args, **kwargs) is None
         else:
             getattr(fbgemm, f"split_embedding_backward_codegen_{optimizer}_cpu")(*args, **kwargs)
         torch.testing.assert_close(copies["weights"], expected["weights"])
@@ -1859,6 +1859,26 @@ def test_an_op_of_a_newer_torch_resolves_to_its_equivalent(monkeypatch, capsys):
     assert wrap(t) is t
     assert runtime._RUNTIME["equivalents"] == [name]
     assert "running its equivalent in torch ops" in capsys.readouterr().err
+
+
+def test_a_portable_backward_keeps_what_it_saves_where_the_replay_keeps_nothing():
+    """Where the original freed what its forward saved (activation checkpointing), the
+    replay's nodes keep nothing (`_saved_tensors(False)`); an equivalent's backward,
+    recomputed under autograd meanwhile, still reads what its own graph saved."""
+    x, grad = torch.randn(3, 4), torch.randn(3, 4)
+    leaf = x.clone().requires_grad_()
+    (leaf.tanh() * leaf).backward(grad)
+    runtime._saved_tensors(False)
+    try:
+        a = torch.randn(3, requires_grad=True)
+        with pytest.raises(RuntimeError, match="saved tensor was read back"):
+            (a * a).sum().backward()
+        (got,) = equivalents._grads_by_autograd(lambda t: (t.tanh() * t,), [x], [grad])
+        with pytest.raises(RuntimeError, match="saved tensor was read back"):
+            (a * a).sum().backward()  # (still keeping nothing after it)
+    finally:
+        runtime._saved_tensors(True)
+    torch.testing.assert_close(got, leaf.grad)
 
 
 def test_a_backend_kernel_that_cannot_run_runs_its_equivalent(monkeypatch, capsys):
@@ -1915,7 +1935,7 @@ def test_sync_batch_norms_kernels_run_as_native_batch_norm_does():
     x, weight, bias, mean, var = _batch_norm_case()
     out, save_mean, save_invstd = torch.ops.aten.native_batch_norm.default(
         x, weight, bias, None, None, True, 0.1, 1e-5)
-    port = runtime.PORTABLE
+    port = equivalents.PORTABLE
     halves = [port["aten::batch_norm_stats.default"](h, 1e-5) for h in x.chunk(2)]
     running_mean, running_var = mean.clone(), var.clone()
     got_mean, got_invstd = port["aten::batch_norm_gather_stats_with_counts.default"](
@@ -1948,12 +1968,12 @@ def test_cuda_only_pooling_convolution_and_norm_kernels_have_their_gradients():
     pooled = torch.nn.functional.max_pool2d(x, 3, 2, 1)
     grad = torch.randn(pooled.shape, generator=gen)
     (want,) = torch.autograd.grad(pooled, x, grad)
-    got = runtime.PORTABLE["aten::max_pool2d_backward.default"](
+    got = equivalents.PORTABLE["aten::max_pool2d_backward.default"](
         grad, x.detach(), [3, 3], [2, 2], [1, 1], [1, 1], False)
     torch.testing.assert_close(got, want)
     weight, bias = torch.randn(4, 1, 3, 3, generator=gen), torch.randn(4, generator=gen)
     torch.testing.assert_close(
-        runtime.PORTABLE["aten::_conv_depthwise2d.default"](
+        equivalents.PORTABLE["aten::_conv_depthwise2d.default"](
             x.detach(), weight, [3, 3], bias, [1, 1], [1, 1], [1, 1]),
         torch.nn.functional.conv2d(x.detach(), weight, bias, 1, 1, 1, groups=4))
     h = torch.randn(3, 5, 8, generator=gen, requires_grad=True)
@@ -1962,18 +1982,18 @@ def test_cuda_only_pooling_convolution_and_norm_kernels_have_their_gradients():
     grad = torch.randn(normed.shape, generator=gen)
     want = torch.autograd.grad(normed, (h, w), grad)
     rstd = torch.rsqrt(h.detach().pow(2).mean(-1, keepdim=True) + 1e-6)
-    got = runtime.PORTABLE["aten::_fused_rms_norm_backward.default"](
+    got = equivalents.PORTABLE["aten::_fused_rms_norm_backward.default"](
         grad, h.detach(), [8], rstd, w.detach(), [True, True])
     for g, expected in zip(got, want, strict=True):
         torch.testing.assert_close(g, expected)
     a, b = torch.randn(4, 6, generator=gen), torch.randn(6, 5, generator=gen)
     torch.testing.assert_close(
-        runtime.PORTABLE["aten::mm.dtype"](a, b, torch.float64), (a @ b).double())
+        equivalents.PORTABLE["aten::mm.dtype"](a, b, torch.float64), (a @ b).double())
     torch.testing.assert_close(
-        runtime.PORTABLE["aten::addmm.dtype"](a[:, :5], a, b, torch.float64, beta=0.5),
+        equivalents.PORTABLE["aten::addmm.dtype"](a[:, :5], a, b, torch.float64, beta=0.5),
         torch.addmm(a[:, :5], a, b, beta=0.5).double())
     # Pinning needs an accelerator: without one, the copy it makes, in pageable memory.
-    pinned = runtime.PORTABLE["aten::pin_memory.default"](a)
+    pinned = equivalents.PORTABLE["aten::pin_memory.default"](a)
     assert torch.equal(pinned, a) and pinned.data_ptr() != a.data_ptr()
 
 
@@ -1991,24 +2011,24 @@ def test_fused_rnn_cells_match_the_cells_and_their_autograd(cell):
     hidden_gates = (h @ w_hh.T).requires_grad_()
     if cell == "lstm":
         c = torch.randn(5, 6, generator=gen, requires_grad=True)
-        hy, cy, workspace = runtime.PORTABLE["aten::_thnn_fused_lstm_cell.default"](
+        hy, cy, workspace = equivalents.PORTABLE["aten::_thnn_fused_lstm_cell.default"](
             input_gates, hidden_gates, c, b_ih, b_hh)
         want_h, want_c = torch.lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
         torch.testing.assert_close((hy, cy), (want_h, want_c))
         grad_h, grad_c = torch.randn_like(hy), torch.randn_like(cy)
         want = torch.autograd.grad((hy, cy), (input_gates, c), (grad_h, grad_c))
-        got = runtime.PORTABLE["aten::_thnn_fused_lstm_cell_backward_impl.default"](
+        got = equivalents.PORTABLE["aten::_thnn_fused_lstm_cell_backward_impl.default"](
             grad_h, grad_c, c.detach(), cy.detach(), workspace.detach(), True)
         torch.testing.assert_close(got[:2], want)
         torch.testing.assert_close(got[2], want[0].sum(0))
     else:
         h.requires_grad_()
-        hy, workspace = runtime.PORTABLE["aten::_thnn_fused_gru_cell.default"](
+        hy, workspace = equivalents.PORTABLE["aten::_thnn_fused_gru_cell.default"](
             input_gates, hidden_gates, h, b_ih, b_hh)
         torch.testing.assert_close(hy, torch.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh))
         grad_h = torch.randn_like(hy)
         want = torch.autograd.grad(hy, (input_gates, hidden_gates, h), grad_h)
-        got = runtime.PORTABLE["aten::_thnn_fused_gru_cell_backward.default"](
+        got = equivalents.PORTABLE["aten::_thnn_fused_gru_cell_backward.default"](
             grad_h, workspace.detach(), True)
         torch.testing.assert_close(got[:3], want)
         torch.testing.assert_close(got[3:], (want[0].sum(0), want[1].sum(0)))
@@ -2064,12 +2084,12 @@ def test_cudnn_rnns_run_as_torchs_portable_rnns_with_their_gradients(mode, packe
                 proj_size=0, num_layers=2, batch_first=False, dropout=0.0, train=True,
                 bidirectional=True, batch_sizes=sizes, dropout_state=None)
     for key in ("aten::_cudnn_rnn.default", "aten::miopen_rnn.default"):
-        forward = runtime.PORTABLE[key](*_schema_call(key, args)[0])
+        forward = equivalents.PORTABLE[key](*_schema_call(key, args)[0])
         torch.testing.assert_close(forward[0], out.detach())
     args.update(output=out.detach(), grad_output=grads[0], grad_hy=grads[1],
                 grad_cy=None, reserve=torch.empty(0), output_mask=[True] * 4)
     for key in ("aten::_cudnn_rnn_backward.default", "aten::miopen_rnn_backward.default"):
-        grad_x, grad_h, grad_c, grad_w = runtime.PORTABLE[key](*_schema_call(key, args)[0])
+        grad_x, grad_h, grad_c, grad_w = equivalents.PORTABLE[key](*_schema_call(key, args)[0])
         got = [grad_x, grad_h] + ([grad_c] if c0 is not None else []) + grad_w
         if packed:  # the packed input's grad, padded back like the module's
             got[0] = torch.nn.utils.rnn.pad_packed_sequence(
@@ -2091,13 +2111,13 @@ def test_the_hosts_lstm_layer_runs_as_torchs_portable_lstm(reverse, batch_first)
     weights = [torch.randn(20, 4), torch.randn(20, 5), torch.randn(20), torch.randn(20)]
     flags = (reverse, [], 2, 5, 1, True, False, batch_first, True)
     want = torch.ops.aten.mkldnn_rnn_layer.default(x, *weights, h, c, *flags)
-    got = runtime.PORTABLE["aten::mkldnn_rnn_layer.default"](x, *weights, h, c, *flags)
+    got = equivalents.PORTABLE["aten::mkldnn_rnn_layer.default"](x, *weights, h, c, *flags)
     torch.testing.assert_close(got, want[:3])
     grads = [torch.randn_like(t) for t in want[:3]]
     back = (reverse, 2, 5, 1, True, True, False, [], batch_first, want[3])
     expected = torch.ops.aten.mkldnn_rnn_layer_backward.default(
         x, *weights, h, c, *want[:3], *grads, *back)
-    got = runtime.PORTABLE["aten::mkldnn_rnn_layer_backward.default"](
+    got = equivalents.PORTABLE["aten::mkldnn_rnn_layer_backward.default"](
         x, *weights, h, c, *want[:3], *grads, *back)
     for g, w in zip(got, expected, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
@@ -2115,7 +2135,7 @@ def test_a_fused_attentions_backward_with_a_float_mask_keeps_its_kernels_outputs
     grad = torch.randn_like(out)
     want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
         grad, q, k, v, out, logsumexp, 0.0, False, attn_mask=mask)
-    got = runtime.PORTABLE[
+    got = equivalents.PORTABLE[
         "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default"](
         grad, q, k, v, out, logsumexp, 0.0, False, attn_mask=mask)
     assert len(got) == 3
@@ -2124,7 +2144,7 @@ def test_a_fused_attentions_backward_with_a_float_mask_keeps_its_kernels_outputs
     expected = torch.autograd.grad(
         torch.nn.functional.scaled_dot_product_attention(
             *leaves[:3], attn_mask=leaves[3]), leaves, grad)
-    efficient = runtime.PORTABLE[
+    efficient = equivalents.PORTABLE[
         "aten::_scaled_dot_product_efficient_attention_backward.default"]
     for asked in (True, False):
         got = efficient(grad, q, k, v, mask, out, logsumexp, None, None, 0.0,
@@ -2160,14 +2180,14 @@ def test_int4_weight_only_matmuls_run_as_the_kernel_dequantizes(dtype):
         scale_zero)
     for key in ("aten::_weight_int4pack_mm.default",
                 "aten::_weight_int4pack_mm_for_cpu.default"):
-        got = runtime.PORTABLE[key](x, _int4_rows(values), group, scale_zero)
+        got = equivalents.PORTABLE[key](x, _int4_rows(values), group, scale_zero)
         assert got.dtype == dtype and got.shape == (5, n)
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.float(), expected.float(), rtol=tol,
                                    atol=tol * float(expected.abs().max()))
     # tinygemm's int32 tiles hold the same bytes: n*k/8 int32, read as bytes
     tiles = _int4_rows(values).view(torch.int32).reshape(n // 8, k // 32, 32, 1)
-    got = runtime.PORTABLE["aten::_weight_int4pack_mm.default"](x, tiles, group, scale_zero)
+    got = equivalents.PORTABLE["aten::_weight_int4pack_mm.default"](x, tiles, group, scale_zero)
     assert got.shape == (5, n)
 
 
@@ -2180,7 +2200,7 @@ def test_int8_weight_only_matmul_and_float8_rowwise_gemm_run_as_their_kernels():
     weight = torch.randint(-128, 128, (32, 64), generator=gen, dtype=torch.int8)
     scales = torch.rand(32, generator=gen)
     torch.testing.assert_close(
-        runtime.PORTABLE["aten::_weight_int8pack_mm.default"](x, weight, scales),
+        equivalents.PORTABLE["aten::_weight_int8pack_mm.default"](x, weight, scales),
         torch.ops.aten._weight_int8pack_mm(x, weight, scales), rtol=1e-4, atol=1e-3)
     xq = torch.randn(5, 64, generator=gen).to(torch.float8_e4m3fn)
     wq = torch.randn(32, 64, generator=gen).to(torch.float8_e4m3fn)
@@ -2189,14 +2209,14 @@ def test_int8_weight_only_matmul_and_float8_rowwise_gemm_run_as_their_kernels():
     expected = torch._scaled_mm(xq, wq.t(), scale_a=x_scale, scale_b=w_scale,
                                 out_dtype=torch.bfloat16)
     for key in ("mslk::f8f8bf16_rowwise.default", "fbgemm::f8f8bf16_rowwise.default"):
-        got = runtime.PORTABLE[key](xq, wq, x_scale, w_scale)
+        got = equivalents.PORTABLE[key](xq, wq, x_scale, w_scale)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
-        with_bias = runtime.PORTABLE[key](xq, wq, x_scale, w_scale, bias)
+        with_bias = equivalents.PORTABLE[key](xq, wq, x_scale, w_scale, bias)
         torch.testing.assert_close(with_bias.float(), expected.float() + bias,
                                    rtol=2e-2, atol=5e-2)
         output = torch.empty(5, 32, dtype=torch.bfloat16)
-        written = runtime.PORTABLE[key](xq, wq, x_scale, w_scale, None, True, output)
+        written = equivalents.PORTABLE[key](xq, wq, x_scale, w_scale, None, True, output)
         assert written is output
         torch.testing.assert_close(output, expected, rtol=2e-2, atol=2e-2)
 
@@ -2235,7 +2255,7 @@ def test_rnnt_loss_equivalent_gives_the_lattices_loss_and_gradients(fused):
     targets = torch.randint(1, classes, (batch, labels), generator=gen, dtype=torch.int32)
     t_len = torch.tensor([6, 4, 1], dtype=torch.int32)
     u_len = torch.tensor([4, 2, 0], dtype=torch.int32)
-    costs, grads = runtime.PORTABLE["torchaudio::rnnt_loss_forward.default"](
+    costs, grads = equivalents.PORTABLE["torchaudio::rnnt_loss_forward.default"](
         logits, targets, t_len, u_len, 0, -1.0, fused)
     leaf = logits.clone().requires_grad_()
     for b in range(batch):
@@ -2243,7 +2263,7 @@ def test_rnnt_loss_equivalent_gives_the_lattices_loss_and_gradients(fused):
         (want_grad,) = torch.autograd.grad(want, leaf)
         torch.testing.assert_close(costs[b], want.detach(), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grads[b], want_grad[b], atol=1e-5, rtol=1e-5)
-    _, clamped = runtime.PORTABLE["torchaudio::rnnt_loss.default"](
+    _, clamped = equivalents.PORTABLE["torchaudio::rnnt_loss.default"](
         logits, targets, t_len, u_len, 0, 0.01, fused)
     torch.testing.assert_close(clamped, grads.clamp(-0.01, 0.01))
 
@@ -2265,7 +2285,7 @@ def test_lfilter_loop_equivalent_gives_the_sample_loops_output(order, samples):
     for i in range(samples):  # torchaudio's _lfilter_core_generic_loop
         want[:, :, i + order - 1] = x[:, :, i] - (want[:, :, i: i + order] * a_flipped).sum(-1)
     got = buffer.clone()
-    runtime.PORTABLE["torchaudio::_lfilter_core_loop.default"](x, a_flipped, got)
+    equivalents.PORTABLE["torchaudio::_lfilter_core_loop.default"](x, a_flipped, got)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -2284,7 +2304,7 @@ def test_overdrive_loop_equivalent_gives_the_sample_loops_output():
         prev_in = temp[:, i]
         want[:, i] = waveform[:, i] * 0.5 + prev_out * 0.75
     got = torch.empty(3, 200)
-    runtime.PORTABLE["torchaudio::_overdrive_core_loop.default"](
+    equivalents.PORTABLE["torchaudio::_overdrive_core_loop.default"](
         waveform, temp, last_in, last_out, got)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(last_in, prev_in)
@@ -2306,7 +2326,7 @@ def test_grouped_matmul_equivalent_matches_the_kernel(a, b):
     offs = None if len(a) == 3 and len(b) == 3 else torch.tensor([16, 48, 48, 128],
                                                                  dtype=torch.int32)
     want = torch._grouped_mm(x.bfloat16(), w.bfloat16(), offs=offs)
-    got = runtime.PORTABLE["aten::_grouped_mm.default"](x.bfloat16(), w.bfloat16(), offs)
+    got = equivalents.PORTABLE["aten::_grouped_mm.default"](x.bfloat16(), w.bfloat16(), offs)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
 
@@ -2319,7 +2339,7 @@ def test_scaled_grouped_matmul_equivalent_scales_rows_and_each_groups_columns():
     w = torch.randn(4, 16, 32, generator=gen).to(torch.float8_e4m3fn).transpose(-2, -1)
     scale_a, scale_b = torch.rand(64, generator=gen), torch.rand(4, 16, generator=gen)
     ends = [16, 32, 32, 64]
-    got = runtime.PORTABLE["aten::_scaled_grouped_mm.default"](
+    got = equivalents.PORTABLE["aten::_scaled_grouped_mm.default"](
         x, w, scale_a, scale_b, torch.tensor(ends, dtype=torch.int32),
         out_dtype=torch.bfloat16)
     want = torch.cat([(x[s:e].float() @ w[g].float()) * scale_a[s:e, None] * scale_b[g]
@@ -2392,16 +2412,16 @@ def test_aten_and_torch_varlen_flash_attention_equivalents_match_attention():
               "max_q": 9, "max_k": 9, "dropout_p": 0.0, "is_causal": True,
               "return_debug_mask": False}
     args, kwargs = _schema_call("aten::_flash_attention_forward.default", values)
-    (got,) = runtime.PORTABLE["aten::_flash_attention_forward.default"](*args, **kwargs)
+    (got,) = equivalents.PORTABLE["aten::_flash_attention_forward.default"](*args, **kwargs)
     torch.testing.assert_close(got, want)
     values.update(cu_seq_q=cu, cu_seq_k=cu)
     args, kwargs = _schema_call("torch_attn::_varlen_attn.default", values)
-    (got,) = runtime.PORTABLE["torch_attn::_varlen_attn.default"](*args, **kwargs)
+    (got,) = equivalents.PORTABLE["torch_attn::_varlen_attn.default"](*args, **kwargs)
     torch.testing.assert_close(got, want)
     batched = {**values, "query": q[:8].reshape(2, 4, 4, 8), "key": k[:8].reshape(2, 4, 4, 8),
                "value": v[:8].reshape(2, 4, 4, 8), "cum_seq_q": None, "cum_seq_k": None}
     args, kwargs = _schema_call("aten::_flash_attention_forward.default", batched)
-    (got,) = runtime.PORTABLE["aten::_flash_attention_forward.default"](*args, **kwargs)
+    (got,) = equivalents.PORTABLE["aten::_flash_attention_forward.default"](*args, **kwargs)
     expected = torch.nn.functional.scaled_dot_product_attention(
         *(t.transpose(1, 2) for t in (batched["query"], batched["key"], batched["value"])),
         is_causal=True).transpose(1, 2)
@@ -2414,7 +2434,7 @@ def test_aten_and_torch_varlen_flash_attention_equivalents_match_attention():
     for key in ("aten::_flash_attention_backward.default",
                 "torch_attn::_varlen_attn_backward.default"):
         args, kwargs = _schema_call(key, values)
-        for got, want_grad in zip(runtime.PORTABLE[key](*args, **kwargs), expected_grads,
+        for got, want_grad in zip(equivalents.PORTABLE[key](*args, **kwargs), expected_grads,
                                   strict=True):
             torch.testing.assert_close(got, want_grad)
 
@@ -2461,10 +2481,10 @@ def test_fused_convolution_relu_equivalents_match_convolution_then_relu(backend)
               "dilation": [1, 1], "groups": 2, "z": z, "alpha": 0.5}
     conv = torch.nn.functional.conv2d(x, w, bias, 2, 1, 1, 2)
     args, kwargs = _schema_call(f"aten::{backend}_convolution_relu.default", values)
-    got = runtime.PORTABLE[f"aten::{backend}_convolution_relu.default"](*args, **kwargs)
+    got = equivalents.PORTABLE[f"aten::{backend}_convolution_relu.default"](*args, **kwargs)
     torch.testing.assert_close(got, conv.relu())
     args, kwargs = _schema_call(f"aten::{backend}_convolution_add_relu.default", values)
-    got = runtime.PORTABLE[f"aten::{backend}_convolution_add_relu.default"](*args, **kwargs)
+    got = equivalents.PORTABLE[f"aten::{backend}_convolution_add_relu.default"](*args, **kwargs)
     torch.testing.assert_close(got, (conv + 0.5 * z).relu())
 
 
@@ -2479,7 +2499,7 @@ def test_cudnn_spatial_transformer_equivalents_match_grid_sample_and_affine_grid
     out = torch.nn.functional.grid_sample(x, grid, align_corners=True)
     grad = torch.randn_like(out)
     want = torch.autograd.grad(out, (x, grid, theta), grad, retain_graph=True)
-    portable = runtime.PORTABLE
+    portable = equivalents.PORTABLE
     got_grid = portable["aten::cudnn_affine_grid_generator.default"](theta, 2, 3, 4, 5)
     torch.testing.assert_close(got_grid, grid)
     got = portable["aten::cudnn_grid_sampler.default"](x, grid)
@@ -2507,8 +2527,8 @@ def test_memory_efficient_attention_equivalents_match_attention():
     q = torch.randn(2, 5, 4, 8, generator=gen)
     k, v = torch.randn(2, 7, 4, 8, generator=gen), torch.randn(2, 7, 4, 8, generator=gen)
     bias = torch.randn(2, 4, 5, 7, generator=gen)
-    forward = runtime.PORTABLE["aten::_efficient_attention_forward.default"]
-    backward = runtime.PORTABLE["aten::_efficient_attention_backward.default"]
+    forward = equivalents.PORTABLE["aten::_efficient_attention_forward.default"]
+    backward = equivalents.PORTABLE["aten::_efficient_attention_backward.default"]
     top_left = torch.ones(5, 7, dtype=torch.bool).tril()
     bottom_right = torch.ones(5, 7, dtype=torch.bool).tril(2)
     for mask_type, mask in ((0, None), (1, top_left), (2, bottom_right)):
@@ -2544,8 +2564,8 @@ def test_cudnn_attention_equivalents_match_attention():
     first, as SDPA) and over packed sequences (nested-tensor SDPA), against SDPA."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 6, 8, generator=gen) for _ in range(3))
-    forward = runtime.PORTABLE["aten::_cudnn_attention_forward.default"]
-    backward = runtime.PORTABLE["aten::_cudnn_attention_backward.default"]
+    forward = equivalents.PORTABLE["aten::_cudnn_attention_forward.default"]
+    backward = equivalents.PORTABLE["aten::_cudnn_attention_backward.default"]
     values = {"query": q, "key": k, "value": v, "max_q": 6, "max_k": 6,
               "compute_log_sumexp": True, "dropout_p": 0.0, "is_causal": True,
               "return_debug_mask": False}
@@ -2610,7 +2630,7 @@ def test_semi_structured_sparse_gemm_equivalents_multiply_a_two_four_matrix():
     views it; int8 to int32, alpha per row, a transposed result): the product of a 2:4
     matrix of the kept values, as dense matmuls compute it."""
     gen = torch.Generator().manual_seed(0)
-    portable = runtime.PORTABLE
+    portable = equivalents.PORTABLE
     x, values = torch.randn(3, 5, 16, generator=gen), torch.randn(8, 8, generator=gen)
     w, bias = _two_four_dense(values), torch.randn(8, generator=gen)
     got = portable["aten::_sparse_semi_structured_linear.default"](
@@ -2647,10 +2667,10 @@ def test_mixed_dtypes_linear_equivalent_dequantizes_per_column():
     gen = torch.Generator().manual_seed(0)
     x, scale = torch.randn(4, 16, generator=gen), torch.rand(8, generator=gen)
     w = torch.randint(-8, 8, (16, 8), generator=gen, dtype=torch.int8)
-    got = runtime.PORTABLE["aten::_mixed_dtypes_linear.default"](x, w, scale)
+    got = equivalents.PORTABLE["aten::_mixed_dtypes_linear.default"](x, w, scale)
     torch.testing.assert_close(got, x @ (w.float() * scale))
     packed = torch.randint(0, 256, (16, 4), generator=gen, dtype=torch.uint8)
-    got = runtime.PORTABLE["aten::_mixed_dtypes_linear.default"](
+    got = equivalents.PORTABLE["aten::_mixed_dtypes_linear.default"](
         x, packed, scale, bias=scale, activation="relu")
     nibbles = torch.stack((packed >> 4, packed & 15), -1).reshape(16, 8).float() - 8
     torch.testing.assert_close(got, (x @ (nibbles * scale) + scale).relu())
@@ -2664,14 +2684,14 @@ def test_scaled_grouped_matmul_v2_equivalent_reads_its_scale_lists():
     w = torch.randn(4, 16, 32, generator=gen).to(torch.float8_e4m3fn).transpose(-2, -1)
     scale_a, scale_b = torch.rand(64, generator=gen), torch.rand(4, 16, generator=gen)
     offs = torch.tensor([16, 32, 32, 64], dtype=torch.int32)
-    want = runtime.PORTABLE["aten::_scaled_grouped_mm.default"](
+    want = equivalents.PORTABLE["aten::_scaled_grouped_mm.default"](
         x, w, scale_a, scale_b, offs, out_dtype=torch.bfloat16)
     values = {"self": x, "mat2": w, "scale_a": [scale_a], "recipe_a": [1],
               "swizzle_a": [], "scale_b": [scale_b], "recipe_b": [1], "swizzle_b": [],
               "offs": offs, "out_dtype": torch.bfloat16, "contraction_dim": [],
               "use_fast_accum": False}
     args, kwargs = _schema_call("aten::_scaled_grouped_mm_v2.default", values)
-    got = runtime.PORTABLE["aten::_scaled_grouped_mm_v2.default"](*args, **kwargs)
+    got = equivalents.PORTABLE["aten::_scaled_grouped_mm_v2.default"](*args, **kwargs)
     torch.testing.assert_close(got, want)
 
 
@@ -2698,13 +2718,13 @@ def test_float8_flash_attention_equivalents_descale_their_operands():
               "k_descale": dk, "v_descale": dv}
     key = "aten::_flash_attention_forward.quantized"
     args, kwargs = _schema_call(key, values)
-    (got,) = runtime.PORTABLE[key](*args, **kwargs)
+    (got,) = equivalents.PORTABLE[key](*args, **kwargs)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, expected.transpose(1, 2))
     values.update(query=q.transpose(1, 2), key=k.transpose(1, 2), value=v.transpose(1, 2))
     key = "aten::_scaled_dot_product_flash_attention.quantized"
     args, kwargs = _schema_call(key, values)
-    (got,) = runtime.PORTABLE[key](*args, **kwargs)
+    (got,) = equivalents.PORTABLE[key](*args, **kwargs)
     torch.testing.assert_close(got, expected)
 
 
@@ -2721,11 +2741,11 @@ def test_cudnn_ctc_loss_equivalent_returns_each_loss_and_their_sums_grad(overloa
     log_probs = logits.log_softmax(-1).requires_grad_()
     want = torch.nn.functional.ctc_loss(log_probs, targets, *lengths, reduction="none")
     (want_grad,) = torch.autograd.grad(want.sum(), log_probs)
-    loss, grad = runtime.PORTABLE[f"aten::_cudnn_ctc_loss.{overload}"](
+    loss, grad = equivalents.PORTABLE[f"aten::_cudnn_ctc_loss.{overload}"](
         log_probs.detach(), targets, *lengths, 0, True, False)
     torch.testing.assert_close(loss, want.detach())
     torch.testing.assert_close(grad, want_grad)
-    assert runtime.PORTABLE[f"aten::_use_cudnn_ctc_loss.{overload}"](
+    assert equivalents.PORTABLE[f"aten::_use_cudnn_ctc_loss.{overload}"](
         log_probs, targets, *lengths, 0) is True
 
 
@@ -2774,7 +2794,7 @@ def test_in_place_flash_attention_equivalents_write_out_and_return_the_lse():
                 "torch_attn::_varlen_attn_out.default"):
         out = torch.zeros_like(q)
         args, kwargs = _schema_call(key, {**values, "out": out})
-        lse = runtime.PORTABLE[key](*args, **kwargs)
+        lse = equivalents.PORTABLE[key](*args, **kwargs)
         torch.testing.assert_close(out, want)
         torch.testing.assert_close(lse, want_lse)
     batched = [t[:8].reshape(2, 4, 4, 8) for t in (q, k, v)]
@@ -2783,7 +2803,7 @@ def test_in_place_flash_attention_equivalents_write_out_and_return_the_lse():
                   cum_seq_k=None, out=out)
     args, kwargs = _schema_call(
         "aten::_flash_attention_forward_no_dropout_inplace.default", values)
-    lse = runtime.PORTABLE["aten::_flash_attention_forward_no_dropout_inplace.default"](
+    lse = equivalents.PORTABLE["aten::_flash_attention_forward_no_dropout_inplace.default"](
         *args, **kwargs)
     expected = torch.nn.functional.scaled_dot_product_attention(
         *(t.transpose(1, 2) for t in batched), is_causal=True).transpose(1, 2)

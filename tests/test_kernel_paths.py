@@ -13,7 +13,7 @@ from torch.ao.quantization.fake_quantize import FusedMovingAvgObsFakeQuantize
 
 from mystique_gen.backends.base import GenerateOptions
 from mystique_gen.driver import generate
-from mystique_gen.harness import runtime
+from mystique_gen.harness import equivalents, runtime
 from mystique_gen.oprules import KERNEL_PATHS
 from mystique_gen.oprules import matmul_grad_operand as _matmul
 from mystique_gen.sources.et import load_trace
@@ -71,7 +71,7 @@ def test_a_fold_that_strides_do_not_allow_reveals_the_matrix_required_grad():
 def test_attention_equivalent_takes_grouped_query_attention():
     q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 8, 16)
     want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, k, 0.0, True)[0]
-    (got,) = runtime._attention(q, k, k, None, 0.0, True, None)
+    (got,) = equivalents._attention(q, k, k, None, 0.0, True, None)
     torch.testing.assert_close(got, want)
 
 

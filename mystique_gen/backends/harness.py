@@ -1,9 +1,10 @@
 """The harness modules' source, as it is inlined into generated files.
 
-A generated file holds ``harness/runtime.py`` (and, when distributed, ``harness/dist.py``)
-verbatim, less three things: the module docstring, the import statements (the file
-imports what runtime.py imports, once, at its top) and the block between the
-``# <generated-file>`` markers, which the file itself provides.
+A generated file holds ``harness/equivalents.py`` and ``harness/runtime.py``, in that
+order (and, when distributed, ``harness/dist.py``) verbatim, less three things: the
+module docstrings, the import statements (the file imports what runtime.py imports,
+once, at its top) and the block between the ``# <generated-file>`` markers, which the
+file itself provides.
 
 Then :func:`shaken` keeps of it what the file uses, as a compiler links only the
 functions a program calls: the top-level statements whose names the file's own code
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import ModuleType
 
-from mystique_gen.harness import dist, runtime
+from mystique_gen.harness import dist, equivalents, runtime
 
 BEGIN, END = "# <generated-file>", "# </generated-file>"
 
@@ -30,18 +31,20 @@ BEGIN, END = "# <generated-file>", "# </generated-file>"
 @dataclass(frozen=True)
 class HarnessSource:
     imports: list[str]  # runtime.py's import block, line by line
-    runtime: list[str]  # runtime.py's code
+    runtime: list[str]  # equivalents.py's code, then runtime.py's
     dist: list[str]  # dist.py's code
 
 
 @lru_cache(maxsize=1)
 def harness_source() -> HarnessSource:
     imports, body = _split(runtime)
-    dist_imports, dist_body = _split(dist)
-    missing = set(dist_imports) - set(imports)
-    if missing:  # a bug of this package, caught by the tests
-        raise AssertionError(f"harness/dist.py imports what runtime.py does not: {missing}")
-    return HarnessSource(imports, body, dist_body)
+    for module in (equivalents, dist):
+        missing = set(_split(module)[0]) - set(imports)
+        if missing:  # a bug of this package, caught by the tests
+            raise AssertionError(f"harness/{module.__name__.rpartition('.')[2]}.py imports "
+                                 f"what runtime.py does not: {missing}")
+    # The equivalents first: runtime.py's top level reads their tables.
+    return HarnessSource(imports, [*_split(equivalents)[1], "", "", *body], _split(dist)[1])
 
 
 def _split(module: ModuleType) -> tuple[list[str], list[str]]:
@@ -61,8 +64,9 @@ def _split(module: ModuleType) -> tuple[list[str], list[str]]:
                 isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
                     "mystique_gen")):  # one harness module's of the other: inlined
             imports.append("\n".join(lines[i] for i in span))
-    begin, end = lines.index(BEGIN), lines.index(END)
-    dropped.update(range(begin, end + 1))
+    if BEGIN in lines:  # (runtime.py's)
+        begin, end = lines.index(BEGIN), lines.index(END)
+        dropped.update(range(begin, end + 1))
     code = "\n".join(line for i, line in enumerate(lines) if i not in dropped)
     code = re.sub(r"\n{4,}", "\n\n\n", code.strip("\n"))  # at most two blank lines
     return _grouped(imports), code.splitlines()
@@ -246,7 +250,7 @@ def reserved_names() -> frozenset[str]:
     """Every module-level name of a generated file (the harness's definitions and
     imports, the template's constants): a local of the same name would shadow it."""
     names = set(FILE_NAMES)
-    for module in (runtime, dist):
+    for module in (equivalents, runtime, dist):
         for node in ast.parse(inspect.getsource(module)).body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 names.add(node.name)

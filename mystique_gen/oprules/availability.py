@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from mystique_gen.harness.runtime import PORTABLE
+from mystique_gen.harness.equivalents import PORTABLE
 from mystique_gen.oprules.base import OpFamily
 
 # Operators that are never replayed, with the reason shown in the benchmark header.
@@ -23,7 +23,7 @@ CORE_NAMESPACES = frozenset({"aten", "prims"})
 
 # Kernels tied to one vendor's library or one device: they run only where that backend
 # is built (where one cannot, the benchmark runs its portable equivalent if the harness
-# has one, runtime.PORTABLE, else its outputs stand in).
+# has one, equivalents.PORTABLE, else its outputs stand in).
 BACKEND_SPECIFIC = re.compile(
     r"cudnn|miopen|mkldnn|_cuda|cuda_|_nccl|cublas|_mps|xpu|_for_cpu|fbgemm_|nnpack|"
     r"flash_attention|efficient_attention|fused_attention_overrideable"
@@ -59,7 +59,7 @@ def device_specific_reason(namespace: str, name: str, overload: str = "default")
 
 def has_portable_equivalent(qualified: str) -> bool:
     """Whether the harness runs a portable equivalent of ``namespace::name[.overload]``
-    (as its schema names it) where the op itself cannot run (runtime.PORTABLE)."""
+    (as its schema names it) where the op itself cannot run (equivalents.PORTABLE)."""
     namespace, _, rest = qualified.partition("::")
     name, _, overload = rest.partition(".")
     return f"{namespace}::{name}.{overload or 'default'}" in PORTABLE

@@ -1,11 +1,11 @@
 """fbgemm_gpu's jagged-tensor and table-batched embedding (TBE) ops (TorchRec, DLRM):
-the inputs the harness's equivalents read (runtime.PORTABLE) filled as the kernels
+the inputs the harness's equivalents read (equivalents.PORTABLE) filled as the kernels
 expect them, where the benchmark runs the equivalents (fbgemm_gpu not loaded).
 
 A trace records no values of a TBE's layout (``weights_offsets``, ``D_offsets``,
 ``hash_size_cumsum``: module buffers); the equivalents use them where they describe a
 layout of the flat weights (captured with ``--save-indices``), else split the columns
-evenly over the tables (runtime._tbe_tables)."""
+evenly over the tables (equivalents._tbe_tables)."""
 
 from __future__ import annotations
 

@@ -1255,7 +1255,7 @@ def _portable_children(kids: list[RawNode], replayed_as_children: Set[int] = fro
                        ) -> bool:
     """Whether an op's children can replay wherever the op can: a backend's kernel
     (``_scaled_dot_product_flash_attention``, CUDA only) can where the harness has its
-    portable equivalent (runtime.PORTABLE), which runs wherever the kernel cannot; a
+    portable equivalent (equivalents.PORTABLE), which runs wherever the kernel cannot; a
     child without one would be skipped there, so its op stays whole. Attention is
     the case: kept whole, its backward read a logsumexp filled before timing, not
     the forward's, and exp(scores - logsumexp) overflowed a training replay to inf

@@ -74,7 +74,13 @@ HOST_BYTES = 40
 ORIGINAL = None
 
 
-# -- harness: mystique_gen/harness/runtime.py, inlined -------------------------------
+# -- harness: mystique_gen/harness/equivalents.py and runtime.py, inlined ------------
+_EQUIVALENTS = {}
+
+
+PORTABLE = {}
+
+
 # The profiler scope around work the harness adds (views no replayed op returned,
 # stand-ins for skipped ops): a replay's trace labels it, and `compare` leaves it out.
 HARNESS_SCOPE = "## mystique: harness ##"
@@ -224,12 +230,6 @@ def _op(resolve, name):
             "equivalent in torch ops"
         )
         return equivalent
-
-
-_EQUIVALENTS = {}
-
-
-PORTABLE = {}
 
 
 def _op_key(op):
