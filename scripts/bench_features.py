@@ -84,6 +84,7 @@ RUNNER = ("import runpy, sys; sys.modules['mystique_gen'] = None; "
 # A workload's step (script argv: its module's path, its name), built and run twice.
 WARM_STEP = """
 import importlib.util, json, os, sys, torch
+sys.path.insert(0, os.path.dirname(sys.argv[1]))  # (the batches' features_steps)
 spec = importlib.util.spec_from_file_location("workloads", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules["workloads"] = module  # Dynamo looks a compiled frame's module up by name
@@ -100,7 +101,6 @@ for _ in range(2):
 # third); the replay's, its first iteration, run standalone. Each prints its births as
 # one JSON line (null where the step would not run under the mode).
 EAGER_BIRTHS = WARM_STEP + """
-sys.path.insert(0, os.path.dirname(sys.argv[1]))
 from nan_births import NanBirths
 try:
     with NanBirths() as mode:

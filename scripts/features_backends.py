@@ -27,18 +27,7 @@ import threading
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _sgd(m, loss_fn, opt=None):
-    opt = opt or torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.001)
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-
-    return step
+from features_steps import sgd_step
 
 
 # a user-defined custom op (torch.library) with a Python CPU kernel and autograd
@@ -76,7 +65,7 @@ def y_custom_op():
     def loss():
         return m[1](scaled_gelu(m[0](x), 1.5)).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_custom_op_infer():
@@ -158,7 +147,7 @@ def y_explicit_generator():
         t = torch.empty(8, 4).uniform_(-1, 1, generator=g)
         return (m(xb)[pick] - t).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 class _Forked(nn.Module):
@@ -281,7 +270,7 @@ def y_hyena_fftconv():
 
     m = Hy()
     x = torch.randn(2, 64, 8)
-    return _sgd(m, lambda: m(x).pow(2).mean())
+    return sgd_step(m, lambda: m(x).pow(2).mean())
 
 
 def y_label_smooth_ignore():
@@ -298,7 +287,7 @@ def y_label_smooth_ignore():
             logits.view(-1, 50), labels.view(-1), ignore_index=-100, label_smoothing=0.1
         )
 
-    return _sgd(emb, loss, torch.optim.AdamW(ps, lr=1e-3))
+    return sgd_step(emb, loss, torch.optim.AdamW(ps, lr=1e-3))
 
 
 def y_ensemble_vmap():
@@ -333,7 +322,7 @@ def y_bucketize_hist():
         s = torch.searchsorted(edges, y.detach().contiguous())
         return (w * y.pow(2)).mean() + h.sum() * 0 + s.float().sum() * 0
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_inductor_freezing():
@@ -455,7 +444,7 @@ def y_vqvae():
         r, c = m(x)
         return F.mse_loss(r, x) + 0.25 * c
 
-    return _sgd(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
+    return sgd_step(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
 
 
 def y_mamba2_ssd():
@@ -489,7 +478,7 @@ def y_mamba2_ssd():
 
     m = SSD()
     u = torch.randn(2, 12, 16)
-    return _sgd(m, lambda: m(u).pow(2).mean())
+    return sgd_step(m, lambda: m(u).pow(2).mean())
 
 
 def y_retnet_decay():
@@ -515,7 +504,7 @@ def y_retnet_decay():
 
     m = Retention()
     x = torch.randn(2, 10, 16)
-    return _sgd(m, lambda: m(x).pow(2).mean())
+    return sgd_step(m, lambda: m(x).pow(2).mean())
 
 
 def y_mvn_scale_tril():
@@ -537,7 +526,7 @@ def y_mvn_scale_tril():
         d = MultivariateNormal(m.mu(x), scale_tril=m.tril)
         return -d.log_prob(target).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_segment_lengths():
@@ -558,7 +547,7 @@ def y_segment_lengths():
         r = torch.repeat_interleave(y, m.repeats, dim=0, output_size=7)
         return s.pow(2).mean() + r.sum() * 0 + (s.sum() * r.mean())
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_megablocks_dispatch():
@@ -591,7 +580,7 @@ def y_megablocks_dispatch():
 
     m = MoE()
     x = torch.randn(24, 16)
-    return _sgd(m, lambda: m(x).pow(2).mean())
+    return sgd_step(m, lambda: m(x).pow(2).mean())
 
 
 def y_adafactor_muon():
@@ -646,7 +635,7 @@ def y_gumbel_straight_through():
         onehot = F.gumbel_softmax(m(x), tau=0.5, hard=True)
         return (onehot @ emb.weight).pow(2).mean()
 
-    return _sgd(m, loss, torch.optim.SGD(ps, lr=1e-2))
+    return sgd_step(m, loss, torch.optim.SGD(ps, lr=1e-2))
 
 
 WORKLOADS = {k[2:]: v for k, v in globals().items() if k.startswith("y_")}

@@ -47,24 +47,16 @@ others are ``known`` in bench_features.py (README: Known limits).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from features_steps import sgd_step
 from torch import distributions as D
 
-
-def _sgd(m, loss_fn, opt=None):
-    opt = opt or torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-
-    return step
+_sgd = functools.partial(sgd_step, lr=0.01)
 
 
 class _Head(nn.Module):

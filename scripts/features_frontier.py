@@ -43,20 +43,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _sgd(m, loss_fn, opt=None):
-    opt = opt or torch.optim.SGD(
-        [p for p in m.parameters() if p.requires_grad], lr=0.001
-    )
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-
-    return step
+from features_steps import sgd_step
 
 
 def _attn(q, k, v, bias=None):
@@ -280,7 +267,7 @@ def y_alibi_attention():
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
         return o(a.transpose(1, 2).reshape(2, L, d)).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_sliding_window_mask():
@@ -299,7 +286,7 @@ def y_sliding_window_mask():
         a = s.softmax(-1) @ v
         return o(a.transpose(1, 2).reshape(2, L, d)).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def _rope_freqs(dim, base, L, kind):
@@ -342,7 +329,7 @@ def y_rope_scaled():
             total = total + o(a.transpose(1, 2).reshape(2, L, d)).pow(2).mean()
         return total
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 # -- architectures -----------------------------------------------------------------
@@ -388,7 +375,7 @@ def y_mamba1_parallel_scan():
 
     m = Mamba()
     x = torch.randn(2, 6, 8)
-    return _sgd(
+    return sgd_step(
         m, lambda: m(x).pow(2).mean(), torch.optim.AdamW(m.parameters(), lr=1e-3)
     )
 
@@ -434,7 +421,7 @@ def y_hyena_implicit_filter():
 
     m = Hyena()
     x = torch.randn(2, 16, 8)
-    return _sgd(m, lambda: m(x).pow(2).mean())
+    return sgd_step(m, lambda: m(x).pow(2).mean())
 
 
 def y_linear_attention():
@@ -468,7 +455,7 @@ def y_linear_attention():
         a = (a1 + a2).transpose(1, 2).reshape(2, L, d)
         return o(a).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_mlstm_cell():
@@ -506,7 +493,7 @@ def y_mlstm_cell():
 
     m = MLSTM()
     x = torch.randn(2, 7, 16)
-    return _sgd(m, lambda: m(x).pow(2).mean())
+    return sgd_step(m, lambda: m(x).pow(2).mean())
 
 
 def y_swin_window_attn():
@@ -571,7 +558,7 @@ def y_swin_window_attn():
 
     m = SwinBlock()
     x = torch.randn(2, 8, 8, 16)
-    return _sgd(
+    return sgd_step(
         m, lambda: m(x).pow(2).mean(), torch.optim.AdamW(m.parameters(), lr=1e-3)
     )
 
@@ -609,7 +596,7 @@ def y_convnext_block():
     )
     x = torch.randn(3, 3, 16, 16)
     y = torch.randint(0, 5, (3,))
-    return _sgd(
+    return sgd_step(
         m, lambda: F.cross_entropy(m(x), y), torch.optim.AdamW(m.parameters(), 1e-3)
     )
 
@@ -666,7 +653,7 @@ def y_mobilenetv3():
     opt = torch.optim.RMSprop(
         m.parameters(), lr=1e-3, alpha=0.9, momentum=0.9, eps=1e-3
     )
-    return _sgd(m, lambda: F.cross_entropy(m(x), y), opt)
+    return sgd_step(m, lambda: F.cross_entropy(m(x), y), opt)
 
 
 def y_efficientnet_mbconv():
@@ -706,7 +693,7 @@ def y_efficientnet_mbconv():
     )
     x = torch.randn(2, 3, 16, 16)
     y = torch.tensor([0, 2])
-    return _sgd(m, lambda: F.cross_entropy(m(x), y, label_smoothing=0.1))
+    return sgd_step(m, lambda: F.cross_entropy(m(x), y, label_smoothing=0.1))
 
 
 def y_unet3d_small():
@@ -735,7 +722,7 @@ def y_unet3d_small():
     m = U()
     x = torch.randn(1, 1, 8, 8, 8)
     y = torch.randint(0, 2, (1, 8, 8, 8))
-    return _sgd(m, lambda: F.cross_entropy(m(x), y))
+    return sgd_step(m, lambda: F.cross_entropy(m(x), y))
 
 
 def y_pointnet2():
@@ -789,7 +776,7 @@ def y_pointnet2():
         c, f = sa2(c, f)
         return F.cross_entropy(head(f.max(1)[0]), y)
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_nerf_render():
@@ -841,7 +828,7 @@ def y_nerf_render():
         c1, _ = render(tf)
         return F.mse_loss(c0, target) + F.mse_loss(c1, target)
 
-    return _sgd(mlp, loss, torch.optim.Adam(mlp.parameters(), lr=5e-4))
+    return sgd_step(mlp, loss, torch.optim.Adam(mlp.parameters(), lr=5e-4))
 
 
 def y_gat_scatter_softmax():
@@ -867,7 +854,7 @@ def y_gat_scatter_softmax():
         out = torch.zeros(N, h, d).index_add_(0, dst, alpha[..., None] * z[src])
         return F.elu(out).pow(2).mean()
 
-    return _sgd(m, loss, torch.optim.Adam([*m.parameters(), a_src, a_dst], lr=1e-3))
+    return sgd_step(m, loss, torch.optim.Adam([*m.parameters(), a_src, a_dst], lr=1e-3))
 
 
 def y_graphsage_sampling():
@@ -912,7 +899,7 @@ def y_graphsage_sampling():
         out = l2(torch.cat([hb, s / cnt[:, None]], -1))
         return F.cross_entropy(out, labels[batch])
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_dcnv2_din():
@@ -945,7 +932,7 @@ def y_dcnv2_din():
     target = torch.randint(1, 50, (4,))
     dense = torch.randn(4, 4)
     y = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    return _sgd(
+    return sgd_step(
         m,
         lambda: F.binary_cross_entropy_with_logits(m(hist, target, dense), y),
         torch.optim.Adagrad(m.parameters(), lr=1e-2),
@@ -972,7 +959,7 @@ def y_two_tower_hash():
         logits = u @ i.t() / temp - logq[None]
         return F.cross_entropy(logits, torch.arange(6))
 
-    return _sgd(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
+    return sgd_step(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
 
 
 def y_segment_reduce_offsets():
@@ -986,7 +973,7 @@ def y_segment_reduce_offsets():
         sm = torch.segment_reduce(h, "sum", offsets=offsets, axis=0)
         return mx.pow(2).mean() + sm.pow(2).mean()
 
-    return _sgd(lin, loss)
+    return sgd_step(lin, loss)
 
 
 def y_tcn_dilated():
@@ -1012,7 +999,7 @@ def y_tcn_dilated():
     )
     x = torch.randn(2, 3, 20)
     y = torch.randn(2, 1, 20)
-    return _sgd(m, lambda: F.mse_loss(m(x), y))
+    return sgd_step(m, lambda: F.mse_loss(m(x), y))
 
 
 def y_informer_probsparse():
@@ -1038,7 +1025,7 @@ def y_informer_probsparse():
         ctx = ctx.scatter(2, top[..., None].expand(-1, -1, -1, d // h), upd)
         return o(ctx.transpose(1, 2).reshape(B, L, d)).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_conformer_block():
@@ -1093,7 +1080,7 @@ def y_conformer_block():
     x = torch.randn(2, 10, 16)
     pad = torch.zeros(2, 10, dtype=torch.bool)
     pad[1, 7:] = True
-    return _sgd(m, lambda: m(x, pad).masked_fill(pad[..., None], 0).pow(2).mean())
+    return sgd_step(m, lambda: m(x, pad).masked_fill(pad[..., None], 0).pow(2).mean())
 
 
 def y_sd_crossattn_block():
@@ -1156,7 +1143,7 @@ def y_sd_crossattn_block():
     x = torch.randn(2, 16, 6, 6)
     t = torch.tensor([10.0, 500.0])
     ctx = torch.randn(2, 5, 12)
-    return _sgd(m, lambda: F.mse_loss(m(x, t, ctx), torch.zeros(2, 16, 6, 6)))
+    return sgd_step(m, lambda: F.mse_loss(m(x, t, ctx), torch.zeros(2, 16, 6, 6)))
 
 
 # -- training tricks -----------------------------------------------------------------
@@ -1232,7 +1219,7 @@ def y_stochastic_depth():
 
     m = nn.Sequential(*[Res(16, 0.1 * (i + 1)) for i in range(4)], nn.Linear(16, 3))
     x, y = torch.randn(6, 16), torch.randint(0, 3, (6,))
-    return _sgd(m, lambda: F.cross_entropy(m(x), y))
+    return sgd_step(m, lambda: F.cross_entropy(m(x), y))
 
 
 def y_label_smooth_weighted():
@@ -1246,7 +1233,7 @@ def y_label_smooth_weighted():
         logits = m(x.transpose(1, 2)).transpose(1, 2)  # B C T
         return F.cross_entropy(logits, y, weight=w, label_smoothing=0.15)
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_lars_lamb():
@@ -1359,7 +1346,7 @@ def y_float64_train():
     x = torch.randn(8, 6, dtype=torch.float64)
     y = torch.randn(8, 1, dtype=torch.float64)
     opt = torch.optim.Adam(m.parameters(), lr=1e-3, amsgrad=True)
-    return _sgd(
+    return sgd_step(
         m,
         lambda: F.smooth_l1_loss(m(x), y)
         + 1e-3
@@ -1434,7 +1421,7 @@ def y_tied_lm_head():
     m = TinyLM()
     t = torch.randint(0, 50, (2, 8))
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
-    return _sgd(
+    return sgd_step(
         m, lambda: F.cross_entropy(m(t)[:, :-1].flatten(0, 1), t[:, 1:].flatten()), opt
     )
 
@@ -1531,7 +1518,7 @@ def y_as_strided_windows():
         w = h.as_strided((B, L - 2, 3, D), (L * D, D, D, 1))  # overlapping windows
         return w.amax(2).pow(2).mean() + w.mean()
 
-    return _sgd(lin, loss)
+    return sgd_step(lin, loss)
 
 
 def y_sdpa_causal_bias():
@@ -1553,7 +1540,7 @@ def y_sdpa_causal_bias():
             )
         return (a + b).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_index_reduce_family():
@@ -1573,7 +1560,7 @@ def y_index_reduce_family():
         )
         return a.sum() + b.pow(2).sum() + c.pow(2).sum() + d.sum()
 
-    return _sgd(lin, loss)
+    return sgd_step(lin, loss)
 
 
 def y_paged_pool_views():
@@ -1634,7 +1621,7 @@ def y_order_stats_misc():
             + (uc.float() * cnt).sum() * bc.sum()
         )
 
-    return _sgd(lin, loss)
+    return sgd_step(lin, loss)
 
 
 def y_functional_soup():
@@ -1660,7 +1647,7 @@ def y_functional_soup():
         )
         return out.pow(2).mean() + tied.pow(2).mean()
 
-    return _sgd(head, loss)
+    return sgd_step(head, loss)
 
 
 def y_one_hot_inferred():
@@ -1673,7 +1660,7 @@ def y_one_hot_inferred():
         w = torch.bincount(y).float()
         return (F.log_softmax(lin(x), -1) * t).sum(-1).mean().neg() + w.max() * 0
 
-    return _sgd(lin, loss)
+    return sgd_step(lin, loss)
 
 
 def y_unique_dim_edges():
@@ -1686,7 +1673,7 @@ def y_unique_dim_edges():
         out = torch.zeros(10, 4).index_add(0, e[1], msg)
         return out.pow(2).mean()
 
-    return _sgd(emb, loss)
+    return sgd_step(emb, loss)
 
 
 def y_gp_cholesky_buffer():
@@ -1711,7 +1698,7 @@ def y_gp_cholesky_buffer():
             return 0.5 * (self.y[:, None] * alpha).sum() + L.diagonal().log().sum()
 
     m = GP()
-    return _sgd(m, m, torch.optim.Adam(m.parameters(), lr=1e-2))
+    return sgd_step(m, m, torch.optim.Adam(m.parameters(), lr=1e-2))
 
 
 def y_welford_norm_sqrt():
@@ -1731,7 +1718,7 @@ def y_welford_norm_sqrt():
 
     m = nn.Sequential(RunningNorm(6), nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
     x, y = torch.randn(8, 6) * 3 + 1, torch.randn(8, 1)
-    return _sgd(m, lambda: F.mse_loss(m(x), y))
+    return sgd_step(m, lambda: F.mse_loss(m(x), y))
 
 
 def y_param_data_swap():
@@ -1776,7 +1763,7 @@ def y_int4_unpack_dequant():
         )
         return (x @ w.t() + x @ lora_a.t() @ lora_b.t()).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_concrete_dropout():
@@ -1798,7 +1785,7 @@ def y_concrete_dropout():
 
     m = nn.Sequential(CD(8), nn.ReLU(), nn.Linear(8, 1))
     x, y = torch.randn(6, 8), torch.randn(6, 1)
-    return _sgd(m, lambda: F.mse_loss(m(x), y))
+    return sgd_step(m, lambda: F.mse_loss(m(x), y))
 
 
 def y_labels_pad_to_ignore():
@@ -1814,7 +1801,7 @@ def y_labels_pad_to_ignore():
         logits = head(emb(ids))
         return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 # -- minimal repros --------------------------------------------------------------------
@@ -1870,7 +1857,7 @@ def y_sqrt_of_difference_min():
     mean, sq = torch.zeros(4), torch.ones(4)
     lin = nn.Linear(4, 1)
     x = torch.randn(3, 4)
-    return _sgd(lin, lambda: lin(x / (sq - mean.pow(2)).sqrt()).pow(2).mean())
+    return sgd_step(lin, lambda: lin(x / (sq - mean.pow(2)).sqrt()).pow(2).mean())
 
 
 WORKLOADS = {k[2:]: v for k, v in globals().items() if k.startswith("y_")}

@@ -16,21 +16,14 @@ levels were filled outside [0, 1]; a complex Python scalar stopped generation.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from features_steps import sgd_step
 
-
-def _sgd(m, loss_fn, opt=None):
-    opt = opt or torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-
-    return step
+_sgd = functools.partial(sgd_step, lr=0.01)
 
 
 class _Square(torch.autograd.Function):

@@ -27,24 +27,13 @@ import functools
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from features_steps import sgd_step
 from torch.distributions import Beta, Binomial, Dirichlet, Gamma, LogNormal, Normal, Poisson
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
-
-
-def _sgd(m, loss_fn, opt=None):
-    opt = opt or torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.001)
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-
-    return step
 
 
 def y_dist_params():
@@ -74,7 +63,7 @@ def y_dist_params():
         z = torch.normal(torch.zeros(6), m.std)
         return g.sum() + d.sum() + b.sum() + n.sum() + ln.sum() + (p.sum() + bi.sum() + z.sum()) * 0
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_special_domains():
@@ -102,7 +91,7 @@ def y_special_domains():
         )
         return (t * m.w).sum()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_grouped_mm_moe():
@@ -129,7 +118,7 @@ def y_grouped_mm_moe():
         out = torch.zeros_like(x).index_add_(0, order // 2, y * wts.reshape(-1)[order, None])
         return out.pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def _qwen_moe(impl):
@@ -153,7 +142,7 @@ def _qwen_moe(impl):
 def y_hf_moe_batched():
     m = _qwen_moe("batched_mm")
     x = torch.randint(0, 128, (2, 8))
-    return _sgd(m, lambda: m(x, labels=x).loss)
+    return sgd_step(m, lambda: m(x, labels=x).loss)
 
 
 def y_hf_moe_eager_infer():
@@ -176,7 +165,7 @@ def y_torch_cond():
         y = torch.cond(h.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (h,))
         return y.sum()
 
-    return _sgd(lin, loss)
+    return sgd_step(lin, loss)
 
 
 def y_export_module():
@@ -206,7 +195,7 @@ def y_save_on_cpu():
         with torch.autograd.graph.save_on_cpu(pin_memory=False):
             return m(x).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_selective_ac():
@@ -224,7 +213,7 @@ def y_selective_ac():
     def loss():
         return checkpoint(m, x, use_reentrant=False, context_fn=ctx).pow(2).mean()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_scaled_mm_fp8():
@@ -241,14 +230,14 @@ def y_scaled_mm_fp8():
 def y_rms_norm():
     m = nn.Sequential(nn.Linear(16, 16), nn.RMSNorm(16), nn.Linear(16, 4))
     x = torch.randn(8, 16)
-    return _sgd(m, lambda: F.rms_norm(m(x), (4,)).pow(2).mean())
+    return sgd_step(m, lambda: F.rms_norm(m(x), (4,)).pow(2).mean())
 
 
 def y_adaptive_logsoftmax():
     m = nn.AdaptiveLogSoftmaxWithLoss(16, 50, cutoffs=[10, 30], div_value=2.0)
     x = torch.randn(32, 16)
     t = torch.randint(0, 50, (32,))
-    return _sgd(m, lambda: m(x, t).loss)
+    return sgd_step(m, lambda: m(x, t).loss)
 
 
 def y_module_hooks():
@@ -257,7 +246,7 @@ def y_module_hooks():
     m[2].register_full_backward_hook(lambda mod, gi, go: (gi[0] * 0.5,))
     m[1].register_forward_hook(lambda mod, i, o: o + 1)
     x = torch.randn(4, 8)
-    return _sgd(m, lambda: m(x).pow(2).mean())
+    return sgd_step(m, lambda: m(x).pow(2).mean())
 
 
 def y_grads_batched():
@@ -277,7 +266,7 @@ def y_lazy_modules():
     m = nn.Sequential(nn.LazyConv2d(4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5))
     x = torch.randn(2, 3, 8, 8)
     m(x)
-    return _sgd(m, lambda: m(x).pow(2).mean())
+    return sgd_step(m, lambda: m(x).pow(2).mean())
 
 
 def y_einsum_multi():
@@ -286,7 +275,7 @@ def y_einsum_multi():
     c = torch.randn(6, 7)
     d = torch.randn(7, 3)
     mm = nn.ParameterList([a])
-    return _sgd(
+    return sgd_step(
         mm,
         lambda: torch.einsum("ij,jk,kl,lm->im", a, b, c, d).pow(2).sum()
         + torch.einsum("bij,bjk->bik", a.expand(2, 4, 5), b.expand(2, 5, 6)).sum(),
@@ -323,7 +312,7 @@ class _Cube(torch.autograd.Function):
 def y_function_vmap():
     lin = nn.Linear(4, 4)
     x = torch.randn(6, 4)
-    return _sgd(lin, lambda: torch.vmap(_Cube.apply)(lin(x)).sum())
+    return sgd_step(lin, lambda: torch.vmap(_Cube.apply)(lin(x)).sum())
 
 
 def y_cumulative():
@@ -340,7 +329,7 @@ def y_cumulative():
             + torch.cummax(p, 0).values.sum()
         )
 
-    return _sgd(mm, loss)
+    return sgd_step(mm, loss)
 
 
 def y_lu_cached_solve():
@@ -371,7 +360,7 @@ def y_polar_complex():
         z = torch.polar(m.mag, m.ang)
         return torch.view_as_real(z * z.conj()).sum() + z.abs().sum()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_index_leaf():
@@ -391,7 +380,7 @@ def y_index_leaf():
         w = torch.zeros(20, 4).index_put((m.ids,), m.emb[m.ids], accumulate=True)
         return t.sum() + u.sum() + w.pow(2).sum()
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 # Architectures outside the zoos, as training steps (AdamW).

@@ -45,18 +45,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _sgd(m, loss_fn, opt=None):
-    opt = opt or torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.001)
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-
-    return step
+from features_steps import sgd_step
 
 
 def _mlp(i, h, o):
@@ -119,7 +108,7 @@ def y_prune_masks():
     )
     x = torch.randn(2, 3, 8, 8)
     y = torch.tensor([1, 3])
-    return _sgd(m, lambda: F.cross_entropy(m(x), y))
+    return sgd_step(m, lambda: F.cross_entropy(m(x), y))
 
 
 def y_noisy_regularisers():
@@ -143,7 +132,7 @@ def y_noisy_regularisers():
     m = M().train()
     a, b = torch.randn(2, 4, 10), torch.randn(2, 4, 6, 6)
     c, d = torch.randn(1, 2, 4, 4, 4), torch.randn(2, 3, 8)
-    return _sgd(m, lambda: m(a, b, c, d))
+    return sgd_step(m, lambda: m(a, b, c, d))
 
 
 def y_embbag_offsets():
@@ -164,7 +153,7 @@ def y_embbag_offsets():
         c = e_max(inp, offsets)
         return F.cross_entropy(head(torch.cat([a, b, c], 1)), y)
 
-    return _sgd(m, loss, torch.optim.Adagrad(m.parameters(), lr=1e-2))
+    return sgd_step(m, loss, torch.optim.Adagrad(m.parameters(), lr=1e-2))
 
 
 def y_linalg_backward():
@@ -197,7 +186,7 @@ def y_linalg_backward():
             + d1.mean() * 0.1
         )
 
-    return _sgd(m, loss, torch.optim.SGD(ps, lr=1e-3))
+    return sgd_step(m, loss, torch.optim.SGD(ps, lr=1e-3))
 
 
 # -- attention --------------------------------------------------------------------------
@@ -261,7 +250,7 @@ def y_rope_einsum_ellipsis():
 
     m = Attn()
     x = torch.randn(2, 8, 32)
-    return _sgd(m, lambda: m(x).pow(2).mean(), torch.optim.AdamW(m.parameters(), lr=1e-3))
+    return sgd_step(m, lambda: m(x).pow(2).mean(), torch.optim.AdamW(m.parameters(), lr=1e-3))
 
 
 def y_mha_padding_train():
@@ -279,7 +268,7 @@ def y_mha_padding_train():
         ent = -(w * (w + 1e-9).log()).sum(-1).mean()
         return F.cross_entropy(head(out.mean(1)), y) + 0.01 * ent
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 # -- compilation ------------------------------------------------------------------------
@@ -346,7 +335,7 @@ def y_clip_logit_scale():
     im = torch.randn(4, 3, 16, 16)
     ids = torch.randint(0, 49, (4, 6))
     ids[:, -1] = 49
-    return _sgd(m, lambda: m(im, ids), torch.optim.AdamW(m.parameters(), lr=1e-3))
+    return sgd_step(m, lambda: m(im, ids), torch.optim.AdamW(m.parameters(), lr=1e-3))
 
 
 def y_gan_two_opt():
@@ -392,7 +381,7 @@ def y_distill_kl():
         )
         return 0.7 * kd * T * T + 0.3 * F.cross_entropy(s, y)
 
-    return _sgd(student, loss, torch.optim.SGD(student.parameters(), lr=1e-2, momentum=0.9))
+    return sgd_step(student, loss, torch.optim.SGD(student.parameters(), lr=1e-2, momentum=0.9))
 
 
 def y_ppo_step():
@@ -465,7 +454,7 @@ def y_ddpm_schedule():
 
     m = Eps()
     x0 = torch.randn(4, 3, 8, 8)
-    return _sgd(m, lambda: m(x0), torch.optim.AdamW(m.parameters(), lr=1e-4))
+    return sgd_step(m, lambda: m(x0), torch.optim.AdamW(m.parameters(), lr=1e-4))
 
 
 def y_mae_masking():
@@ -508,7 +497,7 @@ def y_mae_masking():
 
     m = MAE()
     img = torch.randn(2, 3, 16, 16)
-    return _sgd(m, lambda: m(img), torch.optim.AdamW(m.parameters(), lr=1.5e-4))
+    return sgd_step(m, lambda: m(img), torch.optim.AdamW(m.parameters(), lr=1.5e-4))
 
 
 def y_unet_antialias():
@@ -551,7 +540,7 @@ def y_unet_antialias():
         y, big = m(x)
         return F.l1_loss(y, x) + F.mse_loss(big, hr)
 
-    return _sgd(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
+    return sgd_step(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
 
 
 def y_audio_frontend():
@@ -601,7 +590,7 @@ def y_audio_frontend():
         logits, rec = m(wav)
         return F.cross_entropy(logits, y) + F.l1_loss(rec, wav)
 
-    return _sgd(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
+    return sgd_step(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
 
 
 # -- decoding ---------------------------------------------------------------------------
@@ -713,7 +702,7 @@ def y_nan_masked_regression():
         l1 = ((p - clean).abs() * (~miss)).sum() / (~miss).sum()
         return per_task.sum() + total + l1
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_mixup_cutmix():
@@ -746,7 +735,7 @@ def y_mixup_cutmix():
             t = onehot * a + onehot[perm] * (1 - a)
         return F.cross_entropy(m(xm), t, label_smoothing=0.1)
 
-    return _sgd(m, loss, torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9))
+    return sgd_step(m, loss, torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9))
 
 
 def y_sam_two_pass():
@@ -859,7 +848,7 @@ def y_chunked_ce_ckpt():
             total = total + checkpoint(chunk_loss, hc, lc, use_reentrant=False)
         return total / (lab != -100).sum()
 
-    return _sgd(m, loss, torch.optim.AdamW(m.parameters(), lr=1e-3))
+    return sgd_step(m, loss, torch.optim.AdamW(m.parameters(), lr=1e-3))
 
 
 # -- recipes whose inputs carry domains: buffers and state read as they are ------------
@@ -889,7 +878,7 @@ def y_ddpm_index_pow():
 
     m = Sched()
     x0 = torch.randn(4, 3, 8, 8)
-    return _sgd(m, lambda: m(x0), torch.optim.AdamW(m.parameters(), lr=1e-4))
+    return sgd_step(m, lambda: m(x0), torch.optim.AdamW(m.parameters(), lr=1e-4))
 
 
 def y_ppo_obs_norm():
@@ -985,7 +974,7 @@ def y_moco_queue():
 
     m = MoCo()
     x = torch.randn(8, 3, 12, 12)
-    return _sgd(m, lambda: m(x, x.flip(-1)), torch.optim.SGD(m.q.parameters(), lr=0.03))
+    return sgd_step(m, lambda: m(x, x.flip(-1)), torch.optim.SGD(m.q.parameters(), lr=0.03))
 
 
 def y_knn_label_bank():
@@ -1087,7 +1076,7 @@ def y_class_balanced():
         eff = (1 - 0.999**m.class_counts) / (1 - 0.999)
         return F.cross_entropy(logits, y, weight=(1 / eff) / (1 / eff).sum() * 4)
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_seg_dice_ignore():
@@ -1109,7 +1098,7 @@ def y_seg_dice_ignore():
         dice = 1 - (2 * inter + 1) / (p.sum((0, 2, 3)) + oh.sum((0, 2, 3)) + 1)
         return ce + dice.mean()
 
-    return _sgd(m, loss, torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9))
+    return sgd_step(m, loss, torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9))
 
 
 def y_sparse_dispatcher_moe():
@@ -1158,7 +1147,7 @@ def y_sparse_dispatcher_moe():
         y, aux = m(x)
         return y.pow(2).mean() + 0.01 * aux
 
-    return _sgd(m, loss)
+    return sgd_step(m, loss)
 
 
 def y_dpo_pairs():
@@ -1210,7 +1199,7 @@ def y_dpo_pairs():
         rc, rr = rl.chunk(2)
         return -F.logsigmoid(0.1 * ((pc - rc) - (pr - rr))).mean()
 
-    return _sgd(policy, loss, torch.optim.AdamW(policy.parameters(), lr=1e-4))
+    return sgd_step(policy, loss, torch.optim.AdamW(policy.parameters(), lr=1e-4))
 
 
 def y_mdn_mixture():
@@ -1244,7 +1233,7 @@ def y_mdn_mixture():
         dist = m(x)
         return -dist.log_prob(y).mean() + 0 * dist.sample().sum()
 
-    return _sgd(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
+    return sgd_step(m, loss, torch.optim.Adam(m.parameters(), lr=1e-3))
 
 
 def y_shampoo_eigh():

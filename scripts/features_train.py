@@ -9,24 +9,16 @@ beside the workload they came from.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from features_steps import sgd_step
 from torch.utils.checkpoint import checkpoint
 
-
-def _sgd_step(m, loss_fn, opt=None):
-    opt = opt or torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-
-    return step
+_sgd_step = functools.partial(sgd_step, lr=0.01)
 
 
 # 1 / 2 activation checkpointing
