@@ -45,7 +45,7 @@ from mystique_gen.tools.compare import overload_name  # noqa: E402
 
 MODULES = ("features_train", "features_infer", "features_more", "features_recent",
            "features_backends", "features_recipes", "features_frontier", "features_domains",
-           "features_compiled")
+           "features_compiled", "features_diffusers")
 # Failures that README's Known limits explains: the observer does not record the
 # arguments (nested tensors, CSR tensors, packed quantized RNN weights), or a sparse
 # tensor autograd unpacked from a saved variable landed on a freed tensor's id, or
@@ -73,6 +73,11 @@ KNOWN = {
     "repeats_bounded_index_min": "a SUM fill (repeats) overrides an index bound",
     "narrow_start_min": "narrow.Tensor's start has no bound",
     "ddim_falling_schedule_min": "no order between two elements of one buffer (a[t] < a[prev])",
+    # (the same class in diffusers' own schedulers: DDIM's last step divides by its
+    # final_alpha_cumprod, torch.tensor(1.0), whose 1.0 no op records; ancestral
+    # Euler's sigmas come from numpy and fall in the model only)
+    "df_sample_ddim": "no order between values the trace lacks (a[t] / a_final <= 1)",
+    "df_sample_eulerancestraldiscrete": "no order between a numpy buffer's elements (sigmas)",
     # (amax's backward divides by each row's count of maxima: a row the filled index
     # never names counts 0, and 0 * inf is NaN in a gradient nothing reads)
     "index_reduce_family": "a discarded NaN: the filled index names not every row",
@@ -147,6 +152,7 @@ def _workloads() -> list[tuple[Path, str]]:
         spec = importlib.util.spec_from_file_location(module, path)
         assert spec is not None and spec.loader is not None
         loaded = importlib.util.module_from_spec(spec)
+        sys.modules[module] = loaded  # (as WARM_STEP does: dataclasses look it up)
         spec.loader.exec_module(loaded)
         found += [(path, name) for name in loaded.WORKLOADS]
     return found
