@@ -33,7 +33,8 @@ Targets: median |error| <= 3 %, worst <= 8 %, op-multiset match >= 99.5 % everyw
 peak memory within 5 % and every category's share within 3 points on every model, no
 crashes. Run alone: `python scripts/bench.py fidelity` (FIDELITY_ROUNDS=N to time
 more rounds, FIDELITY_TRIALS=N for more independent trials per model,
-FIDELITY_ONLY=gpt2,bert to pick models, FIDELITY_DEVICE=cuda to build, capture and
+FIDELITY_ONLY=gpt2,bert to pick models, FIDELITY_ZOO=diffusers to time six diffusers
+models instead, none of which the zoo's tuning saw, FIDELITY_DEVICE=cuda to build, capture and
 time every model on the GPU: each timed step then ends at a synchronize).
 """
 
@@ -323,11 +324,38 @@ def recommender(train: bool) -> Step:
     return _infer(model, forward)
 
 
-MODELS: dict[str, Callable[[bool], Step]] = {
+ZOO: dict[str, Callable[[bool], Step]] = {
     "gpt2": gpt2, "bert": bert, "vit": vit, "resnet": resnet, "lstm": lstm,
     "transformer_enc": transformer_encoder, "recommender": recommender, "moe": moe,
     "grouped_moe": grouped_moe, "t5": t5,
 }
+
+
+def diffusers_zoo() -> dict[str, Callable[[bool], Step]]:
+    """Models outside the zoo, timed the same way (FIDELITY_ZOO=diffusers): six of
+    the features section's diffusers models, each trained (AdamW) on a mean-square loss
+    of its output and run for inference on a batch drawn once."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import features_diffusers
+
+    if features_diffusers.diffusers is None:
+        raise SystemExit("diffusers is not installed: pip install -e '.[bench]'")
+
+    def model(name: str) -> Callable[[bool], Step]:
+        def build(train: bool) -> Step:
+            spec = features_diffusers.MODELS[name]
+            net, batch = spec.build(), spec.batch()
+            if train:
+                return _train(net, lambda: getattr(net(**batch), spec.output).float()
+                              .pow(2).mean())
+            return _infer(net, lambda: net(**batch))
+        return build
+
+    return {name: model(name) for name in ("unet2d_cond", "dit", "flux", "autoencoder_kl",
+                                           "sd3", "wan")}
+
+
+MODELS = diffusers_zoo() if os.environ.get("FIDELITY_ZOO") == "diffusers" else ZOO
 
 
 def _load_benchmark(path: Path, keep_refused: bool = False) -> tuple[dict[str, Step], dict]:
