@@ -38,13 +38,14 @@ class HarnessSource:
 @lru_cache(maxsize=1)
 def harness_source() -> HarnessSource:
     imports, body = _split(runtime)
-    for module in (equivalents, dist):
-        missing = set(_split(module)[0]) - set(imports)
+    (kernel_imports, kernels), (dist_imports, dist_body) = _split(equivalents), _split(dist)
+    for name, theirs in (("equivalents", kernel_imports), ("dist", dist_imports)):
+        missing = set(theirs) - set(imports)
         if missing:  # a bug of this package, caught by the tests
-            raise AssertionError(f"harness/{module.__name__.rpartition('.')[2]}.py imports "
-                                 f"what runtime.py does not: {missing}")
+            raise AssertionError(f"harness/{name}.py imports what runtime.py does not: "
+                                 f"{missing}")
     # The equivalents first: runtime.py's top level reads their tables.
-    return HarnessSource(imports, [*_split(equivalents)[1], "", "", *body], _split(dist)[1])
+    return HarnessSource(imports, [*kernels, "", "", *body], dist_body)
 
 
 def _split(module: ModuleType) -> tuple[list[str], list[str]]:
@@ -64,7 +65,7 @@ def _split(module: ModuleType) -> tuple[list[str], list[str]]:
                 isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
                     "mystique_gen")):  # one harness module's of the other: inlined
             imports.append("\n".join(lines[i] for i in span))
-    if BEGIN in lines:  # (runtime.py's)
+    if BEGIN in lines:  # (equivalents.py provides nothing of the file's)
         begin, end = lines.index(BEGIN), lines.index(END)
         dropped.update(range(begin, end + 1))
     code = "\n".join(line for i, line in enumerate(lines) if i not in dropped)
