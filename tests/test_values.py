@@ -2422,3 +2422,46 @@ def test_indices_only_written_through_keep_every_row_the_replay_selects(
     text = generate(et_path, bench, GenerateOptions(command_line="test"))
     assert f"{made_by} = _fit(" not in text, text
     _assert_replays_finite(bench, 3)
+
+
+ITEM = "aten::item(Tensor self) -> Scalar"
+SELECT = "aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"
+
+
+def _read_by_items(values, *, write_first: bool = False, skip: int | None = None,
+                   dtype: str = "int64"):
+    """A 4-element input (a diffusers scheduler's timesteps, from numpy) whose elements
+    ``for t in timesteps`` reads with ``.item()``; a float reads it too. Optionally an
+    in-place add before the reads, or one element left unread."""
+    b = TraceBuilder()
+    steps, x = b.tensor((4,), dtype=dtype), b.tensor((4,))
+    b.op(MUL, [x, steps], [b.tensor((4,))])
+    if write_first:
+        b.op(ADD_, [steps, x, 1], [steps])
+    for k, value in enumerate(values):
+        if k == skip:
+            continue
+        element = b.view(steps, (), offset=k)
+        b.op(SELECT, [steps, 0, k], [element])
+        b.op(ITEM, [element], [value])
+    program = run_passes([Source(trace_from_document(b.doc(), name="t.json", sha256="0"))],
+                         BuildOptions())
+    return program.ops[0].args[1].value.storage.init
+
+
+@pytest.mark.parametrize(("values", "dtype"), [((75, 50, 25, 0), "int64"),
+                                               ((0.5, -1.25, 3.0, 1e-3), "float32")])
+def test_values_items_read_are_the_inputs(values, dtype):
+    """Each element's ``.item()`` recorded its value, a plain ET's only record of a
+    tensor's data: the input is filled with them."""
+    init = _read_by_items(values, dtype=dtype)
+    assert (init.kind, init.values) == ("values", values)
+
+
+@pytest.mark.parametrize("case", ["written first", "an element unread"])
+def test_items_read_after_a_write_or_of_some_elements_are_no_fill(case):
+    """A read after an op wrote the storage is not its initial value; a read of some
+    elements says nothing of the others: then the usual rules fill it."""
+    init = _read_by_items((75, 50, 25, 0), write_first=case == "written first",
+                          skip=2 if case == "an element unread" else None)
+    assert init.kind != "values"

@@ -412,6 +412,9 @@ class OpFamily:
     # Ops whose 0-d argument is a Python literal that ``x[...] = literal`` writes into a
     # tensor; the trace records no value for it.
     assigned_literals: frozenset[str] = frozenset()
+    # Ops that hand a one-element tensor's value to Python (``.item()``): the trace
+    # records that value as their output, a plain ET's one record of a tensor's data.
+    item_reads: frozenset[str] = frozenset()
     # Ops that count an index into bins: {op: (bins tensor, index)} (``zeros(K)
     # .scatter_add_(0, batch, ones)``). An index counted so whose counts' running sum
     # (``cumulative_sums``) it then indexes (``cumsum(counts)[batch]``) is a segment

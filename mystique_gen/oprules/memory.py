@@ -37,6 +37,10 @@ FAMILY = OpFamily(
     # a 0-d tensor. Filled at random, transformers' "keep at least one token" literal
     # removed every token of a row, and multinomial refused the NaN probabilities.
     assigned_literals=frozenset({"aten::lift_fresh"}),
+    # ``t.item()``, ``int(t)``, ``for t in timesteps``: the value each read recorded is
+    # the input's (passes/values.py), where no op wrote it before (a diffusers
+    # scheduler's timesteps, from numpy, were filled 0..7 for their 75 to 0).
+    item_reads=frozenset({"aten::item", "aten::_local_scalar_dense"}),
     # Which value such a literal was: ``matched[iou < t] = -1`` then ``matched >= 0``,
     # ``labels[pad] = -100`` then a loss that ignores -100 (filled 0, every anchor
     # matched a box, and FCOS's centerness took square roots outside them).

@@ -336,6 +336,8 @@ class _Facts:
         self.literal_value: dict[int, tuple[int, str, bool]] = {}
         self.lengths: dict[int, tuple[int, str]] = {}  # compared with arange(n): (n, op)
         self.scalar_values: dict[int, list[float]] = {}  # recorded values of 0-d views
+        # every element's value, as ``.item()`` reads of the input recorded them
+        self.item_values: dict[int, list[float | int]] = {}
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
         self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
         self.window_low: dict[int, tuple[int, str]] = {}  # a shard's offset (WINDOW_SHIFTS)
@@ -482,6 +484,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     recorded = recorded or RecordedValues()
     for op in ops:
         _collect(op, facts, recorded)
+    _item_values(ops, facts)
     _lengths_against_positions(ops, facts)
     _exponent_scales(ops, facts)
     _literal_markers(ops, facts)
@@ -509,6 +512,41 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for s in storages:
         if s.materialised:
             s.init = _choose(s, facts)
+
+
+def _item_values(ops: list[Op], facts: _Facts) -> None:
+    """The values of inputs whose every element an ``.item()`` read recorded
+    (oprules.ITEM_READS: the read's output is the value), where the reads of each
+    element agree and come before any op writes the storage (a step counter read after
+    its increment is not its initial value). A plain ET records no tensor's data; these
+    reads are where its values show (a diffusers scheduler's timesteps, ``for t in
+    timesteps``)."""
+    written: set[int] = set()
+    reads: dict[int, dict[int, list[float | int]]] = {}
+    extents: dict[int, int] = {}
+    for op in ops:
+        if op.name in oprules.ITEM_READS and op.args and op.outputs:
+            tv, out = op.args[0].value, op.outputs[0]
+            if isinstance(tv, TensorValue) and tv.storage is not None \
+                    and tv.storage.materialised and tv.meta.numel == 1 \
+                    and tv.storage.index not in written and isinstance(out, Literal) \
+                    and isinstance(out.value, (int, float)) \
+                    and (tv.storage.dtype in FLOATING or tv.storage.dtype in INTEGRAL
+                         or tv.storage.dtype == "bool"):
+                reads.setdefault(tv.storage.index, {}).setdefault(
+                    tv.meta.offset, []).append(out.value)
+                extents[tv.storage.index] = tv.storage.extent
+        for arg in op.args:
+            if arg.spec.writes:
+                written.update(t.storage.index for t in iter_tensors(arg.value)
+                               if t.storage is not None)
+    for index, by_offset in reads.items():
+        values = [_one_value([float(v) for v in by_offset.get(k, [])])
+                  for k in range(extents[index])]
+        if all(v is not None for v in values):
+            firsts = [by_offset[k][0] for k in range(extents[index])]
+            facts.item_values[index] = [int(v) if isinstance(v, (int, bool)) else v
+                                        for v in firsts]
 
 
 def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
@@ -1887,6 +1925,12 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
         packed = _narrow(values)
         if packed and (high is None or all(0 <= v < high for v in values)):
             return Init(FillKind.DATA, packed[0], len(values), "recorded data", packed[1])
+    if i in facts.item_values:
+        values = facts.item_values[i]
+        high = facts.upper.get(i, (None, ""))[0] if s.dtype in INTEGRAL else None
+        if high is None or all(0 <= v < high for v in values):
+            return Init(FillKind.VALUES, 0, len(values), "the values .item() read",
+                        values=tuple(values))
     if i in facts.window_low:
         low, why = facts.window_low[i]
         return Init(FillKind.SPAN, low, low, why)
