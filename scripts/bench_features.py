@@ -20,7 +20,8 @@ Outcomes: ``capture error`` (the step cannot be recorded here: not our failure),
 ``pass``; ``known`` marks a failure README's Known limits explains (``KNOWN``).
 
 Environment: FEATURES_ONLY=substr,... (workload names containing any),
-FEATURES_TIMEOUT=seconds per step (default 300).
+FEATURES_MODULES=features_train,... (those batches only: two runs split the batches
+over two cores), FEATURES_TIMEOUT=seconds per step (default 300).
 """
 
 from __future__ import annotations
@@ -147,7 +148,12 @@ observer.unregister_callback()
 
 def _workloads() -> list[tuple[Path, str]]:
     found = []
-    for module in MODULES:
+    chosen = [m for m in os.environ.get("FEATURES_MODULES", "").split(",") if m]
+    unknown = sorted(set(chosen) - set(MODULES))
+    if unknown:
+        raise SystemExit(f"FEATURES_MODULES: no batch {', '.join(unknown)} (batches: "
+                         f"{', '.join(MODULES)})")
+    for module in chosen or MODULES:
         path = Path(__file__).resolve().parent / f"{module}.py"
         spec = importlib.util.spec_from_file_location(module, path)
         assert spec is not None and spec.loader is not None
