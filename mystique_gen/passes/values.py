@@ -541,6 +541,8 @@ def _item_values(ops: list[Op], facts: _Facts) -> None:
                 written.update(t.storage.index for t in iter_tensors(arg.value)
                                if t.storage is not None)
     for index, by_offset in reads.items():
+        if len(by_offset) != extents[index]:  # (a table's few reads: no loop over it)
+            continue
         values = [_one_value([float(v) for v in by_offset.get(k, [])])
                   for k in range(extents[index])]
         if all(v is not None for v in values):
