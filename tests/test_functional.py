@@ -290,6 +290,30 @@ def test_a_loss_read_after_the_backward_holds_no_graph(tmp_path):
     assert without_memory <= 1.05 * original, (without_memory, original)
 
 
+def test_a_sparse_result_held_past_the_backward_drops_its_history_as_the_harness(tmp_path):
+    """A coalesced COO result read after the backward starts (its values' gradient)
+    drops its history first; a sparse tensor's ``.data`` records two ``empty`` (its
+    shallow copy's indices and values) that the original never ran, so the replay
+    makes it in the harness's scope: its trace holds the original's ops alone (two
+    ``empty`` extra before)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 8)
+    rows = torch.randint(0, 50, (1, 24))
+    opt = torch.optim.SGD(layer.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        table = torch.sparse_coo_tensor(rows, layer(torch.ones(24, 8)), (50, 8))
+        table.coalesce().values().pow(2).sum().backward()
+        opt.step()
+
+    result = capture(step, tmp_path, name="coalesced", kineto=False, timing_iters=1)
+    run = _replay(result.et_path, tmp_path, record=True)
+    assert "_without_history(" in run.text
+    _assert_same_ops(result.et_path, run)
+
+
 def test_python_numbers_in_a_training_step_are_not_parameters(tmp_path):
     """``0.5 * h`` reaches the trace as a 0-d float64 tensor beside float32 ones. Made a
     parameter (a leaf that requires grad), it made autograd save the tensor it scaled,

@@ -138,3 +138,10 @@ def test_dict_entries_holding_lists_split_as_black_splits_them(count):
     text = "\n".join(lay_out("PROCESS_GROUPS = ", exprs.list_display([group_row(group, 64)]),
                              0)) + "\n"
     assert format_with_black(text) == text
+
+
+def test_a_tensor_without_history_is_its_data_or_the_harness_shallow_copy():
+    """``.data`` records no op for a strided tensor; a sparse one's shallow copy does,
+    so it is the harness's (``_without_history``)."""
+    assert exprs.without_history("x") == "x.data"
+    assert exprs.without_history("coalesce", storageless=True) == "_without_history(coalesce)"

@@ -41,7 +41,7 @@ from mystique_gen.ir import (
     Value,
     iter_tensors,
 )
-from mystique_gen.passes.tensors import binding_key, binding_root
+from mystique_gen.passes.tensors import binding_key, binding_root, output_paths
 
 BODY_DEPTH = 1  # statements live inside a function body
 
@@ -108,6 +108,7 @@ class CodeGen:
         self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
         self._name_inputs()
         self.unviewed = self._inputs_refusing_views()
+        self._storageless_results = self._results_without_storage()
 
     def start_program(self, program: Program) -> None:
         """Build another program (a rank) into the same file: operator handles,
@@ -120,6 +121,13 @@ class CodeGen:
         self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
         self._name_inputs()
         self.unviewed = self._inputs_refusing_views()
+        self._storageless_results = self._results_without_storage()
+
+    def _results_without_storage(self) -> frozenset[object]:
+        """Binding keys of the op results whose layout has no storage (sparse COO,
+        MKLDNN): dropping their history records ops (``exprs.without_history``)."""
+        return frozenset(binding_key(OpOutput(op.index, path)) for op in self.program.ops
+                         for path, tv in output_paths(op.outputs) if tv.meta.storageless)
 
     # -- naming -------------------------------------------------------------------
     def _name_inputs(self) -> None:
@@ -464,7 +472,9 @@ class CodeGen:
             key = binding_key(root)
             if key in self.ns:
                 name = self.ns.get(key)
-                lines.append(f"{INDENT * depth}{name} = {exprs.without_history(name)}")
+                storageless = key in self._storageless_results
+                lines.append(f"{INDENT * depth}{name} = "
+                             f"{exprs.without_history(name, storageless)}")
         names = []
         for root in op.free_after:
             key = binding_key(root)

@@ -108,7 +108,9 @@ def docstring_line(text: str, limit: int = 84) -> str:
     return clean.rstrip()
 
 
-def without_history(name: str) -> str:
+def without_history(name: str, storageless: bool = False) -> str:
     """The same tensor without its autograd history: ``.data`` records no op (a
-    ``detach()`` would add one to the replay's trace)."""
-    return f"{name}.data"
+    ``detach()`` would add one to the replay's trace); a sparse or MKLDNN tensor's
+    does (its shallow copy's empty indices and values), so it is the harness's work
+    there (``_without_history``)."""
+    return f"_without_history({name})" if storageless else f"{name}.data"

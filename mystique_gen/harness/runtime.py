@@ -1878,6 +1878,14 @@ def _fit_one(value, shape, strides):
     return out.copy_(value)
 
 
+def _without_history(value):
+    """`value.data` of a sparse (or MKLDNN) tensor: its shallow copy records ops (two
+    `empty`, its indices and values) that the original did not run, so they are the
+    harness's work in the replay's traces."""
+    with _harness():
+        return value.data
+
+
 def _fit_nnz(value, nnz):
     """A sparse COO result at its recorded number of entries (`coalesce`'s distinct
     indices, `to_sparse`'s nonzeros depend on values the replay does not share):
