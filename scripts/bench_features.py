@@ -221,7 +221,10 @@ def run_one(path: Path, name: str, work: Path, timeout: float) -> tuple[str, str
     if proc.returncode or not et.exists():
         return "capture error", _last_line(proc.stderr)
     bench = work / "bench.py"
-    proc = subprocess.run([sys.executable, "-m", "mystique_gen", str(et), "-o", str(bench)],
+    # The recorded step is the unit compared: a step of two optimizer steps (two
+    # batches) is two iterations to the generator, which replays one by default.
+    proc = subprocess.run([sys.executable, "-m", "mystique_gen", str(et), "-o", str(bench),
+                           "--iteration", "all"],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if proc.returncode:
         return "gen error", _last_line(proc.stderr)
