@@ -104,11 +104,7 @@ class CodeGen:
         self.inputs_only_for: list[Node] = []
         self.grad_state: bool | None = None  # autograd mode at this point of the unit
         self.saves_state = True  # whether ops' autograd nodes keep what they save
-        self.read_roots = self._read_roots()
-        self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
-        self._name_inputs()
-        self.unviewed = self._inputs_refusing_views()
-        self._storageless_results = self._results_without_storage()
+        self._read_program()
 
     def start_program(self, program: Program) -> None:
         """Build another program (a rank) into the same file: operator handles,
@@ -117,6 +113,11 @@ class CodeGen:
         self.ns = self.ns.fork(lambda key: isinstance(key, tuple) and key[0] == "op")
         self.input_lines, self.input_names, self.replay_lines = [], [], []
         self.inputs_only_for = []
+        self._read_program()
+
+    def _read_program(self) -> None:
+        """What the statements read of the program being built: the roots its ops
+        read, its inputs' names, the inputs that refuse views, its storageless results."""
         self.read_roots = self._read_roots()
         self.tags: dict[object, str] = {}  # variable key -> the shape its value descends from
         self._name_inputs()
