@@ -335,6 +335,9 @@ def diffusers_zoo() -> dict[str, Callable[[bool], Step]]:
     """Models outside the zoo, timed the same way (FIDELITY_ZOO=diffusers): six of
     the features section's diffusers models, each trained (AdamW) on a mean-square loss
     of its output and run for inference on a batch drawn once."""
+    # (imported here, not at the top: only this zoo needs diffusers, and importing it
+    # leaves the zoo's timing process holding many more Python objects, which slowed
+    # its recorded gaps before)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import features_diffusers
 
@@ -343,12 +346,8 @@ def diffusers_zoo() -> dict[str, Callable[[bool], Step]]:
 
     def model(name: str) -> Callable[[bool], Step]:
         def build(train: bool) -> Step:
-            spec = features_diffusers.MODELS[name]
-            net, batch = spec.build(), spec.batch()
-            if train:
-                return _train(net, lambda: getattr(net(**batch), spec.output).float()
-                              .pow(2).mean())
-            return _infer(net, lambda: net(**batch))
+            net, loss, forward = features_diffusers.built(name)
+            return _train(net, loss) if train else _infer(net, forward)
         return build
 
     return {name: model(name) for name in ("unet2d_cond", "dit", "flux", "autoencoder_kl",

@@ -202,28 +202,41 @@ MODELS = {
 }
 
 
-def trained(name: str) -> Step:
-    """One AdamW step of the model on a mean-square loss of its output, on a batch
-    drawn when the step is built (a data loader's)."""
+def built(name: str) -> tuple[torch.nn.Module, Callable[[], torch.Tensor], Step]:
+    """The model, its training loss (a mean square of its output) and its forward, on
+    a batch drawn when it is built (a data loader's). bench_fidelity's
+    FIDELITY_ZOO=diffusers times the same."""
     spec = MODELS[name]
     model, batch = spec.build(), spec.batch()
+
+    def loss() -> torch.Tensor:
+        return getattr(model(**batch), spec.output).float().pow(2).mean()
+
+    def forward() -> None:
+        model(**batch)
+    return model, loss, forward
+
+
+def trained(name: str) -> Step:
+    """One AdamW step of the model on its loss."""
+    model, loss, _ = built(name)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        getattr(model(**batch), spec.output).float().pow(2).mean().backward()
+        loss().backward()
         opt.step()
     return step
 
 
 def inferred(name: str) -> Step:
-    spec = MODELS[name]
-    model, batch = spec.build().eval(), spec.batch()
+    model, _, forward = built(name)
+    model.eval()
 
     def step() -> None:
         with torch.no_grad():
-            model(**batch)
+            forward()
     return step
 
 
