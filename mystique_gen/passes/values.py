@@ -543,11 +543,10 @@ def _item_values(ops: list[Op], facts: _Facts) -> None:
     for index, by_offset in reads.items():
         if len(by_offset) != extents[index]:  # (a table's few reads: no loop over it)
             continue
-        values = [_one_value([float(v) for v in by_offset.get(k, [])])
-                  for k in range(extents[index])]
-        if all(v is not None for v in values):
-            firsts = [by_offset[k][0] for k in range(extents[index])]
-            facts.item_values[index] = [int(v) if isinstance(v, (int, bool)) else v
+        if all(_one_value([float(v) for v in by_offset.get(k, [])]) is not None
+               for k in range(extents[index])):
+            firsts = (by_offset[k][0] for k in range(extents[index]))
+            facts.item_values[index] = [int(v) if isinstance(v, bool) else v
                                         for v in firsts]
 
 
