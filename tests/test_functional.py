@@ -432,6 +432,33 @@ def test_routed_token_lists_are_fitted_once_and_train_on(tmp_path):
     assert original == replayed and not facts["skipped_at_runtime"]
 
 
+def _classes_counted_from_values() -> Callable[[], None]:
+    """``one_hot`` without ``num_classes`` counts the classes from the largest index,
+    here one the step computes (an argsort of activations cut to three): the replay's
+    values name other classes than the original's, and its result, wider or narrower
+    than recorded, met a weight of the recorded width ("mat1 and mat2 shapes cannot be
+    multiplied"). It is fitted to its recorded classes where it is made."""
+    weight = torch.nn.Parameter(torch.randn(24, 4))
+    x = torch.randn(24)
+    opt = torch.optim.SGD([weight], lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        picked = torch.nn.functional.one_hot((x * weight[:, 0]).argsort()[:3])
+        classes = picked.shape[1]
+        (picked.float() @ weight[:classes]).pow(2).mean().backward()
+        opt.step()
+
+    return step
+
+
+def test_classes_one_hot_counts_from_computed_values_are_fitted(tmp_path):
+    text, facts, original, replayed = _train_on_the_replay(_classes_counted_from_values,
+                                                           tmp_path)
+    assert "one_hot = _fit(one_hot" in text
+    assert original == replayed and not facts["skipped_at_runtime"]
+
+
 def _divisors_computed_from_a_grid() -> Callable[[], None]:
     """A vision-language model's patch grid (Qwen2-VL's, Cosmos-3's image_grid_thw):
     per image its height and width in patches, each divided by the merge size, and each

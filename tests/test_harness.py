@@ -937,6 +937,24 @@ def test_guards_of_replay_computed_values_keep_every_valid_value():
     assert runtime._in_range(targets, 10, -100).tolist() == [-100, 5, 2, -100]
 
 
+def test_a_fit_cuts_or_pads_sizes_past_the_rows_and_keeps_the_cells_both_have():
+    """``one_hot(x)`` counts its classes from x's values, and ``unique(dim=1)`` its
+    columns: a replay's result may be wider or narrower than recorded. Its cells are
+    cut, or padded with zeros, so the classes both have keep their ones (before, the
+    whole result was replaced by zeros); rows are fitted as before."""
+    wide = torch.nn.functional.one_hot(torch.tensor([0, 5, 2]))  # 6 classes
+    cut = runtime._fit(wide, [3, 4], [4, 1])
+    assert cut.tolist() == [[1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0]]
+    narrow = torch.nn.functional.one_hot(torch.tensor([1, 0]))  # 2 classes, 2 rows
+    padded = runtime._fit(narrow, [3, 4], [4, 1])
+    assert padded.shape == (3, 4) and padded.stride() == (4, 1)
+    assert padded[:2].tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
+    grads = torch.ones(2, 3, requires_grad=True)
+    fitted = runtime._fit(grads, [2, 2], [2, 1])
+    fitted.sum().backward()
+    assert grads.grad.tolist() == [[1, 1, 0], [1, 1, 0]]
+
+
 def test_a_fit_at_a_site_is_made_once_and_reused(monkeypatch):
     """A mixture of experts fits every expert's token list, every iteration: at a site
     the first fit is kept, and a later value that misses the recorded size again gets

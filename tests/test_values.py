@@ -50,6 +50,7 @@ UNIQUE = ("aten::_unique2(Tensor self, bool sorted=True, bool return_inverse=Fal
 REPEAT = ("aten::repeat_interleave.self_Tensor(Tensor self, Tensor repeats, int? dim=None, "
           "*, SymInt? output_size=None) -> Tensor")
 BINCOUNT = "aten::bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor"
+ONE_HOT = "aten::one_hot(Tensor self, int num_classes=-1) -> Tensor"
 MASKED_SELECT = "aten::masked_select(Tensor self, Tensor mask) -> Tensor"
 INDEX = "aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"
 SEGMENT = ("aten::segment_reduce(Tensor data, str reduce, *, Tensor? lengths=None, "
@@ -655,16 +656,17 @@ def test_bound_flows_back_through_a_selection():
     (NONZERO, "bool", [((9, 2), "int64")], ("mask", 9)),
     (UNIQUE, "int64", [((4,), "int64"), ((0,), "int64"), ((0,), "int64")], ("distinct", 4)),
     (BINCOUNT, "int64", [((13,), "int64")], ("span", 0)),
+    # one_hot(x) counts its classes from the values: the largest is the last class
+    (ONE_HOT, "int64", [((30, 13), "int64")], ("span", 0)),
 ])
 def test_input_filled_for_recorded_output_size(schema, in_dtype, outputs, expect):
     b = TraceBuilder()
     x = b.tensor((5, 6) if schema == NONZERO else (30,), dtype=in_dtype)
-    extra = [None, 0] if schema == BINCOUNT else ([True, False, False] if schema == UNIQUE
-                                                   else [])
-    b.op(schema, [x, *extra], [b.tensor(s, dtype=d) for s, d in outputs])
+    extra = {BINCOUNT: [None, 0], UNIQUE: [True, False, False], ONE_HOT: [-1]}
+    b.op(schema, [x, *extra.get(schema, [])], [b.tensor(s, dtype=d) for s, d in outputs])
     init = _init_of(_program(b), in_dtype)
     assert (init.kind, init.low) == expect
-    if schema == BINCOUNT:
+    if schema in (BINCOUNT, ONE_HOT):
         assert init.high == 12
 
 

@@ -1862,6 +1862,10 @@ def _fit_one(value, shape, strides):
     if not isinstance(value, torch.Tensor) or list(value.shape) == shape:
         return value
     rows = value.shape[0] if value.dim() else 0
+    if shape and rows and value.dim() == len(shape) and value.layout == torch.strided:
+        # Sizes past dim 0 that values decided too (`one_hot`'s classes, `unique`'s
+        # columns along dim 1): cut, or padded with zeros, where both have cells.
+        value = _cells_fitted(value, shape)
     if shape and rows and list(value.shape[1:]) == shape[1:]:
         if rows >= shape[0] and (value.requires_grad or value.layout != torch.strided):
             value = value.narrow(0, 0, shape[0])
@@ -1876,6 +1880,17 @@ def _fit_one(value, shape, strides):
         return value
     out = torch.empty_strided(shape, strides, dtype=value.dtype, device=value.device)
     return out.copy_(value)
+
+
+def _cells_fitted(value, shape):
+    """`value` with its sizes past dim 0 at `shape`'s: cut, or padded with zeros."""
+    for dim in range(1, value.dim()):
+        if value.shape[dim] > shape[dim]:
+            value = value.narrow(dim, 0, shape[dim])
+    pads = []
+    for dim in reversed(range(1, value.dim())):
+        pads += [0, max(shape[dim] - value.shape[dim], 0)]
+    return torch.constant_pad_nd(value, pads, 0) if any(pads) else value
 
 
 def _without_history(value):

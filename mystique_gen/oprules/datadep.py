@@ -1,11 +1,12 @@
 """Data-dependent output sizes: inputs filled so that outputs keep their recorded size.
 
 Where a materialised input decides how large an op's output is (nonzero of a mask,
-unique, repeat_interleave, bincount, jagged lengths), the input is filled so the output
-comes out at its recorded size. Where that input is produced by a replayed op (router
-logits -> top-k -> where -> index_add in a mixture of experts), the values differ from
-the original's, so the benchmark fits each such output to its recorded size (rows cut
-or repeated, so indices stay valid) before anything reads it."""
+unique, repeat_interleave, bincount, one_hot's classes, jagged lengths), the input is
+filled so the output comes out at its recorded size. Where that input is produced by a
+replayed op (router logits -> top-k -> where -> index_add in a mixture of experts), the
+values differ from the original's, so the benchmark fits each such output to its
+recorded size (rows cut or repeated, so indices stay valid; other sizes cut or padded
+with zeros) before anything reads it."""
 
 from __future__ import annotations
 
@@ -91,11 +92,17 @@ class RepeatsSum(Fill):
 
 
 class MaxIsLast(Fill):
-    """``bincount``: the largest value is one less than the recorded output length."""
+    """The largest value is one less than the recorded output's size along ``axis``:
+    ``bincount``'s length, ``one_hot``'s classes (``num_classes=-1`` counts them from
+    the values; given, the same span holds every class index)."""
+
+    def __init__(self, axis: int = 0):
+        self.axis = axis
 
     def init(self, args: Facts, outputs: OutShapes) -> tuple[FillKind, int, int] | None:
         out = _out(outputs)
-        return (FillKind.SPAN, 0, out[0] - 1) if out and out[0] > 0 else None
+        size = out[self.axis] if out else 0
+        return (FillKind.SPAN, 0, size - 1) if size > 0 else None
 
 
 class LengthsOf(Fill):
@@ -237,6 +244,7 @@ FAMILY = OpFamily(
         "aten::unique_consecutive": {"self": RunCount()},
         "aten::repeat_interleave": {"repeats": RepeatsSum()},
         "aten::bincount": {"self": MaxIsLast()},
+        "aten::one_hot": {"self": MaxIsLast(-1)},
         "aten::segment_reduce": _SEGMENTS,
         "aten::_segment_reduce_backward": _SEGMENTS,
         "aten::_jagged_to_padded_dense_forward": {"offsets": LengthsOf("values", 0, True)},
@@ -272,6 +280,7 @@ FAMILY = OpFamily(
         "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
         "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::repeat_interleave",
         "aten::bincount", "aten::index", "aten::_ragged_idx",
+        "aten::one_hot",  # its classes, where num_classes=-1 counts them from the values
         "torchvision::nms",  # the boxes kept, by the boxes' values
     }),
 )
