@@ -683,6 +683,54 @@ def test_where_mask_masked_select_and_repeats():
     assert (inits["int32"].kind, inits["int32"].low) == ("sum", 17)
 
 
+MASKED_FILL = "aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor"
+BITWISE_NOT = "aten::bitwise_not(Tensor self) -> Tensor"
+WHERE_SCALAR_OTHER = ("aten::where.ScalarOther(Tensor condition, Tensor self, Scalar other) "
+                      "-> Tensor")
+SDPA = ("aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
+        "Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, "
+        "float? scale=None, bool enable_gqa=False) -> Tensor")
+SOFTMAX = "aten::softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor"
+
+
+def _masked_scores(mask_op: str, value: float) -> str:
+    """The fill of a boolean mask input that masks attention scores before a softmax:
+    ``masked_fill(mask, value)``, ``masked_fill(~mask, value)`` (through a view),
+    ``where(mask, scores, value)``, or a boolean ``attn_mask`` of attention."""
+    b = TraceBuilder()
+    mask, scores = b.tensor((2, 4), dtype="bool"), b.tensor((2, 4))
+    out = b.tensor((2, 4))
+    if mask_op == "masked_fill":
+        b.op(MASKED_FILL, [scores, mask, value], [out])
+    elif mask_op == "negated":
+        negated = b.tensor((2, 4), dtype="bool")
+        b.op(BITWISE_NOT, [b.view(mask, (2, 4))], [negated])
+        b.op(MASKED_FILL, [scores, negated, value], [out])
+    elif mask_op == "where":
+        b.op(WHERE_SCALAR_OTHER, [mask, scores, value], [out])
+    else:
+        q = b.tensor((1, 2, 4))
+        b.op(SDPA, [q, q, q, b.view(mask, (1, 2, 4)), 0.0, False, None, False],
+             [b.tensor((1, 2, 4))])
+        return _init_of(_program(b), "bool").kind
+    b.op(SOFTMAX, [out, -1, None], [b.tensor((2, 4))])
+    return _init_of(_program(b), "bool").kind
+
+
+@pytest.mark.parametrize("mask_op,value,kind", [
+    ("masked_fill", float("-inf"), "zeros"),  # True masks: none does
+    ("negated", float("-inf"), "ones"),  # ~keep masks: keep all
+    ("where", float("-inf"), "ones"),  # where(keep, scores, -inf)
+    ("sdpa", 0.0, "ones"),  # a boolean attn_mask: True attends
+    ("masked_fill", 0.0, "bool"),  # a finite value: any mask is fine
+])
+def test_a_mask_that_puts_inf_in_scores_keeps_every_element(mask_op, value, kind):
+    """A padding mask's values are not in a plain ET. Filled half true, a row of a few
+    keys was all masked, and the softmax over it NaN (a random program's replay):
+    a mask that puts a value that is not finite keeps every element instead."""
+    assert _masked_scores(mask_op, value) == kind
+
+
 GT = "aten::gt.Scalar(Tensor self, Scalar other) -> Tensor"
 INDEX_PUT_IMPL = ("aten::_index_put_impl_(Tensor(a!) self, Tensor?[] indices, Tensor values, "
               "bool accumulate=False, bool unsafe=False) -> Tensor(a!)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,8 +161,8 @@ def _encode(value: Any) -> tuple[Any, Any, Any, str]:
         return value, [], [], "Bool"
     if isinstance(value, int):
         return value, [], [], "Int"
-    if isinstance(value, float):
-        return value, [], [], "Double"
+    if isinstance(value, float):  # (the observer writes "-inf", "inf" and "nan" so)
+        return (value if math.isfinite(value) else str(value)), [], [], "Double"
     if isinstance(value, str):
         return value, [], [], "String"
     if isinstance(value, Device):

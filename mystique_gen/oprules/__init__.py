@@ -167,6 +167,8 @@ PACKED_LINEAR: dict[str, str] = merged("packed_linear")
 PACKED_ARGS: dict[str, tuple[str, str, tuple[str, ...]]] = merged("packed_args")
 FULL_PRECISION: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = merged("full_precision")
 KERNEL_PATHS: dict[str, KernelPath] = merged("kernel_paths")
+EXCLUDING_MASKS: dict[str, tuple[str, tuple[tuple[str, bool], ...]]] = merged(
+    "excluding_masks")
 
 
 def _union(field_name: str) -> frozenset[str]:
@@ -185,6 +187,7 @@ FILLS = _union("fills")
 OVERWRITES = _union("overwrites")
 ASSIGNED_LITERALS = _union("assigned_literals")
 ITEM_READS = _union("item_reads")
+NEGATIONS = _union("negations")
 ZERO_CREATIONS = _union("zero_creations")
 CUMULATIVE_SUMS = _union("cumulative_sums")
 SEARCHES = _union("searches")
@@ -222,7 +225,8 @@ __all__ = [
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "STRIDE_DEPENDENT_VIEWS", "LAYOUT_BY_BACKEND",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
-    "ASSIGNED_LITERALS", "ITEM_READS", "PRODUCTS", "SEARCHES", "LENGTH_COMPARISONS", "POSITIONS",
+    "ASSIGNED_LITERALS", "ITEM_READS", "EXCLUDING_MASKS", "NEGATIONS", "PRODUCTS", "SEARCHES",
+    "LENGTH_COMPARISONS", "POSITIONS",
     "EXPONENTS", "EXPONENT_BOUND", "SAME_VALUE_CASTS", "ZERO_CREATIONS",
     "BIN_COUNTS", "CUMULATIVE_SUMS",
     "DISTINCT_ALIASES", "FILLS", "OVERWRITES",

@@ -55,8 +55,16 @@ _VARLEN = _spans("cu_seq_q", "cu_seq_k", "query", "key", "max_q", "max_k")
 _FLASH_ATTN = _spans("cu_seqlens_q", "cu_seqlens_k", "q", "k", "max_seqlen_q",
                      "max_seqlen_k")
 
+# A boolean attention mask: True attends. Not finite where False (-inf before the
+# softmax), so a row of keys all False is NaN.
+_ATTENDS = ("attn_mask", (("", True),))
+
 FAMILY = OpFamily(
     name="packed attention",
+    excluding_masks={
+        "aten::scaled_dot_product_attention": _ATTENDS,
+        "aten::_scaled_dot_product_flash_attention_for_cpu": _ATTENDS,
+    },
     shape_rules={
         "aten::_flash_attention_forward": _ATEN,
         "aten::_flash_attention_backward": _ATEN,

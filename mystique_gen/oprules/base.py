@@ -415,6 +415,15 @@ class OpFamily:
     # Ops that hand a one-element tensor's value to Python (``.item()``): the trace
     # records that value as their output, a plain ET's one record of a tensor's data.
     item_reads: frozenset[str] = frozenset()
+    # Ops that put a value where a boolean mask says: {op: (mask, ((value argument or
+    # "" for -inf always, the mask's value that keeps every element from it), ...))}.
+    # Where that value is not finite (``scores.masked_fill(~keep, -inf)`` before a
+    # softmax, a boolean ``attn_mask``: True attends), a mask input is filled to keep
+    # every element: filled at random, a row of keys all masked is NaN.
+    excluding_masks: dict[str, tuple[str, tuple[tuple[str, bool], ...]]] = field(
+        default_factory=dict)
+    # Ops whose boolean result is its argument's negation (``~mask``).
+    negations: frozenset[str] = frozenset()
     # Ops that count an index into bins: {op: (bins tensor, index)} (``zeros(K)
     # .scatter_add_(0, batch, ones)``). An index counted so whose counts' running sum
     # (``cumulative_sums``) it then indexes (``cumsum(counts)[batch]``) is a segment

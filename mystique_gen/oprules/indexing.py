@@ -155,4 +155,11 @@ FAMILY = OpFamily(
     cumulative_sums=frozenset({"aten::cumsum", "aten::cumsum_"}),
     window_bounds={"aten::lt": "low", "aten::ge": "high"},
     window_shifts={"aten::sub": ("self", "other")},
+    excluding_masks={
+        "aten::masked_fill": ("mask", (("value", False),)),
+        "aten::masked_fill_": ("mask", (("value", False),)),
+        # where(keep, scores, -inf) takes other where keep is False, self where True
+        "aten::where": ("condition", (("other", True), ("self", False))),
+    },
+    negations=frozenset({"aten::bitwise_not", "aten::logical_not"}),
 )

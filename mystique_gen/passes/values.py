@@ -338,6 +338,9 @@ class _Facts:
         self.scalar_values: dict[int, list[float]] = {}  # recorded values of 0-d views
         # every element's value, as ``.item()`` reads of the input recorded them
         self.item_values: dict[int, list[float | int]] = {}
+        # boolean masks that keep every element from a value that is not finite: the
+        # mask value that does, and why (None where two uses want both)
+        self.keep_all: dict[int, tuple[bool, str] | None] = {}
         self.workspace: dict[int, str] = {}  # raw saved state: zeros (SAVED_WORKSPACES)
         self.divisor: dict[int, str] = {}  # integral divisors: never 0 (INTEGER_DIVISORS)
         self.window_low: dict[int, tuple[int, str]] = {}  # a shard's offset (WINDOW_SHIFTS)
@@ -485,6 +488,7 @@ def assign_values(ops: list[Op], storages: list[Storage],
     for op in ops:
         _collect(op, facts, recorded)
     _item_values(ops, facts)
+    _masks_keeping_all(ops, facts)
     _lengths_against_positions(ops, facts)
     _exponent_scales(ops, facts)
     _literal_markers(ops, facts)
@@ -548,6 +552,61 @@ def _item_values(ops: list[Op], facts: _Facts) -> None:
             firsts = (by_offset[k][0] for k in range(extents[index]))
             facts.item_values[index] = [int(v) if isinstance(v, bool) else v
                                         for v in firsts]
+
+
+def _masks_keeping_all(ops: list[Op], facts: _Facts) -> None:
+    """Boolean mask inputs that put a value that is not finite where they say
+    (:data:`oprules.EXCLUDING_MASKS`: ``scores.masked_fill(~keep, -inf)``, a boolean
+    ``attn_mask``) keep every element, through views and negations
+    (:data:`oprules.NEGATIONS`). The trace records no mask's values; filled half true
+    at random, a row of a few keys was all masked, and its softmax NaN (eager torch's
+    too), where a padding mask keeps at least one key a row. Keeping all, the kernels
+    do the same work."""
+    by_index = {op.index: op for op in ops}
+    for op in ops:
+        rule = oprules.EXCLUDING_MASKS.get(op.name)
+        if rule is None:
+            continue
+        named = {a.spec.name: a.value for a in op.args}
+        mask = named.get(rule[0])
+        if not isinstance(mask, TensorValue) or mask.meta.dtype != "bool":
+            continue
+        keeps = [keep for value_arg, keep in rule[1]
+                 if not value_arg or _not_finite(named.get(value_arg))]
+        if len(keeps) != 1:
+            continue
+        found = _mask_source(mask, keeps[0], by_index)
+        if found is None:
+            continue
+        i, keep = found
+        why = f"a mask {op.name} keeps every element from a value that is not finite"
+        previous = facts.keep_all.get(i, (keep, why))
+        facts.keep_all[i] = previous if previous is not None and previous[0] == keep \
+            else None
+
+
+def _mask_source(mask: TensorValue, keep: bool, by_index: dict[int, Op]
+                 ) -> tuple[int, bool] | None:
+    """The input storage ``mask`` views, through negations, and the value of it that
+    keeps every element; None where an op other than a negation computed it."""
+    for _ in range(len(by_index) + 1):
+        made = _producer(mask, by_index)
+        if made is None:
+            storage = mask.storage
+            return (storage.index, keep) if storage is not None and storage.materialised \
+                else None
+        if made[0].name not in oprules.NEGATIONS:
+            return None
+        source = next(iter(iter_tensors(made[0].args[0].value)), None)
+        if source is None:
+            return None
+        mask, keep = source, not keep
+    return None
+
+
+def _not_finite(value: object) -> bool:
+    return isinstance(value, Literal) and isinstance(value.value, float) \
+        and not math.isfinite(value.value)
 
 
 def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
@@ -1965,6 +2024,9 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
     if i in facts.literal_value and s.dtype == "bool":
         value, why, _ = facts.literal_value[i]
         return Init(FillKind.ONES if value else FillKind.ZEROS, 0, 0, f"{why}: {bool(value)}")
+    kept = facts.keep_all.get(i)
+    if kept is not None and s.dtype == "bool":
+        return Init(FillKind.ONES if kept[0] else FillKind.ZEROS, 0, 0, kept[1])
     if i in facts.upper:
         high, why = facts.upper[i]
         return Init(FillKind.RANDINT, 0, high, why + f" < {high}")
