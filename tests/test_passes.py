@@ -1360,6 +1360,34 @@ def test_a_parameter_over_a_buffer_written_through_a_no_grad_view_replays(tmp_pa
     assert op_multiset(replay) == op_multiset(trace)
 
 
+def test_a_tensor_read_after_a_view_of_its_bits_is_the_computed_one(tmp_path):
+    """``h.view(torch.int32)`` (bf16 truncation, stochastic rounding) reads h's memory
+    in another dtype. The view's result took h's memory over, so the later ``bits * h``
+    read h as an input filled before timing: U(-1, 1) noise instead of the step's h,
+    and the training replay's parameter went to inf. The view is one beside h."""
+    weight = torch.nn.Parameter(torch.randn(8))
+    opt = torch.optim.SGD([weight], lr=0.1)
+
+    def step() -> None:
+        opt.zero_grad()
+        h = torch.exp(weight)
+        bits = (h.detach().view(torch.int32) & -65536).view(torch.float32)
+        (bits * h).sum().backward()
+        opt.step()
+
+    step()
+    trace = record_et(step, tmp_path / "t.json")
+    program = build_program(load_trace(trace))
+    inputs = [s for s in program.storages if s.materialised and s.extent > 1]
+    assert len(inputs) == 1  # the parameter, and nothing the step computes
+    bench = tmp_path / "bench.py"
+    generate(trace, bench, GenerateOptions(command_line="test"))
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "3",
+                         "--reset-inputs", "off", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "reinterpret" not in bench.read_text()
+
+
 def test_a_view_made_without_grad_of_a_tensor_that_requires_grad_requires_grad():
     """DTensor's from_local views an activation under no_grad, and a view of a tensor
     that requires grad requires grad in any mode: the pipeline's backward mm that read

@@ -263,6 +263,14 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
         storages.append(storage)
         return _Lifetime(storage)
 
+    def begin(storage_id: int, meta: TensorMeta, materialised: bool) -> _Lifetime:
+        """A new tensor's memory at ``storage_id``: what reinterpreted the old one, in
+        another dtype, does not reinterpret it."""
+        for skey in [k for k in shadows if k[0] == storage_id and k[2] == meta.device]:
+            del shadows[skey]
+        life = current[storage_id] = new_lifetime(meta, materialised)
+        return life
+
     def materialised_view(life: _Lifetime, tv: TensorValue) -> Binding:
         life.storage.extent = max(life.storage.extent, tv.meta.extent)
         key = view_key(tv.meta)
@@ -286,15 +294,19 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
                     # Python data: one lifted before, or another tensor object than
                     # those the lifetime held, is a literal the allocator put where a
                     # freed tensor was, on its storage id)
-                    life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
+                    life = begin(tv.storage_id, tv.meta, materialised=True)
                 life.lifted = life.lifted or lifts
                 life.tensor_ids.add(tv.trace_id)
                 if (life.storage.dtype, life.storage.device) != (tv.meta.dtype, tv.meta.device):
-                    # A reinterpreting view (another dtype): give it a buffer of its own.
-                    dtype_mismatches += 1
+                    # Memory read as another dtype: a reinterpreting view's result
+                    # (``view(torch.int32)``, ``view_as_real``) where a replayed op made
+                    # it, else a buffer of its own.
                     skey = (tv.storage_id, tv.meta.dtype, tv.meta.device)
-                    life = shadows.get(skey) or shadows.setdefault(
-                        skey, new_lifetime(tv.meta, materialised=True))
+                    shadow = shadows.get(skey)
+                    if shadow is None:
+                        dtype_mismatches += 1
+                        shadow = shadows[skey] = new_lifetime(tv.meta, materialised=True)
+                    life = shadow
                 tv.storage = life.storage
                 distinct = life.distinct.get(tv.trace_id)
                 if distinct is not None and distinct[0] == view_key(tv.meta):
@@ -351,13 +363,20 @@ def plan_tensors(ops: list[Op], strides_recorded: bool = True) -> TensorPlan:
             if not aliasing and (op.index, path) in undefined:
                 # Values the original wrote outside recorded ops: built before timing,
                 # and every reader reads that buffer (the op's own result goes unused).
-                life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=True)
+                life = begin(tv.storage_id, tv.meta, materialised=True)
                 life.tensor_ids.add(tv.trace_id)
                 tv.storage = life.storage
                 tv.binding = materialised_view(life, tv)
                 continue
-            if not aliasing:
-                life = current[tv.storage_id] = new_lifetime(tv.meta, materialised=False)
+            if not aliasing and tv.storage_id in input_sids and life is not None:
+                # An input's memory in another dtype (``x.view(torch.int32)``): the op
+                # makes that view, and the input's own dtype lives on beside it (read
+                # as a buffer of its own, a later ``x`` took the place of what the
+                # step computed).
+                skey = (tv.storage_id, tv.meta.dtype, tv.meta.device)
+                life = shadows[skey] = new_lifetime(tv.meta, materialised=False)
+            elif not aliasing:
+                life = begin(tv.storage_id, tv.meta, materialised=False)
                 made_here.add(tv.storage_id)
             assert life is not None
             life.tensor_ids.add(tv.trace_id)
