@@ -11,13 +11,17 @@ in a process of its own; the CLI generates a benchmark, which replays standalone
 (``--warmup 0 --iters 3 --reset-inputs off --json --et replay.json``, with
 ``mystique_gen`` unimportable). Compared: the top-level ops by overload with their
 tensor arguments' shapes (the op multiset alone hid SparseAdam running on the wrong
-number of entries); no input the replay writes may end NaN or inf, and no op of its
-first iteration may compute NaN from tensors without any where the eager step's ops did
-not (``nan_births.py``: an inference step's NaN activations reach no input).
+number of entries) and strides (a layout is a kernel: a transposed operand is another
+GEMM, a channels-last input another convolution); no input the replay writes may end
+NaN or inf, and no op of its first iteration may compute NaN from tensors without any
+where the eager step's ops did not (``nan_births.py``: an inference step's NaN
+activations reach no input). ``scripts/features_random.py`` adds programs nobody wrote,
+drawn from seeds.
 
 Outcomes: ``capture error`` (the step cannot be recorded here: not our failure),
-``gen error``, ``run error``, ``op mismatch``, ``shape mismatch``, ``nonfinite``,
-``pass``; ``known`` marks a failure README's Known limits explains (``KNOWN``).
+``gen error``, ``run error``, ``op mismatch``, ``shape mismatch``, ``layout mismatch``,
+``nonfinite``, ``pass``; ``known`` marks a failure README's Known limits explains
+(``KNOWN``).
 
 Environment: FEATURES_ONLY=substr,... (workload names containing any),
 FEATURES_MODULES=features_train,... (those batches only: two runs split the batches
@@ -46,7 +50,7 @@ from mystique_gen.tools.compare import overload_name  # noqa: E402
 
 MODULES = ("features_train", "features_infer", "features_more", "features_recent",
            "features_backends", "features_recipes", "features_frontier", "features_domains",
-           "features_compiled", "features_diffusers")
+           "features_compiled", "features_diffusers", "features_random")
 # Failures that README's Known limits explains: the observer does not record the
 # arguments (nested tensors, CSR tensors, packed quantized RNN weights), or a sparse
 # tensor autograd unpacked from a saved variable landed on a freed tensor's id, or
@@ -84,7 +88,7 @@ KNOWN = {
     "index_reduce_family": "a discarded NaN: the filled index names not every row",
 }
 OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mismatch",
-            "nonfinite", "pass")
+            "layout mismatch", "nonfinite", "pass")
 RUNNER = ("import runpy, sys; sys.modules['mystique_gen'] = None; "
           "path = sys.argv[1]; sys.argv = sys.argv[1:]; runpy.run_path(path, run_name='__main__')")
 # A workload's step (script argv: its module's path, its name), built and run twice.
@@ -165,21 +169,23 @@ def _workloads() -> list[tuple[Path, str]]:
 
 
 def shaped_ops(path: Path) -> Counter:
-    """Top-level ops by overload, each with its tensor arguments' shapes (the file's
-    own harness work left out)."""
+    """Top-level ops by overload, each with its tensor arguments' shapes and strides
+    (the file's own harness work left out)."""
     found: Counter = Counter()
     raw = load_trace(path)
     for sel in select_ops(raw).ops:
         if HARNESS_SCOPE in sel.scope or any(equivalent_of(scope) for scope in sel.scope):
             continue
         node = sel.node
-        shapes = tuple(json.dumps(arg.shape) for arg in node.inputs
-                       if arg.type.startswith("Tensor") and "nullptr" not in arg.type)
-        found[(overload_name(node.name, node.op_schema), shapes)] += 1
+        tensors = [arg for arg in node.inputs
+                   if arg.type.startswith("Tensor") and "nullptr" not in arg.type]
+        shapes = tuple(json.dumps(arg.shape) for arg in tensors)
+        strides = tuple(json.dumps(arg.strides) for arg in tensors)
+        found[(overload_name(node.name, node.op_schema), shapes, strides)] += 1
     # A replay ran an op it could not call as its portable equivalent, in a scope that
     # names it (as ``mystique-gen compare`` counts it): the op once, its shapes unknown.
     for key in filter(None, map(equivalent_of, (node.name for node in raw.nodes))):
-        found[(key, PORTED)] += 1
+        found[(key, PORTED, PORTED)] += 1
     return found
 
 
@@ -187,24 +193,27 @@ PORTED = ("(ported)",)  # the shapes of an op its portable equivalent ran: not r
 
 
 def same_shapes(original: Counter, replayed: Counter) -> tuple[Counter, Counter]:
-    """Both multisets with the shapes of the ops the replay ran as equivalents dropped
-    (their scope records none)."""
-    ported = {op for op, shapes in replayed if shapes == PORTED}
+    """Both multisets with the shapes and strides of the ops the replay ran as
+    equivalents dropped (their scope records none)."""
+    ported = {key[0] for key in replayed if key[1] == PORTED}
     both = []
     for counter in (original, replayed):
         merged: Counter = Counter()
-        for (op, shapes), n in counter.items():
-            merged[(op, PORTED if op in ported else shapes)] += n
+        for (op, shapes, strides), n in counter.items():
+            if op in ported:
+                shapes = strides = PORTED
+            merged[(op, shapes, strides)] += n
         both.append(merged)
     return both[0], both[1]
 
 
-def _by_op(shaped: Counter) -> Counter:
-    """The op multiset of :func:`shaped_ops`' counts, shapes dropped."""
-    ops: Counter = Counter()
-    for (op, _shapes), n in shaped.items():
-        ops[op] += n
-    return ops
+def _keep(shaped: Counter, parts: int) -> Counter:
+    """:func:`shaped_ops`' counts keyed by their first ``parts`` parts (1: the op
+    multiset; 2: with shapes)."""
+    kept: Counter = Counter()
+    for key, n in shaped.items():
+        kept[key[:parts]] += n
+    return kept
 
 
 def _last_line(text: str) -> str:
@@ -237,12 +246,22 @@ def run_one(path: Path, name: str, work: Path, timeout: float) -> tuple[str, str
         return "run error", _last_line(proc.stderr)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     original, replayed = same_shapes(shaped_ops(et), shaped_ops(replay))
-    ops = [_by_op(original), _by_op(replayed)]
+    ops = [_keep(original, 1), _keep(replayed, 1)]
     if ops[0] != ops[1]:
-        return "op mismatch", f"missing {dict(ops[0] - ops[1])} extra {dict(ops[1] - ops[0])}"
-    if original != replayed:
-        missing = next(iter(original - replayed))
+        missing = {k[0]: n for k, n in (ops[0] - ops[1]).items()}
+        extra = {k[0]: n for k, n in (ops[1] - ops[0]).items()}
+        return "op mismatch", f"missing {missing} extra {extra}"
+    shaped = [_keep(original, 2), _keep(replayed, 2)]
+    if shaped[0] != shaped[1]:
+        missing = next(iter(shaped[0] - shaped[1]))
         return "shape mismatch", f"{missing[0]} {' '.join(missing[1])} not replayed at that shape"
+    if original != replayed:
+        # (the kernel a layout picks is the time it takes: a transposed operand is
+        # another GEMM, a channels-last input another convolution)
+        missing = next(iter(original - replayed))
+        got = [key[2] for key in replayed - original if key[:2] == missing[:2]]
+        return "layout mismatch", (f"{missing[0]} strides {' '.join(missing[2])} replayed as "
+                                   f"{' '.join(got[0]) if got else '?'}")
     if result.get("nonfinite_inputs"):
         return "nonfinite", str(result["nonfinite_inputs"])[:160]
     born = new_births(path, name, bench, timeout, env)
