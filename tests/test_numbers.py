@@ -122,3 +122,37 @@ def test_an_eps_the_trace_wrote_as_zero_replays_small_and_positive():
     assert eps == [Literal(1e-8)]
     assert added == [Literal(1e-8), Literal(0.25), Literal(0)]
     assert any("2 eps arguments recorded as 0.0" in d.reason for d in program.diagnostics)
+
+
+VECTOR_NORM = ("aten::linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, "
+               "bool keepdim=False, *, ScalarType? dtype=None) -> Tensor")
+CLAMP_MIN = "aten::clamp_min(Tensor self, Scalar min) -> Tensor"
+UNSQUEEZE = "aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)"
+
+
+@pytest.mark.parametrize("floored,replayed", [
+    ("norm", 1e-8),  # F.normalize's clamp_min(norm, 1e-12)
+    ("viewed norm", 1e-8),  # x.norm(dim=-1).unsqueeze(-1).clamp(min=1e-12)
+    ("activation", 0.0),  # x.clamp(min=0.0): a floor that does something
+])
+def test_a_floor_of_zero_under_a_value_never_negative_was_an_eps(floored, replayed):
+    """``F.normalize`` divides by ``clamp_min(norm, 1e-12)``, which the trace writes as
+    0.0: an all-zero row of a replay (a mask, a fitted selection) then divided 0 by 0
+    where eager divides by 1e-12. Flooring a norm at 0 is a no-op nobody writes, so
+    there the floor replays as 1e-8; a floor under any other value stays 0.0."""
+    b = TraceBuilder()
+    x = b.tensor((2, 4))
+    norm = b.tensor((2, 1))
+    if floored == "activation":
+        norm = x
+    else:
+        made = b.tensor((2,) if floored == "viewed norm" else (2, 1))
+        b.op(VECTOR_NORM, [x, 2, [-1], floored == "norm", None], [made])
+        if floored == "viewed norm":
+            b.op(UNSQUEEZE, [made, -1], [norm := b.view(made, (2, 1))])
+        else:
+            norm = made
+    b.op(CLAMP_MIN, [norm, 0.0], [b.tensor(tuple(norm.shape))])
+    program = _program(b)
+    clamp = next(op for op in program.ops if op.name == "aten::clamp_min")
+    assert clamp.args[1].value == Literal(replayed)

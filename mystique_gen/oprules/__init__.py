@@ -153,6 +153,7 @@ SAME_VALUES: dict[str, tuple[str, int]] = merged("same_values")
 SAVED_WORKSPACES: dict[str, tuple[str, ...]] = merged("saved_workspaces")
 NOT_DIFFERENTIABLE_BY_OP: dict[str, tuple[str, ...]] = merged("not_differentiable")
 EPSILON_ARGS: dict[str, tuple[str, ...]] = merged("epsilon_args")
+EPSILON_FLOORS: dict[str, tuple[str, str]] = merged("epsilon_floors")
 GRAD_REVEALED_BY: dict[str, tuple[str, tuple[str, ...]]] = merged("grad_revealed_by")
 COMM_OPS: dict[str, CommRule] = merged("comm_ops")
 COMM_NOT_REPLAYED: dict[str, str] = merged("comm_not_replayed")
@@ -188,6 +189,7 @@ OVERWRITES = _union("overwrites")
 ASSIGNED_LITERALS = _union("assigned_literals")
 ITEM_READS = _union("item_reads")
 NEGATIONS = _union("negations")
+NON_NEGATIVE_RESULTS = _union("non_negative_results")
 ZERO_CREATIONS = _union("zero_creations")
 CUMULATIVE_SUMS = _union("cumulative_sums")
 SEARCHES = _union("searches")
@@ -225,7 +227,8 @@ __all__ = [
     "INTEGER_DIVISORS", "NO_VALUE_WRITES", "REFUSES_VIEWS", "UNINITIALISED_OUTPUTS",
     "STRIDE_DEPENDENT_VIEWS", "LAYOUT_BY_BACKEND",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
-    "ASSIGNED_LITERALS", "ITEM_READS", "EXCLUDING_MASKS", "NEGATIONS", "PRODUCTS", "SEARCHES",
+    "ASSIGNED_LITERALS", "ITEM_READS", "EXCLUDING_MASKS", "NEGATIONS",
+    "EPSILON_FLOORS", "NON_NEGATIVE_RESULTS", "PRODUCTS", "SEARCHES",
     "LENGTH_COMPARISONS", "POSITIONS",
     "EXPONENTS", "EXPONENT_BOUND", "SAME_VALUE_CASTS", "ZERO_CREATIONS",
     "BIN_COUNTS", "CUMULATIVE_SUMS",

@@ -378,6 +378,12 @@ class OpFamily:
     # writes doubles with six decimals, so one below 5e-7 reads 0.0 and replays as
     # EPSILON_STAND_IN (passes/numbers.py).
     epsilon_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Ops that floor a tensor at a number: {op: (tensor, floor)}. Where the tensor is a
+    # result that is never negative (``non_negative_results``) and the floor reads 0.0,
+    # it was an eps below what the trace's six decimals show (``F.normalize``'s
+    # ``clamp_min(norm, 1e-12)``): flooring such a value at 0 is a no-op nobody writes.
+    epsilon_floors: dict[str, tuple[str, str]] = field(default_factory=dict)
+    non_negative_results: frozenset[str] = frozenset()
     # Ops that take another kernel where these inputs require grad, grad mode on or off,
     # and the child op that shows they did: {op: (child op, (argument, ...))}.
     grad_revealed_by: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)

@@ -44,6 +44,12 @@ FAMILY = OpFamily(
         "aten::_functional_assert_async": _HOLDS,
     },
     epsilon_args={"aten::cosine_similarity": ("eps",)},
+    epsilon_floors={op: ("self", "min") for op in (
+        "aten::clamp_min", "aten::clamp_min_", "aten::clamp", "aten::clamp_")},
+    non_negative_results=frozenset({
+        "aten::linalg_vector_norm", "aten::norm", "aten::frobenius_norm",
+        "aten::linalg_norm", "aten::linalg_matrix_norm", "aten::nuclear_norm",
+        "aten::sqrt", "aten::abs", "aten::std", "aten::var", "aten::exp"}),
     integer_divisors={name: ("other",) for name in _DIVISIONS},
     keeps_sign=_KEEPS_SIGN,
     # ``((1 - alphas_cumprod) / alphas_cumprod) ** 0.5`` (diffusers' DPM-Solver and

@@ -30,6 +30,7 @@ from __future__ import annotations
 from mystique_gen import oprules
 from mystique_gen.ir import Literal, Op, TensorValue, iter_tensors
 from mystique_gen.ir.dtypes import FLOATING, INTEGRAL
+from mystique_gen.passes.tensors import output_paths
 from mystique_gen.passes.values import RecordedValues
 
 _BOOL_OR_INTEGRAL = INTEGRAL | {"bool"}
@@ -106,16 +107,30 @@ def restore_epsilons(ops: list[Op]) -> int:
     small positive value, EPSILON_STAND_IN; returns how many. A normalisation's or an
     optimizer's eps is positive by design, and at 0 a zero variance or a zero gradient
     divides by zero (the PARAM GPT-2 trace's first Adam step replayed NaN into 43
-    weights: every entry whose gradient was 0)."""
+    weights: every entry whose gradient was 0). So is a floor of 0.0 under a value
+    that is never negative (oprules ``epsilon_floors``: ``F.normalize``'s
+    ``clamp_min(norm, 1e-12)``, through views of the norm): a random program's replay
+    divided an all-zero row by it, 0 / 0."""
     changed = 0
+    made_by: dict[tuple[int, int], str] = {}  # a tensor -> the op that computed it
     for op in ops:
-        names = oprules.EPSILON_ARGS.get(op.name)
-        if not names:
-            continue
+        names = list(oprules.EPSILON_ARGS.get(op.name, ()))
+        floor = oprules.EPSILON_FLOORS.get(op.name)
+        if floor is not None:
+            floored = next((a.value for a in op.args if a.spec.name == floor[0]), None)
+            if isinstance(floored, TensorValue) and made_by.get(
+                    (floored.trace_id, floored.storage_id)) in oprules.NON_NEGATIVE_RESULTS:
+                names.append(floor[1])
         for arg in op.args:
             value = arg.value
             if (arg.spec.name in names and isinstance(value, Literal)
                     and type(value.value) is float and value.value == 0.0):
                 arg.value = Literal(EPSILON_STAND_IN)
                 changed += 1
+        source = next((a.value for a in op.args if a.spec.name == "self"), None)
+        for _path, tv in output_paths(op.outputs):
+            # (a view of a computed value is that value: norm(...).unsqueeze(-1))
+            name = made_by.get((source.trace_id, source.storage_id), op.name) \
+                if op.signature.is_view and isinstance(source, TensorValue) else op.name
+            made_by[(tv.trace_id, tv.storage_id)] = name
     return changed
