@@ -6,9 +6,11 @@ ops over a palette of what user code does between modules (elementwise maths wit
 broadcasting, matmuls and convolutions on parameters, norms, reductions, every kind of
 view, in-place writes through views into their bases, copies and layouts, indexing by
 computed and by input indices, boolean masks with data-dependent sizes, random draws,
-dtype round trips, ``out=`` calls), on inputs that are contiguous, transposed,
-sliced, expanded or channels-last. Half the programs train: their parameters take
-gradients through everything above and an SGD step.
+dtype round trips, ``out=`` calls, checkpointed, autocast and inference-mode regions,
+swapped and resized memory), on inputs that are contiguous, transposed, sliced,
+expanded or channels-last. Half the programs train: their parameters take gradients
+through everything above, maybe clipped, and a step of SGD with momentum, Adam or
+AdamW.
 
 A program is built by running it: each drawn op runs on the tensors the program has
 made so far, and one that raises (a shape that does not fit, a write into an expanded
@@ -31,6 +33,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 Env = list[torch.Tensor]
 Instr = Callable[[Env], torch.Tensor]
@@ -42,16 +45,19 @@ class _Program:
     """A program drawn from ``seed``: its instructions, each ``env -> tensor`` (the
     k-th reads results 0..k-1), and whether it ends in a training step."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, collectives: bool = False) -> None:
         self.rng = random.Random(seed)
+        self.collectives = collectives  # (every rank draws the same program)
         torch.manual_seed(seed)
         self.train = self.rng.random() < 0.5
+        self.optimizer = self.rng.choice(("sgd", "sgd", "adam", "adamw"))
+        self.clip = self.rng.random() < 0.3
         self.code: list[Instr] = []
         self.env: Env = []
         self.dynamic: set[int] = set()  # results whose size came from data
         self.params: list[torch.Tensor] = []
         self.inputs: list[torch.Tensor] = []
-        palette = [(w, f) for w, f in _PALETTE]
+        palette = _PALETTE + ([(4.0, _collective)] if collectives else [])
         self.weights = [w for w, _ in palette]
         self.makers = [f for _, f in palette]
         for _ in range(self.rng.randint(2, 3)):
@@ -164,8 +170,13 @@ class _Program:
     # -- running -------------------------------------------------------------------
 
     def step(self) -> Callable[[], object]:
-        opt = torch.optim.SGD(self.params, lr=1e-3) if self.train and self.params else None
-        code = self.code
+        opt: torch.optim.Optimizer | None = None
+        if self.train and self.params:
+            kind = self.optimizer
+            opt = (torch.optim.SGD(self.params, lr=1e-3, momentum=0.9) if kind == "sgd"
+                   else torch.optim.Adam(self.params, lr=1e-3) if kind == "adam"
+                   else torch.optim.AdamW(self.params, lr=1e-3, foreach=False))
+        code, params, clip = self.code, self.params, self.clip
 
         def run() -> object:
             if opt is not None:
@@ -181,6 +192,8 @@ class _Program:
             if not isinstance(loss, torch.Tensor):
                 return None
             loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             return loss
 
@@ -871,20 +884,175 @@ def _sampled(p: _Program) -> Instr | None:
     return lambda env: F.grid_sample(env[i], env[g].tanh(), align_corners=False)
 
 
+def _region(p: _Program) -> Instr | None:
+    """Ops inside a region that changes how they run: activation checkpointing (the
+    backward runs the forward again), autocast to bfloat16, ``inference_mode``."""
+    i = p.pick(sized=True, shape_free=False)
+    if i is None or p.env[i].dim() == 0:
+        return None
+    kind = p.rng.choice(("checkpoint", "autocast", "inference"))
+    if not p.emit(p.input_instr((p.env[i].shape[-1], p.rng.randint(1, 6)))):
+        return None
+    w = len(p.env) - 1
+
+    def body(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x @ weight).tanh()
+
+    if kind == "checkpoint":
+        if not p.train:
+            return None
+        return lambda env: checkpoint(body, env[i], env[w], use_reentrant=False)
+    if kind == "autocast":
+        def autocast(env: Env) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return body(env[i], env[w]).float()
+
+        return autocast
+
+    def inference(env: Env) -> torch.Tensor:
+        with torch.inference_mode():
+            made = body(env[i], env[w])
+        return made.clone() * env[i].sum()
+
+    return inference
+
+
+def _storage(p: _Program) -> Instr | None:
+    """Memory the step swaps or resizes: ``.data`` swapped for another tensor's, a
+    buffer ``resize_``d and written, ``as_strided`` over a flat buffer."""
+    i = p.pick(shape_free=False)
+    if i is None or p.env[i].requires_grad or not p.env[i].numel():
+        return None
+    kind = p.rng.choice(("resize", "as_strided", "set_data"))
+    n = p.env[i].numel()
+    if kind == "resize":
+        def resized(env: Env) -> torch.Tensor:
+            out = torch.empty(0)
+            out.resize_(n).copy_(env[i].flatten())
+            return out.view(env[i].shape) * 2
+
+        return resized
+    if kind == "as_strided":
+        def windows(env: Env) -> torch.Tensor:
+            flat = env[i].flatten().contiguous()
+            size = max(1, n // 2)
+            return flat.as_strided((n - size + 1, size), (1, 1)).sum(-1)
+
+        return windows
+
+    def swapped(env: Env) -> torch.Tensor:
+        holder = torch.zeros_like(env[i])
+        holder.data = env[i].data.tanh()
+        return holder + env[i]
+
+    return swapped
+
+
+def _collective(p: _Program) -> Instr | tuple[Instr, bool] | None:
+    """A collective over the default group, as parallel code issues them: all-reduce
+    (sum, max, asynchronous and waited later, functional), all-gather, reduce-scatter,
+    broadcast, all-to-all at counts exchanged and read back with ``.tolist()``, and a
+    ring of sends and receives. What it returns multiplies the local value, so a
+    training program's gradients still reach its parameters."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    i = p.pick(sized=True, shape_free=False)
+    if i is None or not p.env[i].numel():
+        return None
+    world, rank = dist.get_world_size(), dist.get_rank()
+    kind = p.rng.choice(("all_reduce", "max", "async", "functional", "all_gather",
+                         "reduce_scatter", "broadcast", "all_to_all", "ring"))
+
+    def local(env: Env) -> torch.Tensor:
+        return env[i].detach().clone()
+
+    if kind in ("all_reduce", "max"):
+        how = dist.ReduceOp.SUM if kind == "all_reduce" else dist.ReduceOp.MAX
+
+        def all_reduce(env: Env) -> torch.Tensor:
+            t = local(env)
+            dist.all_reduce(t, op=how)
+            return t * env[i]
+
+        return all_reduce
+    if kind == "async":
+        def waited(env: Env) -> torch.Tensor:
+            t = local(env)
+            work = dist.all_reduce(t, async_op=True)
+            between = env[i].tanh()
+            work.wait()
+            return t + between
+
+        return waited
+    if kind == "functional":
+        return lambda env: funcol.all_reduce(local(env), "sum", dist.group.WORLD) * env[i]
+    if kind == "all_gather":
+        def all_gather(env: Env) -> torch.Tensor:
+            t = local(env).flatten()
+            out = torch.empty(world * t.numel())
+            dist.all_gather_into_tensor(out, t)
+            return out.view(world, -1).sum(0).view_as(env[i]) * env[i]
+
+        return all_gather
+    if kind == "reduce_scatter":
+        def reduce_scatter(env: Env) -> torch.Tensor:
+            t = local(env).flatten()
+            out = torch.empty_like(t)
+            dist.reduce_scatter_tensor(out, t.repeat(world))
+            return out.view_as(env[i]) + env[i]
+
+        return reduce_scatter
+    if kind == "broadcast":
+        def broadcast(env: Env) -> torch.Tensor:
+            t = local(env)
+            dist.broadcast(t, src=world - 1)
+            return t - env[i]
+
+        return broadcast
+    if kind == "ring":
+        def ring(env: Env) -> torch.Tensor:
+            t = local(env).contiguous()
+            got = torch.empty_like(t)
+            ops = [dist.P2POp(dist.isend, t, (rank + 1) % world),
+                   dist.P2POp(dist.irecv, got, (rank - 1) % world)]
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+            return got * env[i]
+
+        return ring
+    if p.env[i].numel() < world:
+        return None
+
+    def all_to_all(env: Env) -> torch.Tensor:
+        row = env[i].detach().flatten()
+        counts = (row[:world].abs() * 2).long().clamp(max=2)
+        got = torch.empty_like(counts)
+        dist.all_to_all_single(got, counts)
+        sent, received = counts.tolist(), got.tolist()
+        out = torch.empty(sum(received))
+        dist.all_to_all_single(out, torch.ones(sum(sent)) * row.mean(), received, sent)
+        return out
+
+    return all_to_all, True
+
+
 _PALETTE: list[tuple[float, Callable[[_Program], object]]] = [
     (5, _unary), (5, _binary), (3, _matmul), (1.5, _conv_pool), (2, _norm),
     (3, _reduce), (5, _view), (2.5, _copy), (3, _inplace), (2.5, _index),
     (1, _random), (0.5, _detach), (2, _data_shape), (1, _loss), (1, _attention),
     (1.5, _int_math), (1.5, _scatter), (1, _masked_softmax), (1, _autograd),
-    (1.5, _multi_view), (1, _sampled),
+    (1.5, _multi_view), (1, _sampled), (1, _region), (1, _storage),
 ]
 
 
-def program(seed: int) -> Callable[[], object]:
+def program(seed: int, collectives: bool = False) -> Callable[[], object]:
     """The step of the first program drawn from ``seed`` (then ``seed`` + 1000, ...)
-    that runs three times with its inputs finite."""
+    that runs three times with its inputs finite; ``collectives``: with collectives
+    over the default process group, which every rank draws alike (the same seed, the
+    same inputs)."""
     for attempt in range(20):
-        built = _Program(seed + 1000 * attempt)
+        built = _Program(seed + 1000 * attempt, collectives)
         run = built.step()
         try:
             for _ in range(3):
