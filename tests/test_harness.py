@@ -937,6 +937,18 @@ def test_guards_of_replay_computed_values_keep_every_valid_value():
     assert runtime._in_range(targets, 10, -100).tolist() == [-100, 5, 2, -100]
 
 
+def test_an_index_wrapped_into_range_keeps_its_layout_expanded_ones_too():
+    """A layout is a kernel: ``gather`` reads an index expanded along the beams (stride
+    0) in another loop than a dense one, and the wrap had made it dense (the features
+    section's beam search, ``layout mismatch``)."""
+    beams = torch.tensor([[5], [-1], [2]]).expand(3, 8)
+    wrapped = runtime._in_range(beams, 4)
+    assert wrapped.shape == (3, 8) and wrapped.stride() == beams.stride() == (1, 0)
+    assert wrapped[:, 0].tolist() == [1, 3, 2]
+    transposed = torch.tensor([[7, 1], [2, 9]]).t()
+    assert runtime._in_range(transposed, 4).stride() == transposed.stride()
+
+
 def test_a_fit_cuts_or_pads_sizes_past_the_rows_and_keeps_the_cells_both_have():
     """``one_hot(x)`` counts its classes from x's values, and ``unique(dim=1)`` its
     columns: a replay's result may be wider or narrower than recorded. Its cells are

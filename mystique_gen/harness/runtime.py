@@ -2042,18 +2042,23 @@ def _in_range(index, size, keep=None):
     index (the original's never did). A valid index, negative ones too, names the same
     element after the wrap; `keep`, a loss's ignore index, stays as it is. The wrapped
     index keeps the index's strides: its reader takes another path for a strided one
-    (`index_select` makes a beam search's strided beam index contiguous first)."""
+    (`index_select` makes a beam search's strided beam index contiguous first), and an
+    expanded one (a beam search's `gather` index, stride 0 along the beam) is wrapped
+    once and expanded again."""
     if size <= 0:
         return index
     with _harness():
-        wrapped = index.remainder(size)
+        compact = index
+        for dim, (n, stride) in enumerate(
+            zip(index.shape, index.stride(), strict=True)
+        ):
+            if stride == 0 and n > 1:
+                compact = compact.narrow(dim, 0, 1)
+        wrapped = compact.remainder(size)
         if keep is not None:
-            wrapped = torch.where(index == keep, index, wrapped)
-    if any(
-        st == 0 and n > 1 for n, st in zip(index.shape, index.stride(), strict=True)
-    ):
-        return wrapped  # an expanded index: no layout of its own to copy into
-    return _laid_out(wrapped, index.stride())
+            wrapped = torch.where(compact == keep, compact, wrapped)
+        wrapped = _laid_out(wrapped, compact.stride())
+        return wrapped if compact is index else wrapped.expand(index.shape)
 
 
 def _rows_of_one(values):
