@@ -937,6 +937,16 @@ def test_guards_of_replay_computed_values_keep_every_valid_value():
     assert runtime._in_range(targets, 10, -100).tolist() == [-100, 5, 2, -100]
 
 
+def test_a_fitted_mask_keeps_the_layout_the_comparison_gave_it():
+    """``x > 0`` of a permuted ``x`` is laid out as x is, and ``masked_scatter`` read
+    the fitted mask, made dense, in another loop (a random program with collectives,
+    ``layout mismatch``)."""
+    permuted = torch.randn(2, 1, 6).permute(2, 1, 0)  # strides (1, 6, 6)
+    mask = permuted > 0
+    fitted = runtime._fit_mask(mask, 5)
+    assert fitted.stride() == mask.stride() and int(fitted.sum()) == 5
+
+
 def test_an_index_wrapped_into_range_keeps_its_layout_expanded_ones_too():
     """A layout is a kernel: ``gather`` reads an index expanded along the beams (stride
     0) in another loop than a dense one, and the wrap had made it dense (the features

@@ -1990,6 +1990,10 @@ def _fit_mask(mask, count, site=None):
             flat[flat.nonzero().squeeze(1)[count:]] = False
         else:
             flat[(~flat).nonzero().squeeze(1)[: count - have]] = True
+        if not _expanded_dims(mask):
+            # laid out as the mask was (a comparison keeps its operand's permuted
+            # layout, and the op reading the mask takes another path for another)
+            fitted = _laid_out(fitted, mask.stride())
         return _keep_fit(site, mask, fitted)
 
 
@@ -2049,16 +2053,22 @@ def _in_range(index, size, keep=None):
         return index
     with _harness():
         compact = index
-        for dim, (n, stride) in enumerate(
-            zip(index.shape, index.stride(), strict=True)
-        ):
-            if stride == 0 and n > 1:
-                compact = compact.narrow(dim, 0, 1)
+        for dim in _expanded_dims(index):
+            compact = compact.narrow(dim, 0, 1)
         wrapped = compact.remainder(size)
         if keep is not None:
             wrapped = torch.where(compact == keep, compact, wrapped)
         wrapped = _laid_out(wrapped, compact.stride())
         return wrapped if compact is index else wrapped.expand(index.shape)
+
+
+def _expanded_dims(value):
+    """The dims along which `value` repeats one element (stride 0, size above 1)."""
+    return [
+        dim
+        for dim, (n, stride) in enumerate(zip(value.shape, value.stride(), strict=True))
+        if stride == 0 and n > 1
+    ]
 
 
 def _rows_of_one(values):
