@@ -57,7 +57,7 @@ class _Program:
         self.dynamic: set[int] = set()  # results whose size came from data
         self.params: list[torch.Tensor] = []
         self.inputs: list[torch.Tensor] = []
-        palette = _PALETTE + ([(4.0, _collective)] if collectives else [])
+        palette = _PALETTE + ([(12.0, _collective)] if collectives else [])
         self.weights = [w for w, _ in palette]
         self.makers = [f for _, f in palette]
         for _ in range(self.rng.randint(2, 3)):
@@ -860,9 +860,12 @@ def _sampled(p: _Program) -> Instr | None:
     kind = p.rng.choice(("multinomial", "bag", "grid"))
     if kind == "multinomial":
         k = p.rng.randint(1, n)
-        return lambda env: env[i].flatten(0, -2)[:, :].gather(
-            -1, torch.multinomial(env[i].detach().flatten(0, -2).softmax(-1), k)) \
-            if env[i].dim() > 1 else env[i][torch.multinomial(env[i].detach().softmax(-1), k)]
+
+        def drawn(env: Env) -> torch.Tensor:
+            rows = env[i].flatten(0, -2) if env[i].dim() > 1 else env[i].unsqueeze(0)
+            return rows.gather(-1, torch.multinomial(rows.detach().softmax(-1), k))
+
+        return drawn
     if kind == "bag":
         count = p.rng.randint(2, 8)
         bags = p.rng.randint(1, min(3, count))
@@ -1046,20 +1049,28 @@ _PALETTE: list[tuple[float, Callable[[_Program], object]]] = [
 ]
 
 
-def program(seed: int, collectives: bool = False) -> Callable[[], object]:
+def program(seed: int, collectives: bool = False, rank: int = 0) -> Callable[[], object]:
     """The step of the first program drawn from ``seed`` (then ``seed`` + 1000, ...)
     that runs three times with its inputs finite; ``collectives``: with collectives
     over the default process group, which every rank draws alike (the same seed, the
-    same inputs)."""
+    same inputs), its data inputs then shifted by ``rank`` / 4, so that each rank's
+    data differ as data-parallel ranks' batches do (an all-to-all's counts, a mask's
+    selection)."""
     for attempt in range(20):
         built = _Program(seed + 1000 * attempt, collectives)
         run = built.step()
         try:
             for _ in range(3):
                 run()
-        except Exception:
+        except Exception:  # (alike on every rank: their inputs are alike until here)
             continue
         if built.inputs_finite():
+            with torch.no_grad():
+                for t in built.inputs:
+                    expanded = any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(),
+                                                                      strict=True))
+                    if t.is_floating_point() and not t.requires_grad and not expanded:
+                        t.add_(rank / 4)
             return run
     raise RuntimeError(f"no program of seed {seed} ran")
 

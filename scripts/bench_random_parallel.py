@@ -1,0 +1,151 @@
+"""`make bench` section: random programs with collectives, on gloo ranks under torchrun.
+
+``scripts/features_random.py`` draws programs nobody wrote; here they also talk to
+each other. Every rank draws the same program from a seed (the same inputs, so the
+same collectives in the same order; its data inputs are then shifted by rank, so that
+counts and selections differ between ranks as data-parallel batches make them), with
+collectives among its ops: all-reduces (sum, max, asynchronous and waited later,
+functional), all-gathers, reduce-scatters, broadcasts, all-to-alls at counts exchanged
+and read back with ``.tolist()``, and a ring of sends and receives. Each rank records
+its third step with a plain ``ExecutionTraceObserver``; one benchmark is generated from
+every rank's trace and replayed under torchrun (``--warmup 0 --iters 3 --reset-inputs
+off --et``, with ``mystique_gen`` unimportable). Compared per rank: the top-level ops
+by overload with their tensor arguments' shapes and strides (as the features section
+compares them) and the collective sequence (``passes/comms.collective_sequence``),
+and no input the replay writes may end NaN or inf.
+
+Outcomes: ``capture error`` (the program does not run here), ``gen error``, ``run
+error``, ``op mismatch``, ``shape mismatch``, ``layout mismatch``, ``collectives``
+(another sequence), ``nonfinite``, ``pass``.
+
+Environment: RANDOM_PARALLEL=N programs (default 12) from seed RANDOM_PARALLEL_FROM=K
+(default 0), RANDOM_PARALLEL_RANKS (default 2), RANDOM_PARALLEL_TIMEOUT=seconds per
+launch (default 300).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(SCRIPTS))
+
+OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mismatch",
+            "layout mismatch", "collectives", "nonfinite", "pass")
+
+
+def worker(out_dir: str, seed: int) -> int:
+    """One rank: build the program, run it twice, record the third step."""
+    import torch
+    import torch.distributed as dist
+    from features_random import program
+    from torch.profiler import ExecutionTraceObserver
+
+    torch.set_num_threads(1)
+    # (a rank whose program raised leaves the others waiting: a minute, not gloo's 30)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    step = program(seed, collectives=True, rank=dist.get_rank())
+    for _ in range(2):
+        step()
+    observer = ExecutionTraceObserver().register_callback(
+        os.path.join(out_dir, f"rank-{dist.get_rank()}.json"))
+    observer.start()
+    step()
+    observer.stop()
+    observer.unregister_callback()
+    dist.destroy_process_group()
+    return 0
+
+
+def _last_line(text: str) -> str:
+    """The error a rank raised (the first: the others' follow from it), else the last
+    line that names one."""
+    lines = text.strip().splitlines()
+    raised = [line for line in lines if line.startswith("[rank") and "Error:" in line]
+    named = [line for line in lines if "Error" in line or "error" in line]
+    return (raised[:1] or named[-1:] or lines[-1:] or ["?"])[0][:160]
+
+
+def run_one(seed: int, ranks: int, work: Path, timeout: float) -> tuple[str, str]:
+    from bench_features import _keep, same_shapes, shaped_ops
+
+    from mystique_gen.passes.comms import collective_sequence
+    from mystique_gen.sources.et import load_trace
+    from tests.launch import launch_env, torchrun
+
+    env = launch_env(keep_pythonpath=True)
+    proc = torchrun(ranks, str(Path(__file__).resolve()), "--worker", str(work), str(seed),
+                    cwd=work, timeout=timeout, env=env)
+    ets = [work / f"rank-{r}.json" for r in range(ranks)]
+    if proc.returncode or not all(et.exists() for et in ets):
+        return "capture error", _last_line(proc.stderr)
+    bench = work / "bench.py"
+    proc = subprocess.run([sys.executable, "-m", "mystique_gen", *map(str, ets), "-o",
+                           str(bench)], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+    if proc.returncode:
+        return "gen error", _last_line(proc.stderr)
+    proc = torchrun(ranks, str(bench), "--device", "cpu", "--warmup", "0", "--iters", "3",
+                    "--reset-inputs", "off", "--json", "--et", str(work / "replay.json"),
+                    cwd=work, timeout=timeout, env=launch_env())
+    if proc.returncode:
+        return "run error", _last_line(proc.stderr)
+    for rank, et in enumerate(ets):
+        replay = work / f"replay.rank{rank}.json"
+        original, replayed = same_shapes(shaped_ops(et), shaped_ops(replay))
+        for parts, outcome in ((1, "op mismatch"), (2, "shape mismatch"),
+                               (3, "layout mismatch")):
+            want, got = _keep(original, parts), _keep(replayed, parts)
+            if want != got:
+                missing = next(iter(want - got), None) or next(iter(got - want))
+                return outcome, f"rank {rank}: {' '.join(map(str, missing))}"[:160]
+        if collective_sequence(load_trace(replay)) != collective_sequence(load_trace(et)):
+            return "collectives", f"rank {rank} issues another sequence"
+    result = json.loads(next(line for line in reversed(proc.stdout.strip().splitlines())
+                             if line.startswith("{")))
+    if result.get("nonfinite_inputs"):
+        return "nonfinite", str(result["nonfinite_inputs"])[:160]
+    return "pass", ""
+
+
+def main() -> int:
+    first = int(os.environ.get("RANDOM_PARALLEL_FROM", "0"))
+    count = int(os.environ.get("RANDOM_PARALLEL", "12"))
+    ranks = int(os.environ.get("RANDOM_PARALLEL_RANKS", "2"))
+    timeout = float(os.environ.get("RANDOM_PARALLEL_TIMEOUT", "300"))
+    totals: Counter = Counter()
+    print(f"{'program':16s} {'outcome':16s} {'s':>5s}  detail", flush=True)
+    with tempfile.TemporaryDirectory(prefix="random-parallel-") as tmp:
+        for seed in range(first, first + count):
+            work = Path(tmp) / f"rand_{seed}"
+            work.mkdir()
+            start = time.perf_counter()
+            try:
+                outcome, detail = run_one(seed, ranks, work, timeout)
+            except subprocess.TimeoutExpired:
+                outcome, detail = "run error", f"timed out after {timeout:.0f} s"
+            totals[outcome] += 1
+            print(f"rand_{seed:<11d} {outcome:16s} {time.perf_counter() - start:5.0f}  "
+                  f"{detail}", flush=True)
+    print(f"totals over {count} programs on {ranks} ranks: "
+          + ", ".join(f"{o} {totals[o]}" for o in OUTCOMES))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        code = worker(sys.argv[2], int(sys.argv[3]))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # (gloo's threads may abort the interpreter's teardown)
+    sys.exit(main())
