@@ -49,7 +49,8 @@ def worker(out_dir: str, seed: int) -> int:
     import torch
     import torch.distributed as dist
     from features_random import program
-    from torch.profiler import ExecutionTraceObserver
+
+    from tests.conftest import record_et
 
     torch.set_num_threads(1)
     # (a rank whose program raised leaves the others waiting: a minute, not gloo's 30)
@@ -57,12 +58,7 @@ def worker(out_dir: str, seed: int) -> int:
     step = program(seed, collectives=True, rank=dist.get_rank())
     for _ in range(2):
         step()
-    observer = ExecutionTraceObserver().register_callback(
-        os.path.join(out_dir, f"rank-{dist.get_rank()}.json"))
-    observer.start()
-    step()
-    observer.stop()
-    observer.unregister_callback()
+    record_et(step, Path(out_dir) / f"rank-{dist.get_rank()}.json")
     dist.destroy_process_group()
     return 0
 
