@@ -112,14 +112,17 @@ def restore_epsilons(ops: list[Op]) -> int:
     ``clamp_min(norm, 1e-12)``, through views of the norm): a random program's replay
     divided an all-zero row by it, 0 / 0."""
     changed = 0
-    made_by: dict[tuple[int, int], str] = {}  # a tensor -> the op that computed it
+    # the tensors an op of NON_NEGATIVE_RESULTS made, or a view of one made (a view of
+    # a computed value is that value: norm(...).unsqueeze(-1)); ids are reused, so
+    # another op's result at the same ids takes its place
+    non_negative: set[tuple[int, int]] = set()
     for op in ops:
         names = list(oprules.EPSILON_ARGS.get(op.name, ()))
         floor = oprules.EPSILON_FLOORS.get(op.name)
         if floor is not None:
             floored = next((a.value for a in op.args if a.spec.name == floor[0]), None)
-            if isinstance(floored, TensorValue) and made_by.get(
-                    (floored.trace_id, floored.storage_id)) in oprules.NON_NEGATIVE_RESULTS:
+            if isinstance(floored, TensorValue) \
+                    and (floored.trace_id, floored.storage_id) in non_negative:
                 names.append(floor[1])
         for arg in op.args:
             value = arg.value
@@ -128,9 +131,13 @@ def restore_epsilons(ops: list[Op]) -> int:
                 arg.value = Literal(EPSILON_STAND_IN)
                 changed += 1
         source = next((a.value for a in op.args if a.spec.name == "self"), None)
+        makes = op.name in oprules.NON_NEGATIVE_RESULTS or (
+            op.signature.is_view and isinstance(source, TensorValue)
+            and (source.trace_id, source.storage_id) in non_negative)
         for _path, tv in output_paths(op.outputs):
-            # (a view of a computed value is that value: norm(...).unsqueeze(-1))
-            name = made_by.get((source.trace_id, source.storage_id), op.name) \
-                if op.signature.is_view and isinstance(source, TensorValue) else op.name
-            made_by[(tv.trace_id, tv.storage_id)] = name
+            key = (tv.trace_id, tv.storage_id)
+            if makes:
+                non_negative.add(key)
+            else:
+                non_negative.discard(key)
     return changed
