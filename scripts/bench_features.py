@@ -216,7 +216,31 @@ def _keep(shaped: Counter, parts: int) -> Counter:
     return kept
 
 
-def _last_line(text: str) -> str:
+def mismatch(original_et: Path, replay_et: Path) -> tuple[str, str] | None:
+    """How the replay's top-level ops differ from the original's, first by overload,
+    then by their tensors' shapes, then by their strides (the kernel a layout picks is
+    the time it takes: a transposed operand is another GEMM, a channels-last input
+    another convolution): an outcome and its detail, or None where they agree."""
+    original, replayed = same_shapes(shaped_ops(original_et), shaped_ops(replay_et))
+    ops = [_keep(original, 1), _keep(replayed, 1)]
+    if ops[0] != ops[1]:
+        missing = {k[0]: n for k, n in (ops[0] - ops[1]).items()}
+        extra = {k[0]: n for k, n in (ops[1] - ops[0]).items()}
+        return "op mismatch", f"missing {missing} extra {extra}"
+    shaped = [_keep(original, 2), _keep(replayed, 2)]
+    if shaped[0] != shaped[1]:
+        missing = next(iter(shaped[0] - shaped[1]))
+        return "shape mismatch", f"{missing[0]} {' '.join(missing[1])} not replayed at that shape"
+    if original != replayed:
+        missing = next(iter(original - replayed))
+        got = [key[2] for key in replayed - original if key[:2] == missing[:2]]
+        return "layout mismatch", (f"{missing[0]} strides {' '.join(missing[2])} replayed as "
+                                   f"{' '.join(got[0]) if got else '?'}")
+    return None
+
+
+def last_error_line(text: str) -> str:
+    """The last line of ``text`` that names an error (else its last line), cut short."""
     lines = [line for line in text.strip().splitlines() if "Error" in line or "error" in line]
     return (lines or text.strip().splitlines() or ["?"])[-1][:160]
 
@@ -228,7 +252,7 @@ def run_one(path: Path, name: str, work: Path, timeout: float) -> tuple[str, str
     proc = subprocess.run([sys.executable, "-c", CAPTURE, str(path), name, str(et)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode or not et.exists():
-        return "capture error", _last_line(proc.stderr)
+        return "capture error", last_error_line(proc.stderr)
     bench = work / "bench.py"
     # The recorded step is the unit compared: a step of two optimizer steps (two
     # batches) is two iterations to the generator, which replays one by default.
@@ -236,32 +260,18 @@ def run_one(path: Path, name: str, work: Path, timeout: float) -> tuple[str, str
                            "--iteration", "all"],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if proc.returncode:
-        return "gen error", _last_line(proc.stderr)
+        return "gen error", last_error_line(proc.stderr)
     replay = work / "replay.json"
     proc = subprocess.run([sys.executable, "-c", RUNNER, str(bench), "--device", "cpu",
                            "--warmup", "0", "--iters", "3", "--reset-inputs", "off", "--json",
                            "--et", str(replay)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=work)
     if proc.returncode:
-        return "run error", _last_line(proc.stderr)
+        return "run error", last_error_line(proc.stderr)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    original, replayed = same_shapes(shaped_ops(et), shaped_ops(replay))
-    ops = [_keep(original, 1), _keep(replayed, 1)]
-    if ops[0] != ops[1]:
-        missing = {k[0]: n for k, n in (ops[0] - ops[1]).items()}
-        extra = {k[0]: n for k, n in (ops[1] - ops[0]).items()}
-        return "op mismatch", f"missing {missing} extra {extra}"
-    shaped = [_keep(original, 2), _keep(replayed, 2)]
-    if shaped[0] != shaped[1]:
-        missing = next(iter(shaped[0] - shaped[1]))
-        return "shape mismatch", f"{missing[0]} {' '.join(missing[1])} not replayed at that shape"
-    if original != replayed:
-        # (the kernel a layout picks is the time it takes: a transposed operand is
-        # another GEMM, a channels-last input another convolution)
-        missing = next(iter(original - replayed))
-        got = [key[2] for key in replayed - original if key[:2] == missing[:2]]
-        return "layout mismatch", (f"{missing[0]} strides {' '.join(missing[2])} replayed as "
-                                   f"{' '.join(got[0]) if got else '?'}")
+    found = mismatch(et, replay)
+    if found is not None:
+        return found
     if result.get("nonfinite_inputs"):
         return "nonfinite", str(result["nonfinite_inputs"])[:160]
     born = new_births(path, name, bench, timeout, env)

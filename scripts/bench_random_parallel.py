@@ -35,10 +35,21 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(SCRIPTS))
+
+from bench_features import last_error_line, mismatch  # noqa: E402
+from features_random import program  # noqa: E402
+
+from mystique_gen.passes.comms import collective_sequence  # noqa: E402
+from mystique_gen.sources.et import load_trace  # noqa: E402
+from tests.conftest import record_et  # noqa: E402
+from tests.launch import launch_env, torchrun  # noqa: E402
 
 OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mismatch",
             "layout mismatch", "collectives", "nonfinite", "pass")
@@ -46,12 +57,6 @@ OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mis
 
 def worker(out_dir: str, seed: int) -> int:
     """One rank: build the program, run it twice, record the third step."""
-    import torch
-    import torch.distributed as dist
-    from features_random import program
-
-    from tests.conftest import record_et
-
     torch.set_num_threads(1)
     # (a rank whose program raised leaves the others waiting: a minute, not gloo's 30)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -63,48 +68,37 @@ def worker(out_dir: str, seed: int) -> int:
     return 0
 
 
-def _last_line(text: str) -> str:
+def _raised(text: str) -> str:
     """The error a rank raised (the first: the others' follow from it), else the last
     line that names one."""
-    lines = text.strip().splitlines()
-    raised = [line for line in lines if line.startswith("[rank") and "Error:" in line]
-    named = [line for line in lines if "Error" in line or "error" in line]
-    return (raised[:1] or named[-1:] or lines[-1:] or ["?"])[0][:160]
+    raised = [line for line in text.splitlines()
+              if line.startswith("[rank") and "Error:" in line]
+    return raised[0][:160] if raised else last_error_line(text)
 
 
 def run_one(seed: int, ranks: int, work: Path, timeout: float) -> tuple[str, str]:
-    from bench_features import _keep, same_shapes, shaped_ops
-
-    from mystique_gen.passes.comms import collective_sequence
-    from mystique_gen.sources.et import load_trace
-    from tests.launch import launch_env, torchrun
-
     env = launch_env(keep_pythonpath=True)
     proc = torchrun(ranks, str(Path(__file__).resolve()), "--worker", str(work), str(seed),
                     cwd=work, timeout=timeout, env=env)
     ets = [work / f"rank-{r}.json" for r in range(ranks)]
     if proc.returncode or not all(et.exists() for et in ets):
-        return "capture error", _last_line(proc.stderr)
+        return "capture error", _raised(proc.stderr)
     bench = work / "bench.py"
     proc = subprocess.run([sys.executable, "-m", "mystique_gen", *map(str, ets), "-o",
                            str(bench)], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT)
     if proc.returncode:
-        return "gen error", _last_line(proc.stderr)
+        return "gen error", last_error_line(proc.stderr)
     proc = torchrun(ranks, str(bench), "--device", "cpu", "--warmup", "0", "--iters", "3",
                     "--reset-inputs", "off", "--json", "--et", str(work / "replay.json"),
                     cwd=work, timeout=timeout, env=launch_env())
     if proc.returncode:
-        return "run error", _last_line(proc.stderr)
+        return "run error", last_error_line(proc.stderr)
     for rank, et in enumerate(ets):
         replay = work / f"replay.rank{rank}.json"
-        original, replayed = same_shapes(shaped_ops(et), shaped_ops(replay))
-        for parts, outcome in ((1, "op mismatch"), (2, "shape mismatch"),
-                               (3, "layout mismatch")):
-            want, got = _keep(original, parts), _keep(replayed, parts)
-            if want != got:
-                missing = next(iter(want - got), None) or next(iter(got - want))
-                return outcome, f"rank {rank}: {' '.join(map(str, missing))}"[:160]
+        found = mismatch(et, replay)
+        if found is not None:
+            return found[0], f"rank {rank}: {found[1]}"[:160]
         if collective_sequence(load_trace(replay)) != collective_sequence(load_trace(et)):
             return "collectives", f"rank {rank} issues another sequence"
     result = json.loads(next(line for line in reversed(proc.stdout.strip().splitlines())

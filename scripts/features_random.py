@@ -32,6 +32,8 @@ import random
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
@@ -957,9 +959,6 @@ def _collective(p: _Program) -> Instr | tuple[Instr, bool] | None:
     broadcast, all-to-all at counts exchanged and read back with ``.tolist()``, and a
     ring of sends and receives. What it returns multiplies the local value, so a
     training program's gradients still reach its parameters."""
-    import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
-
     i = p.pick(sized=True, shape_free=False)
     if i is None or not p.env[i].numel():
         return None
