@@ -45,22 +45,32 @@ sys.path.insert(0, str(SCRIPTS))
 
 from bench_features import last_error_line, mismatch  # noqa: E402
 from features_random import program  # noqa: E402
+from random_strategies import strategy_program  # noqa: E402
 
 from mystique_gen.passes.comms import collective_sequence  # noqa: E402
 from mystique_gen.sources.et import load_trace  # noqa: E402
 from tests.conftest import record_et  # noqa: E402
 from tests.launch import launch_env, torchrun  # noqa: E402
 
+# each kind of program, and the prefix of its names
+KINDS = {"collectives": "rand", "strategies": "strat"}
 OUTCOMES = ("capture error", "gen error", "run error", "op mismatch", "shape mismatch",
             "layout mismatch", "collectives", "nonfinite", "pass")
 
 
-def worker(out_dir: str, seed: int) -> int:
-    """One rank: build the program, run it twice, record the third step."""
+def worker(out_dir: str, kind: str, seed: int) -> int:
+    """One rank: build the program (``kind``: a collective program, or a model under
+    a strategy), run it twice, record the third step."""
     torch.set_num_threads(1)
     # (a rank whose program raised leaves the others waiting: a minute, not gloo's 30)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    step = program(seed, collectives=True, rank=dist.get_rank())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if kind == "strategies":
+        described, step = strategy_program(seed, rank, world)
+        if rank == 0:
+            (Path(out_dir) / "described.txt").write_text(described)
+    else:
+        step = program(seed, collectives=True, rank=rank)
     for _ in range(2):
         step()
     record_et(step, Path(out_dir) / f"rank-{dist.get_rank()}.json")
@@ -76,10 +86,11 @@ def _raised(text: str) -> str:
     return raised[0][:160] if raised else last_error_line(text)
 
 
-def run_one(seed: int, ranks: int, work: Path, timeout: float) -> tuple[str, str]:
+def run_one(kind: str, seed: int, ranks: int, work: Path, timeout: float
+            ) -> tuple[str, str]:
     env = launch_env(keep_pythonpath=True)
-    proc = torchrun(ranks, str(Path(__file__).resolve()), "--worker", str(work), str(seed),
-                    cwd=work, timeout=timeout, env=env)
+    proc = torchrun(ranks, str(Path(__file__).resolve()), "--worker", str(work), kind,
+                    str(seed), cwd=work, timeout=timeout, env=env)
     ets = [work / f"rank-{r}.json" for r in range(ranks)]
     if proc.returncode or not all(et.exists() for et in ets):
         return "capture error", _raised(proc.stderr)
@@ -105,7 +116,8 @@ def run_one(seed: int, ranks: int, work: Path, timeout: float) -> tuple[str, str
                              if line.startswith("{")))
     if result.get("nonfinite_inputs"):
         return "nonfinite", str(result["nonfinite_inputs"])[:160]
-    return "pass", ""
+    described = work / "described.txt"
+    return "pass", described.read_text() if described.exists() else ""
 
 
 def main() -> int:
@@ -113,28 +125,31 @@ def main() -> int:
     count = int(os.environ.get("RANDOM_PARALLEL", "12"))
     ranks = int(os.environ.get("RANDOM_PARALLEL_RANKS", "2"))
     timeout = float(os.environ.get("RANDOM_PARALLEL_TIMEOUT", "300"))
+    kinds = os.environ.get("RANDOM_PARALLEL_KINDS", ",".join(KINDS)).split(",")
     totals: Counter = Counter()
     print(f"{'program':16s} {'outcome':16s} {'s':>5s}  detail", flush=True)
     with tempfile.TemporaryDirectory(prefix="random-parallel-") as tmp:
-        for seed in range(first, first + count):
-            work = Path(tmp) / f"rand_{seed}"
-            work.mkdir()
-            start = time.perf_counter()
-            try:
-                outcome, detail = run_one(seed, ranks, work, timeout)
-            except subprocess.TimeoutExpired:
-                outcome, detail = "run error", f"timed out after {timeout:.0f} s"
-            totals[outcome] += 1
-            print(f"rand_{seed:<11d} {outcome:16s} {time.perf_counter() - start:5.0f}  "
-                  f"{detail}", flush=True)
-    print(f"totals over {count} programs on {ranks} ranks: "
+        for kind in kinds:
+            for seed in range(first, first + count):
+                name = f"{KINDS[kind]}_{seed}"
+                work = Path(tmp) / name
+                work.mkdir()
+                start = time.perf_counter()
+                try:
+                    outcome, detail = run_one(kind, seed, ranks, work, timeout)
+                except subprocess.TimeoutExpired:
+                    outcome, detail = "run error", f"timed out after {timeout:.0f} s"
+                totals[outcome] += 1
+                print(f"{name:16s} {outcome:16s} {time.perf_counter() - start:5.0f}  "
+                      f"{detail}", flush=True)
+    print(f"totals over {count * len(kinds)} programs on {ranks} ranks: "
           + ", ".join(f"{o} {totals[o]}" for o in OUTCOMES))
     return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        code = worker(sys.argv[2], int(sys.argv[3]))
+        code = worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # (gloo's threads may abort the interpreter's teardown)

@@ -47,22 +47,34 @@ class _Program:
     """A program drawn from ``seed``: its instructions, each ``env -> tensor`` (the
     k-th reads results 0..k-1), and whether it ends in a training step."""
 
-    def __init__(self, seed: int, collectives: bool = False) -> None:
+    def __init__(self, seed: int, collectives: bool = False, train: bool | None = None,
+                 activation: torch.Tensor | None = None,
+                 leave_out: tuple[str, ...] = ()) -> None:
         self.rng = random.Random(seed)
         self.collectives = collectives  # (every rank draws the same program)
         torch.manual_seed(seed)
-        self.train = self.rng.random() < 0.5
+        drawn = self.rng.random() < 0.5
+        self.train = drawn if train is None else train
         self.optimizer = self.rng.choice(("sgd", "sgd", "adam", "adamw"))
         self.clip = self.rng.random() < 0.3
         self.code: list[Instr] = []
         self.env: Env = []
         self.dynamic: set[int] = set()  # results whose size came from data
         self.params: list[torch.Tensor] = []
+        # what parameter instructions read: ``params`` here, a module's own
+        # (maybe unsharded) parameters where one runs the program as its forward
+        self.table: list[torch.Tensor] = self.params
         self.inputs: list[torch.Tensor] = []
-        palette = _PALETTE + ([(12.0, _collective)] if collectives else [])
+        # a program on an activation (scripts/random_strategies.py): its first
+        # result is the tensor ``activation`` holds when it runs
+        self.activation = activation
+        palette = [(w, f) for w, f in _PALETTE if f.__name__ not in leave_out]
+        palette += [(12.0, _collective)] if collectives else []
         self.weights = [w for w, _ in palette]
         self.makers = [f for _, f in palette]
-        for _ in range(self.rng.randint(2, 3)):
+        if activation is not None:
+            self.emit(lambda env: self.activation)
+        for _ in range(self.rng.randint(2, 3) - (activation is not None)):
             self.emit(self.input_instr(self.random_shape()))
         target = self.rng.randint(16, 40)
         tries = 0
@@ -122,6 +134,9 @@ class _Program:
         if param and dtype.is_floating_point:
             base = base.detach().requires_grad_()
             self.params.append(base)
+            self.inputs.append(base)
+            k = len(self.params) - 1
+            return lambda env: self.table[k]
         self.inputs.append(base)
 
         def instr(env: Env, t: torch.Tensor = base) -> torch.Tensor:
@@ -806,8 +821,9 @@ def _autograd(p: _Program) -> Instr | None:
         return None
     k = p.rng.randrange(len(p.params))
 
-    def ema(env: Env, param: torch.Tensor = p.params[k]) -> torch.Tensor:
+    def ema(env: Env) -> torch.Tensor:
         with torch.no_grad():
+            param = p.table[k]
             param.data.mul_(0.99).add_(param.data.tanh(), alpha=0.01)
         return env[i] * 1
 
@@ -1064,14 +1080,21 @@ def program(seed: int, collectives: bool = False, rank: int = 0) -> Callable[[],
         except Exception:  # (alike on every rank: their inputs are alike until here)
             continue
         if built.inputs_finite():
-            with torch.no_grad():
-                for t in built.inputs:
-                    expanded = any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(),
-                                                                      strict=True))
-                    if t.is_floating_point() and not t.requires_grad and not expanded:
-                        t.add_(rank / 4)
+            shift_data_inputs(built, rank)
             return run
     raise RuntimeError(f"no program of seed {seed} ran")
+
+
+def shift_data_inputs(built: _Program, rank: int) -> None:
+    """Shift ``built``'s float data inputs by ``rank`` / 4, so that each rank's data
+    differ as data-parallel ranks' batches do (an expanded one is left: a write
+    into it is refused)."""
+    with torch.no_grad():
+        for t in built.inputs:
+            expanded = any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(),
+                                                              strict=True))
+            if t.is_floating_point() and not t.requires_grad and not expanded:
+                t.add_(rank / 4)
 
 
 _FIRST = int(os.environ.get("FEATURES_RANDOM_FROM", "0"))

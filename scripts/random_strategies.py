@@ -1,0 +1,325 @@
+"""Random models under random parallel strategies, for ``bench_random_parallel.py``.
+
+``features_random`` draws programs nobody wrote; the collective programs there talk
+over the default group by hand. Production traces come from programs wrapped by a
+parallel strategy instead, whose collectives, hooks and copies run between, inside
+and after the model's own ops. Here a seed draws both:
+
+* a model: 1 to 4 layers, each ``Linear(d, h)``, a random program on its activation
+  (``RandomBlock``: ``features_random``'s palette, parameters and data inputs of its
+  own, maybe with collectives), ``Linear(h, d)``;
+* a strategy over it, with its options: DDP (bucket size, gradients as bucket
+  views, a static graph, unused parameters found), FSDP2 (which layers are sharded,
+  resharding after forward, bf16 parameters with fp32 reductions), tensor parallel on
+  DTensor (each layer's Linears column- then row-parallel, the program on each rank's
+  shard), or a pipeline of stages (GPipe, 1F1B, and with two stages per rank
+  Interleaved1F1B, LoopedBFS, ZBVZeroBubble, DualPipeV);
+* a step: training (SGD with momentum, Adam, AdamW; foreach, fused or per tensor;
+  gradients maybe clipped; one or two microbatches accumulated where the strategy
+  can) or, for the data-parallel strategies, inference under ``no_grad``.
+
+Every rank draws the same model from the seed. Data-parallel ranks then see their own
+data (inputs shifted by rank / 4, as ``features_random.program`` shifts them), tensor
+and pipeline ranks the same batch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+from features_random import _Program, shift_data_inputs
+from torch import nn
+
+STRATEGIES = ("ddp", "fsdp2", "tp", "pipeline")
+_PIPELINES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "zbv", "dualpipev")
+_TWO_STAGES_PER_RANK = {"interleaved": "loop", "looped_bfs": "loop", "zbv": "v",
+                        "dualpipev": "v"}
+
+
+class RandomBlock(nn.Module):
+    """A random program as a module's forward: its first result is the module's
+    input, its parameters are the module's own (FSDP2 swaps them for unsharded ones
+    before each forward), and it returns the input plus a number taken from its last
+    results, so that gradients reach what those results read."""
+
+    def __init__(self, seed: int, shape: tuple[int, ...], train: bool,
+                 collectives: bool, leave_out: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.program = _Program(seed, collectives, train=train,
+                                activation=torch.randn(shape, requires_grad=train),
+                                leave_out=leave_out)
+        self.weights = nn.ParameterList(nn.Parameter(t.detach())
+                                        for t in self.program.params)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        program = self.program
+        program.activation, program.table = x, list(self.weights)
+        env: list[torch.Tensor] = []
+        for instr in program.code:
+            env.append(instr(env))
+        program.activation = None
+        ends = [t for t in env[-6:] if t.is_floating_point() and t.numel()]
+        bump = sum(t.float().tanh().mean() for t in ends)
+        return x + bump if isinstance(bump, torch.Tensor) else x
+
+
+class _Draw:
+    """What one seed draws, in the order it draws it (every rank alike)."""
+
+    def __init__(self, seed: int, world: int) -> None:
+        rng = random.Random(seed)
+        self.rng = rng
+        self.strategy = rng.choice(STRATEGIES)
+        self.schedule = rng.choice(_PIPELINES) if self.strategy == "pipeline" else ""
+        self.stages = world * (2 if self.schedule in _TWO_STAGES_PER_RANK else 1)
+        self.train = self.strategy in ("tp", "pipeline") or rng.random() < 0.75
+        self.d = rng.choice((4, 6, 8))
+        self.h = world * rng.choice((2, 3, 4))
+        self.layers = (self.stages if self.strategy == "pipeline"
+                       else rng.randint(1, 3))
+        self.micro = rng.choice((2, 4)) if self.strategy == "pipeline" else 1
+        if self.schedule == "dualpipev":  # (it needs a microbatch per stage)
+            self.micro = max(self.micro, self.stages)
+        self.batch = self.micro * rng.choice((1, 2, 3))
+        self.collectives = self.strategy != "pipeline" and rng.random() < 0.4
+        self.optimizer = rng.choice(("sgd", "adam", "adamw"))
+        self.foreach = rng.choice((None, True, False, "fused"))
+        self.clip = self.train and rng.random() < 0.3
+        self.accumulate = (self.strategy in ("ddp", "fsdp2") and self.train
+                           and rng.random() < 0.3)
+        self.loss = rng.choice(("mse", "cross_entropy"))
+
+    def describe(self) -> str:
+        parts = [self.strategy, self.schedule, "train" if self.train else "infer",
+                 f"{self.layers} layers", self.optimizer if self.train else "",
+                 "clip" if self.clip else "", "accumulate" if self.accumulate else "",
+                 "collectives" if self.collectives else ""]
+        return " ".join(p for p in parts if p)
+
+
+def _block(seed: int, shape: tuple[int, ...], draw: _Draw) -> RandomBlock:
+    """The first block drawn from ``seed`` (then ``seed`` + 1000, ...) whose step runs
+    three times on an activation of ``shape`` with its inputs finite (a drawn op may
+    run forward and have no backward). Every rank draws the same."""
+    # (a zero-bubble schedule computes weight gradients after the next microbatch's
+    # forward, from the graph its input gradients were taken through: a parameter
+    # written in a forward, or a checkpoint's recomputed graph, is one it refuses)
+    zero_bubble = draw.schedule in ("zbv", "dualpipev")
+    leave_out = ("_autograd", "_storage", "_region") if zero_bubble else ()
+    for attempt in range(20):
+        block = RandomBlock(seed + 1000 * attempt, shape, draw.train, draw.collectives,
+                            leave_out)
+        x = torch.randn(shape, requires_grad=draw.train)
+        try:
+            for _ in range(3):
+                y = block(x)
+                if draw.train:
+                    y.sum().backward()
+        except Exception:  # (alike on every rank: their inputs are alike until here)
+            continue
+        block.zero_grad(set_to_none=True)
+        if block.program.inputs_finite():
+            return block
+    raise RuntimeError(f"no block of seed {seed} ran")
+
+
+def _layer(seed: int, d: int, h: int, width: int, batch: int, draw: _Draw
+           ) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(d, h), _block(seed, (batch, width), draw),
+                         nn.Linear(h, d))
+
+
+def _optimizer(draw: _Draw, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    options: dict[str, object] = {"lr": 1e-3}
+    if draw.foreach == "fused" and draw.optimizer != "sgd":
+        options["fused"] = True
+    elif draw.foreach in (True, False):
+        options["foreach"] = draw.foreach
+    if draw.optimizer == "sgd":
+        return torch.optim.SGD(_param_groups(params), momentum=0.9, **options)
+    kind = torch.optim.Adam if draw.optimizer == "adam" else torch.optim.AdamW
+    return kind(_param_groups(params), **options)
+
+
+def _loss(draw: _Draw, y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if draw.loss == "mse":
+        return ((y.float() - target) ** 2).mean()
+    return nn.functional.cross_entropy(y.float(), target.argmax(-1))
+
+
+def _unused(model: nn.Module, x: torch.Tensor, target: torch.Tensor,
+            draw: _Draw) -> bool:
+    """Whether a training step leaves a parameter without a gradient (DDP must be
+    told to look for those)."""
+    _loss(draw, model(x), target).backward()
+    unused = any(p.grad is None for p in model.parameters())
+    model.zero_grad(set_to_none=True)
+    return unused
+
+
+def _runs_in(dtype: torch.dtype, model: nn.Module, x: torch.Tensor,
+             target: torch.Tensor, draw: _Draw) -> bool:
+    """Whether a step runs with ``model``'s parameters and input in ``dtype`` (its
+    programs' data inputs as they are), as under FSDP2's mixed precision: a program
+    may mix them in an op that refuses two dtypes. The parameters keep their values
+    (rounded to ``dtype`` and back)."""
+    model.to(dtype)
+    try:
+        loss = _loss(draw, model(x.to(dtype)), target)
+        if draw.train:
+            loss.backward()
+        return True
+    except RuntimeError:
+        return False
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.to(torch.float32)
+
+
+def _param_groups(params: list[nn.Parameter]) -> list[dict[str, object]]:
+    """DTensor parameters and plain ones in groups of their own: a foreach or fused
+    step refuses the two mixed (FSDP2 leaves its ignored parameters plain, tensor
+    parallel the ones no plan names)."""
+    from torch.distributed.tensor import DTensor
+
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": group} for group in (sharded, plain) if group]
+
+
+def _clip(params: list[nn.Parameter]) -> None:
+    """Gradients clipped by their total norm, each group of ``_param_groups`` apart
+    (the norm of DTensors and plain tensors together is refused)."""
+    for group in _param_groups(params):
+        nn.utils.clip_grad_norm_(group["params"], 1.0)
+
+
+def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[], object]]:
+    """The model, strategy and step drawn from ``seed`` on this rank: a description
+    and the step."""
+    draw = _Draw(seed, world)
+    rng = draw.rng
+    width = draw.h // world if draw.strategy == "tp" else draw.h
+    torch.manual_seed(seed)
+    layers = [_layer(seed * 16 + k, draw.d, draw.h, width, draw.batch // draw.micro, draw)
+              for k in range(draw.layers)]
+    data_parallel = draw.strategy in ("ddp", "fsdp2")
+    x = torch.randn(draw.batch * (1 + draw.accumulate), draw.d)
+    target = torch.randn(x.shape)
+    if data_parallel:
+        with torch.no_grad():
+            x.add_(rank / 4)
+        for layer in layers:
+            shift_data_inputs(layer[1].program, rank)
+    if draw.strategy == "pipeline":
+        return draw.describe(), _pipeline(draw, layers, rank, world, x, target)
+    model = nn.Sequential(*layers)
+    if draw.strategy == "ddp":
+        unused = draw.train and _unused(model, x[:draw.batch], target[:draw.batch], draw)
+        model = nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=rng.choice((None, 0.0001, 0.002)),
+            gradient_as_bucket_view=rng.random() < 0.5,
+            find_unused_parameters=unused,
+            static_graph=not unused and rng.random() < 0.3)
+    elif draw.strategy == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        bf16 = rng.random() < 0.3 and _runs_in(torch.bfloat16, model, x[:draw.batch],
+                                               target[:draw.batch], draw)
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                       reduce_dtype=torch.float32)
+                  if bf16 else MixedPrecisionPolicy())
+        # (FSDP2 shards no 0-d or non-contiguous parameter: those stay local, as
+        # users leave them out)
+        ignored = {p for p in model.parameters() if not p.dim() or not p.is_contiguous()}
+        for layer in layers:
+            if rng.random() < 0.7:
+                fully_shard(layer, reshard_after_forward=rng.random() < 0.6,
+                            mp_policy=policy, ignored_params=ignored)
+        fully_shard(model, mp_policy=policy, ignored_params=ignored)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        mesh = init_device_mesh("cpu", (world,))
+        plan: dict[str, object] = {}
+        for k in range(draw.layers):
+            plan[f"{k}.0"], plan[f"{k}.2"] = ColwiseParallel(), RowwiseParallel()
+        parallelize_module(model, mesh, plan)
+    if not draw.train:
+        def infer() -> torch.Tensor:
+            with torch.no_grad():
+                return model(x[:draw.batch])
+
+        return draw.describe(), infer
+    params = list(model.parameters())
+    opt = _optimizer(draw, params)
+    chunks = x.chunk(1 + draw.accumulate), target.chunk(1 + draw.accumulate)
+
+    def train() -> torch.Tensor:
+        opt.zero_grad()
+        for k, (part, aim) in enumerate(zip(*chunks, strict=True)):
+            last = k == len(chunks[0]) - 1
+            if draw.strategy == "fsdp2":
+                model.set_requires_gradient_sync(last)  # type: ignore[operator]
+            if draw.strategy == "ddp" and not last:
+                with model.no_sync():  # type: ignore[operator]
+                    loss = _loss(draw, model(part), aim)
+                    loss.backward()
+            else:
+                loss = _loss(draw, model(part), aim)
+                loss.backward()
+        if draw.clip:
+            _clip(params)
+        opt.step()
+        return loss.detach()
+
+    return draw.describe(), train
+
+
+def _pipeline(draw: _Draw, layers: list[nn.Sequential], rank: int, world: int,
+              x: torch.Tensor, target: torch.Tensor) -> Callable[[], object]:
+    """A pipeline of one layer per stage: this rank's stages (one, or two laid out in
+    a loop or a V), the drawn schedule over ``draw.micro`` microbatches, its own
+    optimizer."""
+    from torch.distributed import pipelining as pp
+
+    layout = _TWO_STAGES_PER_RANK.get(draw.schedule)
+    mine = ([rank] if layout is None else [rank, rank + world] if layout == "loop"
+            else [rank, 2 * world - 1 - rank])
+    device = torch.device("cpu")
+    stages = [pp.PipelineStage(layers[i], i, draw.stages, device) for i in mine]
+    schedule_class = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B,
+                      "interleaved": pp.ScheduleInterleaved1F1B,
+                      "looped_bfs": pp.ScheduleLoopedBFS,
+                      "zbv": pp.ScheduleZBVZeroBubble,
+                      "dualpipev": pp.ScheduleDualPipeV}[draw.schedule]
+
+    def loss_fn(y: torch.Tensor, aim: torch.Tensor) -> torch.Tensor:
+        return _loss(draw, y, aim)
+
+    schedule = schedule_class(stages if layout else stages[0], n_microbatches=draw.micro,
+                              loss_fn=loss_fn)
+    params = [p for i in mine for p in layers[i].parameters()]
+    opt = _optimizer(draw, params)
+    first, last = 0 in mine, draw.stages - 1 in mine
+
+    def train() -> None:
+        opt.zero_grad()
+        kwargs: dict[str, object] = {"target": target, "losses": []} if last else {}
+        if first:
+            schedule.step(x, **kwargs)
+        else:
+            schedule.step(**kwargs)
+        if draw.clip:
+            _clip(params)
+        opt.step()
+
+    return train
+
