@@ -2515,3 +2515,62 @@ def test_items_read_after_a_write_or_of_some_elements_are_no_fill(case):
     init = _read_by_items((75, 50, 25, 0), write_first=case == "written first",
                           skip=2 if case == "an element unread" else None)
     assert init.kind != "values"
+
+
+def _deep_step(head: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+    """A training step of three linear layers whose output meets ``rsqrt(head(h))``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 6),
+                                torch.nn.Linear(6, 6))
+    x = torch.randn(4, 6)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.rsqrt(head(model(x))).mean().backward()
+        opt.step()
+
+    return step
+
+
+def _weight_inits(et_path) -> list[Init]:
+    program = build_program(load_trace(et_path))
+    return [s.init for s in program.storages
+            if s.materialised and s.dtype == "float32" and s.extent == 36]
+
+
+@pytest.mark.parametrize("head", [
+    lambda h: h * h + 1, lambda h: torch.relu(h) + 1e-3, lambda h: h.clamp_min(0) + 1e-3,
+    lambda h: (h * h).sum(-1, keepdim=True) + 1,
+], ids=["square", "relu", "clamp_min", "sum_of_squares"])
+def test_a_positive_result_asks_nothing_of_a_term_the_step_made_never_negative(
+        tmp_path, head):
+    """``rsqrt(h * h + 1)`` of a linear layer's ``h`` carried positivity back through
+    the square into every weight of three layers: filled all positive, activations grew
+    by the fan-in at each layer, and a data-parallel replay of a random program (seed
+    31 of scripts/random_strategies.py) went inf in its second step. A term the step
+    makes never negative (a square, relu, a clamp at 0, a sum of those) needs nothing
+    of what it is computed from: the weights keep their
+    fan-in fill, with both signs."""
+    et_path = record_et(_deep_step(head), tmp_path / "never_negative.et.json")
+    inits = _weight_inits(et_path)
+    assert len(inits) == 3, inits
+    assert all(init.low < 0 < init.high for init in inits), inits
+    bench = tmp_path / "never_negative_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    _assert_replays_finite(bench, 5)
+
+
+@pytest.mark.parametrize("head", [lambda h: h + 3, lambda h: h * 2 + 1],
+                         ids=["shifted", "scaled"])
+def test_a_weight_a_positive_result_needs_positive_is_scaled_by_its_fan_in(tmp_path, head):
+    """Where positivity does need the weights (``rsqrt(h + 3)``, ``rsqrt(2 * h + 1)``), they are
+    filled positive over their fan-in: filled in [0.5, 1.5) as other inputs are, each
+    layer multiplied its input's size by the fan-in, 6 ** 3 here."""
+    et_path = record_et(_deep_step(head), tmp_path / "positive.et.json")
+    inits = _weight_inits(et_path)
+    assert len(inits) == 3, inits
+    assert all(init.low > 0 and init.high <= 1.5 / 6 for init in inits), inits
+    bench = tmp_path / "positive_bench.py"
+    generate(et_path, bench, GenerateOptions(command_line="test"))
+    _assert_replays_finite(bench, 5)

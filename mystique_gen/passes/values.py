@@ -330,6 +330,7 @@ class _Facts:
         self.fan_in: dict[int, int] = {}  # from the storage's widest view of 2+ dims
         self.bias_fan_in: dict[int, int] = {}  # a bias: its weight's fan-in
         self.activation: set[int] = set()  # the input a weight multiplies: not a weight
+        self.weights: set[int] = set()  # read as an op's ``weight`` of 2+ dims
         self.scalar: set[int] = set()  # storages viewed as 0-d tensors
         self.literal: set[int] = set()  # 0-d literals x[...] = v writes (ASSIGNED_LITERALS)
         # what such a literal was, and whether a test names it (not just its sign)
@@ -624,6 +625,8 @@ def _collect(op: Op, facts: _Facts, recorded: RecordedValues) -> None:
     weight, bias = named.get("weight"), named.get("bias")
     if isinstance(weight, TensorValue) and len(weight.meta.shape) >= 2:
         fan_in = facts.weight_fan_in(weight)  # nn.Linear(n, 1)'s [1, n] too
+        if weight.storage is not None:
+            facts.weights.add(weight.storage.index)
         if isinstance(bias, TensorValue) and bias.storage is not None:
             facts.bias_fan_in.setdefault(bias.storage.index, fan_in)
         data = named.get("input")
@@ -916,6 +919,7 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
     of an op that is positive only for some arguments (:data:`oprules.POSITIVE_IF`)
     puts that condition on them."""
     by_index = {op.index: op for op in ops}
+    signed = _non_negative_arguments(ops)
     for op in reversed(ops):
         _positive_if(op, facts)
         _complement_bound(op, facts)
@@ -944,7 +948,8 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
             for tv in iter_tensors(arg.value):
                 if tv.storage is None or tv.storage.index in outputs:
                     continue
-                if positive is not None:
+                if positive is not None and (tv.trace_id, tv.storage_id) not in \
+                        signed.get(op.index, ()):
                     facts.positive.setdefault(tv.storage.index, f"{positive} (via {op.name})")
                 if not holds_values:  # a sum's range is not its terms'
                     continue
@@ -954,6 +959,84 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
                     facts.below.setdefault(tv.storage.index, below)
                 if small is not None:
                     facts.small.setdefault(tv.storage.index, small)
+
+
+def _non_negative_arguments(ops: list[Op]) -> dict[int, set[tuple[int, int]]]:
+    """For each op, the tensors it reads that the step made never negative, whatever
+    their inputs hold: a positive result asks nothing more of those. ``rsqrt(h * h +
+    1)`` of a linear layer's ``h`` carried positivity back through the square, into
+    every weight of three layers before it: filled all positive, the activations grew
+    by the fan-in at each layer and a data-parallel replay's second step was inf.
+
+    Made never negative: an op of ``oprules.NON_NEGATIVE_RESULTS``, a product of a
+    tensor with itself, an even power, a clamp at a floor of at least 0, a view of a
+    tensor never negative, and an op that keeps signs (``oprules.KEEPS_SIGN``) of
+    such tensors and numbers of at least 0 alone (``h * h + 1``, ``sum(h * h)``)."""
+    never_negative: set[tuple[int, int]] = set()
+    found: dict[int, set[tuple[int, int]]] = {}
+    for op in ops:
+        keys = {(tv.trace_id, tv.storage_id) for arg in op.args
+                for tv in iter_tensors(arg.value)}
+        held = keys & never_negative
+        if held:
+            found[op.index] = held
+        makes = _makes_non_negative(op, never_negative)
+        for _path, tv in output_paths(op.outputs):
+            key = (tv.trace_id, tv.storage_id)
+            if makes:
+                never_negative.add(key)
+            else:
+                never_negative.discard(key)
+    return found
+
+
+def _at_least_zero(value: object) -> bool:
+    return isinstance(value, Literal) and isinstance(value.value, (int, float)) \
+        and not isinstance(value.value, bool) and value.value >= 0
+
+
+def _makes_non_negative(op: Op, never_negative: set[tuple[int, int]]) -> bool:
+    """Whether ``op``'s result is never negative (see _non_negative_arguments)."""
+    if op.name in oprules.NON_NEGATIVE_RESULTS:
+        return True
+    args = {a.spec.name: a.value for a in op.args}
+    self_value = args.get("self")
+
+    def held(value: object) -> bool:
+        return isinstance(value, TensorValue) \
+            and (value.trace_id, value.storage_id) in never_negative
+
+    if op.signature.is_view:
+        return held(self_value)
+    if op.name in ("aten::mul", "aten::mul_"):
+        other = args.get("other")
+        if isinstance(self_value, TensorValue) and isinstance(other, TensorValue) \
+                and (other.trace_id, other.storage_id) == (self_value.trace_id,
+                                                           self_value.storage_id):
+            return True
+    exponent = args.get("exponent")
+    if op.name in ("aten::pow", "aten::pow_") and isinstance(exponent, Literal) \
+            and isinstance(exponent.value, (int, float)) and exponent.value != 0 \
+            and exponent.value == int(exponent.value) and int(exponent.value) % 2 == 0:
+        return True
+    floor = args.get("min")
+    if op.name in ("aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_min_") \
+            and _at_least_zero(floor):
+        return True
+    keeps_sign = oprules.KEEPS_SIGN.get(op.name, ())
+    if not keeps_sign or not _non_negative_alpha(op):
+        return False
+    terms = [(name, args[name]) for name in keeps_sign if name in args]
+    if not any(isinstance(v, (TensorValue, ListValue)) for _, v in terms):
+        return False
+    for _name, value in terms:
+        tensors = list(iter_tensors(value))
+        if tensors:
+            if not all(held(tv) for tv in tensors):
+                return False
+        elif value is not None and not _at_least_zero(value):
+            return False
+    return True
 
 
 def _literal_markers(ops: list[Op], facts: _Facts) -> None:
@@ -2085,6 +2168,14 @@ def _choose_any(s: Storage, facts: _Facts) -> Init:
             return _below(facts.below[i], facts.positive.get(i))
         if i in facts.positive:
             kind, low, high = oprules.POSITIVE_FLOATING
+            if i in facts.weights and i in facts.fan_in and i not in facts.activation:
+                # A weight filled positive: scaled by its fan-in, a product with it
+                # keeps its input's size (filled as it comes, each layer multiplied
+                # activations by the fan-in, and a deep step overflowed). Only an op's
+                # ``weight``: other state of 2+ dims (RMSprop's square_avg, under a
+                # square root of a difference) keeps its own fill.
+                n = facts.fan_in[i]
+                return Init(kind, low / n, high / n, f"{facts.positive[i]}; over fan-in {n}")
             return Init(kind, low, high, facts.positive[i])
         if s.extent == 1 and i in facts.scalar:
             kind, low, high = oprules.SCALAR_FLOATING
