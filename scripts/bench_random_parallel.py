@@ -104,7 +104,7 @@ def run_one(kind: str, seed: int, ranks: int, work: Path, timeout: float
                     "--reset-inputs", "off", "--json", "--et", str(work / "replay.json"),
                     cwd=work, timeout=timeout, env=launch_env())
     if proc.returncode:
-        return "run error", last_error_line(proc.stderr)
+        return "run error", _raised(proc.stderr)
     for rank, et in enumerate(ets):
         replay = work / f"replay.rank{rank}.json"
         found = mismatch(et, replay)

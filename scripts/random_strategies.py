@@ -13,10 +13,13 @@ and after the model's own ops. Here a seed draws both:
   resharding after forward, bf16 parameters with fp32 reductions), tensor parallel on
   DTensor (each layer's Linears column- then row-parallel, the program on each rank's
   shard), or a pipeline of stages (GPipe, 1F1B, and with two stages per rank
-  Interleaved1F1B, LoopedBFS, ZBVZeroBubble, DualPipeV);
+  Interleaved1F1B, LoopedBFS, ZBVZeroBubble, DualPipeV); on 4 ranks or more also
+  FSDP2 over a mesh's first dimension with tensor parallel over its second, and
+  HSDP;
 * a step: training (SGD with momentum, Adam, AdamW; foreach, fused or per tensor;
   gradients maybe clipped; one or two microbatches accumulated where the strategy
-  can) or, for the data-parallel strategies, inference under ``no_grad``.
+  can; each layer maybe under activation checkpointing) or, for the data-parallel
+  strategies, inference under ``no_grad``.
 
 Every rank draws the same model from the seed. Data-parallel ranks then see their own
 data (inputs shifted by rank / 4, as ``features_random.program`` shifts them), tensor
@@ -31,8 +34,14 @@ from collections.abc import Callable
 import torch
 from features_random import _Program, shift_data_inputs
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.utils.checkpoint import checkpoint
 
 STRATEGIES = ("ddp", "fsdp2", "tp", "pipeline")
+# on an even world of 4 ranks or more: FSDP2 over a 2 x world/2 mesh's first
+# dimension with tensor parallel over its second, and HSDP (replicated x sharded)
+TWO_D_STRATEGIES = ("fsdp2_tp", "hsdp")
+_DATA_PARALLEL = ("ddp", "fsdp2", "fsdp2_tp", "hsdp")
 _PIPELINES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "zbv", "dualpipev")
 _TWO_STAGES_PER_RANK = {"interleaved": "loop", "looped_bfs": "loop", "zbv": "v",
                         "dualpipev": "v"}
@@ -71,7 +80,9 @@ class _Draw:
     def __init__(self, seed: int, world: int) -> None:
         rng = random.Random(seed)
         self.rng = rng
-        self.strategy = rng.choice(STRATEGIES)
+        two_d = TWO_D_STRATEGIES if world >= 4 and world % 2 == 0 else ()
+        self.strategy = rng.choice(STRATEGIES + two_d)
+        self.tp = {"tp": world, "fsdp2_tp": world // 2}.get(self.strategy, 1)
         self.schedule = rng.choice(_PIPELINES) if self.strategy == "pipeline" else ""
         self.stages = world * (2 if self.schedule in _TWO_STAGES_PER_RANK else 1)
         self.train = self.strategy in ("tp", "pipeline") or rng.random() < 0.75
@@ -87,14 +98,19 @@ class _Draw:
         self.optimizer = rng.choice(("sgd", "adam", "adamw"))
         self.foreach = rng.choice((None, True, False, "fused"))
         self.clip = self.train and rng.random() < 0.3
-        self.accumulate = (self.strategy in ("ddp", "fsdp2") and self.train
+        self.accumulate = (self.strategy in _DATA_PARALLEL and self.train
                            and rng.random() < 0.3)
         self.loss = rng.choice(("mse", "cross_entropy"))
+        # each layer under non-reentrant activation checkpointing, as torchtitan and
+        # FSDP recipes wrap their blocks (the backward runs its forward again)
+        self.checkpoint = (self.train and self.strategy != "pipeline"
+                           and rng.random() < 0.3)
 
     def describe(self) -> str:
         parts = [self.strategy, self.schedule, "train" if self.train else "infer",
                  f"{self.layers} layers", self.optimizer if self.train else "",
                  "clip" if self.clip else "", "accumulate" if self.accumulate else "",
+                 "checkpointed" if self.checkpoint else "",
                  "collectives" if self.collectives else ""]
         return " ".join(p for p in parts if p)
 
@@ -111,12 +127,16 @@ def _block(seed: int, shape: tuple[int, ...], draw: _Draw) -> RandomBlock:
     for attempt in range(20):
         block = RandomBlock(seed + 1000 * attempt, shape, draw.train, draw.collectives,
                             leave_out)
+        # (a pipeline runs a microbatch's forward before the last one's backward: a
+        # write into state both read, a data input's, is one the backward refuses)
+        in_flight = 2 if draw.strategy == "pipeline" else 1
         x = torch.randn(shape, requires_grad=draw.train)
         try:
             for _ in range(3):
-                y = block(x)
+                ys = [block(x) for _ in range(in_flight)]
                 if draw.train:
-                    y.sum().backward()
+                    for y in ys:
+                        y.sum().backward()
         except Exception:  # (alike on every rank: their inputs are alike until here)
             continue
         block.zero_grad(set_to_none=True)
@@ -125,10 +145,21 @@ def _block(seed: int, shape: tuple[int, ...], draw: _Draw) -> RandomBlock:
     raise RuntimeError(f"no block of seed {seed} ran")
 
 
-def _layer(seed: int, d: int, h: int, width: int, batch: int, draw: _Draw
-           ) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(d, h), _block(seed, (batch, width), draw),
-                         nn.Linear(h, d))
+class Layer(nn.Sequential):
+    """``Linear(d, h)``, a random block, ``Linear(h, d)``; ``checkpointed``: run under
+    non-reentrant activation checkpointing (inside the hooks a strategy puts on the
+    layer, as ``checkpoint_wrapper`` before ``fully_shard`` does)."""
+
+    checkpointed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed:
+            return checkpoint(super().forward, x, use_reentrant=False)
+        return super().forward(x)
+
+
+def _layer(seed: int, d: int, h: int, width: int, batch: int, draw: _Draw) -> Layer:
+    return Layer(nn.Linear(d, h), _block(seed, (batch, width), draw), nn.Linear(h, d))
 
 
 def _optimizer(draw: _Draw, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -179,14 +210,15 @@ def _runs_in(dtype: torch.dtype, model: nn.Module, x: torch.Tensor,
 
 
 def _param_groups(params: list[nn.Parameter]) -> list[dict[str, object]]:
-    """DTensor parameters and plain ones in groups of their own: a foreach or fused
-    step refuses the two mixed (FSDP2 leaves its ignored parameters plain, tensor
+    """DTensor parameters (by mesh) and plain ones in groups of their own: a
+    foreach or fused step refuses them mixed (FSDP2 leaves its ignored parameters plain, tensor
     parallel the ones no plan names)."""
     from torch.distributed.tensor import DTensor
 
-    sharded = [p for p in params if isinstance(p, DTensor)]
-    plain = [p for p in params if not isinstance(p, DTensor)]
-    return [{"params": group} for group in (sharded, plain) if group]
+    groups: dict[object, list[nn.Parameter]] = {}
+    for p in params:  # (by mesh: a 2-D step's DTensors may live on two)
+        groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    return [{"params": group} for group in groups.values()]
 
 
 def _clip(params: list[nn.Parameter]) -> None:
@@ -196,25 +228,41 @@ def _clip(params: list[nn.Parameter]) -> None:
         nn.utils.clip_grad_norm_(group["params"], 1.0)
 
 
+def _tensor_parallel(model: nn.Module, mesh: DeviceMesh, draw: _Draw) -> None:
+    """Each layer's first Linear column-parallel, its last row-parallel: the random
+    program between them runs on each rank's shard of the activation."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan: dict[str, object] = {}
+    for k in range(draw.layers):
+        plan[f"{k}.0"], plan[f"{k}.2"] = ColwiseParallel(), RowwiseParallel()
+    parallelize_module(model, mesh, plan)
+
+
 def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[], object]]:
     """The model, strategy and step drawn from ``seed`` on this rank: a description
     and the step."""
     draw = _Draw(seed, world)
     rng = draw.rng
-    width = draw.h // world if draw.strategy == "tp" else draw.h
+    width = draw.h // draw.tp
     torch.manual_seed(seed)
     layers = [_layer(seed * 16 + k, draw.d, draw.h, width, draw.batch // draw.micro, draw)
               for k in range(draw.layers)]
-    data_parallel = draw.strategy in ("ddp", "fsdp2")
     x = torch.randn(draw.batch * (1 + draw.accumulate), draw.d)
     target = torch.randn(x.shape)
-    if data_parallel:
+    if draw.strategy in _DATA_PARALLEL:  # (a mesh's ranks are laid out dp-major)
         with torch.no_grad():
-            x.add_(rank / 4)
+            x.add_(rank // draw.tp / 4)
         for layer in layers:
-            shift_data_inputs(layer[1].program, rank)
+            shift_data_inputs(layer[1].program, rank // draw.tp)
     if draw.strategy == "pipeline":
         return draw.describe(), _pipeline(draw, layers, rank, world, x, target)
+    for layer in layers:
+        layer.checkpointed = draw.checkpoint
     model = nn.Sequential(*layers)
     if draw.strategy == "ddp":
         unused = draw.train and _unused(model, x[:draw.batch], target[:draw.batch], draw)
@@ -223,8 +271,20 @@ def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[]
             gradient_as_bucket_view=rng.random() < 0.5,
             find_unused_parameters=unused,
             static_graph=not unused and rng.random() < 0.3)
-    elif draw.strategy == "fsdp2":
+    elif draw.strategy == "tp":
+        _tensor_parallel(model, init_device_mesh("cpu", (world,)), draw)
+    else:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = None
+        if draw.strategy == "hsdp":
+            mesh = init_device_mesh("cpu", (2, world // 2),
+                                    mesh_dim_names=("replicate", "shard"))
+        elif draw.strategy == "fsdp2_tp":
+            both = init_device_mesh("cpu", (world // draw.tp, draw.tp),
+                                    mesh_dim_names=("dp", "tp"))
+            _tensor_parallel(model, both["tp"], draw)
+            mesh = both["dp"]
 
         bf16 = rng.random() < 0.3 and _runs_in(torch.bfloat16, model, x[:draw.batch],
                                                target[:draw.batch], draw)
@@ -236,22 +296,9 @@ def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[]
         ignored = {p for p in model.parameters() if not p.dim() or not p.is_contiguous()}
         for layer in layers:
             if rng.random() < 0.7:
-                fully_shard(layer, reshard_after_forward=rng.random() < 0.6,
+                fully_shard(layer, mesh=mesh, reshard_after_forward=rng.random() < 0.6,
                             mp_policy=policy, ignored_params=ignored)
-        fully_shard(model, mp_policy=policy, ignored_params=ignored)
-    else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-
-        mesh = init_device_mesh("cpu", (world,))
-        plan: dict[str, object] = {}
-        for k in range(draw.layers):
-            plan[f"{k}.0"], plan[f"{k}.2"] = ColwiseParallel(), RowwiseParallel()
-        parallelize_module(model, mesh, plan)
+        fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     if not draw.train:
         def infer() -> torch.Tensor:
             with torch.no_grad():
@@ -266,7 +313,7 @@ def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[]
         opt.zero_grad()
         for k, (part, aim) in enumerate(zip(*chunks, strict=True)):
             last = k == len(chunks[0]) - 1
-            if draw.strategy == "fsdp2":
+            if draw.strategy in ("fsdp2", "fsdp2_tp", "hsdp"):
                 model.set_requires_gradient_sync(last)  # type: ignore[operator]
             if draw.strategy == "ddp" and not last:
                 with model.no_sync():  # type: ignore[operator]
@@ -283,7 +330,7 @@ def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[]
     return draw.describe(), train
 
 
-def _pipeline(draw: _Draw, layers: list[nn.Sequential], rank: int, world: int,
+def _pipeline(draw: _Draw, layers: list[Layer], rank: int, world: int,
               x: torch.Tensor, target: torch.Tensor) -> Callable[[], object]:
     """A pipeline of one layer per stage: this rank's stages (one, or two laid out in
     a loop or a V), the drawn schedule over ``draw.micro`` microbatches, its own
@@ -294,7 +341,12 @@ def _pipeline(draw: _Draw, layers: list[nn.Sequential], rank: int, world: int,
     mine = ([rank] if layout is None else [rank, rank + world] if layout == "loop"
             else [rank, 2 * world - 1 - rank])
     device = torch.device("cpu")
-    stages = [pp.PipelineStage(layers[i], i, draw.stages, device) for i in mine]
+    # (shapes given: a stage infers them by running its layer on meta tensors, which
+    # a program's data-dependent sizes, ``.tolist()``, refuse)
+    shape = torch.empty(draw.batch // draw.micro, draw.d)
+    stages = [pp.PipelineStage(layers[i], i, draw.stages, device, input_args=shape,
+                               output_args=shape, input_grads=shape, output_grads=shape)
+              for i in mine]
     schedule_class = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B,
                       "interleaved": pp.ScheduleInterleaved1F1B,
                       "looped_bfs": pp.ScheduleLoopedBFS,
