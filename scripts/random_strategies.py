@@ -61,6 +61,7 @@ class RandomBlock(nn.Module):
                                 leave_out=leave_out)
         self.weights = nn.ParameterList(nn.Parameter(t.detach())
                                         for t in self.program.params)
+        self.shape = shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         program = self.program
@@ -190,23 +191,25 @@ def _unused(model: nn.Module, x: torch.Tensor, target: torch.Tensor,
     return unused
 
 
-def _runs_in(dtype: torch.dtype, model: nn.Module, x: torch.Tensor,
-             target: torch.Tensor, draw: _Draw) -> bool:
-    """Whether a step runs with ``model``'s parameters and input in ``dtype`` (its
-    programs' data inputs as they are), as under FSDP2's mixed precision: a program
-    may mix them in an op that refuses two dtypes. The parameters keep their values
-    (rounded to ``dtype`` and back)."""
-    model.to(dtype)
-    try:
-        loss = _loss(draw, model(x.to(dtype)), target)
-        if draw.train:
-            loss.backward()
-        return True
-    except RuntimeError:
-        return False
-    finally:
-        model.zero_grad(set_to_none=True)
-        model.to(torch.float32)
+def _runs_in(dtype: torch.dtype, layers: list[Layer], draw: _Draw) -> bool:
+    """Whether every layer's random block runs (and, training, runs backward) with its
+    parameters and activation in ``dtype`` and its data inputs as they are, as under
+    FSDP2's mixed precision: a program may mix them in an op that refuses two dtypes.
+    The parameters keep their values (rounded to ``dtype`` and back)."""
+    for layer in layers:
+        block = layer[1]
+        block.to(dtype)
+        try:
+            x = torch.randn(block.shape, dtype=dtype, requires_grad=draw.train)
+            y = block(x)
+            if draw.train:
+                y.float().sum().backward()
+        except RuntimeError:
+            return False
+        finally:
+            block.zero_grad(set_to_none=True)
+            block.to(torch.float32)
+    return True
 
 
 def _param_groups(params: list[nn.Parameter]) -> list[dict[str, object]]:
@@ -276,6 +279,7 @@ def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[]
     else:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        bf16 = rng.random() < 0.3 and _runs_in(torch.bfloat16, layers, draw)
         mesh = None
         if draw.strategy == "hsdp":
             mesh = init_device_mesh("cpu", (2, world // 2),
@@ -286,8 +290,6 @@ def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[]
             _tensor_parallel(model, both["tp"], draw)
             mesh = both["dp"]
 
-        bf16 = rng.random() < 0.3 and _runs_in(torch.bfloat16, model, x[:draw.batch],
-                                               target[:draw.batch], draw)
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                        reduce_dtype=torch.float32)
                   if bf16 else MixedPrecisionPolicy())
