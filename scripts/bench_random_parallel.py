@@ -1,7 +1,10 @@
-"""`make bench` section: random programs with collectives, on gloo ranks under torchrun.
+"""`make bench` section: random programs with collectives, and random models under
+random parallel strategies, on gloo ranks under torchrun.
 
 ``scripts/features_random.py`` draws programs nobody wrote; here they also talk to
-each other. Every rank draws the same program from a seed (the same inputs, so the
+each other (``rand_<seed>``), or run as the blocks of a model wrapped by DDP, FSDP2,
+tensor parallel or a pipeline schedule (``strat_<seed>``,
+``scripts/random_strategies.py``). Every rank draws the same program from a seed (the
 same collectives in the same order; its data inputs are then shifted by rank, so that
 counts and selections differ between ranks as data-parallel batches make them), with
 collectives among its ops: all-reduces (sum, max, asynchronous and waited later,
@@ -18,9 +21,13 @@ Outcomes: ``capture error`` (the program does not run here), ``gen error``, ``ru
 error``, ``op mismatch``, ``shape mismatch``, ``layout mismatch``, ``collectives``
 (another sequence), ``nonfinite``, ``pass``.
 
-Environment: RANDOM_PARALLEL=N programs (default 12) from seed RANDOM_PARALLEL_FROM=K
-(default 0), RANDOM_PARALLEL_RANKS (default 2), RANDOM_PARALLEL_TIMEOUT=seconds per
-launch (default 300).
+Environment: RANDOM_PARALLEL=N programs of each kind (default 12) from seed
+RANDOM_PARALLEL_FROM=K (default 0), RANDOM_PARALLEL_KINDS (``collectives``,
+``strategies``: ``scripts/random_strategies.py``'s models under DDP, FSDP2, tensor
+parallel, pipelines and on 4 ranks 2-D meshes; both by default), RANDOM_PARALLEL_RANKS
+(default 2), RANDOM_PARALLEL_TIMEOUT=seconds per launch (default 300),
+RANDOM_PARALLEL_KINETO=1 (each rank records as other tools do, the ET observer inside
+a profiler session, and the benchmark is generated with both ranks' Kineto traces).
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
@@ -73,9 +82,27 @@ def worker(out_dir: str, kind: str, seed: int) -> int:
         step = program(seed, collectives=True, rank=rank)
     for _ in range(2):
         step()
-    record_et(step, Path(out_dir) / f"rank-{dist.get_rank()}.json")
+    et = Path(out_dir) / f"rank-{rank}.json"
+    if os.environ.get("RANDOM_PARALLEL_KINETO") == "1":
+        _profiled(step, et, Path(out_dir) / f"rank-{rank}.kineto.json")
+    else:
+        record_et(step, et)
     dist.destroy_process_group()
     return 0
+
+
+def _profiled(step: Callable[[], object], et: Path, kineto: Path) -> None:
+    """``step`` recorded as other tools record it: the ET observer handed to a profiler
+    whose schedule warms up one step and records the next, its Kineto trace exported
+    from the same session."""
+    observer = ExecutionTraceObserver().register_callback(str(et))
+    with profile(activities=[ProfilerActivity.CPU],
+                 schedule=schedule(wait=0, warmup=1, active=1),
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(str(kineto)),
+                 execution_trace_observer=observer) as prof:
+        for _ in range(2):
+            step()
+            prof.step()
 
 
 def _raised(text: str) -> str:
@@ -95,9 +122,11 @@ def run_one(kind: str, seed: int, ranks: int, work: Path, timeout: float
     if proc.returncode or not all(et.exists() for et in ets):
         return "capture error", _raised(proc.stderr)
     bench = work / "bench.py"
-    proc = subprocess.run([sys.executable, "-m", "mystique_gen", *map(str, ets), "-o",
-                           str(bench)], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    kinetos = [work / f"rank-{r}.kineto.json" for r in range(ranks)]
+    linked = ["--kineto", *map(str, kinetos)] if all(k.exists() for k in kinetos) else []
+    proc = subprocess.run([sys.executable, "-m", "mystique_gen", *map(str, ets), *linked,
+                           "-o", str(bench)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
     if proc.returncode:
         return "gen error", last_error_line(proc.stderr)
     proc = torchrun(ranks, str(bench), "--device", "cpu", "--warmup", "0", "--iters", "3",
