@@ -34,7 +34,8 @@ peak memory within 5 % and every category's share within 3 points on every model
 crashes. Run alone: `python scripts/bench.py fidelity` (FIDELITY_ROUNDS=N to time
 more rounds, FIDELITY_TRIALS=N for more independent trials per model,
 FIDELITY_ONLY=gpt2,bert to pick models, FIDELITY_ZOO=diffusers to time six diffusers
-models instead, none of which the zoo's tuning saw, FIDELITY_DEVICE=cuda to build, capture and
+models instead, none of which the zoo's tuning saw, FIDELITY_ZOO=random to time random
+programs (``random_zoo``), FIDELITY_DEVICE=cuda to build, capture and
 time every model on the GPU: each timed step then ends at a synchronize).
 """
 
@@ -354,7 +355,23 @@ def diffusers_zoo() -> dict[str, Callable[[bool], Step]]:
                                            "sd3", "wan")}
 
 
-MODELS = diffusers_zoo() if os.environ.get("FIDELITY_ZOO") == "diffusers" else ZOO
+def random_zoo() -> dict[str, Callable[[bool], Step]]:
+    """Programs nobody wrote, timed the same way (FIDELITY_ZOO=random): the features
+    section's random programs (scripts/features_random.py), FIDELITY_RANDOM=N of them
+    (default 8) from seed FIDELITY_RANDOM_FROM=K, each as a training step and an
+    inference step. Steps of a few dozen ops: what their host time between ops does
+    decides their time."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from features_random import program
+
+    first = int(os.environ.get("FIDELITY_RANDOM_FROM", "0"))
+    count = int(os.environ.get("FIDELITY_RANDOM", "8"))
+    return {f"rand_{seed}": (lambda train, seed=seed: program(seed, train=train))
+            for seed in range(first, first + count)}
+
+
+MODELS = {"diffusers": diffusers_zoo, "random": random_zoo}.get(
+    os.environ.get("FIDELITY_ZOO", ""), lambda: ZOO)()
 
 
 def _load_benchmark(path: Path, keep_refused: bool = False) -> tuple[dict[str, Step], dict]:

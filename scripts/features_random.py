@@ -1064,15 +1064,16 @@ _PALETTE: list[tuple[float, Callable[[_Program], object]]] = [
 ]
 
 
-def program(seed: int, collectives: bool = False, rank: int = 0) -> Callable[[], object]:
+def program(seed: int, collectives: bool = False, rank: int = 0,
+            train: bool | None = None) -> Callable[[], object]:
     """The step of the first program drawn from ``seed`` (then ``seed`` + 1000, ...)
     that runs three times with its inputs finite; ``collectives``: with collectives
     over the default process group, which every rank draws alike (the same seed, the
     same inputs), its data inputs then shifted by ``rank`` / 4, so that each rank's
     data differ as data-parallel ranks' batches do (an all-to-all's counts, a mask's
-    selection)."""
+    selection). ``train``: a training step or not, whatever the seed draws."""
     for attempt in range(20):
-        built = _Program(seed + 1000 * attempt, collectives)
+        built = _Program(seed + 1000 * attempt, collectives, train=train)
         run = built.step()
         try:
             for _ in range(3):

@@ -1130,6 +1130,39 @@ def test_tensors_an_op_kept_apart_get_buffers_of_their_own(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+FUNCTIONAL_ALL_REDUCE = ("_c10d_functional::all_reduce(Tensor input, str reduce_op, "
+                         "str group_name) -> Tensor")
+MUL_SCALAR_ = "aten::mul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)"
+
+
+def _empty_beside_a_wrapper() -> TraceBuilder:
+    """An FSDP2 rank's SGD step as the observer records it: the functional all-reduce
+    of a gradient norm returns an AsyncCollectiveTensor, a wrapper on the null data
+    pointer's storage id, and the rank's empty shard of a momentum buffer, no elements,
+    sits on that id too."""
+    b = TraceBuilder()
+    null = b.new_id()
+    norm = b.tensor((18,))
+    reduced = b.tensor((18,), storage=null)
+    b.op(FUNCTIONAL_ALL_REDUCE, [norm, "sum", "0"], [reduced])
+    b.op(MUL_SCALAR_, [reduced, 0.5], [reduced])
+    empty = b.tensor((0, 1), storage=null)
+    b.op(MUL_SCALAR_, [empty, 0.9], [empty])
+    return b
+
+
+def test_a_tensor_of_no_elements_shares_no_memory():
+    """An empty tensor on the id another tensor holds is no view of it: the replay of
+    a random model under FSDP2 (scripts/random_strategies.py, seed 102, recorded in a
+    profiler session) made the empty momentum shard a view of the all-reduce's result,
+    and SGD's ``mul_`` on it waited on the collective: an extra ``wait_tensor``."""
+    program = _program(_empty_beside_a_wrapper())
+    reduced = program.ops[0].outputs[0]
+    empty = program.ops[2].args[0].value
+    assert empty.storage is not reduced.storage
+    assert empty.storage.materialised and isinstance(empty.binding, InputView)
+
+
 def test_tensors_that_may_share_memory_still_alias():
     """Only a value write onto a partial overlap proves two tensors apart:
     ``x.add_(alias)`` with another tensor on exactly the same elements (a full overlap,

@@ -199,12 +199,20 @@ def split_storages_without_memory(ops: list[Op]) -> int:
     none of its inputs on that storage carries is a new tensor (the observer's tensor
     ids are TensorImpl addresses, which are reused too). Nothing on such a storage shares
     memory with anything else in the replay. Sparse tensors have no storage at all (all
-    on id 0) and are split alike. Returns the number of dense tensors given one."""
+    on id 0) and are split alike, and so are tensors of no elements, on any id. Returns
+    the number of dense tensors given one on storages without memory."""
     without_memory = storages_without_memory(ops)
     flagged = without_memory | {tv.storage_id for op in ops for tv in _tensors_of(op)
                                 if tv.meta.storageless}
-    if not flagged:
+    if not flagged and not any(tv.meta.numel == 0 for op in ops for tv in _tensors_of(op)):
         return 0
+
+    def split(tv: TensorValue) -> bool:
+        # A tensor of no elements shares no memory, whatever id its (null, or any)
+        # data pointer gave it: an FSDP2 rank's empty shard of SGD's momentum sat on
+        # the null pointer's id with a functional all-reduce's AsyncCollectiveTensor,
+        # and its replay, a view of that result, waited on the collective.
+        return tv.storage_id in flagged or tv.meta.numel == 0
     next_id = 1 + max(tv.storage_id for op in ops for tv in _tensors_of(op))
     current: dict[tuple[int, int], int] = {}
     dense: set[int] = set()  # new ids given to tensors on storages without memory
@@ -229,12 +237,12 @@ def split_storages_without_memory(ops: list[Op]) -> int:
         read: set[tuple[int, int]] = set()
         for arg in op.args:
             for tv in iter_tensors(arg.value):
-                if tv.storage_id in flagged:
+                if split(tv):
                     key = (tv.storage_id, tv.trace_id)
                     read.add(key)
                     assign(tv, key)
         for _path, tv in output_paths(op.outputs):
-            if tv.storage_id in flagged:
+            if split(tv):
                 key = (tv.storage_id, tv.trace_id)
                 if key not in read:
                     current.pop(key, None)  # a new tensor that reuses the id
