@@ -30,8 +30,7 @@ from __future__ import annotations
 from mystique_gen import oprules
 from mystique_gen.ir import Literal, Op, TensorValue, iter_tensors
 from mystique_gen.ir.dtypes import FLOATING, INTEGRAL
-from mystique_gen.passes.tensors import output_paths
-from mystique_gen.passes.values import RecordedValues
+from mystique_gen.passes.values import RecordedValues, never_negative_reads
 
 _BOOL_OR_INTEGRAL = INTEGRAL | {"bool"}
 
@@ -112,17 +111,14 @@ def restore_epsilons(ops: list[Op]) -> int:
     ``clamp_min(norm, 1e-12)``, through views of the norm): a random program's replay
     divided an all-zero row by it, 0 / 0."""
     changed = 0
-    # the tensors an op of NON_NEGATIVE_RESULTS made, or a view of one made (a view of
-    # a computed value is that value: norm(...).unsqueeze(-1)); ids are reused, so
-    # another op's result at the same ids takes its place
-    non_negative: set[tuple[int, int]] = set()
+    never_negative = never_negative_reads(ops)
     for op in ops:
         names = list(oprules.EPSILON_ARGS.get(op.name, ()))
         floor = oprules.EPSILON_FLOORS.get(op.name)
         if floor is not None:
             floored = next((a.value for a in op.args if a.spec.name == floor[0]), None)
-            if isinstance(floored, TensorValue) \
-                    and (floored.trace_id, floored.storage_id) in non_negative:
+            if isinstance(floored, TensorValue) and (floored.trace_id, floored.storage_id) \
+                    in never_negative.get(op.index, ()):
                 names.append(floor[1])
         for arg in op.args:
             value = arg.value
@@ -130,14 +126,4 @@ def restore_epsilons(ops: list[Op]) -> int:
                     and type(value.value) is float and value.value == 0.0):
                 arg.value = Literal(EPSILON_STAND_IN)
                 changed += 1
-        source = next((a.value for a in op.args if a.spec.name == "self"), None)
-        makes = op.name in oprules.NON_NEGATIVE_RESULTS or (
-            op.signature.is_view and isinstance(source, TensorValue)
-            and (source.trace_id, source.storage_id) in non_negative)
-        for _path, tv in output_paths(op.outputs):
-            key = (tv.trace_id, tv.storage_id)
-            if makes:
-                non_negative.add(key)
-            else:
-                non_negative.discard(key)
     return changed

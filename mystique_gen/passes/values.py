@@ -919,7 +919,7 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
     of an op that is positive only for some arguments (:data:`oprules.POSITIVE_IF`)
     puts that condition on them."""
     by_index = {op.index: op for op in ops}
-    signed = _non_negative_arguments(ops)
+    signed = never_negative_reads(ops)
     for op in reversed(ops):
         _positive_if(op, facts)
         _complement_bound(op, facts)
@@ -961,9 +961,10 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
                     facts.small.setdefault(tv.storage.index, small)
 
 
-def _non_negative_arguments(ops: list[Op]) -> dict[int, set[tuple[int, int]]]:
-    """For each op, the tensors it reads that the step made never negative, whatever
-    their inputs hold: a positive result asks nothing more of those. ``rsqrt(h * h +
+def never_negative_reads(ops: list[Op]) -> dict[int, set[tuple[int, int]]]:
+    """For each op, the (tensor id, storage id) of the tensors it reads that the step
+    made never negative, whatever their inputs hold: a positive result asks nothing
+    more of those, and a floor of 0.0 under one was an eps (passes/numbers.py). ``rsqrt(h * h +
     1)`` of a linear layer's ``h`` carried positivity back through the square, into
     every weight of three layers before it: filled all positive, the activations grew
     by the fan-in at each layer and a data-parallel replay's second step was inf.
@@ -996,7 +997,7 @@ def _at_least_zero(value: object) -> bool:
 
 
 def _makes_non_negative(op: Op, never_negative: set[tuple[int, int]]) -> bool:
-    """Whether ``op``'s result is never negative (see _non_negative_arguments)."""
+    """Whether ``op``'s result is never negative (see never_negative_reads)."""
     if op.name in oprules.NON_NEGATIVE_RESULTS:
         return True
     args = {a.spec.name: a.value for a in op.args}
