@@ -553,8 +553,10 @@ def run_one(name: str, train: bool, work: Path, trial: int = 0) -> dict[str, obj
                               "session_replayed": float(session_state["replayed"]),
                               "refused": session_state["refused"],
                               # The two ways of capturing, compared on their gaps alone.
-                              "wait_ratio": session_state["wait_us"]
-                              / max(state["wait_us"], 1e-9),
+                              # (NaN where the recorded gaps wait nothing: the
+                              # replay's own host time already exceeds them)
+                              "wait_ratio": session_state["wait_us"] / state["wait_us"]
+                              if state["wait_us"] > 0 else math.nan,
                               "match": match, "memory_error": memory_error,
                               "share_pp": share_pp, "capture_pp": capture_pp}
     if "session" not in benches:  # trusted: the benchmark replays the kept gaps
@@ -764,9 +766,11 @@ def main() -> int:
               f"(target <= 3%), worst {abs(worst[f'{mode}_error']) * 100:.1f}% "
               f"({worst['model']}, target <= 8%)")
     if rows:
-        ratios = sorted(float(r["wait_ratio"]) for r in rows)  # type: ignore[arg-type]
-        print(f"same-session gaps wait {statistics.median(ratios):.2f}x the recorded ones "
-              f"(median over models; {ratios[0]:.2f}..{ratios[-1]:.2f})")
+        ratios = sorted(float(r["wait_ratio"]) for r in rows  # type: ignore[arg-type]
+                        if not math.isnan(float(r["wait_ratio"])))  # type: ignore[arg-type]
+        if ratios:
+            print(f"same-session gaps wait {statistics.median(ratios):.2f}x the recorded "
+                  f"ones (median over models; {ratios[0]:.2f}..{ratios[-1]:.2f})")
         memory = [r for r in rows if abs(r["memory_error"]) <= 0.05]
         worst = max(rows, key=lambda r: abs(r["memory_error"])
                     if r["memory_error"] == r["memory_error"] else float("inf"))
