@@ -190,6 +190,7 @@ ASSIGNED_LITERALS = _union("assigned_literals")
 ITEM_READS = _union("item_reads")
 NEGATIONS = _union("negations")
 NON_NEGATIVE_RESULTS = _union("non_negative_results")
+NON_NEGATIVE_IF: dict[str, tuple[str, str, str]] = merged("non_negative_if")
 ZERO_CREATIONS = _union("zero_creations")
 CUMULATIVE_SUMS = _union("cumulative_sums")
 SEARCHES = _union("searches")
@@ -228,7 +229,7 @@ __all__ = [
     "STRIDE_DEPENDENT_VIEWS", "LAYOUT_BY_BACKEND",
     "ASYNC_ARGS", "BACKEND_SPECIFIC", "Bound", "CATEGORY_ORDER", "COLLECTIVE_HELPERS",
     "ASSIGNED_LITERALS", "ITEM_READS", "EXCLUDING_MASKS", "NEGATIONS",
-    "EPSILON_FLOORS", "NON_NEGATIVE_RESULTS", "PRODUCTS", "SEARCHES",
+    "EPSILON_FLOORS", "NON_NEGATIVE_IF", "NON_NEGATIVE_RESULTS", "PRODUCTS", "SEARCHES",
     "LENGTH_COMPARISONS", "POSITIONS",
     "EXPONENTS", "EXPONENT_BOUND", "SAME_VALUE_CASTS", "ZERO_CREATIONS",
     "BIN_COUNTS", "CUMULATIVE_SUMS",

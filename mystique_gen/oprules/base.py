@@ -384,6 +384,12 @@ class OpFamily:
     # ``clamp_min(norm, 1e-12)``): flooring such a value at 0 is a no-op nobody writes.
     epsilon_floors: dict[str, tuple[str, str]] = field(default_factory=dict)
     non_negative_results: frozenset[str] = frozenset()
+    # Ops whose result is never negative for some arguments: {op: (kind, argument,
+    # other)}: "square" (the argument and ``other`` are one tensor: ``h * h``),
+    # "even_power" (the argument, an exponent, is an even integer), "floor_at_least_zero"
+    # (the argument, a floor, is a number of at least 0). passes/values.py
+    # ``never_negative_reads``.
+    non_negative_if: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     # Ops that take another kernel where these inputs require grad, grad mode on or off,
     # and the child op that shows they did: {op: (child op, (argument, ...))}.
     grad_revealed_by: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)

@@ -50,6 +50,13 @@ FAMILY = OpFamily(
         "aten::linalg_vector_norm", "aten::norm", "aten::frobenius_norm",
         "aten::linalg_norm", "aten::linalg_matrix_norm", "aten::nuclear_norm",
         "aten::sqrt", "aten::abs", "aten::std", "aten::var", "aten::exp"}),
+    # ``h * h + 1`` under an rsqrt asks nothing of h (its square is never negative)
+    non_negative_if={
+        **{op: ("square", "self", "other") for op in ("aten::mul", "aten::mul_")},
+        **{op: ("even_power", "exponent", "") for op in ("aten::pow", "aten::pow_")},
+        **{op: ("floor_at_least_zero", "min", "") for op in (
+            "aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_min_")},
+    },
     integer_divisors={name: ("other",) for name in _DIVISIONS},
     keeps_sign=_KEEPS_SIGN,
     # ``((1 - alphas_cumprod) / alphas_cumprod) ** 0.5`` (diffusers' DPM-Solver and

@@ -964,15 +964,17 @@ def _propagate_domains(ops: list[Op], facts: _Facts) -> None:
 def never_negative_reads(ops: list[Op]) -> dict[int, set[tuple[int, int]]]:
     """For each op, the (tensor id, storage id) of the tensors it reads that the step
     made never negative, whatever their inputs hold: a positive result asks nothing
-    more of those, and a floor of 0.0 under one was an eps (passes/numbers.py). ``rsqrt(h * h +
-    1)`` of a linear layer's ``h`` carried positivity back through the square, into
-    every weight of three layers before it: filled all positive, the activations grew
-    by the fan-in at each layer and a data-parallel replay's second step was inf.
+    more of those, and a floor of 0.0 under one was an eps (passes/numbers.py).
+    ``rsqrt(h * h + 1)`` of a linear layer's ``h`` carried positivity back through the
+    square, into every weight of three layers before it: filled all positive, the
+    activations grew by the fan-in at each layer and a data-parallel replay's second
+    step was inf.
 
-    Made never negative: an op of ``oprules.NON_NEGATIVE_RESULTS``, a product of a
-    tensor with itself, an even power, a clamp at a floor of at least 0, a view of a
-    tensor never negative, and an op that keeps signs (``oprules.KEEPS_SIGN``) of
-    such tensors and numbers of at least 0 alone (``h * h + 1``, ``sum(h * h)``)."""
+    Made never negative: an op of ``oprules.NON_NEGATIVE_RESULTS``, one of
+    ``oprules.NON_NEGATIVE_IF`` whose arguments meet its rule (a product of a tensor
+    with itself, an even power, a clamp at a floor of at least 0), a view of a tensor
+    never negative, and an op that keeps signs (``oprules.KEEPS_SIGN``) of such tensors
+    and numbers of at least 0 alone (``h * h + 1``, ``sum(h * h)``)."""
     never_negative: set[tuple[int, int]] = set()
     found: dict[int, set[tuple[int, int]]] = {}
     for op in ops:
@@ -996,6 +998,21 @@ def _at_least_zero(value: object) -> bool:
         and not isinstance(value.value, bool) and value.value >= 0
 
 
+def _meets(rule: tuple[str, str, str], args: dict[str, object]) -> bool:
+    """Whether ``args`` meet an ``oprules.NON_NEGATIVE_IF`` rule."""
+    kind, name, other_name = rule
+    value = args.get(name)
+    if kind == "square":
+        other = args.get(other_name)
+        return isinstance(value, TensorValue) and isinstance(other, TensorValue) \
+            and (value.trace_id, value.storage_id) == (other.trace_id, other.storage_id)
+    if kind == "even_power":
+        return isinstance(value, Literal) and isinstance(value.value, (int, float)) \
+            and not isinstance(value.value, bool) and value.value != 0 \
+            and value.value == int(value.value) and int(value.value) % 2 == 0
+    return kind == "floor_at_least_zero" and _at_least_zero(value)
+
+
 def _makes_non_negative(op: Op, never_negative: set[tuple[int, int]]) -> bool:
     """Whether ``op``'s result is never negative (see never_negative_reads)."""
     if op.name in oprules.NON_NEGATIVE_RESULTS:
@@ -1009,20 +1026,8 @@ def _makes_non_negative(op: Op, never_negative: set[tuple[int, int]]) -> bool:
 
     if op.signature.is_view:
         return held(self_value)
-    if op.name in ("aten::mul", "aten::mul_"):
-        other = args.get("other")
-        if isinstance(self_value, TensorValue) and isinstance(other, TensorValue) \
-                and (other.trace_id, other.storage_id) == (self_value.trace_id,
-                                                           self_value.storage_id):
-            return True
-    exponent = args.get("exponent")
-    if op.name in ("aten::pow", "aten::pow_") and isinstance(exponent, Literal) \
-            and isinstance(exponent.value, (int, float)) and exponent.value != 0 \
-            and exponent.value == int(exponent.value) and int(exponent.value) % 2 == 0:
-        return True
-    floor = args.get("min")
-    if op.name in ("aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_min_") \
-            and _at_least_zero(floor):
+    rule = oprules.NON_NEGATIVE_IF.get(op.name)
+    if rule is not None and _meets(rule, args):
         return True
     keeps_sign = oprules.KEEPS_SIGN.get(op.name, ())
     if not keeps_sign or not _non_negative_alpha(op):
