@@ -361,6 +361,8 @@ def random_zoo() -> dict[str, Callable[[bool], Step]]:
     (default 8) from seed FIDELITY_RANDOM_FROM=K, each as a training step and an
     inference step. Steps of a few dozen ops: what their host time between ops does
     decides their time."""
+    # (imported here, as diffusers_zoo imports its models: it brings functional
+    # collectives and their machinery into the zoo's timing process otherwise)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from features_random import program
 

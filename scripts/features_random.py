@@ -51,9 +51,8 @@ class _Program:
                  activation: torch.Tensor | None = None,
                  leave_out: tuple[str, ...] = ()) -> None:
         self.rng = random.Random(seed)
-        self.collectives = collectives  # (every rank draws the same program)
         torch.manual_seed(seed)
-        drawn = self.rng.random() < 0.5
+        drawn = self.rng.random() < 0.5  # (drawn either way: the later draws stay)
         self.train = drawn if train is None else train
         self.optimizer = self.rng.choice(("sgd", "sgd", "adam", "adamw"))
         self.clip = self.rng.random() < 0.3
@@ -134,10 +133,10 @@ class _Program:
         if param and dtype.is_floating_point:
             base = base.detach().requires_grad_()
             self.params.append(base)
-            self.inputs.append(base)
+        self.inputs.append(base)
+        if base.requires_grad:
             k = len(self.params) - 1
             return lambda env: self.table[k]
-        self.inputs.append(base)
 
         def instr(env: Env, t: torch.Tensor = base) -> torch.Tensor:
             return t

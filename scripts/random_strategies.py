@@ -34,14 +34,23 @@ from collections.abc import Callable
 import torch
 from features_random import _Program, shift_data_inputs
 from torch import nn
+from torch.distributed import pipelining as pp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
 from torch.utils.checkpoint import checkpoint
 
 STRATEGIES = ("ddp", "fsdp2", "tp", "pipeline")
 # on an even world of 4 ranks or more: FSDP2 over a 2 x world/2 mesh's first
 # dimension with tensor parallel over its second, and HSDP (replicated x sharded)
 TWO_D_STRATEGIES = ("fsdp2_tp", "hsdp")
-_DATA_PARALLEL = ("ddp", "fsdp2", "fsdp2_tp", "hsdp")
+_FSDP = ("fsdp2", "fsdp2_tp", "hsdp")
+_DATA_PARALLEL = ("ddp", *_FSDP)
 _PIPELINES = ("gpipe", "1f1b", "interleaved", "looped_bfs", "zbv", "dualpipev")
 _TWO_STAGES_PER_RANK = {"interleaved": "loop", "looped_bfs": "loop", "zbv": "v",
                         "dualpipev": "v"}
@@ -125,12 +134,12 @@ def _block(seed: int, shape: tuple[int, ...], draw: _Draw) -> RandomBlock:
     # written in a forward, or a checkpoint's recomputed graph, is one it refuses)
     zero_bubble = draw.schedule in ("zbv", "dualpipev")
     leave_out = ("_autograd", "_storage", "_region") if zero_bubble else ()
+    # (a pipeline runs a microbatch's forward before the last one's backward: a write
+    # into state both read, a data input's, is one the backward refuses)
+    in_flight = 2 if draw.strategy == "pipeline" else 1
     for attempt in range(20):
         block = RandomBlock(seed + 1000 * attempt, shape, draw.train, draw.collectives,
                             leave_out)
-        # (a pipeline runs a microbatch's forward before the last one's backward: a
-        # write into state both read, a data input's, is one the backward refuses)
-        in_flight = 2 if draw.strategy == "pipeline" else 1
         x = torch.randn(shape, requires_grad=draw.train)
         try:
             for _ in range(3):
@@ -213,11 +222,9 @@ def _runs_in(dtype: torch.dtype, layers: list[Layer], draw: _Draw) -> bool:
 
 
 def _param_groups(params: list[nn.Parameter]) -> list[dict[str, object]]:
-    """DTensor parameters (by mesh) and plain ones in groups of their own: a
-    foreach or fused step refuses them mixed (FSDP2 leaves its ignored parameters plain, tensor
+    """DTensor parameters (by mesh) and plain ones in groups of their own: a foreach
+    or fused step refuses them mixed (FSDP2 leaves its ignored parameters plain, tensor
     parallel the ones no plan names)."""
-    from torch.distributed.tensor import DTensor
-
     groups: dict[object, list[nn.Parameter]] = {}
     for p in params:  # (by mesh: a 2-D step's DTensors may live on two)
         groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
@@ -234,12 +241,6 @@ def _clip(params: list[nn.Parameter]) -> None:
 def _tensor_parallel(model: nn.Module, mesh: DeviceMesh, draw: _Draw) -> None:
     """Each layer's first Linear column-parallel, its last row-parallel: the random
     program between them runs on each rank's shard of the activation."""
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
     plan: dict[str, object] = {}
     for k in range(draw.layers):
         plan[f"{k}.0"], plan[f"{k}.2"] = ColwiseParallel(), RowwiseParallel()
@@ -277,8 +278,6 @@ def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[]
     elif draw.strategy == "tp":
         _tensor_parallel(model, init_device_mesh("cpu", (world,)), draw)
     else:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         bf16 = rng.random() < 0.3 and _runs_in(torch.bfloat16, layers, draw)
         mesh = None
         if draw.strategy == "hsdp":
@@ -315,7 +314,7 @@ def strategy_program(seed: int, rank: int, world: int) -> tuple[str, Callable[[]
         opt.zero_grad()
         for k, (part, aim) in enumerate(zip(*chunks, strict=True)):
             last = k == len(chunks[0]) - 1
-            if draw.strategy in ("fsdp2", "fsdp2_tp", "hsdp"):
+            if draw.strategy in _FSDP:
                 model.set_requires_gradient_sync(last)  # type: ignore[operator]
             if draw.strategy == "ddp" and not last:
                 with model.no_sync():  # type: ignore[operator]
@@ -337,8 +336,6 @@ def _pipeline(draw: _Draw, layers: list[Layer], rank: int, world: int,
     """A pipeline of one layer per stage: this rank's stages (one, or two laid out in
     a loop or a V), the drawn schedule over ``draw.micro`` microbatches, its own
     optimizer."""
-    from torch.distributed import pipelining as pp
-
     layout = _TWO_STAGES_PER_RANK.get(draw.schedule)
     mine = ([rank] if layout is None else [rank, rank + world] if layout == "loop"
             else [rank, 2 * world - 1 - rank])

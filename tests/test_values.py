@@ -2550,8 +2550,7 @@ def test_a_positive_result_asks_nothing_of_a_term_the_step_made_never_negative(
     by the fan-in at each layer, and a data-parallel replay of a random program (seed
     31 of scripts/random_strategies.py) went inf in its second step. A term the step
     makes never negative (a square, relu, a clamp at 0, a sum of those) needs nothing
-    of what it is computed from: the weights keep their
-    fan-in fill, with both signs."""
+    of what it is computed from: the weights keep their fan-in fill, with both signs."""
     et_path = record_et(_deep_step(head), tmp_path / "never_negative.et.json")
     inits = _weight_inits(et_path)
     assert len(inits) == 3, inits
@@ -2564,9 +2563,9 @@ def test_a_positive_result_asks_nothing_of_a_term_the_step_made_never_negative(
 @pytest.mark.parametrize("head", [lambda h: h + 3, lambda h: h * 2 + 1],
                          ids=["shifted", "scaled"])
 def test_a_weight_a_positive_result_needs_positive_is_scaled_by_its_fan_in(tmp_path, head):
-    """Where positivity does need the weights (``rsqrt(h + 3)``, ``rsqrt(2 * h + 1)``), they are
-    filled positive over their fan-in: filled in [0.5, 1.5) as other inputs are, each
-    layer multiplied its input's size by the fan-in, 6 ** 3 here."""
+    """Where positivity does need the weights (``rsqrt(h + 3)``, ``rsqrt(2 * h + 1)``),
+    they are filled positive over their fan-in: filled in [0.5, 1.5) as other inputs
+    are, each layer multiplied its input's size by the fan-in, 6 ** 3 here."""
     et_path = record_et(_deep_step(head), tmp_path / "positive.et.json")
     inits = _weight_inits(et_path)
     assert len(inits) == 3, inits

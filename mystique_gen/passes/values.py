@@ -993,9 +993,17 @@ def never_negative_reads(ops: list[Op]) -> dict[int, set[tuple[int, int]]]:
     return found
 
 
+def _literal_number(value: object) -> int | float | None:
+    """The number a Literal holds (a bool is none), else None."""
+    if isinstance(value, Literal) and isinstance(value.value, (int, float)) \
+            and not isinstance(value.value, bool):
+        return value.value
+    return None
+
+
 def _at_least_zero(value: object) -> bool:
-    return isinstance(value, Literal) and isinstance(value.value, (int, float)) \
-        and not isinstance(value.value, bool) and value.value >= 0
+    number = _literal_number(value)
+    return number is not None and number >= 0
 
 
 def _meets(rule: tuple[str, str, str], args: dict[str, object]) -> bool:
@@ -1007,9 +1015,9 @@ def _meets(rule: tuple[str, str, str], args: dict[str, object]) -> bool:
         return isinstance(value, TensorValue) and isinstance(other, TensorValue) \
             and (value.trace_id, value.storage_id) == (other.trace_id, other.storage_id)
     if kind == "even_power":
-        return isinstance(value, Literal) and isinstance(value.value, (int, float)) \
-            and not isinstance(value.value, bool) and value.value != 0 \
-            and value.value == int(value.value) and int(value.value) % 2 == 0
+        number = _literal_number(value)
+        return number is not None and number != 0 and number == int(number) \
+            and int(number) % 2 == 0
     return kind == "floor_at_least_zero" and _at_least_zero(value)
 
 
