@@ -407,7 +407,7 @@ def _load_benchmark(path: Path, keep_refused: bool = False) -> tuple[dict[str, S
 
         def prepare() -> None:  # as main() does before each iteration, untimed
             g["_reset"](snapshot)
-            runtime["gap_scale"] = runtime["own_scale"] = 1.0
+            g["_scale_gaps"](1.0, 1.0)
             if scaled:
                 runtime["host_gaps"] = calibrated["replayed"]
                 runtime["probe_recorded_us"] = recorded_probe

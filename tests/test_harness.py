@@ -585,6 +585,69 @@ class _SteppingClock:
         return int(self.now * 1e9)
 
 
+_GAP_STATE = ("host_gaps", "gap_own", "gap_own_us", "gap_event_us", "gap_call_us",
+              "gap_annotation_us", "gap_planned", "gap_plan", "gap_scale", "own_scale",
+              "gap_marks", "threads")
+
+
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 0.8)])
+def test_planned_gaps_wait_what_reckoned_gaps_wait(monkeypatch, scales):
+    """A replay on one host thread looks each gap's wait up from a plan worked out once
+    (`_plan_gaps`), where reckoning it per gap cost tiny-op steps more host time than
+    the original's Python between ops. The plan waits what the reckoning waits from an
+    iteration's second run on, a gap's excess of own time taken from the next gaps
+    across the iteration's end as well, at the scales --host-gaps scaled sets."""
+    clock = _SteppingClock()
+    monkeypatch.setattr(runtime, "time", clock)
+    state = {k: runtime._RUNTIME[k] for k in _GAP_STATE}
+    # (recorded us, scopes, calls, annotations) in the order an iteration reaches them:
+    # the last two gaps are short of their own time, and their excess carries into the
+    # next iteration's first.
+    planned = {2: (1000.0, 1, 0, 0), 3: (2000.0, 0, 0, 1), 5: (100.0, 0, 0, 0),
+               9: (20.0, 0, 0, 0)}
+    own = {5: 300.0, 2: 100.0, 9: 500.0}  # 3: the mean
+
+    def waits() -> list[float]:
+        spun = []
+        for before, (us, events, calls, notes) in planned.items():
+            started = clock.now
+            runtime._host_gap(us, events, before=before, calls=calls, annotations=notes)
+            spun.append(round((clock.now - started) * 1e6, -1))
+        return spun
+
+    try:
+        runtime._RUNTIME.update(host_gaps=True, gap_own=own, gap_own_us=200.0,
+                                gap_event_us=50.0, gap_call_us=0.0, gap_annotation_us=70.0,
+                                gap_planned=planned, gap_plan=None, gap_marks=None,
+                                threads=None, gap_scale=1.0, own_scale=1.0)
+        runtime._RUNTIME["gap_carry"].clear()
+        runtime._scale_gaps(*scales)
+        reckoned = [waits() for _ in range(3)]
+        runtime._RUNTIME["gap_plan"] = {}
+        runtime._scale_gaps(*scales)  # plans, as at the calibration's end
+        assert runtime._RUNTIME["gap_plan"]
+        assert [waits() for _ in range(2)] == [reckoned[1]] * 2
+        assert reckoned[2] == reckoned[1] != reckoned[0]
+    finally:
+        runtime._RUNTIME.update(state)
+        runtime._RUNTIME["gap_carry"].clear()
+
+
+def test_the_calibrations_marks_are_not_the_replays_own_time(monkeypatch):
+    """The calibration marks every gap (`gap_marks`), the timed replay none: what a
+    mark costs comes off every gap's calibrated own time, never below zero."""
+    state = {k: runtime._RUNTIME[k] for k in (*_GAP_STATE, "gap_mark_us")}
+    monkeypatch.setattr(runtime, "_mark_cost_us", lambda: 0.4)
+    try:
+        runtime._RUNTIME.update(gap_own={1: 2.0, 2: 0.3}, gap_own_us=1.5)
+        runtime._leave_out_marks()
+        assert runtime._RUNTIME["gap_own"] == {1: pytest.approx(1.6), 2: 0.0}
+        assert runtime._RUNTIME["gap_own_us"] == pytest.approx(1.1)
+        assert runtime._RUNTIME["gap_mark_us"] == 0.4
+    finally:
+        runtime._RUNTIME.update(state)
+
+
 def test_a_gap_that_ends_at_a_wait_for_a_peer_holds_that_wait(monkeypatch):
     """A recorded gap before a recv or a collective's wait held the original's wait for
     its peer (no op records it): the replay waits first, and the gap busy-waits only

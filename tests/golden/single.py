@@ -260,8 +260,14 @@ _RUNTIME = {
     "gap_observer_ratio": None,  # its cost to the original's over the replay's
     # Of that wait, what may still be the observer's (`_observer_doubt_us`).
     "gap_doubt_us": None,
-    # op index -> (recorded us, scopes, calls, annotations) of its gap, as calibrated
+    # op index -> (recorded us, scopes, calls, annotations) of its gap, as calibrated,
+    # in the order one iteration reaches them
     "gap_planned": {},
+    # op index -> seconds its gap busy-waits, worked out once (`_plan_gaps`) for a
+    # replay on one host thread that waits for no peer; None: reckoned per gap.
+    "gap_plan": None,
+    # What a calibration mark adds to the gap it is taken in (`_mark_cost_us`).
+    "gap_mark_us": 0.0,
     # --host-gaps scaled (`_track_host_speed`): the capture host's probe time, the
     # calibration's, and what the recorded gaps and the calibrated costs are scaled by.
     "probe_recorded_us": None,
@@ -335,6 +341,73 @@ def _say(message):
     sys.stderr.flush()
 
 
+def _host_gap(us, events=0, before=None, calls=0, annotations=0):
+    """With --host-gaps recorded: busy-wait the host time recorded before op `before`
+    (its index; the op count for the step's tail), less this replay's own host time
+    in that gap and the recording cost of the `events` scopes only the profiler made
+    in it, of its `annotations` (Python record_function scopes) and of the `calls`
+    Python calls its Python tracer recorded there (`_calibrate_gaps`). Where the
+    replay's own time exceeds a recorded gap, the excess is taken from the next gaps
+    on this thread. With --host-gaps scaled, both follow this host's speed now
+    (`_track_host_speed`).
+
+    This bookkeeping is itself host time the original never spent, in every gap, and
+    where the replay's own time exceeds the recorded gaps nothing hides it: a scan of
+    358 small ops replayed 20% slow with gaps, and 2 of its 2.3 us a call went here.
+    Hence, where the replay runs on one host thread and waits for no peer, every
+    wait is worked out once (`_plan_gaps`) and a gap looks its wait up: steps of 5 us
+    ops spent 1.4 us a gap reckoning it, more than the original's Python between
+    them left to wait. Elsewhere one lookup per fact, the thread's id only beside
+    other replay threads."""
+    runtime = _RUNTIME
+    if not runtime["host_gaps"]:
+        return
+    plan = runtime["gap_plan"]
+    if plan is not None:
+        wait = plan.get(before, 0.0)
+        if wait:
+            end = time.perf_counter() + wait
+            while time.perf_counter() < end:
+                pass
+        marks = runtime["gap_marks"]
+        if marks is not None:  # last, as below
+            marks.append((before, time.time_ns(), us, events, calls, annotations))
+        return
+    own = runtime["gap_own"].get(before, runtime["gap_own_us"])
+    if events or calls or annotations:
+        own += (
+            events * runtime["gap_event_us"]
+            + calls * runtime["gap_call_us"]
+            + annotations * runtime["gap_annotation_us"]
+        )
+    carry = runtime["gap_carry"]
+    threads = runtime["threads"]
+    thread = None if threads is None else threading.get_ident()
+    waited = runtime["gap_waited"].pop(thread, 0.0) if runtime["gap_waited"] else 0.0
+    wait = (
+        carry.get(thread, 0.0) + us * runtime["gap_scale"] - own * runtime["own_scale"]
+    )
+    if wait <= 0:
+        carry[thread] = wait
+    elif wait <= waited:
+        carry[thread] = 0.0  # the wait for a peer right before it took the gap's time
+    else:
+        carry[thread] = 0.0
+        end = time.perf_counter() + (wait - waited) * 1e-6
+        if threads is None:
+            while time.perf_counter() < end:
+                pass
+        else:
+            # Beside other replay threads, every turn lets them take the GIL: a
+            # plain spin holds it until CPython's switch interval (5 ms) takes it
+            # away, and one thread's gap would stall the others' ops.
+            while time.perf_counter() < end:
+                time.sleep(0)
+    marks = runtime["gap_marks"]
+    if marks is not None:  # last: the op after this gap starts right after it
+        marks.append((before, time.time_ns(), us, events, calls, annotations, waited))
+
+
 class _ProbeLayer:
     """A stand-in for a model layer in `_host_probe_us`: a call and attribute reads."""
 
@@ -379,9 +452,16 @@ def _track_host_speed():
     if not (_RUNTIME["host_gaps"] and recorded and calibrated):
         return
     now = _host_probe_us()
-    _RUNTIME["gap_scale"] = now / recorded
-    _RUNTIME["own_scale"] = now / calibrated
+    _scale_gaps(now / recorded, now / calibrated)
     _RUNTIME["gap_scales"].append(_RUNTIME["gap_scale"])
+
+
+def _scale_gaps(recorded, own):
+    """Scale the recorded gaps by `recorded` and the calibrated costs subtracted from
+    them by `own` from the next iteration on (re-planning their waits)."""
+    _RUNTIME["gap_scale"], _RUNTIME["own_scale"] = recorded, own
+    if _RUNTIME["gap_plan"] is not None:
+        _plan_gaps()
 
 
 def _scale_host_gaps(original):
@@ -427,6 +507,9 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
     host's speed meanwhile (`_host_probe_us`), for --host-gaps scaled."""
     _RUNTIME["gap_own_us"] = float("inf")  # do the gap bookkeeping, never wait
     _RUNTIME["gap_own"] = {}
+    # Planned waits where they can be (`_plannable`): calibrated with a plan that
+    # waits nowhere, the bookkeeping in the gaps is the timed replay's.
+    _RUNTIME["gap_plan"] = {} if _plannable() else None
     _RUNTIME["gap_scale"] = _RUNTIME["own_scale"] = 1.0
     probes = []
     for _ in range(2):  # warm, untimed
@@ -480,6 +563,7 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
         _RUNTIME["gap_waited"].clear()
     if original is None:  # passes run for the other ranks: no gaps of its own
         _RUNTIME["host_gaps"] = False
+        _RUNTIME["gap_plan"] = None
         return
     if refused is not None:
         _gaps_off(refused)
@@ -513,10 +597,76 @@ def _calibrate_gaps(inputs, device, host, snapshot=(), iters=9, original=None):
                 f"than {OBSERVER_TRUST:g}x the {wait:.0f} us left to wait once it is "
                 "subtracted"
             )
+    _leave_out_marks()
     if _RUNTIME["host_gaps"]:
         _drop_gaps_behind_own_time()
     if observed and _RUNTIME["host_gaps"]:
         _report_observer_doubt()
+    if _RUNTIME["host_gaps"] and _RUNTIME["gap_plan"] is not None:
+        _plan_gaps()
+    else:
+        _RUNTIME["gap_plan"] = None
+
+
+def _plannable():
+    """Whether every gap's wait can be worked out before an iteration: the replay runs
+    on one host thread (`_run_threads` sets `threads` in its first iteration) and
+    waits for no peer (`_waited_for_peers` moves a gap's wait by the time it took)."""
+    return _RUNTIME["threads"] is None and not _RUNTIME.get("comm")
+
+
+def _plan_gaps():
+    """Work out each gap's busy-wait (seconds) as `_host_gap` reckons it, into
+    gap_plan: the recorded time less the calibrated costs, at this iteration's scales,
+    with a gap's excess of own time taken from the next gaps. Over two passes of an
+    iteration, as the carry goes on across iterations: the second's waits are the
+    steady state."""
+    runtime = _RUNTIME
+    excesses = dict(_gap_excesses_us(runtime["gap_scale"], runtime["own_scale"]))
+    plan, carry = {}, 0.0
+    for _ in range(2):
+        for before, excess in excesses.items():
+            wait = carry + excess
+            carry = min(wait, 0.0)
+            plan[before] = max(wait, 0.0) * 1e-6
+    runtime["gap_plan"] = plan
+
+
+def _leave_out_marks():
+    """Take what a calibration mark costs out of the calibrated own time of every gap:
+    the timed replay takes none (`_mark_cost_us`)."""
+    mark = _RUNTIME["gap_mark_us"] = _mark_cost_us()
+    _RUNTIME["gap_own_us"] = max(0.0, _RUNTIME["gap_own_us"] - mark)
+    for before, own in _RUNTIME["gap_own"].items():
+        _RUNTIME["gap_own"][before] = max(0.0, own - mark)
+
+
+def _mark_cost_us(rounds=7, count=400):
+    """What taking a calibration mark adds to a gap's bookkeeping (us): loops of
+    `count` gaps that wait nowhere, with marks and without, in `rounds` pairs (this VM
+    switches speed over seconds); the median of the pairs' differences."""
+    runtime = _RUNTIME
+    saved = {
+        key: runtime[key]
+        for key in ("host_gaps", "gap_marks", "gap_own_us", "gap_carry", "gap_waited")
+    }
+    runtime["host_gaps"], runtime["gap_own_us"] = True, float("inf")
+    runtime["gap_carry"], runtime["gap_waited"] = {}, {}
+    differences = []
+    gap = _host_gap  # (a gap of no op: the file's gaps are its replay's calls)
+    try:
+        for _ in range(rounds):
+            spent = []
+            for marks in (None, []):
+                runtime["gap_marks"] = marks
+                start = time.perf_counter()
+                for _ in range(count):
+                    gap(0.0, before=-1)
+                spent.append(time.perf_counter() - start)
+            differences.append((spent[1] - spent[0]) / count * 1e6)
+    finally:
+        runtime.update(saved)
+    return max(0.0, statistics.median(differences))
 
 
 # Where the recorded gaps are medians over fewer steps than this, the recorders' first
@@ -571,12 +721,13 @@ def _gap_balance_us():
     """What the recorded gaps of one iteration exceed this replay's own time in them
     and their scopes' recording cost by, as calibrated (negative: its own time is the
     longer); `_planned_wait_us` is its sum gap by gap, each at least 0."""
-    return sum(_gap_excesses_us())
+    return sum(excess for _, excess in _gap_excesses_us())
 
 
-def _gap_excesses_us():
-    """Per calibrated gap: the recorded time less this replay's own time there and its
-    scopes' recording cost, as `_host_gap` reckons it (without the carry)."""
+def _gap_excesses_us(scale=1.0, own_scale=1.0):
+    """Per calibrated gap, in the order an iteration reaches them: (its op index, the
+    recorded time less this replay's own time there and its scopes' recording cost),
+    as `_host_gap` reckons it at these scales (without the carry)."""
     for before, (us, events, calls, annotations) in _RUNTIME["gap_planned"].items():
         own = _RUNTIME["gap_own"].get(before, _RUNTIME["gap_own_us"])
         own += (
@@ -584,7 +735,7 @@ def _gap_excesses_us():
             + calls * _RUNTIME["gap_call_us"]
             + annotations * _RUNTIME["gap_annotation_us"]
         )
-        yield us - own
+        yield before, us * scale - own * own_scale
 
 
 def _stalled_us(totals, typical=None):
@@ -785,7 +936,7 @@ def _planned_wait_us():
     """What one iteration busy-waits in its gaps as calibrated: each recorded gap less
     this replay's own time there and its scopes' recording cost (without the carry of
     one gap's excess into the next)."""
-    return sum(max(0.0, excess) for excess in _gap_excesses_us())
+    return sum(max(0.0, excess) for _, excess in _gap_excesses_us())
 
 
 def _observer_ratio(original, observed, plain):
