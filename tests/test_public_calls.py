@@ -103,6 +103,51 @@ def test_probe_arguments_keep_types_but_hold_nothing():
     assert [op.public_call for op in program.ops] == ["torch.zeros"]
 
 
+TO_DTYPE = ("aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, "
+            "bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)")
+SUM_DIM = ("aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, "
+           "ScalarType? dtype=None) -> Tensor")
+
+
+def _casts(tmp_path=None):
+    """Casts as models make them (``x.double()``): the schema has ``memory_format``
+    fourth, ``Tensor.to`` takes it by keyword only."""
+    b = TraceBuilder()
+    x = b.tensor((4, 4))
+    b.op(TO_DTYPE, [x, 7, False, False, None], [b.tensor((4, 4), dtype="float64")])
+    b.op(TO_DTYPE, [x, 7, False, True, None], [b.tensor((4, 4), dtype="float64")])
+    b.op(SUM_DIM, [x, [0], True, None], [b.tensor((1, 4))])
+    return b if tmp_path is None else b.write(tmp_path / "casts.json")
+
+
+def test_a_public_call_leaves_out_what_only_its_defaults_let_it_take():
+    """Where the public binding refuses the recorded arguments as the schema places
+    them, it is probed without those at their schema's default, and called so: every
+    cast through torch.ops cost 1.2 us more host time. An argument off its default
+    stays; forms the binding takes whole keep every argument."""
+    program = build_program(trace_from_document(_casts().doc(), name="c.json", sha256="0"))
+    assert [(op.public_call, op.public_omits) for op in program.ops] == [
+        ("torch.Tensor.to", ("copy", "memory_format", "non_blocking")),
+        ("torch.Tensor.to", ("memory_format",)),  # copy=True is said
+        ("torch.sum", ()),
+    ]
+
+
+@pytest.mark.slow
+def test_calls_without_their_defaults_replay_the_recorded_overloads(tmp_path):
+    trace = _casts(tmp_path)
+    bench = tmp_path / "bench.py"
+    text = generate(trace, bench, GenerateOptions(command_line="test"))
+    assert "    aten_to_dtype(to_x, torch.float64)\n" in text
+    assert "aten_to_dtype(to_x, torch.float64, False, True)\n" in text
+    assert "aten_sum_dim_IntList(to_x, [0], True, dtype=None)" in text
+    replay_et = tmp_path / "replay.et.json"
+    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1", "--json",
+                         "--et", str(replay_et))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert op_multiset(replay_et, by_overload=True) == op_multiset(trace, by_overload=True)
+
+
 def test_safety_check_accepts_public_bindings_only():
     ok = GOLDEN.replace("\n\n# Operators,", '\nh = _op(lambda: torch.Tensor.add_, "x")\n'
                         "\n# Operators,", 1)
@@ -152,10 +197,10 @@ def test_a_probe_that_crashes_costs_only_its_own_op(monkeypatch):
 
     real_call = bindings._call
 
-    def call(chain, op):
+    def call(chain, op, omits=()):
         if op.signature.name == "relu":
             return lambda: os.kill(os.getpid(), signal.SIGKILL)
-        return real_call(chain, op)
+        return real_call(chain, op, omits)
 
     expected = _bindings()
     monkeypatch.setattr(bindings, "_call", call)
@@ -169,10 +214,10 @@ def test_a_probe_that_hangs_costs_only_its_own_op(monkeypatch):
 
     real_call = bindings._call
 
-    def call(chain, op):
+    def call(chain, op, omits=()):
         if op.signature.name == "relu":
             return lambda: time.sleep(600)
-        return real_call(chain, op)
+        return real_call(chain, op, omits)
 
     expected = _bindings()
     monkeypatch.setattr(bindings, "_call", call)

@@ -372,7 +372,10 @@ class CodeGen:
             lines.extend(self._frees(op, depth))
             return lines + comms.waits_at_end(self, op, depth)
         args: list[Node] = []
+        omitted = op.public_omits if op.public_call and not op.guard else ()
         for arg in op.args:
+            if arg.spec.name in omitted:
+                continue  # at its default, which the public call takes (`handle`)
             if isinstance(arg.value, PackedWeight):
                 node = self._packed_weight(op, arg.value)
             else:

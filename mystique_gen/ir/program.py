@@ -337,6 +337,9 @@ class Op:
     # The public function that dispatches exactly this overload ("torch.add"), where
     # probing proved one (passes/public_calls.py); None: call it through torch.ops.
     public_call: str | None = None
+    # Arguments the public call leaves out, recorded at their schema's default: the
+    # callable takes them only by keyword, or not at all (passes/public_calls.py).
+    public_omits: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

@@ -26,6 +26,11 @@ class ArgSpec:
     kwarg_only: bool
     writes: bool  # annotated Tensor(a!)
     has_default: bool
+    # The schema's default where it is a plain Python value (``bool non_blocking=False``,
+    # ``MemoryFormat? memory_format=None``), which a call may leave out
+    # (passes/public_calls.py); has_scalar_default says whether there is one.
+    scalar_default: bool | int | float | str | None = None
+    has_scalar_default: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,19 @@ def is_op_name(name: str) -> bool:
     return True
 
 
+def _is_scalar_default(argument: torch.Argument) -> bool:
+    """Whether a schema argument has a default that is a plain Python value of its own
+    type: not an enum the parser gives as an int (``MemoryFormat memory_format=
+    contiguous_format`` reads 0), not a list."""
+    if not argument.has_default_value():
+        return False
+    value, kind = argument.default_value, str(argument.real_type).removeprefix("Optional[")
+    if value is None:
+        return True
+    expected = {"bool": bool, "int": int, "float": float, "str": str}.get(kind.rstrip("]"))
+    return expected is not None and type(value) is expected
+
+
 @lru_cache(maxsize=4096)
 def parse_signature(schema: str) -> Signature:
     """Parse a recorded ``op_schema`` string; SchemaError for anything unusable."""
@@ -110,6 +128,8 @@ def parse_signature(schema: str) -> Signature:
             kwarg_only=a.kwarg_only,
             writes=bool(a.alias_info is not None and a.alias_info.is_write),
             has_default=a.default_value is not None or str(a.real_type).startswith("Optional["),
+            scalar_default=a.default_value if _is_scalar_default(a) else None,
+            has_scalar_default=_is_scalar_default(a),
         )
         for a in parsed.arguments
     )

@@ -41,6 +41,7 @@ from torch.autograd.profiler import profile
 
 from mystique_gen import oprules
 from mystique_gen.ir import (
+    Arg,
     DeviceValue,
     FreshStorage,
     Literal,
@@ -52,6 +53,9 @@ from mystique_gen.ir import (
     iter_leaves,
 )
 
+# A probe: a public callable's dotted path, the op it may call, the arguments left out.
+Probe = tuple[str, Op, tuple[str, ...]]
+
 _PROBE_MARK = "mystique_probe_"
 PROBE_TIMEOUT_S = 60.0  # a probe child silent this long is stopped (its probe keeps torch.ops)
 MAX_PROBE_CHILDREN = 16  # children started for one trace, each after one crashing probe
@@ -59,23 +63,29 @@ MAX_PROBE_CHILDREN = 16  # children started for one trace, each after one crashi
 
 def choose_public_calls(ops: list[Op]) -> None:
     """Set ``op.public_call`` to a public callable's dotted path where probing proves it
-    dispatches exactly the op's recorded overload."""
+    dispatches exactly the op's recorded overload, called with every recorded argument
+    or, where no public callable takes them all, without those at their schema's
+    default (``op.public_omits``): ``Tensor.to`` takes ``memory_format`` only by
+    keyword, which ``aten::to.dtype``'s schema places fourth, and through ``torch.ops``
+    every tensor cast cost 1.2 us more host time."""
     forms: dict[tuple[object, ...], list[Op]] = {}
     for op in ops:
         if _probe_worthy(op):
             forms.setdefault(_form_key(op), []).append(op)
     if not forms:
         return
-    probes = [(key, chain, group[0]) for key, group in forms.items()
+    probes = [(key, chain, omits, group[0]) for key, group in forms.items()
+              for omits in dict.fromkeys(((), key[-1]))
               for chain in candidates(group[0].signature.name)]
-    dispatched = _run_probes([(chain, op) for _key, chain, op in probes])
-    chosen: dict[tuple[object, ...], str] = {}
-    for (key, chain, op), names in zip(probes, dispatched, strict=True):
+    dispatched = _run_probes([(chain, op, omits) for _key, chain, omits, op in probes])
+    chosen: dict[tuple[object, ...], tuple[str, tuple[str, ...]]] = {}
+    for (key, chain, omits, op), names in zip(probes, dispatched, strict=True):
         if key not in chosen and names == [op.signature.full_name]:
-            chosen[key] = chain
+            chosen[key] = chain, omits
     for key, group in forms.items():
+        chain, omits = chosen.get(key, (None, ()))
         for op in group:
-            op.public_call = chosen.get(key)
+            op.public_call, op.public_omits = chain, omits
 
 
 def candidates(name: str) -> list[str]:
@@ -130,8 +140,29 @@ def _probe_worthy(op: Op) -> bool:
 
 def _form_key(op: Op) -> tuple[object, ...]:
     """What Python's argument parser sees of a call: the operator and each argument's
-    Python type (tensors by whether they are 0-d, which a Scalar parameter accepts)."""
-    return (op.signature.full_name, *(_kind(arg.value) for arg in op.args))
+    Python type (tensors by whether they are 0-d, which a Scalar parameter accepts),
+    and last the arguments a call may leave out (`omittable`)."""
+    return (op.signature.full_name, *(_kind(arg.value) for arg in op.args), omittable(op))
+
+
+def omittable(op: Op) -> tuple[str, ...]:
+    """The op's arguments a call may leave out, their recorded value being the
+    schema's default (a plain Python value of the same type): keyword-only ones
+    wherever they are, positional ones from the end back to the first that is not."""
+    def at_default(arg: Arg) -> bool:
+        spec, value = arg.spec, arg.value
+        return spec.has_scalar_default and isinstance(value, Literal) and (
+            type(value.value) is type(spec.scalar_default)
+            and value.value == spec.scalar_default)
+
+    positional = [arg for arg in op.args if not arg.spec.kwarg_only]
+    trailing: list[str] = []
+    for arg in reversed(positional):
+        if not at_default(arg):
+            break
+        trailing.append(arg.spec.name)
+    keywords = [arg.spec.name for arg in op.args if arg.spec.kwarg_only and at_default(arg)]
+    return tuple(sorted({*trailing, *keywords}))
 
 
 def _kind(value: Value) -> object:
@@ -171,12 +202,14 @@ def _probe_value(value: Value) -> Any:
     return [_probe_value(v) for v in items]
 
 
-def _call(chain: str, op: Op) -> Callable[[], object]:
+def _call(chain: str, op: Op, omits: tuple[str, ...] = ()) -> Callable[[], object]:
     module_path, _, attr = chain.rpartition(".")
     target = getattr(torch.Tensor if module_path == "torch.Tensor" else _module(module_path),
                      attr)
     args, kwargs = [], {}
     for arg in op.args:
+        if arg.spec.name in omits:
+            continue
         value = _probe_value(arg.value)
         if arg.spec.kwarg_only:
             kwargs[arg.spec.name] = value
@@ -185,9 +218,10 @@ def _call(chain: str, op: Op) -> Callable[[], object]:
     return lambda: target(*args, **kwargs)
 
 
-def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
-    """For each (callable, op), the overloads the call dispatched at the top level
-    (``aten::add.Tensor``; ``.default`` spelled out), or None where it could not be made.
+def _run_probes(probes: list[Probe]) -> list[list[str] | None]:
+    """For each (callable, op, arguments left out), the overloads the call dispatched at
+    the top level (``aten::add.Tensor``; ``.default`` spelled out), or None where it
+    could not be made.
 
     Where the platform forks, the probes run in a child process: a kernel that crashes
     on the empty arguments (``_weight_norm_interface`` divides by a zero size and
@@ -214,7 +248,7 @@ def _run_probes(probes: list[tuple[str, Op]]) -> list[list[str] | None]:
     return results
 
 
-def _probe_in_child(probes: list[tuple[str, Op]]
+def _probe_in_child(probes: list[Probe]
                     ) -> tuple[list[list[str] | None] | None, int | None]:
     """Run ``probes`` in a forked child: (its report, None), or (None, the index of the
     probe it was in when it crashed or hung, if it was in one)."""
@@ -282,7 +316,7 @@ def _read_child(fd: int, pid: int) -> tuple[list[bytes], bool]:
     return b"".join(chunks).splitlines(), clean
 
 
-def _probe_here(probes: list[tuple[str, Op]],
+def _probe_here(probes: list[Probe],
                 on_start: Callable[[int], object] | None = None) -> list[list[str] | None]:
     """The probes, in this process; ``on_start(i)`` before probe ``i`` runs, and
     ``on_start(len(probes))`` after the last.
@@ -293,9 +327,9 @@ def _probe_here(probes: list[tuple[str, Op]],
     leaves every op on torch.ops.
     """
     calls: list[Callable[[], object] | None] = []
-    for chain, op in probes:
+    for chain, op, omits in probes:
         try:
-            calls.append(_call(chain, op))
+            calls.append(_call(chain, op, omits))
         except Exception:  # noqa: BLE001 - a dtype this build cannot hold: no probe
             calls.append(None)
     config = _ExperimentalConfig(capture_overload_names=True)

@@ -2341,7 +2341,7 @@ aten_empty_memory_format = _op(lambda: torch.empty, "aten::empty.memory_format")
 aten_lift_fresh = _op(
     lambda: torch.ops.aten.lift_fresh.default, "aten::lift_fresh.default"
 )
-aten_to_device = _op(lambda: torch.ops.aten.to.device, "aten::to.device")
+aten_to_device = _op(lambda: torch.Tensor.to, "aten::to.device")
 aten_to_dtype_layout = _op(
     lambda: torch.ops.aten.to.dtype_layout, "aten::to.dtype_layout"
 )
@@ -2524,7 +2524,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x, host, torch.float32, False, False, None)
+    aten_to_device(to_x, host, torch.float32)
     aten_lift_fresh(to_x)
     torch.set_grad_enabled(True)
     aten_detach_(to_x)
@@ -2559,7 +2559,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1, host, torch.float32)
     aten_lift_fresh(to_x_1)
     aten_detach_(to_x_1)
     to = aten_to_dtype_layout(
@@ -2596,7 +2596,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1_1, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1_1, host, torch.float32)
     aten_lift_fresh(to_x_1_1)
     aten_detach_(to_x_1_1)
     to = aten_to_dtype_layout(
@@ -2633,7 +2633,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1_2, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1_2, host, torch.float32)
     aten_lift_fresh(to_x_1_2)
     aten_detach_(to_x_1_2)
     to = aten_to_dtype_layout(
@@ -2670,7 +2670,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1_3, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1_3, host, torch.float32)
     aten_lift_fresh(to_x_1_3)
     aten_detach_(to_x_1_3)
     to = aten_to_dtype_layout(
@@ -2707,7 +2707,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1_4, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1_4, host, torch.float32)
     aten_lift_fresh(to_x_1_4)
     aten_detach_(to_x_1_4)
     to = aten_to_dtype_layout(
@@ -2744,7 +2744,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1_5, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1_5, host, torch.float32)
     aten_lift_fresh(to_x_1_5)
     aten_detach_(to_x_1_5)
     to = aten_to_dtype_layout(
@@ -2781,7 +2781,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1_6, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1_6, host, torch.float32)
     aten_lift_fresh(to_x_1_6)
     aten_detach_(to_x_1_6)
     to = aten_to_dtype_layout(
@@ -2818,7 +2818,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1_7, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1_7, host, torch.float32)
     aten_lift_fresh(to_x_1_7)
     aten_detach_(to_x_1_7)
     to = aten_to_dtype_layout(
@@ -2855,7 +2855,7 @@ def replay_rank0(inputs, device, host):
         pin_memory=False,
         memory_format=None,
     )
-    aten_to_device(to_x_1_8, host, torch.float32, False, False, None)
+    aten_to_device(to_x_1_8, host, torch.float32)
     aten_lift_fresh(to_x_1_8)
     aten_detach_(to_x_1_8)
     to = aten_to_dtype_layout(
