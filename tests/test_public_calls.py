@@ -11,7 +11,7 @@ from mystique_gen.backends.single import reference_facts
 from mystique_gen.driver import build_program, generate
 from mystique_gen.ir import DeviceValue, ListValue, Literal, TensorMeta, TensorValue
 from mystique_gen.options import BuildOptions
-from mystique_gen.passes.public_calls import _probe_value, candidates, public_chain_ok
+from mystique_gen.passes.public_calls import candidates, probe_value, public_chain_ok
 from mystique_gen.sources.et import trace_from_document
 from mystique_gen.tools.compare import op_multiset
 from tests.conftest import last_json, run_benchmark
@@ -91,12 +91,12 @@ def test_probe_arguments_keep_types_but_hold_nothing():
     """A probe runs at generation time: whatever sizes a trace declares, it allocates
     nothing (a zeros of 10^12 elements is probed as a zeros of none)."""
     big = TensorValue(1, 1, TensorMeta((10**6, 10**6), (10**6, 1), 0, "float32", "cpu"))
-    tensor = _probe_value(big)
+    tensor = probe_value(big)
     assert tuple(tensor.shape) == (0, 0) and str(tensor.dtype) == "torch.float32"
-    assert _probe_value(ListValue((Literal(10**12), Literal(7)))) == [0, 0]
-    assert _probe_value(Literal(2.5)) == 0.0 and isinstance(_probe_value(Literal(2.5)), float)
-    assert _probe_value(Literal(True)) is True
-    assert str(_probe_value(DeviceValue("cuda"))) == "cpu"
+    assert probe_value(ListValue((Literal(10**12), Literal(7)))) == [0, 0]
+    assert probe_value(Literal(2.5)) == 0.0 and isinstance(probe_value(Literal(2.5)), float)
+    assert probe_value(Literal(True)) is True
+    assert str(probe_value(DeviceValue("cuda"))) == "cpu"
     b = TraceBuilder()
     b.op(ZEROS, [[10**6, 10**6], 6, None, None, None], [b.tensor((10**6, 10**6))])
     program = build_program(trace_from_document(b.doc(), name="z.json", sha256="0"))

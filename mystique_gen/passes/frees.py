@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from mystique_gen.constants import in_backward
 from mystique_gen.ir import Binding, Op, OpOutput, Program, TensorValue, iter_tensors
+from mystique_gen.passes.saved import saved_arguments
 from mystique_gen.passes.tensors import binding_key, output_paths
 from mystique_gen.sources.kineto import CpuEvent, MemoryEvent
 
@@ -205,23 +206,33 @@ def _hold(ops: list[Op], free_at: dict[int, tuple[int, int]]) -> int:
 
 def _save_nothing_freed(ops: list[Op], free_at: dict[int, tuple[int, int]]) -> None:
     """Mark the ops in grad mode that read a value the original freed before the next
-    backward began: their autograd nodes saved none of it (module docstring). A node
-    that saved it would have held it into that backward; a layer's local variables
-    (a decoder layer's residual) are freed at its return, after their last read."""
+    backward began, where their autograd node would save it: it saved none of it
+    (module docstring). A node that saved it would have held it into that backward; a
+    layer's local variables (a decoder layer's residual) are freed at its return,
+    after their last read. Which arguments a node saves, the installed torch says
+    (passes/saved.py): an op that would save none of them replays as it is."""
     position = {op.index: k for k, op in enumerate(ops)}
     backward = [k for k, op in enumerate(ops) if in_backward(op.scope)]
+    reading: list[tuple[Op, set[str]]] = []  # each op and the freed values it reads
     for k, op in enumerate(ops):
         if not op.records_grad:
             continue
         following = bisect.bisect_right(backward, k)
         next_backward = backward[following] if following < len(backward) else len(ops)
+        freed_args = set()
         for arg in op.args:
             freed = [free_at[tv.storage.index][1] for tv in iter_tensors(arg.value)
                      if tv.storage is not None and tv.storage.index in free_at]
             # Recorded frees only: without one the original may have held it longer.
             if any(position.get(f, len(ops)) < next_backward for f in freed):
-                op.keeps_saved = False
-                break
+                freed_args.add(arg.spec.name)
+        if freed_args:
+            reading.append((op, freed_args))
+    saves = saved_arguments([op for op, _ in reading])
+    for op, freed_args in reading:
+        kept = saves.get(op.index)
+        if kept is None or kept & freed_args:
+            op.keeps_saved = False
 
 
 def drop_history_at_backward(program: Program) -> int:

@@ -13,7 +13,7 @@ call dispatched exactly the recorded overload and nothing else at the top level.
 overloads are never bound: ``torch.add(x, 2)`` dispatches ``aten::add.Tensor``, not
 ``aten::add.Scalar``.) Everything else keeps its ``torch.ops`` call. Probes are
 deduplicated by (operator, argument kinds), so a trace costs one probe per distinct
-call form, each on empty tensors (see :func:`_probe_value`), all in a forked child
+call form, each on empty tensors (see :func:`probe_value`), all in a forked child
 process where the platform allows (see :func:`_run_probes`).
 
 Only callables that are C++ bindings of operators are candidates (never a Python
@@ -71,7 +71,7 @@ def choose_public_calls(ops: list[Op]) -> None:
     forms: dict[tuple[object, ...], list[Op]] = {}
     for op in ops:
         if _probe_worthy(op):
-            forms.setdefault(_form_key(op), []).append(op)
+            forms.setdefault(call_form(op), []).append(op)
     if not forms:
         return
     probes = [(key, chain, omits, group[0]) for key, group in forms.items()
@@ -138,7 +138,7 @@ def _probe_worthy(op: Op) -> bool:
                for v in iter_leaves(arg.value))
 
 
-def _form_key(op: Op) -> tuple[object, ...]:
+def call_form(op: Op) -> tuple[object, ...]:
     """What Python's argument parser sees of a call: the operator and each argument's
     Python type (tensors by whether they are 0-d, which a Scalar parameter accepts),
     and last the arguments a call may leave out (`omittable`)."""
@@ -179,7 +179,7 @@ def _kind(value: Value) -> object:
     return ("list", tuple(sorted({repr(_kind(v)) for v in value.items})))
 
 
-def _probe_value(value: Value) -> Any:
+def probe_value(value: Value) -> Any:
     """The argument with the same Python type as in the generated call but nothing to
     compute: tensors empty (their rank and dtype kept), numbers zero, devices the CPU.
     The parser chooses an overload from types alone, and a probe then allocates
@@ -199,7 +199,7 @@ def _probe_value(value: Value) -> Any:
     items = value.items
     if any(isinstance(v, TensorValue) for v in items):
         items = items[:2]  # the parser reads the items' types; an optimizer's 150 are slow
-    return [_probe_value(v) for v in items]
+    return [probe_value(v) for v in items]
 
 
 def _call(chain: str, op: Op, omits: tuple[str, ...] = ()) -> Callable[[], object]:
@@ -210,7 +210,7 @@ def _call(chain: str, op: Op, omits: tuple[str, ...] = ()) -> Callable[[], objec
     for arg in op.args:
         if arg.spec.name in omits:
             continue
-        value = _probe_value(arg.value)
+        value = probe_value(arg.value)
         if arg.spec.kwarg_only:
             kwargs[arg.spec.name] = value
         else:
@@ -218,10 +218,20 @@ def _call(chain: str, op: Op, omits: tuple[str, ...] = ()) -> Callable[[], objec
     return lambda: target(*args, **kwargs)
 
 
+# Runs probes in this process: (the probes, called with each probe's index as it starts
+# and with their count after the last) -> per probe, names or None.
+ProbeRunner = Callable[[list[Any], Callable[[int], object] | None], list[list[str] | None]]
+
+
 def _run_probes(probes: list[Probe]) -> list[list[str] | None]:
     """For each (callable, op, arguments left out), the overloads the call dispatched at
     the top level (``aten::add.Tensor``; ``.default`` spelled out), or None where it
-    could not be made.
+    could not be made (`run_probes`)."""
+    return run_probes(probes, _probe_here)
+
+
+def run_probes(probes: list[Any], here: ProbeRunner) -> list[list[str] | None]:
+    """``here(probes)``'s names per probe, None for a probe that could not be made.
 
     Where the platform forks, the probes run in a child process: a kernel that crashes
     on the empty arguments (``_weight_norm_interface`` divides by a zero size and
@@ -231,11 +241,11 @@ def _run_probes(probes: list[Probe]) -> list[list[str] | None]:
     again in a new child."""
     if sys.platform != "linux" or not hasattr(os, "fork"):
         with _quiet_stderr():
-            return _probe_here(probes)
+            return here(probes, None)
     results: list[list[str] | None] = [None] * len(probes)
     pending = list(range(len(probes)))
     for _attempt in range(MAX_PROBE_CHILDREN):
-        report, started = _probe_in_child([probes[i] for i in pending])
+        report, started = _probe_in_child([probes[i] for i in pending], here)
         if report is not None:
             for index, dispatched in zip(pending, report, strict=True):
                 results[index] = dispatched
@@ -248,7 +258,7 @@ def _run_probes(probes: list[Probe]) -> list[list[str] | None]:
     return results
 
 
-def _probe_in_child(probes: list[Probe]
+def _probe_in_child(probes: list[Any], here: ProbeRunner
                     ) -> tuple[list[list[str] | None] | None, int | None]:
     """Run ``probes`` in a forked child: (its report, None), or (None, the index of the
     probe it was in when it crashed or hung, if it was in one)."""
@@ -264,7 +274,7 @@ def _probe_in_child(probes: list[Probe]
             quiet = os.open(os.devnull, os.O_WRONLY)  # its logs, or a crash dump, are noise
             os.dup2(quiet, 1)
             os.dup2(quiet, 2)
-            report = _probe_here(probes, lambda i: _send(write_fd, b"S%d\n" % i))
+            report = here(probes, lambda i: _send(write_fd, b"S%d\n" % i))
             _send(write_fd, b"R" + json.dumps(report).encode() + b"\n")
             status = 0
         finally:

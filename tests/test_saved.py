@@ -1,0 +1,68 @@
+"""What an op's autograd node saves (passes/saved.py), and the frees pass's use of it:
+an op in grad mode saves nothing where the original freed an input its node would
+have saved, and replays as it is where its node saves none of what was freed."""
+
+from __future__ import annotations
+
+from mystique_gen.driver import build_program
+from mystique_gen.ir import Op
+from mystique_gen.passes.frees import _save_nothing_freed
+from mystique_gen.passes.saved import saved_arguments
+from mystique_gen.sources.et import trace_from_document
+from tests.tracebuilder import MM, TraceBuilder
+
+ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+MUL = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"
+TANH = "aten::tanh(Tensor self) -> Tensor"
+MATMUL = "aten::matmul(Tensor self, Tensor other) -> Tensor"
+UNFOLD = "aten::unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)"
+CAT = "aten::cat(Tensor[] tensors, int dim=0) -> Tensor"
+
+
+def _ops() -> list[Op]:
+    b = TraceBuilder()
+    x, y = b.tensor((4, 4)), b.tensor((4, 4))
+    added, multiplied, tanh = b.tensor((4, 4)), b.tensor((4, 4)), b.tensor((4, 4))
+    b.op(ADD, [x, y, 1], [added])
+    b.op(MUL, [added, y], [multiplied])
+    b.op(TANH, [multiplied], [tanh])
+    b.op(MATMUL, [tanh, x], [b.tensor((4, 4))])  # a composite: mm's node saves both
+    b.op(MM, [x, y], [b.tensor((4, 4))])
+    b.op(UNFOLD, [x, 1, 2, 2], [b.tensor((4, 2, 2))])  # a view: sizes only
+    b.op(CAT, [[x, y], 0], [b.tensor((8, 4))])
+    program = build_program(trace_from_document(b.doc(), name="s.json", sha256="0"))
+    return program.ops
+
+
+def test_each_node_saves_the_arguments_its_backward_reads():
+    ops = _ops()
+    saved = saved_arguments(ops)
+    assert {op.name: saved[op.index] for op in ops} == {
+        "aten::add": frozenset(),
+        "aten::mul": {"self", "other"},
+        "aten::tanh": frozenset(),  # its result, which is no argument
+        "aten::matmul": {"self", "other"},
+        "aten::mm": {"self", "mat2"},
+        "aten::unfold": frozenset(),
+        "aten::cat": frozenset(),
+    }
+
+
+def test_an_op_whose_node_saves_nothing_freed_keeps_saving():
+    """The original freed x, the sum and the product in the forward, before any
+    backward: only ops whose node would save one of them replay saving nothing, so no
+    other op pays for switching the saved-tensor hooks off and on."""
+    ops = _ops()
+    for op in ops:
+        op.records_grad = True
+    by_name = {op.name: op for op in ops}
+    x = by_name["aten::add"].args[0].value
+    freed = [x, by_name["aten::add"].outputs[0], by_name["aten::mul"].outputs[0]]
+    # storage -> (its maker, the op after which the original freed it: the first)
+    free_at = {tv.storage.index: (-1, ops[0].index) for tv in freed}
+    _save_nothing_freed(ops, free_at)
+    assert {op.name for op in ops if not op.keeps_saved} == {
+        "aten::mul",  # saves the sum
+        "aten::matmul",  # saves x
+        "aten::mm",  # saves x
+    }  # add, unfold and cat read x, tanh the product, and save none of them
