@@ -2211,12 +2211,7 @@ def replay(inputs, device, host):
     )
     torch.set_grad_enabled(False)
     ones_like = aten_ones_like(
-        nll_loss_forward,
-        dtype=None,
-        layout=None,
-        device=None,
-        pin_memory=False,
-        memory_format=torch.preserve_format,
+        nll_loss_forward, pin_memory=False, memory_format=torch.preserve_format
     )
     relu = relu.data
     relu_256x256 = relu_256x256.data
@@ -2243,7 +2238,7 @@ def replay(inputs, device, host):
     t = aten_t(mm_10x256)
     del mm_10x256
     # autograd::engine::evaluate_function: AddmmBackward0
-    sum_ = aten_sum_dim_IntList(log_softmax_backward_data, [0], True, dtype=None)
+    sum_ = aten_sum_dim_IntList(log_softmax_backward_data, [0], True)
     del log_softmax_backward_data
     view = aten_view(sum_, [10])
     del sum_
@@ -2269,7 +2264,7 @@ def replay(inputs, device, host):
     t = aten_t(mm_10x256)
     del mm_10x256
     # autograd::engine::evaluate_function: AddmmBackward0
-    sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
+    sum_ = aten_sum_dim_IntList(threshold_backward, [0], True)
     del threshold_backward
     view = aten_view(sum_, [256])
     del sum_
@@ -2292,7 +2287,7 @@ def replay(inputs, device, host):
     t = aten_t(mm)
     del mm
     # autograd::engine::evaluate_function: AddmmBackward0
-    sum_ = aten_sum_dim_IntList(threshold_backward, [0], True, dtype=None)
+    sum_ = aten_sum_dim_IntList(threshold_backward, [0], True)
     del threshold_backward
     view = aten_view(sum_, [256])
     del sum_
@@ -2307,27 +2302,27 @@ def replay(inputs, device, host):
     del t_1
     # Optimizer.step#SGD.step
     aten_mul__Tensor(mul_x, mul_other)
-    aten_add__Tensor(mul_x, detach_1, alpha=1)
+    aten_add__Tensor(mul_x, detach_1)
     del detach_1
     aten_add__Tensor(linear_w, mul_x, alpha=-0.01)
     aten_mul__Tensor(mul_x_256, mul_other_256)
-    aten_add__Tensor(mul_x_256, detach_10x256_3, alpha=1)
+    aten_add__Tensor(mul_x_256, detach_10x256_3)
     del detach_10x256_3
     aten_add__Tensor(linear_b, mul_x_256, alpha=-0.01)
     aten_mul__Tensor(mul_x_256x256, mul_other_256x256)
-    aten_add__Tensor(mul_x_256x256, detach_10x256_2, alpha=1)
+    aten_add__Tensor(mul_x_256x256, detach_10x256_2)
     del detach_10x256_2
     aten_add__Tensor(linear_w_256x256, mul_x_256x256, alpha=-0.01)
     aten_mul__Tensor(mul_x_256_1, mul_other_256_1)
-    aten_add__Tensor(mul_x_256_1, detach_10x256_1, alpha=1)
+    aten_add__Tensor(mul_x_256_1, detach_10x256_1)
     del detach_10x256_1
     aten_add__Tensor(linear_b_256, mul_x_256_1, alpha=-0.01)
     aten_mul__Tensor(mul_x_10x256, mul_other_10x256)
-    aten_add__Tensor(mul_x_10x256, detach_10x256, alpha=1)
+    aten_add__Tensor(mul_x_10x256, detach_10x256)
     del detach_10x256
     aten_add__Tensor(linear_w_10x256, mul_x_10x256, alpha=-0.01)
     aten_mul__Tensor(mul_x_10, mul_other_10)
-    aten_add__Tensor(mul_x_10, detach, alpha=1)
+    aten_add__Tensor(mul_x_10, detach)
     del detach
     aten_add__Tensor(linear_b_10, mul_x_10, alpha=-0.01)
     torch.set_grad_enabled(True)

@@ -105,6 +105,7 @@ def test_probe_arguments_keep_types_but_hold_nothing():
 
 TO_DTYPE = ("aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, "
             "bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)")
+ADD = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
 SUM_DIM = ("aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, "
            "ScalarType? dtype=None) -> Tensor")
 
@@ -117,20 +118,37 @@ def _casts(tmp_path=None):
     b.op(TO_DTYPE, [x, 7, False, False, None], [b.tensor((4, 4), dtype="float64")])
     b.op(TO_DTYPE, [x, 7, False, True, None], [b.tensor((4, 4), dtype="float64")])
     b.op(SUM_DIM, [x, [0], True, None], [b.tensor((1, 4))])
+    b.op(ADD, [x, x, 1], [b.tensor((4, 4))])
+    b.op(ADD, [x, x, 2], [b.tensor((4, 4))])
     return b if tmp_path is None else b.write(tmp_path / "casts.json")
 
 
-def test_a_public_call_leaves_out_what_only_its_defaults_let_it_take():
-    """Where the public binding refuses the recorded arguments as the schema places
-    them, it is probed without those at their schema's default, and called so: every
-    cast through torch.ops cost 1.2 us more host time. An argument off its default
-    stays; forms the binding takes whole keep every argument."""
+def test_a_public_call_leaves_out_what_it_passes_as_the_schemas_defaults():
+    """A public call leaves out the arguments recorded at their schema's default where
+    the probe saw the binding dispatch that default in their place (each argument the
+    parser reads costs host time), and where the binding takes them no other way:
+    ``Tensor.to`` takes ``memory_format`` by keyword only, and every cast through
+    torch.ops cost 1.2 us more host time. An argument off its default stays."""
     program = build_program(trace_from_document(_casts().doc(), name="c.json", sha256="0"))
     assert [(op.public_call, op.public_omits) for op in program.ops] == [
         ("torch.Tensor.to", ("copy", "memory_format", "non_blocking")),
         ("torch.Tensor.to", ("memory_format",)),  # copy=True is said
-        ("torch.sum", ()),
+        ("torch.sum", ("dtype",)),  # keepdim=True is said
+        ("torch.add", ("alpha",)),
+        ("torch.add", ()),  # alpha=2
     ]
+
+
+def test_defaults_a_binding_passes_otherwise_are_said(monkeypatch):
+    """A binding that passes another value than the schema's default in the place of
+    an argument left out fails its probe: the call keeps every argument."""
+    from mystique_gen.passes import public_calls as bindings
+
+    real = bindings._defaults_seen
+    monkeypatch.setattr(bindings, "_defaults_seen", lambda op, omits, event: (
+        ["!alpha=2"] if op.signature.name == "add" else real(op, omits, event)))
+    program = build_program(trace_from_document(_casts().doc(), name="c.json", sha256="0"))
+    assert [op.public_omits for op in program.ops if op.name == "aten::add"] == [(), ()]
 
 
 @pytest.mark.slow
@@ -140,7 +158,9 @@ def test_calls_without_their_defaults_replay_the_recorded_overloads(tmp_path):
     text = generate(trace, bench, GenerateOptions(command_line="test"))
     assert "    aten_to_dtype(to_x, torch.float64)\n" in text
     assert "aten_to_dtype(to_x, torch.float64, False, True)\n" in text
-    assert "aten_sum_dim_IntList(to_x, [0], True, dtype=None)" in text
+    assert "aten_sum_dim_IntList(to_x, [0], True)\n" in text
+    assert "aten_add_Tensor(to_x, to_x)\n" in text
+    assert "aten_add_Tensor(to_x, to_x, alpha=2)\n" in text
     replay_et = tmp_path / "replay.et.json"
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1", "--json",
                          "--et", str(replay_et))

@@ -107,7 +107,10 @@ def _is_scalar_default(argument: torch.Argument) -> bool:
     value, kind = argument.default_value, str(argument.real_type).removeprefix("Optional[")
     if value is None:
         return True
-    expected = {"bool": bool, "int": int, "float": float, "str": str}.get(kind.rstrip("]"))
+    kind = kind.rstrip("]")
+    if kind == "number":  # a Scalar: an int or a float, as the default says
+        return type(value) in (int, float)
+    expected = {"bool": bool, "int": int, "float": float, "str": str}.get(kind)
     return expected is not None and type(value) is expected
 
 

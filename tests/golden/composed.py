@@ -2151,7 +2151,7 @@ def replay(inputs, device, host):
             relu = aten_relu(mm)
             mm_1 = aten_mm(relu, mm_mat2_4x4)
             del relu
-            aten_add__Tensor(mm, mm_1, alpha=1)
+            aten_add__Tensor(mm, mm_1)
             del mm_1
             aten_relu(mm)
             del mm

@@ -2517,12 +2517,7 @@ def replay_rank0(inputs, device, host):
     output_tensors_1_17 = inputs["output_tensors_1_17"]
     output_tensors_1_18 = inputs["output_tensors_1_18"]
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x, host, torch.float32)
     aten_lift_fresh(to_x)
@@ -2538,12 +2533,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work0 = torch.distributed.all_gather(
             [output_tensors, output_tensors_1], to, group=_GROUPS[0], async_op=True
@@ -2552,12 +2543,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work0)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1, host, torch.float32)
     aten_lift_fresh(to_x_1)
@@ -2572,12 +2558,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work1 = torch.distributed.all_gather(
             [output_tensors_1_1, output_tensors_1_2],
@@ -2589,12 +2571,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work1)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1_1, host, torch.float32)
     aten_lift_fresh(to_x_1_1)
@@ -2609,12 +2586,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work2 = torch.distributed.all_gather(
             [output_tensors_1_3, output_tensors_1_4],
@@ -2626,12 +2599,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work2)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1_2, host, torch.float32)
     aten_lift_fresh(to_x_1_2)
@@ -2646,12 +2614,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work3 = torch.distributed.all_gather(
             [output_tensors_1_5, output_tensors_1_6],
@@ -2663,12 +2627,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work3)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1_3, host, torch.float32)
     aten_lift_fresh(to_x_1_3)
@@ -2683,12 +2642,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work4 = torch.distributed.all_gather(
             [output_tensors_1_7, output_tensors_1_8],
@@ -2700,12 +2655,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work4)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1_4, host, torch.float32)
     aten_lift_fresh(to_x_1_4)
@@ -2720,12 +2670,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work5 = torch.distributed.all_gather(
             [output_tensors_1_9, output_tensors_1_10],
@@ -2737,12 +2683,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work5)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1_5, host, torch.float32)
     aten_lift_fresh(to_x_1_5)
@@ -2757,12 +2698,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work6 = torch.distributed.all_gather(
             [output_tensors_1_11, output_tensors_1_12],
@@ -2774,12 +2711,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work6)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1_6, host, torch.float32)
     aten_lift_fresh(to_x_1_6)
@@ -2794,12 +2726,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work7 = torch.distributed.all_gather(
             [output_tensors_1_13, output_tensors_1_14],
@@ -2811,12 +2739,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work7)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1_7, host, torch.float32)
     aten_lift_fresh(to_x_1_7)
@@ -2831,12 +2754,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work8 = torch.distributed.all_gather(
             [output_tensors_1_15, output_tensors_1_16],
@@ -2848,12 +2767,7 @@ def replay_rank0(inputs, device, host):
     if _RUNTIME["comm"]:
         _wait_work(work8)
     aten_empty_memory_format(
-        [1],
-        dtype=torch.float32,
-        layout=torch.strided,
-        device=host,
-        pin_memory=False,
-        memory_format=None,
+        [1], dtype=torch.float32, layout=torch.strided, device=host, pin_memory=False
     )
     aten_to_device(to_x_1_8, host, torch.float32)
     aten_lift_fresh(to_x_1_8)
@@ -2868,12 +2782,8 @@ def replay_rank0(inputs, device, host):
         copy=False,
         memory_format=None,
     )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
-    aten_empty_like(
-        to, dtype=None, layout=None, device=None, pin_memory=False, memory_format=None
-    )
+    aten_empty_like(to, pin_memory=False)
+    aten_empty_like(to, pin_memory=False)
     if _RUNTIME["comm"]:
         work9 = torch.distributed.all_gather(
             [output_tensors_1_17, output_tensors_1_18],

@@ -2072,7 +2072,7 @@ def replay(inputs, device, host):
     relu = aten_relu(mm)
     mm_1 = aten_mm(relu, mm_mat2)
     del relu
-    aten_add__Tensor(mm, mm_1, alpha=1)
+    aten_add__Tensor(mm, mm_1)
     del mm_1
     aten_relu(mm)
     del mm

@@ -2158,7 +2158,7 @@ def replay(inputs, device, host):
         ev1 = _record()
     _host_gap(10.0, before=3)
     _wait(ev1)
-    aten_add__Tensor(mm, mm_1, alpha=1)
+    aten_add__Tensor(mm, mm_1)
     del mm_1
     _host_gap(10.0, before=4)
     aten_relu(mm)
