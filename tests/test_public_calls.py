@@ -151,21 +151,27 @@ def test_defaults_a_binding_passes_otherwise_are_said(monkeypatch):
     assert [op.public_omits for op in program.ops if op.name == "aten::add"] == [(), ()]
 
 
-@pytest.mark.slow
-def test_calls_without_their_defaults_replay_the_recorded_overloads(tmp_path):
-    trace = _casts(tmp_path)
+def _replayed(trace, tmp_path) -> tuple[str, dict]:
+    """The benchmark generated from ``trace`` (its text) and its ``--json`` after one
+    iteration, whose execution trace dispatched exactly the recorded overloads."""
     bench = tmp_path / "bench.py"
     text = generate(trace, bench, GenerateOptions(command_line="test"))
-    assert "    aten_to_dtype(to_x, torch.float64)\n" in text
-    assert "aten_to_dtype(to_x, torch.float64, False, True)\n" in text
-    assert "aten_sum_dim_IntList(to_x, [0], True)\n" in text
-    assert "aten_add_Tensor(to_x, to_x)\n" in text
-    assert "aten_add_Tensor(to_x, to_x, alpha=2)\n" in text
     replay_et = tmp_path / "replay.et.json"
     proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1", "--json",
                          "--et", str(replay_et))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert op_multiset(replay_et, by_overload=True) == op_multiset(trace, by_overload=True)
+    return text, last_json(proc.stdout)
+
+
+@pytest.mark.slow
+def test_calls_without_their_defaults_replay_the_recorded_overloads(tmp_path):
+    text, _ = _replayed(_casts(tmp_path), tmp_path)
+    assert "    aten_to_dtype(to_x, torch.float64)\n" in text
+    assert "aten_to_dtype(to_x, torch.float64, False, True)\n" in text
+    assert "aten_sum_dim_IntList(to_x, [0], True)\n" in text
+    assert "aten_add_Tensor(to_x, to_x)\n" in text
+    assert "aten_add_Tensor(to_x, to_x, alpha=2)\n" in text
 
 
 def test_safety_check_accepts_public_bindings_only():
@@ -181,17 +187,10 @@ def test_safety_check_accepts_public_bindings_only():
 
 @pytest.mark.slow
 def test_replay_dispatches_the_recorded_overloads(tmp_path):
-    trace = _trace(tmp_path)
-    bench = tmp_path / "bench.py"
-    text = generate(trace, bench, GenerateOptions(command_line="test"))
+    text, out = _replayed(_trace(tmp_path), tmp_path)
     assert 'lambda: torch.mm, "aten::mm.default"' in text
     assert "lambda: torch.ops.aten.mul.Scalar" in text
-    replay_et = tmp_path / "replay.et.json"
-    proc = run_benchmark(bench, "--device", "cpu", "--warmup", "0", "--iters", "1", "--json",
-                         "--et", str(replay_et))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc.stdout)["ops"] == 6
-    assert op_multiset(replay_et, by_overload=True) == op_multiset(trace, by_overload=True)
+    assert out["ops"] == 6
 
 
 def test_a_crashing_probe_leaves_every_op_on_torch_ops(monkeypatch):
