@@ -205,26 +205,32 @@ def _hold(ops: list[Op], free_at: dict[int, tuple[int, int]]) -> int:
 
 
 def _save_nothing_freed(ops: list[Op], free_at: dict[int, tuple[int, int]]) -> None:
-    """Mark the ops in grad mode that read a value the original freed before the next
-    backward began, where their autograd node would save it: it saved none of it
-    (module docstring). A node that saved it would have held it into that backward; a
-    layer's local variables (a decoder layer's residual) are freed at its return,
-    after their last read. Which arguments a node saves, the installed torch says
-    (passes/saved.py): an op that would save none of them replays as it is."""
+    """Mark the ops that made an autograd node and read a value the original freed
+    before the next backward began, while that node lived on, where the node would
+    save it: it saved none of it (module docstring). A node that saved it would have held
+    it into that backward; a layer's local variables (a decoder layer's residual) are
+    freed at its return, after their last read. Which arguments a node saves, the
+    installed torch says (passes/saved.py): an op that would save none of them
+    replays as it is. Nor does a node that may have gone first (`_node_lives`): an
+    inference step in grad mode frees a result, and with it its node, as it frees the
+    node's inputs, and the replay frees them at the same points."""
     position = {op.index: k for k, op in enumerate(ops)}
     backward = [k for k, op in enumerate(ops) if in_backward(op.scope)]
+    lives = _node_lives(ops, free_at, position)
     reading: list[tuple[Op, set[str]]] = []  # each op and the freed values it reads
     for k, op in enumerate(ops):
-        if not op.records_grad:
+        if not _makes_node(op):
             continue
         following = bisect.bisect_right(backward, k)
-        next_backward = backward[following] if following < len(backward) else len(ops)
+        # before the next backward, and while its node lived
+        before = min(backward[following] if following < len(backward) else len(ops),
+                     lives[op.index])
         freed_args = set()
         for arg in op.args:
             freed = [free_at[tv.storage.index][1] for tv in iter_tensors(arg.value)
                      if tv.storage is not None and tv.storage.index in free_at]
             # Recorded frees only: without one the original may have held it longer.
-            if any(position.get(f, len(ops)) < next_backward for f in freed):
+            if any(position.get(f, len(ops)) < before for f in freed):
                 freed_args.add(arg.spec.name)
         if freed_args:
             reading.append((op, freed_args))
@@ -233,6 +239,32 @@ def _save_nothing_freed(ops: list[Op], free_at: dict[int, tuple[int, int]]) -> N
         kept = saves.get(op.index)
         if kept is None or kept & freed_args:
             op.keeps_saved = False
+
+
+def _node_lives(ops: list[Op], free_at: dict[int, tuple[int, int]],
+                position: dict[int, int]) -> dict[int, int]:
+    """Per op that made an autograd node: the position of the op after which the
+    original freed the last tensor that held that node, at the latest (the number of
+    ops where one lived on, or its free was not recorded): its results, and the
+    results of every op that read them and made a node, which points at it."""
+    end = len(ops)
+    readers: dict[int, list[int]] = defaultdict(list)
+    for op in ops:
+        if _makes_node(op):
+            for arg in op.args:
+                for tv in iter_tensors(arg.value):
+                    if isinstance(tv.binding, OpOutput):
+                        readers[tv.binding.op_index].append(op.index)
+    lives: dict[int, int] = {}
+    for op in reversed(ops):
+        if not _makes_node(op):
+            continue
+        frees = [position.get(free_at[tv.storage.index][1], end)
+                 if tv.storage is not None and tv.storage.index in free_at else end
+                 for _path, tv in output_paths(op.outputs)]
+        lives[op.index] = max([*frees, *(lives.get(r, end) for r in readers[op.index])],
+                              default=end)
+    return lives
 
 
 def drop_history_at_backward(program: Program) -> int:
