@@ -29,6 +29,8 @@ nothing, or saved tensors went to the CPU. The replay's
 autograd node would save it and hold it until the graph goes, in the backward (a
 checkpointed MLP's peak replayed as the unchecked one's, +95 %): such ops replay
 saving nothing (``Op.keeps_saved``); what the explicit backward reads it holds itself.
+Only where the node would save that variable (passes/saved.py asks torch) and outlived
+its free: a node whose results were all freed by then may have saved it and gone.
 
 The original's backward releases what each node saved as it runs it (retain_graph is
 off), so a result held across a backward holds an empty graph from there on. The
