@@ -98,6 +98,19 @@ def is_op_name(name: str) -> bool:
     return True
 
 
+def _arg_spec(a: torch.Argument) -> ArgSpec:
+    scalar = _is_scalar_default(a)
+    return ArgSpec(
+        name=a.name,
+        type=str(a.real_type),
+        kwarg_only=a.kwarg_only,
+        writes=bool(a.alias_info is not None and a.alias_info.is_write),
+        has_default=a.default_value is not None or str(a.real_type).startswith("Optional["),
+        scalar_default=a.default_value if scalar else None,
+        has_scalar_default=scalar,
+    )
+
+
 def _is_scalar_default(argument: torch.Argument) -> bool:
     """Whether a schema argument has a default that is a plain Python value of its own
     type: not an enum the parser gives as an int (``MemoryFormat memory_format=
@@ -124,18 +137,7 @@ def parse_signature(schema: str) -> Signature:
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "parse error"
         raise SchemaError(f"unparsable schema: {first[:120]}") from None
-    args = tuple(
-        ArgSpec(
-            name=a.name,
-            type=str(a.real_type),
-            kwarg_only=a.kwarg_only,
-            writes=bool(a.alias_info is not None and a.alias_info.is_write),
-            has_default=a.default_value is not None or str(a.real_type).startswith("Optional["),
-            scalar_default=a.default_value if _is_scalar_default(a) else None,
-            has_scalar_default=_is_scalar_default(a),
-        )
-        for a in parsed.arguments
-    )
+    args = tuple(_arg_spec(a) for a in parsed.arguments)
     for a in args:
         if not re.fullmatch(IDENT, a.name):
             raise SchemaError(f"argument name {a.name[:40]!r} is not an identifier")

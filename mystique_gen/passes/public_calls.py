@@ -79,7 +79,7 @@ def choose_public_calls(ops: list[Op]) -> None:
     if not forms:
         return
     probes = [(key, chain, omits, group[0]) for key, group in forms.items()
-              for omits in dict.fromkeys(((), key[-1]))
+              for omits in dict.fromkeys(((), omittable(group[0])))
               for chain in candidates(group[0].signature.name)]
     dispatched = _run_probes([(chain, op, omits) for _key, chain, omits, op in probes])
     # Per form, the best call: without its defaults where the probe saw the binding
@@ -161,10 +161,8 @@ def omittable(op: Op) -> tuple[str, ...]:
     schema's default (a plain Python value of the same type): keyword-only ones
     wherever they are, positional ones from the end back to the first that is not."""
     def at_default(arg: Arg) -> bool:
-        spec, value = arg.spec, arg.value
-        return spec.has_scalar_default and isinstance(value, Literal) and (
-            type(value.value) is type(spec.scalar_default)
-            and value.value == spec.scalar_default)
+        return arg.spec.has_scalar_default and isinstance(arg.value, Literal) \
+            and _is_default(arg.value.value, arg)
 
     positional = [arg for arg in op.args if not arg.spec.kwarg_only]
     trailing: list[str] = []
@@ -174,6 +172,13 @@ def omittable(op: Op) -> tuple[str, ...]:
         trailing.append(arg.spec.name)
     keywords = [arg.spec.name for arg in op.args if arg.spec.kwarg_only and at_default(arg)]
     return tuple(sorted({*trailing, *keywords}))
+
+
+def _is_default(value: object, arg: Arg) -> bool:
+    """Whether a Python value is ``arg``'s schema default, of the same type too (``1``
+    is not ``1.0``, nor ``True``)."""
+    default = arg.spec.scalar_default
+    return type(value) is type(default) and value == default
 
 
 def _kind(value: Value) -> object:
@@ -402,9 +407,7 @@ def _defaults_seen(op: Op, omits: tuple[str, ...], event: Any) -> list[str]:
     if not values or len(values) != len(op.args):
         return [_UNSEEN_DEFAULTS]
     for arg, value in zip(op.args, values, strict=True):
-        if arg.spec.name in omits and not (
-                type(value) is type(arg.spec.scalar_default)
-                and value == arg.spec.scalar_default):
+        if arg.spec.name in omits and not _is_default(value, arg):
             return [f"!{arg.spec.name}={value!r}"]
     return []
 
